@@ -1,0 +1,243 @@
+// The only pybind11 file: Python names, defaults, docstrings, GIL policy and error mapping for
+// the torch-free core in io_engine / buffers / scan.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "buffers.h"
+#include "io_engine.h"
+#include "scan.h"
+
+namespace py = pybind11;
+using namespace memascend;
+
+namespace {
+
+using release_gil = py::call_guard<py::gil_scoped_release>;
+
+// Python-side state of an AlignedBuffer: the number of live buffer exports (memoryviews, and the
+// memoryview that as_tensor() ties to each tensor), so close() cannot unmap memory still in view.
+struct PyAlignedBuffer {
+    AlignedBuffer buf;
+    Py_ssize_t exports = 0;
+    PyAlignedBuffer(size_t nbytes, bool lock, bool cuda_register, bool zero) : buf(nbytes, lock, cuda_register, zero) {}
+};
+
+int aligned_buffer_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
+    PyAlignedBuffer* self = nullptr;
+    try {
+        self = py::cast<PyAlignedBuffer*>(py::handle(obj));
+    } catch (...) {
+        PyErr_SetString(PyExc_BufferError, "not an AlignedBuffer");
+        view->obj = nullptr;
+        return -1;
+    }
+    if (self->buf.closed()) {
+        PyErr_SetString(PyExc_BufferError, "AlignedBuffer is closed");
+        view->obj = nullptr;
+        return -1;
+    }
+    // FillInfo takes a reference to obj, so the buffer object outlives every view of it.
+    if (PyBuffer_FillInfo(view, obj, self->buf.data(), static_cast<Py_ssize_t>(self->buf.nbytes()), 0, flags) < 0)
+        return -1;
+    ++self->exports;
+    return 0;
+}
+
+void aligned_buffer_releasebuffer(PyObject* obj, Py_buffer*) {
+    try {
+        --py::cast<PyAlignedBuffer*>(py::handle(obj))->exports;
+    } catch (...) {
+    }
+}
+
+py::object none_if_empty(const std::string& s) { return s.empty() ? py::object(py::none()) : py::object(py::str(s)); }
+
+Backend parse_backend(const std::string& s) {
+    if (s == "auto") return Backend::Auto;
+    if (s == "io_uring") return Backend::IoUring;
+    if (s == "threads") return Backend::Threads;
+    throw std::invalid_argument("backend must be 'auto', 'io_uring' or 'threads', got '" + s + "'");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "memascend native core: O_DIRECT I/O engine (io_uring / threads), aligned host buffers, fused non-finite scan.";
+
+    // --- errors -------------------------------------------------------------------------------
+    static py::exception<IoError> io_error(m, "IOError", PyExc_OSError);
+    static py::exception<IoError> short_error(m, "ShortTransferError", io_error.ptr());
+    static py::exception<AlignmentError> align_error(m, "AlignmentError", PyExc_ValueError);
+    io_error.doc() = "An O_DIRECT transfer failed (OSError subclass: errno, filename, offset, length).";
+    short_error.doc() = "Fewer bytes than requested were transferred (e.g. read past the end of the file).";
+    align_error.doc() = "Address, offset or length violates the direct-I/O alignment; raised before submission.";
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const IoError& e) {
+            // OSError(errno, strerror) sets .errno/.strerror; the rest are extra attributes.
+            py::object cls = e.is_short() ? py::object(short_error) : py::object(io_error);
+            py::object exc = cls(e.err(), e.what());
+            exc.attr("filename") = e.path();
+            exc.attr("offset") = e.offset();
+            exc.attr("length") = e.length();
+            PyErr_SetObject(cls.ptr(), exc.ptr());
+        } catch (const AlignmentError& e) {
+            PyErr_SetString(align_error.ptr(), e.what());
+        }
+    });
+
+    // --- I/O engine ---------------------------------------------------------------------------
+    py::class_<IoEngine>(m, "IOEngine", R"doc(
+Asynchronous O_DIRECT reader/writer of one regular file or block device.
+
+Transfers are split into ``block_size`` chunks, with up to ``queue_depth`` in flight (io_uring)
+or ``num_workers`` (thread backend). Addresses, offsets and lengths must be multiples of the
+direct-I/O alignment (``mem_alignment`` / ``offset_alignment``; ``alignment`` is the larger);
+violations raise AlignmentError before anything is submitted. Every completion is checked:
+errors and short transfers raise IOError / ShortTransferError naming path, offset, length and
+errno. All blocking calls release the GIL; submission is thread-safe. Buffers must stay alive
+until their request is waited for. A writable engine creates a missing file (mode 0600).
+)doc")
+        .def(py::init([](const std::string& path, bool writable, const std::string& backend, unsigned queue_depth,
+                         unsigned num_workers, uint64_t block_size) {
+                 EngineConfig cfg;
+                 cfg.writable = writable;
+                 cfg.backend = parse_backend(backend);
+                 cfg.queue_depth = queue_depth;
+                 cfg.num_workers = num_workers;
+                 cfg.block_size = block_size;
+                 return new IoEngine(path, cfg);
+             }),
+             py::arg("path"), py::kw_only(), py::arg("writable") = true, py::arg("backend") = "auto",
+             py::arg("queue_depth") = 32, py::arg("num_workers") = 4, py::arg("block_size") = uint64_t(1) << 20,
+             "Open ``path`` with O_DIRECT. backend: 'auto' (io_uring, else threads; env MEMASCEND_IO_BACKEND "
+             "overrides auto), 'io_uring' (error if unavailable) or 'threads'.")
+        .def("submit_read", [](IoEngine& e, uintptr_t a, uint64_t n, uint64_t off) { return e.submit(OpKind::Read, a, n, off); },
+             py::arg("address"), py::arg("length"), py::arg("offset"), release_gil(),
+             "Queue a read of ``length`` bytes at file ``offset`` into memory at ``address``; returns a request id.")
+        .def("submit_write", [](IoEngine& e, uintptr_t a, uint64_t n, uint64_t off) { return e.submit(OpKind::Write, a, n, off); },
+             py::arg("address"), py::arg("length"), py::arg("offset"), release_gil(),
+             "Queue a write of ``length`` bytes from ``address`` to file ``offset``; returns a request id.")
+        .def("wait", &IoEngine::wait, py::arg("request_id"), release_gil(),
+             "Block until the request finished; raise IOError/ShortTransferError if it failed. Each id can be waited once.")
+        .def("wait_all", &IoEngine::wait_all, release_gil(),
+             "Block until every outstanding request finished; raise the first failure (all are consumed).")
+        .def("read", &IoEngine::read, py::arg("address"), py::arg("length"), py::arg("offset"), release_gil(),
+             "Synchronous read (submit + wait).")
+        .def("write", &IoEngine::write, py::arg("address"), py::arg("length"), py::arg("offset"), release_gil(),
+             "Synchronous write (submit + wait).")
+        .def("sync", &IoEngine::sync, release_gil(), "fdatasync the file or device.")
+        .def("close", &IoEngine::close, release_gil(),
+             "Wait for in-flight I/O (errors of unwaited requests are dropped), stop workers, close the file.")
+        .def("__enter__", [](IoEngine& e) -> IoEngine& { return e; }, py::return_value_policy::reference)
+        .def("__exit__", [](IoEngine& e, py::args) { py::gil_scoped_release nogil; e.close(); })
+        .def_property_readonly("path", &IoEngine::path)
+        .def_property_readonly("backend", [](const IoEngine& e) { return std::string(e.backend_name()); },
+                               "'io_uring' or 'threads'")
+        .def_property_readonly("backend_reason", &IoEngine::backend_reason, "why this backend was chosen")
+        .def_property_readonly("alignment", &IoEngine::alignment,
+                               "bytes; pad addresses, offsets and lengths to this (max of memory and offset alignment)")
+        .def_property_readonly("mem_alignment", [](const IoEngine& e) { return e.dio_alignment().mem_align; })
+        .def_property_readonly("offset_alignment", [](const IoEngine& e) { return e.dio_alignment().offset_align; })
+        .def_property_readonly("alignment_source", [](const IoEngine& e) { return e.dio_alignment().source; },
+                               "'statx', 'BLKSSZGET' or 'default' (512)")
+        .def_property_readonly("size_bytes", &IoEngine::size_bytes, "current file size or block device size")
+        .def_property_readonly("block_size", &IoEngine::block_size)
+        .def_property_readonly("queue_depth", &IoEngine::queue_depth)
+        .def_property_readonly("num_workers", &IoEngine::num_workers)
+        .def_property_readonly("writable", &IoEngine::writable)
+        .def_property_readonly("is_block_device", &IoEngine::is_block_device)
+        .def_property_readonly("closed", &IoEngine::closed)
+        .def_property_readonly("bytes_read", &IoEngine::bytes_read)
+        .def_property_readonly("bytes_written", &IoEngine::bytes_written)
+        .def_property_readonly("outstanding", &IoEngine::outstanding, "requests submitted and not yet finished")
+        .def("__repr__", [](const IoEngine& e) {
+            return "<IOEngine path='" + e.path() + "' backend=" + e.backend_name() + " alignment=" +
+                   std::to_string(e.alignment()) + " block_size=" + std::to_string(e.block_size()) +
+                   " queue_depth=" + std::to_string(e.queue_depth()) + (e.closed() ? " closed" : "") + ">";
+        });
+
+    // --- aligned buffers ----------------------------------------------------------------------
+    py::class_<PyAlignedBuffer> buf_cls(m, "AlignedBuffer", py::buffer_protocol(), R"doc(
+Exact-size, page-aligned host memory (anonymous mmap) for O_DIRECT and GPU DMA.
+
+lock=True tries mlock; if that fails (RLIMIT_MEMLOCK) the buffer stays usable but unlocked and
+``lock_error`` says why. cuda_register=True calls cudaHostRegister through a dlopen'ed CUDA
+runtime; without one ``cuda_registered`` is False and ``cuda_error`` says why. zero=True faults all
+pages in now (the memory is zero either way). Supports the buffer protocol (memoryview,
+torch.frombuffer, numpy); close() refuses while views exist.
+)doc");
+    buf_cls
+        .def(py::init<size_t, bool, bool, bool>(), py::arg("nbytes"), py::kw_only(), py::arg("lock") = true,
+             py::arg("cuda_register") = false, py::arg("zero") = true)
+        .def("close",
+             [](PyAlignedBuffer& b) {
+                 if (b.exports > 0)
+                     throw py::buffer_error("cannot close AlignedBuffer: " + std::to_string(b.exports) +
+                                            " exported view(s) (memoryviews or tensors from as_tensor) still alive");
+                 b.buf.close();
+             },
+             "Unregister (CUDA), munlock and munmap. Raises BufferError while views exist.")
+        .def("__enter__", [](PyAlignedBuffer& b) -> PyAlignedBuffer& { return b; }, py::return_value_policy::reference)
+        .def("__exit__",
+             [](PyAlignedBuffer& b, py::args) {
+                 if (b.exports == 0) b.buf.close();  // views outliving the block keep the memory
+             })
+        .def("__len__", [](const PyAlignedBuffer& b) { return b.buf.nbytes(); })
+        .def_property_readonly("address",
+                               [](const PyAlignedBuffer& b) {
+                                   if (b.buf.closed()) throw py::value_error("AlignedBuffer is closed");
+                                   return b.buf.address();
+                               })
+        .def_property_readonly("nbytes", [](const PyAlignedBuffer& b) { return b.buf.nbytes(); })
+        .def_property_readonly("mapped_bytes", [](const PyAlignedBuffer& b) { return b.buf.mapped_bytes(); },
+                               "nbytes rounded up to the page size")
+        .def_property_readonly("locked", [](const PyAlignedBuffer& b) { return b.buf.locked(); })
+        .def_property_readonly("lock_error", [](const PyAlignedBuffer& b) { return none_if_empty(b.buf.lock_error()); },
+                               "None, or why mlock was not done")
+        .def_property_readonly("cuda_registered", [](const PyAlignedBuffer& b) { return b.buf.cuda_registered(); })
+        .def_property_readonly("cuda_error", [](const PyAlignedBuffer& b) { return none_if_empty(b.buf.cuda_error()); },
+                               "None, or why cudaHostRegister was not done")
+        .def_property_readonly("closed", [](const PyAlignedBuffer& b) { return b.buf.closed(); })
+        .def_property_readonly("exports", [](const PyAlignedBuffer& b) { return b.exports; })
+        .def("__repr__", [](const PyAlignedBuffer& b) {
+            return "<AlignedBuffer nbytes=" + std::to_string(b.buf.nbytes()) + (b.buf.closed() ? " closed" : "") +
+                   " locked=" + (b.buf.locked() ? "True" : "False") +
+                   " cuda_registered=" + (b.buf.cuda_registered() ? "True" : "False") + ">";
+        });
+    // Own getbuffer/releasebuffer (pybind11's def_buffer has no release hook) to count exports.
+    auto* heap = reinterpret_cast<PyHeapTypeObject*>(buf_cls.ptr());
+    heap->as_buffer.bf_getbuffer = aligned_buffer_getbuffer;
+    heap->as_buffer.bf_releasebuffer = aligned_buffer_releasebuffer;
+    heap->ht_type.tp_as_buffer = &heap->as_buffer;
+
+    // --- scan and helpers ---------------------------------------------------------------------
+    m.def("has_nonfinite",
+          [](uintptr_t address, size_t numel, const std::string& dtype, unsigned num_threads) {
+              return has_nonfinite(reinterpret_cast<const void*>(address), numel, parse_scan_dtype(dtype), num_threads);
+          },
+          py::arg("address"), py::arg("numel"), py::arg("dtype"), py::arg("num_threads") = 0, release_gil(),
+          "True if any of ``numel`` elements at ``address`` is inf or nan. dtype: float16, bfloat16 or float32. "
+          "One multi-threaded pass, no allocation proportional to numel. num_threads=0: all cores.");
+    m.def("dio_alignment",
+          [](const std::string& path) {
+              DioAlignment a = query_dio_alignment(path);
+              return std::max(a.mem_align, a.offset_align);
+          },
+          py::arg("path"), "Bytes to pad O_DIRECT addresses, offsets and lengths to for ``path`` (max of memory and offset alignment).");
+    m.def("dio_alignment_info",
+          [](const std::string& path) {
+              DioAlignment a = query_dio_alignment(path);
+              py::dict d;
+              d["mem_align"] = a.mem_align;
+              d["offset_align"] = a.offset_align;
+              d["source"] = a.source;
+              return d;
+          },
+          py::arg("path"), "Direct-I/O alignment of a path: {'mem_align', 'offset_align', 'source'}.");
+    m.def("cuda_runtime_status", &cuda_runtime_status, "How the dlopen'ed CUDA runtime looks to this module.");
+    m.def("page_size", &page_size_bytes);
+}

@@ -1,0 +1,179 @@
+#include "buffers.h"
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <system_error>
+#include <vector>
+
+namespace memascend {
+
+namespace {
+
+std::string mib_text(double bytes) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / (1024.0 * 1024.0));
+    return buf;
+}
+
+std::string vm_lck_text() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmLck:", 0) == 0) {
+            auto p = line.find_first_not_of(" \t", 6);
+            return p == std::string::npos ? line : line.substr(p);
+        }
+    return "unknown";
+}
+
+// Minimal slice of the CUDA runtime API, resolved with dlsym (signatures from cuda_runtime_api.h).
+using cuda_err_t = int;
+struct CudaRuntime {
+    void* handle = nullptr;
+    std::string status;  // path on success, reason on failure
+    cuda_err_t (*host_register)(void*, size_t, unsigned) = nullptr;
+    cuda_err_t (*host_unregister)(void*) = nullptr;
+    cuda_err_t (*get_device_count)(int*) = nullptr;
+    const char* (*get_error_string)(cuda_err_t) = nullptr;
+
+    std::string error_text(cuda_err_t e) const {
+        std::string s = "cudaError " + std::to_string(e);
+        if (get_error_string) {
+            const char* t = get_error_string(e);
+            if (t) s += " (" + std::string(t) + ")";
+        }
+        return s;
+    }
+};
+
+CudaRuntime& cuda_runtime() {
+    static CudaRuntime rt;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // Prefer a runtime already loaded (e.g. by torch) so that we share its CUDA context.
+        std::vector<std::string> names;
+        if (const char* env = std::getenv("MEMASCEND_CUDART")) names.emplace_back(env);
+        for (const char* n : {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}) names.emplace_back(n);
+        std::string tried;
+        for (int pass = 0; pass < 2 && !rt.handle; ++pass) {
+            for (const auto& n : names) {
+                rt.handle = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL | (pass == 0 ? RTLD_NOLOAD : 0));
+                if (rt.handle) {
+                    rt.status = n;
+                    break;
+                }
+                if (pass == 1) {
+                    const char* e = dlerror();
+                    tried += (tried.empty() ? "" : "; ") + std::string(e ? e : n.c_str());
+                }
+            }
+        }
+        if (!rt.handle) {
+            rt.status = "CUDA runtime not found (dlopen: " + tried + "); set MEMASCEND_CUDART to its path";
+            return;
+        }
+        rt.host_register = reinterpret_cast<cuda_err_t (*)(void*, size_t, unsigned)>(dlsym(rt.handle, "cudaHostRegister"));
+        rt.host_unregister = reinterpret_cast<cuda_err_t (*)(void*)>(dlsym(rt.handle, "cudaHostUnregister"));
+        rt.get_device_count = reinterpret_cast<cuda_err_t (*)(int*)>(dlsym(rt.handle, "cudaGetDeviceCount"));
+        rt.get_error_string = reinterpret_cast<const char* (*)(cuda_err_t)>(dlsym(rt.handle, "cudaGetErrorString"));
+        if (!rt.host_register || !rt.host_unregister || !rt.get_device_count) {
+            rt.status = "'" + rt.status + "' lacks cudaHostRegister/cudaHostUnregister/cudaGetDeviceCount";
+            rt.handle = nullptr;  // keep it loaded; just unusable
+            return;
+        }
+        int count = 0;
+        cuda_err_t e = rt.get_device_count(&count);
+        if (e != 0 || count == 0) {
+            rt.status = "no usable CUDA device (" + (e != 0 ? rt.error_text(e) : std::string("cudaGetDeviceCount = 0")) +
+                        ", runtime " + rt.status + ")";
+            rt.handle = nullptr;
+            return;
+        }
+        rt.status = "loaded " + rt.status + ", " + std::to_string(count) + " device(s)";
+    });
+    return rt;
+}
+
+constexpr unsigned kCudaHostRegisterPortable = 1;  // visible to every CUDA context
+
+}  // namespace
+
+size_t page_size_bytes() {
+    static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return p;
+}
+
+std::string cuda_runtime_status() {
+    CudaRuntime& rt = cuda_runtime();
+    return (rt.handle ? "ok: " : "unavailable: ") + rt.status;
+}
+
+AlignedBuffer::AlignedBuffer(size_t nbytes, bool lock, bool cuda_register, bool zero) : nbytes_(nbytes) {
+    if (nbytes == 0) throw std::invalid_argument("AlignedBuffer needs nbytes > 0");
+    const size_t page = page_size_bytes();
+    if (nbytes > SIZE_MAX - page) throw std::invalid_argument("AlignedBuffer size overflows");
+    mapped_ = (nbytes + page - 1) / page * page;
+    // Anonymous memory is zero-filled by the kernel; zero=True additionally faults every page in
+    // now (MAP_POPULATE) so the first O_DIRECT/DMA does not pay for page faults.
+    const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (zero ? MAP_POPULATE : 0);
+    void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (p == MAP_FAILED)
+        throw std::system_error(errno, std::generic_category(), "mmap of " + std::to_string(mapped_) + " bytes for AlignedBuffer");
+    ptr_ = p;
+
+    if (lock) {
+        if (mlock(ptr_, mapped_) == 0) {
+            locked_ = true;
+        } else {
+            const int err = errno;
+            struct rlimit rl{};
+            getrlimit(RLIMIT_MEMLOCK, &rl);
+            std::ostringstream os;
+            os << "mlock(" << mapped_ << " bytes): " << std::strerror(err) << " (RLIMIT_MEMLOCK soft limit "
+               << (rl.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : mib_text(double(rl.rlim_cur)))
+               << ", already locked by this process: " << vm_lck_text() << "); buffer left unlocked";
+            lock_error_ = os.str();
+        }
+    }
+
+    if (cuda_register) {
+        CudaRuntime& rt = cuda_runtime();
+        if (!rt.handle) {
+            cuda_error_ = rt.status;
+        } else {
+            cuda_err_t e = rt.host_register(ptr_, mapped_, kCudaHostRegisterPortable);
+            if (e == 0) cuda_registered_ = true;
+            else cuda_error_ = "cudaHostRegister(" + std::to_string(mapped_) + " bytes) failed: " + rt.error_text(e);
+        }
+    }
+}
+
+AlignedBuffer::~AlignedBuffer() { close(); }
+
+void AlignedBuffer::close() {
+    if (!ptr_) return;
+    if (cuda_registered_) {
+        CudaRuntime& rt = cuda_runtime();
+        if (rt.host_unregister) rt.host_unregister(ptr_);
+        cuda_registered_ = false;
+    }
+    if (locked_) {
+        munlock(ptr_, mapped_);
+        locked_ = false;
+    }
+    munmap(ptr_, mapped_);
+    ptr_ = nullptr;
+}
+
+}  // namespace memascend

@@ -1,0 +1,667 @@
+#include "io_engine.h"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <linux/io_uring.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <system_error>
+
+namespace memascend {
+
+namespace {
+
+std::string errno_text(int err) {
+    std::ostringstream os;
+    os << "errno " << err << " (" << std::strerror(err) << ")";
+    return os.str();
+}
+
+const char* op_name(OpKind op) { return op == OpKind::Read ? "read" : "write"; }
+
+bool fill_from_statx(int dirfd, const char* path, int flags, DioAlignment& a) {
+#ifdef STATX_DIOALIGN
+    struct statx sx;
+    std::memset(&sx, 0, sizeof(sx));
+    if (statx(dirfd, path, flags, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+        sx.stx_dio_offset_align != 0 && sx.stx_dio_mem_align != 0) {
+        a.mem_align = sx.stx_dio_mem_align;
+        a.offset_align = sx.stx_dio_offset_align;
+        a.source = "statx";
+        return true;
+    }
+#else
+    (void)dirfd;
+    (void)path;
+    (void)flags;
+    (void)a;
+#endif
+    return false;
+}
+
+// Logical block size of the device holding a filesystem object, from sysfs (a partition's queue/
+// lives in its parent disk's directory). 0 when unknown (e.g. tmpfs, overlayfs).
+uint32_t sysfs_logical_block_size(dev_t dev) {
+    const std::string base = "/sys/dev/block/" + std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
+    for (const char* rel : {"/queue/logical_block_size", "/../queue/logical_block_size"}) {
+        FILE* f = std::fopen((base + rel).c_str(), "r");
+        if (!f) continue;
+        unsigned long v = 0;
+        const int ok = std::fscanf(f, "%lu", &v);
+        std::fclose(f);
+        if (ok == 1 && v >= 512 && (v & (v - 1)) == 0) return static_cast<uint32_t>(v);
+    }
+    return 0;
+}
+
+// Alignment of an open descriptor: statx first (the only source that knows filesystem rules,
+// e.g. ext4 on a 4Kn disk), then the logical block size of the device (BLKSSZGET for a block
+// device, sysfs for the device under a filesystem), then 512.
+DioAlignment alignment_of_fd(int fd, bool is_blockdev) {
+    DioAlignment a;
+    if (fill_from_statx(fd, "", AT_EMPTY_PATH, a)) return a;
+    if (is_blockdev) {
+        int lbs = 0;
+        if (ioctl(fd, BLKSSZGET, &lbs) == 0 && lbs > 0) {
+            a.mem_align = a.offset_align = static_cast<uint32_t>(lbs);
+            a.source = "BLKSSZGET";
+            return a;
+        }
+    }
+    struct stat st;
+    if (!is_blockdev && fstat(fd, &st) == 0) {
+        if (uint32_t lbs = sysfs_logical_block_size(st.st_dev)) {
+            a.mem_align = a.offset_align = lbs;
+            a.source = "sysfs";
+            return a;
+        }
+    }
+    a.source = "default";
+    return a;
+}
+
+constexpr uint64_t kWakeToken = ~uint64_t(0);
+
+int sys_io_uring_setup(unsigned entries, io_uring_params* p) {
+    return static_cast<int>(syscall(__NR_io_uring_setup, entries, p));
+}
+int sys_io_uring_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags) {
+    return static_cast<int>(syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, nullptr, 0));
+}
+int sys_io_uring_register(int fd, unsigned opcode, void* arg, unsigned nr_args) {
+    return static_cast<int>(syscall(__NR_io_uring_register, fd, opcode, arg, nr_args));
+}
+
+}  // namespace
+
+DioAlignment query_dio_alignment(const std::string& path) {
+    struct stat st;
+    std::string target = path;
+    if (::stat(path.c_str(), &st) != 0) {
+        if (errno != ENOENT) throw std::system_error(errno, std::generic_category(), "stat('" + path + "')");
+        // Not created yet: the directory it will live in decides.
+        auto slash = path.find_last_of('/');
+        target = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+        if (::stat(target.c_str(), &st) != 0)
+            throw std::system_error(errno, std::generic_category(), "stat('" + target + "')");
+    }
+    DioAlignment a;
+    if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) {
+        int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            a = alignment_of_fd(fd, S_ISBLK(st.st_mode));
+            ::close(fd);
+            return a;
+        }
+    }
+    if (fill_from_statx(AT_FDCWD, target.c_str(), 0, a)) return a;
+    // A directory (file not created yet): the filesystem's device decides.
+    if (uint32_t lbs = sysfs_logical_block_size(st.st_dev)) {
+        a.mem_align = a.offset_align = lbs;
+        a.source = "sysfs";
+        return a;
+    }
+    a.source = "default";
+    return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// io_uring rings, mapped by hand (see io_uring_setup(2)).
+struct IoEngine::Uring {
+    int fd = -1;
+    void* sq_ptr = MAP_FAILED;
+    size_t sq_bytes = 0;
+    void* cq_ptr = MAP_FAILED;
+    size_t cq_bytes = 0;
+    io_uring_sqe* sqes = static_cast<io_uring_sqe*>(MAP_FAILED);
+    size_t sqes_bytes = 0;
+    unsigned *sq_head = nullptr, *sq_tail = nullptr, *sq_mask = nullptr, *sq_array = nullptr;
+    unsigned *cq_head = nullptr, *cq_tail = nullptr, *cq_mask = nullptr;
+    io_uring_cqe* cqes = nullptr;
+    unsigned sq_entries = 0;
+    unsigned sq_tail_local = 0;  // only ever written under IoEngine::mu_
+
+    ~Uring() {
+        if (sqes != MAP_FAILED) munmap(sqes, sqes_bytes);
+        if (cq_ptr != MAP_FAILED && cq_ptr != sq_ptr) munmap(cq_ptr, cq_bytes);
+        if (sq_ptr != MAP_FAILED) munmap(sq_ptr, sq_bytes);
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+bool IoEngine::uring_init(std::string& why) {
+    auto r = std::make_unique<Uring>();
+    io_uring_params p;
+    std::memset(&p, 0, sizeof(p));
+    // The CQ must hold every in-flight chunk plus the shutdown NOP; the default (2 x SQ) does.
+    r->fd = sys_io_uring_setup(cfg_.queue_depth, &p);
+    if (r->fd < 0) {
+        why = "io_uring_setup failed: " + errno_text(errno);
+        return false;
+    }
+    r->sq_entries = p.sq_entries;
+    r->sq_bytes = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    r->cq_bytes = p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe);
+    const bool single_mmap = (p.features & IORING_FEAT_SINGLE_MMAP) != 0;
+    if (single_mmap) r->sq_bytes = r->cq_bytes = std::max(r->sq_bytes, r->cq_bytes);
+    r->sq_ptr = mmap(nullptr, r->sq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
+                     IORING_OFF_SQ_RING);
+    if (r->sq_ptr == MAP_FAILED) {
+        why = "mmap of the io_uring SQ ring failed: " + errno_text(errno);
+        return false;
+    }
+    r->cq_ptr = single_mmap ? r->sq_ptr
+                            : mmap(nullptr, r->cq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                                   r->fd, IORING_OFF_CQ_RING);
+    if (r->cq_ptr == MAP_FAILED) {
+        why = "mmap of the io_uring CQ ring failed: " + errno_text(errno);
+        return false;
+    }
+    r->sqes_bytes = p.sq_entries * sizeof(io_uring_sqe);
+    r->sqes = static_cast<io_uring_sqe*>(mmap(nullptr, r->sqes_bytes, PROT_READ | PROT_WRITE,
+                                              MAP_SHARED | MAP_POPULATE, r->fd, IORING_OFF_SQES));
+    if (r->sqes == MAP_FAILED) {
+        why = "mmap of the io_uring SQE array failed: " + errno_text(errno);
+        return false;
+    }
+    auto* sq = static_cast<char*>(r->sq_ptr);
+    auto* cq = static_cast<char*>(r->cq_ptr);
+    r->sq_head = reinterpret_cast<unsigned*>(sq + p.sq_off.head);
+    r->sq_tail = reinterpret_cast<unsigned*>(sq + p.sq_off.tail);
+    r->sq_mask = reinterpret_cast<unsigned*>(sq + p.sq_off.ring_mask);
+    r->sq_array = reinterpret_cast<unsigned*>(sq + p.sq_off.array);
+    r->cq_head = reinterpret_cast<unsigned*>(cq + p.cq_off.head);
+    r->cq_tail = reinterpret_cast<unsigned*>(cq + p.cq_off.tail);
+    r->cq_mask = reinterpret_cast<unsigned*>(cq + p.cq_off.ring_mask);
+    r->cqes = reinterpret_cast<io_uring_cqe*>(cq + p.cq_off.cqes);
+    for (unsigned i = 0; i < p.sq_entries; ++i) r->sq_array[i] = i;  // identity SQ index map
+    r->sq_tail_local = *r->sq_tail;
+
+    // IORING_OP_READ/WRITE need 5.6+; probe instead of failing on the first request.
+    const unsigned nops = 256;
+    std::vector<char> probe_mem(sizeof(io_uring_probe) + nops * sizeof(io_uring_probe_op), 0);
+    auto* probe = reinterpret_cast<io_uring_probe*>(probe_mem.data());
+    if (sys_io_uring_register(r->fd, IORING_REGISTER_PROBE, probe, nops) < 0) {
+        why = "io_uring opcode probe failed (kernel older than 5.6?): " + errno_text(errno);
+        return false;
+    }
+    for (unsigned op : {unsigned(IORING_OP_READ), unsigned(IORING_OP_WRITE), unsigned(IORING_OP_NOP)}) {
+        if (op > probe->last_op || !(probe->ops[op].flags & IO_URING_OP_SUPPORTED)) {
+            why = "io_uring lacks IORING_OP_READ/WRITE";
+            return false;
+        }
+    }
+    ring_ = std::move(r);
+    slots_.assign(cfg_.queue_depth, Chunk{});
+    free_slots_.clear();
+    for (unsigned i = cfg_.queue_depth; i-- > 0;) free_slots_.push_back(i);
+    return true;
+}
+
+void IoEngine::uring_destroy() { ring_.reset(); }
+
+void IoEngine::uring_prep_locked(unsigned slot) {
+    Uring& r = *ring_;
+    const Chunk& c = slots_[slot];
+    io_uring_sqe* sqe = &r.sqes[r.sq_tail_local & *r.sq_mask];
+    std::memset(sqe, 0, sizeof(*sqe));
+    sqe->opcode = c.req->op == OpKind::Read ? IORING_OP_READ : IORING_OP_WRITE;
+    sqe->fd = fd_;
+    sqe->addr = c.req->address + c.pos + c.done;
+    sqe->len = static_cast<uint32_t>(c.len - c.done);
+    sqe->off = c.req->offset + c.pos + c.done;
+    sqe->user_data = slot;
+    ++r.sq_tail_local;
+    ++unsubmitted_;
+}
+
+void IoEngine::uring_submit_locked(unsigned /*count*/) {
+    Uring& r = *ring_;
+    if (unsubmitted_ == 0) return;
+    __atomic_store_n(r.sq_tail, r.sq_tail_local, __ATOMIC_RELEASE);
+    while (unsubmitted_ > 0) {
+        int ret = sys_io_uring_enter(r.fd, unsubmitted_, 0, 0);
+        if (ret >= 0) {
+            unsubmitted_ -= std::min<unsigned>(unsubmitted_, static_cast<unsigned>(ret));
+            continue;
+        }
+        const int err = errno;
+        // Transient: retry. (EBUSY, a full CQ, cannot happen: in-flight <= queue_depth < CQ size.)
+        if (err == EINTR || err == EAGAIN || err == EBUSY) {
+            std::this_thread::yield();
+            continue;
+        }
+        // Hard failure of the syscall itself: the remaining SQEs were not consumed. Take them back
+        // and fail their chunks so that no request can hang or report success.
+        const unsigned head = __atomic_load_n(r.sq_head, __ATOMIC_ACQUIRE);
+        std::vector<unsigned> failed;
+        for (unsigned t = head; t != r.sq_tail_local; ++t) failed.push_back(static_cast<unsigned>(r.sqes[t & *r.sq_mask].user_data));
+        r.sq_tail_local = head;
+        __atomic_store_n(r.sq_tail, head, __ATOMIC_RELEASE);
+        unsubmitted_ = 0;
+        for (unsigned slot : failed) {
+            if (slot >= slots_.size()) continue;
+            finish_chunk_locked(slots_[slot], err, false, slots_[slot].done);
+            free_slots_.push_back(slot);
+            --in_flight_;
+        }
+        return;
+    }
+}
+
+void IoEngine::uring_fill_locked() {
+    Chunk c;
+    while (in_flight_ < cfg_.queue_depth && !free_slots_.empty() && carve_chunk_locked(c)) {
+        unsigned slot = free_slots_.back();
+        free_slots_.pop_back();
+        slots_[slot] = c;
+        ++in_flight_;
+        uring_prep_locked(slot);
+    }
+    uring_submit_locked(0);
+}
+
+void IoEngine::uring_reaper_main() {
+    Uring& r = *ring_;
+    for (;;) {
+        unsigned head = *r.cq_head;  // only this thread advances the CQ head
+        unsigned tail = __atomic_load_n(r.cq_tail, __ATOMIC_ACQUIRE);
+        if (head == tail) {
+            // Blocks without holding mu_, so submitters keep going while we sleep.
+            sys_io_uring_enter(r.fd, 0, 1, IORING_ENTER_GETEVENTS);
+            continue;  // any error (EINTR...) just re-checks the ring
+        }
+        std::lock_guard<std::mutex> lk(mu_);
+        for (; head != tail; ++head) {
+            const io_uring_cqe& cqe = r.cqes[head & *r.cq_mask];
+            const uint64_t ud = cqe.user_data;
+            const int res = cqe.res;
+            if (ud == kWakeToken) continue;
+            const unsigned slot = static_cast<unsigned>(ud);
+            Chunk& c = slots_[slot];
+            bool release = true;
+            if (res < 0) {
+                if ((res == -EAGAIN || res == -EINTR) && c.retries < 16) {
+                    ++c.retries;
+                    uring_prep_locked(slot);
+                    release = false;
+                } else {
+                    finish_chunk_locked(c, -res, false, c.done);
+                }
+            } else if (res == 0) {
+                finish_chunk_locked(c, 0, true, c.done);
+            } else {
+                c.done += static_cast<uint64_t>(res);
+                if (c.done >= c.len) {
+                    finish_chunk_locked(c, 0, false, c.done);
+                } else if (c.done % align_.offset_align == 0 && c.retries < 16) {
+                    // Partial but aligned: the rest can be issued again with O_DIRECT.
+                    ++c.retries;
+                    uring_prep_locked(slot);
+                    release = false;
+                } else {
+                    finish_chunk_locked(c, 0, true, c.done);
+                }
+            }
+            if (release) {
+                free_slots_.push_back(slot);
+                --in_flight_;
+            }
+        }
+        __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
+        uring_fill_locked();
+        if (stopping_ && in_flight_ == 0) return;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread-pool backend.
+void IoEngine::worker_main() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+        work_cv_.wait(lk, [&] { return stopping_ || !pending_.empty(); });
+        Chunk c;
+        if (!carve_chunk_locked(c)) {
+            if (stopping_) return;
+            continue;
+        }
+        lk.unlock();
+        int err = 0;
+        bool short_transfer = false;
+        const Request& r = *c.req;
+        while (c.done < c.len) {
+            char* addr = reinterpret_cast<char*>(r.address + c.pos + c.done);
+            const size_t len = c.len - c.done;
+            const off_t off = static_cast<off_t>(r.offset + c.pos + c.done);
+            ssize_t n = r.op == OpKind::Read ? ::pread(fd_, addr, len, off) : ::pwrite(fd_, addr, len, off);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                err = errno;
+                break;
+            }
+            if (n == 0) {
+                short_transfer = true;
+                break;
+            }
+            c.done += static_cast<uint64_t>(n);
+            // An unaligned remainder cannot be continued with O_DIRECT (it is EOF in practice).
+            if (c.done < c.len && c.done % align_.offset_align != 0) {
+                short_transfer = true;
+                break;
+            }
+        }
+        lk.lock();
+        finish_chunk_locked(c, err, short_transfer, c.done);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+IoEngine::IoEngine(const std::string& path, const EngineConfig& cfg) : path_(path), cfg_(cfg) {
+    if (cfg_.queue_depth < 1 || cfg_.queue_depth > 4096)
+        throw std::invalid_argument("queue_depth must be in [1, 4096], got " + std::to_string(cfg_.queue_depth));
+    if (cfg_.num_workers < 1 || cfg_.num_workers > 256)
+        throw std::invalid_argument("num_workers must be in [1, 256], got " + std::to_string(cfg_.num_workers));
+    // io_uring's sqe->len is 32-bit; 1 GiB keeps a wide margin.
+    if (cfg_.block_size == 0 || cfg_.block_size > (uint64_t(1) << 30))
+        throw std::invalid_argument("block_size must be in [1, 1 GiB], got " + std::to_string(cfg_.block_size));
+
+    const int flags = O_DIRECT | O_CLOEXEC | (cfg_.writable ? (O_RDWR | O_CREAT) : O_RDONLY);
+    fd_ = ::open(path.c_str(), flags, 0600);
+    if (fd_ < 0) {
+        const int err = errno;
+        throw IoError("open('" + path + "', O_DIRECT|" + (cfg_.writable ? "O_RDWR|O_CREAT" : "O_RDONLY") +
+                          ") failed: " + errno_text(err) +
+                          (err == EINVAL ? " (the filesystem does not support O_DIRECT)" : ""),
+                      err, path, 0, 0);
+    }
+    struct stat st;
+    if (fstat(fd_, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
+        ::close(fd_);
+        fd_ = -1;
+        throw std::invalid_argument("'" + path + "' is neither a regular file nor a block device");
+    }
+    is_blockdev_ = S_ISBLK(st.st_mode);
+    align_ = alignment_of_fd(fd_, is_blockdev_);
+    if (cfg_.block_size % alignment() != 0) {
+        ::close(fd_);
+        fd_ = -1;
+        throw AlignmentError("block_size " + std::to_string(cfg_.block_size) + " is not a multiple of the direct-I/O alignment " +
+                             std::to_string(alignment()) + " of '" + path + "'");
+    }
+
+    Backend want = cfg_.backend;
+    if (want == Backend::Auto) {
+        if (const char* env = std::getenv("MEMASCEND_IO_BACKEND")) {
+            std::string v(env);
+            if (v == "threads") want = Backend::Threads;
+            else if (v == "io_uring") want = Backend::IoUring;
+        }
+    }
+    if (want == Backend::Threads) {
+        backend_ = Backend::Threads;
+        backend_reason_ = "requested";
+    } else {
+        std::string why;
+        if (uring_init(why)) {
+            backend_ = Backend::IoUring;
+            backend_reason_ = want == Backend::IoUring ? "requested" : "auto: io_uring available";
+        } else if (want == Backend::IoUring) {
+            ::close(fd_);
+            fd_ = -1;
+            throw std::runtime_error("io_uring backend requested for '" + path + "' but unavailable: " + why);
+        } else {
+            backend_ = Backend::Threads;
+            backend_reason_ = "auto: " + why;
+        }
+    }
+    if (backend_ == Backend::IoUring) {
+        threads_.emplace_back([this] { uring_reaper_main(); });
+    } else {
+        for (unsigned i = 0; i < cfg_.num_workers; ++i) threads_.emplace_back([this] { worker_main(); });
+    }
+}
+
+IoEngine::~IoEngine() {
+    try {
+        close();
+    } catch (...) {
+    }
+}
+
+uint64_t IoEngine::size_bytes() const {
+    if (fd_ < 0) throw std::runtime_error("IOEngine for '" + path_ + "' is closed");
+    if (is_blockdev_) {
+        uint64_t bytes = 0;
+        if (ioctl(fd_, BLKGETSIZE64, &bytes) != 0)
+            throw IoError("BLKGETSIZE64 on '" + path_ + "' failed: " + errno_text(errno), errno, path_, 0, 0);
+        return bytes;
+    }
+    struct stat st;
+    if (fstat(fd_, &st) != 0) throw IoError("fstat('" + path_ + "') failed: " + errno_text(errno), errno, path_, 0, 0);
+    return static_cast<uint64_t>(st.st_size);
+}
+
+size_t IoEngine::outstanding() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return active_;
+}
+
+void IoEngine::check_request(OpKind op, uintptr_t address, uint64_t length, uint64_t offset) const {
+    if (op == OpKind::Write && !cfg_.writable)
+        throw std::invalid_argument("IOEngine for '" + path_ + "' was opened read-only (writable=False)");
+    if (length == 0) return;
+    if (address == 0) throw std::invalid_argument("null buffer address for a " + std::to_string(length) + "-byte " + op_name(op));
+    if (offset + length < offset || address + length < address)
+        throw std::invalid_argument("offset/address + length overflows for '" + path_ + "'");
+    const bool bad_addr = address % align_.mem_align != 0;
+    const bool bad_off = offset % align_.offset_align != 0;
+    const bool bad_len = length % align_.offset_align != 0;
+    if (bad_addr || bad_off || bad_len) {
+        std::ostringstream os;
+        os << "misaligned O_DIRECT " << op_name(op) << " of '" << path_ << "': ";
+        const char* sep = "";
+        if (bad_addr) { os << "address 0x" << std::hex << address << std::dec << " is not a multiple of " << align_.mem_align; sep = "; "; }
+        if (bad_off) { os << sep << "offset " << offset << " is not a multiple of " << align_.offset_align; sep = "; "; }
+        if (bad_len) { os << sep << "length " << length << " is not a multiple of " << align_.offset_align; }
+        os << " (request offset=" << offset << " length=" << length << "; alignment from " << align_.source
+           << ": memory " << align_.mem_align << " B, offset/length " << align_.offset_align << " B)";
+        throw AlignmentError(os.str());
+    }
+}
+
+uint64_t IoEngine::submit(OpKind op, uintptr_t address, uint64_t length, uint64_t offset) {
+    check_request(op, address, length, offset);
+    auto r = std::make_shared<Request>();
+    r->op = op;
+    r->address = address;
+    r->length = length;
+    r->offset = offset;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_ || closed_.load()) throw std::runtime_error("IOEngine for '" + path_ + "' is closed");
+    r->id = next_id_++;
+    requests_.emplace(r->id, r);
+    if (length == 0) {
+        r->done = true;
+        return r->id;
+    }
+    ++active_;
+    pending_.push_back(r.get());
+    if (backend_ == Backend::IoUring) uring_fill_locked();
+    else work_cv_.notify_all();
+    return r->id;
+}
+
+bool IoEngine::carve_chunk_locked(Chunk& out) {
+    while (!pending_.empty()) {
+        Request* r = pending_.front();
+        if (r->next >= r->length) {
+            pending_.pop_front();
+            continue;
+        }
+        out = Chunk{};
+        out.req = r;
+        out.pos = r->next;
+        out.len = std::min<uint64_t>(cfg_.block_size, r->length - r->next);
+        r->next += out.len;
+        ++r->in_flight;
+        if (r->next >= r->length) pending_.pop_front();
+        return true;
+    }
+    return false;
+}
+
+std::string IoEngine::describe_chunk(const Chunk& c) const {
+    const Request& r = *c.req;
+    std::ostringstream os;
+    os << "'" << path_ << "' offset=" << (r.offset + c.pos) << " length=" << c.len << " (request offset=" << r.offset
+       << " length=" << r.length << ", " << backend_name() << ")";
+    return os.str();
+}
+
+void IoEngine::fail_request_locked(Request& r, const std::string& msg, int err, bool short_transfer) {
+    if (r.failed) return;  // keep the first failure; later ones are consequences
+    r.failed = true;
+    r.err = err;
+    r.short_transfer = short_transfer;
+    r.error = msg;
+    if (r.next < r.length) {
+        // Do not issue the rest of a request that has already failed.
+        r.next = r.length;
+        for (auto it = pending_.begin(); it != pending_.end();) it = (*it == &r) ? pending_.erase(it) : it + 1;
+    }
+}
+
+void IoEngine::finish_chunk_locked(Chunk& c, int err, bool short_transfer, uint64_t got) {
+    Request& r = *c.req;
+    (r.op == OpKind::Read ? bytes_read_ : bytes_written_).fetch_add(got, std::memory_order_relaxed);
+    if (err != 0) {
+        fail_request_locked(r, std::string(op_name(r.op)) + " of " + describe_chunk(c) + " failed after " +
+                                   std::to_string(got) + " bytes: " + errno_text(err),
+                            err, false);
+        if (r.err_length == 0) { r.err_offset = r.offset + c.pos; r.err_length = c.len; }
+    } else if (short_transfer) {
+        std::ostringstream os;
+        os << "short " << op_name(r.op) << " of " << describe_chunk(c) << ": transferred " << got << " of " << c.len
+           << " bytes";
+        struct stat st;
+        if (!is_blockdev_ && fstat(fd_, &st) == 0) os << " (file size " << st.st_size << " bytes)";
+        else if (is_blockdev_) {
+            uint64_t dev = 0;
+            if (ioctl(fd_, BLKGETSIZE64, &dev) == 0) os << " (device size " << dev << " bytes)";
+        }
+        os << "; the kernel returned no error, reported as " << errno_text(EIO);
+        fail_request_locked(r, os.str(), EIO, true);
+        if (r.err_length == 0) { r.err_offset = r.offset + c.pos; r.err_length = c.len; }
+    }
+    --r.in_flight;
+    if (r.in_flight == 0 && r.next >= r.length && !r.done) {
+        r.done = true;
+        --active_;
+        done_cv_.notify_all();
+    }
+}
+
+void IoEngine::throw_request_error(const Request& r, size_t other_failures) const {
+    std::string msg = r.error;
+    if (other_failures) msg += " (and " + std::to_string(other_failures) + " more failed request(s))";
+    throw IoError(msg, r.err, path_, r.err_offset, r.err_length, r.short_transfer);
+}
+
+void IoEngine::wait(uint64_t request_id) {
+    std::unique_lock<std::mutex> lk(mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end())
+        throw std::invalid_argument("unknown request id " + std::to_string(request_id) + " for '" + path_ +
+                                "' (never submitted, or already waited for)");
+    std::shared_ptr<Request> r = it->second;
+    requests_.erase(it);
+    done_cv_.wait(lk, [&] { return r->done; });
+    if (r->failed) throw_request_error(*r, 0);
+}
+
+void IoEngine::wait_all() {
+    std::unique_lock<std::mutex> lk(mu_);
+    std::vector<std::shared_ptr<Request>> all;
+    all.reserve(requests_.size());
+    for (auto& kv : requests_) all.push_back(kv.second);
+    requests_.clear();
+    const Request* first = nullptr;
+    size_t failures = 0;
+    for (auto& r : all) {
+        done_cv_.wait(lk, [&] { return r->done; });
+        if (r->failed) {
+            if (!first || r->id < first->id) first = r.get();
+            ++failures;
+        }
+    }
+    if (first) throw_request_error(*first, failures - 1);
+}
+
+void IoEngine::read(uintptr_t address, uint64_t length, uint64_t offset) { wait(submit(OpKind::Read, address, length, offset)); }
+void IoEngine::write(uintptr_t address, uint64_t length, uint64_t offset) { wait(submit(OpKind::Write, address, length, offset)); }
+
+void IoEngine::sync() {
+    if (fd_ < 0) throw std::runtime_error("IOEngine for '" + path_ + "' is closed");
+    if (::fdatasync(fd_) != 0)
+        throw IoError("fdatasync('" + path_ + "') failed: " + errno_text(errno), errno, path_, 0, 0);
+}
+
+void IoEngine::close() {
+    {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (closed_.load()) return;
+        closed_.store(true);
+        // User buffers may still be the target of in-flight DMA: never return before it ends.
+        done_cv_.wait(lk, [&] { return active_ == 0; });
+        stopping_ = true;
+        requests_.clear();
+        if (backend_ == Backend::IoUring && ring_) {
+            Uring& r = *ring_;
+            io_uring_sqe* sqe = &r.sqes[r.sq_tail_local & *r.sq_mask];
+            std::memset(sqe, 0, sizeof(*sqe));
+            sqe->opcode = IORING_OP_NOP;
+            sqe->user_data = kWakeToken;
+            ++r.sq_tail_local;
+            ++unsubmitted_;
+            uring_submit_locked(0);
+        }
+        work_cv_.notify_all();
+    }
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    uring_destroy();
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+}
+
+}  // namespace memascend

@@ -1,0 +1,1 @@
+"""The MemAscend offload engine (installed as `memascend_engine`); imports torch lazily."""

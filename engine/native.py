@@ -1,0 +1,142 @@
+"""Python face of the native core (``csrc/``, built into ``memascend_engine._native``).
+
+Importing this module never fails: the extension is loaded on first use, and
+:func:`available` says whether it could be (and why not). torch is imported lazily, only by
+:func:`as_tensor` and :func:`has_nonfinite_tensor`.
+
+Names re-exported from the extension (resolved on first attribute access):
+
+* ``IOEngine(path, *, writable=True, backend="auto", queue_depth=32, num_workers=4, block_size=1 << 20)``
+  -- asynchronous O_DIRECT engine (io_uring via raw syscalls, or a pread/pwrite thread pool).
+* ``AlignedBuffer(nbytes, *, lock=True, cuda_register=False, zero=True)`` -- page-aligned host memory.
+* ``IOError`` (OSError subclass), ``ShortTransferError`` (IOError subclass), ``AlignmentError``
+  (ValueError subclass).
+* ``dio_alignment(path) -> int``, ``dio_alignment_info(path) -> dict``, ``cuda_runtime_status() -> str``,
+  ``page_size() -> int``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from types import ModuleType
+from typing import Any
+
+_EXTENSION = "memascend_engine._native"
+_NATIVE_NAMES = frozenset(
+    {
+        "IOEngine",
+        "AlignedBuffer",
+        "IOError",
+        "ShortTransferError",
+        "AlignmentError",
+        "dio_alignment",
+        "dio_alignment_info",
+        "cuda_runtime_status",
+        "page_size",
+    }
+)
+SCAN_DTYPES = ("float16", "bfloat16", "float32")
+
+_module: ModuleType | None = None
+_import_error: str | None = None
+
+
+def _load() -> ModuleType | None:
+    global _module, _import_error
+    if _module is None and _import_error is None:
+        try:
+            _module = importlib.import_module(_EXTENSION)
+        except ImportError as exc:
+            _import_error = (
+                f"{_EXTENSION} is not importable ({exc}); build it with `pip install -e .` "
+                "(needs a C++17 compiler and pybind11; no torch or CUDA)"
+            )
+    return _module
+
+
+def _require() -> ModuleType:
+    mod = _load()
+    if mod is None:
+        raise ImportError(_import_error)
+    return mod
+
+
+def available() -> tuple[bool, str]:
+    """(True, where it was loaded from) or (False, why the extension cannot be used)."""
+    mod = _load()
+    if mod is None:
+        return False, str(_import_error)
+    return True, f"{_EXTENSION} loaded from {mod.__file__}"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NATIVE_NAMES:
+        value = getattr(_require(), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _NATIVE_NAMES)
+
+
+def _scan_dtype_name(dtype: Any) -> str:
+    # torch.float16 -> "torch.float16", numpy.dtype("float16") -> "float16"; the extension strips "torch.".
+    name = dtype if isinstance(dtype, str) else str(dtype)
+    return name
+
+
+def has_nonfinite(address: int, numel: int, dtype: Any, num_threads: int = 0) -> bool:
+    """True if any of ``numel`` elements at ``address`` is +-inf or nan.
+
+    ``dtype``: "float16", "bfloat16", "float32" (aliases half/fp16/bf16/float/fp32, or a torch/numpy
+    dtype). One multi-threaded pass over the raw bits, no allocation proportional to ``numel``, GIL
+    released. ``num_threads=0`` uses every core.
+    """
+    return bool(_require().has_nonfinite(int(address), int(numel), _scan_dtype_name(dtype), int(num_threads)))
+
+
+def has_nonfinite_tensor(t: Any, num_threads: int = 0) -> bool:
+    """:func:`has_nonfinite` for a contiguous CPU torch tensor (float16, bfloat16 or float32)."""
+    if t.device.type != "cpu":
+        raise ValueError(f"has_nonfinite_tensor needs a CPU tensor, got device {t.device}")
+    if not t.is_contiguous():
+        # A silent .contiguous() would allocate a full copy, which is what this scan exists to avoid.
+        raise ValueError("has_nonfinite_tensor needs a contiguous tensor (call .contiguous() explicitly)")
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in SCAN_DTYPES:
+        raise ValueError(f"has_nonfinite_tensor supports {SCAN_DTYPES}, got {t.dtype}")
+    return has_nonfinite(t.data_ptr(), t.numel(), name, num_threads)
+
+
+def as_tensor(buf: Any, dtype: Any, shape: int | tuple[int, ...] | list[int] | None = None) -> Any:
+    """A torch tensor over ``buf``'s memory (no copy).
+
+    ``buf`` is an :class:`AlignedBuffer` (or anything exporting a writable buffer). ``dtype`` is a
+    torch dtype or its name. ``shape=None`` covers the whole buffer (nbytes // itemsize elements);
+    otherwise the first prod(shape) elements. The tensor holds a memoryview of ``buf``: the buffer
+    stays alive as long as the tensor does, and ``buf.close()`` raises BufferError meanwhile.
+    """
+    import torch
+
+    dt = getattr(torch, dtype.removeprefix("torch.")) if isinstance(dtype, str) else dtype
+    if not isinstance(dt, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+    itemsize = torch.empty((), dtype=dt).element_size()
+    view = memoryview(buf)
+    nbytes = view.nbytes
+    if shape is None:
+        dims: tuple[int, ...] = (nbytes // itemsize,)
+    else:
+        dims = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    count = math.prod(dims)
+    if count * itemsize > nbytes:
+        raise ValueError(f"shape {dims} of {dt} needs {count * itemsize} bytes; the buffer has {nbytes}")
+    if count == 0:
+        raise ValueError("as_tensor needs at least one element (torch.frombuffer cannot make an empty view)")
+    # frombuffer keeps a reference to `view` (released with the tensor's storage), and `view` holds
+    # a buffer export on `buf`.
+    t = torch.frombuffer(view, dtype=dt, count=count)
+    return t.view(dims)

@@ -1,0 +1,3 @@
+from memascend_cli.app import main
+
+main()

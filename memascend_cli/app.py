@@ -1,0 +1,89 @@
+"""Root Typer app: explicit registration of one thin module per command, one error handler.
+
+Nothing here (or in any command module at import time) imports torch or deepspeed: `--help`,
+`inspect` and `plan` must start in well under a second.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from memascend_cli import __version__
+from memascend_cli.commands import inspect as inspect_cmd
+from memascend_cli.commands import plan as plan_cmd
+from memascend_cli.errors import EXIT_BAD_INPUT, MemascendError
+
+app = typer.Typer(
+    name="memascend",
+    help=(
+        "Fine-tune LLMs with DeepSpeed ZeRO-Infinity (params + optimizer on NVMe) using far less "
+        "system memory.\n\nStart with `memascend inspect`, then `memascend plan --model qwen2.5-7b`."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode="markdown",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"memascend {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """memascend root options."""
+
+
+# Registration is explicit: one module per command, in the order `--help` lists them.
+app.command("inspect")(inspect_cmd.inspect_command)
+app.command("plan")(plan_cmd.plan_command)
+
+
+def _register_optional() -> None:
+    # Commands added by later modules register themselves only if present, keeping this file the
+    # single place that lists them.
+    import importlib
+
+    for module_name, command_name, func_name in (
+        ("memascend_cli.commands.prepare_ssd", "prepare-ssd", "prepare_ssd_command"),
+        ("memascend_cli.commands.train", "train", "train_command"),
+    ):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        app.command(command_name)(getattr(module, func_name))
+
+
+_register_optional()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app, turn expected errors into `error:`/`hint:` lines."""
+    try:
+        app(args=argv, prog_name="memascend", standalone_mode=True)
+    except MemascendError as exc:
+        from memascend_cli.console import err
+
+        err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False, soft_wrap=True)
+        if exc.hint:
+            err.print(f"[cyan]hint:[/cyan] {exc.hint}", markup=True, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        # OS errors on user-given paths are input problems, not bugs.
+        from memascend_cli.console import err
+
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        err.print("[cyan]hint:[/cyan] check the path and its permissions", markup=True, highlight=False)
+        sys.exit(EXIT_BAD_INPUT)

@@ -1,0 +1,213 @@
+"""`memascend plan`: how much memory the job needs, stock DeepSpeed vs memascend, and what fits.
+
+Thin: parse options -> build JobSpec/HardwareSpec -> pure estimate + search -> render.
+Exit codes: 0 the job fits (with the engine named by --engine), 1 it does not, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from memascend_cli.errors import EXIT_FAIL, BadInput
+from memascend_cli.units import GiB, parse_count
+
+JSON_SCHEMA_VERSION = 1
+
+_M = "Model and job"
+_H = "Hardware"
+_K = "DeepSpeed knobs"
+_O = "Output"
+
+
+def installed_deepspeed_version() -> str:
+    """The installed DeepSpeed's version without importing it (import costs ~2 s), else 0.19.8."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        return "0.19.8"
+
+
+def default_model(num_gpus: int) -> str:
+    """A model that is a sensible first plan: small on a CPU-only box, 7B with a GPU."""
+    return "qwen2.5-7b" if num_gpus > 0 else "qwen2.5-0.5b"
+
+
+def plan_command(
+    model: str = typer.Option(None, "--model", "-m", help="Preset name (see `--list-models`), a Hugging Face model "
+                              "directory or config.json, or a model YAML. Default: qwen2.5-7b with a GPU, qwen2.5-0.5b "
+                              "on a CPU-only machine.", rich_help_panel=_M),
+    seq_len: int = typer.Option(2048, "--seq-len", "-s", help="Tokens per sequence.", rich_help_panel=_M),
+    micro_batch: int = typer.Option(1, "--micro-batch", "-b", help="Sequences per rank per step.", rich_help_panel=_M),
+    grad_accum: int = typer.Option(1, "--grad-accum", help="Gradient accumulation steps.", rich_help_panel=_M),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32.", rich_help_panel=_M),
+    grad_accum_dtype: str = typer.Option(None, "--grad-accum-dtype", help="Gradient buffer dtype (default: the model "
+                                         "dtype, as DeepSpeed does).", rich_help_panel=_M),
+    checkpointing: str = typer.Option("offload", "--checkpointing", help="none, selective, full, or offload (full, "
+                                      "checkpoints in host DRAM).", rich_help_panel=_M),
+    flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="FlashAttention (default: on with a "
+                                    "GPU).", rich_help_panel=_M),
+    liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger-Kernel fused linear cross-entropy.",
+                               rich_help_panel=_M),
+    ranks: int = typer.Option(None, "--ranks", help="Processes per node (default: one per GPU, 1 on CPU).",
+                              rich_help_panel=_M),
+    hardware: str = typer.Option(None, "--hardware", help="Hardware profile name or YAML (default: probe this "
+                                 "machine).", rich_help_panel=_H),
+    nvme_path: str = typer.Option(None, "--nvme-path", help="Swap target (directory, region file or device): its "
+                                  "free space and bandwidth are used.", rich_help_panel=_H),
+    dram: str = typer.Option(None, "--dram", help="DRAM per node, e.g. 128GiB.", rich_help_panel=_H),
+    gpu_mem: str = typer.Option(None, "--gpu-mem", help="Memory per GPU, e.g. 24GiB.", rich_help_panel=_H),
+    gpus: int = typer.Option(None, "--gpus", help="GPUs per node (0 = CPU-only).", rich_help_panel=_H),
+    nodes: int = typer.Option(None, "--nodes", help="Machines.", rich_help_panel=_H),
+    nvme_free: str = typer.Option(None, "--nvme-free", help="Free SSD space per node, e.g. 2TB.", rich_help_panel=_H),
+    nvme_read_gbps: str = typer.Option(None, "--nvme-read-gbps", help="SSD read bandwidth, GB/s.", rich_help_panel=_H),
+    memlock: str = typer.Option(None, "--memlock", help="RLIMIT_MEMLOCK per process, e.g. 64GiB or unlimited.",
+                                rich_help_panel=_H),
+    deepspeed_version: str = typer.Option(None, "--deepspeed-version", help="Stock DeepSpeed to model (default: "
+                                          "the installed one, else 0.19.8).", rich_help_panel=_K),
+    pin_backend: str = typer.Option("torch", "--pin-backend", help="DS_PIN_MEMORY_BACKEND of the baseline: torch or "
+                                    "native.", rich_help_panel=_K),
+    sub_group_size: str = typer.Option("1e9", "--sub-group-size", help="zero_optimization.sub_group_size.",
+                                       rich_help_panel=_K),
+    param_buffer_count: int = typer.Option(5, "--param-buffer-count", help="offload_param.buffer_count.",
+                                           rich_help_panel=_K),
+    param_buffer_size: str = typer.Option(None, "--param-buffer-size", help="offload_param.buffer_size (default: "
+                                          "max(1e8, largest partition)).", rich_help_panel=_K),
+    max_in_cpu: str = typer.Option("1e9", "--max-in-cpu", help="offload_param.max_in_cpu.", rich_help_panel=_K),
+    optimizer_buffer_count: int = typer.Option(4, "--optimizer-buffer-count", help="offload_optimizer.buffer_count.",
+                                               rich_help_panel=_K),
+    pipeline: bool = typer.Option(False, "--pipeline/--no-pipeline", help="offload_optimizer pipeline_read and "
+                                  "pipeline_write.", rich_help_panel=_K),
+    reduce_bucket_size: str = typer.Option("5e8", "--reduce-bucket-size", help="zero_optimization.reduce_bucket_size.",
+                                           rich_help_panel=_K),
+    pin_memory: bool = typer.Option(None, "--pin-memory/--no-pin-memory", help="offload_*.pin_memory (default: the "
+                                    "version's default).", rich_help_panel=_K),
+    zero_init: bool = typer.Option(True, "--zero-init/--no-zero-init", help="Model built under deepspeed.zero.Init.",
+                                   rich_help_panel=_K),
+    engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: memascend "
+                               "or baseline.", rich_help_panel=_O),
+    search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
+                                "model that fit.", rich_help_panel=_O),
+    details: bool = typer.Option(False, "--details", help="Show each item's formula and source.", rich_help_panel=_O),
+    list_models: bool = typer.Option(False, "--list-models", help="List model presets and exit.", rich_help_panel=_O),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (schema: docs/plan-json.md).",
+                                 rich_help_panel=_O),
+) -> None:
+    """Compute the memory a fine-tuning job needs with stock DeepSpeed and with memascend, and what fits.
+
+    Examples:
+
+        memascend plan --model llama-3.1-8b --seq-len 8192
+
+        memascend plan --model qwen2.5-14b --hardware rtx4090-128g --json
+
+        memascend plan --model ./my-model-dir --dram 64GiB --gpus 1 --gpu-mem 24GiB && memascend train recipe.yaml
+    """
+    from memascend_cli import models
+    from memascend_cli.console import print_json
+    from memascend_cli.hardware import resolve_hardware
+    from memascend_cli.planner.memory import ZeroKnobs, JobSpec, estimate_both
+    from memascend_cli.planner.search import check
+    from memascend_cli.planner.search import search as run_search
+
+    if list_models:
+        return _list_models(as_json)
+    if engine not in ("memascend", "baseline"):
+        raise BadInput(f"unknown engine {engine!r}", "use --engine memascend or --engine baseline")
+    hw = resolve_hardware(hardware, nvme_path, dram=dram, gpu_mem=gpu_mem, gpus=gpus, nodes=nodes,
+                          nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
+    model_name = model or default_model(hw.num_gpus)
+    spec = models.load_model(model_name)
+    knobs = ZeroKnobs(
+        param_buffer_count=param_buffer_count,
+        param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size") if param_buffer_size else None,
+        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu"),
+        optimizer_buffer_count=optimizer_buffer_count,
+        pipeline_read=pipeline, pipeline_write=pipeline,
+        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")),
+        reduce_bucket_size=parse_count(reduce_bucket_size, "--reduce-bucket-size"),
+        pin_memory=pin_memory, pin_backend=pin_backend, zero_init=zero_init,
+    )
+    job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
+                  grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
+                  flash_attention=flash_attn, fused_cross_entropy=liger,
+                  deepspeed_version=deepspeed_version or installed_deepspeed_version(), knobs=knobs)
+    ests = estimate_both(job, hw)
+    verdicts = {e: check(est, hw) for e, est in ests.items()}
+    searches = {e: run_search(job, hw, e) for e in ests} if search else {}
+    result = build_result(job, hw, ests, verdicts, searches, engine, default_used=model is None)
+    if as_json:
+        print_json(result)
+    else:
+        from memascend_cli.render import render_plan
+
+        render_plan(result, ests, details=details)
+    if not verdicts[engine].fits:
+        raise typer.Exit(EXIT_FAIL)
+
+
+def reduction_percent(baseline_bytes: int, memascend_bytes: int) -> float:
+    return 0.0 if baseline_bytes <= 0 else 100.0 * (baseline_bytes - memascend_bytes) / baseline_bytes
+
+
+def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: bool = False) -> dict:
+    """The --json document (docs/plan-json.md). Pure."""
+    b, m = ests["baseline"], ests["memascend"]
+    v = verdicts[engine]
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "model": {**job.model.to_dict(), "default_used": default_used},
+        "job": {
+            "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
+            "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
+            "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
+            "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
+            "ranks_per_node": b.ranks_per_node, "world_size": b.world_size,
+            "knobs": dict(job.knobs.__dict__),
+        },
+        "hardware": hw.to_dict(),
+        "engines": {e: {**ests[e].to_dict(), "verdict": verdicts[e].to_dict(),
+                        **({"search": searches[e].to_dict()} if e in searches else {})} for e in ests},
+        "reduction_percent": {
+            "host_peak": round(reduction_percent(b.host_peak_bytes, m.host_peak_bytes), 2),
+            "host_steady": round(reduction_percent(b.host_steady_bytes, m.host_steady_bytes), 2),
+        },
+        "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
+                    "line": verdict_line(ests, verdicts, engine, hw)},
+    }
+
+
+def verdict_line(ests, verdicts, engine: str, hw) -> str:
+    b, m = verdicts["baseline"], verdicts["memascend"]
+    est = ests[engine]
+    head = (f"fits with memascend ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)"
+            if engine == "memascend" else
+            f"fits with stock DeepSpeed ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)")
+    if not verdicts[engine].fits:
+        head = f"does not fit with {engine}: " + "; ".join(verdicts[engine].reasons)
+    if engine == "memascend" and m.fits and not b.fits:
+        head += "; stock DeepSpeed does not fit (" + b.binding + ")"
+    elif engine == "memascend" and m.fits and b.fits:
+        head += "; stock DeepSpeed fits too"
+    return head
+
+
+def _list_models(as_json: bool) -> None:
+    from memascend_cli import models
+    from memascend_cli.console import out, print_json
+
+    specs = [models.load_preset(n) for n in models.list_model_presets()]
+    if as_json:
+        print_json([s.to_dict() for s in specs])
+        return
+    from rich.table import Table
+
+    t = Table(title="model presets")
+    for col in ("name", "params", "layers", "hidden", "heads (kv)", "vocab", "largest tensor"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for s in specs:
+        t.add_row(s.name, f"{s.num_params:,}", str(s.num_hidden_layers), str(s.hidden_size),
+                  f"{s.num_attention_heads} ({s.num_key_value_heads})", f"{s.vocab_size:,}", f"{s.largest_tensor_numel:,}")
+    out.print(t)
+

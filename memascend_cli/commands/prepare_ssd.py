@@ -1,0 +1,546 @@
+"""`memascend prepare-ssd`: turn a block device or a preallocated file into a memascend region.
+
+Build, then run: `ssd_probe.gather_target_facts` (I/O, read-only) → `ssd_safety.assess` (pure)
+→ `build_actions` (pure: the exact byte ranges to write; `--dry-run` prints them) → confirm →
+`apply_actions` (I/O). Heavy imports (rich.progress) happen inside functions.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+import typer
+
+from memascend_cli import __version__, region
+from memascend_cli.errors import BadInput, SSDNotReady
+from memascend_cli.units import MiB, fmt_bytes, parse_size
+
+TAIL_ZERO_BYTES = MiB
+"""Zeroed at the end of a device: backup GPT and RAID superblocks (md 0.90/1.0) live there."""
+
+_EXAMPLES = """
+
+**Examples:**
+
+```
+memascend prepare-ssd --list
+memascend prepare-ssd /mnt/nvme/memascend.region --size 200GiB
+memascend prepare-ssd /dev/nvme1n1 --ranks 8 --dry-run
+memascend prepare-ssd /dev/nvme1n1 --ranks 8 --label node0
+memascend prepare-ssd --info /dev/nvme1n1 --json
+memascend prepare-ssd --wipe /mnt/nvme/memascend.region --yes
+```
+"""
+
+
+@dataclass(kw_only=True, slots=True)
+class Action:
+    """One step of applying a region, with the exact bytes it writes (inclusive range)."""
+
+    op: str
+    """`create`, `fallocate`, `resize`, `zero`, `write-header`, `probe`, `unlink`, `reread-partitions`."""
+    what: str
+    """Human description."""
+    start_byte: int | None = None
+    end_byte: int | None = None
+    """Inclusive; None for actions that write no device bytes."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes written by this action (0 when none)."""
+        return 0 if self.start_byte is None else self.end_byte - self.start_byte + 1
+
+    def to_dict(self) -> dict:
+        """JSON-ready view with the byte count."""
+        d = asdict(self)
+        d["bytes"] = self.nbytes
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure builders
+
+
+def build_actions(facts, header: region.RegionHeader, probe_plan) -> list[Action]:
+    """The write plan for `prepare`: every byte range touched, in order.
+
+    Args:
+        facts: ssd_safety.TargetFacts of the target.
+        header: the header to write (its capacity is the region size).
+        probe_plan: ssd_probe.ProbePlan, or None for `--no-probe`.
+    """
+    actions: list[Action] = []
+    cap = header.capacity_bytes
+    if facts.kind == "file":
+        if not facts.exists:
+            actions.append(Action(op="create", what=f"create {facts.real_path}"))
+            actions.append(Action(op="fallocate", what=f"preallocate {fmt_bytes(cap)} (reads as zeros)", start_byte=0, end_byte=cap - 1))
+        else:
+            if facts.size_bytes != cap:
+                actions.append(Action(op="resize", what=f"resize from {fmt_bytes(facts.size_bytes)} to {fmt_bytes(cap)} and preallocate", start_byte=0, end_byte=cap - 1))
+            actions.append(Action(op="zero", what="clear the old header area", start_byte=0, end_byte=header.data_start_bytes - 1))
+    else:
+        # Clear signatures at both ends so nothing (blkid, udev, mdadm) mistakes the region for
+        # what the device held before.
+        actions.append(Action(op="zero", what="clear the header area and old signatures", start_byte=0, end_byte=header.data_start_bytes - 1))
+        tail_start = max(header.data_start_bytes, region.align_down(cap - TAIL_ZERO_BYTES, header.alignment_bytes))
+        if tail_start < cap:
+            actions.append(Action(op="zero", what="clear old signatures at the end of the device", start_byte=tail_start, end_byte=cap - 1))
+        if facts.partitions:
+            actions.append(Action(op="reread-partitions", what=f"ask the kernel to drop partitions {', '.join(facts.partitions)}"))
+    actions.append(
+        Action(op="write-header", what=f"write the region header (format v{region.FORMAT_VERSION}, uuid {header.uuid})", start_byte=0, end_byte=region.HEADER_BYTES - 1)
+    )
+    if probe_plan is not None:
+        n = len(probe_plan.block_sizes_bytes) * len(probe_plan.queue_depths)
+        actions.append(
+            Action(
+                op="probe",
+                what=f"bandwidth probe: write random data then read it back, {n} settings",
+                start_byte=probe_plan.offset_bytes, end_byte=probe_plan.end_bytes - 1,
+            )
+        )
+        actions.append(Action(op="write-header", what="rewrite the header with the measured GB/s and best I/O settings", start_byte=0, end_byte=region.HEADER_BYTES - 1))
+    return actions
+
+
+def layout_rows(header: region.RegionHeader) -> list[dict]:
+    """The region's byte layout: header, reserved area, one row per rank, unused tail."""
+    rows = [
+        {"part": "header", "start_byte": 0, "end_byte": region.HEADER_BYTES - 1, "bytes": region.HEADER_BYTES},
+        {"part": "reserved (zero)", "start_byte": region.HEADER_BYTES, "end_byte": header.data_start_bytes - 1, "bytes": header.data_start_bytes - region.HEADER_BYTES},
+    ]
+    for r in header.ranks:
+        rows.append({"part": f"rank {r.rank}", "start_byte": r.offset_bytes, "end_byte": r.end_bytes - 1, "bytes": r.size_bytes})
+    end = header.ranks[-1].end_bytes
+    if end < header.capacity_bytes:
+        rows.append({"part": "unused tail", "start_byte": end, "end_byte": header.capacity_bytes - 1, "bytes": header.capacity_bytes - end})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _render_layout(header: region.RegionHeader, title: str) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("part")
+    table.add_column("first byte", justify="right")
+    table.add_column("last byte", justify="right")
+    table.add_column("size", justify="right")
+    for row in layout_rows(header):
+        table.add_row(row["part"], f"{row['start_byte']:,}", f"{row['end_byte']:,}", fmt_bytes(row["bytes"]))
+    out.print(table)
+
+
+def _render_header(path: str, header: region.RegionHeader) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    table = Table(title=f"memascend region on {path}", title_justify="left", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    table.add_row("label", header.label or "-")
+    table.add_row("uuid", header.uuid)
+    table.add_row("format version", str(header.format_version))
+    table.add_row("capacity", f"{fmt_bytes(header.capacity_bytes)} ({header.capacity_bytes:,} B)")
+    table.add_row("logical block / alignment", f"{header.logical_block_bytes} B / {header.alignment_bytes} B")
+    table.add_row("data start", f"{header.data_start_bytes:,} B")
+    table.add_row("ranks", str(len(header.ranks)))
+    table.add_row("created", f"{header.created_at} by memascend {header.created_by}")
+    p = header.probe
+    if p is None:
+        table.add_row("bandwidth", "not measured (created with --no-probe)")
+    else:
+        table.add_row("read / write", f"{p.read_gbps:.2f} / {p.write_gbps:.2f} GB/s")
+        table.add_row("best settings", f"block {fmt_bytes(p.best_block_bytes)}, queue depth {p.best_queue_depth}, {p.best_num_workers} workers")
+        table.add_row("backend", f"{p.backend} (measured {p.measured_at} over {fmt_bytes(p.probe_bytes)})")
+    out.print(table)
+    _render_layout(header, "layout")
+    if p is not None and p.samples:
+        _render_samples(p)
+
+
+def _render_samples(p: region.ProbeResult) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    table = Table(title="probe samples", title_justify="left")
+    table.add_column("block", justify="right")
+    table.add_column("queue depth", justify="right")
+    table.add_column("write GB/s", justify="right")
+    table.add_column("read GB/s", justify="right")
+    for s in p.samples:
+        best = s.block_bytes == p.best_block_bytes and s.queue_depth == p.best_queue_depth
+        mark = " *" if best else ""
+        table.add_row(fmt_bytes(s.block_bytes), str(s.queue_depth), f"{s.write_gbps:.2f}", f"{s.read_gbps:.2f}{mark}")
+    out.print(table)
+
+
+def _render_actions(path: str, actions: list[Action], header: region.RegionHeader) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    table = Table(title=f"dry run: what prepare-ssd would do to {path} (nothing was touched)", title_justify="left")
+    table.add_column("step", justify="right")
+    table.add_column("action")
+    table.add_column("first byte", justify="right")
+    table.add_column("last byte", justify="right")
+    table.add_column("size", justify="right")
+    for i, a in enumerate(actions, 1):
+        if a.start_byte is None:
+            table.add_row(str(i), a.what, "-", "-", "-")
+        else:
+            table.add_row(str(i), a.what, f"{a.start_byte:,}", f"{a.end_byte:,}", fmt_bytes(a.nbytes))
+    out.print(table)
+    _render_layout(header, "resulting layout")
+
+
+# ---------------------------------------------------------------------------------------------
+# I/O steps
+
+
+def _stdin_is_tty() -> bool:
+    # A function so tests can stand in for a terminal.
+    return sys.stdin.isatty()
+
+
+def _confirm(facts, yes: bool, verb: str) -> None:
+    """Require --yes, or the device (file) name typed at a prompt; refuse without a TTY."""
+    if yes:
+        return
+    name = facts.device_name or os.path.basename(facts.real_path)
+    if not _stdin_is_tty():
+        raise BadInput(
+            f"{verb} {facts.path} needs confirmation and stdin is not a terminal",
+            "add --yes (or run with --dry-run first to see exactly what is written)",
+        )
+    answer = typer.prompt(f"This will {verb} {facts.path} ({fmt_bytes(facts.size_bytes or facts.requested_size_bytes or 0)}). Type `{name}` to continue")
+    if answer.strip() not in (name, facts.path, facts.real_path):
+        raise BadInput(f"confirmation did not match `{name}`; nothing was written", "type the name exactly, or pass --yes")
+
+
+def _preallocate(path: str, size_bytes: int, create: bool) -> None:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        try:
+            if not create and os.fstat(fd).st_size > size_bytes:
+                os.ftruncate(fd, size_bytes)
+            # posix_fallocate reserves real blocks: the region cannot run out of space mid-training
+            # the way a sparse file can.
+            os.posix_fallocate(fd, 0, size_bytes)
+        except OSError as exc:
+            if create:
+                os.close(fd)
+                fd = -1
+                os.unlink(path)
+            if exc.errno == errno.ENOSPC:
+                raise SSDNotReady(f"not enough space to preallocate {fmt_bytes(size_bytes)} at {path}", "use a smaller --size or free space") from None
+            raise
+        os.fsync(fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _reread_partitions(path: str) -> str | None:
+    # BLKRRPART (_IO(0x12, 95)): drop the kernel's stale partitions after the table is zeroed.
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.ioctl(fd, 0x125F)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"could not re-read the partition table of {path} ({exc.strerror}); run `partprobe {path}` or reboot"
+    return None
+
+
+def apply_actions(facts, header: region.RegionHeader, actions: list[Action], probe_plan, *, progress: bool = True) -> tuple[region.RegionHeader, str | None]:
+    """Execute `build_actions` output in order; returns the final header and a backend note.
+
+    OS errors become SSDNotReady naming the step and the byte range it was writing.
+    """
+    note = None
+    wrote_header = False
+    for a in actions:
+        try:
+            note = _apply_one(a, facts.real_path, header, probe_plan, wrote_header=wrote_header, progress=progress) or note
+        except OSError as exc:
+            where = f" (bytes {a.start_byte:,}..{a.end_byte:,})" if a.start_byte is not None else ""
+            hint = (
+                "check `dmesg` for device errors; the target may be left without a valid header"
+                if facts.kind == "block"
+                else "check free space and permissions of the file system"
+            )
+            raise SSDNotReady(f"{a.what} failed on {facts.real_path}{where}: {exc.strerror or exc}", hint) from None
+        wrote_header = wrote_header or a.op == "write-header"
+    return header, note
+
+
+def _apply_one(a: Action, path: str, header: region.RegionHeader, probe_plan, *, wrote_header: bool, progress: bool) -> str | None:
+    """Run one action; returns the probe's backend note, else None."""
+    from memascend_cli.console import err, warn
+
+    if a.op == "create":
+        return None  # done by fallocate, which creates the file exclusively
+    if a.op in ("fallocate", "resize"):
+        with err.status(f"preallocating {fmt_bytes(header.capacity_bytes)} at {path}"):
+            _preallocate(path, header.capacity_bytes, create=a.op == "fallocate")
+    elif a.op == "zero":
+        region.write_block(path, a.start_byte, bytes(a.nbytes), max(512, header.logical_block_bytes))
+    elif a.op == "reread-partitions":
+        problem = _reread_partitions(path)
+        if problem:
+            warn(problem)
+    elif a.op == "write-header":
+        region.write_header(path, header)
+        # Read back through O_DIRECT: a header that does not decode must fail here, not in train.
+        if region.read_header(path) != header:
+            raise SSDNotReady(f"the header read back from {path} differs from what was written", "the device may be failing; try another target")
+    elif a.op == "probe":
+        if not wrote_header:
+            raise AssertionError("the probe must run after the header is written")
+        from memascend_cli.ssd_probe import probe_bandwidth
+
+        try:
+            header.probe, note = probe_bandwidth(path, probe_plan, progress=progress)
+        except OSError as exc:
+            # The header is already valid (without bandwidth): say so, the region is usable.
+            raise SSDNotReady(
+                f"bandwidth probe on {path} failed: {exc.strerror or exc}; the region header was written without measurements",
+                "rerun with --force --no-probe to keep the region unmeasured, or check the device (`dmesg`)",
+            ) from None
+        return note
+    else:
+        raise AssertionError(f"unknown action {a.op}")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def prepare_ssd_command(
+    target: str | None = typer.Argument(None, help="Block device (/dev/nvme1n1, a partition, /dev/loopN) or a file path (with --size). Omit to list candidates.", show_default=False),
+    size: str | None = typer.Option(None, "--size", help="Size of a region file, with a unit: 200GiB, 1TB. Files only.", rich_help_panel="Region", show_default=False),
+    ranks: int = typer.Option(1, "--ranks", min=1, max=region.MAX_RANKS, help="Number of per-rank sub-regions (one per local GPU process).", rich_help_panel="Region"),
+    label: str = typer.Option("", "--label", help="Free-form label stored in the header (64 characters max).", rich_help_panel="Region"),
+    list_devices: bool = typer.Option(False, "--list", help="List candidate block devices and whether each is safe to use.", rich_help_panel="Mode"),
+    info: bool = typer.Option(False, "--info", help="Show the region header of TARGET.", rich_help_panel="Mode"),
+    wipe: bool = typer.Option(False, "--wipe", help="Remove the region on TARGET (zero its header; delete a region file). Same safety rules.", rich_help_panel="Mode"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print exactly what would be written and where; touch nothing.", rich_help_panel="Safety"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.", rich_help_panel="Safety"),
+    force: bool = typer.Option(False, "--force", help="Overwrite a signature, partition table, RAID/LVM member or existing region. Never overrides mounted/in-use/root.", rich_help_panel="Safety"),
+    no_probe: bool = typer.Option(False, "--no-probe", help="Skip the bandwidth probe (plan then uses its defaults).", rich_help_panel="Probe"),
+    probe_mib: int = typer.Option(256, "--probe-mib", min=1, help="MiB written then read per probe setting (6 settings).", rich_help_panel="Probe"),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout.", rich_help_panel="Output"),
+) -> None:
+    """Prepare an SSD region for offloading: a raw device, a partition, or a preallocated file.
+
+    Writes a checksummed header at offset 0 (sizes, alignment, one sub-region per rank), then
+    measures sequential write/read bandwidth over a few block sizes and queue depths and stores
+    the best settings for `memascend plan` and `memascend train`. A device that is mounted, holds
+    the root file system or is in use is always refused; one with a signature, partitions or a
+    RAID/LVM role needs --force. Writing a device needs --yes or its name typed at the prompt.
+    """
+    modes = [m for m, on in (("--list", list_devices), ("--info", info), ("--wipe", wipe)) if on]
+    if len(modes) > 1:
+        raise BadInput(f"{' and '.join(modes)} cannot be combined", "pick one mode")
+    if list_devices or (target is None and not modes):
+        if target is not None:
+            raise BadInput("--list takes no TARGET", "run `memascend prepare-ssd --list`, or drop --list to prepare TARGET")
+        return _list_mode(json_out)
+    if target is None:
+        raise BadInput(f"{modes[0]} needs a TARGET", f"e.g. `memascend prepare-ssd {modes[0]} /dev/nvme1n1`")
+    if info:
+        return _info_mode(target, json_out)
+    if wipe:
+        return _wipe_mode(target, dry_run=dry_run, yes=yes, force=force, json_out=json_out)
+    return _prepare_mode(
+        target, size=size, num_ranks=ranks, label=label, dry_run=dry_run, yes=yes, force=force,
+        probe_mib=None if no_probe else probe_mib, json_out=json_out,
+    )
+
+
+prepare_ssd_command.__doc__ = (prepare_ssd_command.__doc__ or "") + _EXAMPLES
+
+
+def _info_mode(target: str, json_out: bool) -> None:
+    from memascend_cli.console import print_json
+
+    if not os.path.exists(target):
+        raise BadInput(f"{target} does not exist", "give the region file or device, e.g. `memascend prepare-ssd --info /dev/nvme1n1`")
+    try:
+        header = region.read_header(target)
+    except region.RegionCorrupt as exc:
+        raise region.RegionCorrupt(f"{target}: {exc.message}", field=exc.field, byte_start=exc.byte_start, byte_end=exc.byte_end, hint=exc.hint) from None
+    except region.NoRegion:
+        raise region.NoRegion(f"{target} holds no memascend region", f"create one with `memascend prepare-ssd {target}`") from None
+    if json_out:
+        print_json({"target": target, "header": header.to_dict(), "layout": layout_rows(header)})
+    else:
+        _render_header(target, header)
+
+
+def _checked_facts(target: str, operation: str, force: bool, requested_size_bytes: int | None = None):
+    from memascend_cli.ssd_probe import gather_target_facts
+    from memascend_cli.ssd_safety import assess, refusal_message
+
+    facts = gather_target_facts(target, requested_size_bytes=requested_size_bytes)
+    verdict = assess(facts, operation=operation, force=force)
+    if not verdict.ok:
+        message, hint = refusal_message(facts, verdict, operation=operation)
+        raise SSDNotReady(message, hint)
+    if verdict.warnings_needing_force:
+        from memascend_cli.console import warn
+
+        for w in verdict.warnings_needing_force:
+            warn(f"--force given: {facts.path}: {w}")
+    return facts, verdict
+
+
+def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: bool) -> None:
+    from memascend_cli.console import err, out, print_json
+
+    if not os.path.exists(target):
+        raise BadInput(f"{target} does not exist", "`memascend prepare-ssd --list` shows devices")
+    facts, _ = _checked_facts(target, "wipe", force)
+    header_area_bytes = region.RESERVED_BYTES
+    if facts.region_state == "intact":
+        header_area_bytes = region.read_header(facts.real_path).data_start_bytes
+    if facts.kind == "file":
+        actions = [Action(op="unlink", what=f"delete the region file {facts.real_path}")]
+    else:
+        actions = [Action(op="zero", what="zero the region header area", start_byte=0, end_byte=header_area_bytes - 1)]
+    result = {"target": target, "operation": "wipe", "dry_run": dry_run, "actions": [a.to_dict() for a in actions]}
+    if dry_run:
+        if json_out:
+            print_json(result)
+        else:
+            for a in actions:
+                extra = f" (bytes {a.start_byte:,}..{a.end_byte:,})" if a.start_byte is not None else ""
+                out.print(f"would {a.what}{extra}; nothing was touched")
+        return
+    _confirm(facts, yes, "wipe the memascend region on")
+    for a in actions:
+        if a.op == "unlink":
+            os.unlink(facts.real_path)
+        else:
+            region.zero_header_area(facts.real_path, a.nbytes)
+    if json_out:
+        print_json(result)
+    else:
+        err.print(f"[green]wiped[/green] the memascend region on {target}")
+
+
+def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, dry_run: bool, yes: bool, force: bool, probe_mib: int | None, json_out: bool) -> None:
+    from memascend_cli.console import err, print_json
+
+    size_bytes = parse_size(size, "--size") if size is not None else None
+    if len(label) > 64:
+        raise BadInput(f"--label is {len(label)} characters, at most 64 fit", "shorten the label")
+    parent = os.path.dirname(os.path.abspath(target))
+    if (parent in ("/dev", "/dev/mapper") or parent.startswith("/dev/disk/")) and not os.path.exists(target):
+        # A mistyped device name must not turn into "create a region file in /dev".
+        raise BadInput(f"{target} does not exist", "`memascend prepare-ssd --list` shows the block devices of this machine")
+    is_block = os.path.exists(target) and stat.S_ISBLK(os.stat(target).st_mode)
+    if is_block and size_bytes is not None:
+        raise BadInput("--size is for region files; a device region always spans the whole device", "drop --size, or use a partition of the size you want")
+    if not is_block and not os.path.exists(target) and size_bytes is None:
+        raise BadInput(f"creating the region file {target} needs --size", f"e.g. `memascend prepare-ssd {target} --size 200GiB`")
+    facts, _ = _checked_facts(target, "prepare", force, size_bytes)
+    if facts.kind == "file" and size_bytes is None:
+        size_bytes = facts.size_bytes  # re-initialise an existing region file at its size
+    alignment_bytes = region.region_alignment(facts.logical_block_bytes)
+    capacity_bytes = facts.size_bytes if facts.kind == "block" else region.align_down(size_bytes, alignment_bytes)
+    header = region.new_header(
+        capacity_bytes=capacity_bytes, num_ranks=num_ranks, logical_block_bytes=facts.logical_block_bytes,
+        device_alignment_bytes=alignment_bytes, label=label, created_by=__version__,
+    )
+    probe_plan = None
+    if probe_mib is not None:
+        from memascend_cli.ssd_probe import plan_probe
+
+        probe_plan = plan_probe(header, probe_mib)
+    actions = build_actions(facts, header, probe_plan)
+    if dry_run:
+        if json_out:
+            print_json({
+                "target": target, "kind": facts.kind, "dry_run": True, "actions": [a.to_dict() for a in actions],
+                "layout": layout_rows(header), "header": header.to_dict(),
+            })
+        else:
+            _render_actions(target, actions, header)
+        return
+    if facts.kind == "block" or facts.exists:
+        _confirm(facts, yes, "overwrite" if facts.kind == "file" else "write a memascend region to")
+    header, note = apply_actions(facts, header, actions, probe_plan, progress=not json_out or sys.stderr.isatty())
+    if note and header.probe is not None:
+        err.print(f"[dim]note: {note}; measured with the Python O_DIRECT fallback[/dim]")
+    if json_out:
+        print_json({"target": target, "kind": facts.kind, "dry_run": False, "actions": [a.to_dict() for a in actions], "header": header.to_dict(), "layout": layout_rows(header), "backend_note": note})
+        return
+    _render_header(target, header)
+    err.print(f"[green]ready:[/green] {target} is a memascend region ({fmt_bytes(header.capacity_bytes)}, {num_ranks} rank(s)); next: `memascend plan ... --nvme-path {target}`")
+
+
+def _list_mode(json_out: bool) -> None:
+    from memascend_cli.blockdev import list_block_devices
+    from memascend_cli.console import out, print_json
+    from memascend_cli.ssd_probe import gather_target_facts
+    from memascend_cli.ssd_safety import assess
+
+    rows = []
+    devices = list_block_devices()
+    for dev in devices:
+        if dev.size_bytes <= 0 or dev.type == "rom":
+            continue  # detached loops, empty zram: nothing to write to
+        facts = gather_target_facts(dev.path, devices=devices)
+        verdict = assess(facts, operation="prepare")
+        rows.append((dev, facts, verdict))
+    if json_out:
+        print_json({
+            "devices": [
+                {**dev.to_dict(), "signatures": [s.describe() for s in f.signatures], "region": f.region_state, "safe": v.ok, "status": v.status, "verdict": v.to_dict()}
+                for dev, f, v in rows
+            ]
+        })
+        return
+    from rich.table import Table
+
+    table = Table(title="candidate devices for `memascend prepare-ssd`", title_justify="left")
+    for col, justify in (("device", "left"), ("size", "right"), ("model", "left"), ("rota", "left"), ("tran", "left"),
+                         ("mounted", "left"), ("signatures", "left"), ("region", "left"), ("safe", "left")):
+        # Device paths and sizes must stay whole; the free-text columns wrap instead.
+        table.add_column(col, justify=justify, no_wrap=col in ("device", "size", "safe"))
+    for dev, f, v in rows:
+        status = {"safe": "[green]yes[/green]", "force": "[yellow]--force[/yellow]", "refused": "[red]no[/red]"}[v.status]
+        table.add_row(
+            ("  " if dev.parent else "") + dev.path, fmt_bytes(dev.size_bytes), dev.model or "-", "yes" if dev.rotational else "no",
+            dev.transport or "-", ", ".join(dev.mountpoints) or "-", ", ".join(s.type for s in f.signatures) or "-",
+            {"none": "-", "unreadable": "?"}.get(f.region_state, f.region_state), status,
+        )
+    out.print(table)
+    # Reasons go under the table: as a column they would squeeze every other column to nothing.
+    for dev, f, v in rows:
+        reasons = v.refusals or v.warnings_needing_force
+        if reasons:
+            out.print(f"{dev.path}: " + "; ".join(reasons), highlight=False)
+    if not rows:
+        out.print("no block devices found")
+    out.print("a region file works on any ext4/xfs file system: `memascend prepare-ssd /mnt/nvme/memascend.region --size 200GiB`")

@@ -1,0 +1,258 @@
+"""Model specs: decoder-only transformer architectures and their exact tensor inventory.
+
+A spec mirrors the Hugging Face `config.json` keys, so a shipped preset (presets/models/*.yaml)
+and a local model directory are read by the same code. The inventory lists every parameter
+tensor with its shape, as the Hugging Face implementation creates it (GQA k/v projections,
+SwiGLU MLP, qkv biases, RMSNorm weights, tied or separate lm_head).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
+
+from memascend_cli.errors import BadInput, PresetNotFound, did_you_mean
+
+# model_type values whose parameter layout we model exactly (Llama-style decoder).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One parameter tensor: its Hugging Face name, shape and role (for buffer size classes)."""
+
+    name: str
+    shape: tuple[int, ...]
+    role: str
+    """embed, lm_head, attn_q, attn_kv, attn_o, mlp, norm or bias."""
+    numel: int = 0
+    """Elements (derived from shape)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "numel", math.prod(self.shape))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only LLM architecture (Hugging Face config names)."""
+
+    name: str
+    """Preset name or the model directory's name."""
+    model_type: str
+    """Hugging Face model_type: llama, mistral, qwen2 or qwen3."""
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int | None = None
+    """Per-head dimension; None = hidden_size / num_attention_heads (Mistral-NeMo sets 128 with hidden 5120)."""
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    """Bias on q/k/v projections (always on for qwen2; the o projection never has one)."""
+    mlp_bias: bool = False
+    max_position_embeddings: int | None = None
+    published_num_params: int | None = None
+    """The count the model card / safetensors metadata gives; checked against the inventory in tests."""
+    source: str = ""
+    """Where the numbers come from (URL of the config.json, or the local path)."""
+    family: str = ""
+    """Preset family for size searches, e.g. 'qwen2.5', 'llama-3'."""
+
+    def __post_init__(self):
+        for f in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "vocab_size"):
+            if int(getattr(self, f)) <= 0:
+                raise BadInput(f"model {self.name}: {f} must be positive", "check the model's config.json")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise BadInput(f"model {self.name}: num_attention_heads {self.num_attention_heads} is not a multiple of "
+                           f"num_key_value_heads {self.num_key_value_heads}", "check the model's config.json")
+
+    @property
+    def head_dim_(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def tensors(self) -> list[TensorSpec]:
+        """Every parameter tensor, in module order (as transformers' LlamaForCausalLM & co. create them)."""
+        return list(_inventory(self))
+
+    @property
+    def num_params(self) -> int:
+        return _totals(self)[0]
+
+    @property
+    def largest_tensor_numel(self) -> int:
+        return _totals(self)[1]
+
+    def layer_numel(self) -> int:
+        """Parameters of one decoder layer (all layers are alike)."""
+        return sum(t.numel for t in _inventory(self) if t.name.startswith("model.layers.0."))
+
+    def scaled(self, num_hidden_layers: int) -> "ModelSpec":
+        """Same architecture with another depth (for 'largest model' searches)."""
+        return replace(self, name=f"{self.name}@{num_hidden_layers}L", num_hidden_layers=num_hidden_layers,
+                       published_num_params=None)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["head_dim"] = self.head_dim_
+        d["num_params"] = self.num_params
+        d["largest_tensor_numel"] = self.largest_tensor_numel
+        return d
+
+
+@lru_cache(maxsize=256)
+def _inventory(spec: ModelSpec) -> tuple[TensorSpec, ...]:
+    h, inter, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    q_dim = spec.num_attention_heads * spec.head_dim_
+    kv_dim = spec.num_key_value_heads * spec.head_dim_
+    qkv_bias = spec.attention_bias or spec.model_type == "qwen2"
+    out = [TensorSpec("model.embed_tokens.weight", (v, h), "embed")]
+    for i in range(spec.num_hidden_layers):
+        p = f"model.layers.{i}."
+        # nn.Linear weights are (out_features, in_features).
+        out.append(TensorSpec(p + "self_attn.q_proj.weight", (q_dim, h), "attn_q"))
+        if qkv_bias:
+            out.append(TensorSpec(p + "self_attn.q_proj.bias", (q_dim,), "bias"))
+        for proj in ("k_proj", "v_proj"):
+            out.append(TensorSpec(p + f"self_attn.{proj}.weight", (kv_dim, h), "attn_kv"))
+            if qkv_bias:
+                out.append(TensorSpec(p + f"self_attn.{proj}.bias", (kv_dim,), "bias"))
+        out.append(TensorSpec(p + "self_attn.o_proj.weight", (h, q_dim), "attn_o"))
+        if spec.model_type == "qwen3":  # per-head RMSNorm on q and k
+            out.append(TensorSpec(p + "self_attn.q_norm.weight", (spec.head_dim_,), "norm"))
+            out.append(TensorSpec(p + "self_attn.k_norm.weight", (spec.head_dim_,), "norm"))
+        for proj, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
+            out.append(TensorSpec(p + f"mlp.{proj}.weight", shape, "mlp"))
+            if spec.mlp_bias:
+                out.append(TensorSpec(p + f"mlp.{proj}.bias", (shape[0],), "bias"))
+        out.append(TensorSpec(p + "input_layernorm.weight", (h,), "norm"))
+        out.append(TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm"))
+    out.append(TensorSpec("model.norm.weight", (h,), "norm"))
+    if not spec.tie_word_embeddings:
+        out.append(TensorSpec("lm_head.weight", (v, h), "lm_head"))
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _totals(spec: ModelSpec) -> tuple[int, int]:
+    inv = _inventory(spec)
+    return sum(t.numel for t in inv), max(t.numel for t in inv)
+
+
+# --- loading --------------------------------------------------------------------------------
+
+_SPEC_KEYS = {f.name for f in fields(ModelSpec)}
+# HF config.json keys that do not change the parameter layout and are ignored when reading one.
+_PRESET_ONLY_KEYS = {"name", "published_num_params", "source", "family"}
+
+
+def _from_mapping(data: dict, *, name: str, origin: str, strict: bool) -> ModelSpec:
+    """Build a spec from preset YAML (strict: unknown keys rejected) or config.json (lenient)."""
+    if strict:
+        unknown = sorted(set(data) - _SPEC_KEYS)
+        if unknown:
+            raise BadInput(f"{origin}: unknown key {unknown[0]!r}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
+                           f"allowed keys: {', '.join(sorted(_SPEC_KEYS))}")
+    model_type = data.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise BadInput(f"{origin}: model_type {model_type!r} is not supported",
+                       f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (Llama-style decoders)")
+    kw = {k: data[k] for k in _SPEC_KEYS if k in data and k != "name"}
+    if "num_key_value_heads" not in kw or kw["num_key_value_heads"] is None:
+        kw["num_key_value_heads"] = data.get("num_attention_heads")
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+               if kw.get(k) is None]
+    if missing:
+        raise BadInput(f"{origin}: missing {', '.join(missing)}", "a Llama/Qwen/Mistral config.json has these keys")
+    try:
+        return ModelSpec(name=name, **kw)
+    except TypeError as exc:
+        raise BadInput(f"{origin}: {exc}", "check the keys and their types") from None
+
+
+def _presets_dir():
+    from memascend_presets import preset_dir
+
+    return preset_dir("models")
+
+
+@lru_cache(maxsize=1)
+def _preset_texts() -> dict[str, str]:
+    d = _presets_dir()
+    return {p.name[: -len(".yaml")]: p.read_text() for p in d.iterdir() if p.name.endswith(".yaml")}
+
+
+def list_model_presets() -> list[str]:
+    """Names of shipped model presets, smallest first."""
+    return sorted(_preset_texts(), key=lambda n: load_preset(n).num_params)
+
+
+def load_preset(name: str) -> ModelSpec:
+    """A shipped preset by name (e.g. 'qwen2.5-7b')."""
+    import yaml
+
+    texts = _preset_texts()
+    if name not in texts:
+        guess = did_you_mean(name, list(texts))
+        raise PresetNotFound(
+            f"unknown model {name!r}",
+            (f"did you mean `{guess}`? " if guess else "")
+            + "presets: " + ", ".join(sorted(texts)) + "; or give a local Hugging Face model directory or config.json",
+        )
+    data = yaml.safe_load(texts[name]) or {}
+    return _from_mapping(data, name=name, origin=f"presets/models/{name}.yaml", strict=True)
+
+
+def load_config_json(path: str) -> ModelSpec:
+    """A local Hugging Face config.json, or a model directory that contains one."""
+    cfg = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.exists(cfg):
+        raise BadInput(f"{cfg}: no such file", "give a Hugging Face model directory (with config.json) or a preset name")
+    try:
+        with open(cfg) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{cfg}: not valid JSON ({exc.msg} at line {exc.lineno})", "check the file") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{cfg}: expected a JSON object", "check the file")
+    # Multimodal / wrapped configs keep the language model under text_config.
+    if data.get("model_type") not in SUPPORTED_MODEL_TYPES and isinstance(data.get("text_config"), dict):
+        data = data["text_config"]
+    dirname = os.path.basename(os.path.dirname(os.path.abspath(cfg))) if not os.path.isdir(path) else os.path.basename(os.path.abspath(path))
+    # HF defaults when a key is absent (LlamaConfig / Qwen2Config): untied embeddings, no biases.
+    data = dict(data)
+    data.setdefault("tie_word_embeddings", False)
+    data["source"] = os.path.abspath(cfg)
+    return _from_mapping(data, name=dirname, origin=cfg, strict=False)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """Resolve --model: a preset name, a YAML spec file, a config.json, or a model directory."""
+    p = str(name_or_path)
+    if os.path.isdir(p) or p.endswith(".json"):
+        return load_config_json(p)
+    if p.endswith((".yaml", ".yml")):
+        import yaml
+
+        if not os.path.exists(p):
+            raise BadInput(f"{p}: no such file", "give a preset name or an existing YAML/config.json path")
+        with open(p) as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise BadInput(f"{p}: expected a mapping of keys", "see presets/models/*.yaml for the format")
+        return _from_mapping(data, name=os.path.basename(p).rsplit(".", 1)[0], origin=p, strict=True)
+    if os.sep in p or p.startswith("."):
+        raise BadInput(f"{p}: no such model directory", "give a directory with config.json, or a preset name")
+    return load_preset(p.lower())
+
+
+def family_members(spec: ModelSpec) -> list[ModelSpec]:
+    """Presets of the same family, smallest first (for 'largest model that fits')."""
+    if not spec.family:
+        return [spec]
+    return [m for m in (load_preset(n) for n in list_model_presets()) if m.family == spec.family]

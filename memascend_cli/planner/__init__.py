@@ -1,0 +1,1 @@
+"""The capacity planner: pure, stdlib-only arithmetic over model, hardware and job specs."""

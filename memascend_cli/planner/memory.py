@@ -1,0 +1,673 @@
+"""The itemised memory model of one ZeRO-3 job with params and optimizer states on NVMe.
+
+Two engines are modelled on the same job:
+  * ``baseline``  - stock DeepSpeed ZeRO-Infinity (version-dependent pinning, DeepSpeed's defaults);
+  * ``memascend`` - this project's engine: exact-size page-aligned pinned buffers, size-class
+    parameter pools sized to the prefetch window, fused overflow scan, Direct NVMe extents,
+    Adam states created in place, fast_init streaming and no allocator retention.
+
+Every item is per rank and carries its formula and source. "deepspeed-notes" below refers to
+shared/docs/deepspeed-notes.md (checked against DeepSpeed 0.19.8); P1..P7 are its §3 items.
+Pure: stdlib only, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+from memascend_cli.errors import BadInput
+from memascend_cli.models import ModelSpec
+from memascend_cli.planner.spec import HardwareSpec
+
+GiB = 1024**3
+MIB = 1024**2
+PAGE = 4096
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ENGINES = ("baseline", "memascend")
+CHECKPOINTING = ("none", "selective", "full", "offload")
+
+# DeepSpeed swap_tensor/utils.py: MIN_AIO_BYTES = 1 MiB, AIO_ALIGNED_BYTES = 1024.
+MIN_AIO_BYTES = MIB
+AIO_ALIGNED_BYTES = 1024
+
+# Host memory of a rank before any model data: python + torch + deepspeed (+ transformers).
+# CPU-only value measured in tests/assets/deepspeed_measured.json (VmRSS 313 MB right after imports and
+# init_distributed, gloo); the CUDA value adds the host mappings of the CUDA runtime, cuBLAS and
+# NCCL (deepspeed-notes §3.1 gives 1-4 GB per process).
+RUNTIME_CPU_BYTES = int(0.30 * GiB)
+RUNTIME_CUDA_BYTES = int(2.5 * GiB)
+# GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
+CUDA_CONTEXT_BYTES = int(0.6 * GiB)
+# Optimizer sub-group target of the memascend engine (elements).
+MEMASCEND_SUB_GROUP_SIZE = 100_000_000
+
+
+def _align(n: int, a: int) -> int:
+    """A(n, a) = ceil(n/a)*a (deepspeed-notes §3 notation)."""
+    return -(-int(n) // a) * a
+
+
+def _pow2(n: int) -> int:
+    """PyTorch CachingHostAllocator rounds a pinned request up to a power of two (deepspeed-notes §4)."""
+    return 0 if n <= 0 else 1 << (int(n) - 1).bit_length()
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """'0.19.8' or '0.19.8+abc' -> (0, 19, 8)."""
+    core = str(text).split("+")[0].split("rc")[0]
+    parts = core.split(".")
+    try:
+        nums = [int(p) for p in parts[:3]] + [0] * (3 - len(parts[:3]))
+    except ValueError:
+        raise BadInput(f"cannot read DeepSpeed version {text!r}", "give it as MAJOR.MINOR.PATCH, e.g. 0.19.8") from None
+    return (nums[0], nums[1], nums[2])
+
+
+@dataclass(kw_only=True)
+class ZeroKnobs:
+    """DeepSpeed ZeRO-3 offload knobs, with DeepSpeed's defaults (deepspeed-notes §8)."""
+
+    param_buffer_count: int = 5
+    """offload_param.buffer_count."""
+    param_buffer_size: int | None = None
+    """offload_param.buffer_size in elements; None = what a user writes: max(1e8 default, largest partition)."""
+    max_in_cpu: int = 1_000_000_000
+    """offload_param.max_in_cpu: partition elements per rank kept in (pinned) DRAM even with nvme."""
+    optimizer_buffer_count: int = 4
+    """offload_optimizer.buffer_count (Adam needs 4, 8 with one of pipeline_read/write, 12 with both)."""
+    pipeline_read: bool = False
+    pipeline_write: bool = False
+    sub_group_size: int = 1_000_000_000
+    """zero_optimization.sub_group_size (elements)."""
+    reduce_bucket_size: int = 500_000_000
+    """zero_optimization.reduce_bucket_size (elements)."""
+    prefetch_bucket_size: int = 50_000_000
+    """stage3_prefetch_bucket_size (elements)."""
+    param_persistence_threshold: int = 100_000
+    """stage3_param_persistence_threshold: smaller params stay whole on the compute device."""
+    pin_memory: bool | None = None
+    """offload_param/offload_optimizer.pin_memory; None = the version's default (True since 0.19.5)."""
+    pin_backend: str = "torch"
+    """DS_PIN_MEMORY_BACKEND: 'torch' (CachingHostAllocator, pow2) or 'native' (mlock, exact; >= 0.19.8)."""
+    aio_block_size: int = 1 << 20
+    intra_op_parallelism: int = 1
+    fast_init: bool = False
+    """offload_optimizer.fast_init."""
+    zero_init: bool = True
+    """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
+    checkpoint_copies: int = 1
+    """Checkpoints kept on the SSD (each copies fp32 master + Adam states, 12 B/param)."""
+
+
+@dataclass(kw_only=True)
+class JobSpec:
+    """The training job, identical for both engines."""
+
+    model: ModelSpec
+    seq_len: int = 2048
+    micro_batch: int = 1
+    grad_accum_steps: int = 1
+    dtype: str = "bf16"
+    """Model (compute) dtype: bf16, fp16 or fp32."""
+    grad_accum_dtype: str | None = None
+    """None = model dtype (DeepSpeed engine.py default with ZeRO); 'fp32' doubles the grad buffer."""
+    ranks_per_node: int | None = None
+    """Processes per node; None = GPUs per node, or 1 on a CPU-only machine."""
+    checkpointing: str = "offload"
+    """Activation checkpointing: none, selective, full, offload (full, checkpoints kept in host DRAM)."""
+    flash_attention: bool | None = None
+    """None = on with a GPU (no s^2 attention scores), off on CPU."""
+    fused_cross_entropy: bool = False
+    """Liger-Kernel fused linear cross-entropy (no full logits)."""
+    deepspeed_version: str = "0.19.8"
+    knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPE_BYTES:
+            raise BadInput(f"unknown dtype {self.dtype!r}", "use bf16, fp16 or fp32")
+        if self.grad_accum_dtype not in (None, *DTYPE_BYTES):
+            raise BadInput(f"unknown grad accumulation dtype {self.grad_accum_dtype!r}", "use bf16, fp16 or fp32")
+        if self.checkpointing not in CHECKPOINTING:
+            raise BadInput(f"unknown checkpointing {self.checkpointing!r}", "use " + ", ".join(CHECKPOINTING))
+        for name in ("seq_len", "micro_batch", "grad_accum_steps"):
+            if int(getattr(self, name)) < 1:
+                raise BadInput(f"{name.replace('_', '-')} must be at least 1", "give a positive whole number")
+        if self.knobs.pin_backend not in ("torch", "native"):
+            raise BadInput(f"unknown pin backend {self.knobs.pin_backend!r}", "use torch or native")
+        parse_version(self.deepspeed_version)
+
+
+@dataclass
+class Item:
+    """One line of the breakdown, per rank."""
+
+    key: str
+    """Hierarchical id, e.g. 'host/param_swap_pool' (stable, used in --json)."""
+    label: str
+    tier: str
+    """host, gpu or nvme."""
+    bytes: int
+    kind: str = "steady"
+    """steady (held for the whole run) or transient (a peak at one moment; the largest one counts)."""
+    pinned: str = ""
+    """'' (pageable), 'torch-pow2', 'mlock', 'exact' or 'exact, cuda-registered' (memascend)."""
+    locked_bytes: int = 0
+    """Bytes counted against RLIMIT_MEMLOCK (mlock-based pinning)."""
+    formula: str = ""
+    source: str = ""
+
+
+@dataclass
+class Estimate:
+    """The breakdown of one engine on one job and machine."""
+
+    engine: str
+    items: list[Item]
+    ranks_per_node: int
+    world_size: int
+    compute_on_host: bool
+    notes: list[str] = field(default_factory=list)
+    config_errors: list[str] = field(default_factory=list)
+    """Settings the engine would reject at start-up (e.g. buffer_size below the largest partition)."""
+
+    def _sum(self, tier: str, kind: str) -> int:
+        return sum(i.bytes for i in self.items if i.tier == tier and i.kind == kind)
+
+    def _max(self, tier: str, kind: str) -> int:
+        return max((i.bytes for i in self.items if i.tier == tier and i.kind == kind), default=0)
+
+    @property
+    def host_steady_bytes(self) -> int:
+        return self._sum("host", "steady")
+
+    @property
+    def host_transient_bytes(self) -> int:
+        """Largest host transient; transients happen at different moments, so only one counts."""
+        return self._max("host", "transient")
+
+    @property
+    def host_peak_bytes(self) -> int:
+        """Peak host memory of one rank."""
+        return self.host_steady_bytes + self.host_transient_bytes + self._sum("host", "retained")
+
+    @property
+    def node_host_peak_bytes(self) -> int:
+        """Peak host memory of one node (every rank peaks in the same step)."""
+        return self.ranks_per_node * self.host_peak_bytes
+
+    @property
+    def gpu_peak_bytes(self) -> int:
+        return self._sum("gpu", "steady") + self._max("gpu", "transient")
+
+    @property
+    def nvme_bytes(self) -> int:
+        """SSD space per rank."""
+        return self._sum("nvme", "steady")
+
+    @property
+    def node_nvme_bytes(self) -> int:
+        return self.ranks_per_node * self.nvme_bytes
+
+    @property
+    def locked_bytes(self) -> int:
+        """mlocked bytes per rank (what RLIMIT_MEMLOCK limits)."""
+        return sum(i.locked_bytes for i in self.items)
+
+    @property
+    def pinned_waste_bytes(self) -> int:
+        return sum(i.bytes for i in self.items if i.key.endswith("pow2_waste"))
+
+    def item(self, key: str) -> Item | None:
+        return next((i for i in self.items if i.key == key), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "engine": self.engine,
+            "ranks_per_node": self.ranks_per_node,
+            "world_size": self.world_size,
+            "compute_on_host": self.compute_on_host,
+            "host_steady_bytes": self.host_steady_bytes,
+            "host_peak_bytes": self.host_peak_bytes,
+            "node_host_peak_bytes": self.node_host_peak_bytes,
+            "gpu_peak_bytes": self.gpu_peak_bytes,
+            "nvme_bytes": self.nvme_bytes,
+            "node_nvme_bytes": self.node_nvme_bytes,
+            "locked_bytes": self.locked_bytes,
+            "pinned_waste_bytes": self.pinned_waste_bytes,
+            "items": [asdict(i) for i in self.items],
+            "notes": list(self.notes),
+            "config_errors": list(self.config_errors),
+        }
+
+
+# --- partitions and sub-groups ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """How ZeRO-3 splits the model on one rank (deepspeed-notes §2)."""
+
+    partition_numels: tuple[int, ...]
+    """ceil(numel/world) per parameter, in module order (Init._partition_param pads to world size)."""
+    full_numels: tuple[int, ...]
+    roles: tuple[str, ...]
+    sub_groups: tuple[tuple[int, ...], ...]
+    """Parameter indices per optimizer sub-group (stage3._create_fp16_sub_groups)."""
+
+    sub_group_numels: tuple[int, ...]
+    """Partition elements per sub-group."""
+
+    @property
+    def ns(self) -> int:
+        return sum(self.partition_numels)
+
+    def sub_group_numel(self, g: int) -> int:
+        return self.sub_group_numels[g]
+
+    @property
+    def largest_sub_group_numel(self) -> int:
+        return max(self.sub_group_numels)
+
+    @property
+    def largest_partition_numel(self) -> int:
+        return max(self.partition_numels)
+
+
+@lru_cache(maxsize=512)
+def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
+    """Partition sizes and optimizer sub-groups, one param group in module order."""
+    tensors = model.tensors()
+    full = tuple(t.numel for t in tensors)
+    parts = tuple(-(-n // world_size) for n in full)
+    total = sum(parts)
+    groups: list[tuple[int, ...]] = []
+    if sub_group_size >= total:
+        groups = [tuple(range(len(parts)))]
+    else:
+        # A sub-group closes once it reaches sub_group_size, so it can exceed it by one partition.
+        cur: list[int] = []
+        acc = 0
+        for i, n in enumerate(parts):
+            cur.append(i)
+            acc += n
+            if acc >= sub_group_size or i == len(parts) - 1:
+                groups.append(tuple(cur))
+                cur, acc = [], 0
+    return Partitioning(parts, full, tuple(t.role for t in tensors), tuple(groups),
+                        tuple(sum(parts[i] for i in g) for g in groups))
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+
+def resolve_ranks(job: JobSpec, hw: HardwareSpec) -> int:
+    if job.ranks_per_node is not None:
+        if job.ranks_per_node < 1:
+            raise BadInput("ranks per node must be at least 1", "give --ranks 1 or more")
+        if hw.num_gpus and job.ranks_per_node > hw.num_gpus:
+            raise BadInput(f"{job.ranks_per_node} ranks per node but the node has {hw.num_gpus} GPUs",
+                           "use at most one rank per GPU")
+        return job.ranks_per_node
+    return hw.num_gpus if hw.num_gpus > 0 else 1
+
+
+class _Ctx:
+    """Derived quantities shared by the item functions."""
+
+    def __init__(self, job: JobSpec, hw: HardwareSpec, engine: str):
+        if engine not in ENGINES:
+            raise BadInput(f"unknown engine {engine!r}", "use baseline or memascend")
+        self.job, self.hw, self.engine = job, hw, engine
+        self.k = job.knobs
+        self.m = job.model
+        self.ranks = resolve_ranks(job, hw)
+        self.world = self.ranks * max(1, hw.num_nodes)
+        self.gpu = hw.num_gpus > 0
+        self.ver = parse_version(job.deepspeed_version)
+        self.E = DTYPE_BYTES[job.dtype]
+        self.G = DTYPE_BYTES[job.grad_accum_dtype or job.dtype]
+        self.M = 4  # fp32 master weights and Adam states
+        self.sub_group_size = self.k.sub_group_size
+        if engine == "memascend":
+            # Adaptive optimizer pool: sub-groups of ~1e8 elements (a single larger parameter, e.g. the
+            # embedding, forms its own group), so the 4 Adam staging buffers follow the real tensors
+            # instead of DeepSpeed's 1e9-element default.
+            self.sub_group_size = min(self.k.sub_group_size, MEMASCEND_SUB_GROUP_SIZE)
+        self.part = partition(self.m, self.world, self.sub_group_size)
+        self.ns = self.part.ns
+        self.lsg = self.part.largest_sub_group_numel
+        iop = max(1, self.k.intra_op_parallelism)
+        self.a_p = AIO_ALIGNED_BYTES * iop // self.E  # param swapper numel alignment
+        self.a_o = AIO_ALIGNED_BYTES * iop // self.M  # optimizer swapper numel alignment
+        self.min_aio_bytes = max(MIN_AIO_BYTES, self.k.aio_block_size)
+        self.pin_memory = self.k.pin_memory if self.k.pin_memory is not None else self.ver >= (0, 19, 5)
+        self.flash = job.flash_attention if job.flash_attention is not None else self.gpu
+        self.swappable = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
+
+    # how DeepSpeed pins: returns (resident bytes, pinned label, locked bytes)
+    def pin_swap_pool(self, nbytes: int) -> tuple[int, str, int]:
+        """P1/P2/P4: torch pow2 pinning up to 0.19.3, posix_memalign+mlock since 0.19.4 (PR #8212)."""
+        if self.engine == "memascend":
+            return self.pin_exact(nbytes)
+        if self.ver >= (0, 19, 4):
+            return nbytes, "mlock", nbytes
+        return self.pin_accel(nbytes, True)
+
+    def pin_exact(self, nbytes: int) -> tuple[int, str, int]:
+        """memascend: page-aligned exact-size buffers, cudaHostRegister'ed on a GPU machine; mlock is
+        best effort (O_DIRECT does not need locked pages), so RLIMIT_MEMLOCK never binds."""
+        return _align(nbytes, PAGE), ("exact, cuda-registered" if self.gpu else "exact"), 0
+
+    def pin_accel(self, nbytes: int, pinned: bool) -> tuple[int, str, int]:
+        """get_accelerator().pin_memory(): torch CachingHostAllocator (pow2) on CUDA; a no-op on the
+        CPU accelerator; mlock exact with DS_PIN_MEMORY_BACKEND=native (deepspeed-notes §1, §11)."""
+        if self.engine == "memascend":
+            return self.pin_exact(nbytes)
+        if not pinned:
+            return nbytes, "", 0
+        if self.k.pin_backend == "native" and self.ver >= (0, 19, 8):
+            return nbytes, "mlock", nbytes
+        if not self.gpu:
+            return nbytes, "", 0  # CPU_Accelerator.pin_memory returns the tensor unchanged
+        return _pow2(nbytes), "torch-pow2", 0
+
+
+def _host_items(c: _Ctx) -> list[Item]:
+    job, k, E, part = c.job, c.k, c.E, c.part
+    items: list[Item] = []
+    pow2_waste = 0
+
+    def add(key, label, nbytes, *, pinned="", locked=0, kind="steady", formula="", source=""):
+        items.append(Item(key, label, "host", int(nbytes), kind, pinned, int(locked), formula, source))
+
+    def add_pinned(key, label, raw_bytes, pin, *, formula, source):
+        nonlocal pow2_waste
+        resident, how, locked = pin
+        add(key, label, raw_bytes, pinned=how, locked=locked, formula=formula, source=source)
+        pow2_waste += resident - raw_bytes
+
+    add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")",
+        RUNTIME_CUDA_BYTES if c.gpu else RUNTIME_CPU_BYTES,
+        formula="measured constant per process",
+        source="tests/assets/deepspeed_measured.json; deepspeed-notes §3.1 R_rt")
+
+    swappable_parts = [n for n, s in zip(part.partition_numels, c.swappable) if s]
+    largest_swappable = max(swappable_parts, default=0)
+
+    # P1: parameter swap pool.
+    if c.engine == "baseline":
+        buffer_size = k.param_buffer_size if k.param_buffer_size is not None else max(100_000_000, largest_swappable)
+        if largest_swappable > buffer_size:
+            c.config_errors.append(
+                f"offload_param.buffer_size {buffer_size:,} is below the largest parameter partition "
+                f"{largest_swappable:,} (DeepSpeed: 'More elements ... than buffer size')")
+        raw = k.param_buffer_count * _align(buffer_size, c.a_p) * E
+        add_pinned("host/param_swap_pool", "P1 parameter swap pool", raw, c.pin_swap_pool(raw),
+                   formula=f"buffer_count {k.param_buffer_count} x A(buffer_size {buffer_size:,}, {c.a_p}) x {E} B",
+                   source="deepspeed-notes §2.1, partitioned_param_swapper.py _configure_aio")
+    else:
+        raw, desc = _adaptive_param_pool(c)
+        add_pinned("host/param_swap_pool", "parameter pools (size classes)", raw, c.pin_swap_pool(raw),
+                   formula=desc, source="memascend engine: adaptive buffer pool (paper §4)")
+
+    # Partition elements per rank kept in DRAM: P3 (first max_in_cpu elements, baseline) or none.
+    max_in_cpu = k.max_in_cpu if c.engine == "baseline" else 0
+    in_cpu = min(max_in_cpu, c.ns)
+    if in_cpu > 0:
+        raw = in_cpu * E
+        add_pinned("host/fp16_cpu_params", "P3 params kept in DRAM (max_in_cpu)", raw, c.pin_accel(raw, c.pin_memory),
+                   formula=f"min(max_in_cpu {max_in_cpu:,}, Ns {c.ns:,}) x {E} B",
+                   source="deepspeed-notes §2.1; stage3._create_param_groups_fp16_flat_cpu_memory")
+
+    # P2: partitioned swap buffer, only when some sub-group stays on NVMe (params beyond max_in_cpu).
+    if c.ns > max_in_cpu:
+        # reserve_partitioned_swap_space gets the FULL numels (param.ds_numel) of the largest sub-group.
+        g = max(range(len(part.sub_groups)), key=part.sub_group_numel)
+        raw = sum(_align(part.full_numels[i], c.a_p) for i in part.sub_groups[g]) * E
+        if c.engine == "memascend":
+            raw = sum(part.partition_numels[i] for i in part.sub_groups[g]) * E
+        add_pinned("host/partitioned_swap_buffer", "P2 partitioned swap buffer", raw, c.pin_swap_pool(raw),
+                   formula="sum A(numel, a) over the largest sub-group x E",
+                   source="deepspeed-notes §2.1; stage3.py reserve_partitioned_swap_space")
+
+    # P4: optimizer swap pool, when some sub-group is large enough to swap.
+    swappable_groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
+    need = 4 + 4 * int(k.pipeline_read) + 4 * int(k.pipeline_write)
+    if swappable_groups:
+        bc_o = k.optimizer_buffer_count
+        if bc_o < need:
+            c.config_errors.append(f"offload_optimizer.buffer_count {bc_o} < {need} needed for Adam with this "
+                                   "pipelining (DeepSpeed: 'ran out of swap buffers')")
+        if c.engine == "memascend":
+            bc_o = need
+        raw = bc_o * _align(c.lsg, c.a_o) * c.M
+        add_pinned("host/optimizer_swap_pool", "P4 optimizer swap pool", raw, c.pin_swap_pool(raw),
+                   formula=f"buffer_count {bc_o} x A(largest sub-group {c.lsg:,}, {c.a_o}) x 4 B",
+                   source="deepspeed-notes §2.2; optimizer_utils.py SwapBufferManager")
+
+    # P5: gradient flat buffer, full partition size, with any optimizer offload.
+    raw = c.ns * c.G
+    add_pinned("host/grad_flat_buffer", "P5 gradient flat buffer", raw, c.pin_accel(raw, c.pin_memory),
+               formula=f"Ns {c.ns:,} x {c.G} B (grad_accum_dtype)",
+               source="deepspeed-notes §2.3; stage3._setup_for_real_optimizer")
+
+    # P6: partitions below min_aio_bytes never swap; each is pinned separately.
+    small = [n for n, s in zip(part.partition_numels, c.swappable) if not s]
+    if small:
+        raw = sum(n * E for n in small)
+        if c.engine == "memascend":
+            pin = (sum(_align(n * E, PAGE) for n in small), c.pin_exact(0)[1], 0)
+        else:
+            per = [c.pin_accel(n * E, c.pin_memory) for n in small]
+            pin = (sum(p[0] for p in per), per[0][1], sum(p[2] for p in per))
+        add_pinned("host/small_params", f"P6 small params ({len(small)} partitions < {c.min_aio_bytes // MIB} MiB)",
+                   raw, pin, formula="sum of partitions below min_aio_bytes x E",
+                   source="deepspeed-notes §2.1; partition_parameters.py _partition_param")
+
+    # P7: sub-groups too small to swap keep fp32 master + m + v + fp32 grad in DRAM.
+    small_groups = [g for g in range(len(part.sub_groups)) if g not in swappable_groups]
+    if small_groups:
+        n = sum(part.sub_group_numel(g) for g in small_groups)
+        add("host/small_optimizer_groups", "P7 non-swappable optimizer sub-groups", 16 * n,
+            formula=f"{n:,} elements x 16 B (fp32 master, grad, exp_avg, exp_avg_sq)",
+            source="deepspeed-notes §3 P7; stage3._create_fp32_partitions")
+
+    if pow2_waste > 0:
+        add("host/pinned_pow2_waste", "pinned memory power-of-two waste", pow2_waste, pinned="torch-pow2",
+            formula="sum over torch-pinned buffers of 2^ceil(log2 S) - S",
+            source="deepspeed-notes §4; CachingHostAllocator PowerOf2Ceil")
+
+    # Activation checkpoints kept in host DRAM (offloaded gradient checkpointing), per rank.
+    if job.checkpointing == "offload" and c.gpu:
+        m = c.m
+        raw = job.micro_batch * job.seq_len * m.hidden_size * m.num_hidden_layers * E
+        add("host/activation_checkpoints", "offloaded activation checkpoints", raw,
+            pinned=c.pin_exact(raw)[1] if c.engine == "memascend" else "",
+            formula=f"b {job.micro_batch} x s {job.seq_len} x h {m.hidden_size} x L {m.num_hidden_layers} x {E} B",
+            source="Korthikanti et al. 2205.05198 full recomputation 2sbh per layer (16-bit); paper §8")
+
+    items.extend(_transients(c))
+    return items
+
+
+def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
+    """Size classes from the real inventory; slots = what the prefetch window holds at once.
+
+    Decoder layers: the layer being computed plus the prefetched next one (2 x per-layer count);
+    the vocabulary matrices (embedding, lm_head) are never live together, so one slot.
+    """
+    part, E = c.part, c.E
+    per_layer: dict[str, int] = {}
+    largest: dict[str, int] = {}
+    for n, role, name, s in zip(part.partition_numels, part.roles, (t.name for t in c.m.tensors()), c.swappable):
+        if not s:
+            continue
+        cls = "vocab" if role in ("embed", "lm_head") else role
+        largest[cls] = max(largest.get(cls, 0), n)
+        if name.startswith("model.layers.0."):
+            per_layer[cls] = per_layer.get(cls, 0) + 1
+    total, parts = 0, []
+    for cls, n in sorted(largest.items()):
+        slots = 1 if cls == "vocab" else 2 * per_layer.get(cls, 1)
+        nbytes = slots * _align(n * E, PAGE)
+        total += nbytes
+        parts.append(f"{cls} {slots}x{n:,}")
+    return total, "exact slots: " + ", ".join(parts) + f" x {E} B"
+
+
+def _transients(c: _Ctx) -> list[Item]:
+    """Host allocations that exist for a moment; only the largest adds to the steady level."""
+    job, E = c.job, c.E
+    out: list[Item] = []
+
+    def add(key, label, nbytes, formula, source, kind="transient"):
+        out.append(Item(key, label, "host", int(nbytes), kind, "", 0, formula, source))
+
+    if c.engine == "baseline" and job.dtype == "fp16":
+        add("host/overflow_check", "fp16 overflow check temporaries", 3 * c.ns,
+            f"3 B x Ns {c.ns:,} (torch.isinf abs copy 2 B + bool 1 B)",
+            "deepspeed-notes §5; stage3.has_overflow(partition_gradients=True)")
+    if c.engine == "baseline":
+        add("host/first_step_adam", "first optimizer step: Adam states created unpinned", 8 * c.lsg,
+            f"8 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2, addendum; cpu_adam.py zeros_like")
+    # initialize_optimizer_states allocates a full fp32 gradient buffer of the largest sub-group
+    # (both engines: it is DeepSpeed code neither replaces); fast_init=False adds an fp32 sub-group copy.
+    add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
+        f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states")
+    if not c.k.zero_init:
+        add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
+            f"4 B x N {c.m.num_params:,} per process", "deepspeed-notes §3.1")
+    if c.gpu:
+        return out
+    # CPU-only: the compute working set is host memory too. The reduce bucket and persistent params
+    # stay allocated; activations, gathered params and logits are live together during fwd/bwd.
+    fwd_bwd = []
+    for i in _compute_items(c, tier="host"):
+        if i.key.endswith(("reduce_bucket", "persistent_params")):
+            out.append(i)
+        else:
+            fwd_bwd.append(i)
+    total = sum(i.bytes for i in fwd_bwd)
+    out.append(Item("host/compute/forward_backward", "forward/backward working set", "host", total, "transient",
+                    formula=" + ".join(f"{i.label} {i.bytes:,}" for i in fwd_bwd),
+                    source="Korthikanti et al. 2205.05198; deepspeed-notes §3.1 GPU items, on the CPU accelerator"))
+    if c.engine == "baseline":
+        # glibc keeps the freed fwd/bwd blocks in its arenas, so the first optimizer step comes on top;
+        # the memascend engine trims the heap after backward (malloc_trim).
+        out.append(Item("host/allocator_retention", "fwd/bwd memory kept by the allocator", "host", total, "retained",
+                        formula="= forward/backward working set",
+                        source="deepspeed-notes addendum (measured on a stock CPU run)"))
+    return out
+
+
+def _activation_bytes(c: _Ctx) -> tuple[int, str]:
+    """Activation memory of the forward/backward, 16-bit per Korthikanti et al.; scaled for fp32."""
+    job, m = c.job, c.m
+    s, b, h, a, L = job.seq_len, job.micro_batch, m.hidden_size, m.num_attention_heads, m.num_hidden_layers
+    scale = c.E / 2
+    # Per layer, no recomputation: attention 11sbh + 5as^2b (scores, softmax, dropout), MLP 19sbh for a
+    # 4h GeLU MLP; a SwiGLU MLP of width I stores input 2sbh + gate/up/act/product 8sbI instead.
+    attn = 11 * s * b * h + (0 if c.flash else 5 * a * s * s * b)
+    mlp = 2 * s * b * h + 8 * s * b * m.intermediate_size
+    norms = 4 * s * b * h
+    full_layer = attn + mlp + norms
+    ck = job.checkpointing
+    if ck == "none":
+        total = L * full_layer
+        desc = "L x (attention + SwiGLU MLP + norms), no recomputation"
+    elif ck == "selective":
+        total = L * (full_layer - (0 if c.flash else 5 * a * s * s * b)) + (0 if c.flash else 5 * a * s * s * b)
+        desc = "L x layer without attention scores + one layer's scores (selective recomputation)"
+    else:
+        stored = 0 if (ck == "offload" and c.gpu) else L * 2 * s * b * h
+        total = stored + full_layer
+        desc = ("one layer recomputed" if stored == 0 else "L x 2sbh checkpoints + one layer recomputed")
+    return int(total * scale), desc
+
+
+def _compute_items(c: _Ctx, tier: str) -> list[Item]:
+    """Working memory of the compute device: GPU memory, or host memory on a CPU-only job."""
+    job, m, k, E = c.job, c.m, c.k, c.E
+    items: list[Item] = []
+    pre = f"{tier}/compute/" if tier == "host" else "gpu/"
+
+    def add(key, label, nbytes, formula, source, kind="steady"):
+        items.append(Item(pre + key, label, tier, int(nbytes), kind, "", 0, formula, source))
+
+    if tier == "gpu":
+        add("cuda_context", "CUDA context", CUDA_CONTEXT_BYTES, "constant", "typical CUDA 12 context + torch kernels")
+    small = [n for n in c.part.full_numels if n < k.param_persistence_threshold]
+    add("persistent_params", "persistent small params (whole)", sum(small) * E,
+        f"params below stage3_param_persistence_threshold {k.param_persistence_threshold:,} x E",
+        "deepspeed-notes §3.1 GPU items")
+    layer = m.layer_numel()
+    vocab = m.vocab_size * m.hidden_size
+    live = max(layer, vocab) + min(k.prefetch_bucket_size, layer)
+    add("live_params", "gathered params (current + prefetched)", live * E,
+        f"(max(layer {layer:,}, vocab matrix {vocab:,}) + min(prefetch bucket, layer)) x E",
+        "deepspeed-notes §3.1; partitioned_param_coordinator prefetch")
+    # The IPG bucket is torch.empty(reduce_bucket_size): reserved in full on a GPU, on the host only
+    # the pages that backward fills are resident.
+    bucket = k.reduce_bucket_size if tier == "gpu" else min(k.reduce_bucket_size, m.num_params)
+    add("reduce_bucket", "gradient reduce bucket", bucket * E,
+        f"reduce_bucket_size {k.reduce_bucket_size:,} elements x E" + ("" if tier == "gpu" else " (touched part)"),
+        "deepspeed-notes §8; stage3.py ipg bucket")
+    act, desc = _activation_bytes(c)
+    add("activations", "activations", act, desc, "Korthikanti et al., arXiv 2205.05198 (Table 2), SwiGLU-adjusted")
+    bs = job.micro_batch * job.seq_len
+    if job.fused_cross_entropy:
+        add("logits", "logits (Liger fused linear CE, chunked)", 8 * bs * m.hidden_size,
+            "chunk of ~b*s*h fp32 logits + its grad", "Liger-Kernel FusedLinearCrossEntropy chunking")
+    else:
+        add("logits", "logits + fp32 loss upcast", bs * m.vocab_size * (E + 4),
+            f"b*s {bs:,} x V {m.vocab_size:,} x ({E} + 4) B", "deepspeed-notes §12.3")
+    return items
+
+
+def _nvme_items(c: _Ctx) -> list[Item]:
+    """SSD bytes per rank (deepspeed-notes §3.1: ~18 B/param/rank plus checkpoint copies)."""
+    part, E = c.part, c.E
+    align = PAGE if c.engine == "memascend" else AIO_ALIGNED_BYTES * max(1, c.k.intra_op_parallelism)
+    params = sum(_align(n * E, align) for n, s in zip(part.partition_numels, c.swappable) if s)
+    groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
+    opt = sum(_align(part.sub_group_numel(g) * 4, align) for g in groups)
+    where = "region extents" if c.engine == "memascend" else "swap files"
+    items = [
+        Item("nvme/params", f"parameters ({where})", "nvme", params, "steady", "", 0,
+             "sum A(partition x E) over swappable params", "deepspeed-notes §7"),
+        Item("nvme/optimizer_states", "fp32 master + exp_avg + exp_avg_sq", "nvme", 3 * opt, "steady", "", 0,
+             "3 x 4 B x swappable sub-group elements", "deepspeed-notes §7"),
+        Item("nvme/gradients", "fp32 gradients", "nvme", opt, "steady", "", 0,
+             "4 B x swappable sub-group elements", "deepspeed-notes §2.3, §7"),
+    ]
+    if c.k.checkpoint_copies:
+        items.append(Item("nvme/checkpoints", f"checkpoint copies ({c.k.checkpoint_copies})", "nvme",
+                          c.k.checkpoint_copies * 3 * opt, "steady", "", 0,
+                          "copies x 12 B/param (optimizer folder without gradients)",
+                          "deepspeed-notes §7 checkpointing (copytree)"))
+    return items
+
+
+def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
+    """The itemised per-rank memory of `engine` running `job` on `hw`."""
+    c = _Ctx(job, hw, engine)
+    c.config_errors = []
+    items = _host_items(c)
+    if c.gpu:
+        items += _compute_items(c, tier="gpu")
+    items += _nvme_items(c)
+    est = Estimate(engine=engine, items=items, ranks_per_node=c.ranks, world_size=c.world,
+                   compute_on_host=not c.gpu, config_errors=c.config_errors)
+    if not c.gpu:
+        est.notes.append("CPU-only job: DeepSpeed runs on the CPU accelerator (gloo); compute memory is host memory")
+        if job.checkpointing == "offload":
+            est.notes.append("offloaded checkpointing is plain full checkpointing on a CPU-only job")
+    if job.dtype != "fp16" and engine == "baseline":
+        est.notes.append("bf16/fp32: stock ZeRO-3 skips the overflow check (only fp16 pays 3 B/element)")
+    return est
+
+
+def estimate_both(job: JobSpec, hw: HardwareSpec) -> dict[str, Estimate]:
+    return {e: estimate(job, hw, e) for e in ENGINES}

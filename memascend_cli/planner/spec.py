@@ -1,0 +1,56 @@
+"""Plain data the planner consumes: the machine. Pure: no probing here (see memascend_cli.hardware)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(kw_only=True)
+class HardwareSpec:
+    """One node of the machine the job runs on (all nodes are assumed alike)."""
+
+    name: str
+    """'local' for the probed machine, else the profile name (presets/hardware/<name>.yaml)."""
+    dram_gib: float
+    """Total system memory per node (MemTotal)."""
+    dram_available_gib: float | None = None
+    """MemAvailable at probe time; None for profiles. Informational: plans use dram_gib - os_reserve_gib."""
+    os_reserve_gib: float | None = None
+    """DRAM kept free for the OS, page cache and other processes; None = max(1 GiB, 5% of dram_gib)."""
+    swap_gib: float = 0.0
+    """Swap space; never counted as usable (pinned/locked pages cannot be swapped)."""
+    num_gpus: int = 0
+    """GPUs per node; 0 = CPU-only job (DeepSpeed on the CPU accelerator, gloo)."""
+    gpu_name: str | None = None
+    """GPU model, e.g. 'NVIDIA H100 80GB HBM3'."""
+    gpu_mem_gib: float = 0.0
+    """Memory per GPU."""
+    num_nodes: int = 1
+    """Machines in the job."""
+    cpu_cores: int = 1
+    """Logical CPUs per node."""
+    memlock_limit_gib: float | None = None
+    """RLIMIT_MEMLOCK soft limit per process; None = unlimited."""
+    can_lock_unlimited: bool = True
+    """True when running as root / with CAP_IPC_LOCK, so the memlock limit does not bind."""
+    nvme_path: str | None = None
+    """Where swap data goes (a directory, region file or device), if known."""
+    nvme_free_gib: float | None = None
+    """Free space for swap data per node; None = unknown (not checked)."""
+    nvme_read_gbps: float | None = None
+    """Sequential read bandwidth of the swap target (GB/s); None = unknown."""
+    nvme_write_gbps: float | None = None
+    """Sequential write bandwidth of the swap target (GB/s); None = unknown."""
+    source: str = "probe"
+    """Where these numbers come from (probe, profile file, overrides)."""
+
+    @property
+    def usable_dram_gib(self) -> float:
+        """DRAM a job may use per node."""
+        reserve = self.os_reserve_gib if self.os_reserve_gib is not None else max(1.0, 0.05 * self.dram_gib)
+        return max(0.0, self.dram_gib - reserve)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["usable_dram_gib"] = round(self.usable_dram_gib, 3)
+        return d

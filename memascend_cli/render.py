@@ -1,0 +1,117 @@
+"""Rich rendering of plan results (stdout). The --json twin is commands/plan.build_result."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from memascend_cli.console import out
+from memascend_cli.units import GiB
+
+
+def _gib(n: int | None) -> str:
+    return "—" if n is None else f"{n / GiB:,.2f}"
+
+
+def _items_table(title: str, tier: str, ests, details: bool) -> Table | None:
+    b, m = ests["baseline"], ests["memascend"]
+    keys: list[str] = []
+    for est in (b, m):
+        for i in est.items:
+            if i.tier == tier and i.key not in keys:
+                keys.append(i.key)
+    if not keys:
+        return None
+    t = Table(title=title, title_justify="left", show_footer=False)
+    t.add_column("item")
+    t.add_column("stock DeepSpeed GiB", justify="right")
+    t.add_column("memascend GiB", justify="right")
+    t.add_column("kind / pinning")
+    if details:
+        t.add_column("formula (source)", overflow="fold")
+    for key in keys:
+        bi, mi = b.item(key), m.item(key)
+        ref = bi or mi
+        how = ref.kind if ref.kind != "steady" else ""
+        pins = {p for p in ((bi.pinned if bi else ""), (mi.pinned if mi else "")) if p}
+        if pins:
+            how = (how + " " if how else "") + "/".join(sorted(pins))
+        row = [ref.label, _gib(bi.bytes if bi else None), _gib(mi.bytes if mi else None), how]
+        if details:
+            row.append(f"{ref.formula} ({ref.source})")
+        t.add_row(*row)
+    return t
+
+
+def render_plan(result: dict, ests, details: bool = False) -> None:
+    """Print the plan: machine line, per-tier breakdowns, totals, search, verdict."""
+    mdl, job, hw = result["model"], result["job"], result["hardware"]
+    b, m = ests["baseline"], ests["memascend"]
+    gpu = f"{hw['num_gpus']} x {hw['gpu_name'] or 'GPU'} {hw['gpu_mem_gib']:.0f} GiB" if hw["num_gpus"] else \
+        "no GPU (CPU-only: DeepSpeed on the CPU accelerator)"
+    memlock = "unlimited" if hw["can_lock_unlimited"] or hw["memlock_limit_gib"] is None else f"{hw['memlock_limit_gib']:.3f} GiB"
+    nvme = "unknown" if hw["nvme_free_gib"] is None else f"{hw['nvme_free_gib']:,.0f} GiB free"
+    if hw.get("nvme_read_gbps"):
+        nvme += f", {hw['nvme_read_gbps']:.1f} GB/s read"
+    out.print(f"[bold]machine[/bold] {hw['name']} ({hw['source']}): {hw['dram_gib']:.1f} GiB DRAM "
+              f"({hw['usable_dram_gib']:.1f} usable) · {gpu} · {hw['num_nodes']} node(s) · memlock {memlock} · SSD {nvme}")
+    out.print(f"[bold]job[/bold] {mdl['name']}{' (default)' if mdl.get('default_used') else ''}: "
+              f"{mdl['num_params']:,} params · seq {job['seq_len']:,} x micro-batch {job['micro_batch']} · {job['dtype']} · "
+              f"{job['ranks_per_node']} rank(s)/node, world {job['world_size']} · checkpointing {job['checkpointing']} · "
+              f"stock DeepSpeed {job['deepspeed_version']}")
+    for note in sorted(set(b.notes + m.notes)):
+        out.print(f"[dim]note: {note}[/dim]")
+    host = _items_table("host memory per rank", "host", ests, details)
+    out.print(host)
+    totals = Table(title="totals", title_justify="left")
+    totals.add_column("")
+    for col in ("stock DeepSpeed", "memascend", "reduction"):
+        totals.add_column(col, justify="right")
+
+    def row(label, bb, mb, unit="GiB"):
+        red = "" if not bb else f"{100 * (bb - mb) / bb:.1f}%"
+        totals.add_row(label, f"{bb / GiB:,.2f} {unit}", f"{mb / GiB:,.2f} {unit}", red)
+
+    row("host steady / rank", b.host_steady_bytes, m.host_steady_bytes)
+    row("host peak / rank", b.host_peak_bytes, m.host_peak_bytes)
+    row("host peak / node", b.node_host_peak_bytes, m.node_host_peak_bytes)
+    row("locked (mlock) / rank", b.locked_bytes, m.locked_bytes)
+    if b.pinned_waste_bytes or m.pinned_waste_bytes:
+        row("pinned pow2 waste / rank", b.pinned_waste_bytes, m.pinned_waste_bytes)
+    if hw["num_gpus"]:
+        row("GPU peak / GPU", b.gpu_peak_bytes, m.gpu_peak_bytes)
+    row("SSD space / node", b.node_nvme_bytes, m.node_nvme_bytes)
+    out.print(totals)
+    if details:
+        for title, tier in (("GPU memory per GPU", "gpu"), ("SSD space per rank", "nvme")):
+            t = _items_table(title, tier, ests, details)
+            if t is not None:
+                out.print(t)
+    engines = result["engines"]
+    if "search" in engines["baseline"]:
+        s = Table(title=f"what fits on this machine (seq {job['seq_len']:,}, micro-batch {job['micro_batch']} held fixed)",
+                  title_justify="left")
+        s.add_column("")
+        s.add_column("stock DeepSpeed", justify="right")
+        s.add_column("memascend", justify="right")
+
+        def fmt(e, key, params_key=None):
+            v = engines[e]["search"][key]
+            if v is None:
+                return "does not fit"
+            if params_key:
+                return f"{v} ({engines[e]['search'][params_key] / 1e9:.2f}B)"
+            return f"{v:,}"
+
+        s.add_row("largest micro-batch", fmt("baseline", "max_micro_batch"), fmt("memascend", "max_micro_batch"))
+        s.add_row("longest context (tokens)", fmt("baseline", "max_seq_len"), fmt("memascend", "max_seq_len"))
+        s.add_row("largest preset in family", fmt("baseline", "largest_preset", "largest_preset_params"),
+                  fmt("memascend", "largest_preset", "largest_preset_params"))
+        s.add_row("deepest scaled model (layers)", fmt("baseline", "max_layers", "max_layers_params"),
+                  fmt("memascend", "max_layers", "max_layers_params"))
+        s.add_row("binding resource", engines["baseline"]["verdict"]["binding"], engines["memascend"]["verdict"]["binding"])
+        out.print(s)
+    v = result["verdict"]
+    red = result["reduction_percent"]["host_peak"]
+    out.print(Text(f"host peak memory: {red:.1f}% less with memascend", style="bold"))
+    out.print(Text(("✓ " if v["fits"] else "✗ ") + v["line"], style="green" if v["fits"] else "red"))
