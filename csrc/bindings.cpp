@@ -102,19 +102,22 @@ errno. All blocking calls release the GIL; submission is thread-safe. Buffers mu
 until their request is waited for. A writable engine creates a missing file (mode 0600).
 )doc")
         .def(py::init([](const std::string& path, bool writable, const std::string& backend, unsigned queue_depth,
-                         unsigned num_workers, uint64_t block_size) {
+                         unsigned num_workers, uint64_t block_size, uint64_t max_io_bytes) {
                  EngineConfig cfg;
                  cfg.writable = writable;
                  cfg.backend = parse_backend(backend);
                  cfg.queue_depth = queue_depth;
                  cfg.num_workers = num_workers;
                  cfg.block_size = block_size;
+                 cfg.max_io_bytes = max_io_bytes;
                  return new IoEngine(path, cfg);
              }),
              py::arg("path"), py::kw_only(), py::arg("writable") = true, py::arg("backend") = "auto",
              py::arg("queue_depth") = 32, py::arg("num_workers") = 4, py::arg("block_size") = uint64_t(1) << 20,
+             py::arg("max_io_bytes") = 0,
              "Open ``path`` with O_DIRECT. backend: 'auto' (io_uring, else threads; env MEMASCEND_IO_BACKEND "
-             "overrides auto), 'io_uring' (error if unavailable) or 'threads'.")
+             "overrides auto), 'io_uring' (error if unavailable) or 'threads'. max_io_bytes (io_uring): cap on "
+             "one submitted I/O; 0 = the largest the device takes without a block-layer split (see io_unit).")
         .def("submit_read", [](IoEngine& e, uintptr_t a, uint64_t n, uint64_t off) { return e.submit(OpKind::Read, a, n, off); },
              py::arg("address"), py::arg("length"), py::arg("offset"), release_gil(),
              "Queue a read of ``length`` bytes at file ``offset`` into memory at ``address``; returns a request id.")
@@ -147,6 +150,10 @@ until their request is waited for. A writable engine creates a missing file (mod
         .def_property_readonly("size_bytes", &IoEngine::size_bytes, "current file size or block device size")
         .def_property_readonly("block_size", &IoEngine::block_size)
         .def_property_readonly("queue_depth", &IoEngine::queue_depth)
+        .def_property_readonly("io_unit", &IoEngine::io_unit,
+                               "bytes per submitted I/O: block_size, or less on io_uring when the device would split a "
+                               "block_size bio (a split NOWAIT bio is punted to io_uring's worker threads, which "
+                               "serialise writes to one file); queue_depth * block_size bytes stay in flight")
         .def_property_readonly("num_workers", &IoEngine::num_workers)
         .def_property_readonly("writable", &IoEngine::writable)
         .def_property_readonly("is_block_device", &IoEngine::is_block_device)
@@ -157,7 +164,8 @@ until their request is waited for. A writable engine creates a missing file (mod
         .def("__repr__", [](const IoEngine& e) {
             return "<IOEngine path='" + e.path() + "' backend=" + e.backend_name() + " alignment=" +
                    std::to_string(e.alignment()) + " block_size=" + std::to_string(e.block_size()) +
-                   " queue_depth=" + std::to_string(e.queue_depth()) + (e.closed() ? " closed" : "") + ">";
+                   " queue_depth=" + std::to_string(e.queue_depth()) + " io_unit=" + std::to_string(e.io_unit()) +
+                   (e.closed() ? " closed" : "") + ">";
         });
 
     // --- aligned buffers ----------------------------------------------------------------------

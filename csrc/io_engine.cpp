@@ -64,6 +64,35 @@ uint32_t sysfs_logical_block_size(dev_t dev) {
     return 0;
 }
 
+// Largest I/O the block layer can take as one bio without splitting, from the queue limits of the
+// device (worst case: every page its own segment). 0 when unknown.
+uint64_t sysfs_max_unsplit_bytes(dev_t dev) {
+    const std::string base = "/sys/dev/block/" + std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
+    auto read_u64 = [&](const char* name, uint64_t& out) {
+        for (const char* rel : {"/queue/", "/../queue/"}) {
+            FILE* f = std::fopen((base + rel + name).c_str(), "r");
+            if (!f) continue;
+            unsigned long long v = 0;
+            const int ok = std::fscanf(f, "%llu", &v);
+            std::fclose(f);
+            if (ok == 1) {
+                out = v;
+                return true;
+            }
+        }
+        return false;
+    };
+    uint64_t max_sectors_kb = 0, max_segments = 0, max_segment_size = 0;
+    if (!read_u64("max_sectors_kb", max_sectors_kb) || !read_u64("max_segments", max_segments)) return 0;
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    uint64_t per_segment = page;
+    if (read_u64("max_segment_size", max_segment_size) && max_segment_size > 0)
+        per_segment = std::min(per_segment, max_segment_size);
+    // An unaligned-to-page buffer can touch one page more than its length suggests.
+    const uint64_t by_segments = max_segments > 1 ? (max_segments - 1) * per_segment : per_segment;
+    return std::min(max_sectors_kb * 1024, by_segments);
+}
+
 // Alignment of an open descriptor: statx first (the only source that knows filesystem rules,
 // e.g. ext4 on a 4Kn disk), then the logical block size of the device (BLKSSZGET for a block
 // device, sysfs for the device under a filesystem), then 512.
@@ -164,7 +193,7 @@ bool IoEngine::uring_init(std::string& why) {
     io_uring_params p;
     std::memset(&p, 0, sizeof(p));
     // The CQ must hold every in-flight chunk plus the shutdown NOP; the default (2 x SQ) does.
-    r->fd = sys_io_uring_setup(cfg_.queue_depth, &p);
+    r->fd = sys_io_uring_setup(max_in_flight_, &p);
     if (r->fd < 0) {
         why = "io_uring_setup failed: " + errno_text(errno);
         return false;
@@ -222,9 +251,9 @@ bool IoEngine::uring_init(std::string& why) {
         }
     }
     ring_ = std::move(r);
-    slots_.assign(cfg_.queue_depth, Chunk{});
+    slots_.assign(max_in_flight_, Chunk{});
     free_slots_.clear();
-    for (unsigned i = cfg_.queue_depth; i-- > 0;) free_slots_.push_back(i);
+    for (unsigned i = max_in_flight_; i-- > 0;) free_slots_.push_back(i);
     return true;
 }
 
@@ -256,7 +285,7 @@ void IoEngine::uring_submit_locked(unsigned /*count*/) {
             continue;
         }
         const int err = errno;
-        // Transient: retry. (EBUSY, a full CQ, cannot happen: in-flight <= queue_depth < CQ size.)
+        // Transient: retry. (EBUSY, a full CQ, cannot happen: in-flight <= SQ size < CQ size.)
         if (err == EINTR || err == EAGAIN || err == EBUSY) {
             std::this_thread::yield();
             continue;
@@ -281,7 +310,7 @@ void IoEngine::uring_submit_locked(unsigned /*count*/) {
 
 void IoEngine::uring_fill_locked() {
     Chunk c;
-    while (in_flight_ < cfg_.queue_depth && !free_slots_.empty() && carve_chunk_locked(c)) {
+    while (in_flight_ < max_in_flight_ && !free_slots_.empty() && carve_chunk_locked(c)) {
         unsigned slot = free_slots_.back();
         free_slots_.pop_back();
         slots_[slot] = c;
@@ -419,6 +448,23 @@ IoEngine::IoEngine(const std::string& path, const EngineConfig& cfg) : path_(pat
                              std::to_string(alignment()) + " of '" + path + "'");
     }
 
+    io_unit_ = cfg_.block_size;
+    if (cfg_.max_io_bytes != 0) {
+        io_unit_ = std::min<uint64_t>(io_unit_, cfg_.max_io_bytes);
+    } else {
+        uint64_t limit = sysfs_max_unsplit_bytes(is_blockdev_ ? st.st_rdev : st.st_dev);
+        if (limit != 0 && limit < io_unit_) {
+            uint64_t pow2 = 1;  // a power of two divides block_size evenly in the common case
+            while (pow2 * 2 <= limit) pow2 *= 2;
+            io_unit_ = pow2;
+        }
+    }
+    io_unit_ = std::max<uint64_t>(io_unit_ / alignment() * alignment(), alignment());
+    {
+        const uint64_t per_block = (cfg_.block_size + io_unit_ - 1) / io_unit_;
+        max_in_flight_ = static_cast<unsigned>(std::min<uint64_t>(uint64_t(cfg_.queue_depth) * per_block, 16384));
+    }
+
     Backend want = cfg_.backend;
     if (want == Backend::Auto) {
         if (const char* env = std::getenv("MEMASCEND_IO_BACKEND")) {
@@ -443,6 +489,10 @@ IoEngine::IoEngine(const std::string& path, const EngineConfig& cfg) : path_(pat
             backend_ = Backend::Threads;
             backend_reason_ = "auto: " + why;
         }
+    }
+    if (backend_ == Backend::Threads) {
+        io_unit_ = cfg_.block_size;  // blocking pread/pwrite: the kernel splits bios without penalty
+        max_in_flight_ = cfg_.num_workers;
     }
     if (backend_ == Backend::IoUring) {
         threads_.emplace_back([this] { uring_reaper_main(); });
@@ -531,7 +581,8 @@ bool IoEngine::carve_chunk_locked(Chunk& out) {
         out = Chunk{};
         out.req = r;
         out.pos = r->next;
-        out.len = std::min<uint64_t>(cfg_.block_size, r->length - r->next);
+        const uint64_t unit = backend_ == Backend::IoUring ? io_unit_ : cfg_.block_size;
+        out.len = std::min<uint64_t>(unit, r->length - r->next);
         r->next += out.len;
         ++r->in_flight;
         if (r->next >= r->length) pending_.pop_front();

@@ -78,6 +78,8 @@ struct EngineConfig {
     unsigned queue_depth = 32;
     unsigned num_workers = 4;
     uint64_t block_size = 1u << 20;
+    // io_uring only: largest single SQE. 0 = derive from the device's queue limits (see io_unit()).
+    uint64_t max_io_bytes = 0;
 };
 
 class IoEngine {
@@ -113,6 +115,11 @@ public:
     uint64_t size_bytes() const;  // current file size or device size
     uint64_t block_size() const { return cfg_.block_size; }
     unsigned queue_depth() const { return cfg_.queue_depth; }
+    // Bytes per submitted I/O. io_uring: block_size, or less when a block_size I/O would have to be
+    // split by the block layer -- a split REQ_NOWAIT bio fails with EAGAIN and io_uring then punts
+    // the request to its io-wq threads, which serialise writes to one file. Up to
+    // queue_depth * block_size bytes stay in flight either way. Threads backend: block_size.
+    uint64_t io_unit() const { return io_unit_; }
     unsigned num_workers() const { return cfg_.num_workers; }
     bool writable() const { return cfg_.writable; }
     bool is_block_device() const { return is_blockdev_; }
@@ -169,6 +176,8 @@ private:
     int fd_ = -1;
     bool is_blockdev_ = false;
     Backend backend_ = Backend::Threads;
+    uint64_t io_unit_ = 0;        // bytes per submitted I/O
+    unsigned max_in_flight_ = 0;  // io_uring: SQEs in flight = queue_depth * ceil(block_size / io_unit)
     std::string backend_reason_;
 
     mutable std::mutex mu_;

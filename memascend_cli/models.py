@@ -90,7 +90,7 @@ class ModelSpec:
 
     def layer_numel(self) -> int:
         """Parameters of one decoder layer (all layers are alike)."""
-        return sum(t.numel for t in _inventory(self) if t.name.startswith("model.layers.0."))
+        return sum(t.numel for t in layer_template(self)[1])
 
     def scaled(self, num_hidden_layers: int) -> "ModelSpec":
         """Same architecture with another depth (for 'largest model' searches)."""
@@ -139,9 +139,27 @@ def _inventory(spec: ModelSpec) -> tuple[TensorSpec, ...]:
 
 
 @lru_cache(maxsize=256)
+def layer_template(spec: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """(tensors before the layers, one decoder layer's tensors, tensors after): all layers are alike,
+    so sizes of deep models are computed without materialising every layer."""
+    one = _inventory(replace(spec, num_hidden_layers=1, published_num_params=None))
+    first = next(i for i, t in enumerate(one) if t.name.startswith("model.layers."))
+    last = max(i for i, t in enumerate(one) if t.name.startswith("model.layers."))
+    return one[:first], one[first:last + 1], one[last + 1:]
+
+
+@lru_cache(maxsize=1024)
+def numels_roles(spec: ModelSpec) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Element counts and roles of every tensor in module order (same order as tensors())."""
+    head, layer, tail = layer_template(spec)
+    seq = head + layer * spec.num_hidden_layers + tail
+    return tuple(t.numel for t in seq), tuple(t.role for t in seq)
+
+
 def _totals(spec: ModelSpec) -> tuple[int, int]:
-    inv = _inventory(spec)
-    return sum(t.numel for t in inv), max(t.numel for t in inv)
+    head, layer, tail = layer_template(spec)
+    total = sum(t.numel for t in head + tail) + spec.num_hidden_layers * sum(t.numel for t in layer)
+    return total, max(t.numel for t in head + layer + tail)
 
 
 # --- loading --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from memascend_cli.errors import BadInput
-from memascend_cli.models import ModelSpec
+from memascend_cli.models import ModelSpec, layer_template, numels_roles
 from memascend_cli.planner.spec import HardwareSpec
 
 GiB = 1024**3
@@ -278,9 +278,8 @@ class Partitioning:
 @lru_cache(maxsize=512)
 def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
     """Partition sizes and optimizer sub-groups, one param group in module order."""
-    tensors = model.tensors()
-    full = tuple(t.numel for t in tensors)
-    parts = tuple(-(-n // world_size) for n in full)
+    full, roles = numels_roles(model)
+    parts = full if world_size == 1 else tuple(-(-n // world_size) for n in full)
     total = sum(parts)
     groups: list[tuple[int, ...]] = []
     if sub_group_size >= total:
@@ -295,7 +294,7 @@ def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partiti
             if acc >= sub_group_size or i == len(parts) - 1:
                 groups.append(tuple(cur))
                 cur, acc = [], 0
-    return Partitioning(parts, full, tuple(t.role for t in tensors), tuple(groups),
+    return Partitioning(parts, full, roles, tuple(groups),
                         tuple(sum(parts[i] for i in g) for g in groups))
 
 
@@ -467,7 +466,8 @@ def _host_items(c: _Ctx) -> list[Item]:
                    source="deepspeed-notes §2.1; partition_parameters.py _partition_param")
 
     # P7: sub-groups too small to swap keep fp32 master + m + v + fp32 grad in DRAM.
-    small_groups = [g for g in range(len(part.sub_groups)) if g not in swappable_groups]
+    swappable_set = set(swappable_groups)
+    small_groups = [g for g in range(len(part.sub_groups)) if g not in swappable_set]
     if small_groups:
         n = sum(part.sub_group_numel(g) for g in small_groups)
         add("host/small_optimizer_groups", "P7 non-swappable optimizer sub-groups", 16 * n,
@@ -500,14 +500,14 @@ def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
     """
     part, E = c.part, c.E
     per_layer: dict[str, int] = {}
+    for t in layer_template(c.m)[1]:
+        per_layer[t.role] = per_layer.get(t.role, 0) + 1
     largest: dict[str, int] = {}
-    for n, role, name, s in zip(part.partition_numels, part.roles, (t.name for t in c.m.tensors()), c.swappable):
+    for n, role, s in zip(part.partition_numels, part.roles, c.swappable):
         if not s:
             continue
         cls = "vocab" if role in ("embed", "lm_head") else role
         largest[cls] = max(largest.get(cls, 0), n)
-        if name.startswith("model.layers.0."):
-            per_layer[cls] = per_layer.get(cls, 0) + 1
     total, parts = 0, []
     for cls, n in sorted(largest.items()):
         slots = 1 if cls == "vocab" else 2 * per_layer.get(cls, 1)

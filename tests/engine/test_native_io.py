@@ -114,6 +114,27 @@ def test_os_pwrite_then_engine_read(dio_dir: Path, backend: str) -> None:
         assert eng.bytes_read == nbytes
 
 
+def test_io_unit_split_round_trip(dio_dir: Path) -> None:
+    """io_uring issues block_size chunks as several smaller SQEs when max_io_bytes (or the device) says so."""
+    path = dio_dir / "split.bin"
+    nbytes = 4 * MiB + 12288
+    with native.AlignedBuffer(nbytes) as buf, make_engine(
+        path, "io_uring", block_size=MiB, queue_depth=2, max_io_bytes=64 * 1024
+    ) as eng:
+        assert eng.io_unit == 64 * 1024 and eng.block_size == MiB
+        data = fill_random(buf, 3)
+        eng.write(buf.address, nbytes, 0)
+        assert read_plain(path, nbytes, 0) == data
+        memoryview(buf)[:] = bytes(nbytes)
+        eng.read(buf.address, nbytes, 0)
+        assert bytes(memoryview(buf)) == data
+    with make_engine(path, "io_uring") as eng:  # automatic: a power of two <= block_size
+        assert eng.io_unit <= eng.block_size and eng.io_unit & (eng.io_unit - 1) == 0
+        assert eng.io_unit % eng.alignment == 0
+    with make_engine(path, "threads") as eng:
+        assert eng.io_unit == eng.block_size
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_many_requests_from_several_threads(dio_dir: Path, backend: str) -> None:
     """Writers and readers in 4 Python threads share one engine; every byte lands where asked."""
@@ -243,7 +264,7 @@ def test_kernel_errno_is_reported(dio_dir: Path, backend: str) -> None:
         try:
             eng.write(buf.address, {MiB}, {MiB})
         except native.IOError as e:
-            print("ERRNO", e.errno, e.offset, e.length)
+            print("ERRNO", e.errno, e.offset, e.length <= {MiB} and {MiB} % e.length == 0)
             print(e)
             sys.exit(0)
         print("NO ERROR")
@@ -254,8 +275,9 @@ def test_kernel_errno_is_reported(dio_dir: Path, backend: str) -> None:
     if "unavailable" in out.stderr:
         pytest.skip(out.stderr)
     first, msg = out.stdout.splitlines()[:2]
-    assert first == f"ERRNO {errno.EFBIG} {MiB} {MiB}", out.stdout
-    assert "big.bin" in msg and f"offset={MiB}" in msg and f"length={MiB}" in msg and f"errno {errno.EFBIG}" in msg
+    assert first == f"ERRNO {errno.EFBIG} {MiB} True", out.stdout  # length: the failed chunk's
+    assert "big.bin" in msg and f"offset={MiB}" in msg and f"request offset={MiB} length={MiB}" in msg, msg
+    assert f"errno {errno.EFBIG}" in msg, msg
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

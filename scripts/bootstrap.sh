@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One-command setup for a fresh Debian/Ubuntu machine with Python >= 3.10.
+#   bash scripts/bootstrap.sh plan [plan options]   light install (.venv), then `memascend plan` on this machine
+#   bash scripts/bootstrap.sh test [pytest options] full install (apt: libaio/liburing/fio; torch, DeepSpeed,
+#                                                   transformers; DeepSpeed's CPU ops prebuilt), then the test suite
+# Idempotent: re-running reuses .venv and the prebuilt ops in .torch_ext.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-plan}"
+shift || true
+
+PY="${PYTHON:-python3}"
+VENV="${MEMASCEND_VENV:-.venv}"
+log() { printf '\033[36m[bootstrap]\033[0m %s\n' "$*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+    log "python3-venv missing; installing it with apt"
+    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+    "$PY" -m venv "$VENV"
+  fi
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+
+case "$mode" in
+  plan)
+    "${PIP[@]}" -e .
+    exec "$VENV/bin/memascend" plan "$@"
+    ;;
+  test)
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+      # libaio-dev: DeepSpeed's async_io op (the stock baseline); fio: I/O benchmark reference;
+      # util-linux/e2fsprogs: losetup, wipefs, mkfs.ext4 for the loop-device tests.
+      need=()
+      for p in libaio-dev liburing-dev fio numactl util-linux e2fsprogs; do
+        dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+      done
+      if [ ${#need[@]} -gt 0 ]; then
+        log "apt-get install ${need[*]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+      fi
+    else
+      log "not root or no apt-get: skipping system packages (tests needing libaio or loop devices will skip)"
+    fi
+    # CPU-only machines take the CPU wheel of exactly torch 2.13.0; a bare `torch` would pull several
+    # GB of CUDA packages (shared/docs/platform-notes.md §2.1). Install it first so nothing upgrades it.
+    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+      if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        log "GPU found: installing torch (CUDA build)"; "${PIP[@]}" torch
+      else
+        log "no GPU: installing torch==2.13.0 (CPU)"; "${PIP[@]}" torch==2.13.0
+      fi
+    fi
+    "${PIP[@]}" -e ".[train,dev]"
+    export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
+    export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_ext}"
+    # One PATH for the whole run: pip's ninja and Debian's treat each other's build dirs as stale.
+    export PATH="$PWD/$VENV/bin:$PATH"
+    if "$VENV/bin/python" -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys; sys.exit(0 if B().is_compatible() else 1)" 2>/dev/null; then
+      log "prebuilding DeepSpeed ops (async_io, cpu_adam) into $TORCH_EXTENSIONS_DIR (first time ~5 min)"
+      "$VENV/bin/python" -c "from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder; AsyncIOBuilder().load(); CPUAdamBuilder().load()" >/dev/null
+    else
+      log "DeepSpeed async_io is not buildable here (libaio-dev missing?): stock-DeepSpeed tests will skip"
+    fi
+    exec "$VENV/bin/python" -m pytest "$@"
+    ;;
+  *)
+    echo "usage: bash scripts/bootstrap.sh plan|test [args]" >&2
+    exit 2
+    ;;
+esac

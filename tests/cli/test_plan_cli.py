@@ -1,0 +1,94 @@
+"""`memascend plan` end to end through app.main: tables, --json schema, exit codes, error lines."""
+
+import json
+
+import pytest
+
+FIXED_HW = ["--hardware", "h100-80g-512g"]
+
+
+def test_plan_json_schema(cli):
+    r = cli("plan", "--model", "llama-3.1-8b", "--seq-len", "4096", *FIXED_HW, "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1
+    assert set(doc) >= {"model", "job", "hardware", "engines", "reduction_percent", "verdict"}
+    for engine in ("baseline", "memascend"):
+        e = doc["engines"][engine]
+        assert {"host_peak_bytes", "node_host_peak_bytes", "gpu_peak_bytes", "nvme_bytes", "items", "verdict",
+                "search"} <= set(e)
+        assert {i["tier"] for i in e["items"]} == {"host", "gpu", "nvme"}
+        assert all(i["formula"] and i["source"] for i in e["items"])
+    assert doc["engines"]["memascend"]["host_peak_bytes"] < doc["engines"]["baseline"]["host_peak_bytes"]
+    assert doc["reduction_percent"]["host_peak"] > 0
+    assert doc["verdict"]["fits"] is True
+    assert doc["model"]["num_params"] == 8_030_261_248
+
+
+def test_plan_table_and_exit_codes(cli):
+    r = cli("plan", "--model", "qwen2.5-7b", *FIXED_HW)
+    assert r.exit_code == 0
+    assert "stock DeepSpeed" in r.stdout and "memascend" in r.stdout and "reduction" in r.stdout
+    assert "fits with memascend" in r.stdout
+    big = cli("plan", "--model", "qwen2.5-72b", "--hardware", "rtx4090-128g", "--no-search")
+    assert big.exit_code == 1
+    assert "does not fit" in big.stdout
+
+
+def test_engine_choice_sets_exit_code(cli):
+    # 20 GiB: memascend fits a 0.5B CPU-only job that stock DeepSpeed does not.
+    args = ("plan", "--model", "qwen2.5-0.5b", "--gpus", "0", "--dram", "10GiB", "--no-search", "--json")
+    m = cli(*args)
+    b = cli(*args, "--engine", "baseline")
+    doc = json.loads(m.stdout)
+    assert doc["engines"]["memascend"]["verdict"]["fits"] and not doc["engines"]["baseline"]["verdict"]["fits"]
+    assert (m.exit_code, b.exit_code) == (0, 1)
+    assert doc["engines"]["baseline"]["verdict"]["binding"] == "dram"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--model", "qwen9-7b"), "unknown model"),
+    (("--model", "/nonexistent/dir"), "no such"),
+    (("--model", "/tmp/definitely-missing-config.json"), "no such file"),
+    (("--dram", "128"), "no unit"),
+    (("--dram", "-4GiB"), "negative"),
+    (("--hardware", "no-such-box"), "hardware"),
+    (("--dtype", "fp8"), "dtype"),
+    (("--sub-group-size", "lots"), "cannot read"),
+])
+def test_bad_input_is_one_error_line(cli, args, fragment):
+    r = cli("plan", *args)
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error:"), r.stderr
+    assert fragment in r.stderr.splitlines()[0]
+    assert any(line.startswith("hint:") for line in r.stderr.splitlines())
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_yaml_model_with_unknown_key(cli, tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model_type: llama\nhidden: 1\n")
+    r = cli("plan", "--model", str(p))
+    assert r.exit_code == 2 and "unknown key 'hidden'" in r.stderr
+
+
+def test_model_directory(cli, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}))
+    r = cli("plan", "--model", str(tmp_path), *FIXED_HW, "--no-search", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"]["num_params"] == 494_032_768
+
+
+def test_list_models(cli):
+    r = cli("plan", "--list-models", "--json")
+    names = [m["name"] for m in json.loads(r.stdout)]
+    assert "llama-3.1-8b" in names and "mistral-nemo-12b" in names
+
+
+def test_local_machine_default_plan(cli):
+    # The quick-start command: probes this machine, picks a default model, exits 0 or 1 (not 2).
+    r = cli("plan", "--json")
+    assert r.exit_code in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["model"]["default_used"] and doc["hardware"]["name"] == "local"

@@ -1,0 +1,37 @@
+"""Shared fixtures: run the CLI through app.main (so error/hint handling and exit codes are real)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """cli("plan", "--json") -> CliResult, running memascend_cli.app.main in-process."""
+    from memascend_cli.app import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        code = 0
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return run

@@ -1,0 +1,139 @@
+"""The memory model: hand-checked items, version behaviour, monotonicity and memascend <= baseline."""
+
+from dataclasses import replace
+
+import pytest
+
+from memascend_cli.errors import BadInput
+from memascend_cli.models import list_model_presets, load_preset
+from memascend_cli.planner.memory import GiB, JobSpec, ZeroKnobs, estimate, estimate_both, partition
+from memascend_cli.planner.search import check, max_micro_batch, max_seq_len, search
+from memascend_cli.planner.spec import HardwareSpec
+
+GPU = HardwareSpec(name="gpu", dram_gib=128, num_gpus=1, gpu_mem_gib=24, nvme_free_gib=2000)
+CPU = HardwareSpec(name="cpu", dram_gib=24)
+
+
+def job(model="llama-3.1-8b", **kw):
+    return JobSpec(model=load_preset(model), **kw)
+
+
+def test_default_8b_items_match_the_notes_arithmetic():
+    # deepspeed-notes §3 "default-config example" (8B, bf16, dp 1), with buffer_size raised to the
+    # largest partition as DeepSpeed requires; 0.19.3 pins everything through torch (pow2).
+    est = estimate(job(deepspeed_version="0.19.3"), GPU, "baseline")
+    e = est.item
+    assert e("host/param_swap_pool").bytes == 5 * 525_336_576 * 2  # A(525336576, 512) is exact
+    assert e("host/fp16_cpu_params").bytes == 10**9 * 2
+    assert e("host/grad_flat_buffer").bytes == 8_030_261_248 * 2
+    assert e("host/param_swap_pool").pinned == "torch-pow2"
+    # pow2 waste of the grad buffer alone: 14.96 -> 16 GiB (memascend-paper.md §5 table: 1.04 GiB)
+    assert est.pinned_waste_bytes >= (2**34 - 8_030_261_248 * 2)
+
+
+def test_version_changes_pinning():
+    old = estimate(job(deepspeed_version="0.19.3"), GPU, "baseline")
+    new = estimate(job(deepspeed_version="0.19.8"), GPU, "baseline")
+    assert old.item("host/optimizer_swap_pool").pinned == "torch-pow2"
+    assert new.item("host/optimizer_swap_pool").pinned == "mlock"
+    assert new.locked_bytes > 0 and old.locked_bytes == 0
+    assert old.pinned_waste_bytes > new.pinned_waste_bytes
+    native = estimate(replace(job(), knobs=ZeroKnobs(pin_backend="native")), GPU, "baseline")
+    assert native.pinned_waste_bytes == 0
+
+
+def test_fp16_overflow_check_only_for_fp16_baseline():
+    b16 = estimate(job(dtype="bf16"), GPU, "baseline")
+    f16 = estimate(job(dtype="fp16"), GPU, "baseline")
+    assert b16.item("host/overflow_check") is None
+    assert f16.item("host/overflow_check").bytes == 3 * 8_030_261_248
+    assert estimate(job(dtype="fp16"), GPU, "memascend").item("host/overflow_check") is None
+
+
+def test_small_buffer_size_is_a_config_error():
+    est = estimate(replace(job(), knobs=ZeroKnobs(param_buffer_size=10**8)), GPU, "baseline")
+    assert est.config_errors and "buffer_size" in est.config_errors[0]
+    assert not check(est, GPU).fits and check(est, GPU).binding == "config"
+
+
+def test_sub_groups_close_at_size():
+    spec = load_preset("tiny-llama")
+    p = partition(spec, 1, 10**6)
+    assert all(p.sub_group_numel(g) >= 10**6 for g in range(len(p.sub_groups) - 1))
+    assert sum(p.sub_group_numels) == spec.num_params
+    two = partition(spec, 2, 10**9)
+    assert two.ns == sum(-(-t.numel // 2) for t in spec.tensors())
+
+
+def test_cpu_only_job_puts_compute_on_host():
+    est = estimate(job("qwen2.5-0.5b"), CPU, "baseline")
+    assert est.compute_on_host and est.gpu_peak_bytes == 0
+    assert est.item("host/compute/forward_backward").bytes > 0
+    assert est.item("host/runtime").bytes < estimate(job("qwen2.5-0.5b"), GPU, "baseline").item("host/runtime").bytes
+
+
+def test_activation_checkpoints_scale_with_tokens():
+    a = estimate(job(seq_len=4096), GPU, "memascend").item("host/activation_checkpoints").bytes
+    b = estimate(job(seq_len=8192, micro_batch=2), GPU, "memascend").item("host/activation_checkpoints").bytes
+    assert a == 4096 * 4096 * 32 * 2 and b == 4 * a  # b*s*h*L*2 B
+
+
+def test_memlock_binds_stock_deepspeed_not_memascend():
+    hw = replace(GPU, memlock_limit_gib=8 / 1024, can_lock_unlimited=False)
+    ests = estimate_both(job(), hw)
+    assert not check(ests["baseline"], hw).fits and check(ests["baseline"], hw).binding == "memlock"
+    assert check(ests["memascend"], hw).fits
+
+
+def test_bad_job_inputs():
+    with pytest.raises(BadInput):
+        job(dtype="fp8")
+    with pytest.raises(BadInput):
+        job(seq_len=0)
+    with pytest.raises(BadInput):
+        job(checkpointing="sometimes")
+    with pytest.raises(BadInput):
+        estimate(job(ranks_per_node=4), GPU, "baseline")  # 4 ranks on a 1-GPU node
+
+
+MACHINES = [GPU, CPU, HardwareSpec(name="8gpu", dram_gib=512, num_gpus=8, gpu_mem_gib=80),
+            HardwareSpec(name="2node", dram_gib=256, num_gpus=4, gpu_mem_gib=24, num_nodes=2)]
+
+
+@pytest.mark.parametrize("hw", MACHINES, ids=lambda h: h.name)
+@pytest.mark.parametrize("model", list_model_presets())
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_memascend_never_needs_more_host_memory(hw, model, dtype):
+    for version in ("0.19.3", "0.19.8"):
+        ests = estimate_both(job(model, dtype=dtype, deepspeed_version=version), hw)
+        assert ests["memascend"].host_peak_bytes <= ests["baseline"].host_peak_bytes
+        assert ests["memascend"].host_steady_bytes <= ests["baseline"].host_steady_bytes
+
+
+@pytest.mark.parametrize("engine", ["baseline", "memascend"])
+@pytest.mark.parametrize("model", ["qwen2.5-0.5b", "llama-3.1-8b"])
+def test_more_dram_never_lowers_a_maximum(engine, model):
+    j = job(model, seq_len=1024)
+    prev = None
+    for dram in (16, 24, 32, 48, 64, 96, 128, 256, 512):
+        hw = replace(GPU, dram_gib=dram, gpu_mem_gib=80)
+        cur = (max_micro_batch(j, hw, engine) or 0, max_seq_len(j, hw, engine) or 0)
+        if prev:
+            assert cur[0] >= prev[0] and cur[1] >= prev[1]
+        prev = cur
+
+
+def test_memascend_fits_more_on_the_same_machine():
+    # 80 GiB of GPU memory so host DRAM, not the GPU, is what binds.
+    hw = replace(GPU, dram_gib=64, gpu_mem_gib=80)
+    j = job("llama-3.1-8b", seq_len=4096)
+    b, m = search(j, hw, "baseline"), search(j, hw, "memascend")
+    assert (m.max_seq_len or 0) > (b.max_seq_len or 0)
+    assert (m.max_micro_batch or 0) >= (b.max_micro_batch or 0)
+
+
+def test_host_peak_grows_with_batch_and_context():
+    peaks = [estimate(job(seq_len=s, micro_batch=b), GPU, e).host_peak_bytes
+             for e in ("baseline", "memascend") for s, b in ((1024, 1), (2048, 1), (2048, 2))]
+    assert peaks[0] <= peaks[1] <= peaks[2] and peaks[3] <= peaks[4] <= peaks[5]
+    assert all(p < 200 * GiB for p in peaks)
