@@ -519,7 +519,7 @@ def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
 
 def _transients(c: _Ctx) -> list[Item]:
     """Host allocations that exist for a moment; only the largest adds to the steady level."""
-    job, E = c.job, c.E
+    job = c.job
     out: list[Item] = []
 
     def add(key, label, nbytes, formula, source, kind="transient"):

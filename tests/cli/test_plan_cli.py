@@ -55,6 +55,8 @@ def test_engine_choice_sets_exit_code(cli):
     (("--hardware", "no-such-box"), "hardware"),
     (("--dtype", "fp8"), "dtype"),
     (("--sub-group-size", "lots"), "cannot read"),
+    (("--nvme-path", "/nonexistent/swap"), "/nonexistent/swap"),
+    (("--gpus", "-1"), "gpus"),
 ])
 def test_bad_input_is_one_error_line(cli, args, fragment):
     r = cli("plan", *args)
