@@ -134,6 +134,7 @@ def main(argv=None) -> dict:
         "knobs": {"param_buffer_count": args.param_buffer_count, "param_buffer_size": buffer_size,
                   "max_in_cpu": int(args.max_in_cpu), "optimizer_buffer_count": args.optimizer_buffer_count,
                   "sub_group_size": int(args.sub_group_size), "reduce_bucket_size": int(args.reduce_bucket_size)},
+        "job": {"seq_len": args.seq_len, "micro_batch": args.micro_batch, "steps": args.steps},
         "measured_bytes": measured,
         "vmlck_kib": {"after_zero_init": vmlck_after_zero_init, "after_initialize": vmlck_after_initialize},
         "runtime_rss_kib": runtime_rss_kib,

@@ -24,6 +24,7 @@ CPU_ONLY = HardwareSpec(name="cpu", dram_gib=24)
 def planned(case: dict):
     k = case["knobs"]
     job = JobSpec(model=load_model(case["model"]), dtype=case["dtype"], deepspeed_version=case["deepspeed_version"],
+                  seq_len=case["job"]["seq_len"], micro_batch=case["job"]["micro_batch"],
                   knobs=ZeroKnobs(param_buffer_count=k["param_buffer_count"], param_buffer_size=k["param_buffer_size"],
                                   max_in_cpu=k["max_in_cpu"], optimizer_buffer_count=k["optimizer_buffer_count"],
                                   sub_group_size=k["sub_group_size"], reduce_bucket_size=k["reduce_bucket_size"]))
@@ -46,3 +47,11 @@ with open(ASSET) as f:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_recorded_run(name):
     assert_matches(CASES[name])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_recorded_peak_within_10_percent(name):
+    # ru_maxrss of the stock run vs the planned per-rank peak (CPU-only, one rank).
+    case = CASES[name]
+    measured = case["peak_rss_kib"] * 1024
+    assert abs(planned(case).host_peak_bytes - measured) <= 0.10 * measured
