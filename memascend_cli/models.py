@@ -210,6 +210,7 @@ def list_model_presets() -> list[str]:
     return sorted(_preset_texts(), key=lambda n: load_preset(n).num_params)
 
 
+@lru_cache(maxsize=64)
 def load_preset(name: str) -> ModelSpec:
     """A shipped preset by name (e.g. 'qwen2.5-7b')."""
     import yaml

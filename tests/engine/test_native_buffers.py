@@ -37,6 +37,44 @@ def test_page_aligned_exact_size(nbytes: int) -> None:
         del mv
 
 
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text[text.index("[") + 1 : text.index("]")]
+
+
+def _smaps_field(address: int, field: str) -> int:
+    """kB of `field` for the mapping containing `address`."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise LookupError(field)
+
+
+def test_huge_pages_exact_size_and_no_rss_bloat() -> None:
+    nbytes = 5 * (2 << 20) + 4096 + 1  # 2 MiB multiples plus an odd tail
+    with native.AlignedBuffer(nbytes, lock=False, zero=True) as buf:
+        assert buf.address % (2 << 20) == 0, "mappings of >= 2 MiB start on a huge-page boundary"
+        assert buf.mapped_bytes == -(-nbytes // PAGE) * PAGE
+        assert _smaps_field(buf.address, "Rss") * 1024 == buf.mapped_bytes  # populated, and nothing more
+        if _thp_mode() in ("always", "madvise"):
+            assert buf.huge_pages
+        if buf.huge_pages and _smaps_field(buf.address, "AnonHugePages") == 0:
+            pytest.skip("MADV_HUGEPAGE accepted but the kernel gave no huge pages (fragmented memory?)")
+    with native.AlignedBuffer(1 << 20, lock=False) as small:
+        assert not small.huge_pages  # below 2 MiB there is no huge page to gain
+    with native.AlignedBuffer(4 << 20, lock=False, huge_pages=False) as plain:
+        assert not plain.huge_pages
+
+
 def test_zero_false_is_still_usable() -> None:
     with native.AlignedBuffer(1 << 20, lock=False, zero=False) as buf:
         memoryview(buf)[:4] = b"abcd"
