@@ -5,6 +5,7 @@ All tools move the same number of bytes, sequentially, with the same block size 
 on the same target (a preallocated, fully written file, or a block device / loop device):
 
 * engine io_uring  <->  fio --ioengine=io_uring --iodepth=QD --numjobs=1
+  (engine-io_uring-4k: the same with a buffer without transparent huge pages)
 * engine threads   <->  fio --ioengine=psync --numjobs=W (each job streams its own 1/W of the range)
 * DeepSpeed aio_handle(block_size, QD, single_submit=False, overlap_events=True, intra_op_parallelism=1)
   (libaio, JIT-built; DS_ACCELERATOR=cpu, TORCH_EXTENSIONS_DIR=<repo>/.torch_ext by default)
@@ -77,7 +78,11 @@ def attach_loop(backing: Path, size: int, sector_size: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Runners: each returns seconds for moving `size` bytes (fio: bytes / its own bandwidth).
 def engine_runner(native, target: str, size: int, args, backend: str, op: str) -> Callable[[], float]:
-    buf = native.AlignedBuffer(size, lock=True)
+    # "io_uring-4k": same engine, buffer without transparent huge pages (one DMA segment per 4 KiB
+    # page, like an ordinary malloc'd buffer) -- shows how much of the result is the buffer's doing.
+    small_pages = backend.endswith("-4k")
+    backend = backend.removesuffix("-4k")
+    buf = native.AlignedBuffer(size, lock=True, huge_pages=not small_pages)
     memoryview(buf)[:] = os.urandom(1 << 20) * (size >> 20) + os.urandom(size & ((1 << 20) - 1))
     eng = native.IOEngine(
         target, backend=backend, block_size=args.block_size, queue_depth=args.queue_depth, num_workers=args.num_workers
@@ -158,7 +163,9 @@ def main() -> int:
     p.add_argument("--num-workers", type=int, default=4, help="thread backend workers = fio psync numjobs")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ops", default="write,read")
-    p.add_argument("--tools", default="engine-io_uring,fio-io_uring,engine-threads,fio-psync,deepspeed")
+    p.add_argument("--tools", default="engine-io_uring,fio-io_uring,engine-threads,fio-psync,deepspeed,engine-io_uring-4k",
+                   help="comma list of engine-io_uring, engine-threads, engine-io_uring-4k, engine-threads-4k, "
+                        "fio-io_uring, fio-libaio, fio-psync, deepspeed")
     p.add_argument("--json", help="write the raw results here")
     p.add_argument("--keep", action="store_true", help="keep the default file target")
     args = p.parse_args()
@@ -251,4 +258,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # DeepSpeed's aio worker threads can destroy tensors during interpreter finalization, take the
+    # GIL, get pthread_exit'ed and abort the process ("terminate called without an active
+    # exception"); all results are printed by now, so leave without finalization.
+    os._exit(rc)

@@ -729,4 +729,30 @@ def resolve_hardware(hardware: str | None, nvme_path: str | None, **overrides) -
         if nvme_path is not None:
             require_existing_path(nvme_path)
         spec = inventory_to_spec(probe(nvme_path))
+        if nvme_path is not None:
+            spec = apply_region(spec, nvme_path)
     return apply_overrides(spec, **overrides)
+
+
+def apply_region(spec: HardwareSpec, path: str) -> HardwareSpec:
+    """If `path` holds a memascend region, its data area is the SSD space and its probe the bandwidth.
+
+    A region that is corrupt is an error here (the plan would otherwise use a wrong size); a path
+    without a region (a swap directory) keeps the file system's free space.
+    """
+    from memascend_cli import region
+
+    if os.path.isdir(path) or (os.path.isfile(path) and os.path.getsize(path) < region.HEADER_BYTES):
+        return spec
+    block = region.read_block(path, 0, region.HEADER_BYTES)
+    if not region.looks_like_region(block):
+        return spec
+    header = region.decode(block)
+    probe_result = header.probe
+    return dataclasses.replace(
+        spec,
+        nvme_free_gib=round((header.capacity_bytes - header.data_start_bytes) / GiB, 3),
+        nvme_read_gbps=probe_result.read_gbps if probe_result is not None else spec.nvme_read_gbps,
+        nvme_write_gbps=probe_result.write_gbps if probe_result is not None else spec.nvme_write_gbps,
+        source=spec.source + f"+region {path}",
+    )

@@ -94,3 +94,17 @@ def test_local_machine_default_plan(cli):
     assert r.exit_code in (0, 1), r.stderr
     doc = json.loads(r.stdout)
     assert doc["model"]["default_used"] and doc["hardware"]["name"] == "local"
+
+
+def test_region_sets_ssd_space_and_bandwidth(cli, tmp_path):
+    region = tmp_path / "region.bin"
+    made = cli("prepare-ssd", str(region), "--size", "64MiB", "--probe-mib", "8", "--yes")
+    assert made.exit_code == 0, made.stderr
+    r = cli("plan", "--model", "tiny-llama", "--nvme-path", str(region), "--no-search", "--json")
+    hw = json.loads(r.stdout)["hardware"]
+    assert hw["nvme_free_gib"] == pytest.approx((64 * 2**20 - 2**20) / 2**30, abs=1e-3)  # data area after 1 MiB
+    assert hw["nvme_read_gbps"] > 0 and "region" in hw["source"]
+    # A job whose SSD data exceed the region does not fit, and the SSD is what binds.
+    big = cli("plan", "--model", "qwen2.5-0.5b", "--nvme-path", str(region), "--no-search", "--json")
+    doc = json.loads(big.stdout)
+    assert big.exit_code == 1 and doc["verdict"]["binding"] == "nvme_space"
