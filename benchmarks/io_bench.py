@@ -30,9 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,7 +70,9 @@ def attach_loop(backing: Path, size: int, sector_size: int) -> str:
         os.posix_fallocate(f.fileno(), 0, size)
     out = subprocess.run(
         ["losetup", "-f", "--show", "--direct-io=on", "--sector-size", str(sector_size), str(backing)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return out.stdout.strip()
 
@@ -105,19 +107,33 @@ def fio_runner(target: str, size: int, args, ioengine: str, op: str) -> Callable
     jobs = 1 if queued else args.num_workers
     per_job = size // jobs // args.block_size * args.block_size
     cmd = [
-        "fio", "--name=seq", f"--filename={target}", f"--rw={op}", f"--bs={args.block_size}", "--direct=1",
-        f"--ioengine={ioengine}", f"--size={per_job}", f"--numjobs={jobs}", f"--offset_increment={per_job}",
-        "--group_reporting", "--output-format=json", "--thread", "--end_fsync=0", "--invalidate=1",
+        "fio",
+        "--name=seq",
+        f"--filename={target}",
+        f"--rw={op}",
+        f"--bs={args.block_size}",
+        "--direct=1",
+        f"--ioengine={ioengine}",
+        f"--size={per_job}",
+        f"--numjobs={jobs}",
+        f"--offset_increment={per_job}",
+        "--group_reporting",
+        "--output-format=json",
+        "--thread",
+        "--end_fsync=0",
+        "--invalidate=1",
     ]
     if queued:
         cmd.append(f"--iodepth={args.queue_depth}")
 
     def run() -> float:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        res = json.loads(out.stdout[out.stdout.index("{"):])
+        res = json.loads(out.stdout[out.stdout.index("{") :])
         job = res["jobs"][0][op]
         if job.get("io_bytes", 0) != per_job * jobs or res["jobs"][0].get("error", 0):
-            raise RuntimeError(f"fio moved {job.get('io_bytes')} bytes, expected {per_job * jobs}: {out.stdout[-2000:]}")
+            raise RuntimeError(
+                f"fio moved {job.get('io_bytes')} bytes, expected {per_job * jobs}: {out.stdout[-2000:]}"
+            )
         return per_job * jobs / job["bw_bytes"] * (size / (per_job * jobs))
 
     run.cmd = " ".join(cmd)
@@ -163,9 +179,12 @@ def main() -> int:
     p.add_argument("--num-workers", type=int, default=4, help="thread backend workers = fio psync numjobs")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ops", default="write,read")
-    p.add_argument("--tools", default="engine-io_uring,fio-io_uring,engine-threads,fio-psync,deepspeed,engine-io_uring-4k",
-                   help="comma list of engine-io_uring, engine-threads, engine-io_uring-4k, engine-threads-4k, "
-                        "fio-io_uring, fio-libaio, fio-psync, deepspeed")
+    p.add_argument(
+        "--tools",
+        default="engine-io_uring,fio-io_uring,engine-threads,fio-psync,deepspeed,engine-io_uring-4k",
+        help="comma list of engine-io_uring, engine-threads, engine-io_uring-4k, engine-threads-4k, "
+        "fio-io_uring, fio-libaio, fio-psync, deepspeed",
+    )
     p.add_argument("--json", help="write the raw results here")
     p.add_argument("--keep", action="store_true", help="keep the default file target")
     args = p.parse_args()
@@ -200,10 +219,14 @@ def main() -> int:
         is_blk = Path(target).is_block_device() if Path(target).exists() else False
         if not is_blk:
             prepare_file(Path(target), args.size, native)
-        fs = subprocess.run(["stat", "-f", "-c", "%T", target], capture_output=True, text=True).stdout.strip()
-        print(f"target {target} ({'block device' if is_blk else 'file on ' + fs}), size {args.size / 2**20:.0f} MiB, "
-              f"bs {args.block_size // 1024} KiB, qd {args.queue_depth}, workers {args.num_workers}, "
-              f"alignment {native.dio_alignment(target)}, repeats {args.repeats}")
+        fs = subprocess.run(
+            ["stat", "-f", "-c", "%T", target], check=False, capture_output=True, text=True
+        ).stdout.strip()
+        print(
+            f"target {target} ({'block device' if is_blk else 'file on ' + fs}), size {args.size / 2**20:.0f} MiB, "
+            f"bs {args.block_size // 1024} KiB, qd {args.queue_depth}, workers {args.num_workers}, "
+            f"alignment {native.dio_alignment(target)}, repeats {args.repeats}"
+        )
 
         results: dict[str, dict[str, list[float]]] = {op: {} for op in ops}
         skipped: dict[str, str] = {}
@@ -221,7 +244,9 @@ def main() -> int:
                             print(f"  {tool}: {runners[tool].cmd}")
                     elif tool == "deepspeed":
                         if is_blk:
-                            raise RuntimeError("DeepSpeed's aio op sizes files with stat(); block devices read as 0 bytes")
+                            raise RuntimeError(
+                                "DeepSpeed's aio op sizes files with stat(); block devices read as 0 bytes"
+                            )
                         runners[tool] = deepspeed_runner(target, args.size, args, op)
                     else:
                         raise RuntimeError(f"unknown tool {tool}")
@@ -231,7 +256,7 @@ def main() -> int:
                 run()
             names = list(runners)
             for rep in range(args.repeats):
-                order = names[rep % len(names):] + names[: rep % len(names)]
+                order = names[rep % len(names) :] + names[: rep % len(names)]
                 for tool in order:
                     results[op].setdefault(tool, []).append(gbps(args.size, runners[tool]()))
             runners.clear()
@@ -239,11 +264,17 @@ def main() -> int:
         print(f"\n{'op':6} {'tool':16} {'median GB/s':>12} {'best GB/s':>10}   runs")
         for op in ops:
             for tool, vals in results[op].items():
-                print(f"{op:6} {tool:16} {statistics.median(vals):12.3f} {max(vals):10.3f}   "
-                      + " ".join(f"{v:.3f}" for v in vals))
+                print(
+                    f"{op:6} {tool:16} {statistics.median(vals):12.3f} {max(vals):10.3f}   "
+                    + " ".join(f"{v:.3f}" for v in vals)
+                )
         print("\nratios (median / median):")
-        pairs = [("engine-io_uring", "fio-io_uring"), ("engine-threads", "fio-psync"),
-                 ("engine-io_uring", "deepspeed"), ("engine-threads", "deepspeed")]
+        pairs = [
+            ("engine-io_uring", "fio-io_uring"),
+            ("engine-threads", "fio-psync"),
+            ("engine-io_uring", "deepspeed"),
+            ("engine-threads", "deepspeed"),
+        ]
         for op in ops:
             med = {t: statistics.median(v) for t, v in results[op].items()}
             for a, b in pairs:
@@ -252,8 +283,17 @@ def main() -> int:
         for tool, why in skipped.items():
             print(f"skipped {tool}: {why}")
         if args.json:
-            Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "target": target,
-                                                   "results": results, "skipped": skipped}, indent=2))
+            Path(args.json).write_text(
+                json.dumps(
+                    {
+                        "args": {k: v for k, v in vars(args).items()},
+                        "target": target,
+                        "results": results,
+                        "skipped": skipped,
+                    },
+                    indent=2,
+                )
+            )
     return 0
 
 

@@ -57,7 +57,6 @@ def main() -> int:
 
     sys.path.insert(0, str(REPO))
     import torch
-
     from memascend_engine import native
 
     ok, why = native.available()
@@ -65,10 +64,14 @@ def main() -> int:
         sys.exit(f"native extension unavailable: {why}")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    print(f"numel {n:,} ({n / 2**20:.0f}M), special={args.special}, scan threads={args.threads or 'all'}, "
-          f"torch threads={torch.get_num_threads()}, repeats={args.repeats}")
-    print(f"{'dtype':9} {'MiB':>6} {'scan ms':>9} {'torch ms':>9} {'speedup':>8} {'scan GB/s':>9} "
-          f"{'scan +MiB':>9} {'torch +MiB':>10}  agree")
+    print(
+        f"numel {n:,} ({n / 2**20:.0f}M), special={args.special}, scan threads={args.threads or 'all'}, "
+        f"torch threads={torch.get_num_threads()}, repeats={args.repeats}"
+    )
+    print(
+        f"{'dtype':9} {'MiB':>6} {'scan ms':>9} {'torch ms':>9} {'speedup':>8} {'scan GB/s':>9} "
+        f"{'scan +MiB':>9} {'torch +MiB':>10}  agree"
+    )
 
     for name in args.dtypes.split(","):
         dt = getattr(torch, name)
@@ -95,8 +98,10 @@ def main() -> int:
         b, ref_mib = peak_delta_mib(ref)
         s, r = statistics.median(scan_t), statistics.median(ref_t)
         nbytes = x.numel() * x.element_size()
-        print(f"{name:9} {nbytes / 2**20:6.0f} {s * 1e3:9.1f} {r * 1e3:9.1f} {r / s:7.1f}x {nbytes / s / 1e9:9.1f} "
-              f"{scan_mib:9.1f} {ref_mib:10.1f}  {a == b} ({a})")
+        print(
+            f"{name:9} {nbytes / 2**20:6.0f} {s * 1e3:9.1f} {r * 1e3:9.1f} {r / s:7.1f}x {nbytes / s / 1e9:9.1f} "
+            f"{scan_mib:9.1f} {ref_mib:10.1f}  {a == b} ({a})"
+        )
         del x
     return 0
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <linux/io_uring.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -120,6 +121,23 @@ DioAlignment alignment_of_fd(int fd, bool is_blockdev) {
 }
 
 constexpr uint64_t kWakeToken = ~uint64_t(0);
+
+// Engine threads block all signals, so SIGINT & co. reach Python's main thread rather than
+// interrupting a worker's syscalls.
+template <class F>
+std::thread start_thread_without_signals(F&& fn) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    try {
+        std::thread t(std::forward<F>(fn));
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        return t;
+    } catch (...) {
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        throw;
+    }
+}
 
 int sys_io_uring_setup(unsigned entries, io_uring_params* p) {
     return static_cast<int>(syscall(__NR_io_uring_setup, entries, p));
@@ -274,7 +292,7 @@ void IoEngine::uring_prep_locked(unsigned slot) {
     ++unsubmitted_;
 }
 
-void IoEngine::uring_submit_locked(unsigned /*count*/) {
+void IoEngine::uring_submit_locked() {
     Uring& r = *ring_;
     if (unsubmitted_ == 0) return;
     __atomic_store_n(r.sq_tail, r.sq_tail_local, __ATOMIC_RELEASE);
@@ -293,19 +311,35 @@ void IoEngine::uring_submit_locked(unsigned /*count*/) {
         // Hard failure of the syscall itself: the remaining SQEs were not consumed. Take them back
         // and fail their chunks so that no request can hang or report success.
         const unsigned head = __atomic_load_n(r.sq_head, __ATOMIC_ACQUIRE);
-        std::vector<unsigned> failed;
-        for (unsigned t = head; t != r.sq_tail_local; ++t) failed.push_back(static_cast<unsigned>(r.sqes[t & *r.sq_mask].user_data));
+        std::vector<uint64_t> failed;
+        for (unsigned t = head; t != r.sq_tail_local; ++t) failed.push_back(r.sqes[t & *r.sq_mask].user_data);
         r.sq_tail_local = head;
         __atomic_store_n(r.sq_tail, head, __ATOMIC_RELEASE);
         unsubmitted_ = 0;
-        for (unsigned slot : failed) {
-            if (slot >= slots_.size()) continue;
+        for (uint64_t slot : failed) {
+            if (slot >= slots_.size()) {  // the wake-up NOP
+                wake_pending_ = false;
+                continue;
+            }
             finish_chunk_locked(slots_[slot], err, false, slots_[slot].done);
             free_slots_.push_back(slot);
             --in_flight_;
         }
         return;
     }
+}
+
+void IoEngine::uring_wake_locked() {
+    if (wake_pending_) return;  // a wake-up CQE is already on its way; at most one, so the CQ cannot overflow
+    Uring& r = *ring_;
+    io_uring_sqe* sqe = &r.sqes[r.sq_tail_local & *r.sq_mask];
+    std::memset(sqe, 0, sizeof(*sqe));
+    sqe->opcode = IORING_OP_NOP;  // completes inside io_uring_enter: nothing stays tied to this thread
+    sqe->user_data = kWakeToken;
+    ++r.sq_tail_local;
+    ++unsubmitted_;
+    wake_pending_ = true;
+    uring_submit_locked();
 }
 
 void IoEngine::uring_fill_locked() {
@@ -317,7 +351,7 @@ void IoEngine::uring_fill_locked() {
         ++in_flight_;
         uring_prep_locked(slot);
     }
-    uring_submit_locked(0);
+    uring_submit_locked();
 }
 
 void IoEngine::uring_reaper_main() {
@@ -335,7 +369,10 @@ void IoEngine::uring_reaper_main() {
             const io_uring_cqe& cqe = r.cqes[head & *r.cq_mask];
             const uint64_t ud = cqe.user_data;
             const int res = cqe.res;
-            if (ud == kWakeToken) continue;
+            if (ud == kWakeToken) {
+                wake_pending_ = false;
+                continue;
+            }
             const unsigned slot = static_cast<unsigned>(ud);
             Chunk& c = slots_[slot];
             bool release = true;
@@ -494,10 +531,16 @@ IoEngine::IoEngine(const std::string& path, const EngineConfig& cfg) : path_(pat
         io_unit_ = cfg_.block_size;  // blocking pread/pwrite: the kernel splits bios without penalty
         max_in_flight_ = cfg_.num_workers;
     }
-    if (backend_ == Backend::IoUring) {
-        threads_.emplace_back([this] { uring_reaper_main(); });
-    } else {
-        for (unsigned i = 0; i < cfg_.num_workers; ++i) threads_.emplace_back([this] { worker_main(); });
+    try {
+        if (backend_ == Backend::IoUring) {
+            threads_.push_back(start_thread_without_signals([this] { uring_reaper_main(); }));
+        } else {
+            for (unsigned i = 0; i < cfg_.num_workers; ++i)
+                threads_.push_back(start_thread_without_signals([this] { worker_main(); }));
+        }
+    } catch (...) {
+        close();  // joins the threads that did start (no destructor runs for a throwing constructor)
+        throw;
     }
 }
 
@@ -566,7 +609,10 @@ uint64_t IoEngine::submit(OpKind op, uintptr_t address, uint64_t length, uint64_
     }
     ++active_;
     pending_.push_back(r.get());
-    if (backend_ == Backend::IoUring) uring_fill_locked();
+    // io_uring: only the reaper thread issues I/O. Requests are owned by the task that submitted
+    // them (completion task_work runs there; a task's requests are cancelled when it exits), so a
+    // short-lived Python thread must not be the issuer. Here we just wake the reaper.
+    if (backend_ == Backend::IoUring) uring_wake_locked();
     else work_cv_.notify_all();
     return r->id;
 }
@@ -697,14 +743,8 @@ void IoEngine::close() {
         stopping_ = true;
         requests_.clear();
         if (backend_ == Backend::IoUring && ring_) {
-            Uring& r = *ring_;
-            io_uring_sqe* sqe = &r.sqes[r.sq_tail_local & *r.sq_mask];
-            std::memset(sqe, 0, sizeof(*sqe));
-            sqe->opcode = IORING_OP_NOP;
-            sqe->user_data = kWakeToken;
-            ++r.sq_tail_local;
-            ++unsubmitted_;
-            uring_submit_locked(0);
+            wake_pending_ = false;  // force a fresh wake-up: the reaper must see stopping_
+            uring_wake_locked();
         }
         work_cv_.notify_all();
     }

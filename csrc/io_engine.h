@@ -168,7 +168,8 @@ private:
     void uring_reaper_main();
     void uring_fill_locked();       // carve pending chunks into free slots and submit them
     void uring_prep_locked(unsigned slot);
-    void uring_submit_locked(unsigned count);
+    void uring_submit_locked();     // io_uring_enter for every SQE written since the last call
+    void uring_wake_locked();       // post a NOP so that the reaper wakes up and issues pending I/O
 
     std::string path_;
     EngineConfig cfg_;
@@ -199,6 +200,7 @@ private:
     std::vector<unsigned> free_slots_;
     unsigned in_flight_ = 0;      // slots in use
     unsigned unsubmitted_ = 0;    // SQEs written since the last io_uring_enter
+    bool wake_pending_ = false;   // a wake-up NOP is submitted and its CQE not yet reaped
 };
 
 }  // namespace memascend

@@ -1,1 +1,62 @@
-"""The MemAscend offload engine (installed as `memascend_engine`); imports torch lazily."""
+"""The MemAscend offload engine (installed as `memascend_engine`); imports torch lazily.
+
+One call, made after ``deepspeed.init_distributed`` and before ``deepspeed.zero.Init`` /
+``deepspeed.initialize``, plugs the MemAscend techniques into an unmodified DeepSpeed::
+
+    import memascend_engine
+    handle = memascend_engine.install(ds_config, region="/dev/nvme1n1p3", model_spec="qwen2.5-7b")
+    with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        model = build()
+    handle.enable_offloaded_checkpointing(model)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    ...
+    print(handle.stats())
+
+Every technique can be switched off on its own through :class:`EngineOptions` (for ablations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memascend_engine.runtime import Installed
+
+
+@dataclass(kw_only=True)
+class EngineOptions:
+    """Which techniques :func:`install` plugs in (all on by default)."""
+
+    pinned: bool = True
+    """Exact-size page-aligned pinned allocation at every DeepSpeed pin site (mlocked on CPU,
+    cudaHostRegistered on CUDA); off: DeepSpeed's own pinning."""
+    adaptive_pool: bool = True
+    """Size-class parameter pools from the model inventory and an optimizer pool of exactly the
+    buffers Adam needs; off: DeepSpeed's ``buffer_count x buffer_size`` pool."""
+    fused_overflow: bool = True
+    """The ZeRO-3 overflow check uses the native one-pass scan (no per-element temporaries)."""
+    direct_nvme: bool = True
+    """Swap I/O goes to extents of a `memascend prepare-ssd` region; off: one file per tensor."""
+    offload_checkpointing: bool = True
+    """`Installed.enable_offloaded_checkpointing` wraps decoder layers; off: it does nothing."""
+    malloc_trim: bool = True
+    """Return freed forward/backward heap to the OS after backward (the planner assumes no
+    allocator retention)."""
+    fused_kernels: bool = True
+    """Liger-Kernel / FlashAttention when installed on a GPU machine (`Installed.apply_fused_kernels`)."""
+    adam_in_place: bool = True
+    """Create CPU-Adam's states directly in the pinned swap buffers (needs direct_nvme)."""
+    prefetch_layers: int = 2
+    """Decoder layers whose parameter partitions the adaptive pool holds at once."""
+
+
+def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,
+            rank: int | None = None) -> "Installed":
+    """Plug the engine into DeepSpeed; see :func:`memascend_engine.runtime.install`."""
+    from memascend_engine.runtime import install as _install
+
+    return _install(ds_config, region=region, model_spec=model_spec, options=options, rank=rank)
+
+
+__all__ = ["EngineOptions", "install"]

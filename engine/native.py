@@ -6,9 +6,11 @@ Importing this module never fails: the extension is loaded on first use, and
 
 Names re-exported from the extension (resolved on first attribute access):
 
-* ``IOEngine(path, *, writable=True, backend="auto", queue_depth=32, num_workers=4, block_size=1 << 20)``
+* ``IOEngine(path, *, writable=True, backend="auto", queue_depth=32, num_workers=4, block_size=1 << 20,
+  max_io_bytes=0)``
   -- asynchronous O_DIRECT engine (io_uring via raw syscalls, or a pread/pwrite thread pool).
-* ``AlignedBuffer(nbytes, *, lock=True, cuda_register=False, zero=True)`` -- page-aligned host memory.
+* ``AlignedBuffer(nbytes, *, lock=True, cuda_register=False, zero=True, huge_pages=True)`` -- exact-size,
+  page-aligned host memory (2 MiB-aligned + MADV_HUGEPAGE from 2 MiB up); buffer protocol.
 * ``IOError`` (OSError subclass), ``ShortTransferError`` (IOError subclass), ``AlignmentError``
   (ValueError subclass).
 * ``dio_alignment(path) -> int``, ``dio_alignment_info(path) -> dict``, ``cuda_runtime_status() -> str``,

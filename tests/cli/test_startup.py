@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -27,16 +26,21 @@ def test_no_heavy_imports(args):
     assert json.loads(line[len("HEAVY="):]) == []
 
 
-def _best_of(cmd, n=3):
+def _cpu_seconds(cmd, n=3):
+    """Best-of-n CPU time (user + sys) of the command: unlike wall time it does not depend on what
+    else the 2-core CI machine is running."""
     best = float("inf")
     for _ in range(n):
-        t = time.perf_counter()
-        subprocess.run(cmd, capture_output=True, timeout=60, env={**os.environ, "COLUMNS": "120"})
-        best = min(best, time.perf_counter() - t)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "COLUMNS": "120"})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        best = min(best, usage.ru_utime + usage.ru_stime)
     return best
 
 
 def test_plan_starts_fast():
     exe = [sys.executable, "-m", "memascend_cli"]
-    assert _best_of(exe + ["--help"]) < 1.0
-    assert _best_of(exe + ["plan", "--hardware", "h100-80g-512g", "--model", "llama-3.1-8b"]) < 1.0
+    assert _cpu_seconds(exe + ["--help"]) < 0.5
+    assert _cpu_seconds(exe + ["plan", "--hardware", "h100-80g-512g", "--model", "llama-3.1-8b"]) < 1.0
+    assert _cpu_seconds(exe + ["plan", "--no-search"]) < 0.6

@@ -11,7 +11,6 @@ import sys
 import textwrap
 
 import pytest
-
 from memascend_engine import native
 
 OK, WHY = native.available()
@@ -39,7 +38,8 @@ def test_page_aligned_exact_size(nbytes: int) -> None:
 
 def _thp_mode() -> str:
     try:
-        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
     except OSError:
         return "absent"
     return text[text.index("[") + 1 : text.index("]")]
@@ -108,7 +108,7 @@ def test_lock_fallback_when_rlimit_memlock_too_small() -> None:
         if shutil.which("setpriv") is None:
             pytest.skip("running as root and setpriv (util-linux) is missing: cannot drop CAP_IPC_LOCK")
         cmd = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", "--"] + cmd
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     if res["ipc_lock"]:
@@ -130,6 +130,32 @@ def test_close_refuses_live_views_and_is_idempotent() -> None:
         memoryview(buf)
     with pytest.raises(ValueError, match="closed"):
         _ = buf.address
+
+
+def test_available_reports_a_missing_extension() -> None:
+    """Without the compiled module, importing native still works and available() says why."""
+    code = textwrap.dedent(
+        """
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "memascend_engine._native":
+                    raise ImportError("blocked for the test")
+        sys.meta_path.insert(0, Block())
+        from memascend_engine import native
+        ok, why = native.available()
+        assert ok is False and "blocked for the test" in why and "pip install" in why, why
+        try:
+            native.IOEngine
+        except ImportError as e:
+            assert "blocked for the test" in str(e)
+        else:
+            raise AssertionError("IOEngine resolved without the extension")
+        print("OK")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr
 
 
 def test_invalid_size() -> None:

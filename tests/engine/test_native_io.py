@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from memascend_engine import native
 
 OK, WHY = native.available()
@@ -118,9 +117,10 @@ def test_io_unit_split_round_trip(dio_dir: Path) -> None:
     """io_uring issues block_size chunks as several smaller SQEs when max_io_bytes (or the device) says so."""
     path = dio_dir / "split.bin"
     nbytes = 4 * MiB + 12288
-    with native.AlignedBuffer(nbytes) as buf, make_engine(
-        path, "io_uring", block_size=MiB, queue_depth=2, max_io_bytes=64 * 1024
-    ) as eng:
+    with (
+        native.AlignedBuffer(nbytes) as buf,
+        make_engine(path, "io_uring", block_size=MiB, queue_depth=2, max_io_bytes=64 * 1024) as eng,
+    ):
         assert eng.io_unit == 64 * 1024 and eng.block_size == MiB
         data = fill_random(buf, 3)
         eng.write(buf.address, nbytes, 0)
@@ -151,7 +151,8 @@ def test_many_requests_from_several_threads(dio_dir: Path, backend: str) -> None
             try:
                 base = i * per_thread
                 ids = [
-                    eng.submit_write(bufs[i].address + k * req_bytes, req_bytes, base + k * req_bytes) for k in range(reqs)
+                    eng.submit_write(bufs[i].address + k * req_bytes, req_bytes, base + k * req_bytes)
+                    for k in range(reqs)
                 ]
                 for rid in reversed(ids):  # completion order must not matter
                     eng.wait(rid)
@@ -189,6 +190,21 @@ def test_many_requests_from_several_threads(dio_dir: Path, backend: str) -> None
         assert not errors, errors
         for i in range(nthreads):
             assert bytes(memoryview(outs[i])) == expected[i]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_submitting_thread_may_exit_before_wait(dio_dir: Path, backend: str) -> None:
+    """io_uring ties requests to the issuing task; the engine must not let a short-lived thread be it."""
+    path = dio_dir / "region.bin"
+    nbytes = 8 * MiB
+    with native.AlignedBuffer(nbytes) as buf, make_engine(path, backend, block_size=256 * 1024, queue_depth=4) as eng:
+        data = fill_random(buf, 5)
+        ids: list[int] = []
+        t = threading.Thread(target=lambda: ids.append(eng.submit_write(buf.address, nbytes, 0)))
+        t.start()
+        t.join()  # the submitter is gone while most chunks are still queued or in flight
+        eng.wait(ids[0])
+        assert read_plain(path, nbytes, 0) == data
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -245,9 +261,12 @@ def test_short_read_past_eof_raises(dio_dir: Path, backend: str) -> None:
 def test_short_read_of_unaligned_file_tail(dio_dir: Path, backend: str) -> None:
     path = dio_dir / "tail.bin"
     write_plain(path, b"\x22" * 5000, 0)
-    with native.AlignedBuffer(8192) as buf, make_engine(path, backend) as eng:
-        with pytest.raises(native.ShortTransferError, match=r"transferred 5000 of 8192 bytes"):
-            eng.read(buf.address, 8192, 0)
+    with (
+        native.AlignedBuffer(8192) as buf,
+        make_engine(path, backend) as eng,
+        pytest.raises(native.ShortTransferError, match=r"transferred 5000 of 8192 bytes"),
+    ):
+        eng.read(buf.address, 8192, 0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -270,7 +289,7 @@ def test_kernel_errno_is_reported(dio_dir: Path, backend: str) -> None:
         print("NO ERROR")
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     if "unavailable" in out.stderr:
         pytest.skip(out.stderr)
@@ -285,10 +304,11 @@ def test_gil_released_during_read(dio_dir: Path, backend: str) -> None:
     path = dio_dir / "big.bin"
     nbytes = 32 * MiB
     with native.AlignedBuffer(nbytes) as buf:
-        with make_engine(path, backend) as eng:
-            eng.write(buf.address, nbytes, 0)
+        with make_engine(path, backend) as writer:
+            writer.write(buf.address, nbytes, 0)
         # Small blocks, one at a time: a deliberately slow read, so the other thread gets time.
-        with make_engine(path, backend, block_size=64 * 1024, queue_depth=1, num_workers=1) as eng:
+        eng = make_engine(path, backend, block_size=64 * 1024, queue_depth=1, num_workers=1, max_io_bytes=64 * 1024)
+        with eng:
             counter = 0
             stop = threading.Event()
 
@@ -329,7 +349,7 @@ def test_backend_selection_and_validation(dio_dir: Path) -> None:
 def test_env_var_forces_threads_backend(dio_dir: Path) -> None:
     code = f"from memascend_engine import native; print(native.IOEngine({str(dio_dir / 'f.bin')!r}).backend)"
     env = dict(os.environ, MEMASCEND_IO_BACKEND="threads")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.strip() == "threads", out.stderr
 
 
@@ -377,6 +397,7 @@ def loop4k(dio_dir: Path):
         f.truncate(16 * MiB)
     out = subprocess.run(
         ["losetup", "-f", "--show", "--direct-io=on", "--sector-size", "4096", str(backing)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=30,
