@@ -52,7 +52,7 @@ class EngineOptions:
 
 
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,
-            rank: int | None = None) -> "Installed":
+            rank: int | None = None) -> Installed:
     """Plug the engine into DeepSpeed; see :func:`memascend_engine.runtime.install`."""
     from memascend_engine.runtime import install as _install
 

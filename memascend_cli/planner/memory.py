@@ -2,9 +2,11 @@
 
 Two engines are modelled on the same job:
   * ``baseline``  - stock DeepSpeed ZeRO-Infinity (version-dependent pinning, DeepSpeed's defaults);
-  * ``memascend`` - this project's engine: exact-size page-aligned pinned buffers, size-class
-    parameter pools sized to the prefetch window, fused overflow scan, Direct NVMe extents,
-    Adam states created in place, fast_init streaming and no allocator retention.
+  * ``memascend`` - this project's engine (memascend_engine): exact-size page-aligned pinned buffers,
+    size-class parameter pools sized to the prefetch window (engine/pools.py computes the same
+    totals), fused overflow scan, Direct NVMe extents, Adam states created in place in the swap
+    buffers, the gradient buffer allocated pinned in place, and malloc_trim after backward (no
+    allocator retention).
 
 Every item is per rank and carries its formula and source. "deepspeed-notes" below refers to
 shared/docs/deepspeed-notes.md (checked against DeepSpeed 0.19.8); P1..P7 are its §3 items.
@@ -427,8 +429,8 @@ def _host_items(c: _Ctx) -> list[Item]:
         # reserve_partitioned_swap_space gets the FULL numels (param.ds_numel) of the largest sub-group.
         g = max(range(len(part.sub_groups)), key=part.sub_group_numel)
         raw = sum(_align(part.full_numels[i], c.a_p) for i in part.sub_groups[g]) * E
-        if c.engine == "memascend":
-            raw = sum(part.partition_numels[i] for i in part.sub_groups[g]) * E
+        if c.engine == "memascend":  # partition numels (not full), io-aligned, one page-rounded buffer
+            raw = _align(sum(_align(part.partition_numels[i], c.a_p) for i in part.sub_groups[g]) * E, PAGE)
         add_pinned("host/partitioned_swap_buffer", "P2 partitioned swap buffer", raw, c.pin_swap_pool(raw),
                    formula="sum A(numel, a) over the largest sub-group x E",
                    source="deepspeed-notes §2.1; stage3.py reserve_partitioned_swap_space")
@@ -441,9 +443,10 @@ def _host_items(c: _Ctx) -> list[Item]:
         if bc_o < need:
             c.config_errors.append(f"offload_optimizer.buffer_count {bc_o} < {need} needed for Adam with this "
                                    "pipelining (DeepSpeed: 'ran out of swap buffers')")
-        if c.engine == "memascend":
-            bc_o = need
         raw = bc_o * _align(c.lsg, c.a_o) * c.M
+        if c.engine == "memascend":  # exactly the buffers pipelining needs, each page-rounded
+            bc_o = need
+            raw = bc_o * _align(_align(c.lsg, c.a_o) * c.M, PAGE)
         add_pinned("host/optimizer_swap_pool", "P4 optimizer swap pool", raw, c.pin_swap_pool(raw),
                    formula=f"buffer_count {bc_o} x A(largest sub-group {c.lsg:,}, {c.a_o}) x 4 B",
                    source="deepspeed-notes §2.2; optimizer_utils.py SwapBufferManager")
@@ -484,7 +487,9 @@ def _host_items(c: _Ctx) -> list[Item]:
     # Activation checkpoints kept in host DRAM (offloaded gradient checkpointing), per rank.
     if job.checkpointing == "offload" and c.gpu:
         m = c.m
-        raw = job.micro_batch * job.seq_len * m.hidden_size * m.num_hidden_layers * E
+        # One buffer per layer (memascend: page-rounded pinned buffers).
+        per_layer = job.micro_batch * job.seq_len * m.hidden_size * E
+        raw = m.num_hidden_layers * (_align(per_layer, PAGE) if c.engine == "memascend" else per_layer)
         add("host/activation_checkpoints", "offloaded activation checkpoints", raw,
             pinned=c.pin_exact(raw)[1] if c.engine == "memascend" else "",
             formula=f"b {job.micro_batch} x s {job.seq_len} x h {m.hidden_size} x L {m.num_hidden_layers} x {E} B",

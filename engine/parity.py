@@ -1,0 +1,167 @@
+"""Train a few ZeRO-3 steps (params + optimizer on NVMe), stock or with the memascend engine.
+
+The same seed, data and knobs on both sides, so the per-step losses can be compared; used by the
+engine's parity tests and usable by hand or from a launcher (``deepspeed --num_gpus 2 -m`` is not
+supported by the launcher, so run the file path)::
+
+    DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode stock  --nvme-dir /var/tmp/sw --out stock.json
+    DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode engine --region /var/tmp/r.img --out eng.json
+
+Writes JSON: losses, engine stats (bytes through the region, pinned and pool bytes, swap files),
+swap files found under the nvme dir, the effective config and, with --overflow-probe, the fused
+overflow check's answers on the real gradient buffer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _count_files(root: str | None) -> int:
+    if not root or not os.path.isdir(root):
+        return 0
+    return sum(len(fs) for _, _, fs in os.walk(root))
+
+
+def build_config(args, spec) -> dict:
+    """The shared ZeRO-3 NVMe config (platform-notes §6.1 recipe, max_in_cpu 0 + reuse distance 0)."""
+    cfg = {
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": args.lr}},
+        "zero_optimization": {
+            "stage": 3,
+            "sub_group_size": int(args.sub_group_size),
+            "reduce_bucket_size": int(args.reduce_bucket_size),
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_reuse_distance": 0,
+            "offload_param": {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True,
+                              "buffer_count": 5, "buffer_size": spec.largest_tensor_numel, "max_in_cpu": 0},
+            "offload_optimizer": {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True,
+                                  "buffer_count": 4, "fast_init": False},
+        },
+        "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+                "single_submit": False, "overlap_events": True},
+    }
+    if args.dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif args.dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return cfg
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=["stock", "engine"], required=True)
+    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--seq-len", type=int, default=32)
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--sub-group-size", type=float, default=1e9)
+    ap.add_argument("--reduce-bucket-size", type=float, default=5e8)
+    ap.add_argument("--nvme-dir", default=None, help="swap folder (stock) / key folder (engine; default: temp)")
+    ap.add_argument("--region", default=None, help="memascend region (engine mode with direct_nvme)")
+    ap.add_argument("--off", action="append", default=[], help="EngineOptions field to switch off (repeatable)")
+    ap.add_argument("--checkpointing", action="store_true", help="engine: enable offloaded checkpointing")
+    ap.add_argument("--overflow-probe", action="store_true", help="check has_overflow on the real grad buffer")
+    ap.add_argument("--save-checkpoint", default=None, help="call engine.save_checkpoint(DIR) after training")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+    import deepspeed
+    import torch
+    from memascend_engine.hf_models import causal_lm_factory
+
+    from memascend_cli.models import load_model
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = int(os.environ["RANK"])
+    spec = load_model(args.model)
+    if args.mode == "stock" and not args.nvme_dir:
+        raise SystemExit("--nvme-dir is required for --mode stock")
+    cfg = build_config(args, spec)
+
+    handle = None
+    if args.mode == "engine":
+        import memascend_engine
+
+        opts = memascend_engine.EngineOptions(**{name: False for name in args.off})
+        handle = memascend_engine.install(cfg, region=args.region, model_spec=spec, options=opts)
+
+    make_model = causal_lm_factory(spec)
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        model = make_model()
+    if handle is not None and args.checkpointing:
+        handle.enable_offloaded_checkpointing(model)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+
+    gen = torch.Generator().manual_seed(1234)
+    losses = []
+    probe = {}
+    t0 = time.time()
+    for step in range(args.steps):
+        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen)
+        loss = engine(input_ids=x, labels=x).loss
+        engine.backward(loss)
+        if args.overflow_probe and step == 0:
+            opt = engine.optimizer
+            buf = opt.grad_partitions_flat_buffer
+            probe["clean"] = bool(opt.has_overflow())
+            saved = buf[7].clone()
+            buf[7] = float("inf")
+            probe["inf"] = bool(opt.has_overflow())
+            buf[7] = float("nan")
+            probe["nan"] = bool(opt.has_overflow())
+            buf[7] = saved
+            probe["restored"] = bool(opt.has_overflow())
+            probe["reference_clean"] = bool(torch.isinf(buf).any() or torch.isnan(buf).any())
+        engine.step()
+        losses.append(float(loss))
+    seconds = time.time() - t0
+    if args.save_checkpoint:
+        engine.save_checkpoint(args.save_checkpoint)
+
+    stats = handle.stats() if handle is not None else None
+    nvme_root = (handle.key_dir if handle is not None else args.nvme_dir)
+    result = {
+        "mode": args.mode,
+        "rank": rank,
+        "world_size": int(os.environ["WORLD_SIZE"]),
+        "dtype": args.dtype,
+        "losses": losses,
+        "seconds_per_step": seconds / max(1, args.steps),
+        "swap_files": _count_files(os.path.join(nvme_root, "zero_stage_3")) if nvme_root else 0,
+        "checkpoint_swap_files": sum(
+            1 for _, _, fs in os.walk(args.save_checkpoint) for f in fs if f.endswith(".swp")
+        ) if args.save_checkpoint else 0,
+        "stats": stats,
+        "overflow_probe": probe,
+        "config": cfg,
+        "deepspeed_version": deepspeed.__version__,
+    }
+    out = args.out if int(os.environ["WORLD_SIZE"]) == 1 else f"{args.out}.rank{rank}"
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    if handle is not None:
+        engine.destroy()
+        del engine
+        handle.uninstall()
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
