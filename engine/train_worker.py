@@ -1,0 +1,495 @@
+"""Per-rank training script started by DeepSpeed's launcher (`memascend train` builds the command).
+
+    python -m memascend_engine.train_worker --run-dir RUN [--baseline] [--resume]
+
+Reads RUN/recipe.json and RUN/ds_config.json; builds the tokenizer, the dataset and the model
+(Hugging Face safetensors loaded into the zero.Init-partitioned model, or a preset with random
+weights); installs the memascend engine unless --baseline; trains with metrics in RUN/metrics.jsonl,
+resumable checkpoints in RUN/checkpoints/ and a final Hugging Face export in RUN/export/.
+A stop request (RUN/STOP or SIGINT) finishes the step, checkpoints and exits 0. Expected failures
+write RUN/logs/error-rank<N>.json (one line for the CLI) and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+METRICS = "metrics.jsonl"
+STOP_FILE = "STOP"
+
+
+class WorkerError(Exception):
+    """An expected failure: the message is the one line the user sees."""
+
+
+# --- small helpers ------------------------------------------------------------------------------
+
+
+def proc_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def proc_io_bytes() -> tuple[int, int]:
+    """(read_bytes, write_bytes) that really hit storage (O_DIRECT swap traffic included)."""
+    try:
+        with open("/proc/self/io") as f:
+            vals = dict(line.split(":") for line in f.read().splitlines() if ":" in line)
+        return int(vals.get("read_bytes", 0)), int(vals.get("write_bytes", 0))
+    except OSError:
+        return 0, 0
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _ensure_rank_env() -> None:
+    # Without a launcher (python -m ... directly) run as a single rank instead of trying MPI discovery.
+    if "RANK" not in os.environ:
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+
+# --- model --------------------------------------------------------------------------------------
+
+
+def _safetensors_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_dir, n) for n in names]
+    files = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
+    if not files:
+        raise WorkerError(f"model directory {model_dir} has no *.safetensors weights")
+    return [os.path.join(model_dir, n) for n in files]
+
+
+def load_hf_weights(model, model_dir: str, rank: int) -> int:
+    """Copy safetensors weights into the partitioned model one parameter at a time.
+
+    Each parameter is gathered (GatheredParameters with modifier_rank=0), filled on rank 0 and
+    re-partitioned on exit, so no rank ever holds more than one full tensor.
+    """
+    import deepspeed
+    import torch
+    from safetensors import safe_open
+
+    where = {}
+    for path in _safetensors_files(model_dir):
+        with safe_open(path, framework="pt") as f:
+            for k in f.keys():
+                where[k] = path
+    loaded = 0
+    missing = []
+    for name, param in model.named_parameters():
+        path = where.get(name)
+        if path is None:
+            missing.append(name)
+            continue
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+            if rank == 0:
+                with safe_open(path, framework="pt") as f:
+                    t = f.get_tensor(name)
+                if tuple(t.shape) != tuple(param.shape):
+                    raise WorkerError(f"{path}: {name} has shape {tuple(t.shape)}, the model expects {tuple(param.shape)}")
+                with torch.no_grad():
+                    param.data.copy_(t.to(param.dtype))
+        loaded += 1
+    if missing:
+        raise WorkerError(f"model directory {model_dir}: no weights for {missing[0]}"
+                          + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    return loaded
+
+
+def build_model_factory(recipe, spec):
+    """(zero-argument constructor, hf config): all transformers imports happen before zero.Init."""
+    if os.path.isdir(recipe.model):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.from_pretrained(recipe.model, local_files_only=True)
+        cls = AutoModelForCausalLM._model_mapping[type(cfg)]
+        return (lambda: cls(cfg)), cfg
+    from memascend_engine.hf_models import to_hf_config
+
+    cfg = to_hf_config(spec)
+    from transformers import AutoModelForCausalLM
+
+    cls = AutoModelForCausalLM._model_mapping[type(cfg)]
+    return (lambda: cls(cfg)), cfg
+
+
+def export_hf(model, hf_config, out_dir: str, rank: int, tokenizer_file: str | None,
+              shard_bytes: int = 2 * 1024**3) -> str:
+    """Gather every parameter (one at a time) and write config.json + safetensors shards on rank 0."""
+    import deepspeed
+    import torch
+    from safetensors.torch import save_file
+
+    tmp = out_dir + ".tmp"
+    if rank == 0:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    shards: list[dict] = []
+    current: dict = {}
+    current_bytes = 0
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+            if rank == 0:
+                t = param.data.detach().to("cpu").clone().contiguous()
+        if rank == 0:
+            if current and current_bytes + t.numel() * t.element_size() > shard_bytes:
+                shards.append(current)
+                current, current_bytes = {}, 0
+            current[name] = t
+            current_bytes += t.numel() * t.element_size()
+    if rank != 0:
+        return out_dir
+    shards.append(current)
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        total = 0
+        for i, shard in enumerate(shards, 1):
+            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(tmp, fname), metadata={"format": "pt"})
+            for k, t in shard.items():
+                weight_map[k] = fname
+                total += t.numel() * t.element_size()
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    dtype = next(iter(shards[0].values())).dtype
+    hf_config.torch_dtype = dtype
+    hf_config.save_pretrained(tmp)
+    if tokenizer_file:
+        import shutil
+
+        shutil.copy(tokenizer_file, os.path.join(tmp, "tokenizer.json"))
+    final = out_dir
+    if os.path.exists(final):
+        import shutil
+
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    del torch
+    return final
+
+
+def write_tokenizer_config(folder: str, tok) -> None:
+    """tokenizer_config.json so AutoTokenizer loads the exported folder as a fast tokenizer."""
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, "pad_token": tok.pad_token,
+           "model_max_length": 1_000_000}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.run_dir = os.path.abspath(args.run_dir)
+        self.stop_requested = False
+
+    def metrics(self, record: dict) -> None:
+        if self.rank != 0:
+            return
+        record = {"time": round(time.time(), 3), **record}
+        with open(os.path.join(self.run_dir, METRICS), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def main(self) -> None:
+        _ensure_rank_env()
+        self.rank = _env_int("RANK", 0)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self.world = _env_int("WORLD_SIZE", 1)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        from memascend_cli.recipe import recipe_from_json_dict
+
+        try:
+            with open(os.path.join(self.run_dir, "recipe.json")) as f:
+                recipe = recipe_from_json_dict(json.load(f))
+            with open(os.path.join(self.run_dir, "ds_config.json")) as f:
+                ds_config = json.load(f)
+        except OSError as exc:
+            raise WorkerError(f"run directory {self.run_dir} is incomplete ({exc.strerror}: {exc.filename}); "
+                              "start runs with `memascend train`") from None
+        self.recipe = recipe
+        from memascend_cli.models import load_model
+
+        spec = load_model(recipe.model)
+
+        # Data first: a bad dataset fails in seconds, before DeepSpeed starts.
+        from memascend_engine import data as D
+
+        tok_path = recipe.tokenizer or recipe.model
+        try:
+            tok = D.TokenizerWrapper(tok_path)
+            samples = D.read_samples(recipe.dataset.path, recipe.dataset.format, recipe.dataset.text_field)
+            train_s, val_s = D.split(samples, recipe.dataset.validation_split, recipe.seed)
+            train = D.build_sequences(train_s, tok, recipe.seq_len, recipe.dataset.packing)
+            val = D.build_sequences(val_s, tok, recipe.seq_len, recipe.dataset.packing) if val_s else None
+        except D.DataError as exc:
+            raise WorkerError(str(exc)) from None
+        if tok.vocab_size > spec.vocab_size:
+            raise WorkerError(f"tokenizer {tok.file} has {tok.vocab_size} tokens, model {recipe.model} only "
+                              f"{spec.vocab_size} embeddings")
+        if len(train) == 0:
+            raise WorkerError(f"{recipe.dataset.path}: no training sequence of {recipe.seq_len} tokens "
+                              "(too little data for packing; lower seq_len or use padding)")
+        from memascend_cli.recipe import total_steps
+
+        total = total_steps(recipe, len(train), self.world)
+        sched = ds_config.get("scheduler", {}).get("params", {})
+        if "total_num_steps" in sched:
+            sched["total_num_steps"] = max(total, sched.get("warmup_num_steps", 1) + 1)
+
+        import deepspeed
+        import torch
+
+        deepspeed.init_distributed(dist_backend="gloo" if os.environ.get("DS_ACCELERATOR") == "cpu" else None)
+        installed = None
+        if not self.args.baseline:
+            installed = self._install_engine(ds_config, spec)
+        make_model, hf_config = build_model_factory(recipe, spec)
+        torch.manual_seed(recipe.seed)
+        # No dtype= for zero.Init: it would override the config's precision (measure_ds_buffers.py).
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            model = make_model()
+        resume_dir = None
+        if self.args.resume:
+            from memascend_engine.checkpoint import latest_complete
+
+            resume_dir = latest_complete(os.path.join(self.run_dir, "checkpoints"))
+            if resume_dir is None:
+                raise WorkerError(f"--resume: no complete checkpoint in {self.run_dir}/checkpoints")
+        if os.path.isdir(recipe.model) and resume_dir is None:
+            load_hf_weights(model, recipe.model, self.rank)
+        if recipe.gradient_checkpointing:
+            if installed is not None and hasattr(installed, "enable_offloaded_checkpointing"):
+                installed.enable_offloaded_checkpointing(model)
+            else:
+                model.gradient_checkpointing_enable()
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        self.train_loop(engine, model, hf_config, tok, train, val, total, resume_dir, installed)
+        if installed is not None:
+            installed.uninstall()
+
+    def _install_engine(self, ds_config, spec):
+        try:
+            import memascend_engine
+
+            install = memascend_engine.install
+        except (ImportError, AttributeError) as exc:
+            raise WorkerError(f"the memascend engine is not available in this install ({exc}); "
+                              "run with --baseline for stock DeepSpeed") from None
+        kwargs = {"region": self.recipe.region, "model_spec": spec, "rank": self.local_rank}
+        if hasattr(memascend_engine, "EngineOptions"):
+            kwargs["options"] = memascend_engine.EngineOptions()
+        return install(ds_config, **kwargs)
+
+    def _on_sigint(self, signum, frame):
+        self.stop_requested = True
+
+    def _should_stop(self, step: int) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        local = self.stop_requested or os.path.exists(os.path.join(self.run_dir, STOP_FILE))
+        # Fault injection for tests and drills: behave as if Ctrl-C came during step N.
+        local = local or os.environ.get("MEMASCEND_FAULT_STOP_AT_STEP") == str(step)
+        flag = torch.tensor([1.0 if local else 0.0])
+        if self.world > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        return bool(flag.item() > 0)
+
+    def _batch(self, seqs, rows):
+        import torch
+
+        batch = {"input_ids": torch.tensor([seqs.input_ids[i] for i in rows], dtype=torch.long),
+                 "labels": torch.tensor([seqs.labels[i] for i in rows], dtype=torch.long)}
+        if seqs.attention_mask is not None:
+            batch["attention_mask"] = torch.tensor([seqs.attention_mask[i] for i in rows], dtype=torch.long)
+        return batch
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t.tolist()
+
+    def evaluate(self, engine, val) -> float | None:
+        import torch
+        from memascend_engine.data import IGNORE_INDEX
+
+        if val is None or len(val) == 0:
+            return None
+        mb = self.recipe.micro_batch
+        per_global = mb * self.world
+        total_loss, total_tokens = 0.0, 0.0
+        engine.eval()
+        with torch.no_grad():
+            for start in range(0, len(val), per_global):
+                # Every rank runs the same number of forwards (ZeRO-3 gathers are collective);
+                # a rank past the end repeats row 0 with zero weight.
+                rows = [start + self.rank * mb + j for j in range(mb)]
+                weight = [1.0 if r < len(val) else 0.0 for r in rows]
+                rows = [r if r < len(val) else 0 for r in rows]
+                batch = self._batch(val, rows)
+                out = engine(**batch)
+                n = float(((batch["labels"][:, 1:] != IGNORE_INDEX).sum()).item()) * (sum(weight) / len(weight))
+                total_loss += float(out.loss.item()) * n
+                total_tokens += n
+        engine.train()
+        # Eval forwards leave gathered parameters holding the param swap buffers; release them so
+        # the next gather (training, export) finds free buffers.
+        engine.empty_partition_cache()
+        loss, tokens = self._all_sum([total_loss, total_tokens])
+        return loss / tokens if tokens else None
+
+    def train_loop(self, engine, model, hf_config, tok, train, val, total, resume_dir, installed) -> None:
+        import torch
+        from memascend_engine import checkpoint as C
+        from memascend_engine.data import micro_batch_rows
+
+        r = self.recipe
+        step = 0
+        tokens_seen = 0
+        if resume_dir is not None:
+            state = C.load(engine, resume_dir, rank=self.rank, world_size=self.world)
+            step, tokens_seen = state["step"], state.get("tokens_seen", 0)
+            self.metrics({"event": "resumed", "step": step, "path": resume_dir})
+        else:
+            self.metrics({"event": "start", "total_steps": total, "world_size": self.world,
+                          "engine": "baseline" if self.args.baseline else "memascend",
+                          "train_sequences": len(train), "validation_sequences": len(val) if val else 0})
+        root = os.path.join(self.run_dir, "checkpoints")
+        last_saved = step
+        io0 = proc_io_bytes()
+        t_last = time.time()
+        while step < total:
+            t0 = time.time()
+            losses = []
+            tokens = 0
+            for a in range(r.grad_accum):
+                micro_index = step * r.grad_accum + a
+                rows = micro_batch_rows(len(train), r.seed, micro_index, micro_batch=r.micro_batch,
+                                        world_size=self.world, rank=self.rank)
+                batch = self._batch(train, rows)
+                out = engine(**batch)
+                engine.backward(out.loss)
+                engine.step()
+                losses.append(float(out.loss.item()))
+                tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            step += 1
+            elapsed = time.time() - t0
+            io1 = proc_io_bytes()
+            rss_kib, hwm_kib = proc_status_kib("VmRSS"), proc_status_kib("VmHWM")
+            loss_sum, tok_sum, rss_sum, hwm_sum, rd, wr = self._all_sum(
+                [sum(losses) / len(losses), tokens, rss_kib, hwm_kib, io1[0] - io0[0], io1[1] - io0[1]])
+            tokens_seen += int(tok_sum)
+            if step % r.log_every == 0 or step == total:
+                window = time.time() - t_last
+                self.metrics({"event": "step", "step": step, "total_steps": total, "loss": loss_sum / self.world,
+                              "lr": float(engine.get_lr()[0]), "tokens_per_s": tok_sum / elapsed if elapsed else 0.0,
+                              "s_per_step": elapsed, "tokens_seen": tokens_seen,
+                              # Sums over ranks: the node's host memory when all ranks share a node.
+                              "host_rss_gib": rss_sum / 1024**2, "host_peak_gib": hwm_sum / 1024**2,
+                              "ssd_read_gbps": rd / window / 1e9 if window else 0.0,
+                              "ssd_write_gbps": wr / window / 1e9 if window else 0.0,
+                              **({"engine_stats": installed.stats()} if installed is not None and hasattr(installed, "stats") else {})})
+                io0, t_last = io1, time.time()
+            if r.eval_every and step % r.eval_every == 0 and step < total:
+                vl = self.evaluate(engine, val)
+                if vl is not None:
+                    self.metrics({"event": "eval", "step": step, "loss": vl})
+            stop = self._should_stop(step)
+            if (r.checkpoint_every and step % r.checkpoint_every == 0) or stop or step == total:
+                path = C.save(engine, root, step, {"tokens_seen": tokens_seen, "micro_batches": step * r.grad_accum,
+                                                   "seed": r.seed},
+                              rank=self.rank, world_size=self.world, keep=r.keep_checkpoints, barrier=self._barrier)
+                last_saved = step
+                self.metrics({"event": "checkpoint", "step": step, "path": path})
+                if os.environ.get("MEMASCEND_FAULT_KILL_AFTER_CHECKPOINT") == str(step):
+                    # Fault injection: die like an OOM kill right after a checkpoint completed.
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if stop:
+                self.metrics({"event": "stopped", "step": step})
+                return
+        del last_saved
+        vl = self.evaluate(engine, val)
+        if vl is not None:
+            self.metrics({"event": "eval", "step": step, "loss": vl})
+        if r.export:
+            engine.empty_partition_cache()
+            out = export_hf(model, hf_config, os.path.join(self.run_dir, "export"), self.rank, tok.file)
+            if self.rank == 0:
+                write_tokenizer_config(out, tok)
+                self.metrics({"event": "export", "step": step, "path": out})
+        self.metrics({"event": "done", "step": step})
+        del torch
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.world > 1:
+            dist.barrier()
+
+
+def _write_error(run_dir: str, rank: int, message: str) -> None:
+    log_dir = os.path.join(run_dir, "logs")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, f"error-rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "message": message, "log": log_dir}, f)
+    except OSError:
+        pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--baseline", action="store_true")
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args(argv)
+    run = Run(args)
+    rank = _env_int("RANK", 0)
+    try:
+        run.main()
+    except WorkerError as exc:
+        msg = f"rank {rank}: {exc}"
+        print(f"error: {msg}", file=sys.stderr, flush=True)
+        _write_error(run.run_dir, rank, msg)
+        return 1
+    except Exception as exc:  # noqa: BLE001 — a rank must always leave a one-line reason
+        from memascend_cli.errors import MemascendError
+
+        traceback.print_exc()
+        text = exc.message if isinstance(exc, MemascendError) else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        _write_error(run.run_dir, rank, f"rank {rank} failed: {text}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

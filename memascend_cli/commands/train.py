@@ -1,0 +1,457 @@
+"""`memascend train`: plan, preflight, write the DeepSpeed config, launch, watch.
+
+Thin: recipe (+ overrides) -> planner gate -> preflight -> ds_config.json + recipe.json in the run
+directory -> `--dry-run` prints them and the launch command -> else DeepSpeed's launcher runs
+`memascend_engine.train_worker` on every rank while a live display tails metrics.jsonl.
+Exit codes: 0 done (or stopped cleanly), 1 does not fit / a rank failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import typer
+
+from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible, SSDNotReady
+from memascend_cli.units import GiB, MiB
+
+_R = "Recipe overrides"
+_M = "Mode"
+
+REGION_FILE = "region.bin"
+"""Region file created in the run directory when the recipe names none (a first run needs no root)."""
+REGION_HEADROOM = 1.25
+"""A created region file is the plan's SSD bytes x this, for extents lost to alignment and holes."""
+CHECKPOINTS = "checkpoints"
+COMPLETE_MARKER = "COMPLETE"
+
+
+def train_command(
+    recipe_path: str = typer.Argument(..., metavar="RECIPE", help="Recipe YAML (see presets/train/) or a shipped "
+                                      "preset name such as tiny-cpu.", show_default=False),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Write and print the DeepSpeed config and the exact launch "
+                                 "command; start nothing.", rich_help_panel=_M),
+    baseline: bool = typer.Option(False, "--baseline", help="Run on stock DeepSpeed ZeRO-Infinity (swap files under "
+                                  "the run directory) for comparison.", rich_help_panel=_M),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run "
+                                "directory.", rich_help_panel=_M),
+    force: bool = typer.Option(False, "--force", help="Launch even when the planner or the DRAM/memlock preflight "
+                               "says it does not fit.", rich_help_panel=_M),
+    output_dir: str = typer.Option(None, "--output-dir", "-o", help="Run directory (recipe key output_dir).",
+                                   rich_help_panel=_R, show_default=False),
+    steps: int = typer.Option(None, "--steps", help="Optimizer steps (recipe key steps).", rich_help_panel=_R,
+                              show_default=False),
+    seq_len: int = typer.Option(None, "--seq-len", help="Tokens per sequence.", rich_help_panel=_R, show_default=False),
+    micro_batch: int = typer.Option(None, "--micro-batch", help="Sequences per rank per step.", rich_help_panel=_R,
+                                    show_default=False),
+    lr: float = typer.Option(None, "--lr", help="Peak learning rate.", rich_help_panel=_R, show_default=False),
+    model: str = typer.Option(None, "--model", help="Preset name or Hugging Face model directory.", rich_help_panel=_R,
+                              show_default=False),
+    region: str = typer.Option(None, "--region", help="Prepared SSD region (file or device).", rich_help_panel=_R,
+                               show_default=False),
+    set_: list[str] = typer.Option(None, "--set", help="Any recipe key: --set dataset.packing=false --set "
+                                   "schedule.warmup_steps=10 (repeatable).", rich_help_panel=_R, show_default=False),
+) -> None:
+    """Fine-tune a model with params and optimizer states on an SSD, using the plan's DeepSpeed config.
+
+    Runs the planner (refuses a job that does not fit unless --force), checks the machine, writes
+    `ds_config.json` and `recipe.json` into the run directory and launches DeepSpeed's own
+    launcher (one process per GPU; CPU ranks over gloo without a GPU). Ctrl-C stops after the
+    current step with a checkpoint; `--resume` continues from it.
+
+    Examples:
+
+        memascend train presets/train/tiny-cpu.yaml --baseline
+
+        memascend train tiny-cpu --steps 40 --output-dir runs/try2
+
+        memascend train recipe.yaml --dry-run
+
+        memascend train recipe.yaml --resume
+    """
+    from memascend_cli.recipe import load_recipe, merge, parse_set
+
+    overrides = parse_set(set_ or [])
+    flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
+             "model": model, "region": region}
+    overrides = merge(overrides, {k: v for k, v in flags.items() if v is not None})
+    recipe = load_recipe(recipe_path, overrides)
+    prepared = prepare_run(recipe, baseline=baseline, resume=resume, force=force, dry_run=dry_run)
+    if dry_run:
+        from memascend_cli.console import err, print_json
+
+        print_json(prepared.dry_run_document())
+        err.print(f"dry run: wrote {prepared.spec.ds_config_path}; nothing was started")
+        return
+    launch_and_watch(prepared)
+
+
+# --- preparing ----------------------------------------------------------------------------------
+
+
+class Prepared:
+    """Everything decided before the launch (kept together for --dry-run and the launch)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def dry_run_document(self) -> dict:
+        return {
+            "run_dir": self.run_dir,
+            "engine": "baseline" if self.baseline else "memascend",
+            "plan": self.plan_summary,
+            "preflight": [{"name": c.name, "ok": c.ok, "message": c.message, "hint": c.hint} for c in self.checks],
+            "region": self.region_note,
+            "ds_config": self.ds_config,
+            "launch": self.spec.to_dict(),
+        }
+
+
+def _complete_checkpoints(run_dir: str) -> list[str]:
+    d = os.path.join(run_dir, CHECKPOINTS)
+    if not os.path.isdir(d):
+        return []
+    return sorted(n for n in os.listdir(d) if n.startswith("step-") and os.path.exists(os.path.join(d, n, COMPLETE_MARKER)))
+
+
+def _check_model_source(name: str) -> None:
+    """A model directory must hold safetensors weights (a preset builds random weights)."""
+    if not os.path.isdir(name):
+        return
+    files = os.listdir(name)
+    if not any(f.endswith(".safetensors") for f in files):
+        raise BadInput(f"model directory {name} has no *.safetensors weights",
+                       "convert the weights to safetensors, or use a preset name for random weights")
+
+
+def _check_data_paths(recipe) -> None:
+    if not os.path.isfile(recipe.dataset.path):
+        raise BadInput(f"dataset file {recipe.dataset.path} does not exist", "fix dataset.path in the recipe")
+    tok = recipe.tokenizer or (recipe.model if os.path.isdir(recipe.model) else None)
+    if tok is None:
+        raise BadInput(f"model {recipe.model} is a preset and the recipe names no tokenizer",
+                       "set `tokenizer:` to a tokenizer.json or a tokenizer directory")
+    if not os.path.exists(tok):
+        raise BadInput(f"tokenizer {tok} does not exist", "set `tokenizer:` to a tokenizer.json or a tokenizer directory")
+
+
+def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: bool) -> Prepared:
+    """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch."""
+    from memascend_cli import models, preflight
+    from memascend_cli.commands.plan import installed_deepspeed_version
+    from memascend_cli.deepspeed_config import build_ds_config, sizing_from_plan
+    from memascend_cli.hardware import inventory_to_spec, io_backends, probe
+    from memascend_cli.launch import DS_CONFIG, RECIPE_JSON, build_launch, free_port
+    from memascend_cli.planner.memory import JobSpec, ZeroKnobs, estimate
+    from memascend_cli.planner.search import check
+
+    spec = models.load_model(recipe.model)
+    _check_model_source(recipe.model)
+    _check_data_paths(recipe)
+    run_dir = recipe.output_dir
+    done = _complete_checkpoints(run_dir)
+    if resume and not done:
+        raise BadInput(f"--resume: no complete checkpoint in {os.path.join(run_dir, CHECKPOINTS)}",
+                       "drop --resume to start from scratch, or check --output-dir")
+    if not resume and done and not dry_run:
+        raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
+                       "add --resume to continue it, or choose another --output-dir")
+
+    inv = probe(None)
+    hw = inventory_to_spec(inv)
+    if recipe.num_nodes:
+        import dataclasses
+
+        hw = dataclasses.replace(hw, num_nodes=recipe.num_nodes)
+    ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
+    engine = "baseline" if baseline else "memascend"
+    job = JobSpec(model=spec, seq_len=recipe.seq_len, micro_batch=recipe.micro_batch,
+                  grad_accum_steps=recipe.grad_accum, dtype=recipe.precision, ranks_per_node=ranks,
+                  checkpointing="offload" if recipe.gradient_checkpointing and not baseline else
+                  ("full" if recipe.gradient_checkpointing else "none"),
+                  deepspeed_version=installed_deepspeed_version(),
+                  knobs=ZeroKnobs(max_in_cpu=0, checkpoint_copies=0))
+    est = estimate(job, hw, engine)
+    verdict = check(est, hw)
+    if not verdict.fits and not force:
+        raise PlanInfeasible(f"the job does not fit with {engine}: " + "; ".join(verdict.reasons),
+                             f"see `memascend plan --model {recipe.model} --seq-len {recipe.seq_len} --micro-batch "
+                             f"{recipe.micro_batch}`; lower seq_len/micro_batch, or launch anyway with --force")
+    sizing = sizing_from_plan(job, est)
+
+    # Where the SSD data goes: the memascend region (a given one, or a file created in the run
+    # directory), or stock DeepSpeed's swap folder.
+    swap_dir = recipe.swap_dir or os.path.join(run_dir, "swap")
+    header, region_error, region_rank_bytes, region_note = None, None, None, None
+    region_path = recipe.region
+    if recipe.region:
+        header, region_error = _read_region(recipe.region, ranks)
+        if header is not None:
+            region_rank_bytes = min(r.size_bytes for r in header.ranks)
+    if not baseline and not recipe.region:
+        region_path = os.path.join(run_dir, REGION_FILE)
+        if os.path.exists(region_path):
+            header, region_error = _read_region(region_path, ranks)
+            if header is not None:
+                region_rank_bytes = min(r.size_bytes for r in header.ranks)
+        else:
+            size = _region_file_bytes(recipe, sizing.nvme_bytes_per_rank * ranks)
+            region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
+            region_rank_bytes = size // ranks
+    facts = preflight.Facts(
+        dram_available_bytes=int(inv.dram_available_gib * GiB), host_peak_bytes=est.node_host_peak_bytes,
+        memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
+        locked_bytes=est.locked_bytes, baseline=baseline, region_path=region_path, region_error=region_error,
+        region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=sizing.nvme_bytes_per_rank,
+        swap_dir=swap_dir if baseline else None, num_ranks=ranks, io_backends=io_backends(), num_gpus=hw.num_gpus,
+        output_dir=run_dir, output_free_bytes=preflight.free_bytes(run_dir),
+        checkpoint_bytes=_checkpoint_bytes(spec.num_params, recipe),
+    )
+    if baseline:
+        facts.swap_free_bytes = preflight.free_bytes(swap_dir)
+        facts.swap_o_direct_ok, facts.swap_o_direct_reason = _o_direct(swap_dir)
+    checks = preflight.assess(facts)
+    _print_checks(checks, quiet=dry_run)
+    stop = preflight.blocking(checks, force)
+    if stop:
+        first = stop[0]
+        cls = SSDNotReady if first.name in ("region", "swap_dir") else MemascendError
+        raise cls(first.message, first.hint or None)
+
+    total = recipe.steps or 1  # epochs: the worker sets total_num_steps once it has counted sequences
+    ds_config = build_ds_config(recipe, sizing, header, baseline, swap_dir=swap_dir, total_steps=total)
+    os.makedirs(run_dir, exist_ok=True)
+    resolved = recipe.to_dict()
+    resolved["region"] = region_path if not baseline else recipe.region
+    with open(os.path.join(run_dir, DS_CONFIG), "w") as f:
+        json.dump(ds_config, f, indent=2)
+    with open(os.path.join(run_dir, RECIPE_JSON), "w") as f:
+        json.dump(resolved, f, indent=2)
+    passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
+    launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
+                          resume=resume, extra_env=passthrough,
+                          master_port=recipe.master_port or free_port())
+    plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons,
+                    "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": sizing.nvme_bytes_per_rank,
+                    "largest_partition_numel": sizing.largest_partition_numel, "world_size": sizing.world_size}
+    return Prepared(recipe=recipe, run_dir=run_dir, baseline=baseline, resume=resume, ds_config=ds_config,
+                    spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
+                    region_path=region_path, ranks=ranks)
+
+
+def _read_region(path: str, ranks: int):
+    """(header, None) or (None, one-line reason) for a region the engine is to use."""
+    from memascend_cli import region
+
+    if not os.path.exists(path):
+        return None, f"region {path} does not exist"
+    try:
+        header = region.read_header(path)
+    except region.NoRegion:
+        return None, f"{path} holds no memascend region (not prepared)"
+    except SSDNotReady as exc:
+        return None, f"{path}: {exc.message}"
+    except OSError as exc:
+        return None, f"cannot read the region header of {path}: {exc.strerror or exc}"
+    if len(header.ranks) < ranks:
+        return None, f"region {path} has {len(header.ranks)} rank sub-region(s), the job runs {ranks} rank(s)"
+    return header, None
+
+
+def _region_file_bytes(recipe, nvme_bytes: int) -> int:
+    from memascend_cli.units import parse_size
+
+    if recipe.region_size:
+        return parse_size(recipe.region_size, "region_size")
+    # Data area + the 1 MiB header area, rounded up to whole MiB.
+    return -(-int(nvme_bytes * REGION_HEADROOM + 64 * MiB) // MiB) * MiB
+
+
+def _checkpoint_bytes(num_params: int, recipe) -> int:
+    # Per kept checkpoint: fp32 master + exp_avg + exp_avg_sq (12 B/param); one more is in flight
+    # while the oldest is deleted; the export holds one copy of the weights.
+    export = num_params * (4 if recipe.precision == "fp32" else 2) if recipe.export else 0
+    return 12 * num_params * (recipe.keep_checkpoints + 1) + export
+
+
+def _o_direct(path: str) -> tuple[bool | None, str]:
+    from memascend_cli.hardware import path_info
+
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    info = path_info(p)
+    return info.o_direct_ok, info.o_direct_reason
+
+
+def _print_checks(checks, quiet: bool) -> None:
+    from memascend_cli.console import err
+
+    for c in checks:
+        if c.ok:
+            if not quiet:
+                err.print(f"[green]ok[/green]    {c.message}", highlight=False)
+        else:
+            tag = "[red]fail[/red]" if c.fatal else "[yellow]warn[/yellow]"
+            err.print(f"{tag}  {c.message}" + (f" — {c.hint}" if c.hint else ""), highlight=False)
+
+
+# --- launching ----------------------------------------------------------------------------------
+
+
+def create_region_file(path: str, size_bytes: int, ranks: int) -> None:
+    """A fresh, unprobed region file (prepare-ssd's own preallocation and header writer)."""
+    from memascend_cli import __version__, region
+    from memascend_cli.commands.prepare_ssd import _preallocate
+
+    alignment = region.region_alignment(512)
+    header = region.new_header(capacity_bytes=region.align_down(size_bytes, alignment), num_ranks=ranks,
+                               label="memascend train", created_by=__version__)
+    _preallocate(path, header.capacity_bytes, create=True)
+    region.write_header(path, header)
+    if region.read_header(path) != header:
+        raise SSDNotReady(f"the region header read back from {path} differs from what was written",
+                          "the file system may not support O_DIRECT; set `region` to a prepared region")
+
+
+def require_engine() -> None:
+    """Fail in one line when the optimized engine cannot be imported; never fall back to stock DeepSpeed.
+
+    Checked in a child interpreter: importing the engine pulls in torch, which this process avoids.
+    """
+    import subprocess
+    import sys
+
+    code = "import memascend_engine as m; m.install"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise MemascendError(f"the memascend engine is not available in this install ({last})",
+                             "run with --baseline for stock DeepSpeed ZeRO-Infinity")
+
+
+def launch_and_watch(p: Prepared) -> None:
+    from memascend_cli.console import err
+    from memascend_cli.launch import METRICS, run_launch
+
+    if not p.baseline:
+        require_engine()
+    if p.region_note is not None:
+        with err.status(f"creating the region file {p.region_note['create']}"):
+            create_region_file(p.region_note["create"], p.region_note["size_bytes"], p.region_note["ranks"])
+    metrics_path = os.path.join(p.run_dir, METRICS)
+    view = LiveView(metrics_path, start_offset=os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0)
+    err.print(f"launching {p.spec.num_ranks} rank(s) ({'stock DeepSpeed' if p.baseline else 'memascend engine'}); "
+              f"logs in {p.spec.log_dir}", highlight=False)
+    try:
+        with view:
+            run_launch(p.spec, on_poll=view.poll)
+    finally:
+        view.summary()
+
+
+class LiveView:
+    """Rich live table on stderr fed by metrics.jsonl; one plain line per record when not a TTY."""
+
+    def __init__(self, path: str, start_offset: int = 0):
+        self.path, self.offset = path, start_offset
+        self.last: dict | None = None
+        self.events: list[dict] = []
+        self.live = None
+        self.buffer = ""
+
+    def __enter__(self):
+        from memascend_cli.console import err
+
+        if err.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self._render(), console=err, refresh_per_second=2, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.__exit__(*exc)
+        return False
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except OSError:
+            return
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            self._show(rec)
+
+    def _show(self, rec: dict) -> None:
+        from memascend_cli.console import err
+
+        kind = rec.get("event")
+        if kind == "step":
+            self.last = rec
+        else:
+            self.events.append(rec)
+        if self.live is not None:
+            self.live.update(self._render())
+        elif kind == "step":
+            err.print(format_step(rec), highlight=False)
+        elif kind in ("checkpoint", "eval", "export", "stopped"):
+            err.print(format_event(rec), highlight=False)
+
+    def _render(self):
+        from rich.table import Table
+
+        t = Table(title="memascend train", title_justify="left")
+        for col in ("step", "loss", "lr", "tokens/s", "s/step", "host GiB now", "host GiB peak", "SSD GB/s r/w"):
+            t.add_column(col, justify="right")
+        r = self.last
+        if r is not None:
+            t.add_row(f"{r['step']}/{r.get('total_steps', '?')}", f"{r['loss']:.4f}", f"{r['lr']:.2e}",
+                      f"{r['tokens_per_s']:,.0f}", f"{r['s_per_step']:.2f}", f"{r['host_rss_gib']:.2f}",
+                      f"{r['host_peak_gib']:.2f}", f"{r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f}")
+        else:
+            t.add_row("starting", "", "", "", "", "", "", "")
+        if self.events:
+            t.caption = format_event(self.events[-1])
+        return t
+
+    def summary(self) -> None:
+        self.poll()
+        from memascend_cli.console import err
+
+        if self.live is not None:
+            for e in self.events:
+                if e.get("event") in ("checkpoint", "export", "stopped", "eval"):
+                    err.print(format_event(e), highlight=False)
+
+
+def format_step(r: dict) -> str:
+    return (f"step {r['step']}/{r.get('total_steps', '?')}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  "
+            f"{r['tokens_per_s']:,.0f} tok/s  {r['s_per_step']:.2f} s/step  host {r['host_rss_gib']:.2f} GiB "
+            f"(peak {r['host_peak_gib']:.2f})  SSD {r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f} GB/s r/w")
+
+
+def format_event(e: dict) -> str:
+    kind = e.get("event")
+    if kind == "checkpoint":
+        return f"checkpoint: step {e['step']} -> {e['path']}"
+    if kind == "export":
+        return f"exported: {e['path']}"
+    if kind == "eval":
+        return f"validation loss at step {e['step']}: {e['loss']:.4f}"
+    if kind == "stopped":
+        return f"stopped at step {e['step']}; resume with --resume"
+    return json.dumps(e)

@@ -1,0 +1,223 @@
+"""Launch a training run through DeepSpeed's own launcher: a pure builder and a small executor.
+
+`build_launch` returns the exact argv and environment (`train --dry-run` prints them, tests
+assert them); `run_launch` runs them, turns Ctrl-C into a clean stop (the workers save a
+checkpoint and exit 0) and a failing rank into one `error:` line naming its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from memascend_cli.errors import MemascendError
+from memascend_cli.recipe import Recipe
+
+WORKER_MODULE = "memascend_engine.train_worker"
+STOP_FILE = "STOP"
+"""Created in the run directory to ask every rank to finish its step, checkpoint and exit 0."""
+LOG_DIR = "logs"
+DS_CONFIG = "ds_config.json"
+RECIPE_JSON = "recipe.json"
+METRICS = "metrics.jsonl"
+
+
+@dataclass(kw_only=True, slots=True)
+class LaunchSpec:
+    """Everything needed to start the run; printing it is the dry run."""
+
+    cmd: list[str]
+    """argv of the `deepspeed` launcher."""
+    env: dict[str, str]
+    """Variables added to the caller's environment."""
+    ds_config_path: str
+    """The DeepSpeed JSON the workers read."""
+    run_dir: str
+    """The run directory (recipe.json, ds_config.json, metrics.jsonl, logs/, checkpoints/)."""
+    num_ranks: int
+    """Processes on this node."""
+    log_dir: str = ""
+    """Per-rank logs (DeepSpeed's --enable_each_rank_log)."""
+    cpu_only: bool = False
+    """True: DeepSpeed's CPU accelerator, gloo between ranks."""
+    notes: list[str] = field(default_factory=list)
+    """Remarks for the user (e.g. about multi-node environments)."""
+
+    def shell(self) -> str:
+        """The command as one copy-pasteable shell line, environment first."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(self.cmd)
+
+    def to_dict(self) -> dict:
+        return {"cmd": self.cmd, "env": self.env, "ds_config_path": self.ds_config_path, "run_dir": self.run_dir,
+                "num_ranks": self.num_ranks, "log_dir": self.log_dir, "cpu_only": self.cpu_only, "shell": self.shell()}
+
+
+def deepspeed_launcher(python_executable: str | None = None) -> str:
+    """The `deepspeed` console script of the venv that runs memascend (never another install's)."""
+    py = python_executable or sys.executable
+    candidate = os.path.join(os.path.dirname(py), "deepspeed")
+    return candidate
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the kernel's pick), for rank 0's rendezvous."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, baseline: bool, resume: bool,
+                 master_port: int = 29500, python_executable: str | None = None, extra_env: dict[str, str] | None = None) -> LaunchSpec:
+    """The launch for `r` in `run_dir`. Pure.
+
+    Args:
+        r: the recipe (ranks, hostfile, num_nodes, master_port).
+        run_dir: absolute run directory.
+        num_gpus: GPUs on this node (0 = CPU-only: DS_ACCELERATOR=cpu and gloo).
+        cpu_cores: logical CPUs on this node (CPU ranks split them).
+        baseline: stock DeepSpeed instead of the memascend engine.
+        resume: continue from the newest complete checkpoint.
+        master_port: rank 0's port when the recipe sets none.
+        python_executable: the interpreter whose venv holds `deepspeed` (default: this one).
+        extra_env: variables to pass through unchanged (e.g. TORCH_EXTENSIONS_DIR).
+    """
+    cpu_only = num_gpus == 0
+    ranks = r.ranks if r.ranks is not None else (1 if cpu_only else num_gpus)
+    log_dir = os.path.join(run_dir, LOG_DIR)
+    cmd = [deepspeed_launcher(python_executable)]
+    if r.hostfile:
+        cmd += ["--hostfile", r.hostfile]
+        if r.num_nodes is not None:
+            cmd += ["--num_nodes", str(r.num_nodes)]
+    # On the CPU accelerator --num_gpus is the number of CPU ranks (platform-notes §6.4).
+    cmd += ["--num_gpus", str(ranks), "--master_port", str(r.master_port or master_port),
+            "--no_local_rank", f"--enable_each_rank_log={log_dir}",
+            "--module", WORKER_MODULE, "--run-dir", run_dir]
+    if baseline:
+        cmd.append("--baseline")
+    if resume:
+        cmd.append("--resume")
+    env = dict(extra_env or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    if cpu_only:
+        env["DS_ACCELERATOR"] = "cpu"
+        # Each CPU rank gets its share of the cores; oversubscribed ranks run several times slower.
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_cores // ranks))
+    notes = []
+    if r.hostfile:
+        notes.append("multi-node: DeepSpeed forwards only some variables to other nodes; put the others "
+                     "(DS_ACCELERATOR, TORCH_EXTENSIONS_DIR) in ~/.deepspeed_env on every node")
+    return LaunchSpec(cmd=cmd, env=env, ds_config_path=os.path.join(run_dir, DS_CONFIG), run_dir=run_dir,
+                      num_ranks=ranks, log_dir=log_dir, cpu_only=cpu_only, notes=notes)
+
+
+def rank_error(run_dir: str) -> tuple[str, str] | None:
+    """(one-line message, log path) of the first rank that recorded an error, if any.
+
+    The worker writes logs/error-rank<N>.json with its one-line message before exiting non-zero.
+    """
+    log_dir = os.path.join(run_dir, LOG_DIR)
+    try:
+        names = sorted(n for n in os.listdir(log_dir) if n.startswith("error-rank") and n.endswith(".json"))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(os.path.join(log_dir, name), encoding="utf-8") as f:
+                data = json.load(f)
+            return data["message"], data.get("log") or log_dir
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def clear_stale_state(run_dir: str) -> None:
+    """Remove the stop request and old rank errors left by a previous launch in the same run dir."""
+    for path in [os.path.join(run_dir, STOP_FILE)]:
+        if os.path.exists(path):
+            os.unlink(path)
+    log_dir = os.path.join(run_dir, LOG_DIR)
+    if os.path.isdir(log_dir):
+        for n in os.listdir(log_dir):
+            if n.startswith("error-rank"):
+                os.unlink(os.path.join(log_dir, n))
+
+
+def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
+    """Run the launcher until it exits; returns 0, or raises MemascendError naming the failing rank.
+
+    The launcher runs in its own session so a terminal Ctrl-C reaches only us: DeepSpeed's
+    launcher would otherwise SIGTERM the workers mid-step. The first Ctrl-C asks the workers
+    (through the run directory's STOP file) to finish the step, checkpoint and exit 0; a second
+    one terminates the launcher's process group.
+
+    Args:
+        spec: from build_launch.
+        on_poll: called every poll_s seconds while the run is alive (the live display).
+    """
+    os.makedirs(spec.log_dir, exist_ok=True)
+    clear_stale_state(spec.run_dir)
+    launcher_log = os.path.join(spec.log_dir, "launcher.log")
+    env = {**os.environ, **spec.env}
+    stop_requests = 0
+
+    def on_sigint(signum, frame):
+        nonlocal stop_requests
+        stop_requests += 1
+        if stop_requests == 1:
+            with open(os.path.join(spec.run_dir, STOP_FILE), "w") as f:
+                f.write("stop requested by Ctrl-C\n")
+            from memascend_cli.console import err
+
+            err.print("[yellow]stopping:[/yellow] finishing the current step and saving a checkpoint "
+                      "(Ctrl-C again to kill)")
+        else:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    with open(launcher_log, "ab") as log:
+        try:
+            proc = subprocess.Popen(spec.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=spec.run_dir)
+        except FileNotFoundError:
+            raise MemascendError(f"DeepSpeed launcher {spec.cmd[0]} not found",
+                                 "install the training extras: pip install 'memascend[train]'") from None
+        previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+        try:
+            while proc.poll() is None:
+                if on_poll is not None:
+                    on_poll()
+                time.sleep(poll_s)
+            if on_poll is not None:
+                on_poll()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+    code = proc.returncode
+    if code == 0:
+        return 0
+    found = rank_error(spec.run_dir)
+    if found is not None:
+        message, log_path = found
+        raise MemascendError(message, f"full log: {log_path}")
+    if stop_requests > 1:
+        raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
+                             "continue with `memascend train RECIPE --resume`")
+    raise MemascendError(f"the DeepSpeed launcher exited with status {code}", f"see {launcher_log} and {spec.log_dir}")
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

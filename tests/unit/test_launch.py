@@ -1,0 +1,146 @@
+"""The launch spec (exact argv and env) and `train --dry-run` through the real CLI, without DeepSpeed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from memascend_cli.launch import build_launch, rank_error
+from memascend_cli.recipe import load_recipe, recipe_from_dict
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
+
+
+def r(**kw):
+    return recipe_from_dict({"model": "tiny-llama", "dataset": "d.jsonl", **kw})
+
+
+def test_cpu_single_rank_argv_and_env():
+    spec = build_launch(r(), "/runs/a", num_gpus=0, cpu_cores=2, baseline=True, resume=False,
+                        python_executable="/venv/bin/python")
+    assert spec.cmd == ["/venv/bin/deepspeed", "--num_gpus", "1", "--master_port", "29500", "--no_local_rank",
+                        "--enable_each_rank_log=/runs/a/logs", "--module", "memascend_engine.train_worker",
+                        "--run-dir", "/runs/a", "--baseline"]
+    assert spec.env == {"PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "2"}
+    assert spec.ds_config_path == "/runs/a/ds_config.json" and spec.cpu_only
+
+
+def test_cpu_two_ranks_split_cores_and_resume():
+    spec = build_launch(r(ranks=2, master_port=29612), "/runs/b", num_gpus=0, cpu_cores=2, baseline=False,
+                        resume=True, python_executable="/v/bin/python")
+    assert spec.cmd[1:5] == ["--num_gpus", "2", "--master_port", "29612"]
+    assert spec.cmd[-1] == "--resume" and "--baseline" not in spec.cmd
+    assert spec.env["OMP_NUM_THREADS"] == "1" and spec.num_ranks == 2
+
+
+def test_gpu_node_one_rank_per_gpu_no_cpu_accelerator():
+    spec = build_launch(r(), "/runs/c", num_gpus=8, cpu_cores=64, baseline=False, resume=False,
+                        python_executable="/v/bin/python")
+    assert spec.cmd[1:3] == ["--num_gpus", "8"]
+    assert "DS_ACCELERATOR" not in spec.env and not spec.cpu_only
+
+
+def test_multi_node_uses_deepspeeds_hostfile():
+    spec = build_launch(r(hostfile="/etc/hosts.ds", num_nodes=2, ranks=4), "/runs/d", num_gpus=4, cpu_cores=32,
+                        baseline=False, resume=False, python_executable="/v/bin/python")
+    assert spec.cmd[1:7] == ["--hostfile", "/etc/hosts.ds", "--num_nodes", "2", "--num_gpus", "4"]
+    assert spec.notes
+
+
+def test_shell_line_is_quoted():
+    spec = build_launch(r(), "/runs/with space", num_gpus=0, cpu_cores=2, baseline=True, resume=False,
+                        python_executable="/v/bin/python")
+    assert "'/runs/with space'" in spec.shell() and spec.shell().startswith("DS_ACCELERATOR=cpu ")
+
+
+def test_rank_error_reads_first_error_file(tmp_path):
+    assert rank_error(str(tmp_path)) is None
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "error-rank1.json").write_text(json.dumps({"message": "rank 1: boom", "log": "/l"}))
+    assert rank_error(str(tmp_path)) == ("rank 1: boom", "/l")
+
+
+def test_dry_run_prints_config_and_command(cli, tmp_path):
+    res = cli("train", TINY, "--baseline", "--dry-run", "--output-dir", str(tmp_path / "run"), "--steps", "7",
+              "--set", "dataset.packing=false", "--set", "master_port=29500")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    run = str(tmp_path / "run")
+    assert doc["run_dir"] == run and doc["engine"] == "baseline"
+    cmd = doc["launch"]["cmd"]
+    assert cmd[0].endswith("/deepspeed") and os.path.dirname(cmd[0]) == os.path.dirname(sys.executable)
+    assert cmd[1:] == ["--num_gpus", "1", "--master_port", "29500", "--no_local_rank",
+                       f"--enable_each_rank_log={run}/logs", "--module", "memascend_engine.train_worker",
+                       "--run-dir", run, "--baseline"]
+    if doc["launch"]["cpu_only"]:
+        assert doc["launch"]["env"]["DS_ACCELERATOR"] == "cpu"
+    z = doc["ds_config"]["zero_optimization"]
+    assert z["offload_param"]["nvme_path"] == os.path.join(run, "swap")
+    assert z["offload_param"]["buffer_size"] == 524288
+    assert doc["ds_config"]["scheduler"]["params"]["total_num_steps"] == 7
+    # Written next to the run, nothing started (no metrics, no logs).
+    with open(os.path.join(run, "ds_config.json")) as f:
+        assert json.load(f) == doc["ds_config"]
+    with open(os.path.join(run, "recipe.json")) as f:
+        saved = json.load(f)
+    assert saved["steps"] == 7 and saved["dataset"]["packing"] is False
+    assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
+    assert not os.path.exists(os.path.join(run, "logs"))
+    assert "nothing was started" in res.stderr
+
+
+def test_dry_run_memascend_plans_a_region_file(cli, tmp_path):
+    res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"))
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["engine"] == "memascend" and "--baseline" not in doc["launch"]["cmd"]
+    assert doc["region"]["create"] == str(tmp_path / "run" / "region.bin")
+    assert doc["region"]["size_bytes"] >= doc["plan"]["nvme_bytes_per_rank"]
+    assert not os.path.exists(doc["region"]["create"])  # a dry run creates no region file
+
+
+@pytest.mark.parametrize("args,needle,code", [
+    (["--set", "stpes=3"], "unknown key 'stpes'", 2),
+    (["--model", "/nonexistent/model-dir"], "no such model directory", 2),
+    (["--set", "dataset.path=/nonexistent.jsonl"], "dataset file /nonexistent.jsonl does not exist", 2),
+    (["--region", "/nonexistent/region.bin"], "region /nonexistent/region.bin does not exist", 1),
+])
+def test_bad_input_gives_one_error_line(cli, tmp_path, args, needle, code):
+    res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"), *args)
+    assert res.exit_code == code, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], res.stderr
+
+
+def test_unprepared_region_is_refused(cli, tmp_path):
+    blank = tmp_path / "blank.bin"
+    blank.write_bytes(b"\0" * (2 << 20))
+    res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"), "--region", str(blank))
+    assert res.exit_code == 1
+    assert "holds no memascend region" in res.stderr and "memascend prepare-ssd" in res.stderr
+
+
+def test_region_too_small_is_refused(cli, tmp_path):
+    from memascend_cli.commands.train import create_region_file
+
+    small = tmp_path / "small.region"
+    create_region_file(str(small), 8 << 20, 1)
+    res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"), "--region", str(small))
+    assert res.exit_code == 1 and "GiB per rank, the job needs" in res.stderr
+
+
+def test_recipe_module_stays_torch_free():
+    import subprocess
+    import sys
+
+    code = ("import sys, memascend_cli.commands.train, memascend_cli.launch, memascend_cli.deepspeed_config, "
+            "memascend_cli.preflight; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_load_recipe_sanity():
+    assert load_recipe(TINY).checkpoint_every == 10
