@@ -214,7 +214,20 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     if stop_requests > 1:
         raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
                              "continue with `memascend train RECIPE --resume`")
+    killed = _killed_by(code)
+    if killed:
+        # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
+        raise MemascendError(f"a rank was killed by {killed} (out of memory?); the newest complete checkpoint "
+                             "is intact", f"continue with `memascend train RECIPE --resume`; logs in {spec.log_dir}")
     raise MemascendError(f"the DeepSpeed launcher exited with status {code}", f"see {launcher_log} and {spec.log_dir}")
+
+
+def _killed_by(code: int) -> str | None:
+    """The signal name when `code` is a rank's negative return code as a process exit status."""
+    sig = -code if code < 0 else (256 - code if code > 128 else 0)
+    if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
+        return signal.Signals(sig).name
+    return None
 
 
 def _main_thread() -> bool:

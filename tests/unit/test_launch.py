@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from memascend_cli.launch import build_launch, rank_error
+from memascend_cli.launch import _killed_by, build_launch, rank_error
 from memascend_cli.recipe import load_recipe, recipe_from_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,6 +62,12 @@ def test_rank_error_reads_first_error_file(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "error-rank1.json").write_text(json.dumps({"message": "rank 1: boom", "log": "/l"}))
     assert rank_error(str(tmp_path)) == ("rank 1: boom", "/l")
+
+
+def test_a_rank_killed_by_a_signal_is_named():
+    # DeepSpeed's launcher exits with the dead rank's return code: -9 becomes status 247.
+    assert _killed_by(247) == "SIGKILL" and _killed_by(-9) == "SIGKILL"
+    assert _killed_by(1) is None and _killed_by(2) is None
 
 
 def test_dry_run_prints_config_and_command(cli, tmp_path):
