@@ -54,6 +54,7 @@ def _register_optional() -> None:
     for module_name, command_name, func_name in (
         ("memascend_cli.commands.prepare_ssd", "prepare-ssd", "prepare_ssd_command"),
         ("memascend_cli.commands.train", "train", "train_command"),
+        ("memascend_cli.commands.bench", "bench", "bench_command"),
     ):
         try:
             module = importlib.import_module(module_name)

@@ -1,0 +1,224 @@
+"""One measured training job of `memascend bench` (the child process; the parent samples memory).
+
+ZeRO-3 with parameters and optimizer states on NVMe, on the CPU accelerator (gloo), random weights,
+fixed seed, synthetic token batches. Modes:
+  stock, tuned  - stock DeepSpeed with the config the parent wrote (--ds-config);
+  memascend     - the same config handed to memascend_engine.install() before zero.Init.
+
+Writes JSON lines to EVENTS-rank<R>.jsonl: {"event": "phase"|"step"|"final"|"error", ...}.
+SSD bytes come from /proc/self/io read_bytes/write_bytes (block-layer I/O of this process,
+O_DIRECT included); the memascend mode also records the engine's own counters.
+
+Usage (normally launched by `memascend bench`):
+    DS_ACCELERATOR=cpu python benchmarks/bench_job.py --mode stock --model tiny-llama --seq-len 64 \
+        --micro-batch 1 --steps 2 --dtype bf16 --seed 0 --ds-config cfg.json --events /tmp/ev
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+TECHNIQUES = ("pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing", "malloc_trim")
+EXIT_ENGINE_MISSING = 3
+
+
+class Events:
+    """Append-only JSON lines, flushed per line so the parent can follow progress."""
+
+    def __init__(self, prefix: str, rank: int):
+        # Open for the whole job (closed at exit): every line is flushed for the parent to follow.
+        self.f = open(f"{prefix}-rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
+
+    def emit(self, event: str, **kw) -> None:
+        kw.update(event=event, t_mono=time.monotonic())
+        self.f.write(json.dumps(kw) + "\n")
+
+    def phase(self, name: str) -> None:
+        self.emit("phase", name=name)
+
+
+def proc_io() -> dict:
+    """read_bytes / write_bytes of this process: bytes that really went to or came from the block layer."""
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            if k in ("read_bytes", "write_bytes"):
+                out[k] = int(v)
+    return out
+
+
+def io_delta(a: dict, b: dict) -> dict:
+    return {k: b[k] - a[k] for k in a}
+
+
+def status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", required=True, choices=["stock", "tuned", "memascend"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--micro-batch", type=int, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--dtype", required=True, choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpointing", default="full", choices=["full", "none"])
+    ap.add_argument("--ds-config", required=True, help="DeepSpeed config JSON written by the parent")
+    ap.add_argument("--events", required=True, help="prefix of the per-rank JSON-lines files")
+    ap.add_argument("--region", default=None, help="memascend region file or device (memascend mode)")
+    ap.add_argument("--disable", action="append", default=[], choices=TECHNIQUES,
+                    help="switch one engine technique off (memascend mode; repeatable)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # Single-process defaults; torchrun sets these for multi-rank runs.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    rank = int(os.environ["RANK"])
+    ev = Events(args.events, rank)
+    try:
+        return run(args, rank, ev)
+    except BaseException as exc:  # noqa: BLE001  (any failure, even SystemExit: the parent reports this line)
+        import traceback
+
+        traceback.print_exc()
+        ev.emit("error", message=f"rank {rank}: {type(exc).__name__}: {exc}"[:2000])
+        return 1
+
+
+def run(args, rank: int, ev: Events) -> int:
+    with open(args.ds_config) as f:
+        cfg = json.load(f)
+    if args.disable and args.mode != "memascend":
+        raise SystemExit("--disable applies to --mode memascend only")
+
+    engine_api = None
+    if args.mode == "memascend":
+        # Import before torch/deepspeed so a missing engine fails in a second, not after model init.
+        try:
+            import memascend_engine
+        except ImportError as exc:
+            ev.emit("error", message=f"memascend mode: cannot import memascend_engine ({exc})")
+            print(f"error: cannot import memascend_engine: {exc}", file=sys.stderr)
+            return EXIT_ENGINE_MISSING
+        install = getattr(memascend_engine, "install", None)
+        options_cls = getattr(memascend_engine, "EngineOptions", None)
+        if install is None or options_cls is None:
+            msg = ("memascend mode: memascend_engine has no install()/EngineOptions yet - the engine is not "
+                   "implemented in this checkout, so there is nothing to measure")
+            ev.emit("error", message=msg)
+            print("error: " + msg, file=sys.stderr)
+            return EXIT_ENGINE_MISSING
+        engine_api = (install, options_cls)
+
+    ev.phase("import")
+    import deepspeed
+    import torch
+    from memascend_engine.hf_models import causal_lm_factory
+
+    from memascend_cli.models import load_model
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    world = int(os.environ["WORLD_SIZE"])
+    spec = load_model(args.model)
+    # transformers is imported here (in the factory), before zero.Init patches tensor constructors.
+    make_model = causal_lm_factory(spec)
+
+    handle = None
+    if engine_api is not None:
+        install, options_cls = engine_api
+        opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES})
+        ev.phase("engine_install")
+        # The region has one sub-region per local rank (prepare-ssd --ranks).
+        handle = install(cfg, region=args.region, model_spec=spec, options=opts,
+                         rank=int(os.environ.get("LOCAL_RANK", rank)))
+
+    io_start = proc_io()
+    ev.phase("zero_init")
+    torch.manual_seed(args.seed)
+    # No dtype= here: Init._set_dtype turns an explicit torch.float32 into bf16 on a CPU without fp16
+    # (see benchmarks/measure_ds_buffers.py). The config's dtype is honoured.
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        model = make_model()
+    model.config.use_cache = False
+    if args.checkpointing == "full":
+        if handle is not None and "offload_checkpointing" not in args.disable:
+            handle.enable_offloaded_checkpointing(model)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ev.phase("initialize")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    model.train()
+    io_init_done = proc_io()
+    vmlck_after_init_kib = status_kib("VmLck")
+
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    for step in range(1, args.steps + 1):
+        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen)
+        ev.phase(f"step{step}_forward")
+        t0 = time.perf_counter()
+        loss = engine(input_ids=x, labels=x).loss
+        ev.phase(f"step{step}_backward")
+        engine.backward(loss)
+        ev.phase(f"step{step}_optimizer")
+        engine.step()
+        dt = time.perf_counter() - t0
+        ev.emit("step", step=step, loss=float(loss.detach()), seconds=dt,
+                tokens_per_s=args.micro_batch * args.seq_len * world / dt)
+    ev.phase("finish")
+    io_end = proc_io()
+    nvme_dir = cfg["zero_optimization"]["offload_param"].get("nvme_path")
+    final = {
+        "rank": rank,
+        "world_size": world,
+        "mode": args.mode,
+        "disabled": args.disable,
+        "deepspeed_version": deepspeed.__version__,
+        "torch_version": torch.__version__,
+        "num_params": spec.num_params,
+        "io": io_delta(io_start, io_end),
+        "io_init": io_delta(io_start, io_init_done),
+        "io_steps": io_delta(io_init_done, io_end),
+        "swap_bytes_on_disk": dir_bytes(nvme_dir) if nvme_dir else 0,
+        "vmlck_after_init_kib": vmlck_after_init_kib,
+        "vmhwm_kib": status_kib("VmHWM"),
+        "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "engine_stats": None,
+        "ds_config_effective": cfg,
+    }
+    if handle is not None:
+        final["engine_stats"] = dict(handle.stats())
+        handle.uninstall()
+    ev.emit("final", **final)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,816 @@
+"""`memascend bench` machinery: configs per run, the settle wait, the 1 kHz meminfo sampler, the child
+launch with os.wait4, the planner's prediction, and the JSON / table / PNG outputs.
+
+The training job itself runs in a child process (benchmarks/bench_job.py), so this module stays
+torch-free: the parent only samples /proc and waits. Pure parts (config building, the flatness test,
+the result document) take plain data so tests can drive them without DeepSpeed.
+
+Memory is measured the way shared/docs/platform-notes.md §9 and its addendum recommend:
+system-wide MemTotal - MemAvailable sampled at >= 1 kHz in the parent, minus the settled idle level
+taken right before the launch, plus the child's ru_maxrss from os.wait4 (the largest single process of
+the tree), plus per-process RSS of the tree sampled with psutil.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from array import array
+from dataclasses import asdict, dataclass, field
+
+from memascend_cli.errors import BadInput
+from memascend_cli.units import GiB, MiB
+
+JSON_SCHEMA_VERSION = 1
+MODES = ("stock", "tuned", "memascend")
+TECHNIQUES = ("pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing", "malloc_trim")
+"""The engine's techniques, each switchable off for the ablation (memascend_engine.EngineOptions fields)."""
+
+# Stock DeepSpeed defaults a user gets from the docs (deepspeed-notes §8).
+DS_DEFAULT_PARAM_BUFFER_SIZE = 100_000_000
+DS_DEFAULT_MAX_IN_CPU = 1_000_000_000
+DS_DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
+DS_DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000
+# Tuned stock run: the smallest sub-group DeepSpeed handles without a per-sub-group I/O cost that
+# dominates the step; a sub-group still closes only after its largest parameter (the embedding).
+TUNED_SUB_GROUP_SIZE = 20_000_000
+
+SETTLE_WINDOW_S = 6.0
+SETTLE_TOLERANCE_BYTES = 8 * MiB
+SETTLE_CAP_S = 150.0
+"""The addendum measured 45-85 s to settle after a heavy run; cap the wait and report when not flat."""
+SAMPLE_INTERVAL_S = 0.0008
+"""Target meminfo period: ~1.25 kHz asked so that scheduling jitter still leaves >= 1 kHz."""
+TREE_SAMPLE_INTERVAL_S = 0.05
+TIMELINE_BUCKET_S = 0.01
+"""The JSON timeline keeps the maximum of each 10 ms bucket (the raw 1 kHz series is large)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What to run (pure)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One measured run: a mode and, for memascend ablations, the techniques switched off."""
+
+    name: str
+    mode: str
+    disabled: tuple[str, ...] = ()
+
+
+def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
+    """'stock,tuned,memascend' (+ one memascend run per technique disabled with --ablation)."""
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise BadInput("--runs is empty", "give e.g. --runs stock,tuned,memascend")
+    bad = [n for n in names if n not in MODES]
+    if bad:
+        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES))
+    if len(set(names)) != len(names):
+        raise BadInput("--runs names a run twice", "list each of " + ", ".join(MODES) + " at most once")
+    runs = [RunSpec(n, n) for n in names]
+    if ablation:
+        runs += [RunSpec(f"memascend-no-{t}", "memascend", (t,)) for t in TECHNIQUES]
+    return runs
+
+
+def largest_partition_numel(spec, ranks: int) -> int:
+    """Largest parameter partition per rank: ZeRO-3 pads each parameter to a multiple of the world size."""
+    return -(-spec.largest_tensor_numel // ranks)
+
+
+def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: str, ranks: int, lr: float = 1e-4) -> dict:
+    """The DeepSpeed config of one run. Pure.
+
+    stock: what a user writes from DeepSpeed's docs for ZeRO-Infinity (params + optimizer on NVMe),
+      every knob at its default except buffer_size, raised to fit the largest partition if needed.
+    tuned: stock DeepSpeed's own memory knobs turned down: max_in_cpu 0 (params really live on the
+      SSD), a param buffer just the size of the largest partition, smaller optimizer sub-groups;
+      stage3_max_reuse_distance 0 is required with max_in_cpu 0 (deepspeed-notes addendum: the
+      default crashes in step 2 with "Not enough buffers"). DS_PIN_MEMORY_BACKEND=native is set in
+      the child's environment (see child_env).
+    memascend: the stock config; the engine's install() may rewrite it in place in the child.
+    """
+    if mode not in MODES:
+        raise BadInput(f"unknown mode {mode!r}", "modes are " + ", ".join(MODES))
+    largest = largest_partition_numel(spec, ranks)
+    param = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 5,
+             "buffer_size": max(DS_DEFAULT_PARAM_BUFFER_SIZE, largest), "max_in_cpu": DS_DEFAULT_MAX_IN_CPU}
+    zero = {"stage": 3, "sub_group_size": DS_DEFAULT_SUB_GROUP_SIZE, "reduce_bucket_size": DS_DEFAULT_REDUCE_BUCKET_SIZE,
+            "offload_param": param,
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 4}}
+    if mode == "tuned":
+        param["max_in_cpu"] = 0
+        param["buffer_size"] = largest
+        zero["sub_group_size"] = TUNED_SUB_GROUP_SIZE
+        zero["stage3_max_reuse_distance"] = 0
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr}},
+        "zero_optimization": zero,
+        "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+                "overlap_events": True},
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    elif dtype != "fp32":
+        raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
+    return cfg
+
+
+def child_env(mode: str, base: dict) -> dict:
+    """Environment of a run's child: CPU accelerator, and the pinning backend the mode asks for."""
+    env = dict(base)
+    env["DS_ACCELERATOR"] = env.get("DS_ACCELERATOR") or "cpu"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("DS_PIN_MEMORY_BACKEND", None)  # stock = DeepSpeed's default (torch CachingHostAllocator)
+    if mode == "tuned":
+        env["DS_PIN_MEMORY_BACKEND"] = "native"
+    return env
+
+
+def planner_knobs(mode: str, cfg: dict):
+    """The ZeroKnobs that describe `cfg` (read back from the config, so plan and run cannot drift)."""
+    from memascend_cli.planner.memory import ZeroKnobs
+
+    z = cfg["zero_optimization"]
+    p, o = z["offload_param"], z["offload_optimizer"]
+    return ZeroKnobs(
+        param_buffer_count=p["buffer_count"], param_buffer_size=p["buffer_size"], max_in_cpu=p["max_in_cpu"],
+        optimizer_buffer_count=o["buffer_count"], sub_group_size=z["sub_group_size"],
+        reduce_bucket_size=z["reduce_bucket_size"], pin_memory=p["pin_memory"],
+        pin_backend="native" if mode == "tuned" else "torch", checkpoint_copies=0,
+    )
+
+
+def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
+            checkpointing: str, hw, deepspeed_version: str) -> dict:
+    """memascend plan's estimate for one run: node peak plus the host items (for recalibration)."""
+    from memascend_cli.planner.memory import JobSpec, estimate
+
+    job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks_per_node=ranks,
+                  checkpointing=("offload" if mode == "memascend" else "full") if checkpointing == "full" else "none",
+                  deepspeed_version=deepspeed_version, knobs=planner_knobs(mode, cfg))
+    est = estimate(job, hw, "memascend" if mode == "memascend" else "baseline")
+    return {
+        "engine": est.engine,
+        "node_host_peak_bytes": est.node_host_peak_bytes,
+        "host_peak_bytes_per_rank": est.host_peak_bytes,
+        "host_steady_bytes_per_rank": est.host_steady_bytes,
+        "nvme_bytes_per_rank": est.nvme_bytes,
+        "host_items": [{"key": i.key, "kind": i.kind, "bytes": i.bytes} for i in est.items if i.tier == "host"],
+        "config_errors": list(est.config_errors),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Settling (pure core + I/O wrapper)
+
+
+def flat_spread(samples: list[tuple[float, int]], window_s: float) -> int | None:
+    """max - min of the samples in the last `window_s`, or None until the samples span the window."""
+    if not samples or samples[-1][0] - samples[0][0] < window_s:
+        return None
+    t_end = samples[-1][0]
+    vals = [v for t, v in samples if t >= t_end - window_s]
+    return max(vals) - min(vals)
+
+
+@dataclass
+class SettleResult:
+    idle_bytes: int
+    """Median of MemTotal - MemAvailable over the last window: the level a run's peak is taken from."""
+    waited_s: float
+    flat: bool
+    """False when the cap ran out before the level was flat (the idle level is then less certain)."""
+    spread_bytes: int
+    dropped_caches: bool
+
+
+def settle(read_used_bytes, *, window_s: float = SETTLE_WINDOW_S, tolerance_bytes: int = SETTLE_TOLERANCE_BYTES,
+           cap_s: float = SETTLE_CAP_S, interval_s: float = 0.25, clock=time.monotonic, sleep=time.sleep,
+           on_tick=None, dropped_caches: bool = False) -> SettleResult:
+    """Wait until used memory is flat within `tolerance_bytes` over `window_s`, at most `cap_s`."""
+    t0 = clock()
+    samples: list[tuple[float, int]] = []
+    spread = None
+    while True:
+        now = clock()
+        samples.append((now, int(read_used_bytes())))
+        # Keep only what the window needs.
+        while len(samples) > 2 and samples[1][0] <= now - window_s:
+            samples.pop(0)
+        spread = flat_spread(samples, window_s)
+        if on_tick is not None:
+            on_tick(now - t0, spread)
+        if spread is not None and spread <= tolerance_bytes:
+            break
+        if now - t0 >= cap_s:
+            break
+        sleep(interval_s)
+    vals = sorted(v for t, v in samples if t >= samples[-1][0] - window_s)
+    flat = spread is not None and spread <= tolerance_bytes
+    return SettleResult(idle_bytes=vals[len(vals) // 2], waited_s=clock() - t0, flat=flat,
+                        spread_bytes=spread if spread is not None else (vals[-1] - vals[0]), dropped_caches=dropped_caches)
+
+
+def drop_caches() -> bool:
+    """sync, and as root drop the page cache so reclaimable cache does not drift during the run."""
+    os.sync()
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+
+
+class MeminfoReader:
+    """MemTotal - MemAvailable in bytes, read with os.pread on one open fd (no open/close per sample)."""
+
+    def __init__(self, path: str = "/proc/meminfo"):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.total_bytes = self._field(os.pread(self.fd, 8192, 0), b"MemTotal:")
+
+    @staticmethod
+    def _field(data: bytes, name: bytes) -> int:
+        i = data.index(name) + len(name)
+        return int(data[i:data.index(b"kB", i)]) * 1024
+
+    def used_bytes(self) -> int:
+        return self.total_bytes - self._field(os.pread(self.fd, 8192, 0), b"MemAvailable:")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class MemSampler(threading.Thread):
+    """Samples MemTotal - MemAvailable at ~1.25 kHz into compact arrays (16 B per sample)."""
+
+    def __init__(self, reader: MeminfoReader, interval_s: float = SAMPLE_INTERVAL_S):
+        super().__init__(daemon=True, name="meminfo-sampler")
+        self.reader, self.interval_s = reader, interval_s
+        self.t_s = array("d")
+        self.used_bytes = array("q")
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        # As root, raise this thread's priority (per-thread nice on Linux) so the training job's
+        # threads on a 2-core box do not starve the sampler; the child does not inherit it.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
+        except (OSError, AttributeError):
+            pass
+        nxt = time.monotonic()
+        read, t_app, u_app, mono = self.reader.used_bytes, self.t_s.append, self.used_bytes.append, time.monotonic
+        while not self._halt.is_set():
+            t_app(mono())
+            u_app(read())
+            nxt += self.interval_s
+            delay = nxt - mono()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                nxt = mono()  # fell behind: do not burst to catch up
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+class TreeSampler(threading.Thread):
+    """psutil RSS of the child's process tree (the sum, and each process's max), and of everyone else.
+
+    wait4's ru_maxrss covers one process at a time; with a launcher and two ranks the node's real
+    footprint is the sum. Other processes' RSS (sampled at 1 Hz) shows how much the other jobs on a
+    shared machine moved the system-wide reading.
+    """
+
+    def __init__(self, pid: int, interval_s: float = TREE_SAMPLE_INTERVAL_S):
+        super().__init__(daemon=True, name="tree-sampler")
+        self.pid, self.interval_s = pid, interval_s
+        self.max_tree_rss_bytes = 0
+        self.per_process_max_rss_bytes: dict[int, tuple[str, int]] = {}
+        self.others_rss_bytes: list[tuple[float, int]] = []
+        """(monotonic time, summed RSS of every process outside the tree and this one)."""
+        self._halt = threading.Event()
+
+    def _tree(self, psutil):
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def run(self) -> None:
+        import psutil
+
+        me = os.getpid()
+        last_others = 0.0
+        while not self._halt.is_set():
+            total = 0
+            procs = self._tree(psutil)
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss
+                    name = " ".join(p.cmdline()[:3])[-80:]
+                except psutil.Error:
+                    continue
+                total += rss
+                prev = self.per_process_max_rss_bytes.get(p.pid, ("", 0))
+                if rss > prev[1]:
+                    self.per_process_max_rss_bytes[p.pid] = (name, rss)
+            self.max_tree_rss_bytes = max(self.max_tree_rss_bytes, total)
+            now = time.monotonic()
+            if now - last_others >= 1.0:
+                last_others = now
+                self.others_rss_bytes.append((now, others_rss_bytes({p.pid for p in procs} | {me})))
+            self._halt.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def others_rss_bytes(exclude: set[int]) -> int:
+    """Summed RSS of every process not in `exclude` (shared pages count once per process: a rough gauge)."""
+    import psutil
+
+    total = 0
+    for p in psutil.process_iter(["memory_info"]):
+        if p.pid not in exclude and p.info["memory_info"] is not None:
+            total += p.info["memory_info"].rss
+    return total
+
+
+def nearest(series: list[tuple[float, int]], t: float) -> int | None:
+    """Value of the (time, value) sample closest to t. Pure."""
+    return min(series, key=lambda x: abs(x[0] - t))[1] if series else None
+
+
+def bucket_max(t_s, values, t0: float, bucket_s: float = TIMELINE_BUCKET_S) -> list[tuple[float, int]]:
+    """Downsample (t, v) to the maximum of each `bucket_s` bucket, times relative to t0. Pure."""
+    out: list[tuple[float, int]] = []
+    cur_b, cur_v = None, 0
+    for t, v in zip(t_s, values):
+        b = int((t - t0) / bucket_s + 1e-9)  # epsilon: 0.03 / 0.01 is 2.999... in floating point
+        if b != cur_b:
+            if cur_b is not None:
+                out.append((round(cur_b * bucket_s, 4), cur_v))
+            cur_b, cur_v = b, v
+        elif v > cur_v:
+            cur_v = v
+    if cur_b is not None:
+        out.append((round(cur_b * bucket_s, 4), cur_v))
+    return out
+
+
+def sampling_stats(t_s) -> dict:
+    """Achieved rate and the largest gap of the meminfo series (a gap could hide a spike)."""
+    n = len(t_s)
+    if n < 2:
+        return {"samples": n, "rate_hz": 0.0, "max_gap_ms": None}
+    span = t_s[-1] - t_s[0]
+    gaps = sorted(t_s[i + 1] - t_s[i] for i in range(n - 1))
+    return {"samples": n, "rate_hz": round((n - 1) / span, 1) if span > 0 else 0.0,
+            "max_gap_ms": round(gaps[-1] * 1e3, 3), "p999_gap_ms": round(gaps[int(0.999 * (len(gaps) - 1))] * 1e3, 3)}
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+
+
+@dataclass
+class RunResult:
+    name: str
+    mode: str
+    disabled: list[str]
+    ok: bool
+    error: str | None = None
+    idle_bytes: int = 0
+    settle: dict = field(default_factory=dict)
+    peak_system_bytes: int | None = None
+    """max(MemTotal - MemAvailable) over the child's life minus the settled idle level."""
+    peak_at_s: float | None = None
+    peak_phase: str | None = None
+    ru_maxrss_bytes: int | None = None
+    max_tree_rss_bytes: int | None = None
+    per_process_max_rss: list[dict] = field(default_factory=list)
+    others_rss_span_bytes: int | None = None
+    others_rss_change_at_peak_bytes: int | None = None
+    peak_system_minus_others_bytes: int | None = None
+    """peak_system_bytes less the change of other processes' RSS from idle to the peak (shared machines)."""
+    seconds_per_step: float | None = None
+    first_step_seconds: float | None = None
+    tokens_per_s: float | None = None
+    losses: list[float] = field(default_factory=list)
+    ssd_read_bytes: int | None = None
+    ssd_written_bytes: int | None = None
+    ssd_read_bytes_steps: int | None = None
+    ssd_written_bytes_steps: int | None = None
+    engine_stats: list[dict] | None = None
+    swap_bytes_on_disk: int | None = None
+    wall_s: float | None = None
+    sampling: dict = field(default_factory=dict)
+    phases: list[dict] = field(default_factory=list)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds since launch, MemTotal - MemAvailable - idle in bytes), max per 10 ms bucket."""
+    predicted: dict | None = None
+    config: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    log_path: str = ""
+
+    @property
+    def prediction_error_percent(self) -> float | None:
+        if not self.predicted or not self.peak_system_bytes:
+            return None
+        return 100.0 * (self.predicted["node_host_peak_bytes"] - self.peak_system_bytes) / self.peak_system_bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["prediction_error_percent"] = (round(self.prediction_error_percent, 2)
+                                         if self.prediction_error_percent is not None else None)
+        return d
+
+
+def read_events(path: str) -> list[dict]:
+    """The child's JSON lines (a partial last line while the child writes is skipped)."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int, seq_len: int, ranks: int) -> dict:
+    """Step timing from rank 0; SSD bytes summed over ranks. Pure."""
+    ev0 = events_by_rank.get(0, [])
+    steps = [e for e in ev0 if e.get("event") == "step"]
+    finals = [next((e for e in evs if e.get("event") == "final"), None) for evs in events_by_rank.values()]
+    finals = [f for f in finals if f is not None]
+    errors = [e["message"] for evs in events_by_rank.values() for e in evs if e.get("event") == "error"]
+    out: dict = {"losses": [s["loss"] for s in steps], "errors": errors}
+    if steps:
+        # Step 1 also records the parameter trace and creates the Adam states: report it apart.
+        timed = steps[1:] if len(steps) > 1 else steps
+        sps = sum(s["seconds"] for s in timed) / len(timed)
+        out.update(seconds_per_step=sps, first_step_seconds=steps[0]["seconds"],
+                   tokens_per_s=micro_batch * seq_len * ranks / sps)
+    if finals and len(finals) == len(events_by_rank):
+        out.update(
+            ssd_read_bytes=sum(f["io"]["read_bytes"] for f in finals),
+            ssd_written_bytes=sum(f["io"]["write_bytes"] for f in finals),
+            ssd_read_bytes_steps=sum(f["io_steps"]["read_bytes"] for f in finals),
+            ssd_written_bytes_steps=sum(f["io_steps"]["write_bytes"] for f in finals),
+            swap_bytes_on_disk=max(f.get("swap_bytes_on_disk", 0) for f in finals),
+        )
+        stats = [f["engine_stats"] for f in finals if f.get("engine_stats") is not None]
+        if stats:
+            out["engine_stats"] = stats
+    out["phases"] = [e for e in ev0 if e.get("event") == "phase"]
+    return out
+
+
+def job_script() -> str:
+    """benchmarks/bench_job.py of this checkout (the CLI is installed editable from the repo)."""
+    import memascend_cli
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(memascend_cli.__file__))), "benchmarks",
+                        "bench_job.py")
+    if not os.path.isfile(path):
+        raise BadInput(f"the benchmark job {path} is missing",
+                       "run `memascend bench` from a source checkout installed with `pip install -e .`")
+    return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_command(script: str, args: list[str], ranks: int) -> list[str]:
+    """One rank: the script itself. Two ranks: torchrun (python -m torch.distributed.run) on gloo."""
+    if ranks == 1:
+        return [sys.executable, script, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--nnodes", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), script, *args]
+
+
+def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
+            micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
+            settle_cap_s: float = SETTLE_CAP_S) -> RunResult:
+    """Settle, launch the child, sample until it exits, collect its events."""
+    import shutil
+
+    res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg)
+    run_dir = os.path.join(out_dir, "runs", run.name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    shutil.rmtree(nvme_dir, ignore_errors=True)  # stale swap files would be read back as data
+    os.makedirs(nvme_dir)
+    cfg_path = os.path.join(run_dir, "ds_config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    events_prefix = os.path.join(run_dir, "events")
+    args = [*job_args, "--mode", run.mode, "--ds-config", cfg_path, "--events", events_prefix]
+    for t in run.disabled:
+        args += ["--disable", t]
+    if region is not None:
+        args += ["--region", region]
+    env = child_env(run.mode, os.environ)
+    res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR") if k in env}
+    task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
+
+    def tick(waited_s, spread):
+        if progress is not None:
+            s = "…" if spread is None else f"{spread / MiB:.0f} MiB"
+            progress.update(task, description=f"{run.name}: settling {waited_s:.0f}s (spread {s})")
+
+    reader = MeminfoReader()
+    try:
+        dropped = drop_caches()
+        st = settle(reader.used_bytes, on_tick=tick, cap_s=settle_cap_s, dropped_caches=dropped)
+        res.idle_bytes = st.idle_bytes
+        res.settle = asdict(st)
+        others_at_idle = others_rss_bytes({os.getpid()})
+        cmd = child_command(job_script(), args, ranks)
+        res.log_path = os.path.join(run_dir, "child.log")
+        sampler = MemSampler(reader)
+        # A 0.2 ms GIL switch interval (default 5 ms) keeps the psutil sweeps of the tree sampler from
+        # holding the sampler thread off for tens of milliseconds.
+        switch_s = sys.getswitchinterval()
+        sys.setswitchinterval(0.0002)
+        sampler.start()
+        t_launch = time.monotonic()
+        with open(res.log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        tree = TreeSampler(proc.pid)
+        tree.start()
+        status, rusage = 0, None
+        rank0_events = f"{events_prefix}-rank0.jsonl"
+        try:
+            while True:
+                pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    break
+                if progress is not None:
+                    evs = read_events(rank0_events)
+                    done = sum(1 for e in evs if e.get("event") == "step")
+                    phase = next((e["name"] for e in reversed(evs) if e.get("event") == "phase"), "starting")
+                    progress.update(task, completed=done, description=f"{run.name}: {phase}, step {done}/{steps}")
+                time.sleep(0.2)
+        except BaseException:
+            proc.kill()
+            os.wait4(proc.pid, 0)
+            raise
+        finally:
+            proc.returncode = -1  # reaped by wait4 above: keep Popen from waiting on a pid it no longer owns
+            t_end = time.monotonic()
+            sampler.stop()
+            tree.stop()
+            sys.setswitchinterval(switch_s)
+    finally:
+        reader.close()
+    res.wall_s = t_end - t_launch
+    code = os.waitstatus_to_exitcode(status)
+    res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None
+    res.max_tree_rss_bytes = tree.max_tree_rss_bytes
+    res.per_process_max_rss = sorted(({"pid": p, "cmd": n, "max_rss_bytes": b}
+                                      for p, (n, b) in tree.per_process_max_rss_bytes.items()),
+                                     key=lambda d: -d["max_rss_bytes"])[:8]
+    if tree.others_rss_bytes:
+        vals = [v for _, v in tree.others_rss_bytes]
+        res.others_rss_span_bytes = max(vals) - min(vals)
+    ts, used = sampler.t_s, sampler.used_bytes
+    res.sampling = sampling_stats(ts)
+    in_run = [(t, u) for t, u in zip(ts, used) if t_launch <= t <= t_end]
+    if in_run:
+        t_pk, u_pk = max(in_run, key=lambda x: x[1])
+        res.peak_system_bytes = u_pk - res.idle_bytes
+        res.peak_at_s = round(t_pk - t_launch, 3)
+        at_peak = nearest(tree.others_rss_bytes, t_pk)
+        if at_peak is not None:
+            # Cross-check for a shared machine: take out how much the other processes' RSS moved between
+            # the idle reading and the moment of the peak (1 Hz, RSS only: a gauge, not a correction).
+            res.others_rss_change_at_peak_bytes = at_peak - others_at_idle
+            res.peak_system_minus_others_bytes = res.peak_system_bytes - res.others_rss_change_at_peak_bytes
+    res.timeline = [(t, v - res.idle_bytes) for t, v in bucket_max(ts, used, t_launch)]
+    events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
+    summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks)
+    for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes", "ssd_written_bytes",
+              "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats"):
+        if k in summary:
+            setattr(res, k, summary[k])
+    res.phases = [{"name": p["name"], "at_s": round(p["t_mono"] - t_launch, 3)} for p in summary["phases"]]
+    if res.peak_at_s is not None:
+        res.peak_phase = next((p["name"] for p in reversed(res.phases) if p["at_s"] <= res.peak_at_s), "startup")
+    if code == 0 and len(res.losses) == steps:
+        res.ok = True
+    else:
+        res.error = "; ".join(summary["errors"]) or f"exit status {code}; last lines of {res.log_path}:\n" + _tail(res.log_path)
+    if progress is not None:
+        progress.update(task, completed=len(res.losses),
+                        description=f"{run.name}: {'done' if res.ok else '[red]failed[/red]'}")
+    shutil.rmtree(nvme_dir, ignore_errors=True)
+    return res
+
+
+def _tail(path: str, nbytes: int = 1500) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before running
+
+
+def check_nvme_dir(path: str) -> dict:
+    """Swap files must go to a real, O_DIRECT-capable file system: on tmpfs 'offloading' keeps data in RAM."""
+    from memascend_cli.hardware import path_info
+    from memascend_cli.ssd_safety import RAM_FILESYSTEMS
+
+    os.makedirs(path, exist_ok=True)
+    info = path_info(path)
+    if info.fstype in RAM_FILESYSTEMS:
+        raise BadInput(f"--nvme-dir {path} is on {info.fstype}, which keeps file data in RAM",
+                       "point --nvme-dir at a directory on an SSD file system (ext4, xfs)")
+    if info.o_direct_ok is False:
+        raise BadInput(f"--nvme-dir {path} ({info.fstype}) does not support O_DIRECT: {info.o_direct_reason}",
+                       "DeepSpeed's swapper needs O_DIRECT; use a directory on ext4 or xfs")
+    return info.to_dict()
+
+
+def engine_available() -> tuple[bool, str]:
+    """Whether memascend_engine.install exists, asked in a subprocess so this process stays torch-free."""
+    code = ("import sys\ntry:\n import memascend_engine as m\nexcept Exception as e:\n print(repr(e)); sys.exit(3)\n"
+            "sys.exit(0 if callable(getattr(m, 'install', None)) and hasattr(m, 'EngineOptions') else 4)")
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    if r.returncode == 0:
+        return True, ""
+    if r.returncode == 4:
+        return False, "memascend_engine has no install()/EngineOptions yet (the engine is not implemented in this checkout)"
+    return False, f"memascend_engine cannot be imported: {(r.stdout + r.stderr).strip()[-300:]}"
+
+
+def create_region(path: str, size_bytes: int, ranks: int) -> dict:
+    """A fresh region file for the memascend runs, with prepare-ssd's own checks and steps (no probe)."""
+    from memascend_cli import __version__, region
+    from memascend_cli.commands.prepare_ssd import _checked_facts, apply_actions, build_actions
+
+    if os.path.exists(path):
+        os.unlink(path)  # our own file from an earlier bench in this output directory
+    facts, _ = _checked_facts(path, "prepare", False, size_bytes)
+    alignment_bytes = region.region_alignment(facts.logical_block_bytes)
+    header = region.new_header(capacity_bytes=region.align_down(size_bytes, alignment_bytes), num_ranks=ranks,
+                               logical_block_bytes=facts.logical_block_bytes, device_alignment_bytes=alignment_bytes,
+                               label="memascend-bench", created_by=__version__)
+    header, _ = apply_actions(facts, header, build_actions(facts, header, None), None, progress=False)
+    return header.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+def build_document(*, job: dict, hardware: dict, runs: list[RunResult], notes: list[str]) -> dict:
+    """The JSON document. Pure."""
+    by_name = {r.name: r for r in runs}
+    stock = by_name.get("stock")
+    comparisons = {}
+    if stock is not None and stock.ok and stock.peak_system_bytes:
+        for r in runs:
+            if r is stock or not r.ok or not r.peak_system_bytes:
+                continue
+            comparisons[r.name] = {
+                "peak_reduction_vs_stock_percent": round(100.0 * (1 - r.peak_system_bytes / stock.peak_system_bytes), 2),
+                "step_time_vs_stock_percent": (round(100.0 * (r.seconds_per_step / stock.seconds_per_step - 1), 2)
+                                               if r.seconds_per_step and stock.seconds_per_step else None),
+            }
+    return {"schema_version": JSON_SCHEMA_VERSION, "job": job, "hardware": hardware,
+            "runs": [r.to_dict() for r in runs], "vs_stock": comparisons, "notes": notes}
+
+
+TABLE_COLUMNS = ("run", "peak sys GiB", "peak sys-others GiB", "ru_maxrss GiB", "tree RSS GiB", "s/step", "tok/s",
+                 "SSD GB rd", "SSD GB wr", "plan GiB", "plan err")
+
+
+def table_rows(doc: dict) -> list[tuple[str, ...]]:
+    """One row per run, in TABLE_COLUMNS order. Pure."""
+
+    def g(b):
+        return "-" if b is None else f"{b / GiB:.2f}"
+
+    def gb(b):
+        return "-" if b is None else f"{b / 1e9:.2f}"
+
+    rows = []
+    for r in doc["runs"]:
+        pred = r["predicted"]["node_host_peak_bytes"] if r.get("predicted") else None
+        err = r.get("prediction_error_percent")
+        rows.append((
+            r["name"] + ("" if r["ok"] else " (failed)"),
+            g(r["peak_system_bytes"]), g(r.get("peak_system_minus_others_bytes")), g(r["ru_maxrss_bytes"]),
+            g(r["max_tree_rss_bytes"]),
+            "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}",
+            "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}",
+            gb(r["ssd_read_bytes"]), gb(r["ssd_written_bytes"]), g(pred),
+            "-" if err is None else f"{err:+.1f}%",
+        ))
+    return rows
+
+
+def render_table(doc: dict) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    j = doc["job"]
+    t = Table(title=f"memascend bench: {j['model']} ({j['num_params']:,} params), seq {j['seq_len']}, "
+                    f"micro-batch {j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s)",
+              title_justify="left")
+    for c in TABLE_COLUMNS:
+        t.add_column(c, justify="left" if c == "run" else "right")
+    for row in table_rows(doc):
+        t.add_row(*row)
+    # Piped output would wrap the 11 columns at 80: use a wide console then (a terminal keeps its width).
+    if not out.is_terminal:
+        from rich.console import Console
+
+        out = Console(highlight=False, width=150)
+    out.print(t)
+    for name, c in doc["vs_stock"].items():
+        st = c["step_time_vs_stock_percent"]
+        out.print(f"{name}: peak {c['peak_reduction_vs_stock_percent']:.1f}% below stock"
+                  + ("" if st is None else f", step time {st:+.1f}% vs stock"))
+    for r in doc["runs"]:
+        s = r["settle"]
+        if s:
+            out.print(f"[dim]{r['name']}: idle {r['idle_bytes'] / GiB:.2f} GiB after {s['waited_s']:.0f}s "
+                      f"({'flat' if s['flat'] else 'NOT flat'}, spread {s['spread_bytes'] / MiB:.0f} MiB), "
+                      f"sampled {r['sampling'].get('rate_hz', 0):.0f} Hz (gap p99.9 {r['sampling'].get('p999_gap_ms')} ms, "
+                      f"max {r['sampling'].get('max_gap_ms')} ms), "
+                      f"peak at {r['peak_at_s']}s in {r['peak_phase']}, other processes' RSS moved "
+                      f"{(r['others_rss_span_bytes'] or 0) / MiB:.0f} MiB[/dim]")
+        if not r["ok"]:
+            out.print(f"[red]{r['name']} failed:[/red] {r['error']}")
+    for n in doc["notes"]:
+        out.print(f"[yellow]note:[/yellow] {n}")
+
+
+def write_plot(doc: dict, path: str) -> str | None:
+    """PNG of (MemTotal - MemAvailable - idle) over time for every run; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (`pip install matplotlib`): no plot written"
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    for r in doc["runs"]:
+        if not r["timeline"]:
+            continue
+        ts = [p[0] for p in r["timeline"]]
+        vs = [p[1] / GiB for p in r["timeline"]]
+        (line,) = ax.plot(ts, vs, linewidth=0.8, label=f"{r['name']} (peak {(r['peak_system_bytes'] or 0) / GiB:.2f} GiB)")
+        if r.get("predicted"):
+            ax.axhline(r["predicted"]["node_host_peak_bytes"] / GiB, color=line.get_color(), linestyle=":", linewidth=0.8)
+    ax.set_xlabel("seconds since launch")
+    ax.set_ylabel("MemTotal - MemAvailable - idle (GiB)")
+    ax.set_title(f"{doc['job']['model']}: system memory over time (dotted: memascend plan prediction)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,245 @@
+"""`memascend bench`, pure parts: per-mode DeepSpeed configs and planner knobs, the settle logic on synthetic
+series, event summaries, the JSON document and table shape, and the option checks of the command."""
+
+import json
+import os
+
+import pytest
+
+from memascend_cli import bench as B
+from memascend_cli.errors import BadInput
+from memascend_cli.models import load_model
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_model("bench-llama-136m")
+
+
+def test_stock_config_is_the_documented_default(spec):
+    cfg = B.build_ds_config("stock", spec, micro_batch=2, dtype="bf16", nvme_dir="/x", ranks=1)
+    z = cfg["zero_optimization"]
+    assert z["stage"] == 3 and z["sub_group_size"] == 10**9 and z["reduce_bucket_size"] == 5 * 10**8
+    p, o = z["offload_param"], z["offload_optimizer"]
+    assert (p["device"], o["device"]) == ("nvme", "nvme") and p["nvme_path"] == o["nvme_path"] == "/x"
+    # The embedding (16384 x 1024 = 16.8M) fits the default 1e8 buffer, so buffer_size stays 1e8.
+    assert p["buffer_size"] == 10**8 and p["buffer_count"] == 5 and p["max_in_cpu"] == 10**9
+    assert o["buffer_count"] == 4 and p["pin_memory"] and o["pin_memory"]
+    assert "stage3_max_reuse_distance" not in z
+    assert cfg["bf16"] == {"enabled": True} and cfg["train_micro_batch_size_per_gpu"] == 2
+
+
+def test_buffer_size_grows_to_the_largest_partition():
+    big = load_model("qwen2.5-7b")  # embedding 152064 x 3584 = 545M elements > 1e8
+    cfg = B.build_ds_config("stock", big, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=2)
+    assert cfg["zero_optimization"]["offload_param"]["buffer_size"] == -(-big.largest_tensor_numel // 2)
+
+
+def test_tuned_config_turns_stock_knobs_down(spec):
+    cfg = B.build_ds_config("tuned", spec, micro_batch=1, dtype="fp16", nvme_dir="/x", ranks=1)
+    z = cfg["zero_optimization"]
+    assert z["offload_param"]["max_in_cpu"] == 0
+    assert z["offload_param"]["buffer_size"] == spec.largest_tensor_numel
+    assert z["sub_group_size"] == B.TUNED_SUB_GROUP_SIZE
+    # Required with max_in_cpu 0, else step 2 crashes with "Not enough buffers" (deepspeed-notes addendum).
+    assert z["stage3_max_reuse_distance"] == 0
+    assert cfg["fp16"]["enabled"] and "bf16" not in cfg
+
+
+def test_memascend_config_is_the_users_stock_config(spec):
+    kw = {"micro_batch": 1, "dtype": "bf16", "nvme_dir": "/x", "ranks": 1}
+    assert B.build_ds_config("memascend", spec, **kw) == B.build_ds_config("stock", spec, **kw)
+
+
+def test_bad_mode_and_dtype(spec):
+    with pytest.raises(BadInput):
+        B.build_ds_config("fast", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
+    with pytest.raises(BadInput):
+        B.build_ds_config("stock", spec, micro_batch=1, dtype="int8", nvme_dir="/x", ranks=1)
+
+
+def test_child_env_sets_the_pin_backend():
+    base = {"PATH": "/bin", "DS_PIN_MEMORY_BACKEND": "native"}
+    assert "DS_PIN_MEMORY_BACKEND" not in B.child_env("stock", base)
+    assert B.child_env("tuned", base)["DS_PIN_MEMORY_BACKEND"] == "native"
+    assert "DS_PIN_MEMORY_BACKEND" not in B.child_env("memascend", base)
+    assert B.child_env("stock", {})["DS_ACCELERATOR"] == "cpu"
+
+
+def test_planner_knobs_read_back_from_the_config(spec):
+    stock = B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
+    tuned = B.build_ds_config("tuned", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
+    ks, kt = B.planner_knobs("stock", stock), B.planner_knobs("tuned", tuned)
+    assert (ks.max_in_cpu, ks.pin_backend, ks.sub_group_size, ks.param_buffer_size) == (10**9, "torch", 10**9, 10**8)
+    assert (kt.max_in_cpu, kt.pin_backend, kt.sub_group_size) == (0, "native", B.TUNED_SUB_GROUP_SIZE)
+    assert kt.param_buffer_size == spec.largest_tensor_numel
+
+
+def test_predictions_order(spec):
+    from memascend_cli.planner.spec import HardwareSpec
+
+    hw = HardwareSpec(name="t", dram_gib=24, cpu_cores=2)
+    kw = {"seq_len": 512, "micro_batch": 1, "dtype": "bf16", "ranks": 1, "checkpointing": "full", "hw": hw,
+          "deepspeed_version": "0.19.8"}
+    p = {m: B.predict(m, B.build_ds_config(m, spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1), spec, **kw)
+         for m in B.MODES}
+    assert p["stock"]["engine"] == p["tuned"]["engine"] == "baseline" and p["memascend"]["engine"] == "memascend"
+    # Only the order against stock is a property of the configs; memascend vs tuned is what the bench measures.
+    assert p["tuned"]["node_host_peak_bytes"] < p["stock"]["node_host_peak_bytes"]
+    assert p["memascend"]["node_host_peak_bytes"] < p["stock"]["node_host_peak_bytes"]
+    assert {"key", "kind", "bytes"} == set(p["stock"]["host_items"][0])
+    two = B.predict("stock", B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=2),
+                    spec, **{**kw, "ranks": 2})
+    assert two["node_host_peak_bytes"] == 2 * two["host_peak_bytes_per_rank"]
+
+
+def test_parse_runs():
+    assert [r.name for r in B.parse_runs("stock, tuned", False)] == ["stock", "tuned"]
+    runs = B.parse_runs("memascend", True)
+    assert len(runs) == 1 + len(B.TECHNIQUES)
+    assert runs[1] == B.RunSpec("memascend-no-pinned", "memascend", ("pinned",))
+    for bad in ("", "stock,fast", "stock,stock"):
+        with pytest.raises(BadInput):
+            B.parse_runs(bad, False)
+
+
+# --- settling -----------------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def test_flat_spread_needs_a_full_window():
+    assert B.flat_spread([(0.0, 5), (3.0, 5)], 6.0) is None
+    assert B.flat_spread([(0.0, 5), (3.0, 9), (6.0, 7)], 6.0) == 4
+    # Only the last window counts.
+    assert B.flat_spread([(0.0, 100), (1.0, 7), (7.0, 8)], 6.0) == 1
+
+
+def test_settle_waits_for_a_decaying_level():
+    clock = FakeClock()
+    # Used memory decays from +900 MiB towards 2 GiB with a 10 s time constant (the slow page-cache trim
+    # the platform-notes addendum describes), plus 1 MiB of jitter.
+    def read():
+        return int(2 * GiB + 900 * MiB * 2.718 ** (-clock.t / 10) + (MiB if int(clock.t * 4) % 2 else 0))
+
+    r = B.settle(read, clock=clock, sleep=clock.sleep, interval_s=0.25, cap_s=200)
+    assert r.flat and r.spread_bytes <= B.SETTLE_TOLERANCE_BYTES
+    # 900 MiB x e^(-t/10) must fall to a slope of < 8 MiB per 6 s: t ~ 40 s.
+    assert 30 < r.waited_s < 60
+    assert abs(r.idle_bytes - 2 * GiB) < 16 * MiB
+
+
+def test_settle_gives_up_at_the_cap():
+    clock = FakeClock()
+    r = B.settle(lambda: int(clock.t * 10 * MiB), clock=clock, sleep=clock.sleep, cap_s=20)
+    assert not r.flat and 20 <= r.waited_s < 21
+    assert r.spread_bytes > B.SETTLE_TOLERANCE_BYTES
+
+
+def test_settle_is_quick_when_idle():
+    clock = FakeClock()
+    r = B.settle(lambda: 3 * GiB, clock=clock, sleep=clock.sleep)
+    assert r.flat and r.idle_bytes == 3 * GiB and r.waited_s == pytest.approx(B.SETTLE_WINDOW_S, abs=0.3)
+
+
+def test_meminfo_reader():
+    rd = B.MeminfoReader()
+    try:
+        used = rd.used_bytes()
+        assert 0 < used < rd.total_bytes
+    finally:
+        rd.close()
+
+
+def test_bucket_max_and_sampling_stats():
+    ts = [10.000, 10.004, 10.009, 10.012, 10.030]
+    vs = [1, 5, 3, 2, 9]
+    assert B.bucket_max(ts, vs, 10.0) == [(0.0, 5), (0.01, 2), (0.03, 9)]
+    st = B.sampling_stats(ts)
+    assert st["samples"] == 5 and st["rate_hz"] == pytest.approx(4 / 0.03, rel=1e-3) and st["max_gap_ms"] == pytest.approx(18.0)
+    assert B.nearest([(1.0, 10), (2.0, 20)], 1.8) == 20 and B.nearest([], 1.0) is None
+
+
+# --- events, document, table -------------------------------------------------------------------
+
+
+def _final(rank, r, w, rs, ws):
+    return {"event": "final", "rank": rank, "io": {"read_bytes": r, "write_bytes": w},
+            "io_steps": {"read_bytes": rs, "write_bytes": ws}, "swap_bytes_on_disk": 100, "engine_stats": None}
+
+
+def test_summarize_events_two_ranks():
+    steps = [{"event": "step", "step": i, "loss": 7.0 - i, "seconds": s} for i, s in ((1, 4.0), (2, 2.0), (3, 3.0))]
+    ev = {0: [{"event": "phase", "name": "zero_init", "t_mono": 1.0}, *steps, _final(0, 10, 20, 5, 6)],
+          1: [_final(1, 1, 2, 3, 4)]}
+    s = B.summarize_events(ev, micro_batch=2, seq_len=100, ranks=2)
+    assert s["seconds_per_step"] == pytest.approx(2.5) and s["first_step_seconds"] == 4.0
+    assert s["tokens_per_s"] == pytest.approx(2 * 100 * 2 / 2.5)
+    assert (s["ssd_read_bytes"], s["ssd_written_bytes"], s["ssd_read_bytes_steps"]) == (11, 22, 8)
+    assert s["losses"] == [6.0, 5.0, 4.0] and s["errors"] == [] and "engine_stats" not in s
+    # A rank that died leaves no final line: no SSD totals rather than half of them.
+    assert "ssd_read_bytes" not in B.summarize_events({0: ev[0], 1: []}, micro_batch=2, seq_len=100, ranks=2)
+
+
+def _result(name, mode, peak, sps, pred=None):
+    r = B.RunResult(name=name, mode=mode, disabled=[], ok=True, peak_system_bytes=peak, ru_maxrss_bytes=peak // 2,
+                    max_tree_rss_bytes=peak // 2, seconds_per_step=sps, tokens_per_s=512 / sps,
+                    ssd_read_bytes=int(2e9), ssd_written_bytes=int(3e9), settle={"waited_s": 7.0, "flat": True,
+                    "spread_bytes": MiB}, sampling={"rate_hz": 1100.0, "max_gap_ms": 3.0}, timeline=[(0.0, 0), (0.5, peak)])
+    if pred is not None:
+        r.predicted = {"node_host_peak_bytes": pred}
+    return r
+
+
+def test_document_and_table_shape(tmp_path):
+    runs = [_result("stock", "stock", 4 * GiB, 2.0, pred=int(3.6 * GiB)), _result("tuned", "tuned", 3 * GiB, 2.2),
+            B.RunResult(name="memascend", mode="memascend", disabled=[], ok=False, error="engine missing")]
+    job = {"model": "m", "num_params": 1, "seq_len": 512, "micro_batch": 1, "steps": 2, "dtype": "bf16", "ranks": 1}
+    doc = B.build_document(job=job, hardware={"name": "local"}, runs=runs, notes=["n"])
+    doc = json.loads(json.dumps(doc))  # JSON-serialisable as written to bench.json
+    assert doc["schema_version"] == B.JSON_SCHEMA_VERSION
+    assert [r["name"] for r in doc["runs"]] == ["stock", "tuned", "memascend"]
+    assert doc["runs"][0]["prediction_error_percent"] == pytest.approx(-10.0)
+    assert doc["vs_stock"] == {"tuned": {"peak_reduction_vs_stock_percent": 25.0, "step_time_vs_stock_percent": 10.0}}
+    rows = B.table_rows(doc)
+    assert all(len(row) == len(B.TABLE_COLUMNS) for row in rows)
+    assert rows[0] == ("stock", "4.00", "-", "2.00", "2.00", "2.00", "256", "2.00", "3.00", "3.60", "-10.0%")
+    assert rows[2][0] == "memascend (failed)" and rows[2][1] == "-"
+    B.render_table(doc)  # must not raise on failed runs
+    problem = B.write_plot(doc, str(tmp_path / "p.png"))
+    if problem is None:
+        assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the command's checks (nothing is launched) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--ranks", "3"), "--ranks 3"),
+    (("--runs", "stock,turbo"), "unknown run"),
+    (("--steps", "0"), "--steps must be at least 1"),
+    (("--dtype", "int4"), "unknown dtype"),
+])
+def test_bad_options(cli, tmp_path, args, fragment):
+    r = cli("bench", "--out", str(tmp_path), *args)
+    assert r.exit_code == 2 and fragment in r.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no tmpfs at /dev/shm")
+def test_refuses_tmpfs_swap_dir(cli, tmp_path):
+    r = cli("bench", "--out", str(tmp_path), "--nvme-dir", f"/dev/shm/memascend-bench-test-{os.getpid()}",
+            "--runs", "stock")
+    os.rmdir(f"/dev/shm/memascend-bench-test-{os.getpid()}")
+    assert r.exit_code == 2 and "keeps file data in RAM" in r.stderr
