@@ -97,7 +97,8 @@ class PluginContext:
     """Set when the pinned technique is on: the gradient flat buffer is then allocated pinned in place."""
     counters: dict = field(default_factory=lambda: {
         "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "adam_states_in_place": 0,
-        "pool_overflow_allocations": 0, "prefetch_skipped": 0, "grad_buffer_in_place": 0})
+        "pool_overflow_allocations": 0, "prefetch_skipped": 0, "prefetch_duplicates": 0,
+        "grad_buffer_in_place": 0})
     param_swappers: list = field(default_factory=list)
     optimizers: list = field(default_factory=list)
     _libc: Any = None
@@ -357,6 +358,12 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             if swap_in_buffers is None:
                 taken, compute_buffers, swap_in_buffers = [], [], []
                 for param in params:
+                    if async_op and (param.ds_id in self._slot_of or any(p is param for p in taken)):
+                        # The prefetch walks the trace, where a parameter can appear twice within the
+                        # window (e.g. at the end of forward and the start of backward); the larger
+                        # size-class pool makes that window longer than stock's 5 slots ever were.
+                        ctx.counters["prefetch_duplicates"] += 1
+                        continue
                     compute, swap = self._assign(param, self.param_id_to_numel[param.ds_id],
                                                  allow_overflow=not async_op)
                     if compute is None:

@@ -12,8 +12,8 @@ from memascend_engine import EngineOptions, pools
 
 log = logging.getLogger("memascend_engine")
 
-MEMASCEND_SUB_GROUP_SIZE = 100_000_000
-"""Optimizer sub-group target (elements); memascend_cli.planner.memory.MEMASCEND_SUB_GROUP_SIZE."""
+# One source of truth with the planner.
+from memascend_cli.planner.memory import MEMASCEND_REDUCE_BUCKET_SIZE, MEMASCEND_SUB_GROUP_SIZE  # noqa: E402
 _active: Installed | None = None
 
 
@@ -126,6 +126,10 @@ class Installed:
             self._set(oo, "buffer_count", need, "offload_optimizer.buffer_count")
             sgs = int(float(zo.get("sub_group_size", 1e9)))
             self._set(zo, "sub_group_size", min(sgs, MEMASCEND_SUB_GROUP_SIZE), "sub_group_size")
+            # Each reduce bucket's gradients are copied to fp32 host tensors before they are swapped
+            # out (stage3 partition_grads): a bounded bucket bounds that host transient.
+            rbs = int(float(zo.get("reduce_bucket_size", 5e8)))
+            self._set(zo, "reduce_bucket_size", min(rbs, MEMASCEND_REDUCE_BUCKET_SIZE), "reduce_bucket_size")
             # fast_init hands the whole parameter pool to the optimizer init and needs every slot
             # to hold a sub-group; the streaming path needs no pool slots.
             self._set(oo, "fast_init", False, "offload_optimizer.fast_init")

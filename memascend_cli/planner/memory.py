@@ -44,8 +44,13 @@ RUNTIME_CPU_BYTES = int(0.51 * GiB)
 RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
-# Optimizer sub-group target of the memascend engine (elements).
-MEMASCEND_SUB_GROUP_SIZE = 100_000_000
+# Optimizer sub-group target of the memascend engine (elements): 2e7 = 80 MB per fp32 state, still
+# large sequential I/O, while the 4 Adam staging buffers shrink from 4 x 4 GB (DeepSpeed's 1e9
+# default) to 4 x ~80 MB; a single larger parameter (the embedding) forms its own group.
+MEMASCEND_SUB_GROUP_SIZE = 20_000_000
+# Reduce bucket of the memascend engine (elements): every bucket of gradients is copied to fp32 host
+# tensors before the swap-out, so 5e7 bounds that transient at 200 MB (DeepSpeed's 5e8: 2 GB).
+MEMASCEND_REDUCE_BUCKET_SIZE = 50_000_000
 
 
 def _align(n: int, a: int) -> int:
@@ -154,7 +159,8 @@ class Item:
     """host, gpu or nvme."""
     bytes: int
     kind: str = "steady"
-    """steady (held for the whole run) or transient (a peak at one moment; the largest one counts)."""
+    """steady (held for the whole run), or the phase it exists in: init, backward, optimizer, or
+    retained (freed after backward but kept by the allocator through the optimizer step)."""
     pinned: str = ""
     """'' (pageable), 'torch-pow2', 'mlock', 'exact' or 'exact, cuda-registered' (memascend)."""
     locked_bytes: int = 0
@@ -186,15 +192,29 @@ class Estimate:
     def host_steady_bytes(self) -> int:
         return self._sum("host", "steady")
 
+    def phase_bytes(self) -> dict[str, int]:
+        """Host bytes on top of the steady level in each phase; 'retained' memory (what the allocator
+        kept after backward) adds to the optimizer step."""
+        return {
+            "init": self._sum("host", "init"),
+            "backward": self._sum("host", "backward"),
+            "optimizer": self._sum("host", "optimizer") + self._sum("host", "retained"),
+        }
+
     @property
     def host_transient_bytes(self) -> int:
-        """Largest host transient; transients happen at different moments, so only one counts."""
-        return self._max("host", "transient")
+        """The largest phase on top of the steady level."""
+        return max(self.phase_bytes().values())
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phase_bytes()
+        return max(phases, key=phases.get)
 
     @property
     def host_peak_bytes(self) -> int:
-        """Peak host memory of one rank."""
-        return self.host_steady_bytes + self.host_transient_bytes + self._sum("host", "retained")
+        """Peak host memory of one rank: steady + the largest phase."""
+        return self.host_steady_bytes + self.host_transient_bytes
 
     @property
     def node_host_peak_bytes(self) -> int:
@@ -234,6 +254,8 @@ class Estimate:
             "compute_on_host": self.compute_on_host,
             "host_steady_bytes": self.host_steady_bytes,
             "host_peak_bytes": self.host_peak_bytes,
+            "peak_phase": self.peak_phase,
+            "phase_bytes": self.phase_bytes(),
             "node_host_peak_bytes": self.node_host_peak_bytes,
             "gpu_peak_bytes": self.gpu_peak_bytes,
             "nvme_bytes": self.nvme_bytes,
@@ -334,10 +356,13 @@ class _Ctx:
         self.M = 4  # fp32 master weights and Adam states
         self.sub_group_size = self.k.sub_group_size
         if engine == "memascend":
-            # Adaptive optimizer pool: sub-groups of ~1e8 elements (a single larger parameter, e.g. the
+            # Adaptive optimizer pool: sub-groups of ~2e7 elements (a single larger parameter, e.g. the
             # embedding, forms its own group), so the 4 Adam staging buffers follow the real tensors
             # instead of DeepSpeed's 1e9-element default.
             self.sub_group_size = min(self.k.sub_group_size, MEMASCEND_SUB_GROUP_SIZE)
+        self.reduce_bucket_size = self.k.reduce_bucket_size
+        if engine == "memascend":
+            self.reduce_bucket_size = min(self.k.reduce_bucket_size, MEMASCEND_REDUCE_BUCKET_SIZE)
         self.part = partition(self.m, self.world, self.sub_group_size)
         self.ns = self.part.ns
         self.lsg = self.part.largest_sub_group_numel
@@ -388,8 +413,11 @@ def _host_items(c: _Ctx) -> list[Item]:
     def add_pinned(key, label, raw_bytes, pin, *, formula, source):
         nonlocal pow2_waste
         resident, how, locked = pin
-        add(key, label, raw_bytes, pinned=how, locked=locked, formula=formula, source=source)
-        pow2_waste += resident - raw_bytes
+        if how == "torch-pow2":  # the rounding is shown as its own line
+            add(key, label, raw_bytes, pinned=how, locked=locked, formula=formula, source=source)
+            pow2_waste += resident - raw_bytes
+        else:  # exact allocations: the item is what is resident (page rounding included)
+            add(key, label, resident, pinned=how, locked=locked, formula=formula, source=source)
 
     add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")",
         RUNTIME_CUDA_BYTES if c.gpu else RUNTIME_CPU_BYTES,
@@ -525,47 +553,58 @@ def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
 
 
 def _transients(c: _Ctx) -> list[Item]:
-    """Host allocations that exist for a moment; only the largest adds to the steady level."""
+    """Host allocations of one phase (kind = init, backward or optimizer); the peak is the steady
+    level plus the largest phase (see Estimate.host_peak_bytes)."""
     job = c.job
     out: list[Item] = []
 
-    def add(key, label, nbytes, formula, source, kind="transient"):
+    def add(key, label, nbytes, formula, source, kind):
         out.append(Item(key, label, "host", int(nbytes), kind, "", 0, formula, source))
 
+    # -- init: initialize_optimizer_states allocates an fp32 gradient buffer of the largest sub-group
+    # (DeepSpeed code neither engine replaces); fast_init=False adds an fp32 sub-group copy.
+    add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
+        f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states", "init")
+    if not c.k.zero_init:
+        add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
+            f"4 B x N {c.m.num_params:,} per process", "deepspeed-notes §3.1", "init")
+
+    # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
+    # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
+    bucket = min(c.reduce_bucket_size, c.ns)
+    add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * bucket,
+        f"4 B x min(reduce_bucket_size, Ns) = {bucket:,}",
+        "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
+    if not c.gpu:
+        # CPU-only: the compute working set is host memory too. The reduce bucket and persistent params
+        # stay allocated; activations, gathered params, logits and the reduce-scatter output are live
+        # together during backward.
+        fwd_bwd = []
+        for i in _compute_items(c, tier="host"):
+            if i.key.endswith(("reduce_bucket", "persistent_params")):
+                out.append(i)
+            else:
+                fwd_bwd.append(i)
+        total = sum(i.bytes for i in fwd_bwd) + c.E * bucket
+        add("host/compute/forward_backward", "forward/backward working set", total,
+            " + ".join(f"{i.label} {i.bytes:,}" for i in fwd_bwd) + f" + reduce-scatter output {c.E * bucket:,}",
+            "Korthikanti et al. 2205.05198; deepspeed-notes §3.1 GPU items, on the CPU accelerator", "backward")
+
+    # -- optimizer step.
     if c.engine == "baseline" and job.dtype == "fp16":
         add("host/overflow_check", "fp16 overflow check temporaries", 3 * c.ns,
             f"3 B x Ns {c.ns:,} (torch.isinf abs copy 2 B + bool 1 B)",
-            "deepspeed-notes §5; stage3.has_overflow(partition_gradients=True)")
+            "deepspeed-notes §5; stage3.has_overflow(partition_gradients=True)", "optimizer")
     if c.engine == "baseline":
         add("host/first_step_adam", "first optimizer step: Adam states created unpinned", 8 * c.lsg,
-            f"8 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2, addendum; cpu_adam.py zeros_like")
-    # initialize_optimizer_states allocates a full fp32 gradient buffer of the largest sub-group
-    # (both engines: it is DeepSpeed code neither replaces); fast_init=False adds an fp32 sub-group copy.
-    add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
-        f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states")
-    if not c.k.zero_init:
-        add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
-            f"4 B x N {c.m.num_params:,} per process", "deepspeed-notes §3.1")
-    if c.gpu:
-        return out
-    # CPU-only: the compute working set is host memory too. The reduce bucket and persistent params
-    # stay allocated; activations, gathered params and logits are live together during fwd/bwd.
-    fwd_bwd = []
-    for i in _compute_items(c, tier="host"):
-        if i.key.endswith(("reduce_bucket", "persistent_params")):
-            out.append(i)
-        else:
-            fwd_bwd.append(i)
-    total = sum(i.bytes for i in fwd_bwd)
-    out.append(Item("host/compute/forward_backward", "forward/backward working set", "host", total, "transient",
-                    formula=" + ".join(f"{i.label} {i.bytes:,}" for i in fwd_bwd),
-                    source="Korthikanti et al. 2205.05198; deepspeed-notes §3.1 GPU items, on the CPU accelerator"))
-    if c.engine == "baseline":
-        # glibc keeps the freed fwd/bwd blocks in its arenas, so the first optimizer step comes on top;
-        # the memascend engine trims the heap after backward (malloc_trim).
-        out.append(Item("host/allocator_retention", "fwd/bwd memory kept by the allocator", "host", total, "retained",
-                        formula="= forward/backward working set",
-                        source="deepspeed-notes addendum (measured on a stock CPU run)"))
+            f"8 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2, addendum; cpu_adam.py zeros_like",
+            "optimizer")
+        if not c.gpu:
+            # glibc keeps the freed backward blocks (mostly below its 32 MiB mmap threshold) in its arenas,
+            # so the optimizer step comes on top; the memascend engine calls malloc_trim after backward.
+            retained = sum(i.bytes for i in out if i.kind == "backward")
+            add("host/allocator_retention", "backward memory kept by the allocator", retained,
+                "= the backward items", "deepspeed-notes addendum; memascend bench phase peaks", "retained")
     return out
 
 
@@ -617,9 +656,9 @@ def _compute_items(c: _Ctx, tier: str) -> list[Item]:
         "deepspeed-notes §3.1; partitioned_param_coordinator prefetch")
     # The IPG bucket is torch.empty(reduce_bucket_size): reserved in full on a GPU, on the host only
     # the pages that backward fills are resident.
-    bucket = k.reduce_bucket_size if tier == "gpu" else min(k.reduce_bucket_size, m.num_params)
+    bucket = c.reduce_bucket_size if tier == "gpu" else min(c.reduce_bucket_size, m.num_params)
     add("reduce_bucket", "gradient reduce bucket", bucket * E,
-        f"reduce_bucket_size {k.reduce_bucket_size:,} elements x E" + ("" if tier == "gpu" else " (touched part)"),
+        f"reduce_bucket_size {c.reduce_bucket_size:,} elements x E" + ("" if tier == "gpu" else " (touched part)"),
         "deepspeed-notes §8; stage3.py ipg bucket")
     act, desc = _activation_bytes(c)
     add("activations", "activations", act, desc, "Korthikanti et al., arXiv 2205.05198 (Table 2), SwiGLU-adjusted")

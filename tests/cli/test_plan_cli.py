@@ -36,7 +36,7 @@ def test_plan_table_and_exit_codes(cli):
 
 
 def test_engine_choice_sets_exit_code(cli):
-    # 20 GiB: memascend fits a 0.5B CPU-only job that stock DeepSpeed does not.
+    # 10 GiB: memascend fits a 0.5B CPU-only job that stock DeepSpeed does not.
     args = ("plan", "--model", "qwen2.5-0.5b", "--gpus", "0", "--dram", "10GiB", "--no-search", "--json")
     m = cli(*args)
     b = cli(*args, "--engine", "baseline")
