@@ -42,6 +42,10 @@ AIO_ALIGNED_BYTES = 1024
 # and NCCL (deepspeed-notes §3.1 gives 1-4 GB per process).
 RUNTIME_CPU_BYTES = int(0.51 * GiB)
 RUNTIME_CUDA_BYTES = int(2.5 * GiB)
+# What the memascend engine itself adds per process (native core, its threads and io_uring rings, the
+# region's extent map): the level after deepspeed.initialize exceeded the modelled buffers by 0.12 GiB
+# with the engine and by 0.035-0.045 GiB in the stock and tuned runs (docs/results.md, bench-llama-136m).
+ENGINE_RUNTIME_BYTES = int(0.08 * GiB)
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 # Optimizer sub-group target of the memascend engine (elements): 2e7 = 80 MB per fp32 state, still
@@ -423,6 +427,10 @@ def _host_items(c: _Ctx) -> list[Item]:
         RUNTIME_CUDA_BYTES if c.gpu else RUNTIME_CPU_BYTES,
         formula="measured constant per process",
         source="tests/assets/deepspeed_measured.json; deepspeed-notes §3.1 R_rt")
+    if c.engine == "memascend":
+        add("host/engine_runtime", "memascend engine (native core, io_uring rings, region map)",
+            ENGINE_RUNTIME_BYTES, formula="measured constant per process",
+            source="memascend bench: level after initialize minus the modelled buffers, vs stock runs")
 
     swappable_parts = [n for n, s in zip(part.partition_numels, c.swappable) if s]
     largest_swappable = max(swappable_parts, default=0)
@@ -654,6 +662,10 @@ def _compute_items(c: _Ctx, tier: str) -> list[Item]:
     add("live_params", "gathered params (current + prefetched)", live * E,
         f"(max(layer {layer:,}, vocab matrix {vocab:,}) + min(prefetch bucket, layer)) x E",
         "deepspeed-notes §3.1; partitioned_param_coordinator prefetch")
+    # In backward every gathered parameter gets a full-size gradient until its reduce hook copies it
+    # into the bucket.
+    add("live_param_grads", "gradients of the gathered params", live * E, "= gathered params",
+        "stage3 reduce_ready_partitions_and_remove_grads", kind="transient")
     # The IPG bucket is torch.empty(reduce_bucket_size): reserved in full on a GPU, on the host only
     # the pages that backward fills are resident.
     bucket = c.reduce_bucket_size if tier == "gpu" else min(c.reduce_bucket_size, m.num_params)

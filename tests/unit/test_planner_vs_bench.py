@@ -1,0 +1,34 @@
+"""`memascend plan` predicts the measured peak host memory of each benchmark run within 10%.
+
+tests/assets/bench_measured.json holds the stock, tuned-stock and memascend runs of `memascend bench`
+on bench-llama-136m (CPU-only, docs/results.md); the planner is fed the exact DeepSpeed config each
+run used (read back by memascend_cli.bench.planner_knobs).
+"""
+
+import json
+import os
+
+import pytest
+
+from memascend_cli import bench
+from memascend_cli.models import load_model
+from memascend_cli.planner.spec import HardwareSpec
+
+with open(os.path.join(os.path.dirname(__file__), "..", "assets", "bench_measured.json")) as f:
+    DOC = json.load(f)
+JOB = DOC["job"]
+HW = HardwareSpec(name="cpu", dram_gib=23.5)
+
+
+def predicted(run: dict) -> int:
+    p = bench.predict(run["mode"], run["config"], load_model(JOB["model"]), seq_len=JOB["seq_len"],
+                      micro_batch=JOB["micro_batch"], dtype=JOB["dtype"], ranks=JOB["ranks"],
+                      checkpointing=JOB["checkpointing"], hw=HW, deepspeed_version=JOB["deepspeed_version"])
+    return p["node_host_peak_bytes"]
+
+
+@pytest.mark.parametrize("run", DOC["runs"], ids=lambda r: r["name"])
+def test_plan_within_10_percent_of_measured_peak(run):
+    for measured in (run["peak_system_bytes"], run["ru_maxrss_bytes"]):
+        assert abs(predicted(run) - measured) <= 0.10 * measured
+
