@@ -23,6 +23,8 @@ import resource
 import sys
 import time
 
+from memascend_engine.procfs import status_kib
+
 TECHNIQUES = ("pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing", "malloc_trim")
 EXIT_ENGINE_MISSING = 3
 
@@ -55,14 +57,6 @@ def proc_io() -> dict:
 
 def io_delta(a: dict, b: dict) -> dict:
     return {k: b[k] - a[k] for k in a}
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def dir_bytes(path: str) -> int:

@@ -18,13 +18,7 @@ import shutil
 import sys
 import time
 
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
+from memascend_engine.procfs import status_kib
 
 
 def nbytes(t) -> int:

@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 import traceback
+from memascend_engine.procfs import status_kib
 
 METRICS = "metrics.jsonl"
 STOP_FILE = "STOP"
@@ -29,14 +30,6 @@ class WorkerError(Exception):
 
 
 # --- small helpers ------------------------------------------------------------------------------
-
-
-def proc_status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def proc_io_bytes() -> tuple[int, int]:
@@ -404,7 +397,7 @@ class Run:
             step += 1
             elapsed = time.time() - t0
             io1 = proc_io_bytes()
-            rss_kib, hwm_kib = proc_status_kib("VmRSS"), proc_status_kib("VmHWM")
+            rss_kib, hwm_kib = status_kib("VmRSS"), status_kib("VmHWM")
             loss_sum, tok_sum, rss_sum, hwm_sum, rd, wr = self._all_sum(
                 [sum(losses) / len(losses), tokens, rss_kib, hwm_kib, io1[0] - io0[0], io1[1] - io0[1]])
             tokens_seen += int(tok_sum)

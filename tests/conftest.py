@@ -35,3 +35,15 @@ def cli(capsys):
         return CliResult(code, out.out, out.err)
 
     return run
+
+
+def require_async_io() -> None:
+    """Skip (with the reason) unless DeepSpeed and its async_io op (libaio) are usable here."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible():
+        pytest.skip("DeepSpeed async_io op needs libaio-dev")

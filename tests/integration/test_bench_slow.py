@@ -1,7 +1,6 @@
 """Live `memascend bench`: a real tiny stock vs tuned DeepSpeed run (params + optimizer on NVMe), 2 steps each,
 in child processes, with the meminfo sampler, wait4, the planner prediction and every output file."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,22 +8,14 @@ import sys
 
 import pytest
 
+from tests.conftest import require_async_io
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _async_io_ok() -> tuple[bool, str]:
-    if importlib.util.find_spec("deepspeed") is None:
-        return False, "deepspeed is not installed"
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-
-    return (True, "") if AsyncIOBuilder().is_compatible() else (False, "DeepSpeed async_io op needs libaio-dev")
 
 
 @pytest.mark.slow
 def test_tiny_stock_vs_tuned_bench(tmp_path):
-    ok, why = _async_io_ok()
-    if not ok:
-        pytest.skip(why)
+    require_async_io()
     out = tmp_path / "bench"
     # The swap directory is under tmp_path: on this machine a real ext4 file system (tmpfs is refused).
     cmd = [sys.executable, "-m", "memascend_cli", "bench", "--model", "tiny-llama", "--seq-len", "64", "--steps", "2",

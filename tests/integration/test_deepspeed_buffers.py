@@ -4,7 +4,6 @@ host buffers it allocates with the planner's P1..P5, to the byte.
 Regenerate tests/assets/deepspeed_measured.json with benchmarks/measure_ds_buffers.py (see there).
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,25 +11,17 @@ import sys
 
 import pytest
 
+from tests.conftest import require_async_io
+
 from tests.unit.test_planner_vs_deepspeed import CASES, assert_matches
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _async_io_ok() -> tuple[bool, str]:
-    if importlib.util.find_spec("deepspeed") is None:
-        return False, "deepspeed is not installed"
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-
-    return (True, "") if AsyncIOBuilder().is_compatible() else (False, "DeepSpeed async_io op needs libaio-dev")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["b", "c"])
 def test_live_stock_run_matches_planner(name, tmp_path):
-    ok, why = _async_io_ok()
-    if not ok:
-        pytest.skip(why)
+    require_async_io()
     case = CASES[name]
     k = case["knobs"]
     out = tmp_path / "case.json"
