@@ -23,7 +23,7 @@ import resource
 import sys
 import time
 
-from memascend_engine.procfs import status_kib
+from memascend_engine.procfs import single_rank_defaults, status_kib
 
 TECHNIQUES = ("pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing", "malloc_trim")
 EXIT_ENGINE_MISSING = 3
@@ -91,10 +91,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Single-process defaults; torchrun sets these for multi-rank runs.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    single_rank_defaults()
     rank = int(os.environ["RANK"])
     ev = Events(args.events, rank)
     try:

@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 
-from memascend_engine.procfs import status_kib
+from memascend_engine.procfs import single_rank_defaults, status_kib
 
 
 def nbytes(t) -> int:
@@ -42,10 +42,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--reduce-bucket-size", type=float, default=5e8)
     args = ap.parse_args(argv)
 
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    single_rank_defaults()
 
     import deepspeed
     import torch

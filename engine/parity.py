@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from memascend_engine.procfs import single_rank_defaults
 
 
 def _count_files(root: str | None) -> int:
@@ -76,10 +77,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args = ap.parse_args(argv)
 
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    single_rank_defaults()
 
     import deepspeed
     import torch
