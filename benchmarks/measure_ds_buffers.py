@@ -47,6 +47,7 @@ def main(argv=None) -> dict:
     import deepspeed
     import torch
 
+    from memascend_cli.deepspeed_config import zero3_nvme_config
     from memascend_cli.models import load_model
     from memascend_engine.hf_models import causal_lm_factory
 
@@ -59,30 +60,13 @@ def main(argv=None) -> dict:
     buffer_size = int(args.param_buffer_size) if args.param_buffer_size else max(int(1e8), largest)
     shutil.rmtree(args.nvme_dir, ignore_errors=True)
     os.makedirs(args.nvme_dir)
-    cfg = {
-        "train_micro_batch_size_per_gpu": args.micro_batch,
-        "gradient_accumulation_steps": 1,
-        "steps_per_print": 10**9,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "zero_optimization": {
-            "stage": 3,
-            "sub_group_size": int(args.sub_group_size),
-            "reduce_bucket_size": int(args.reduce_bucket_size),
-            # max_in_cpu 0 with the default reuse distance crashes in step 2 (deepspeed-notes addendum).
-            "stage3_max_reuse_distance": 0 if args.max_in_cpu < spec.num_params else int(1e9),
-            "offload_param": {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True,
-                              "buffer_count": args.param_buffer_count, "buffer_size": buffer_size,
-                              "max_in_cpu": int(args.max_in_cpu)},
-            "offload_optimizer": {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True,
-                                  "buffer_count": args.optimizer_buffer_count},
-        },
-        "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
-                "single_submit": False, "overlap_events": True},
-    }
-    if args.dtype == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif args.dtype == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    cfg = zero3_nvme_config(
+        micro_batch=args.micro_batch, dtype=args.dtype, nvme_dir=args.nvme_dir, lr=1e-3,
+        sub_group_size=args.sub_group_size, reduce_bucket_size=args.reduce_bucket_size,
+        param_buffer_count=args.param_buffer_count, param_buffer_size=buffer_size, max_in_cpu=args.max_in_cpu,
+        optimizer_buffer_count=args.optimizer_buffer_count,
+        # max_in_cpu below the model with the default reuse distance crashes in step 2 (deepspeed-notes addendum).
+        zero_extra={"stage3_max_reuse_distance": 0 if args.max_in_cpu < spec.num_params else int(1e9)})
 
     make_model = causal_lm_factory(spec)
     torch.manual_seed(0)

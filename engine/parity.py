@@ -30,30 +30,14 @@ def _count_files(root: str | None) -> int:
 
 def build_config(args, spec) -> dict:
     """The shared ZeRO-3 NVMe config (platform-notes §6.1 recipe, max_in_cpu 0 + reuse distance 0)."""
-    cfg = {
-        "train_micro_batch_size_per_gpu": args.micro_batch,
-        "gradient_accumulation_steps": 1,
-        "steps_per_print": 10**9,
-        "optimizer": {"type": "AdamW", "params": {"lr": args.lr}},
-        "zero_optimization": {
-            "stage": 3,
-            "sub_group_size": int(args.sub_group_size),
-            "reduce_bucket_size": int(args.reduce_bucket_size),
-            "stage3_param_persistence_threshold": 0,
-            "stage3_max_reuse_distance": 0,
-            "offload_param": {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True,
-                              "buffer_count": 5, "buffer_size": spec.largest_tensor_numel, "max_in_cpu": 0},
-            "offload_optimizer": {"device": "nvme", "nvme_path": args.nvme_dir, "pin_memory": True,
-                                  "buffer_count": 4, "fast_init": False},
-        },
-        "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
-                "single_submit": False, "overlap_events": True},
-    }
-    if args.dtype == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif args.dtype == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
-    return cfg
+    from memascend_cli.deepspeed_config import zero3_nvme_config
+
+    return zero3_nvme_config(
+        micro_batch=args.micro_batch, dtype=args.dtype, nvme_dir=args.nvme_dir, lr=args.lr,
+        sub_group_size=args.sub_group_size, reduce_bucket_size=args.reduce_bucket_size,
+        param_buffer_count=5, param_buffer_size=spec.largest_tensor_numel, max_in_cpu=0, optimizer_buffer_count=4,
+        zero_extra={"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
+        optimizer_extra={"fast_init": False})
 
 
 def main(argv=None) -> dict:

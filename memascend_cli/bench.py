@@ -22,6 +22,7 @@ import time
 from array import array
 from dataclasses import asdict, dataclass, field
 
+from memascend_cli.deepspeed_config import zero3_nvme_config
 from memascend_cli.errors import BadInput
 from memascend_cli.units import GiB, MiB
 
@@ -98,34 +99,17 @@ def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: 
     """
     if mode not in MODES:
         raise BadInput(f"unknown mode {mode!r}", "modes are " + ", ".join(MODES))
-    largest = largest_partition_numel(spec, ranks)
-    param = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 5,
-             "buffer_size": max(DS_DEFAULT_PARAM_BUFFER_SIZE, largest), "max_in_cpu": DS_DEFAULT_MAX_IN_CPU}
-    zero = {"stage": 3, "sub_group_size": DS_DEFAULT_SUB_GROUP_SIZE, "reduce_bucket_size": DS_DEFAULT_REDUCE_BUCKET_SIZE,
-            "offload_param": param,
-            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 4}}
-    if mode == "tuned":
-        param["max_in_cpu"] = 0
-        param["buffer_size"] = largest
-        zero["sub_group_size"] = TUNED_SUB_GROUP_SIZE
-        zero["stage3_max_reuse_distance"] = 0
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr}},
-        "zero_optimization": zero,
-        "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
-                "overlap_events": True},
-    }
-    if dtype == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif dtype == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
-    elif dtype != "fp32":
+    if dtype not in ("bf16", "fp16", "fp32"):
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
-    return cfg
+    largest = largest_partition_numel(spec, ranks)
+    tuned = mode == "tuned"
+    return zero3_nvme_config(
+        micro_batch=micro_batch, dtype=dtype, nvme_dir=nvme_dir, lr=lr,
+        sub_group_size=TUNED_SUB_GROUP_SIZE if tuned else DS_DEFAULT_SUB_GROUP_SIZE,
+        reduce_bucket_size=DS_DEFAULT_REDUCE_BUCKET_SIZE, param_buffer_count=5,
+        param_buffer_size=largest if tuned else max(DS_DEFAULT_PARAM_BUFFER_SIZE, largest),
+        max_in_cpu=0 if tuned else DS_DEFAULT_MAX_IN_CPU, optimizer_buffer_count=4,
+        zero_extra={"stage3_max_reuse_distance": 0} if tuned else None)
 
 
 def child_env(mode: str, base: dict) -> dict:

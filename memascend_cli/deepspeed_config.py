@@ -23,6 +23,37 @@ MAX_BUCKET_ELEMENTS = 500_000_000
 the CPU accelerator the bucket is host memory (5e8 fp32 elements = 2 GB)."""
 
 
+def zero3_nvme_config(*, micro_batch: int, dtype: str, nvme_dir: str, lr: float, sub_group_size: int,
+                      reduce_bucket_size: int, param_buffer_count: int, param_buffer_size: int, max_in_cpu: int,
+                      optimizer_buffer_count: int, zero_extra: dict | None = None,
+                      optimizer_extra: dict | None = None) -> dict:
+    """A plain ZeRO-3 config with params and optimizer on NVMe (swap files under `nvme_dir`), AdamW at
+    `lr` and DeepSpeed's default aio settings: what the benchmarks, the buffer measurement and the
+    parity script run. Pure. `zero_extra` / `optimizer_extra` add zero_optimization /
+    offload_optimizer keys (e.g. stage3_max_reuse_distance, fast_init)."""
+    zero = {"stage": 3, "sub_group_size": int(sub_group_size), "reduce_bucket_size": int(reduce_bucket_size),
+            **(zero_extra or {}),
+            "offload_param": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True,
+                              "buffer_count": param_buffer_count, "buffer_size": int(param_buffer_size),
+                              "max_in_cpu": int(max_in_cpu)},
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True,
+                                  "buffer_count": optimizer_buffer_count, **(optimizer_extra or {})}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr}},
+        "zero_optimization": zero,
+        "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+                "overlap_events": True},
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return cfg
+
+
 @dataclass(kw_only=True, slots=True)
 class OffloadSizing:
     """What the planner knows about how ZeRO-3 will split the model on one rank."""
