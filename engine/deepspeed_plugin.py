@@ -92,7 +92,7 @@ class PluginContext:
     malloc_trim: bool
     adam_in_place: bool
     pool_plan_factory: Callable[[int, int, int], Any] | None
-    """(elem_bytes, min_aio_bytes, intra_op_parallelism) -> pools.PoolPlan, or None (stock pool)."""
+    """(elem_bytes, min_aio_bytes, intra_op_parallelism) -> zero.PoolPlan, or None (stock pool)."""
     pinned_allocator: Any = None
     """Set when the pinned technique is on: the gradient flat buffer is then allocated pinned in place."""
     counters: dict = field(default_factory=lambda: {
@@ -588,3 +588,152 @@ def partitioned_swap_buffer_bytes(ctx: PluginContext) -> int:
         if b is not None:
             total += b.numel() * b.element_size()
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer state for memascend's own checkpoints (engine/checkpoint.py)
+
+
+def zero3_optimizer(engine):
+    """The engine's ZeRO stage-3 optimizer; raises RuntimeError for any other stage."""
+    opt = engine.optimizer
+    if not hasattr(opt, "fp32_partitioned_groups_flat"):
+        raise RuntimeError("memascend checkpoints need a ZeRO stage-3 optimizer (zero_optimization.stage 3)")
+    return opt
+
+
+def num_optimizer_subgroups(engine) -> int:
+    return len(zero3_optimizer(engine).fp32_partitioned_groups_flat)
+
+
+def subgroup_numel(engine, i: int) -> int:
+    """Elements of sub-group i (a swapped-out master is an empty placeholder until swap-in)."""
+    opt = zero3_optimizer(engine)
+    return int(opt.fp16_partitioned_groups_flat_numel[i])
+
+
+ADAM_STATES = ("exp_avg", "exp_avg_sq")
+"""The moment tensors of Adam-family optimizers (DeepSpeedCPUAdam, torch AdamW)."""
+
+
+class SubgroupState:
+    """Sub-group i's fp32 master partition and Adam state, swapped in from the SSD for the duration of a `with`.
+
+    ``write_back=False``: released without a write (the SSD copy is untouched; used to save a checkpoint).
+    ``write_back=True``: after the block the master goes to the model partitions (copy or swap-out, as ``step()``
+    does after the update) and the state is swapped out (used to load a checkpoint).
+    """
+
+    def __init__(self, engine, i: int, *, write_back: bool):
+        self.opt = zero3_optimizer(engine)
+        self.i = i
+        self.write_back = write_back
+        self.fp32 = self.opt.fp32_partitioned_groups_flat[i]
+        self.swap = bool(getattr(self.opt, "swap_optimizer", False)) and self.opt._swappable_optimizer_subgroup(i)
+
+    def __enter__(self) -> SubgroupState:
+        if self.swap:
+            self.opt.optimizer_swapper.swap_in_optimizer_state(parameter=self.fp32)
+        return self
+
+    @property
+    def state(self) -> dict:
+        """The inner optimizer's state of this sub-group (with write_back, created empty when missing)."""
+        if self.write_back:
+            return self.opt.optimizer.state.setdefault(self.fp32, {})
+        return self.opt.optimizer.state.get(self.fp32, {})
+
+    def __exit__(self, *exc) -> None:
+        if self.write_back and exc[0] is None:
+            self.opt._reassign_or_swap_out_partitioned_parameters(self.i)
+            if self.swap:
+                self.opt.optimizer_swapper.swap_out_optimizer_state(parameter=self.fp32)
+        elif self.swap:
+            self.opt.optimizer_swapper.release_swap_buffers(parameter=self.fp32)
+
+
+def optimizer_lrs(engine) -> list[float]:
+    return [g["lr"] for g in zero3_optimizer(engine).optimizer.param_groups]
+
+
+def set_optimizer_lrs(engine, lrs: list[float]) -> None:
+    for g, lr in zip(zero3_optimizer(engine).optimizer.param_groups, lrs):
+        g["lr"] = lr
+
+
+def loss_scaler_state(engine) -> dict:
+    """The fp16 loss scaler's plain attributes (scale, counters), {} without one."""
+    scaler = getattr(zero3_optimizer(engine), "loss_scaler", None)
+    if scaler is None:
+        return {}
+    return {k: v for k, v in vars(scaler).items() if isinstance(v, (int, float, bool)) and not k.startswith("_")}
+
+
+def set_loss_scaler_state(engine, state: dict) -> None:
+    scaler = getattr(zero3_optimizer(engine), "loss_scaler", None)
+    for k, v in state.items():
+        if scaler is not None and hasattr(scaler, k):
+            setattr(scaler, k, v)
+
+
+ENGINE_COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
+
+
+def engine_counters(engine) -> dict:
+    return {k: int(getattr(engine, k)) for k in ENGINE_COUNTERS}
+
+
+def set_engine_counters(engine, counters: dict) -> None:
+    for k, v in counters.items():
+        if k in ENGINE_COUNTERS:
+            setattr(engine, k, v)
+
+
+def prime_cpu_adam(engine, step: int) -> None:
+    """Replay DeepSpeedCPUAdam's C++ step counter to `step`.
+
+    The C++ op keeps beta^t as a running float product (csrc/includes/cpu_adam.h IncrementStep); a fresh op asked
+    for step k+1 computes pow(beta, k+1) instead, which differs in the last bits and breaks bit-exact resume.
+    Calling it once per step 1..k on a one-element scratch tensor rebuilds the same running product.
+    """
+    import torch
+
+    inner = zero3_optimizer(engine).optimizer
+    op = getattr(inner, "ds_opt_adam", None)
+    if op is None or step <= 0 or not inner.param_groups:
+        return
+    group = inner.param_groups[0]
+    p, g, m, v = (torch.zeros(1, dtype=torch.float32) for _ in range(4))
+    beta1, beta2 = group["betas"]
+    for s in range(1, step + 1):
+        op.adam_update(inner.opt_id, s, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                       group["bias_correction"], p, g, m, v)
+
+
+def invalidate_secondary_tensors(engine) -> None:
+    """Drop ZeRO++ secondary partitions after the primary ones were rewritten."""
+    opt = zero3_optimizer(engine)
+    if hasattr(opt, "invalidate_secondary_tensor"):
+        opt.invalidate_secondary_tensor()
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes for the parity script (engine/parity.py)
+
+
+def overflow_probe(engine) -> dict:
+    """has_overflow() on the real gradient flat buffer: clean, with an inf, with a nan, restored; plus torch's answer."""
+    import torch
+
+    opt = zero3_optimizer(engine)
+    buf = opt.grad_partitions_flat_buffer
+    probe = {"clean": bool(opt.has_overflow())}
+    saved = buf[7].clone()
+    buf[7] = float("inf")
+    probe["inf"] = bool(opt.has_overflow())
+    buf[7] = float("nan")
+    probe["nan"] = bool(opt.has_overflow())
+    buf[7] = saved
+    probe["restored"] = bool(opt.has_overflow())
+    probe["reference_clean"] = bool(torch.isinf(buf).any() or torch.isnan(buf).any())
+    return probe

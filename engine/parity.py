@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+
 from memascend_engine.procfs import single_rank_defaults
 
 
@@ -29,15 +30,18 @@ def _count_files(root: str | None) -> int:
 
 
 def build_config(args, spec) -> dict:
-    """The shared ZeRO-3 NVMe config (platform-notes §6.1 recipe, max_in_cpu 0 + reuse distance 0)."""
-    from memascend_cli.deepspeed_config import zero3_nvme_config
+    """Tuned stock settings (zero.resolve: the config both modes run; the engine's install changes nothing in it)."""
+    from dataclasses import replace
 
-    return zero3_nvme_config(
-        micro_batch=args.micro_batch, dtype=args.dtype, nvme_dir=args.nvme_dir, lr=args.lr,
-        sub_group_size=args.sub_group_size, reduce_bucket_size=args.reduce_bucket_size,
-        param_buffer_count=5, param_buffer_size=spec.largest_tensor_numel, max_in_cpu=0, optimizer_buffer_count=4,
-        zero_extra={"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
-        optimizer_extra={"fast_init": False})
+    from memascend_cli.deepspeed_config import ELEM_BYTES, adamw, ds_config
+    from memascend_cli.planner import zero
+
+    base = replace(zero.DEEPSPEED_DEFAULTS, sub_group_size=int(args.sub_group_size),
+                   reduce_bucket_size=int(args.reduce_bucket_size))
+    settings = zero.resolve("tuned", model=spec, world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                            elem_bytes=ELEM_BYTES[args.dtype], base=base)
+    return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, precision=args.dtype,
+                     optimizer=adamw(args.lr))
 
 
 def main(argv=None) -> dict:
@@ -49,8 +53,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--sub-group-size", type=float, default=1e9)
-    ap.add_argument("--reduce-bucket-size", type=float, default=5e8)
+    ap.add_argument("--sub-group-size", type=float, default=1e9, help="capped by memascend's knobs (zero.py)")
+    ap.add_argument("--reduce-bucket-size", type=float, default=5e8, help="capped by memascend's knobs (zero.py)")
     ap.add_argument("--nvme-dir", default=None, help="swap folder (stock) / key folder (engine; default: temp)")
     ap.add_argument("--region", default=None, help="memascend region (engine mode with direct_nvme)")
     ap.add_argument("--off", action="append", default=[], help="EngineOptions field to switch off (repeatable)")
@@ -100,17 +104,9 @@ def main(argv=None) -> dict:
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if args.overflow_probe and step == 0:
-            opt = engine.optimizer
-            buf = opt.grad_partitions_flat_buffer
-            probe["clean"] = bool(opt.has_overflow())
-            saved = buf[7].clone()
-            buf[7] = float("inf")
-            probe["inf"] = bool(opt.has_overflow())
-            buf[7] = float("nan")
-            probe["nan"] = bool(opt.has_overflow())
-            buf[7] = saved
-            probe["restored"] = bool(opt.has_overflow())
-            probe["reference_clean"] = bool(torch.isinf(buf).any() or torch.isnan(buf).any())
+            from memascend_engine import deepspeed_plugin as plug
+
+            probe = plug.overflow_probe(engine)
         engine.step()
         losses.append(float(loss))
     seconds = time.time() - t0

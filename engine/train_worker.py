@@ -19,10 +19,10 @@ import signal
 import sys
 import time
 import traceback
+
 from memascend_engine.procfs import status_kib
 
-METRICS = "metrics.jsonl"
-STOP_FILE = "STOP"
+from memascend_cli import rundir
 
 
 class WorkerError(Exception):
@@ -205,7 +205,7 @@ class Run:
         if self.rank != 0:
             return
         record = {"time": round(time.time(), 3), **record}
-        with open(os.path.join(self.run_dir, METRICS), "a") as f:
+        with open(rundir.path(self.run_dir, rundir.METRICS), "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def main(self) -> None:
@@ -217,9 +217,9 @@ class Run:
         from memascend_cli.recipe import recipe_from_json_dict
 
         try:
-            with open(os.path.join(self.run_dir, "recipe.json")) as f:
+            with open(rundir.path(self.run_dir, rundir.RECIPE_JSON)) as f:
                 recipe = recipe_from_json_dict(json.load(f))
-            with open(os.path.join(self.run_dir, "ds_config.json")) as f:
+            with open(rundir.path(self.run_dir, rundir.DS_CONFIG)) as f:
                 ds_config = json.load(f)
         except OSError as exc:
             raise WorkerError(f"run directory {self.run_dir} is incomplete ({exc.strerror}: {exc.filename}); "
@@ -270,9 +270,9 @@ class Run:
         if self.args.resume:
             from memascend_engine.checkpoint import latest_complete
 
-            resume_dir = latest_complete(os.path.join(self.run_dir, "checkpoints"))
+            resume_dir = latest_complete(rundir.path(self.run_dir, rundir.CHECKPOINTS))
             if resume_dir is None:
-                raise WorkerError(f"--resume: no complete checkpoint in {self.run_dir}/checkpoints")
+                raise WorkerError(f"--resume: no complete checkpoint in {rundir.path(self.run_dir, rundir.CHECKPOINTS)}")
         if os.path.isdir(recipe.model) and resume_dir is None:
             load_hf_weights(model, recipe.model, self.rank)
         if recipe.gradient_checkpointing:
@@ -280,6 +280,10 @@ class Run:
                 installed.enable_offloaded_checkpointing(model)
             else:
                 model.gradient_checkpointing_enable()
+        if self.rank == 0:
+            # What DeepSpeed really receives (after the engine's install); `train --dry-run` printed ds_config.json.
+            with open(rundir.path(self.run_dir, rundir.EFFECTIVE_DS_CONFIG), "w") as f:
+                json.dump(ds_config, f, indent=2, sort_keys=True)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         self.train_loop(engine, model, hf_config, tok, train, val, total, resume_dir, installed)
         if installed is not None:
@@ -305,7 +309,7 @@ class Run:
         import torch
         import torch.distributed as dist
 
-        local = self.stop_requested or os.path.exists(os.path.join(self.run_dir, STOP_FILE))
+        local = self.stop_requested or os.path.exists(rundir.path(self.run_dir, rundir.STOP_FILE))
         # Fault injection for tests and drills: behave as if Ctrl-C came during step N.
         local = local or os.environ.get("MEMASCEND_FAULT_STOP_AT_STEP") == str(step)
         flag = torch.tensor([1.0 if local else 0.0])
@@ -376,7 +380,7 @@ class Run:
             self.metrics({"event": "start", "total_steps": total, "world_size": self.world,
                           "engine": "baseline" if self.args.baseline else "memascend",
                           "train_sequences": len(train), "validation_sequences": len(val) if val else 0})
-        root = os.path.join(self.run_dir, "checkpoints")
+        root = rundir.path(self.run_dir, rundir.CHECKPOINTS)
         last_saved = step
         io0 = proc_io_bytes()
         t_last = time.time()
@@ -435,7 +439,7 @@ class Run:
             self.metrics({"event": "eval", "step": step, "loss": vl})
         if r.export:
             engine.empty_partition_cache()
-            out = export_hf(model, hf_config, os.path.join(self.run_dir, "export"), self.rank, tok.file)
+            out = export_hf(model, hf_config, rundir.path(self.run_dir, rundir.EXPORT_DIR), self.rank, tok.file)
             if self.rank == 0:
                 write_tokenizer_config(out, tok)
                 self.metrics({"event": "export", "step": step, "path": out})
@@ -450,10 +454,11 @@ class Run:
 
 
 def _write_error(run_dir: str, rank: int, message: str) -> None:
-    log_dir = os.path.join(run_dir, "logs")
+    path = rundir.error_file(run_dir, rank)
+    log_dir = os.path.dirname(path)
     try:
         os.makedirs(log_dir, exist_ok=True)
-        with open(os.path.join(log_dir, f"error-rank{rank}.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump({"rank": rank, "message": message, "log": log_dir}, f)
     except OSError:
         pass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from memascend_cli.errors import EXIT_FAIL, BadInput
+from memascend_cli.planner.zero import DEEPSPEED_DEFAULTS as _DS
 from memascend_cli.units import GiB, parse_count
 
 JSON_SCHEMA_VERSION = 1
@@ -68,19 +69,22 @@ def plan_command(
                                           "the installed one, else 0.19.8).", rich_help_panel=_K),
     pin_backend: str = typer.Option("torch", "--pin-backend", help="DS_PIN_MEMORY_BACKEND of the baseline: torch or "
                                     "native.", rich_help_panel=_K),
-    sub_group_size: str = typer.Option("1e9", "--sub-group-size", help="zero_optimization.sub_group_size.",
-                                       rich_help_panel=_K),
-    param_buffer_count: int = typer.Option(5, "--param-buffer-count", help="offload_param.buffer_count.",
-                                           rich_help_panel=_K),
+    sub_group_size: str = typer.Option(None, "--sub-group-size", help="zero_optimization.sub_group_size (default: "
+                                       f"DeepSpeed's {_DS.sub_group_size:.0e}).", rich_help_panel=_K,
+                                       show_default=False),
+    param_buffer_count: int = typer.Option(_DS.param_buffer_count, "--param-buffer-count",
+                                           help="offload_param.buffer_count.", rich_help_panel=_K),
     param_buffer_size: str = typer.Option(None, "--param-buffer-size", help="offload_param.buffer_size (default: "
-                                          "max(1e8, largest partition)).", rich_help_panel=_K),
-    max_in_cpu: str = typer.Option("1e9", "--max-in-cpu", help="offload_param.max_in_cpu.", rich_help_panel=_K),
-    optimizer_buffer_count: int = typer.Option(4, "--optimizer-buffer-count", help="offload_optimizer.buffer_count.",
-                                               rich_help_panel=_K),
+                                          f"max({_DS.param_buffer_size:.0e}, largest partition)).", rich_help_panel=_K),
+    max_in_cpu: str = typer.Option(None, "--max-in-cpu", help="offload_param.max_in_cpu (default: DeepSpeed's "
+                                   f"{_DS.max_in_cpu:.0e}).", rich_help_panel=_K, show_default=False),
+    optimizer_buffer_count: int = typer.Option(_DS.optimizer_buffer_count, "--optimizer-buffer-count",
+                                               help="offload_optimizer.buffer_count.", rich_help_panel=_K),
     pipeline: bool = typer.Option(False, "--pipeline/--no-pipeline", help="offload_optimizer pipeline_read and "
                                   "pipeline_write.", rich_help_panel=_K),
-    reduce_bucket_size: str = typer.Option("5e8", "--reduce-bucket-size", help="zero_optimization.reduce_bucket_size.",
-                                           rich_help_panel=_K),
+    reduce_bucket_size: str = typer.Option(None, "--reduce-bucket-size", help="zero_optimization.reduce_bucket_size "
+                                           f"(default: DeepSpeed's {_DS.reduce_bucket_size:.0e}).", rich_help_panel=_K,
+                                           show_default=False),
     pin_memory: bool = typer.Option(None, "--pin-memory/--no-pin-memory", help="offload_*.pin_memory (default: the "
                                     "version's default).", rich_help_panel=_K),
     zero_init: bool = typer.Option(True, "--zero-init/--no-zero-init", help="Model built under deepspeed.zero.Init.",
@@ -104,10 +108,13 @@ def plan_command(
 
         memascend plan --model ./my-model-dir --dram 64GiB --gpus 1 --gpu-mem 24GiB && memascend train recipe.yaml
     """
+    from dataclasses import replace
+
     from memascend_cli import models
     from memascend_cli.console import print_json
     from memascend_cli.hardware import resolve_hardware
-    from memascend_cli.planner.memory import ZeroKnobs, JobSpec, estimate_both
+    from memascend_cli.planner import zero
+    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec, estimate_all, parse_version
     from memascend_cli.planner.search import check
     from memascend_cli.planner.search import search as run_search
 
@@ -115,27 +122,39 @@ def plan_command(
         return _list_models(as_json)
     if engine not in ("memascend", "baseline"):
         raise BadInput(f"unknown engine {engine!r}", "use --engine memascend or --engine baseline")
+    if pin_backend not in ("torch", "native"):
+        raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
     hw = resolve_hardware(hardware, nvme_path, dram=dram, gpu_mem=gpu_mem, gpus=gpus, nodes=nodes,
                           nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
     model_name = model or default_model(hw.num_gpus)
     spec = models.load_model(model_name)
-    knobs = ZeroKnobs(
+    ds_version = deepspeed_version or installed_deepspeed_version()
+    base = zero.version_defaults(parse_version(ds_version))
+    base = replace(
+        base,
         param_buffer_count=param_buffer_count,
-        param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size") if param_buffer_size else None,
-        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu"),
+        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu") if max_in_cpu else base.max_in_cpu,
         optimizer_buffer_count=optimizer_buffer_count,
         pipeline_read=pipeline, pipeline_write=pipeline,
-        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")),
-        reduce_bucket_size=parse_count(reduce_bucket_size, "--reduce-bucket-size"),
-        pin_memory=pin_memory, pin_backend=pin_backend, zero_init=zero_init,
+        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")) if sub_group_size else base.sub_group_size,
+        reduce_bucket_size=(parse_count(reduce_bucket_size, "--reduce-bucket-size") if reduce_bucket_size
+                            else base.reduce_bucket_size),
+        pin_memory=base.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
     )
+    if dtype not in DTYPE_BYTES:
+        raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
+    ranks_total = (ranks or hw.num_gpus or 1) * max(1, hw.num_nodes)
+    knobs = zero.resolve("stock", model=spec, world_size=ranks_total, elem_bytes=DTYPE_BYTES[dtype], base=base)
+    if param_buffer_size:  # an explicit buffer_size is kept as given (too small shows as a config error)
+        knobs = replace(knobs, param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size"))
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
                   grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
-                  flash_attention=flash_attn, fused_cross_entropy=liger,
-                  deepspeed_version=deepspeed_version or installed_deepspeed_version(), knobs=knobs)
-    ests = estimate_both(job, hw)
+                  flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
+                  zero_init=zero_init, param_buffer_size_auto=not param_buffer_size)
+    ests = estimate_all(job, hw)
     verdicts = {e: check(est, hw) for e, est in ests.items()}
-    searches = {e: run_search(job, hw, e) for e in ests} if search else {}
+    # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
+    searches = {e: run_search(job, hw, e) for e in ("baseline", "memascend")} if search else {}
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=model is None)
     if as_json:
         print_json(result)
@@ -164,7 +183,7 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
             "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
             "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
             "ranks_per_node": b.ranks_per_node, "world_size": b.world_size,
-            "knobs": dict(job.knobs.__dict__),
+            "knobs": job.knobs.to_dict(),
         },
         "hardware": hw.to_dict(),
         "engines": {e: {**ests[e].to_dict(), "verdict": verdicts[e].to_dict(),
@@ -172,6 +191,8 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
         "reduction_percent": {
             "host_peak": round(reduction_percent(b.host_peak_bytes, m.host_peak_bytes), 2),
             "host_steady": round(reduction_percent(b.host_steady_bytes, m.host_steady_bytes), 2),
+            **({"host_peak_vs_tuned": round(reduction_percent(ests["tuned"].host_peak_bytes, m.host_peak_bytes), 2)}
+               if "tuned" in ests else {}),
         },
         "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
                     "line": verdict_line(ests, verdicts, engine, hw)},
