@@ -69,8 +69,19 @@ def main(argv=None) -> dict:
 
     from memascend_cli.models import load_model
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    from deepspeed.accelerator import get_accelerator
+
+    accel = get_accelerator()
+    deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     rank = int(os.environ["RANK"])
+    device = "cpu"
+    if accel.device_name() != "cpu":
+        accel.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        device = accel.current_device_name()
+        # Stock and engine runs are separate processes: with deterministic kernels (cuBLAS needs a
+        # fixed workspace, set before its first use) the fp32 losses can be compared exactly.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     spec = load_model(args.model)
     if args.mode == "stock" and not args.nvme_dir:
         raise SystemExit("--nvme-dir is required for --mode stock")
@@ -96,7 +107,7 @@ def main(argv=None) -> dict:
     probe = {}
     t0 = time.time()
     for step in range(args.steps):
-        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen)
+        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if args.overflow_probe and step == 0:
@@ -133,6 +144,8 @@ def main(argv=None) -> dict:
         "stats": stats,
         "overflow_probe": probe,
         "config": cfg,
+        "device": device,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device != "cpu" else None,
         "deepspeed_version": deepspeed.__version__,
     }
     out = args.out if int(os.environ["WORLD_SIZE"]) == 1 else f"{args.out}.rank{rank}"
