@@ -7,6 +7,9 @@ supported by the launcher, so run the file path)::
     DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode stock  --nvme-dir /var/tmp/sw --out stock.json
     DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode engine --region /var/tmp/r.img --out eng.json
 
+DS_ACCELERATOR=cuda runs it on the GPU: NCCL, inputs on the device, deterministic kernels (so stock and
+engine fp32 losses still compare exactly), and the peak GPU memory in the JSON.
+
 Writes JSON: losses, engine stats (bytes through the region, pinned and pool bytes, swap files),
 swap files found under the nvme dir, the effective config and, with --overflow-probe, the fused
 overflow check's answers on the real gradient buffer.
@@ -65,18 +68,17 @@ def main(argv=None) -> dict:
 
     import deepspeed
     import torch
+    from deepspeed.accelerator import get_accelerator
     from memascend_engine.hf_models import causal_lm_factory
 
     from memascend_cli.models import load_model
-
-    from deepspeed.accelerator import get_accelerator
 
     accel = get_accelerator()
     deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     rank = int(os.environ["RANK"])
     device = "cpu"
     if accel.device_name() != "cpu":
-        accel.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        accel.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         device = accel.current_device_name()
         # Stock and engine runs are separate processes: with deterministic kernels (cuBLAS needs a
         # fixed workspace, set before its first use) the fp32 losses can be compared exactly.

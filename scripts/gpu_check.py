@@ -214,7 +214,7 @@ def check_manifest(manifest: dict, carry_dir: str, *, verify_hashes: bool = True
             problems.append(f"no wheel of {d} in the carry folder")
     debs = [os.path.basename(f["path"]) for f in files if f["path"].startswith("debs/")]
     for pkg in DEBS:
-        if not any(b.startswith(pkg + "_") or b.startswith(pkg + "t64_") for b in debs):
+        if not any(b.startswith((pkg + "_", pkg + "t64_")) for b in debs):
             problems.append(f"no .deb of {pkg} in the carry folder")
     return problems
 
@@ -536,7 +536,7 @@ class Kit:
     def capture(self, cmd: list[str], timeout: float = 60, env: dict | None = None) -> tuple[int, str, str]:
         """A quick query (not a step): rc, stdout, stderr; never raises for a missing program."""
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
                                env={**os.environ, **self.env, **(env or {})})
             return r.returncode, r.stdout, r.stderr
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -598,8 +598,11 @@ def phase_setup(kit: Kit) -> bool:
     manifest_sha = sha256_file(manifest_path) if os.path.isfile(manifest_path) else "missing"
     base_py = kit.args.python
     # Installs are skipped when a warm machine kept the venv of this very carry folder.
-    fresh = not (os.path.isfile(stamp_path) and open(stamp_path).read().strip() == manifest_sha
-                 and os.path.isfile(kit.py))
+    stamp = ""
+    if os.path.isfile(stamp_path):
+        with open(stamp_path) as f:
+            stamp = f.read().strip()
+    fresh = not (stamp == manifest_sha and os.path.isfile(kit.py))
     if fresh or kit.dry_run:
         if not kit.dry_run:
             shutil.rmtree(kit.venv, ignore_errors=True)
@@ -792,8 +795,8 @@ def _plan(kit: Kit, model: str) -> dict | None:
 
 def bench_accepts_accelerator(kit: Kit) -> bool:
     py = kit.py if os.path.isfile(kit.py) else sys.executable
-    rc, out, err = kit.capture([py, "-m", "memascend_cli", "bench", "--help"], env={"PYTHONPATH": REPO,
-                                                                                  "COLUMNS": "200"})
+    _, out, _ = kit.capture([py, "-m", "memascend_cli", "bench", "--help"], env={"PYTHONPATH": REPO,
+                                                                               "COLUMNS": "200"})
     return "--accelerator" in out
 
 
@@ -974,11 +977,10 @@ def collect_facts(kit: Kit) -> None:
     facts["gpus"] = [ln.strip() for ln in out.splitlines() if ln.strip()] if rc == 0 else []
     rc, out, _ = kit.capture(["nvcc", "--version"])
     facts["nvcc"] = out.strip().splitlines()[-1] if rc == 0 and out.strip() else None
-    rc, out, err = kit.capture([kit.args.python, "-c", "import json, sys, torch; print(json.dumps({'python': "
-                                "sys.version.split()[0], 'torch': torch.__version__, 'cuda': torch.version.cuda, "
-                                "'cuda_available': torch.cuda.is_available(), 'capability': "
-                                "'.'.join(map(str, torch.cuda.get_device_capability())) if torch.cuda.is_available() "
-                                "else None}))"], timeout=120)
+    code = ("import json, sys, torch; print(json.dumps({'python': sys.version.split()[0], 'torch': torch.__version__, "
+            "'cuda': torch.version.cuda, 'cuda_available': torch.cuda.is_available(), 'capability': "
+            "'.'.join(map(str, torch.cuda.get_device_capability())) if torch.cuda.is_available() else None}))")
+    rc, out, err = kit.capture([kit.args.python, "-c", code], timeout=120)
     try:
         facts["torch"] = json.loads(out)
     except json.JSONDecodeError:

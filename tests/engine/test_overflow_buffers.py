@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memascend_engine.deepspeed_plugin import OverflowBuffers, PluginContext  # noqa: E402
-from memascend_engine.pinned import PinnedAllocator  # noqa: E402
+from memascend_engine.deepspeed_plugin import OverflowBuffers, PluginContext
+from memascend_engine.pinned import PinnedAllocator
 
 
 def _pool():

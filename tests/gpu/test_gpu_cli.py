@@ -42,7 +42,7 @@ def test_memascend_train_tiny_recipe_on_one_gpu(tmp_path):
     run = str(tmp_path / "run")
     p = subprocess.run([sys.executable, "-m", "memascend_cli", "train", TINY, "--output-dir", run, "--steps", "6",
                         "--set", "checkpoint_every=3"], capture_output=True, text=True, env=_env(), timeout=900,
-                       cwd=str(tmp_path))
+                       cwd=str(tmp_path), check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     ev = _events(run)
     start = next(e for e in ev if e["event"] == "start")
@@ -56,8 +56,11 @@ def test_memascend_train_tiny_recipe_on_one_gpu(tmp_path):
     assert pinned["cuda_registered_bytes"] == pinned["live_bytes"] > 0, pinned
     assert any(e["event"] == "checkpoint" and e["step"] == 6 for e in ev)
     assert os.path.isfile(os.path.join(run, "export", "config.json"))
-    logs = "".join(open(os.path.join(run, "logs", n), errors="replace").read()
-                   for n in os.listdir(os.path.join(run, "logs")) if n.endswith(".log"))
+    logs = ""
+    for n in os.listdir(os.path.join(run, "logs")):
+        if n.endswith(".log"):
+            with open(os.path.join(run, "logs", n), errors="replace") as f:
+                logs += f.read()
     assert "ds_accelerator to cuda" in logs, "DeepSpeed picked another accelerator"
 
 
@@ -69,7 +72,7 @@ def _bench_docs(tmp_path) -> dict:
             p = subprocess.run([sys.executable, "-m", "memascend_cli", "bench", "--model", BENCH_MODEL, "--seq-len",
                                 "2048", "--steps", "2", "--runs", run, "--accelerator", "cuda", "--settle-cap", "20",
                                 "--out", os.path.join(root, run), "--json"],
-                               capture_output=True, text=True, env=_env(), timeout=1200, cwd=REPO)
+                               capture_output=True, text=True, env=_env(), timeout=1200, cwd=REPO, check=False)
             assert p.returncode in (0, 1), p.stderr[-3000:]  # 1: a run failed, the document says why
     docs = {}
     for run in BENCH_RUNS:

@@ -16,8 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memascend_engine import native  # noqa: E402
-from memascend_engine.pinned import PinnedAllocator  # noqa: E402
+from memascend_engine import native
+from memascend_engine.pinned import PinnedAllocator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 MiB = 1 << 20
