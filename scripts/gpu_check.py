@@ -1126,7 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--accelerator", default="cuda", choices=["cuda", "cpu"],
                    help="DS_ACCELERATOR of every step and the bench's --accelerator (cpu: rehearse on a CPU box)")
     r.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall time of the whole run")
-    r.add_argument("--tests-cap-s", type=float, default=240.0, help="longest time for `pytest -m gpu`")
+    r.add_argument("--tests-cap-s", type=float, default=300.0, help="longest time for `pytest -m gpu`")
     r.add_argument("--python", default=sys.executable, help="the image's interpreter (the one with torch)")
     r.add_argument("--out", default=None, help="output folder (default $OUT, else WORK/out)")
     r.add_argument("--carry", default=CARRY_DIR, help="the carry folder (default .gpu_carry in the repo root)")
