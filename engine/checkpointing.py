@@ -19,7 +19,12 @@ from typing import Any
 
 
 class _HostStash:
-    """Reusable pinned host buffers keyed by byte size (one per live checkpoint)."""
+    """Reusable pinned host buffers keyed by (dtype, numel) (one per live checkpoint).
+
+    On CUDA the buffers are only ever touched by non_blocking copies, so what orders their reuse is
+    a CUDA event per buffer: ``take`` makes the current stream wait for the last copy that read
+    the buffer before the next copy writes it, whichever stream each ran on.
+    """
 
     def __init__(self, allocator):
         self._allocator = allocator
@@ -34,19 +39,22 @@ class _HostStash:
         key = (like.dtype, like.numel())
         with self._mutex:
             bucket = self._free.get(key)
-            buf = bucket.pop() if bucket else None
+            buf, last_read = bucket.pop() if bucket else (None, None)
         if buf is None:
             buf = self._allocator.empty(like.numel(), like.dtype) if self._allocator is not None else \
                 torch.empty(like.numel(), dtype=like.dtype, pin_memory=True)
+        elif last_read is not None:
+            torch.cuda.current_stream(like.device).wait_event(last_read)
         with self._mutex:
             self.live_bytes += buf.numel() * buf.element_size()
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         return buf
 
-    def give_back(self, buf) -> None:
+    def give_back(self, buf, last_read=None) -> None:
+        """``last_read``: a CUDA event recorded after the last copy that reads ``buf`` (None on CPU)."""
         with self._mutex:
             self.live_bytes -= buf.numel() * buf.element_size()
-            self._free.setdefault((buf.dtype, buf.numel()), []).append(buf)
+            self._free.setdefault((buf.dtype, buf.numel()), []).append((buf, last_read))
 
 
 def _make_function():
@@ -66,6 +74,10 @@ def _make_function():
             if hidden_states.is_cuda:
                 host = stash.take(hidden_states)
                 host.copy_(hidden_states.detach().reshape(-1), non_blocking=True)
+                # The D2H copy runs on the current stream after the kernels that produced the
+                # hidden states; backward may run on another stream, so it waits for this event.
+                ctx.written = torch.cuda.Event()
+                ctx.written.record()
                 ctx.host = host
                 ctx.shape = hidden_states.shape
                 ctx.save_for_backward(*rest) if rest else None
@@ -81,8 +93,13 @@ def _make_function():
         def backward(ctx, *grad_outputs):
             saved = ctx.saved_tensors
             if ctx.host is not None:
+                stream = torch.cuda.current_stream(ctx.device)
+                stream.wait_event(ctx.written)
                 x = ctx.host.to(ctx.device, non_blocking=True).view(ctx.shape)
-                ctx.stash.give_back(ctx.host)
+                # The buffer is free for the next forward once this H2D copy has read it.
+                read = torch.cuda.Event()
+                read.record(stream)
+                ctx.stash.give_back(ctx.host, read)
                 ctx.host = None
                 rest = saved
             else:

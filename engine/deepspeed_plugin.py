@@ -97,7 +97,8 @@ class PluginContext:
     """Set when the pinned technique is on: the gradient flat buffer is then allocated pinned in place."""
     counters: dict = field(default_factory=lambda: {
         "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "adam_states_in_place": 0,
-        "pool_overflow_allocations": 0, "prefetch_skipped": 0, "prefetch_duplicates": 0,
+        "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
+        "prefetch_skipped": 0, "prefetch_duplicates": 0,
         "grad_buffer_in_place": 0})
     param_swappers: list = field(default_factory=list)
     optimizers: list = field(default_factory=list)
@@ -218,12 +219,61 @@ def pinning_aio_builder(allocator):
 # Adaptive parameter pool
 
 
+class OverflowBuffers:
+    """Pinned buffers for fetches that find every pool slot taken, kept and reused.
+
+    Allocating one per fetch would mmap + mlock + cudaHostRegister (milliseconds per MiB) and, on
+    release, synchronise the device before cudaHostUnregister, on every step. Instead a released
+    buffer goes back to a free list and the next overflow takes the smallest free buffer that holds
+    it (best fit), so the list grows only to the largest number of overflows live at once.
+    Counters: ``pool_overflow_allocations`` (new buffers), ``pool_overflow_reuses``,
+    ``pool_overflow_bytes`` (bytes held by the list, free or taken).
+    """
+
+    def __init__(self, allocate: Callable[[int], Any], counters: dict):
+        self._allocate = allocate  # numel -> 1-D pinned tensor of exactly numel elements
+        self._counters = counters
+        self._free: list[tuple[int, int]] = []  # (numel, serial), sorted
+        self._by_serial: dict[int, Any] = {}
+        self._serial_of: dict[int, int] = {}  # id(tensor) -> serial, for the tensors handed out
+        self._next = 0
+
+    def take(self, numel: int):
+        """A tensor of at least ``numel`` elements (narrow it); a free one when one is large enough."""
+        import bisect
+
+        i = bisect.bisect_left(self._free, (int(numel), -1))
+        if i < len(self._free):
+            _, serial = self._free.pop(i)
+            buf = self._by_serial[serial]
+            self._counters["pool_overflow_reuses"] += 1
+        else:
+            buf = self._allocate(int(numel))
+            serial, self._next = self._next, self._next + 1
+            self._by_serial[serial] = buf
+            self._counters["pool_overflow_allocations"] += 1
+            self._counters["pool_overflow_bytes"] += buf.numel() * buf.element_size()
+        self._serial_of[id(buf)] = serial
+        return buf
+
+    def give_back(self, buf) -> None:
+        """Return a tensor obtained from :meth:`take` (exactly that object)."""
+        import bisect
+
+        serial = self._serial_of.pop(id(buf))
+        bisect.insort(self._free, (buf.numel(), serial))
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+
 def adaptive_param_swapper_class(ctx: PluginContext):
     """A subclass of DeepSpeed's AsyncPartitionedParameterSwapper whose pool is size classes.
 
     Routing: a partition takes a free slot of the smallest class that holds it, else of any larger
-    class. A synchronous fetch that finds no slot gets an exact-size overflow buffer (counted in
-    ``pool_overflow_allocations``) instead of DeepSpeed's "Not enough buffers" assertion; an
+    class. A synchronous fetch that finds no slot gets an exact-size overflow buffer from
+    :class:`OverflowBuffers` instead of DeepSpeed's "Not enough buffers" assertion; an
     asynchronous prefetch that finds no slot is simply skipped (the later synchronous fetch reads it).
     """
     import torch
@@ -274,6 +324,8 @@ def adaptive_param_swapper_class(ctx: PluginContext):
                                                                   torch.empty(0, dtype=self.dtype))
                 self.pool_tensors.append(pool)
                 self._free_slots.append(list(range(c.slot_count)))
+            self._overflow = OverflowBuffers(
+                lambda n: self.aio_read_handle.new_cpu_locked_tensor(n, torch.empty(0, dtype=self.dtype)), ctx.counters)
             self._slot_of: dict[int, tuple] = {}  # ds_id -> (class index, slot index) or ("overflow", tensor)
             self._reserved: list[tuple[int, int]] = []
             self.available_buffer_ids = []  # unused; kept for code that prints it
@@ -303,9 +355,7 @@ def adaptive_param_swapper_class(ctx: PluginContext):
                         return (ci, si), view
             if not allow_overflow:
                 return None, None
-            ctx.counters["pool_overflow_allocations"] += 1
-            buf = self.aio_read_handle.new_cpu_locked_tensor(self._io_aligned_numel(numel),
-                                                             torch.empty(0, dtype=self.dtype))
+            buf = self._overflow.take(self._io_aligned_numel(numel))
             return ("overflow", buf), buf
 
         def _assign(self, param, numel: int, allow_overflow: bool):
@@ -324,7 +374,9 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             slot = self._slot_of.pop(param_id, None)
             if slot is None:
                 return False
-            if slot[0] != "overflow":
+            if slot[0] == "overflow":
+                self._overflow.give_back(slot[1])
+            else:
                 self._free_slots[slot[0]].append(slot[1])
             return True
 

@@ -7,6 +7,9 @@ supported by the launcher, so run the file path)::
     DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode stock  --nvme-dir /var/tmp/sw --out stock.json
     DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode engine --region /var/tmp/r.img --out eng.json
 
+DS_ACCELERATOR=cuda runs it on the GPU: NCCL, inputs on the device, deterministic kernels (so stock and
+engine fp32 losses still compare exactly), and the peak GPU memory in the JSON.
+
 Writes JSON: losses, engine stats (bytes through the region, pinned and pool bytes, swap files),
 swap files found under the nvme dir, the effective config and, with --overflow-probe, the fused
 overflow check's answers on the real gradient buffer.
@@ -69,12 +72,22 @@ def main(argv=None) -> dict:
 
     import deepspeed
     import torch
+    from deepspeed.accelerator import get_accelerator
     from memascend_engine.hf_models import causal_lm_factory
 
     from memascend_cli.models import load_model
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    accel = get_accelerator()
+    deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     rank = int(os.environ["RANK"])
+    device = "cpu"
+    if accel.device_name() != "cpu":
+        accel.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = accel.current_device_name()
+        # Stock and engine runs are separate processes: with deterministic kernels (cuBLAS needs a
+        # fixed workspace, set before its first use) the fp32 losses can be compared exactly.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     spec = load_model(args.model)
     if args.mode == "stock" and not args.nvme_dir:
         raise SystemExit("--nvme-dir is required for --mode stock")
@@ -100,7 +113,7 @@ def main(argv=None) -> dict:
     probe = {}
     t0 = time.time()
     for step in range(args.steps):
-        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen)
+        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if args.overflow_probe and step == 0:
@@ -129,6 +142,8 @@ def main(argv=None) -> dict:
         "stats": stats,
         "overflow_probe": probe,
         "config": cfg,
+        "device": device,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device != "cpu" else None,
         "deepspeed_version": deepspeed.__version__,
     }
     out = args.out if int(os.environ["WORLD_SIZE"]) == 1 else f"{args.out}.rank{rank}"

@@ -56,6 +56,13 @@ def _ensure_rank_env() -> None:
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
+def _device() -> str:
+    """The accelerator's current device ('cuda:N' under NCCL, 'cpu' on the CPU accelerator)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().current_device_name()
+
+
 # --- model --------------------------------------------------------------------------------------
 
 
@@ -258,6 +265,11 @@ class Run:
         import torch
 
         deepspeed.init_distributed(dist_backend="gloo" if os.environ.get("DS_ACCELERATOR") == "cpu" else None)
+        from deepspeed.accelerator import get_accelerator
+
+        if get_accelerator().device_name() != "cpu":
+            # One device per rank before any collective (NCCL binds a communicator to the current device).
+            get_accelerator().set_device(self.local_rank)
         installed = None
         if not self.args.baseline:
             installed = self._install_engine(ds_config, spec)
@@ -312,25 +324,28 @@ class Run:
         local = self.stop_requested or os.path.exists(rundir.path(self.run_dir, rundir.STOP_FILE))
         # Fault injection for tests and drills: behave as if Ctrl-C came during step N.
         local = local or os.environ.get("MEMASCEND_FAULT_STOP_AT_STEP") == str(step)
-        flag = torch.tensor([1.0 if local else 0.0])
+        flag = torch.tensor([1.0 if local else 0.0], device=_device())  # NCCL reduces device tensors only
         if self.world > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         return bool(flag.item() > 0)
 
     def _batch(self, seqs, rows):
+        """The micro-batch on the accelerator's device (DeepSpeed's engine does not move inputs)."""
         import torch
 
-        batch = {"input_ids": torch.tensor([seqs.input_ids[i] for i in rows], dtype=torch.long),
-                 "labels": torch.tensor([seqs.labels[i] for i in rows], dtype=torch.long)}
+        device = _device()
+        batch = {"input_ids": torch.tensor([seqs.input_ids[i] for i in rows], dtype=torch.long, device=device),
+                 "labels": torch.tensor([seqs.labels[i] for i in rows], dtype=torch.long, device=device)}
         if seqs.attention_mask is not None:
-            batch["attention_mask"] = torch.tensor([seqs.attention_mask[i] for i in rows], dtype=torch.long)
+            batch["attention_mask"] = torch.tensor([seqs.attention_mask[i] for i in rows], dtype=torch.long,
+                                                   device=device)
         return batch
 
     def _all_sum(self, values: list[float]) -> list[float]:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=_device())  # NCCL reduces device tensors only
         if self.world > 1:
             dist.all_reduce(t)
         return t.tolist()
