@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memascend_cli.planner.zero import DEFAULT_PREFETCH_LAYERS
+from memascend_cli.planner.zero import DEFAULT_PIPELINE_DEPTH, DEFAULT_PREFETCH_LAYERS
 
 if TYPE_CHECKING:  # pragma: no cover
     from memascend_engine.runtime import Installed
@@ -52,6 +52,15 @@ class EngineOptions:
     """Create CPU-Adam's states directly in the pinned swap buffers (needs direct_nvme)."""
     prefetch_layers: int = DEFAULT_PREFETCH_LAYERS
     """Decoder layers whose parameter partitions the adaptive pool holds at once."""
+    streaming: bool = True
+    """Bounded host memory (engine/bounded.py): reduced gradients stream to the SSD in the training dtype (no
+    full-size gradient buffer in DRAM) and the optimizer step runs as a pipeline of sub-group chunks (no pool sized
+    by the largest tensor). Needs direct_nvme and DeepSpeedCPUAdam; off: DeepSpeed's gradient and optimizer path."""
+    pipeline_depth: int = DEFAULT_PIPELINE_DEPTH
+    """Optimizer chunks in flight (one read, one updated, one written back)."""
+    checkpoint_offload: str = "ssd"
+    """Where offloaded activation checkpoints go: ssd (a bounded window of the region), dram (one pinned buffer
+    per layer)."""
 
 
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,

@@ -142,6 +142,9 @@ def run(args, rank: int, ev: Events) -> int:
 
     acc = get_accelerator()
     deepspeed.init_distributed(dist_backend=acc.communication_backend_name())
+    on_cuda = acc.device_name() == "cuda"
+    if on_cuda:
+        acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = acc.current_device_name()  # DeepSpeed does not move inputs: batches go to the compute device
     world = int(os.environ["WORLD_SIZE"])
     spec = load_model(args.model)
@@ -214,7 +217,12 @@ def run(args, rank: int, ev: Events) -> int:
         "engine_stats": None,
         "ds_config_effective": cfg,
         "accelerator": acc.device_name(),
-        "gpu_peak_bytes": int(torch.cuda.max_memory_allocated()) if acc.device_name() == "cuda" else None,
+        "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()) if on_cuda else None,
+        "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()) if on_cuda else None,
+        # Pinned host bytes: torch's CUDA host allocator plus mlocked memory (stock/tuned), the engine's own buffers.
+        "pinned_bytes": (handle.stats()["pinned_bytes"] if handle is not None else
+                         (int(torch.cuda.host_memory_stats().get("allocated_bytes.all.peak", 0)) if on_cuda else 0)
+                         + status_kib("VmLck") * 1024),
     }
     if handle is not None:
         final["engine_stats"] = dict(handle.stats())

@@ -87,21 +87,23 @@ def _set_rng_state(data: dict) -> None:
 
 def save_rank_state(engine, folder: str, rank: int) -> None:
     """Write this rank's optimizer partitions into `folder` (rank-R.bin + rank-R.json, fsynced)."""
+    access = plug.OptimizerStateAccess(engine)
     groups = []
     offset = 0
     bin_path = os.path.join(folder, f"rank-{rank:05d}.bin")
     with open(bin_path, "wb") as f:
-        for i in range(plug.num_optimizer_subgroups(engine)):
-            # Read as step() does, released without a write: the SSD copy is untouched.
-            with plug.SubgroupState(engine, i, write_back=False) as sg:
-                state = sg.state
-                entry = {"numel": int(sg.fp32.numel()), "step": _as_int(state.get("step")), "tensors": {}}
-                for name, tensor in [("fp32", sg.fp32.data)] + [(n, state[n]) for n in plug.ADAM_STATES if n in state]:
-                    arr = tensor.detach().to(torch.float32).contiguous().numpy()
-                    arr.tofile(f)
-                    entry["tensors"][name] = {"offset_bytes": offset, "numel": int(arr.size)}
-                    offset += arr.nbytes
-                groups.append(entry)
+        for i in range(access.num_groups):
+            # Read as step() does; the SSD copy is untouched.
+            step, tensors = access.read(i)
+            entry = {"numel": access.numel(i), "step": step, "tensors": {}}
+            for name in ("fp32", *plug.ADAM_STATES):
+                if name not in tensors:
+                    continue
+                arr = tensors[name].detach().to(torch.float32).contiguous().numpy()
+                arr.tofile(f)
+                entry["tensors"][name] = {"offset_bytes": offset, "numel": int(arr.size)}
+                offset += arr.nbytes
+            groups.append(entry)
         f.flush()
         os.fsync(f.fileno())
     manifest = {
@@ -182,10 +184,10 @@ def load(engine, folder: str, *, rank: int, world_size: int) -> dict:
         raise ValueError(f"checkpoint {folder} was written by {state['world_size']} rank(s), this run has {world_size}")
     with open(os.path.join(folder, f"rank-{rank:05d}.json"), encoding="utf-8") as f:
         manifest = json.load(f)
-    num_groups = plug.num_optimizer_subgroups(engine)
-    if len(manifest["groups"]) != num_groups:
-        raise ValueError(f"checkpoint {folder} has {len(manifest['groups'])} optimizer sub-groups, the run has "
-                         f"{num_groups} (different sub_group_size or model?)")
+    access = plug.OptimizerStateAccess(engine)
+    if len(manifest["groups"]) != access.num_groups:
+        raise ValueError(f"checkpoint {folder} has {len(manifest['groups'])} optimizer groups, the run has "
+                         f"{access.num_groups} (different sub_group_size, model or engine?)")
     data = np.memmap(os.path.join(folder, f"rank-{rank:05d}.bin"), dtype=np.float32, mode="r")
 
     def array(meta) -> torch.Tensor:
@@ -193,22 +195,10 @@ def load(engine, folder: str, *, rank: int, world_size: int) -> dict:
         return torch.from_numpy(np.array(data[start:start + meta["numel"]]))
 
     for i, entry in enumerate(manifest["groups"]):
-        numel = plug.subgroup_numel(engine, i)
+        numel = access.numel(i)
         if entry["numel"] != numel:
-            raise ValueError(f"checkpoint {folder}: sub-group {i} has {entry['numel']} elements, the run {numel}")
-        with plug.SubgroupState(engine, i, write_back=True) as sg:
-            sg.fp32.data.copy_(array(entry["tensors"]["fp32"]))
-            st = sg.state
-            if entry["step"] is not None:
-                # Same keys and order as DeepSpeedCPUAdam's lazy init, so the swapper registers the moment
-                # tensors exactly as after a first real step.
-                st["step"] = entry["step"]
-                for n in plug.ADAM_STATES:
-                    src = array(entry["tensors"][n])
-                    if n in st and st[n].numel() == src.numel():
-                        st[n].data.copy_(src)
-                    else:
-                        st[n] = src.clone()
+            raise ValueError(f"checkpoint {folder}: optimizer group {i} has {entry['numel']} elements, the run {numel}")
+        access.write(i, entry["step"], {name: array(meta) for name, meta in entry["tensors"].items()})
     plug.set_optimizer_lrs(engine, manifest["lrs"])
     plug.set_loss_scaler_state(engine, manifest.get("loss_scaler", {}))
     if engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:

@@ -102,6 +102,12 @@ class PluginContext:
         "grad_buffer_in_place": 0})
     param_swappers: list = field(default_factory=list)
     optimizers: list = field(default_factory=list)
+    store: Any = None
+    """The rank's RegionStore (Direct NVMe), or None."""
+    windows: Any = None
+    """zero.EngineWindows when the bounded engine (gradient streaming + optimizer pipeline) is on, else None."""
+    io: Any = None
+    """memascend_engine.bounded.IOCounters of the bounded engine."""
     _libc: Any = None
 
     def trim_heap(self) -> None:
@@ -510,7 +516,7 @@ def stage3_optimizer_class(ctx: PluginContext):
     Base = stage3.DeepSpeedZeroOptimizer_Stage3
     scan_dtypes = (torch.float16, torch.bfloat16, torch.float32)
 
-    class MemAscendStage3(Base):
+    class MemAscendStage3(_BoundedStage3Mixin(ctx), Base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             ctx.optimizers.append(self)
@@ -554,6 +560,8 @@ def stage3_optimizer_class(ctx: PluginContext):
                 self._memascend_grad_buffer_armed = False
 
         def has_overflow(self, partition_gradients=True):
+            if getattr(self, "_ma_bounded", False):
+                return self._ma_has_overflow()
             buf = getattr(self, "grad_partitions_flat_buffer", None)
             if not (ctx.fused_overflow and partition_gradients and buf is not None and buf.device.type == "cpu"
                     and buf.is_contiguous() and buf.dtype in scan_dtypes):
@@ -571,11 +579,13 @@ def stage3_optimizer_class(ctx: PluginContext):
 
         def backward_epilogue(self):
             super().backward_epilogue()
+            if getattr(self, "_ma_bounded", False):
+                self._ma_stream.flush()
             if ctx.malloc_trim:
                 ctx.trim_heap()
 
         def _optimizer_states_and_gradient_swap_in(self, sub_group_id, timer_names=None):
-            if ctx.adam_in_place:
+            if ctx.adam_in_place and not getattr(self, "_ma_bounded", False):
                 self._memascend_seed_adam_states(sub_group_id)
             return super()._optimizer_states_and_gradient_swap_in(sub_group_id, timer_names)
 
@@ -605,6 +615,259 @@ def stage3_optimizer_class(ctx: PluginContext):
             ctx.counters["adam_states_in_place"] += 1
 
     return MemAscendStage3
+
+
+def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
+    """Gradient streaming and the chunked optimizer pipeline (memascend_engine.bounded) inside ZeRO-3.
+
+    Active when ctx.windows is set, a region store is open, the optimizer is DeepSpeedCPUAdam on NVMe with fp32
+    master weights, and no ZenFlow / Muon / partial offload / torch-autocast path is in use; otherwise every method
+    falls through to DeepSpeed's. What it replaces, each mirroring DeepSpeed 0.19.8's arithmetic so per-step losses
+    equal the stock path (runtime/zero/stage3.py line numbers):
+
+    * _configure_tensor_swapping (839): no OptimizerSwapper and no swap pool; the pipeline's slots are the pool;
+    * _setup_for_real_optimizer (761): fp32 placeholders per sub-group, no gradient flat buffer (P5), no
+      initialize_optimizer_states gradient buffer; fp32 masters created chunk by chunk on the SSD;
+    * partition_grads (2006): each reduced partition to the SSD in the gradient dtype, its norm (1446) and fp16
+      overflow scan taken as it streams; micro-batches accumulate by reading the partition back;
+    * step (2873): DeepSpeed's overflow / norm / loss-scale logic, then the pipeline over chunks with the same
+      unscale-and-clip (2979) and the same DeepSpeedCPUAdam op calls (ops/adam/cpu_adam.py step) per chunk.
+    """
+    import torch
+    from deepspeed import comm as dist
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
+    from deepspeed.runtime.zero import stage3
+
+    from memascend_cli.planner import zero
+    from memascend_engine import bounded, native
+
+    class _SwapperFacade:
+        """What DeepSpeed's remaining stage-3 code asks of an optimizer swapper when the pipeline owns the state."""
+
+        def is_swappable_tensor(self, tensor=None, numel=None):
+            return True  # every sub-group lives on the SSD (chunks of the pipeline)
+
+        def init_timers(self):
+            pass
+
+        def log_timers(self):
+            pass
+
+        def pre_backward(self):
+            pass
+
+        def post_backward(self):
+            pass
+
+        def purge_state(self):
+            raise RuntimeError("memascend's bounded engine keeps optimizer states in its region; DeepSpeed's "
+                               "load_checkpoint cannot restore them: use memascend_engine.checkpoint (memascend train)")
+
+    class Mixin:
+        def _ma_eligible(self) -> bool:
+            return (ctx.windows is not None and ctx.store is not None and isinstance(self.optimizer, DeepSpeedCPUAdam)
+                    and not getattr(self, "zenflow", False) and not getattr(self, "use_muon", False)
+                    and getattr(self, "partial_offload", 1.0) == 1.0
+                    and self.master_weights_and_grads_dtype == torch.float32
+                    and not getattr(self, "torch_autocast_gradscaler", None))
+
+        # -- construction -------------------------------------------------------------------------------
+        def _configure_tensor_swapping(self, offload_optimizer_config, aio_config):
+            self._ma_bounded = self._ma_eligible()
+            if not self._ma_bounded:
+                return super()._configure_tensor_swapping(offload_optimizer_config, aio_config)
+            self.optimizer_swapper = _SwapperFacade()
+
+        def _setup_for_real_optimizer(self):
+            if not getattr(self, "_ma_bounded", False):
+                return super()._setup_for_real_optimizer()
+            for i, _ in enumerate(self.fp16_partitioned_groups_flat):
+                ids = self.fp16_partitioned_groups_flat_id[i]
+                placeholder = torch.empty(0, dtype=self.master_weights_and_grads_dtype)
+                placeholder.ds_id = f"{ids[0]}_{ids[-1]}"
+                placeholder.requires_grad = True
+                self.fp32_partitioned_groups_flat.append(placeholder)
+            for param_group in self.optimizer.param_groups:
+                param_group["params"] = []
+            if self.contiguous_gradients:
+                for dtype, bucket in self.ipg_buckets.items():
+                    bucket.buffer = torch.empty(self.reduce_bucket_size, dtype=dtype,
+                                                device=get_accelerator().current_device_name())
+            self.grad_partitions_flat_buffer = None
+            self._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition = {}
+            ctx.io = ctx.io or bounded.IOCounters()
+            self._ma_stream = bounded.GradientStream(ctx.store, ctx.pinned_allocator or _plain_allocator(),
+                                                     ctx.windows, ctx.io)
+            parts = [[int(p.ds_numel) for p in group] for group in self.fp16_partitioned_groups]
+            self._ma_chunks = zero.optimizer_chunks(parts, ctx.windows.optimizer_chunk_numel)
+            grad_keys = [[bounded.GradientStream.key(p.ds_id) for p in group] for group in self.fp16_groups]
+            self._ma_pipeline = bounded.OptimizerPipeline(
+                ctx.store, ctx.pinned_allocator or _plain_allocator(), ctx.windows, self._ma_chunks,
+                self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
+                counters=ctx.io, grad_written=self._ma_stream.written)
+            self._ma_overflow_local = False
+            dist.barrier()
+            self._ma_pipeline.initialize()
+            dist.barrier()
+
+        def _ma_targets(self):
+            """targets[g][j](): where parameter j of sub-group g lives now (DeepSpeed can fetch or release it)."""
+            out = []
+            for g, group in enumerate(self.fp16_groups):
+                row = []
+                for j, param in enumerate(group):
+                    row.append(self._ma_target_fn(param, self.fp16_partitioned_groups[g][j]))
+                out.append(row)
+            return out
+
+        def _ma_target_fn(self, param, partitioned):
+            def resolve() -> bounded.ParamTarget:
+                # As _partitioned_params_swap_out (stage3.py 1271): an available partition is updated in memory,
+                # any other one on the SSD.
+                if partitioned.status == PartitionedParamStatus.AVAILABLE or param.nvme_swapper is None:
+                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data)
+                path = param.nvme_swapper.get_path(param, must_exist=True)
+                return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
+            return resolve
+
+        # -- backward: gradient streaming ----------------------------------------------------------------
+        def partition_grads(self, params_to_release, grad_partitions):
+            if not getattr(self, "_ma_bounded", False):
+                return super().partition_grads(params_to_release, grad_partitions)
+            boundary = self.is_gradient_accumulation_boundary()
+            for param, grad_partition in zip(params_to_release, grad_partitions):
+                contains_real_data = param.partition_numel() * self._get_param_partition_rank(param) < param.ds_numel
+                if not contains_real_data:
+                    param.grad = None
+                    continue
+                self._offload_boundary_param_ids.add(param.ds_id)
+                key = bounded.GradientStream.key(param.ds_id)
+                dtype = self.gradient_accumulation_dtype
+                if self.micro_step_id == 0:
+                    grad = grad_partition.to(dtype)  # stock: grad_buffer.copy_(grad_partition)
+                else:
+                    grad = self._ma_stream.read(key, grad_partition.numel(), dtype, grad_partition.device)
+                    grad.add_(grad_partition.to(dtype).view(grad.shape))
+                if boundary:
+                    self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
+                    if self.dtype == torch.float16:
+                        self._ma_overflow_local |= self._ma_nonfinite(grad)
+                self._ma_stream.write(key, grad)
+                if not get_accelerator().is_synchronized_device() and param.grad is not None:
+                    param.grad.record_stream(get_accelerator().current_stream())
+                param.grad = None
+            return []
+
+        def _ma_nonfinite(self, grad) -> bool:
+            if grad.device.type == "cpu" and ctx.fused_overflow and grad.dtype in scan_dtypes_:
+                ctx.counters["overflow_scans"] += 1
+                ctx.counters["overflow_scan_bytes"] += grad.numel() * grad.element_size()
+                return bool(native.has_nonfinite_tensor(grad.contiguous()))
+            return bool((~torch.isfinite(grad)).any().item())  # one partition: a bounded temporary
+
+        def _ma_has_overflow(self) -> bool:
+            flag = torch.tensor([int(self._ma_overflow_local)], dtype=torch.uint8,
+                                device=get_accelerator().current_device_name())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+            self._model_parallel_all_reduce(tensor=flag, op=dist.ReduceOp.MAX)
+            return bool(flag[0].item())
+
+        def finalize_gradient_accumulation_boundary(self):
+            if getattr(self, "_ma_bounded", False):
+                raise RuntimeError("memascend's bounded engine streams gradients during backward; unmanaged "
+                                   "gradient-accumulation boundaries are not supported (let DeepSpeed manage them)")
+            return super().finalize_gradient_accumulation_boundary()
+
+        # -- the step ---------------------------------------------------------------------------------------
+        def step(self, closure=None):
+            if not getattr(self, "_ma_bounded", False):
+                return super().step(closure)
+            self._ma_stream.flush()
+            self._pre_step()
+            self._partition_all_parameters()
+            try:
+                # DeepSpeed's own overflow, norm and loss-scale logic (stage3.py 2881-2896).
+                self._overflow_check_and_loss_scale_update(update_scale=False)
+                scaled_global_grad_norm = None
+                if not self.overflow:
+                    scaled_global_grad_norm = stage3.combine_grad_norm_groups(self._get_norm_groups())
+                    if stage3.is_invalid_grad_norm(scaled_global_grad_norm):
+                        self.overflow = True
+                if self._loss_scale_update_and_overflow_cleanup():
+                    return
+            finally:
+                self._ma_overflow_local = False
+            self._global_grad_norm = scaled_global_grad_norm / self.loss_scale
+            combined_scale = self.loss_scale
+            if self.clip_grad > 0.:
+                clip = ((scaled_global_grad_norm / self.loss_scale) + 1e-6) / self.clip_grad
+                clip = torch.clamp(clip, min=1.0)
+                combined_scale = clip * self.loss_scale
+            inv_scale = 1. / combined_scale
+            inner = self.optimizer
+            multi_group = len(self.fp16_groups) > 1
+
+            def compute(ci, chunk, slot):
+                g = chunk.sub_group
+                n = chunk.numel
+                state = inner.state.setdefault(self.fp32_partitioned_groups_flat[g], {})
+                group = inner.param_groups[self.sub_group_to_group_id[g]]
+                beta1, beta2 = group["betas"]
+                if chunk.index == 0:
+                    if len(state) == 0:
+                        state["step"] = 0
+                    state["step"] += 1
+                elif g == 0 and multi_group:
+                    # The Adam op keeps beta^t as a running product (cpu_adam.h IncrementStep): stock's one call
+                    # for sub-group 0 used pow(beta, step-1) * beta; re-arm that state for this chunk.
+                    _adam_rearm(inner, state["step"] - 1, group)
+                grad = slot.grad.narrow(0, 0, n)
+                grad.mul_(inv_scale)
+                inner.ds_opt_adam.adam_update(inner.opt_id, state["step"], group["lr"], beta1, beta2, group["eps"],
+                                              group["weight_decay"], group["bias_correction"],
+                                              slot.master.narrow(0, 0, n), grad, slot.exp_avg.narrow(0, 0, n),
+                                              slot.exp_avg_sq.narrow(0, 0, n))
+
+            self._ma_pipeline.run(compute)
+            self._post_step(set())
+
+        # -- DeepSpeed's own checkpoint API cannot see the region's state ---------------------------------
+        def state_dict(self):
+            if getattr(self, "_ma_bounded", False):
+                raise RuntimeError("memascend's bounded engine keeps fp32 masters and Adam states in its region; "
+                                   "DeepSpeed's save_checkpoint would write a checkpoint without them. Use "
+                                   "memascend_engine.checkpoint.save/load (what `memascend train` does)")
+            return super().state_dict()
+
+        def load_state_dict(self, *args, **kwargs):
+            if getattr(self, "_ma_bounded", False):
+                raise RuntimeError("memascend's bounded engine keeps fp32 masters and Adam states in its region; "
+                                   "DeepSpeed's load_checkpoint cannot restore them. Use "
+                                   "memascend_engine.checkpoint.load (what `memascend train --resume` does)")
+            return super().load_state_dict(*args, **kwargs)
+
+    scan_dtypes_ = (torch.float16, torch.bfloat16, torch.float32)
+    return Mixin
+
+
+def _adam_rearm(inner, prev_step: int, group: dict) -> None:
+    """One DeepSpeedCPUAdam call at step `prev_step` on a one-element scratch: the op recomputes
+    beta^prev_step, so its next call (step prev_step + 1) multiplies it by beta as stock's single call did."""
+    import torch
+
+    p, g, m, v = (torch.zeros(1, dtype=torch.float32) for _ in range(4))
+    beta1, beta2 = group["betas"]
+    inner.ds_opt_adam.adam_update(inner.opt_id, prev_step, group["lr"], beta1, beta2, group["eps"],
+                                  group["weight_decay"], group["bias_correction"], p, g, m, v)
+
+
+def _plain_allocator():
+    """Aligned, unlocked buffers when the pinned technique is off (O_DIRECT still needs alignment)."""
+    from memascend_engine.pinned import PinnedAllocator
+
+    return PinnedAllocator(lock=False, cuda_register=False)
 
 
 def patch_stage3(patches: Patches, ctx: PluginContext, *, adaptive_pool: bool) -> None:
@@ -654,16 +917,6 @@ def zero3_optimizer(engine):
     return opt
 
 
-def num_optimizer_subgroups(engine) -> int:
-    return len(zero3_optimizer(engine).fp32_partitioned_groups_flat)
-
-
-def subgroup_numel(engine, i: int) -> int:
-    """Elements of sub-group i (a swapped-out master is an empty placeholder until swap-in)."""
-    opt = zero3_optimizer(engine)
-    return int(opt.fp16_partitioned_groups_flat_numel[i])
-
-
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
 """The moment tensors of Adam-family optimizers (DeepSpeedCPUAdam, torch AdamW)."""
 
@@ -702,6 +955,71 @@ class SubgroupState:
                 self.opt.optimizer_swapper.swap_out_optimizer_state(parameter=self.fp32)
         elif self.swap:
             self.opt.optimizer_swapper.release_swap_buffers(parameter=self.fp32)
+
+
+class OptimizerStateAccess:
+    """The fp32 master and Adam states of a ZeRO-3 engine, group by group, for memascend's own checkpoints.
+
+    Groups are DeepSpeed's sub-groups on the stock path and memascend's chunks with the bounded engine; either way
+    ``read(i)`` gives ``(step, {"fp32", "exp_avg", "exp_avg_sq"})`` (no moments before the first step) and
+    ``write(i, step, tensors)`` restores them and the model-dtype parameters derived from the master.
+    """
+
+    def __init__(self, engine):
+        self.opt = zero3_optimizer(engine)
+        self.bounded = bool(getattr(self.opt, "_ma_bounded", False))
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.opt._ma_chunks) if self.bounded else len(self.opt.fp32_partitioned_groups_flat)
+
+    def numel(self, i: int) -> int:
+        if self.bounded:
+            return int(self.opt._ma_chunks[i].numel)
+        return int(self.opt.fp16_partitioned_groups_flat_numel[i])
+
+    def _step_state(self, i: int) -> dict:
+        g = self.opt._ma_chunks[i].sub_group if self.bounded else i
+        return self.opt.optimizer.state.setdefault(self.opt.fp32_partitioned_groups_flat[g], {})
+
+    def read(self, i: int) -> tuple[int | None, dict]:
+        if self.bounded:
+            step = self._step_state(i).get("step")
+            return (None if step is None else int(step)), self.opt._ma_pipeline.read_state(i)
+        with SubgroupState(_EngineRef(self.opt), i, write_back=False) as sg:
+            state = sg.state
+            tensors = {"fp32": sg.fp32.data.clone()}
+            tensors.update({n: state[n].detach().clone() for n in ADAM_STATES if n in state})
+            step = state.get("step")
+            return (None if step is None else int(step.item() if hasattr(step, "item") else step)), tensors
+
+    def write(self, i: int, step: int | None, tensors: dict) -> None:
+        if self.bounded:
+            if step is None:
+                tensors = {"fp32": tensors["fp32"]}
+            self.opt._ma_pipeline.write_state(i, tensors)
+            if step is not None:
+                self._step_state(i)["step"] = step
+            return
+        with SubgroupState(_EngineRef(self.opt), i, write_back=True) as sg:
+            sg.fp32.data.copy_(tensors["fp32"])
+            st = sg.state
+            if step is not None:
+                # Same keys and order as DeepSpeedCPUAdam's lazy init, so the swapper registers the moment tensors
+                # exactly as after a first real step.
+                st["step"] = step
+                for n in ADAM_STATES:
+                    if n in st and st[n].numel() == tensors[n].numel():
+                        st[n].data.copy_(tensors[n])
+                    else:
+                        st[n] = tensors[n].clone()
+
+
+class _EngineRef:
+    """Stands in for a DeepSpeed engine where only `.optimizer` is needed."""
+
+    def __init__(self, opt):
+        self.optimizer = opt
 
 
 def optimizer_lrs(engine) -> list[float]:

@@ -155,6 +155,9 @@ class Installed:
 
                 self.store = RegionStore(self.region, self.rank)
                 plug.patch_aio_builders(self.patches, DirectNvmeBuilder(self.store, self.allocator))
+                if o.streaming and self.opt_nvme:
+                    self.ctx.store = self.store
+                    self.ctx.windows = self.windows()
             elif o.pinned and self.allocator.cuda_register:
                 plug.patch_aio_builders(self.patches, plug.pinning_aio_builder(self.allocator))
             if o.pinned:
@@ -168,6 +171,13 @@ class Installed:
         self._installed = True
         log.info("memascend engine installed (rank %d, region %s): %s; config changes %s", self.rank, self.region,
                  self.options, self.config_changes)
+
+    def windows(self) -> zero.EngineWindows:
+        """The bounded engine's host windows (zero.EngineWindows) from the options and the ZeRO settings."""
+        s = self.settings or zero.from_ds_config(self.ds_config)
+        return zero.EngineWindows(optimizer_chunk_numel=zero.chunk_numel_for(s.sub_group_size),
+                                  optimizer_depth=max(1, int(self.options.pipeline_depth)),
+                                  checkpoint_offload=self.options.checkpoint_offload)
 
     # -- public API ----------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -29,7 +29,8 @@ from memascend_cli.units import GiB, MiB
 
 JSON_SCHEMA_VERSION = 1
 MODES = ("stock", "tuned", "memascend")
-TECHNIQUES = ("pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing", "malloc_trim")
+TECHNIQUES = ("streaming", "pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing",
+              "malloc_trim")
 """The engine's techniques, each switchable off for the ablation (memascend_engine.EngineOptions fields)."""
 
 ACCELERATORS = ("auto", "cpu", "cuda")
@@ -145,6 +146,7 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
         "node_host_peak_bytes": est.node_host_peak_bytes,
         "host_peak_bytes_per_rank": est.host_peak_bytes,
         "host_steady_bytes_per_rank": est.host_steady_bytes,
+        "gpu_peak_bytes": est.gpu_peak_bytes if hw.num_gpus else None,
         "nvme_bytes_per_rank": est.nvme_bytes,
         "host_items": [{"key": i.key, "kind": i.kind, "bytes": i.bytes} for i in est.items if i.tier == "host"],
         "config_errors": list(est.config_errors),
@@ -404,6 +406,12 @@ class RunResult:
     ssd_written_bytes_steps: int | None = None
     engine_stats: list[dict] | None = None
     swap_bytes_on_disk: int | None = None
+    peak_gpu_bytes: int | None = None
+    """torch.cuda.max_memory_allocated of rank 0 (CUDA runs)."""
+    peak_gpu_reserved_bytes: int | None = None
+    pinned_bytes: int | None = None
+    """Pinned host bytes at the end of rank 0's run: torch's CUDA host allocator peak + VmLck (stock, tuned), the
+    engine's own pinned buffers (memascend)."""
     wall_s: float | None = None
     sampling: dict = field(default_factory=dict)
     phases: list[dict] = field(default_factory=list)
@@ -464,6 +472,10 @@ def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int,
             ssd_written_bytes_steps=sum(f["io_steps"]["write_bytes"] for f in finals),
             swap_bytes_on_disk=max(f.get("swap_bytes_on_disk", 0) for f in finals),
         )
+        first = next((f for f in finals if f.get("rank") == 0), finals[0])
+        for k in ("peak_gpu_bytes", "peak_gpu_reserved_bytes", "pinned_bytes"):
+            if first.get(k) is not None:
+                out[k] = first[k]
         stats = [f["engine_stats"] for f in finals if f.get("engine_stats") is not None]
         if stats:
             out["engine_stats"] = stats
@@ -590,7 +602,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
     summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks)
     for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes", "ssd_written_bytes",
-              "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats"):
+              "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
+              "peak_gpu_reserved_bytes", "pinned_bytes"):
         if k in summary:
             setattr(res, k, summary[k])
     res.phases = [{"name": p["name"], "at_s": round(p["t_mono"] - t_launch, 3)} for p in summary["phases"]]

@@ -30,9 +30,13 @@ MASTER_BYTES = 4
 """fp32 master weights and Adam states (DeepSpeed's optimizer swapper dtype without bf16 master options)."""
 
 # Stock knobs memascend sets (see memascend_knobs for why each).
-MEMASCEND_SUB_GROUP_SIZE = 20_000_000
-"""Optimizer sub-group target (elements): 80 MB per fp32 state, still large sequential I/O, while the Adam
-staging buffers shrink from 4 x 4 GB (DeepSpeed's 1e9 default) to 4 x ~80 MB."""
+CHUNK_ALIGN_NUMEL = 2048
+"""A chunk boundary inside a tensor falls on a multiple of this many elements: 4 KiB at 2 B/element, so every
+piece of a tensor starts O_DIRECT-aligned even on a 4 KiB-sector device."""
+MEMASCEND_SUB_GROUP_SIZE = 2_097_152
+"""Optimizer sub-group (elements, a multiple of CHUNK_ALIGN_NUMEL): the unit of memascend's optimizer pipeline, which
+splits larger tensors (embedding, lm_head) across sub-groups; 8 MiB fp32 requests are still large sequential I/O,
+and a pipeline slot (master, exp_avg, exp_avg_sq, fp32 gradient, 16-bit staging) is 36 MiB."""
 MEMASCEND_REDUCE_BUCKET_SIZE = 50_000_000
 """Reduce bucket (elements): each bucket's gradients are converted to fp32 before the swap-out
 (stage3.py partition_grads), so 5e7 bounds that transient at 200 MB (DeepSpeed's 5e8: 2 GB)."""
@@ -494,3 +498,128 @@ def optimizer_pool_bytes(largest_sub_group_numel: int, *, buffer_count: int, ele
     io_numel = AIO_ALIGNED_BYTES * max(1, intra_op_parallelism) // elem_bytes
     numel = align_up(largest_sub_group_numel, io_numel)
     return buffer_count * align_up(numel * elem_bytes, PAGE_BYTES)
+
+
+# --- memascend's bounded engine: optimizer chunks and host windows -------------------------------------
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A slice of one parameter partition inside an optimizer chunk."""
+
+    param: int
+    """Index of the parameter inside its DeepSpeed sub-group."""
+    param_offset: int
+    """First element of the slice, counted from the start of the parameter partition."""
+    chunk_offset: int
+    """Where the slice starts inside the chunk (elements)."""
+    numel: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One unit of memascend's optimizer pipeline: at most chunk_numel elements of one DeepSpeed sub-group."""
+
+    sub_group: int
+    index: int
+    """Position inside the sub-group (0 = the first chunk)."""
+    numel: int
+    pieces: tuple[Piece, ...]
+
+
+def optimizer_chunks(sub_group_partitions: Sequence[Sequence[int]], chunk_numel: int) -> list[Chunk]:
+    """Split every sub-group (its parameters' partition numels, in order) into chunks of at most chunk_numel elements.
+
+    A chunk holds whole consecutive parameters, or one piece of a parameter larger than a chunk; such pieces start at
+    multiples of chunk_numel inside the parameter, so with chunk_numel a multiple of CHUNK_ALIGN_NUMEL each piece's
+    byte offset in the parameter's SSD extent is 4 KiB-aligned. Chunks never span sub-groups (the Adam op's
+    bias-correction sequence follows sub-groups, see memascend_engine.bounded).
+    """
+    if chunk_numel <= 0 or chunk_numel % CHUNK_ALIGN_NUMEL:
+        raise ValueError(f"chunk_numel must be a positive multiple of {CHUNK_ALIGN_NUMEL}, got {chunk_numel}")
+    chunks: list[Chunk] = []
+    for g, parts in enumerate(sub_group_partitions):
+        index = 0
+        pieces: list[Piece] = []
+        fill = 0
+
+        def close() -> None:
+            nonlocal index, pieces, fill
+            if pieces:
+                chunks.append(Chunk(g, index, fill, tuple(pieces)))
+                index += 1
+                pieces, fill = [], 0
+
+        for j, n in enumerate(parts):
+            n = int(n)
+            if n > chunk_numel:
+                close()
+                for off in range(0, n, chunk_numel):
+                    m = min(chunk_numel, n - off)
+                    chunks.append(Chunk(g, index, m, (Piece(j, off, 0, m),)))
+                    index += 1
+                continue
+            if fill + n > chunk_numel:
+                close()
+            pieces.append(Piece(j, 0, fill, n))
+            fill += n
+        close()
+    return chunks
+
+
+OPTIMIZER_SLOT_FP32_TENSORS = 4
+"""fp32 master, exp_avg, exp_avg_sq and the fp32 gradient of a chunk in flight (DeepSpeedCPUAdam's four tensors)."""
+DEFAULT_PIPELINE_DEPTH = 3
+"""Chunks in flight: one being read, one being updated, one being written back."""
+DEFAULT_GRADIENT_SLOTS = 4
+DEFAULT_GRADIENT_SLOT_BYTES = 8 * MIB
+"""Gradient staging window: pieces of reduced gradients on their way to the SSD (4 x 8 MiB)."""
+DEFAULT_CHECKPOINT_SLOTS = 2
+"""Layer checkpoints in flight to or from the SSD (one being written or prefetched, one in use)."""
+CHECKPOINT_OFFLOAD = ("ssd", "dram", "off")
+
+
+def chunk_numel_for(sub_group_size: int) -> int:
+    """The optimizer chunk of a sub-group size: rounded down to CHUNK_ALIGN_NUMEL (at least one unit)."""
+    return max(CHUNK_ALIGN_NUMEL, int(sub_group_size) // CHUNK_ALIGN_NUMEL * CHUNK_ALIGN_NUMEL)
+
+
+def optimizer_slot_bytes(chunk_numel: int, elem_bytes: int) -> int:
+    """Host bytes of one pipeline slot: four fp32 tensors plus a 16-bit staging buffer (gradient reads and parameter
+    write-back in the model dtype), each page-rounded."""
+    fp32 = align_up(chunk_numel * MASTER_BYTES, PAGE_BYTES)
+    staging = align_up(chunk_numel * elem_bytes, PAGE_BYTES) if elem_bytes != MASTER_BYTES else 0
+    return OPTIMIZER_SLOT_FP32_TENSORS * fp32 + staging
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineWindows:
+    """memascend's bounded host windows per rank: DRAM is a staging window, the SSD holds the model state."""
+
+    optimizer_chunk_numel: int = MEMASCEND_SUB_GROUP_SIZE
+    """Elements per optimizer chunk (the sub-group size)."""
+    optimizer_depth: int = DEFAULT_PIPELINE_DEPTH
+    """Chunks in flight in the optimizer pipeline."""
+    gradient_slots: int = DEFAULT_GRADIENT_SLOTS
+    gradient_slot_bytes: int = DEFAULT_GRADIENT_SLOT_BYTES
+    checkpoint_offload: str = "ssd"
+    """Activation checkpoints: ssd (through checkpoint_slots buffers), dram (one buffer per layer), off."""
+    checkpoint_slots: int = DEFAULT_CHECKPOINT_SLOTS
+
+    def optimizer_bytes(self, elem_bytes: int) -> int:
+        return self.optimizer_depth * optimizer_slot_bytes(self.optimizer_chunk_numel, elem_bytes)
+
+    def gradient_bytes(self) -> int:
+        return self.gradient_slots * align_up(self.gradient_slot_bytes, PAGE_BYTES)
+
+    def checkpoint_bytes(self, layer_checkpoint_bytes: int, num_layers: int) -> int:
+        """Host bytes of the activation-checkpoint window (0 with checkpointing off)."""
+        one = align_up(layer_checkpoint_bytes, PAGE_BYTES)
+        if self.checkpoint_offload == "ssd":
+            return min(self.checkpoint_slots, num_layers) * one
+        if self.checkpoint_offload == "dram":
+            return num_layers * one
+        return 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
