@@ -413,28 +413,36 @@ class OptimizerPipeline:
 
 
 class CheckpointStash:
-    """Activation checkpoints on the SSD: written through `slots` aligned buffers, read back (and prefetched one ahead)
-    in reverse order for backward. Host memory holds the ring, not b x s x h x L."""
+    on_ssd = True
+    """Activation checkpoints on the SSD: each layer's input is written through a ring of `slots` aligned buffers and
+    read back in backward order through one more buffer, the next one prefetched while the current layer
+    recomputes. Host memory holds (slots + 1) checkpoints, not b x s x h x L."""
 
     def __init__(self, store, allocator, slots: int, counters: IOCounters):
         self.store = store
         self.allocator = allocator
         self.count = max(1, int(slots))
         self.counters = counters
-        self._rings: dict[int, SlotRing] = {}
+        self._writes: dict[int, SlotRing] = {}
+        self._reads: dict[int, torch.Tensor] = {}
         self._seq = 0
         self._mutex = threading.Lock()
-        self._prefetched: dict[str, tuple[torch.Tensor, object]] = {}
-        self.live_keys: list[str] = []
-        self.peak_host_bytes = 0
+        self._sizes: dict[str, int] = {}
+        self._order: list[str] = []
+        """Live keys in forward order: backward takes them from the end."""
+        self._prefetched: tuple[str, object] | None = None
 
     def _ring(self, nbytes: int) -> SlotRing:
-        ring = self._rings.get(nbytes)
+        ring = self._writes.get(nbytes)
         if ring is None:
-            ring = SlotRing(self.store, self.allocator, self.count, nbytes)
-            self._rings[nbytes] = ring
-            self.peak_host_bytes = sum(r.total_bytes for r in self._rings.values())
+            ring = self._writes[nbytes] = SlotRing(self.store, self.allocator, self.count, nbytes)
         return ring
+
+    def _read_buffer(self, nbytes: int) -> torch.Tensor:
+        buf = self._reads.get(nbytes)
+        if buf is None:
+            buf = self._reads[nbytes] = self.allocator.empty(nbytes, torch.uint8)
+        return buf
 
     def put(self, t: torch.Tensor) -> str:
         """Write `t` (any device) to a fresh key; returns the key."""
@@ -447,36 +455,47 @@ class CheckpointStash:
         buf.copy_(src)
         ring.busy(slot, self.store.submit("w", buf.data_ptr(), src.numel(), key, 0))
         self.counters.checkpoint_write_bytes += src.numel()
-        self.live_keys.append(key)
+        self._sizes[key] = src.numel()
+        self._order.append(key)
         return key
 
-    def prefetch(self, key: str, nbytes: int) -> None:
-        """Start reading `key` into a ring buffer (the next backward step needs it)."""
-        if key in self._prefetched:
-            return
-        ring = self._ring(nbytes)
-        ring.drain()  # its writes may still be in flight; reads must see them
-        slot, buf = ring.take()
-        pending = self.store.submit("r", buf.data_ptr(), nbytes, key, 0)
-        ring.busy(slot, pending)
-        self._prefetched[key] = (buf, pending)
+    def _start_read(self, key: str):
+        nbytes = self._sizes[key]
+        self._ring(nbytes).drain()  # a checkpoint still being written must land before it is read
+        buf = self._read_buffer(nbytes)
+        return buf, self.store.submit("r", buf.data_ptr(), nbytes, key, 0)
 
-    def take(self, key: str, like_shape, dtype: torch.dtype, device) -> torch.Tensor:
-        """The tensor written under `key`, on `device`; its extent is released."""
-        nbytes = int(torch.Size(like_shape).numel()) * torch.tensor([], dtype=dtype).element_size()
-        if key not in self._prefetched:
-            self.prefetch(key, nbytes)
-        buf, _ = self._prefetched.pop(key)
-        ring = self._ring(nbytes)
-        ring.drain()
-        out = torch.empty(like_shape, dtype=dtype, device=device)
+    def take(self, key: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+        """The tensor written under `key`, on `device`; its extent is released and the previous checkpoint (the next
+        one backward needs) starts loading."""
+        nbytes = self._sizes.pop(key)
+        if self._prefetched is not None and self._prefetched[0] == key:
+            buf = self._read_buffer(nbytes)
+            pending = self._prefetched[1]
+            self._prefetched = None
+        else:
+            if self._prefetched is not None:  # an unexpected order: finish the stray read first
+                self.store.complete(self._prefetched[1])
+                self._prefetched = None
+            self._sizes[key] = nbytes
+            buf, pending = self._start_read(key)
+            self._sizes.pop(key)
+        self.store.complete(pending)
+        out = torch.empty(shape, dtype=dtype, device=device)
         _bytes_view(out).copy_(buf[:nbytes])
         self.counters.checkpoint_read_bytes += nbytes
         self.store.forget(key)
-        if key in self.live_keys:
-            self.live_keys.remove(key)
+        self._order.remove(key)
+        if self._order:
+            nxt = self._order[-1]
+            self._prefetched = (nxt, self._start_read(nxt)[1])
         return out
 
     @property
     def host_bytes(self) -> int:
-        return sum(r.total_bytes for r in self._rings.values())
+        return (sum(r.total_bytes for r in self._writes.values())
+                + sum(b.numel() for b in self._reads.values()))
+
+    @property
+    def live_checkpoints(self) -> int:
+        return len(self._order)

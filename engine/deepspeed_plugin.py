@@ -474,12 +474,22 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             # DeepSpeed passes the FULL numels of the largest sub-group's params but writes their
             # partitions: size the buffer for the partitions (ceil(numel / world)).
             world = max(1, dist.get_world_size())
-            aligned = sum(self._io_aligned_numel(-(-int(n) // world)) for n in partition_num_elems)
+            self._p2_numel = sum(self._io_aligned_numel(-(-int(n) // world)) for n in partition_num_elems)
+            self.partitioned_swap_buffer = None
+            self.partitioned_swap_pool = None
+            if ctx.windows is None:
+                self._allocate_partitioned_swap_buffer()
+            # With the bounded engine the optimizer pipeline writes parameters chunk by chunk; the buffer is only
+            # allocated if DeepSpeed's own step ends up writing them (the pipeline was not eligible).
+
+        def _allocate_partitioned_swap_buffer(self):
             self.partitioned_swap_buffer = self.aio_write_handle.new_cpu_locked_tensor(
-                aligned, torch.zeros(1, dtype=self.dtype))
+                self._p2_numel, torch.zeros(1, dtype=self.dtype))
             self.partitioned_swap_pool = SwapBufferPool([self.partitioned_swap_buffer], aio_handle=self.aio_write_handle)
 
         def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
+            if self.partitioned_swap_pool is None and getattr(self, "_p2_numel", None):
+                self._allocate_partitioned_swap_buffer()
             assert self.partitioned_swap_pool is not None, "partitioned swap buffer not initialised"
             paths = self._get_swap_paths(dst_fp16_params, must_exist=True)
             self.synchronize_writes()
@@ -1091,19 +1101,44 @@ def invalidate_secondary_tensors(engine) -> None:
 # Probes for the parity script (engine/parity.py)
 
 
+def allow_cpu_fp16() -> None:
+    """Let DeepSpeed's CPU accelerator run fp16 on a CPU without oneDNN fp16 (it refuses otherwise: 'Type fp16 is not
+    supported on your device'); torch's CPU fp16 kernels are slow, so tests use tiny models."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if acc.device_name() == "cpu":
+        acc.is_fp16_supported = lambda: True
+        acc.supported_dtypes = lambda: [__import__("torch").float, __import__("torch").half, __import__("torch").bfloat16]
+
+
 def overflow_probe(engine) -> dict:
-    """has_overflow() on the real gradient flat buffer: clean, with an inf, with a nan, restored; plus torch's answer."""
+    """The overflow check on a real gradient: clean, with an inf, with a nan, restored; plus torch's answer. With the
+    bounded engine the gradient is the first parameter's, read back from the region (the check runs per partition
+    as gradients stream); otherwise it is the gradient flat buffer (has_overflow())."""
     import torch
 
     opt = zero3_optimizer(engine)
-    buf = opt.grad_partitions_flat_buffer
-    probe = {"clean": bool(opt.has_overflow())}
+    if getattr(opt, "_ma_bounded", False):
+        key = next(iter(opt._ma_stream.written))
+        nbytes = opt._ma_stream.written[key]
+        elem = torch.tensor([], dtype=opt.gradient_accumulation_dtype).element_size()
+        buf = opt._ma_stream.read(key, nbytes // elem, opt.gradient_accumulation_dtype, "cpu")
+
+        def check():
+            return opt._ma_nonfinite(buf)
+    else:
+        buf = opt.grad_partitions_flat_buffer
+
+        def check():
+            return bool(opt.has_overflow())
+    probe = {"clean": check()}
     saved = buf[7].clone()
     buf[7] = float("inf")
-    probe["inf"] = bool(opt.has_overflow())
+    probe["inf"] = check()
     buf[7] = float("nan")
-    probe["nan"] = bool(opt.has_overflow())
+    probe["nan"] = check()
     buf[7] = saved
-    probe["restored"] = bool(opt.has_overflow())
+    probe["restored"] = check()
     probe["reference_clean"] = bool(torch.isinf(buf).any() or torch.isnan(buf).any())
     return probe

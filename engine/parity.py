@@ -62,8 +62,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--region", default=None, help="memascend region (engine mode with direct_nvme)")
     ap.add_argument("--off", action="append", default=[], help="EngineOptions field to switch off (repeatable)")
     ap.add_argument("--checkpointing", action="store_true", help="engine: enable offloaded checkpointing")
+    ap.add_argument("--checkpoint-offload", default="ssd", choices=["ssd", "dram"],
+                    help="engine: where offloaded checkpoints go")
     ap.add_argument("--overflow-probe", action="store_true", help="check has_overflow on the real grad buffer")
     ap.add_argument("--save-checkpoint", default=None, help="call engine.save_checkpoint(DIR) after training")
+    ap.add_argument("--initial-scale-power", type=int, default=None,
+                    help="fp16: start dynamic loss scaling at 2**N (a large N overflows the first steps)")
+    ap.add_argument("--force-cpu-fp16", action="store_true",
+                    help="fp16 on a CPU without oneDNN fp16 (DeepSpeed refuses it; slow kernels, tiny models only)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args = ap.parse_args(argv)
@@ -92,12 +98,19 @@ def main(argv=None) -> dict:
     if args.mode == "stock" and not args.nvme_dir:
         raise SystemExit("--nvme-dir is required for --mode stock")
     cfg = build_config(args, spec)
+    if args.force_cpu_fp16:
+        from memascend_engine import deepspeed_plugin as plug
+
+        plug.allow_cpu_fp16()
+    if args.initial_scale_power is not None and "fp16" in cfg:
+        cfg["fp16"]["initial_scale_power"] = args.initial_scale_power
 
     handle = None
     if args.mode == "engine":
         import memascend_engine
 
-        opts = memascend_engine.EngineOptions(**{name: False for name in args.off})
+        opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
+                                              checkpoint_offload=args.checkpoint_offload)
         handle = memascend_engine.install(cfg, region=args.region, model_spec=spec, options=opts)
 
     make_model = causal_lm_factory(spec)
@@ -110,6 +123,7 @@ def main(argv=None) -> dict:
 
     gen = torch.Generator().manual_seed(1234)
     losses = []
+    loss_scales = []
     probe = {}
     t0 = time.time()
     for step in range(args.steps):
@@ -122,9 +136,14 @@ def main(argv=None) -> dict:
             probe = plug.overflow_probe(engine)
         engine.step()
         losses.append(float(loss))
+        loss_scales.append(float(engine.optimizer.loss_scale))
     seconds = time.time() - t0
+    save_error = None
     if args.save_checkpoint:
-        engine.save_checkpoint(args.save_checkpoint)
+        try:
+            engine.save_checkpoint(args.save_checkpoint)
+        except RuntimeError as exc:  # the bounded engine refuses DeepSpeed's API (its state lives in the region)
+            save_error = str(exc)
 
     stats = handle.stats() if handle is not None else None
     nvme_root = (handle.key_dir if handle is not None else args.nvme_dir)
@@ -141,6 +160,9 @@ def main(argv=None) -> dict:
         ) if args.save_checkpoint else 0,
         "stats": stats,
         "overflow_probe": probe,
+        "loss_scales": loss_scales,
+        "skipped_steps": int(engine.skipped_steps),
+        "save_checkpoint_error": save_error,
         "config": cfg,
         "device": device,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device != "cpu" else None,

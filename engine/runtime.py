@@ -206,8 +206,19 @@ class Installed:
         d["counters"] = dict(self.ctx.counters) if self.ctx else {}
         d["config_changes"] = dict(self.config_changes)
         if self.checkpointer is not None:
-            d["checkpointing"] = {"layer_calls": self.checkpointer.calls,
-                                  "host_bytes_peak": self.checkpointer.stash.peak_bytes}
+            stash = self.checkpointer.stash
+            d["checkpointing"] = {"layer_calls": self.checkpointer.calls, "on_ssd": bool(getattr(stash, "on_ssd", False)),
+                                  "host_bytes_peak": stash.host_bytes if getattr(stash, "on_ssd", False)
+                                  else stash.peak_bytes}
+        if self.ctx is not None and self.ctx.io is not None:
+            from dataclasses import asdict
+
+            d["bounded_io"] = asdict(self.ctx.io)
+            opt = next((o for o in self.ctx.optimizers if getattr(o, "_ma_bounded", False)), None)
+            if opt is not None:
+                d["bounded"] = {"gradient_window_bytes": opt._ma_stream.host_bytes,
+                                "optimizer_window_bytes": opt._ma_pipeline.host_bytes,
+                                "chunks": len(opt._ma_chunks), "windows": self.ctx.windows.to_dict()}
         d["fused_kernels"] = list(self.fused_kernels_applied)
         return d
 
@@ -224,7 +235,13 @@ class Installed:
             return
         from memascend_engine import checkpointing
 
-        self.checkpointer = checkpointing.enable(model, self.allocator)
+        stash = None
+        if self.options.checkpoint_offload == "ssd" and self.store is not None:
+            from memascend_engine.bounded import CheckpointStash, IOCounters
+
+            self.ctx.io = self.ctx.io or IOCounters()
+            stash = CheckpointStash(self.store, self.allocator, zero.DEFAULT_CHECKPOINT_SLOTS, self.ctx.io)
+        self.checkpointer = checkpointing.enable(model, self.allocator, stash)
 
     def apply_fused_kernels(self, model_type: str) -> list[str]:
         """Liger-Kernel for ``model_type`` when it is installed and CUDA is usable (call before the
