@@ -649,9 +649,9 @@ def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
     from deepspeed.runtime.zero import stage3
+    from memascend_engine import bounded, native
 
     from memascend_cli.planner import zero
-    from memascend_engine import bounded, native
 
     class _SwapperFacade:
         """What DeepSpeed's remaining stage-3 code asks of an optimizer swapper when the pipeline owns the state."""
