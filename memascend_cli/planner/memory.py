@@ -95,6 +95,13 @@ class JobSpec:
     knobs: ZeroSettings = zero.DEEPSPEED_DEFAULTS
     """The stock ZeRO settings of the job (memascend_cli/planner/zero.py: resolve); the memascend engine applies
     zero.memascend_knobs on top, exactly as memascend_engine.install does."""
+    streaming: bool = True
+    """memascend's bounded engine (gradient streaming + optimizer pipeline); False models DeepSpeed's gradient and
+    optimizer path with the engine's other techniques (memascend_engine.EngineOptions.streaming)."""
+    checkpoint_offload: str = "ssd"
+    """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
+    windows: zero.EngineWindows | None = None
+    """memascend's host windows; None = zero.EngineWindows for the job's sub-group size (full overlap)."""
     param_buffer_size_auto: bool = True
     """offload_param.buffer_size is raised to the largest swapped partition of the model (what a user must write for
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
@@ -110,6 +117,8 @@ class JobSpec:
             raise BadInput(f"unknown grad accumulation dtype {self.grad_accum_dtype!r}", "use bf16, fp16 or fp32")
         if self.checkpointing not in CHECKPOINTING:
             raise BadInput(f"unknown checkpointing {self.checkpointing!r}", "use " + ", ".join(CHECKPOINTING))
+        if self.checkpoint_offload not in ("ssd", "dram"):
+            raise BadInput(f"unknown checkpoint offload {self.checkpoint_offload!r}", "use ssd or dram")
         for name in ("seq_len", "micro_batch", "grad_accum_steps"):
             if int(getattr(self, name)) < 1:
                 raise BadInput(f"{name.replace('_', '-')} must be at least 1", "give a positive whole number")
@@ -320,6 +329,14 @@ class _Ctx:
             self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
         self.sub_group_size = self.k.sub_group_size
         self.reduce_bucket_size = self.k.reduce_bucket_size
+        # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a
+        # pipeline of chunks; it replaces P2, P4, P5, P7 and the init / fp32-copy transients below.
+        self.bounded = engine == "memascend" and job.streaming
+        self.windows = job.windows or zero.EngineWindows(
+            optimizer_chunk_numel=zero.chunk_numel_for(self.k.sub_group_size),
+            checkpoint_offload=job.checkpoint_offload)
+        self.ssd_checkpoints = (engine == "memascend" and job.checkpointing == "offload"
+                                and self.windows.checkpoint_offload == "ssd")
         self.part = partition(self.m, self.world, self.sub_group_size)
         self.ns = self.part.ns
         self.lsg = self.part.largest_sub_group_numel
@@ -413,8 +430,10 @@ def _host_items(c: _Ctx) -> list[Item]:
                    formula=f"min(max_in_cpu {max_in_cpu:,}, Ns {c.ns:,}) x {E} B",
                    source="deepspeed-notes §2.1; stage3._create_param_groups_fp16_flat_cpu_memory")
 
+    if c.bounded:
+        _bounded_items(c, add_pinned)
     # P2: partitioned swap buffer, only when some sub-group stays on NVMe (params beyond max_in_cpu).
-    if c.ns > max_in_cpu:
+    if c.ns > max_in_cpu and not c.bounded:
         # reserve_partitioned_swap_space gets the FULL numels (param.ds_numel) of the largest sub-group.
         g = max(range(len(part.sub_groups)), key=part.sub_group_numel)
         raw = sum(_align(part.full_numels[i], c.a_p) for i in part.sub_groups[g]) * E
@@ -426,8 +445,10 @@ def _host_items(c: _Ctx) -> list[Item]:
 
     # P4: optimizer swap pool, when some sub-group is large enough to swap.
     swappable_groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
+    if c.bounded:
+        swappable_groups = list(range(len(part.sub_groups)))  # every chunk lives on the SSD
     need = zero.optimizer_buffer_count(pipeline_read=k.pipeline_read, pipeline_write=k.pipeline_write)
-    if swappable_groups:
+    if swappable_groups and not c.bounded:
         bc_o = k.optimizer_buffer_count
         if bc_o < need:
             c.config_errors.append(f"offload_optimizer.buffer_count {bc_o} < {need} needed for Adam with this "
@@ -440,10 +461,11 @@ def _host_items(c: _Ctx) -> list[Item]:
                    source="deepspeed-notes §2.2; optimizer_utils.py SwapBufferManager")
 
     # P5: gradient flat buffer, full partition size, with any optimizer offload.
-    raw = c.ns * c.G
-    add_pinned("host/grad_flat_buffer", "P5 gradient flat buffer", raw, c.pin_accel(raw, c.pin_memory),
-               formula=f"Ns {c.ns:,} x {c.G} B (grad_accum_dtype)",
-               source="deepspeed-notes §2.3; stage3._setup_for_real_optimizer")
+    if not c.bounded:
+        raw = c.ns * c.G
+        add_pinned("host/grad_flat_buffer", "P5 gradient flat buffer", raw, c.pin_accel(raw, c.pin_memory),
+                   formula=f"Ns {c.ns:,} x {c.G} B (grad_accum_dtype)",
+                   source="deepspeed-notes §2.3; stage3._setup_for_real_optimizer")
 
     # P6: partitions below min_aio_bytes never swap; each is pinned separately.
     small = [n for n, s in zip(part.partition_numels, c.swappable) if not s]
@@ -473,7 +495,14 @@ def _host_items(c: _Ctx) -> list[Item]:
             source="deepspeed-notes §4; CachingHostAllocator PowerOf2Ceil")
 
     # Activation checkpoints kept in host DRAM (offloaded gradient checkpointing), per rank.
-    if job.checkpointing == "offload" and c.gpu:
+    if c.ssd_checkpoints:
+        layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
+        n = c.windows.checkpoint_slots + 1
+        add("host/activation_checkpoints", "activation checkpoint window (to/from the SSD)", n * _align(layer, PAGE),
+            pinned=c.pin_exact(0)[1],
+            formula=f"({c.windows.checkpoint_slots} write slots + 1 read buffer) x b x s x h x {E} B",
+            source="memascend_engine.bounded.CheckpointStash; SSDTrain (arXiv 2408.10013)")
+    elif job.checkpointing == "offload" and c.gpu:
         m = c.m
         # One buffer per layer (memascend: page-rounded pinned buffers).
         per_layer = job.micro_batch * job.seq_len * m.hidden_size * E
@@ -485,6 +514,20 @@ def _host_items(c: _Ctx) -> list[Item]:
 
     items.extend(_transients(c))
     return items
+
+
+def _bounded_items(c: _Ctx, add_pinned) -> None:
+    """The bounded engine's steady windows (memascend_engine.bounded): what DRAM holds instead of P2, P4, P5."""
+    w = c.windows
+    raw = w.optimizer_bytes(c.E)
+    add_pinned("host/optimizer_pipeline", f"optimizer pipeline ({w.optimizer_depth} chunks in flight)", raw,
+               c.pin_exact(raw), formula=f"depth {w.optimizer_depth} x chunk {w.optimizer_chunk_numel:,} x "
+               f"(4 fp32 tensors x 4 B + 2 x {c.E} B staging)",
+               source="memascend_engine.bounded.OptimizerPipeline (MemAscend pipelined optimizer; LoHan)")
+    raw = w.gradient_bytes()
+    add_pinned("host/gradient_window", "gradient staging window (to the SSD)", raw, c.pin_exact(raw),
+               formula=f"{w.gradient_slots} slots x {w.gradient_slot_bytes // MIB} MiB",
+               source="memascend_engine.bounded.GradientStream (Lin et al.: gradients to the SSD at once, 16-bit)")
 
 
 def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
@@ -504,8 +547,9 @@ def _transients(c: _Ctx) -> list[Item]:
 
     # -- init: initialize_optimizer_states allocates an fp32 gradient buffer of the largest sub-group
     # (DeepSpeed code neither engine replaces); fast_init=False adds an fp32 sub-group copy.
-    add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
-        f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states", "init")
+    if not c.bounded:  # the bounded engine builds fp32 masters chunk by chunk in its pipeline slots
+        add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
+            f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states", "init")
     if not job.zero_init:
         add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
             f"4 B x N {c.m.num_params:,} per process", "deepspeed-notes §3.1", "init")
@@ -513,9 +557,15 @@ def _transients(c: _Ctx) -> list[Item]:
     # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
     # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
     bucket = min(c.reduce_bucket_size, c.ns)
-    add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * bucket,
-        f"4 B x min(reduce_bucket_size, Ns) = {bucket:,}",
-        "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
+    if not c.bounded:
+        add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * bucket,
+            f"4 B x min(reduce_bucket_size, Ns) = {bucket:,}",
+            "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
+    elif job.grad_accum_steps > 1:
+        largest = c.part.largest_partition_numel
+        add("host/grad_accumulation_readback", "backward: accumulated gradient read back (one partition)",
+            c.G * largest, f"{c.G} B x largest partition {largest:,}",
+            "memascend_engine.bounded.GradientStream.read (micro-batches after the first)", "backward")
     if not c.gpu:
         # CPU-only: the compute working set is host memory too. The reduce bucket and persistent params
         # stay allocated; activations, gathered params, logits and the reduce-scatter output are live
@@ -568,7 +618,7 @@ def _activation_bytes(c: _Ctx) -> tuple[int, str]:
         total = L * (full_layer - (0 if c.flash else 5 * a * s * s * b)) + (0 if c.flash else 5 * a * s * s * b)
         desc = "L x layer without attention scores + one layer's scores (selective recomputation)"
     else:
-        stored = 0 if (ck == "offload" and c.gpu) else L * 2 * s * b * h
+        stored = 0 if (ck == "offload" and (c.gpu or c.ssd_checkpoints)) else L * 2 * s * b * h
         total = stored + full_layer
         desc = ("one layer recomputed" if stored == 0 else "L x 2sbh checkpoints + one layer recomputed")
     return int(total * scale), desc
