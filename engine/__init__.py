@@ -49,6 +49,9 @@ class EngineOptions:
     """Create CPU-Adam's states directly in the pinned swap buffers (needs direct_nvme)."""
     prefetch_layers: int = 2
     """Decoder layers whose parameter partitions the adaptive pool holds at once."""
+    verify_checksums: bool = True
+    """CRC-32C of every region extent written, checked on every read (direct_nvme). Off, or
+    MEMASCEND_VERIFY_CHECKSUMS=0: no checksums; for benchmarking the cost only."""
 
 
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,

@@ -391,10 +391,28 @@ def _info_mode(target: str, json_out: bool) -> None:
         raise region.RegionCorrupt(f"{target}: {exc.message}", field=exc.field, byte_start=exc.byte_start, byte_end=exc.byte_end, hint=exc.hint) from None
     except region.NoRegion:
         raise region.NoRegion(f"{target} holds no memascend region", f"create one with `memascend prepare-ssd {target}`") from None
+    from memascend_cli import region_owner
+
+    owners = region_owner.rank_states(target, header)
     if json_out:
-        print_json({"target": target, "header": header.to_dict(), "layout": layout_rows(header)})
+        print_json({"target": target, "header": header.to_dict(), "layout": layout_rows(header), "owners": owners})
     else:
         _render_header(target, header)
+        _render_owners(owners)
+
+
+def _render_owners(owners: list[dict]) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    table = Table(title="owners", title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("state")
+    table.add_column("owner")
+    for o in owners:
+        table.add_row(str(o["rank"]), o["state"], o["owner_text"] or "-")
+    out.print(table)
 
 
 def _checked_facts(target: str, operation: str, force: bool, requested_size_bytes: int | None = None):
