@@ -120,8 +120,8 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
                       num_ranks=ranks, log_dir=log_dir, cpu_only=cpu_only, notes=notes)
 
 
-def rank_error(run_dir: str) -> tuple[str, str] | None:
-    """(one-line message, log path) of the first rank that recorded an error, if any.
+def rank_error(run_dir: str) -> tuple[str, str, str | None] | None:
+    """(one-line message, log path, hint or None) of the first rank that recorded an error, if any.
 
     The worker writes logs/error-rank<N>.json with its one-line message before exiting non-zero.
     """
@@ -134,7 +134,7 @@ def rank_error(run_dir: str) -> tuple[str, str] | None:
         try:
             with open(os.path.join(log_dir, name), encoding="utf-8") as f:
                 data = json.load(f)
-            return data["message"], data.get("log") or log_dir
+            return data["message"], data.get("log") or log_dir, data.get("hint")
         except (OSError, ValueError, KeyError):
             continue
     return None
@@ -209,8 +209,8 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
         return 0
     found = rank_error(spec.run_dir)
     if found is not None:
-        message, log_path = found
-        raise MemascendError(message, f"full log: {log_path}")
+        message, log_path, hint = found
+        raise MemascendError(message, f"{hint}; full log: {log_path}" if hint else f"full log: {log_path}")
     if stop_requests > 1:
         raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
                              "continue with `memascend train RECIPE --resume`")
