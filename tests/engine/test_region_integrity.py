@@ -219,3 +219,18 @@ def test_verification_switch_off_reads_corrupt_data_silently(tmp_path, monkeypat
         assert s.snapshot()["verified_bytes"] == 0
     finally:
         s.close()
+
+
+def test_region_file_deleted_under_an_open_store_keeps_working(store):
+    """Unlinking the region file ends no open descriptor: the store's data stays readable and
+    verified until it closes (the space is freed then); a new file at that path is another region."""
+    src = _pinned(64 * KiB)
+    src.copy_(torch.randn(src.numel()))
+    _write(store, src)
+    os.unlink(store.region_path)
+    out = _pinned(64 * KiB)
+    _read(store, out)
+    assert torch.equal(out, src)
+    _write(store, src, key="k/after-unlink.swp")
+    _read(store, out, key="k/after-unlink.swp")
+    assert torch.equal(out, src)

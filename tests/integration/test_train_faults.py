@@ -7,8 +7,8 @@ SIGKILLing one rank of two. Every case must end in exactly one `error:` line nam
 leave checkpoint 2 complete and verifiable, and (where checked) `--resume` on a healthy region
 must give the uninterrupted run's losses bit for bit.
 
-Root (FUSE, tmpfs, loop-free) and slow: 10 launches of a few steps; about 4 minutes on the 2-core
-dev VM. Helpers from test_train_cpu.
+Root (FUSE, tmpfs) and slow: 11 launches of 6 steps, about 5 minutes on the 2-core dev VM; the
+store-level tests (test_faultfs_store.py, test_native_faults.py) cover every fault kind in seconds. Helpers from test_train_cpu.
 """
 
 from __future__ import annotations
@@ -133,22 +133,23 @@ def _resume_on_healthy_region(tmp_path, run: str, reference: dict) -> None:
 
 
 CASES = {
-    # rule applied once checkpoint 2 is complete -> text the single error line must contain
+    # rule applied once checkpoint 2 is complete -> what the single error line must contain. Lost
+    # and torn writes go on (count -1) like a failing device cache: the next read of a key written
+    # since then must fail its checksum.
     "write-eio": ({"op": "write", "path": "region.bin", "action": "eio"},
                   r"failed: write of .* of swap key .* \(extent at device bytes \d+\.\.\d+ of .*region\.bin\) failed: "
                   r"write of '.*region\.bin' offset=\d+ length=\d+ .*errno 5 \(Input/output error\)"),
-    "read-eio": ({"op": "read", "path": "region.bin", "action": "eio"},
-                 r"failed: read of .* of swap key .* \(extent at device bytes \d+\.\.\d+ of .*region\.bin\) failed: "
-                 r"read of '.*region\.bin' offset=\d+ length=\d+ .*errno 5 \(Input/output error\)"),
+    "write-short": ({"op": "write", "path": "region.bin", "action": "short"},
+                    r"failed: write of .* of swap key .* \(extent at device bytes \d+\.\.\d+ of .*region\.bin\) failed: "
+                    r"(short write of|.*errno 5 \(Input/output error\))"),
     "write-enospc": ({"op": "write", "path": "region.bin", "action": "enospc"},
                      r"failed: write of .* of swap key .*errno 28 \(No space left on device\)"),
-    "write-dropped": ({"op": "write", "path": "region.bin", "action": "drop"},
+    "write-dropped": ({"op": "write", "path": "region.bin", "action": "drop", "count": -1},
                       r"failed: checksum mismatch reading swap key .*: key bytes \d+\.\.\d+ = device bytes \d+\.\.\d+ "
                       r"of .*region\.bin \(extent at device bytes \d+\.\.\d+\): crc32c 0x[0-9a-f]{8}, written 0x"),
-    "write-torn": ({"op": "write", "path": "region.bin", "action": "torn"},
-                   r"failed: checksum mismatch reading swap key .*: key bytes \d+\.\.\d+ = device bytes"),
 }
-RESUMED = {"write-eio", "write-dropped"}  # the others check the checkpoint; resume costs a launch each
+RESUMED = {"write-eio", "write-dropped"}  # an I/O error and a checksum error; the others check the checkpoint
+
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -227,18 +228,6 @@ def test_region_truncated_under_a_running_job(reference, tmp_path):
     _resume_on_healthy_region(tmp_path, run, reference)
 
 
-def test_region_deleted_under_a_running_job_finishes_on_the_open_file(reference, tmp_path):
-    """Unlinking a file does not end its open descriptors: the job keeps its data and finishes
-    exactly; the space is freed when it exits."""
-    _need_root()
-    run = str(tmp_path / "run")
-    region_path = _prepare(str(tmp_path / "gone.region"))
-    p = run_until((TINY, "--output-dir", run, *COMMON, "--region", region_path), run,
-                  {"event": "checkpoint", "step": 2}, lambda: os.unlink(region_path))
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert losses(run) == reference and not os.path.exists(region_path)
-
-
 def test_checkpoint_disk_full(reference, tmp_path):
     """checkpoints/ on a 100 MiB tmpfs: checkpoint 2 (75 MB) fits, checkpoint 4 does not."""
     _need_root()
@@ -254,14 +243,9 @@ def test_checkpoint_disk_full(reference, tmp_path):
         assert "No space left on device" in errors[0], errors
         assert _complete_checkpoints(str(run)) == ["step-0000002"]
         _verify_checkpoint(str(run), 2)
-        saved = tmp_path / "saved"
-        subprocess.run(["cp", "-a", str(ck), str(saved)], check=True)
+        assert losses(str(run)) == {k: v for k, v in reference.items() if k <= 4}
     finally:
         subprocess.run(["umount", str(ck)], check=False)
-    os.rmdir(ck)
-    os.rename(saved, ck)
-    memascend(TINY, "--output-dir", str(run), *COMMON, "--resume")
-    assert losses(str(run)) == reference
 
 
 def test_sigkill_of_one_rank_of_two_during_io(tmp_path):
@@ -291,6 +275,9 @@ def test_sigkill_of_one_rank_of_two_during_io(tmp_path):
 
     states = [s["state"] for s in region_owner.rank_states(region_path, region_mod.read_header(region_path))]
     assert states[1] == "stale" and "in use" not in states, states  # rank 1 died holding it: the kernel let go
-    p = memascend(*args, "--resume")
-    assert "rank 1's sub-region was left by" in p.stderr and "it will be taken over" in p.stderr
-    assert sorted(losses(run)) == [1, 2, 3, 4]
+    # The next run takes the dead rank's sub-region over (preflight note; the rank prints the takeover).
+    from memascend_cli.commands.train import _check_region_owners
+
+    notes = region_owner.check_ranks_free(region_path, region_mod.read_header(region_path), 2)
+    assert notes[0] is None and any("rank 1's sub-region was left by" in n for n in notes[1])
+    assert _check_region_owners(region_path, region_mod.read_header(region_path), 2)[1] is None
