@@ -182,7 +182,7 @@ def save_rank_state(engine, folder: str, rank: int) -> None:
                 entry = {"numel": int(fp32.numel()), "step": _as_int(state.get("step")), "tensors": {}}
                 for name, tensor in [("fp32", fp32.data)] + [(n, state[n]) for n in names if n in state]:
                     arr = tensor.detach().to(torch.float32).contiguous().numpy()
-                    arr.tofile(f)
+                    f.write(memoryview(arr).cast("B"))  # not arr.tofile: its OSError has no errno (disk full)
                     bin_crc = _crc32c(arr, bin_crc)
                     entry["tensors"][name] = {"offset_bytes": offset, "numel": int(arr.size)}
                     offset += arr.nbytes

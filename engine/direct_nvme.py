@@ -41,8 +41,9 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from memascend_cli.errors import MemascendError
 from memascend_engine import native
+
+from memascend_cli.errors import MemascendError
 
 _MEMSET = ctypes.memset
 _MEMMOVE = ctypes.memmove

@@ -263,7 +263,7 @@ class Mount:
         self.proc = None
         self.log = os.path.join(os.path.dirname(self.backing.rstrip("/")) or ".", "faultfs.log")
 
-    def __enter__(self) -> "Mount":
+    def __enter__(self):
         import subprocess
 
         os.makedirs(self.backing, exist_ok=True)

@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 torch = pytest.importorskip("torch")
-from memascend_engine import native  # noqa: E402
+from memascend_engine import native
 
 OK, WHY = native.available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"native extension unavailable: {WHY}")
@@ -56,9 +56,8 @@ def test_chunks_over_segments_equal_the_concatenation():
 
 @pytest.fixture
 def store(tmp_path):
-    from test_engine_direct_nvme import make_region  # noqa: PLC0415 - shared region maker of the engine tests
-
     from memascend_engine.direct_nvme import RegionStore
+    from test_engine_direct_nvme import make_region
 
     s = RegionStore(make_region(tmp_path), 0)
     yield s
@@ -201,9 +200,8 @@ def test_rewrite_replaces_checksums_and_shorter_rewrite_ends_the_key(store):
 
 def test_verification_switch_off_reads_corrupt_data_silently(tmp_path, monkeypatch):
     """MEMASCEND_VERIFY_CHECKSUMS=0 (benchmarking only) really skips the checks: that is its cost."""
-    from test_engine_direct_nvme import make_region  # noqa: PLC0415
-
     from memascend_engine.direct_nvme import RegionStore
+    from test_engine_direct_nvme import make_region
 
     monkeypatch.setenv("MEMASCEND_VERIFY_CHECKSUMS", "0")
     s = RegionStore(make_region(tmp_path), 0)

@@ -15,9 +15,9 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-from memascend_engine import native  # noqa: E402
+from memascend_engine import native
 
-from tests import faultfs  # noqa: E402
+from tests import faultfs
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(faultfs.unavailable() is not None, reason=str(faultfs.unavailable())),

@@ -14,9 +14,9 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from memascend_engine import native  # noqa: E402
+from memascend_engine import native
 
-from tests.integration.test_prepare_ssd_loop import make_loop  # noqa: E402,F401 - fixture
+from tests.integration.test_prepare_ssd_loop import LoopDevice, _loop_skip_reason
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(not native.available()[0], reason="native extension unavailable")]
 KiB, MiB = 1 << 10, 1 << 20
@@ -24,11 +24,18 @@ KEY = "/keys/zero_stage_3/float32params/rank0/4_param.tensor.swp"
 
 
 @pytest.fixture
-def loop_region(make_loop):
-    loop = make_loop(64 * MiB, 4096)
-    subprocess.run([sys.executable, "-m", "memascend_cli", "prepare-ssd", loop.path, "--no-probe", "--yes"],
-                   check=True, capture_output=True)
-    return loop.path
+def loop_region(tmp_path):
+    """A 64 MiB loop device with 4 KiB sectors, prepared as a region; detached afterwards."""
+    reason = _loop_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    loop = LoopDevice(str(tmp_path / "loop.img"), 64 * MiB, 4096)
+    try:
+        subprocess.run([sys.executable, "-m", "memascend_cli", "prepare-ssd", loop.path, "--no-probe", "--yes"],
+                       check=True, capture_output=True)
+        yield loop.path
+    finally:
+        loop.close()
 
 
 def _store(path, monkeypatch, faults, backend="auto"):
