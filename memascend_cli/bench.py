@@ -672,6 +672,9 @@ def create_region(path: str, size_bytes: int, ranks: int) -> dict:
     from memascend_cli.commands.prepare_ssd import _checked_facts, apply_actions, build_actions
 
     if os.path.exists(path):
+        from memascend_cli.region_owner import require_unused
+
+        require_unused(path)  # a bench still running in this output directory keeps its region
         os.unlink(path)  # our own file from an earlier bench in this output directory
     facts, _ = _checked_facts(path, "prepare", False, size_bytes)
     alignment_bytes = region.region_alignment(facts.logical_block_bytes)

@@ -316,3 +316,15 @@ def check_ranks_free(path: str, header: region_mod.RegionHeader, ranks: int) -> 
         if st["state"] == "stale":
             notes.append(f"rank {st['rank']}'s sub-region was left by {st['owner_text']} (gone); it will be taken over")
     return None, notes
+
+
+def require_unused(path: str) -> None:
+    """Raise RegionBusy naming the owner if any rank of the region at `path` is in use; a target that
+    holds no readable region (or does not exist) passes. For re-preparing, wiping or replacing a region."""
+    try:
+        header = region_mod.read_header(path)
+    except (OSError, SSDNotReady):
+        return
+    for st in rank_states(path, header):
+        if st["state"] == "in use":
+            raise _busy_message(path, f"rank {st['rank']}'s sub-region", Owner(**st["owner"]) if st["owner"] else None)

@@ -437,6 +437,9 @@ def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: 
 
     if not os.path.exists(target):
         raise BadInput(f"{target} does not exist", "`memascend prepare-ssd --list` shows devices")
+    from memascend_cli.region_owner import require_unused
+
+    require_unused(target)
     facts, _ = _checked_facts(target, "wipe", force)
     header_area_bytes = region.RESERVED_BYTES
     if facts.region_state == "intact":
@@ -481,6 +484,10 @@ def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, 
         raise BadInput("--size is for region files; a device region always spans the whole device", "drop --size, or use a partition of the size you want")
     if not is_block and not os.path.exists(target) and size_bytes is None:
         raise BadInput(f"creating the region file {target} needs --size", f"e.g. `memascend prepare-ssd {target} --size 200GiB`")
+    if os.path.exists(target):
+        from memascend_cli.region_owner import require_unused
+
+        require_unused(target)  # never re-create a region under a running job, even with --force
     facts, _ = _checked_facts(target, "prepare", force, size_bytes)
     if facts.kind == "file" and size_bytes is None:
         size_bytes = facts.size_bytes  # re-initialise an existing region file at its size

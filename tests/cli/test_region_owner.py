@@ -111,6 +111,22 @@ def test_kill_9_owner_is_taken_over_with_a_message(tmp_path, cli):
         lease.release()
 
 
+def test_prepare_and_wipe_refuse_a_region_in_use_even_with_force(tmp_path, cli):
+    path = _prepare(tmp_path)
+    holder = _holder(path, 1)
+    try:
+        for args in (("prepare-ssd", path, "--size", "32MiB", "--no-probe", "--yes", "--force"),
+                     ("prepare-ssd", "--wipe", path, "--yes", "--force")):
+            r = cli(*args)
+            assert r.exit_code == 1, r.stderr
+            assert f"error: region {path}: rank 1's sub-region is in use by pid {holder.pid}" in r.stderr
+        assert region.read_header(path).ranks  # untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli("prepare-ssd", "--wipe", path, "--yes").exit_code == 0
+
+
 def test_lock_is_per_open_file_description_not_per_process(tmp_path):
     """OFD locks (not POSIX process locks): a second open in the same process is refused too, and
     closing an unrelated descriptor of the file does not drop the lock."""
