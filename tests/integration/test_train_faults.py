@@ -176,41 +176,42 @@ def test_faultfs_fault_stops_the_run_with_a_named_error(reference, fuse_region, 
         _resume_on_healthy_region(tmp_path, run, reference)
 
 
-def test_byte_flipped_between_two_steps_of_a_paused_run_is_named(reference, tmp_path):
-    """The bar: rank 0 is stopped (SIGSTOP) right after step 3; one byte of the newest Adam state
-    in the region is flipped on disk; after SIGCONT the next read names the key and the offset."""
-    import numpy as np
-
+def test_byte_flipped_between_two_steps_of_a_paused_run_is_named(reference, fuse_region, tmp_path):
+    """The bar. After step 3 the run is held in its next read of the region (faultfs delays it by
+    3 s, so the rank is paused between step 3 and the data of step 4); one byte inside that read's
+    range is flipped in the region file on disk; when the read goes on, the checksum names the
+    tensor's swap key and the device offsets around the flipped byte."""
     _need_root()
     run = str(tmp_path / "run")
-    region_path = _prepare(str(tmp_path / "flip.region"))
+    backing_file = os.path.join(fuse_region.backing, "region.bin")
     flipped = {}
 
     def pause_and_flip():
-        (pid,) = _workers(run)
-        os.kill(pid, signal.SIGSTOP)
-        from memascend_cli import region as region_mod
+        fuse_region.set_rules([{"op": "read", "path": "region.bin", "action": "delay", "delay_s": 3.0}])
+        deadline = time.monotonic() + 60
+        while not fuse_region.status()["fired"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (held,) = fuse_region.status()["fired"]  # the read the rank is blocked in
+        at = held["offset"] + held["size"] // 2
+        with open(backing_file, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x40]))
+            f.flush()
+            os.fsync(f.fileno())
+        flipped.update(offset=at, read=held)
 
-        sub = region_mod.read_header(region_path).subregion(0)
-        data = np.memmap(region_path, dtype=np.uint8, mode="r+", offset=sub.offset_bytes, shape=(sub.size_bytes,))
-        used = int(np.flatnonzero(data)[-1])  # extents are allocated upward: the last is an Adam state
-        at = used - 4096
-        data[at] ^= 0x40
-        data.flush()
-        del data
-        flipped["offset"] = sub.offset_bytes + at
-        os.kill(pid, signal.SIGCONT)
-
-    p = run_until((TINY, "--output-dir", run, *COMMON, "--region", region_path), run, {"event": "step", "step": 3},
-                  pause_and_flip)
+    p = run_until((TINY, "--output-dir", run, *COMMON, "--region", fuse_region.path("region.bin")), run,
+                  {"event": "step", "step": 3}, pause_and_flip)
     errors = _errors(p.stderr)
     assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
     import re
 
     m = re.search(r"checksum mismatch reading swap key (\S+): key bytes \d+\.\.\d+ = device bytes (\d+)\.\.(\d+) of "
-                  + re.escape(region_path), errors[0])
+                  + re.escape(fuse_region.path("region.bin")), errors[0])
     assert m, errors
-    assert "exp_avg" in m.group(1) and int(m.group(2)) <= flipped["offset"] <= int(m.group(3)), (errors, flipped)
+    assert m.group(1).endswith(".tensor.swp") and int(m.group(2)) <= flipped["offset"] <= int(m.group(3)), (errors, flipped)
     assert max(losses(run)) == 3
     _verify_checkpoint(run, 2)
 
