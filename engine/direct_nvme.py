@@ -220,6 +220,7 @@ class RegionStore:
                 st = None
                 ext = None
                 self.stats.reallocations += 1
+                self.stats.keys -= 1  # counted again when the new extent is allocated
             if file_offset % self.chunk_bytes:
                 raise ValueError(f"write to swap key {key} at key offset {file_offset}: writes must start at a "
                                  f"multiple of the checksum chunk ({self.chunk_bytes} B)")
@@ -227,9 +228,8 @@ class RegionStore:
                 raise ValueError(f"write to swap key {key} at key offset {file_offset} would leave a hole "
                                  f"(the key holds {st.written_bytes if st is not None else 0} B)")
             if ext is None:
-                if key not in self._keys:
-                    self.stats.keys += 1
                 ext = self.allocator.allocate(key, end_bytes)
+                self.stats.keys += 1
             return ext
 
     def declare_zero(self, key, nbytes: int) -> None:
@@ -390,7 +390,12 @@ class RegionStore:
         if got == v.expected:
             return
         ch = self.chunk_bytes
-        i = next(i for i in range(0, min(len(got), len(v.expected)), 4) if got[i:i + 4] != v.expected[i:i + 4]) // 4
+        common = min(len(got), len(v.expected))
+        i = next((i for i in range(0, common, 4) if got[i:i + 4] != v.expected[i:i + 4]), common) // 4
+        if 4 * i >= len(v.expected) or 4 * i >= len(got):
+            raise RegionDataError(f"reading swap key {v.key}: {len(got) // 4} chunk checksums computed, "
+                                  f"{len(v.expected) // 4} recorded (the store's checksum table is inconsistent)",
+                                  key=v.key, device_offset=v.extent_offset + v.lo)
         key_start = v.lo + i * ch
         key_end = min(key_start + ch, v.lo + sum(n for _, n in v.segments))
         dev = v.extent_offset + key_start

@@ -174,6 +174,28 @@ def test_faultfs_fault_stops_the_run_with_a_named_error(reference, fuse_region, 
         assert loss == reference[step]  # nothing wrong was ever logged
     if case in RESUMED:
         _resume_on_healthy_region(tmp_path, run, reference)
+    elif case == "write-enospc":
+        _damaged_checkpoint_is_refused(run)
+
+
+def _damaged_checkpoint_is_refused(run: str) -> None:
+    """A byte changed in a checkpoint after it was written: resume's verification names the file."""
+    from memascend_engine import checkpoint as C
+
+    folder = os.path.join(run, "checkpoints", C.step_dirname(2))
+    for name, recorded_in in (("rank-00000.bin", "rank-00000.json"), ("trainer.json", "COMPLETE")):
+        path = os.path.join(folder, name)
+        with open(path, "r+b") as f:
+            f.seek(10)
+            b = f.read(1)
+            f.seek(10)
+            f.write(bytes([b[0] ^ 1]))
+        with pytest.raises(C.CheckpointCorrupt, match=rf"checkpoint file {path} is damaged: .* {recorded_in} recorded"):
+            C.verify(folder, 0)
+        with open(path, "r+b") as f:
+            f.seek(10)
+            f.write(b)
+    C.verify(folder, 0)
 
 
 def test_byte_flipped_between_two_steps_of_a_paused_run_is_named(reference, fuse_region, tmp_path):
