@@ -207,19 +207,34 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     code = proc.returncode
     if code == 0:
         return 0
+    # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
+    killed = _killed_by(code)
     found = rank_error(spec.run_dir)
+    if killed and stop_requests <= 1:
+        silent = _silent_ranks(spec)
+        if found is None or silent:
+            # A killed rank writes nothing; the others then fail on the broken collective, and their
+            # error files only echo the cause.
+            who = f"rank {silent[0]}" if len(silent) == 1 else "a rank"
+            raise MemascendError(f"{who} was killed by {killed} (out of memory?); the newest complete checkpoint "
+                                 "is intact", f"continue with `memascend train RECIPE --resume`; logs in {spec.log_dir}")
     if found is not None:
         message, log_path, hint = found
         raise MemascendError(message, f"{hint}; full log: {log_path}" if hint else f"full log: {log_path}")
     if stop_requests > 1:
         raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
                              "continue with `memascend train RECIPE --resume`")
-    killed = _killed_by(code)
-    if killed:
-        # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
-        raise MemascendError(f"a rank was killed by {killed} (out of memory?); the newest complete checkpoint "
-                             "is intact", f"continue with `memascend train RECIPE --resume`; logs in {spec.log_dir}")
     raise MemascendError(f"the DeepSpeed launcher exited with status {code}", f"see {launcher_log} and {spec.log_dir}")
+
+
+def _silent_ranks(spec: LaunchSpec) -> list[int]:
+    """Ranks of this launch (single node) that left no error file: the ones that were killed."""
+    log_dir = os.path.join(spec.run_dir, LOG_DIR)
+    try:
+        wrote = {n for n in os.listdir(log_dir) if n.startswith("error-rank") and n.endswith(".json")}
+    except OSError:
+        wrote = set()
+    return [r for r in range(spec.num_ranks) if f"error-rank{r}.json" not in wrote]
 
 
 def _killed_by(code: int) -> str | None:
