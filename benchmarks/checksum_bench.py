@@ -14,7 +14,7 @@ Measures (medians of --repeats, GB/s = 10**9 B/s):
                              checked after the read)
 
 Quick:  python benchmarks/checksum_bench.py --size 256M --dir /var/tmp --out /tmp/checksum.json
-Table:  python benchmarks/checksum_bench.py --table /tmp/checksum.json      (markdown from the JSON)
+Table:  python benchmarks/checksum_bench.py --table docs/checksum-bench/run*.json   (markdown from the JSON)
 """
 
 from __future__ import annotations
@@ -138,20 +138,24 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def table(doc: dict) -> str:
-    rows = [
-        ("crc32c, " + doc["crc32c"]["backend"], f"{doc['crc32c']['gbps']:.2f}", ""),
-        ("crc32c, " + doc["crc32c_portable"]["backend"], f"{doc['crc32c_portable']['gbps']:.2f}", ""),
-        ("zlib.crc32 (stdlib, for scale)", f"{doc['zlib_crc32_gbps']:.2f}", ""),
-        (f"raw O_DIRECT I/O ({doc['raw_io']['backend']})", f"{doc['raw_io']['write_gbps']:.2f}",
-         f"{doc['raw_io']['read_gbps']:.2f}"),
-        ("Direct NVMe store, checksums on", f"{doc['store_verify_on']['write_gbps']:.2f}",
-         f"{doc['store_verify_on']['read_gbps']:.2f}"),
-        ("Direct NVMe store, checksums off", f"{doc['store_verify_off']['write_gbps']:.2f}",
-         f"{doc['store_verify_off']['read_gbps']:.2f}"),
-    ]
-    lines = ["| what | GB/s (write / checksum) | GB/s (read) |", "|---|---:|---:|"]
-    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+def table(docs: list[dict]) -> str:
+    """Markdown: one row per measurement, one column per run (write / read, or the checksum rate)."""
+    def cell(doc, key):
+        if key in ("crc32c", "crc32c_portable"):
+            return f"{doc[key]['gbps']:.2f}"
+        if key == "zlib":
+            return f"{doc['zlib_crc32_gbps']:.2f}"
+        return f"{doc[key]['write_gbps']:.2f} / {doc[key]['read_gbps']:.2f}"
+
+    names = [("crc32c", f"crc32c, {docs[0]['crc32c']['backend']} (64 KiB chunks)"),
+             ("crc32c_portable", "crc32c, portable tables"),
+             ("zlib", "zlib.crc32 (stdlib, for scale)"),
+             ("raw_io", f"raw O_DIRECT write / read ({docs[0]['raw_io']['backend']}, 1 MiB, QD 32)"),
+             ("store_verify_on", "Direct NVMe store write / read, checksums on"),
+             ("store_verify_off", "Direct NVMe store write / read, checksums off")]
+    head = "| GB/s | " + " | ".join(d["measured_at"] for d in docs) + " |"
+    lines = [head, "|---|" + "---:|" * len(docs)]
+    lines += [f"| {label} | " + " | ".join(cell(d, key) for d in docs) + " |" for key, label in names]
     return "\n".join(lines)
 
 
@@ -161,11 +165,11 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--dir", default="/var/tmp", help="directory for the raw-I/O file and the region (ext4/xfs)")
     p.add_argument("--out", help="write the JSON here")
-    p.add_argument("--table", metavar="JSON", help="print the markdown table of a saved JSON and exit")
+    p.add_argument("--table", metavar="JSON", nargs="+", help="print the markdown table of saved JSON runs and exit")
     p.add_argument("--crc-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        print(table([json.loads(Path(t).read_text()) for t in args.table]))
         return 0
     if args.crc_only:
         sys.path.insert(0, str(REPO))
@@ -176,7 +180,7 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text)
-    print(table(doc), file=sys.stderr)
+    print(table([doc]), file=sys.stderr)
     return 0
 
 
