@@ -44,7 +44,10 @@ def _prepare(path: str, ranks: int = 1) -> str:
 
 
 def _errors(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
+    """The CLI's `error:` lines (printed too, so `pytest -rA` shows what each fault produced)."""
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    print("\n".join(lines))
+    return lines
 
 
 def _complete_checkpoints(run: str) -> list[str]:
