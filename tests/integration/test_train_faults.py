@@ -7,8 +7,8 @@ SIGKILLing one rank of two. Every case must end in exactly one `error:` line nam
 leave checkpoint 2 complete and verifiable, and (where checked) `--resume` on a healthy region
 must give the uninterrupted run's losses bit for bit.
 
-Root (FUSE, tmpfs) and slow: 11 launches of 6 steps, about 5 minutes on the 2-core dev VM; the
-store-level tests (test_faultfs_store.py, test_native_faults.py) cover every fault kind in seconds. Helpers from test_train_cpu.
+Root (FUSE, tmpfs) and slow: 11 launches of up to 6 steps; the file took 6m13s on the 2-core dev VM
+while other jobs kept its load average above 3. The store-level tests (test_faultfs_store.py, test_native_faults.py) cover every fault kind in seconds. Helpers from test_train_cpu.
 """
 
 from __future__ import annotations
