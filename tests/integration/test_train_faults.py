@@ -2,13 +2,14 @@
 
 Each case starts the real CLI, waits until checkpoint 2 is complete, then breaks the storage:
 through faultfs (FUSE) holding the region file, by flipping a byte of the region while the rank is
-stopped between two steps, by truncating the region file, by filling the checkpoint disk, or by
+held in its first read after step 3, by truncating the region file, by filling the checkpoint disk, or by
 SIGKILLing one rank of two. Every case must end in exactly one `error:` line naming what failed,
 leave checkpoint 2 complete and verifiable, and (where checked) `--resume` on a healthy region
 must give the uninterrupted run's losses bit for bit.
 
 Root (FUSE, tmpfs) and slow: 11 launches of up to 6 steps; the file took 6m13s on the 2-core dev VM
-while other jobs kept its load average above 3. The store-level tests (test_faultfs_store.py, test_native_faults.py) cover every fault kind in seconds. Helpers from test_train_cpu.
+while other jobs kept its load average above 3. The store-level tests (test_faultfs_store.py,
+test_native_faults.py) cover every fault kind in seconds. Helpers from test_train_cpu.
 """
 
 from __future__ import annotations
