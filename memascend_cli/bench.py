@@ -522,7 +522,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     if region is not None:
         args += ["--region", region]
     env = child_env(run.mode, cfg, os.environ, accelerator=accelerator)
-    res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR") if k in env}
+    res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
+                                   "MEMASCEND_VERIFY_CHECKSUMS") if k in env}
     task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
 
     def tick(waited_s, spread):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memascend_cli.models import ModelSpec, family_members
-from memascend_cli.planner.memory import GiB, Estimate, JobSpec, estimate
+from memascend_cli.planner.memory import Estimate, GiB, JobSpec, estimate
 from memascend_cli.planner.spec import HardwareSpec
 
 RESOURCES = ("config", "dram", "gpu_memory", "nvme_space", "memlock")
