@@ -15,6 +15,7 @@ Pure: stdlib only, no I/O.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -265,6 +266,26 @@ class Partitioning:
 
     sub_group_numels: tuple[int, ...]
     """Partition elements per sub-group."""
+    _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Derived sums, computed once per (rule, threshold): searches estimate the same partitioning many times."""
+
+    def swappable_groups(self, min_numel: int) -> tuple[int, ...]:
+        """Sub-groups of at least min_numel elements (DeepSpeed swaps only those)."""
+        key = ("groups", min_numel)
+        if key not in self._memo:
+            self._memo[key] = tuple(g for g, n in enumerate(self.sub_group_numels) if n >= min_numel)
+        return self._memo[key]
+
+    def aligned_sum(self, what: str, min_numel: int, elem_bytes: int, align_bytes: int) -> int:
+        """Sum of A(numel x elem_bytes, align) over the swappable partitions ('params') or sub-groups ('groups')."""
+        key = (what, min_numel, elem_bytes, align_bytes)
+        if key not in self._memo:
+            numels = (self.partition_numels if what == "params"
+                      else [self.sub_group_numels[g] for g in self.swappable_groups(min_numel)])
+            # Layers repeat the same shapes: sum over distinct sizes.
+            self._memo[key] = sum(_align(n * elem_bytes, align_bytes) * k for n, k in Counter(numels).items()
+                                  if n >= min_numel)
+        return self._memo[key]
 
     @property
     def ns(self) -> int:
@@ -286,9 +307,9 @@ class Partitioning:
 def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
     """Partition sizes and optimizer sub-groups, one param group in module order (zero.py's rules)."""
     full, roles = numels_roles(model)
-    parts = tuple(zero.partition_numel(n, world_size) for n in full)
-    groups = zero.sub_groups(parts, sub_group_size)
-    return Partitioning(parts, full, roles, groups, tuple(sum(parts[i] for i in g) for g in groups))
+    parts = tuple(n for n, _ in zero.model_partitions(model, world_size))
+    groups, numels = zero.sub_groups_and_numels(parts, sub_group_size)
+    return Partitioning(parts, full, roles, groups, numels)
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -346,7 +367,10 @@ class _Ctx:
         self.min_aio_bytes = zero.min_aio_bytes(self.k)
         self.pin_memory = self.k.pin_memory
         self.flash = job.flash_attention if job.flash_attention is not None else self.gpu
-        self.swappable = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
+        key = ("swappable", self.min_aio_bytes, self.E)
+        if key not in self.part._memo:
+            self.part._memo[key] = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
+        self.swappable = self.part._memo[key]
 
     # how DeepSpeed pins: returns (resident bytes, pinned label, locked bytes)
     def pin_swap_pool(self, nbytes: int) -> tuple[int, str, int]:
@@ -444,9 +468,8 @@ def _host_items(c: _Ctx) -> list[Item]:
                    source="deepspeed-notes §2.1; stage3.py reserve_partitioned_swap_space")
 
     # P4: optimizer swap pool, when some sub-group is large enough to swap.
-    swappable_groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
-    if c.bounded:
-        swappable_groups = list(range(len(part.sub_groups)))  # every chunk lives on the SSD
+    # Every chunk of the bounded engine lives on the SSD; DeepSpeed swaps sub-groups of at least min_aio_bytes.
+    swappable_groups = part.swappable_groups(0 if c.bounded else -(-c.min_aio_bytes // c.M))
     need = zero.optimizer_buffer_count(pipeline_read=k.pipeline_read, pipeline_write=k.pipeline_write)
     if swappable_groups and not c.bounded:
         bc_o = k.optimizer_buffer_count
@@ -481,10 +504,8 @@ def _host_items(c: _Ctx) -> list[Item]:
                    source="deepspeed-notes §2.1; partition_parameters.py _partition_param")
 
     # P7: sub-groups too small to swap keep fp32 master + m + v + fp32 grad in DRAM.
-    swappable_set = set(swappable_groups)
-    small_groups = [g for g in range(len(part.sub_groups)) if g not in swappable_set]
-    if small_groups:
-        n = sum(part.sub_group_numel(g) for g in small_groups)
+    n = sum(part.sub_group_numels) - sum(part.sub_group_numels[g] for g in swappable_groups)
+    if n:
         add("host/small_optimizer_groups", "P7 non-swappable optimizer sub-groups", 16 * n,
             formula=f"{n:,} elements x 16 B (fp32 master, grad, exp_avg, exp_avg_sq)",
             source="deepspeed-notes §3 P7; stage3._create_fp32_partitions")
@@ -671,9 +692,8 @@ def _nvme_items(c: _Ctx) -> list[Item]:
     """SSD bytes per rank (deepspeed-notes §3.1: ~18 B/param/rank plus checkpoint copies)."""
     part, E = c.part, c.E
     align = PAGE if c.engine == "memascend" else AIO_ALIGNED_BYTES * max(1, c.k.intra_op_parallelism)
-    params = sum(_align(n * E, align) for n, s in zip(part.partition_numels, c.swappable) if s)
-    groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
-    opt = sum(_align(part.sub_group_numel(g) * 4, align) for g in groups)
+    params = part.aligned_sum("params", -(-c.min_aio_bytes // E), E, align)
+    opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 4, align)
     where = "region extents" if c.engine == "memascend" else "swap files"
     items = [
         Item("nvme/params", f"parameters ({where})", "nvme", params, "steady", "", 0,
