@@ -163,6 +163,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     config_errors: list[str] = field(default_factory=list)
     """Settings the engine would reject at start-up (e.g. buffer_size below the largest partition)."""
+    traffic: SsdTraffic | None = None
+    """SSD bytes moved per optimizer step (see ssd_traffic)."""
 
     def _sum(self, tier: str, kind: str) -> int:
         return sum(i.bytes for i in self.items if i.tier == tier and i.kind == kind)
@@ -247,7 +249,39 @@ class Estimate:
             "items": [asdict(i) for i in self.items],
             "notes": list(self.notes),
             "config_errors": list(self.config_errors),
+            "ssd_traffic": self.traffic.to_dict() if self.traffic else None,
         }
+
+
+@dataclass
+class SsdTraffic:
+    """SSD bytes per rank per optimizer step, by what moves (steady state: after the first step)."""
+
+    read_bytes: dict[str, int]
+    write_bytes: dict[str, int]
+    params_per_rank: int
+    """Partition elements of the rank (the denominator of the per-parameter rates)."""
+    formula: str = ""
+
+    @property
+    def read_total(self) -> int:
+        return sum(self.read_bytes.values())
+
+    @property
+    def write_total(self) -> int:
+        return sum(self.write_bytes.values())
+
+    def per_param(self) -> tuple[float, float]:
+        """(read, write) bytes per parameter per step."""
+        n = max(1, self.params_per_rank)
+        return self.read_total / n, self.write_total / n
+
+    def to_dict(self) -> dict:
+        r, w = self.per_param()
+        return {"read_bytes": dict(self.read_bytes), "write_bytes": dict(self.write_bytes),
+                "read_bytes_per_step": self.read_total, "write_bytes_per_step": self.write_total,
+                "read_bytes_per_param": round(r, 3), "write_bytes_per_param": round(w, 3),
+                "write_bytes_per_1000_steps": 1000 * self.write_total, "formula": self.formula}
 
 
 # --- partitions and sub-groups ------------------------------------------------------------------
@@ -711,6 +745,42 @@ def _nvme_items(c: _Ctx) -> list[Item]:
     return items
 
 
+PARAM_FETCHES_PER_STEP = {"none": 2, "selective": 2, "full": 3, "offload": 3}
+"""Times each swapped parameter partition is read per micro-batch: forward and backward, plus the recomputed
+forward of activation checkpointing (ZeRO-3 releases a layer's parameters after each module call: stage3
+max_reuse_distance 0, which both engines use with params on NVMe)."""
+
+
+def ssd_traffic(c: _Ctx) -> SsdTraffic:
+    """SSD bytes per optimizer step, steady state (the first step reads no Adam moments).
+
+    Stock DeepSpeed (runtime/zero/stage3.py _offload_grad_partition_at_boundary, optimizer_utils.py): fp32 gradients
+    written and read back (4 + 4 B), fp32 master + exp_avg + exp_avg_sq read and written (12 + 12 B), 16-bit params
+    written back (E B) and fetched for forward, backward (and recompute). The bounded engine writes and reads the
+    gradient once in its training dtype (G + G B) instead (Lin et al.; peers' roofline table)."""
+    job, part, E, G = c.job, c.part, c.E, c.G
+    ga = job.grad_accum_steps
+    swapped = part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1)  # swapped partition elements
+    opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 1, 1)
+    fetches = PARAM_FETCHES_PER_STEP[job.checkpointing]
+    read = {"params": ga * fetches * E * swapped, "optimizer_states": 12 * opt}
+    write = {"optimizer_states": 12 * opt, "params": E * swapped}
+    if c.bounded:
+        # Each micro-batch writes its gradient; later micro-batches read the running sum back first.
+        read["gradients"] = G * opt * ga
+        write["gradients"] = G * opt * ga
+        grad = f"gradients {G} B x {ga} micro-batch(es) each way"
+    else:
+        read["gradients"] = 4 * opt
+        write["gradients"] = 4 * opt
+        grad = "fp32 gradients 4 B each way"
+    if c.ssd_checkpoints:
+        layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
+        read["activation_checkpoints"] = write["activation_checkpoints"] = ga * c.m.num_hidden_layers * layer
+    return SsdTraffic(read, write, params_per_rank=c.ns,
+                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}")
+
+
 def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
     """The itemised per-rank memory of `engine` running `job` on `hw`."""
     c = _Ctx(job, hw, engine)
@@ -720,7 +790,7 @@ def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
         items += _compute_items(c, tier="gpu")
     items += _nvme_items(c)
     est = Estimate(engine=c.view, items=items, ranks_per_node=c.ranks, world_size=c.world,
-                   compute_on_host=not c.gpu, config_errors=c.config_errors)
+                   compute_on_host=not c.gpu, config_errors=c.config_errors, traffic=ssd_traffic(c))
     if not c.gpu:
         est.notes.append("CPU-only job: DeepSpeed runs on the CPU accelerator (gloo); compute memory is host memory")
         if job.checkpointing == "offload":
