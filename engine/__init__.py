@@ -18,7 +18,7 @@ Every technique can be switched off on its own through :class:`EngineOptions` (f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memascend_cli.planner.zero import DEFAULT_PIPELINE_DEPTH, DEFAULT_PREFETCH_LAYERS
 
@@ -61,6 +61,10 @@ class EngineOptions:
     checkpoint_offload: str = "ssd"
     """Where offloaded activation checkpoints go: ssd (a bounded window of the region), dram (one pinned buffer
     per layer)."""
+    windows: Any = None
+    """memascend_cli.planner.zero.EngineWindows from a host budget (zero.split_budget, what `memascend train` and
+    `bench` pass); None: the full-overlap windows for the config's sub-group size, pipeline_depth and
+    checkpoint_offload."""
     verify_checksums: bool = True
     """CRC-32C of every region extent written, checked on every read (direct_nvme). Off, or
     MEMASCEND_VERIFY_CHECKSUMS=0: no checksums; for benchmarking the cost only."""

@@ -88,6 +88,10 @@ def parse_args(argv):
     ap.add_argument("--region", default=None, help="memascend region file or device (memascend mode)")
     ap.add_argument("--disable", action="append", default=[], choices=TECHNIQUES,
                     help="switch one engine technique off (memascend mode; repeatable)")
+    ap.add_argument("--layers", type=int, default=None, help="scale the model to this many decoder layers")
+    ap.add_argument("--engine-windows", default=None,
+                    help="memascend mode: JSON of zero.EngineWindows (the planner's split of the host budget)")
+    ap.add_argument("--prefetch-layers", type=int, default=None, help="memascend mode: layers in the parameter pool")
     return ap.parse_args(argv)
 
 
@@ -148,13 +152,22 @@ def run(args, rank: int, ev: Events) -> int:
     device = acc.current_device_name()  # DeepSpeed does not move inputs: batches go to the compute device
     world = int(os.environ["WORLD_SIZE"])
     spec = load_model(args.model)
+    if args.layers:
+        spec = spec.scaled(args.layers)
     # transformers is imported here (in the factory), before zero.Init patches tensor constructors.
     make_model = causal_lm_factory(spec)
 
     handle = None
     if engine_api is not None:
         install, options_cls = engine_api
-        opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES})
+        extra = {}
+        if args.engine_windows:
+            from memascend_cli.planner.zero import EngineWindows
+
+            extra["windows"] = EngineWindows(**json.loads(args.engine_windows))
+        if args.prefetch_layers:
+            extra["prefetch_layers"] = args.prefetch_layers
+        opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES}, **extra)
         ev.phase("engine_install")
         # The region has one sub-region per local rank (prepare-ssd --ranks).
         handle = install(cfg, region=args.region, model_spec=spec, options=opts,
@@ -184,6 +197,7 @@ def run(args, rank: int, ev: Events) -> int:
     vmlck_after_init_kib = status_kib("VmLck")
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    io_prev = io_init_done
     for step in range(1, args.steps + 1):
         x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
         ev.phase(f"step{step}_forward")
@@ -194,8 +208,10 @@ def run(args, rank: int, ev: Events) -> int:
         ev.phase(f"step{step}_optimizer")
         engine.step()
         dt = time.perf_counter() - t0
-        ev.emit("step", step=step, loss=float(loss.detach()), seconds=dt,
+        io_now = proc_io()
+        ev.emit("step", step=step, loss=float(loss.detach()), seconds=dt, io=io_delta(io_prev, io_now),
                 tokens_per_s=args.micro_batch * args.seq_len * world / dt)
+        io_prev = io_now
     ev.phase("finish")
     io_end = proc_io()
     nvme_dir = cfg["zero_optimization"]["offload_param"].get("nvme_path")

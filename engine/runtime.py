@@ -175,6 +175,8 @@ class Installed:
 
     def windows(self) -> zero.EngineWindows:
         """The bounded engine's host windows (zero.EngineWindows) from the options and the ZeRO settings."""
+        if self.options.windows is not None:
+            return self.options.windows
         s = self.settings or zero.from_ds_config(self.ds_config)
         return zero.EngineWindows(optimizer_chunk_numel=zero.chunk_numel_for(s.sub_group_size),
                                   optimizer_depth=max(1, int(self.options.pipeline_depth)),
@@ -185,7 +187,9 @@ class Installed:
         """Traffic through the region, pinned/pool bytes and technique counters of this rank."""
         from memascend_engine import deepspeed_plugin as plug
 
-        d: dict[str, Any] = {"rank": self.rank, "region": self.region, "options": vars(self.options).copy()}
+        d: dict[str, Any] = {"rank": self.rank, "region": self.region,
+                             "options": {k: (v.to_dict() if hasattr(v, "to_dict") else v)
+                                         for k, v in vars(self.options).items()}}
         if self.store is not None:
             s = self.store.snapshot()
             d.update(bytes_read=s["bytes_read"], bytes_written=s["bytes_written"], requests=s["requests"])
@@ -241,7 +245,7 @@ class Installed:
             from memascend_engine.bounded import CheckpointStash, IOCounters
 
             self.ctx.io = self.ctx.io or IOCounters()
-            stash = CheckpointStash(self.store, self.allocator, zero.DEFAULT_CHECKPOINT_SLOTS, self.ctx.io)
+            stash = CheckpointStash(self.store, self.allocator, self.windows().checkpoint_slots, self.ctx.io)
         self.checkpointer = checkpointing.enable(model, self.allocator, stash)
 
     def apply_fused_kernels(self, model_type: str) -> list[str]:

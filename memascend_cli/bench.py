@@ -137,7 +137,7 @@ def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:
 
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
             checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
-            checkpoint_offload: str = "ssd") -> dict:
+            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None) -> dict:
     """memascend plan's estimate for one run: node peak plus the host items (for recalibration). `disabled`: the
     memascend techniques switched off (ablation runs)."""
     from memascend_cli.planner.memory import JobSpec, estimate
@@ -148,7 +148,8 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks_per_node=ranks,
                   checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
                   checkpoint_copies=0, streaming="streaming" not in disabled,
-                  checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram")
+                  checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
+                  host_budget_bytes=host_budget_bytes if mode == "memascend" else None)
     est = estimate(job, hw, "memascend" if mode == "memascend" else "baseline")
     return {
         "engine": est.engine,
@@ -159,6 +160,8 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
         "nvme_bytes_per_rank": est.nvme_bytes,
         "host_items": [{"key": i.key, "kind": i.kind, "bytes": i.bytes} for i in est.items if i.tier == "host"],
         "config_errors": list(est.config_errors),
+        "ssd_traffic": est.traffic.to_dict() if est.traffic else None,
+        "host_budget": est.budget.to_dict() if est.budget else None,
     }
 
 
@@ -411,6 +414,9 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     ssd_read_bytes: int | None = None
     ssd_written_bytes: int | None = None
+    ssd_read_bytes_per_step: float | None = None
+    """Rank 0's /proc/self/io read_bytes of a steady step (steps 2..N)."""
+    ssd_write_bytes_per_step: float | None = None
     ssd_read_bytes_steps: int | None = None
     ssd_written_bytes_steps: int | None = None
     engine_stats: list[dict] | None = None
@@ -473,6 +479,11 @@ def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int,
         sps = sum(s["seconds"] for s in timed) / len(timed)
         out.update(seconds_per_step=sps, first_step_seconds=steps[0]["seconds"],
                    tokens_per_s=micro_batch * seq_len * ranks / sps)
+        # SSD bytes of a steady step (rank 0; the first step reads no Adam moments and records the trace).
+        with_io = [s for s in timed if "io" in s]
+        if with_io:
+            out.update(ssd_read_bytes_per_step=sum(s["io"]["read_bytes"] for s in with_io) / len(with_io),
+                       ssd_write_bytes_per_step=sum(s["io"]["write_bytes"] for s in with_io) / len(with_io))
     if finals and len(finals) == len(events_by_rank):
         out.update(
             ssd_read_bytes=sum(f["io"]["read_bytes"] for f in finals),
@@ -510,7 +521,8 @@ def child_command(args: list[str], ranks: int) -> list[str]:
 
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
-            settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu") -> RunResult:
+            settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None
+            ) -> RunResult:
     """Settle, launch the child, sample until it exits, collect its events."""
     import shutil
 
@@ -528,6 +540,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled)]
     for t in run.disabled:
         args += ["--disable", t]
+    args += list(extra_args or [])
     if region is not None:
         args += ["--region", region]
     env = child_env(run.mode, cfg, os.environ, accelerator=accelerator)
@@ -611,7 +624,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     res.timeline = [(t, v - res.idle_bytes) for t, v in bucket_max(ts, used, t_launch)]
     events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
     summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks)
-    for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes", "ssd_written_bytes",
+    for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes_per_step",
+              "ssd_write_bytes_per_step", "ssd_read_bytes", "ssd_written_bytes",
               "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
               "peak_gpu_reserved_bytes", "pinned_bytes"):
         if k in summary:
@@ -680,53 +694,213 @@ def create_region(path: str, size_bytes: int, ranks: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# One point of a sweep
+
+
+@dataclass
+class Point:
+    """One job of the bench (a point of a depth / context sweep)."""
+
+    model: str
+    spec: object
+    layers: int | None
+    """Decoder layers when the depth was set (the child scales the model), else None."""
+    seq_len: int
+    micro_batch: int
+    steps: int
+    dtype: str
+    seed: int
+    checkpointing: str
+    ranks: int
+    host_budget_bytes: int | None
+    accelerator: str
+    hw: object
+    deepspeed_version: str
+
+    def job_args(self) -> list[str]:
+        args = ["--model", self.model, "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
+                "--steps", str(self.steps), "--dtype", self.dtype, "--seed", str(self.seed), "--checkpointing",
+                self.checkpointing]
+        return args + (["--layers", str(self.layers)] if self.layers else [])
+
+    def predict(self, mode: str, cfg: dict, disabled: tuple[str, ...] = ()) -> dict:
+        return predict(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
+                       ranks=self.ranks, checkpointing=self.checkpointing, hw=self.hw,
+                       deepspeed_version=self.deepspeed_version, disabled=disabled,
+                       host_budget_bytes=self.host_budget_bytes)
+
+
+def engine_args(predicted: dict) -> list[str]:
+    """The memascend child's window arguments: the planner's split of the host budget, so plan and run agree."""
+    b = predicted.get("host_budget")
+    if not b:
+        return []
+    return ["--engine-windows", json.dumps(b["windows"]), "--prefetch-layers", str(b["prefetch_layers"])]
+
+
+def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
+              region: str | None, engine_ok: bool, settle_cap_s: float) -> dict:
+    """Every run of one point, each after memory settled; returns the point's JSON document."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from memascend_cli.console import err
+
+    notes: list[str] = [
+        ("peak system memory is machine-wide (MemTotal - MemAvailable): other processes' allocations during a run "
+         "count too; others_rss_change_at_peak_bytes / peak_system_minus_others_bytes gauge that, and ru_maxrss / "
+         "tree RSS are per process"),
+    ]
+    if os.geteuid() != 0:
+        notes.append("not root: the page cache was not dropped before the runs, so the idle level is less stable")
+    spec, ranks = p.spec, p.ranks
+    region_info = None
+    if engine_ok and region is None and any(r.mode == "memascend" for r in run_specs):
+        region = os.path.join(out_dir, "bench.region")
+        est = p.predict("memascend", build_ds_config("memascend", spec, micro_batch=p.micro_batch, dtype=p.dtype,
+                                                     nvme_dir=nvme_dir, ranks=ranks))
+        # The planner's SSD bytes per rank (+ the checkpoint stream), 50% headroom for alignment and metadata.
+        act = (est.get("ssd_traffic") or {}).get("write_bytes", {}).get("activation_checkpoints", 0)
+        size_bytes = int((est["nvme_bytes_per_rank"] + act) * ranks * 1.5) + (64 << 20)
+        err.print(f"creating region {region} ({size_bytes / 2**30:.1f} GiB)")
+        region_info = create_region(region, size_bytes, ranks)
+    aio_block, aio_depth = None, None
+    if region is not None and os.path.exists(region):
+        from memascend_cli import region as region_mod
+        from memascend_cli.deepspeed_config import region_aio
+
+        aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=False) as progress:
+        for run in run_specs:
+            cfg = build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir,
+                                  ranks=ranks, aio_block_size=aio_block, aio_queue_depth=aio_depth)
+            predicted = p.predict(run.mode, cfg, run.disabled)
+            res = run_one(run, job_args=p.job_args(), cfg=cfg, out_dir=out_dir, nvme_dir=nvme_dir, ranks=ranks,
+                          micro_batch=p.micro_batch, seq_len=p.seq_len, steps=p.steps,
+                          region=region if run.mode == "memascend" else None, progress=progress,
+                          settle_cap_s=settle_cap_s, accelerator=p.accelerator,
+                          extra_args=engine_args(predicted) if run.mode == "memascend" else None)
+            res.predicted = predicted
+            results.append(res)
+    job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
+           "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
+           "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,
+           "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
+           "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info}
+    return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)
+
+
+def sweep_document(docs: list[dict]) -> dict:
+    """Peak per run over the points of a sweep, the spread (largest - smallest) and the slope in GiB per billion
+    parameters (least squares) of every run name. Pure."""
+    names: list[str] = []
+    for d in docs:
+        for r in d["runs"]:
+            if r["name"] not in names:
+                names.append(r["name"])
+    series = {}
+    for name in names:
+        pts = []
+        for d in docs:
+            r = next((x for x in d["runs"] if x["name"] == name), None)
+            if r is not None and r["ok"] and r["peak_system_bytes"]:
+                pts.append({"layers": d["job"]["layers"], "seq_len": d["job"]["seq_len"],
+                            "num_params": d["job"]["num_params"], "peak_system_bytes": r["peak_system_bytes"],
+                            "ru_maxrss_bytes": r["ru_maxrss_bytes"], "seconds_per_step": r["seconds_per_step"],
+                            "predicted_bytes": (r.get("predicted") or {}).get("node_host_peak_bytes")})
+        peaks = [q["peak_system_bytes"] for q in pts]
+        slope = None
+        xs = [q["num_params"] / 1e9 for q in pts]
+        if len(pts) >= 2 and len(set(xs)) >= 2:
+            mx, my = sum(xs) / len(xs), sum(peaks) / len(peaks)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, peaks)) / sum((x - mx) ** 2 for x in xs) / GiB
+        series[name] = {"points": pts, "spread_bytes": (max(peaks) - min(peaks)) if peaks else None,
+                        "smallest_bytes": min(peaks) if peaks else None,
+                        "gib_per_billion_params": round(slope, 4) if slope is not None else None}
+    return {"schema_version": JSON_SCHEMA_VERSION, "kind": "sweep",
+            "points": [{"layers": d["job"]["layers"], "seq_len": d["job"]["seq_len"], "num_params": d["job"]["num_params"]}
+                       for d in docs], "series": series, "documents": docs}
+
+
+def render_sweep(doc: dict) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    t = Table(title="sweep: peak system memory (GiB) per point", title_justify="left")
+    t.add_column("run")
+    for p in doc["points"]:
+        t.add_column(f"L{p['layers']} s{p['seq_len']}", justify="right")
+    t.add_column("GiB/B params", justify="right")
+    for name, s in doc["series"].items():
+        by = {(q["layers"], q["seq_len"]): q["peak_system_bytes"] for q in s["points"]}
+        t.add_row(name, *[("-" if (p["layers"], p["seq_len"]) not in by else f"{by[(p['layers'], p['seq_len'])] / GiB:.2f}")
+                          for p in doc["points"]],
+                  "-" if s["gib_per_billion_params"] is None else f"{s['gib_per_billion_params']:.2f}")
+    out.print(t)
+
+
+# ---------------------------------------------------------------------------------------------
 # Outputs
+
+
+def compare(runs: list[RunResult], reference: str) -> dict:
+    """Peak reduction and step-time change of every run against `reference` (stock or tuned). Pure."""
+    ref = next((r for r in runs if r.name == reference), None)
+    out = {}
+    if ref is None or not ref.ok or not ref.peak_system_bytes:
+        return out
+    for r in runs:
+        if r is ref or not r.ok or not r.peak_system_bytes:
+            continue
+        out[r.name] = {
+            "peak_reduction_percent": round(100.0 * (1 - r.peak_system_bytes / ref.peak_system_bytes), 2),
+            "step_time_change_percent": (round(100.0 * (r.seconds_per_step / ref.seconds_per_step - 1), 2)
+                                         if r.seconds_per_step and ref.seconds_per_step else None),
+        }
+    return out
 
 
 def build_document(*, job: dict, hardware: dict, runs: list[RunResult], notes: list[str]) -> dict:
     """The JSON document. Pure."""
-    by_name = {r.name: r for r in runs}
-    stock = by_name.get("stock")
-    comparisons = {}
-    if stock is not None and stock.ok and stock.peak_system_bytes:
-        for r in runs:
-            if r is stock or not r.ok or not r.peak_system_bytes:
-                continue
-            comparisons[r.name] = {
-                "peak_reduction_vs_stock_percent": round(100.0 * (1 - r.peak_system_bytes / stock.peak_system_bytes), 2),
-                "step_time_vs_stock_percent": (round(100.0 * (r.seconds_per_step / stock.seconds_per_step - 1), 2)
-                                               if r.seconds_per_step and stock.seconds_per_step else None),
-            }
-    return {"schema_version": JSON_SCHEMA_VERSION, "job": job, "hardware": hardware,
-            "runs": [r.to_dict() for r in runs], "vs_stock": comparisons, "notes": notes}
+    params_per_rank = job["num_params"] / max(1, job["ranks"])
+    out_runs = []
+    for r in runs:
+        d = r.to_dict()
+        d["ssd_bytes_per_param"] = ({"read": round(r.ssd_read_bytes_per_step / params_per_rank, 3),
+                                     "write": round(r.ssd_write_bytes_per_step / params_per_rank, 3)}
+                                    if r.ssd_read_bytes_per_step is not None else None)
+        out_runs.append(d)
+    return {"schema_version": JSON_SCHEMA_VERSION, "job": job, "hardware": hardware, "runs": out_runs,
+            "vs_stock": compare(runs, "stock"), "vs_tuned": compare(runs, "tuned"), "notes": notes}
 
 
-TABLE_COLUMNS = ("run", "peak sys GiB", "peak sys-others GiB", "ru_maxrss GiB", "tree RSS GiB", "s/step", "tok/s",
-                 "SSD GB rd", "SSD GB wr", "plan GiB", "plan err")
+TABLE_COLUMNS = ("run", "peak GiB", "maxrss GiB", "s/step", "SSD B/param r/w", "plan GiB", "plan err")
+"""Peak = MemTotal - MemAvailable minus idle; SSD bytes per parameter of a steady step (rank 0). On CUDA the peak GPU
+memory is added."""
 
 
 def table_rows(doc: dict) -> list[tuple[str, ...]]:
-    """One row per run, in TABLE_COLUMNS order. Pure."""
+    """One row per run, in TABLE_COLUMNS order (+ GPU GiB on CUDA). Pure."""
 
     def g(b):
         return "-" if b is None else f"{b / GiB:.2f}"
 
-    def gb(b):
-        return "-" if b is None else f"{b / 1e9:.2f}"
-
+    cuda = doc["job"].get("accelerator") == "cuda"
     rows = []
     for r in doc["runs"]:
         pred = r["predicted"]["node_host_peak_bytes"] if r.get("predicted") else None
         err = r.get("prediction_error_percent")
-        rows.append((
+        bpp = r.get("ssd_bytes_per_param")
+        row = (
             r["name"] + ("" if r["ok"] else " (failed)"),
-            g(r["peak_system_bytes"]), g(r.get("peak_system_minus_others_bytes")), g(r["ru_maxrss_bytes"]),
-            g(r["max_tree_rss_bytes"]),
+            g(r["peak_system_bytes"]), g(r["ru_maxrss_bytes"]),
             "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}",
-            "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}",
-            gb(r["ssd_read_bytes"]), gb(r["ssd_written_bytes"]), g(pred),
+            "-" if not bpp else f"{bpp['read']:.1f}/{bpp['write']:.1f}", g(pred),
             "-" if err is None else f"{err:+.1f}%",
-        ))
+        )
+        rows.append(row + ((g(r.get("peak_gpu_bytes")),) if cuda else ()))
     return rows
 
 
@@ -739,20 +913,16 @@ def render_table(doc: dict) -> None:
     t = Table(title=f"memascend bench: {j['model']} ({j['num_params']:,} params), seq {j['seq_len']}, "
                     f"micro-batch {j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s)",
               title_justify="left")
-    for c in TABLE_COLUMNS:
+    for c in TABLE_COLUMNS + (("GPU GiB",) if j.get("accelerator") == "cuda" else ()):
         t.add_column(c, justify="left" if c == "run" else "right")
     for row in table_rows(doc):
         t.add_row(*row)
-    # Piped output would wrap the 11 columns at 80: use a wide console then (a terminal keeps its width).
-    if not out.is_terminal:
-        from rich.console import Console
-
-        out = Console(highlight=False, width=150)
     out.print(t)
-    for name, c in doc["vs_stock"].items():
-        st = c["step_time_vs_stock_percent"]
-        out.print(f"{name}: peak {c['peak_reduction_vs_stock_percent']:.1f}% below stock"
-                  + ("" if st is None else f", step time {st:+.1f}% vs stock"))
+    for ref in ("stock", "tuned"):
+        for name, c in doc.get(f"vs_{ref}", {}).items():
+            st = c["step_time_change_percent"]
+            out.print(f"{name}: peak {c['peak_reduction_percent']:.1f}% below {ref}"
+                      + ("" if st is None else f", step time {st:+.1f}% vs {ref}"))
     for r in doc["runs"]:
         s = r["settle"]
         if s:

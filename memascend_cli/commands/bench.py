@@ -1,8 +1,9 @@
 """`memascend bench`: the same job with stock DeepSpeed, tuned stock DeepSpeed and memascend, side by side.
 
-Thin: parse options -> checks (nvme dir, engine, region) -> one child per run (memascend_cli.bench.run_one)
--> planner prediction per run -> JSON, PNG, Rich table. Exit codes: 0 every run finished, 1 a run
-failed (the outputs are still written), 2 bad input.
+Thin: parse options -> checks (nvme dir, engine) -> for every point of the sweep (layers x sequence length): a
+region, one child per run (memascend_cli.bench.run_one), the planner's prediction per run, JSON + PNG; then the
+sweep summary (flatness, GiB per billion parameters). Exit codes: 0 every run finished, 1 a run failed (the outputs
+are still written), 2 bad input.
 """
 
 from __future__ import annotations
@@ -16,10 +17,24 @@ _R = "Runs"
 _O = "Output"
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise BadInput(f"{flag} {text!r} is not a comma list of whole numbers", f"e.g. {flag} 8,16,32") from None
+    if not values or any(v < 1 for v in values):
+        raise BadInput(f"{flag} needs positive whole numbers, got {text!r}", f"e.g. {flag} 8,16,32")
+    return values
+
+
 def bench_command(
     model: str = typer.Option("bench-llama-136m", "--model", "-m", help="Model preset, HF config.json or model YAML "
                               "(random weights).", rich_help_panel=_J),
-    seq_len: int = typer.Option(512, "--seq-len", "-s", help="Tokens per sequence.", rich_help_panel=_J),
+    seq_len: str = typer.Option("512", "--seq-len", "-s", help="Tokens per sequence; a comma list sweeps it "
+                                "(e.g. 512,2048,8192).", rich_help_panel=_J),
+    layers: str = typer.Option(None, "--layers", help="Decoder layers of the model (same width); a comma list "
+                               "sweeps the depth (e.g. 8,16,32). Default: the model's own.", rich_help_panel=_J,
+                               show_default=False),
     micro_batch: int = typer.Option(1, "--micro-batch", "-b", help="Sequences per rank per step.", rich_help_panel=_J),
     steps: int = typer.Option(5, "--steps", help="Training steps per run (s/step averages steps 2..N; step 1 also "
                               "records the parameter trace and creates the Adam states).", rich_help_panel=_J),
@@ -30,6 +45,8 @@ def bench_command(
                                       "offloads it) or none.", rich_help_panel=_J),
     ranks: int = typer.Option(1, "--ranks", help="1, or 2 CPU ranks launched with torchrun (gloo).",
                               rich_help_panel=_J),
+    host_budget: str = typer.Option(None, "--host-budget", help="memascend's pinned + staging memory per rank, e.g. "
+                                    "2GiB. Default: what full overlap needs.", rich_help_panel=_J, show_default=False),
     runs: str = typer.Option("stock,tuned,memascend", "--runs", help="Comma list of stock (DeepSpeed as its docs "
                              "configure it), tuned (stock given every stock knob memascend sets), memascend.",
                              rich_help_panel=_R),
@@ -40,11 +57,11 @@ def bench_command(
     nvme_dir: str = typer.Option(None, "--nvme-dir", help="Swap directory of the stock runs, on a real SSD file "
                                  "system (tmpfs is refused). Default: OUT/swap.", rich_help_panel=_R),
     region: str = typer.Option(None, "--region", help="memascend region (file or device) for the memascend runs. "
-                               "Default: create OUT/bench.region with prepare-ssd's checks.", rich_help_panel=_R),
+                               "Default: create one in OUT with prepare-ssd's checks.", rich_help_panel=_R),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
-    out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, bench.png, run logs).",
-                                rich_help_panel=_O),
+    out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, bench.png, run logs; a "
+                                "sweep writes one folder per point and sweep.json).", rich_help_panel=_O),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table.",
                                  rich_help_panel=_O),
 ) -> None:
@@ -58,8 +75,11 @@ def bench_command(
 
         memascend bench --model tiny-llama --seq-len 64 --steps 2 --runs stock,tuned
 
+        memascend bench --layers 8,16,32 --seq-len 2048 --steps 3 --out /mnt/nvme/depth
+
         memascend bench --ranks 2 --ablation --out /mnt/nvme/bench
     """
+    import json
     import os
 
     from memascend_cli import bench as B
@@ -67,10 +87,12 @@ def bench_command(
     from memascend_cli.console import err, print_json, warn
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.models import load_model
+    from memascend_cli.units import parse_size
 
     if ranks not in (1, 2):
         raise BadInput(f"--ranks {ranks} is not supported", "use --ranks 1 or --ranks 2")
-    for name, value in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--steps", steps)):
+    seq_lens = _int_list(seq_len, "--seq-len")
+    for name, value in (("--micro-batch", micro_batch), ("--steps", steps)):
         if value < 1:
             raise BadInput(f"{name} must be at least 1", "give a positive whole number")
     if checkpointing not in ("full", "none"):
@@ -79,8 +101,11 @@ def bench_command(
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
     if accelerator not in B.ACCELERATORS:
         raise BadInput(f"unknown accelerator {accelerator!r}", "use " + ", ".join(B.ACCELERATORS))
+    budget_bytes = parse_size(host_budget, "--host-budget") if host_budget else None
     run_specs = B.parse_runs(runs, ablation)
-    spec = load_model(model)
+    base_spec = load_model(model)
+    depths = _int_list(layers, "--layers") if layers else [base_spec.num_hidden_layers]
+    points = [(L, s) for L in depths for s in seq_lens]
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     nvme_dir = os.path.abspath(nvme_dir or os.path.join(out_dir, "swap"))
@@ -93,74 +118,42 @@ def bench_command(
 
         hw = dataclasses.replace(hw, num_gpus=0)  # the planner then models a CPU-only job, as the runs are
     ds_version = installed_deepspeed_version()
-    notes: list[str] = [
-        ("peak system memory is machine-wide (MemTotal - MemAvailable): other processes' allocations during a run "
-         "count too; others_rss_change_at_peak_bytes / peak_system_minus_others_bytes gauge that, and ru_maxrss / "
-         "tree RSS are per process"),
-    ]
-    if os.geteuid() != 0:
-        notes.append("not root: the page cache was not dropped before the runs, so the idle level is less stable")
-
-    region_info = None
+    engine_ok = True
     if any(r.mode == "memascend" for r in run_specs):
-        ok, why = B.engine_available()
-        if not ok:
+        engine_ok, why = B.engine_available()
+        if not engine_ok:
             warn(f"memascend runs will fail: {why}")
-        elif region is None:
-            region = os.path.join(out_dir, "bench.region")
-            est = B.predict("memascend", B.build_ds_config("memascend", spec, micro_batch=micro_batch, dtype=dtype,
-                                                            nvme_dir=nvme_dir, ranks=ranks), spec,
-                            seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
-                            checkpointing=checkpointing, hw=hw, deepspeed_version=ds_version)
-            # The planner's SSD bytes per rank, 50% headroom for alignment and the engine's own metadata.
-            size_bytes = int(est["nvme_bytes_per_rank"] * ranks * 1.5) + (64 << 20)
-            err.print(f"creating region {region} ({size_bytes / 2**30:.1f} GiB)")
-            region_info = B.create_region(region, size_bytes, ranks)
 
-    aio_block, aio_depth = None, None
-    if region is not None and os.path.exists(region):
-        from memascend_cli import region as region_mod
-        from memascend_cli.deepspeed_config import region_aio
-
-        aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
-    job_args = ["--model", model, "--seq-len", str(seq_len), "--micro-batch", str(micro_batch), "--steps", str(steps),
-                "--dtype", dtype, "--seed", str(seed), "--checkpointing", checkpointing]
-    results = []
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=False) as progress:
-        for run in run_specs:
-            cfg = B.build_ds_config(run.mode, spec, micro_batch=micro_batch, dtype=dtype, nvme_dir=nvme_dir, ranks=ranks,
-                                    aio_block_size=aio_block, aio_queue_depth=aio_depth)
-            res = B.run_one(run, job_args=job_args, cfg=cfg, out_dir=out_dir, nvme_dir=nvme_dir, ranks=ranks,
-                            micro_batch=micro_batch, seq_len=seq_len, steps=steps,
-                            region=region if run.mode == "memascend" else None, progress=progress,
-                            settle_cap_s=settle_cap, accelerator=accelerator)
-            res.predicted = B.predict(run.mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
-                                      ranks=ranks, checkpointing=checkpointing, hw=hw, deepspeed_version=ds_version,
-                                      disabled=run.disabled)
-            results.append(res)
-
-    job = {"model": model, "num_params": spec.num_params, "seq_len": seq_len, "micro_batch": micro_batch,
-           "steps": steps, "dtype": dtype, "seed": seed, "checkpointing": checkpointing, "ranks": ranks,
-           "accelerator": accelerator,
-           "deepspeed_version": ds_version, "nvme_dir": nvme_dir, "nvme_dir_fstype": nvme_info.get("fstype"),
-           "region": region, "region_header": region_info}
-    doc = B.build_document(job=job, hardware=hw.to_dict(), runs=results, notes=notes)
-    json_path = os.path.join(out_dir, "bench.json")
-    png_path = os.path.join(out_dir, "bench.png")
-    problem = B.write_plot(doc, png_path)
-    if problem:
-        doc["notes"].append(problem)
-    with open(json_path, "w") as f:
-        import json
-
-        json.dump(doc, f, indent=1)
+    docs, all_ok = [], True
+    for L, s in points:
+        spec = base_spec if L == base_spec.num_hidden_layers else base_spec.scaled(L)
+        point_dir = out_dir if len(points) == 1 else os.path.join(out_dir, f"layers{L}-seq{s}")
+        os.makedirs(point_dir, exist_ok=True)
+        point = B.Point(model=model, spec=spec, layers=L if layers else None, seq_len=s, micro_batch=micro_batch,
+                        steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
+                        host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
+        doc = B.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
+                          region=region, engine_ok=engine_ok, settle_cap_s=settle_cap)
+        png_path = os.path.join(point_dir, "bench.png")
+        problem = B.write_plot(doc, png_path)
+        if problem:
+            doc["notes"].append(problem)
+        with open(os.path.join(point_dir, "bench.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+        docs.append(doc)
+        all_ok = all_ok and all(r["ok"] for r in doc["runs"])
+        if not as_json:
+            B.render_table(doc)
+    result = docs[0]
+    if len(points) > 1:
+        result = B.sweep_document(docs)
+        with open(os.path.join(out_dir, "sweep.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        if not as_json:
+            B.render_sweep(result)
     if as_json:
-        print_json(doc)
+        print_json(result)
     else:
-        B.render_table(doc)
-        err.print(f"wrote {json_path}" + ("" if problem else f" and {png_path}"))
-    if not all(r.ok for r in results):
+        err.print(f"wrote {out_dir}")
+    if not all_ok:
         raise typer.Exit(EXIT_FAIL)

@@ -10,7 +10,7 @@ import typer
 
 from memascend_cli.errors import EXIT_FAIL, BadInput
 from memascend_cli.planner.zero import DEEPSPEED_DEFAULTS as _DS
-from memascend_cli.units import GiB, parse_count
+from memascend_cli.units import GiB, parse_count, parse_size
 
 JSON_SCHEMA_VERSION = 1
 
@@ -49,6 +49,11 @@ def plan_command(
                                       "checkpoints in host DRAM).", rich_help_panel=_M),
     flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="FlashAttention (default: on with a "
                                     "GPU).", rich_help_panel=_M),
+    host_budget: str = typer.Option(None, "--host-budget", help="memascend's pinned + staging memory per rank, e.g. "
+                                    "4GiB (parameter pool, optimizer pipeline, gradient and checkpoint windows). "
+                                    "Default: what full overlap needs.", rich_help_panel=_M, show_default=False),
+    checkpoint_offload: str = typer.Option("ssd", "--checkpoint-offload", help="Where memascend's offloaded "
+                                           "activation checkpoints go: ssd or dram.", rich_help_panel=_M),
     liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger-Kernel fused linear cross-entropy.",
                                rich_help_panel=_M),
     ranks: int = typer.Option(None, "--ranks", help="Processes per node (default: one per GPU, 1 on CPU).",
@@ -150,8 +155,12 @@ def plan_command(
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
                   grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
-                  zero_init=zero_init, param_buffer_size_auto=not param_buffer_size)
+                  zero_init=zero_init, param_buffer_size_auto=not param_buffer_size,
+                  host_budget_bytes=parse_size(host_budget, "--host-budget") if host_budget else None,
+                  checkpoint_offload=checkpoint_offload)
     ests = estimate_all(job, hw)
+    if ests["memascend"].budget_error is not None:
+        raise ests["memascend"].budget_error
     verdicts = {e: check(est, hw) for e, est in ests.items()}
     # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
     searches = {e: run_search(job, hw, e) for e in ("baseline", "memascend")} if search else {}

@@ -16,7 +16,7 @@ Pure: stdlib only, no I/O.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 from memascend_cli.errors import BadInput
@@ -51,6 +51,10 @@ RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 ENGINE_RUNTIME_BYTES = int(0.08 * GiB)
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
+class BudgetError(BadInput):
+    """A memascend host budget below what the job needs (a config error in estimates, bad input for the CLI)."""
+
+
 def _align(n: int, a: int) -> int:
     """A(n, a) = ceil(n/a)*a (deepspeed-notes §3 notation)."""
     return -(-int(n) // a) * a
@@ -103,6 +107,8 @@ class JobSpec:
     """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
     windows: zero.EngineWindows | None = None
     """memascend's host windows; None = zero.EngineWindows for the job's sub-group size (full overlap)."""
+    host_budget_bytes: int | None = None
+    """memascend's pinned + staging memory per rank (zero.split_budget); None = what full overlap needs."""
     param_buffer_size_auto: bool = True
     """offload_param.buffer_size is raised to the largest swapped partition of the model (what a user must write for
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
@@ -165,6 +171,10 @@ class Estimate:
     """Settings the engine would reject at start-up (e.g. buffer_size below the largest partition)."""
     traffic: SsdTraffic | None = None
     """SSD bytes moved per optimizer step (see ssd_traffic)."""
+    budget: zero.BudgetPlan | None = None
+    """memascend's host budget split (bounded engine only)."""
+    budget_error: BadInput | None = None
+    """Set when the job's host budget is below the minimum (also listed in config_errors)."""
 
     def _sum(self, tier: str, kind: str) -> int:
         return sum(i.bytes for i in self.items if i.tier == tier and i.kind == kind)
@@ -250,6 +260,7 @@ class Estimate:
             "notes": list(self.notes),
             "config_errors": list(self.config_errors),
             "ssd_traffic": self.traffic.to_dict() if self.traffic else None,
+            "host_budget": self.budget.to_dict() if self.budget else None,
         }
 
 
@@ -392,6 +403,16 @@ class _Ctx:
             checkpoint_offload=job.checkpoint_offload)
         self.ssd_checkpoints = (engine == "memascend" and job.checkpointing == "offload"
                                 and self.windows.checkpoint_offload == "ssd")
+        self.prefetch_layers = zero.DEFAULT_PREFETCH_LAYERS
+        self.budget = None
+        self.budget_error: BudgetError | None = None
+        if self.bounded:
+            try:
+                self.budget = self._split_budget(job)
+            except BudgetError as exc:  # a config error of this job (searches: "does not fit")
+                self.budget_error = exc
+                self.budget = self._split_budget(replace(job, host_budget_bytes=None))
+            self.windows, self.prefetch_layers = self.budget.windows, self.budget.prefetch_layers
         self.part = partition(self.m, self.world, self.sub_group_size)
         self.ns = self.part.ns
         self.lsg = self.part.largest_sub_group_numel
@@ -405,6 +426,21 @@ class _Ctx:
         if key not in self.part._memo:
             self.part._memo[key] = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
         self.swappable = self.part._memo[key]
+
+    def _split_budget(self, job: JobSpec) -> zero.BudgetPlan:
+        layer = (job.micro_batch * job.seq_len * self.m.hidden_size * self.E
+                 if job.checkpointing == "offload" else 0)
+        try:
+            return zero.split_budget(
+                job.host_budget_bytes, elem_bytes=self.E, layer_checkpoint_bytes=layer,
+                num_layers=self.m.num_hidden_layers, base=self.windows,
+                param_pool_bytes=lambda k: zero.model_param_pool_plan(self.m, self.k, world_size=self.world,
+                                                                      elem_bytes=self.E, prefetch_layers=k).total_bytes)
+        except zero.BudgetTooSmall as exc:
+            raise BudgetError(f"host budget {exc.budget_bytes / GiB:.2f} GiB is below the {exc.min_bytes / GiB:.2f} GiB "
+                              "memascend needs for this job (parameter pool, one optimizer chunk, gradient and "
+                              "checkpoint slots)", f"give --host-budget {exc.min_bytes / GiB:.2f}GiB or more, or drop "
+                              "it for full overlap") from None
 
     # how DeepSpeed pins: returns (resident bytes, pinned label, locked bytes)
     def pin_swap_pool(self, nbytes: int) -> tuple[int, str, int]:
@@ -552,8 +588,8 @@ def _host_items(c: _Ctx) -> list[Item]:
     # Activation checkpoints kept in host DRAM (offloaded gradient checkpointing), per rank.
     if c.ssd_checkpoints:
         layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
-        n = c.windows.checkpoint_slots + 1
-        add("host/activation_checkpoints", "activation checkpoint window (to/from the SSD)", n * _align(layer, PAGE),
+        add("host/activation_checkpoints", "activation checkpoint window (to/from the SSD)",
+            c.windows.checkpoint_bytes(layer, c.m.num_hidden_layers),
             pinned=c.pin_exact(0)[1],
             formula=f"({c.windows.checkpoint_slots} write slots + 1 read buffer) x b x s x h x {E} B",
             source="memascend_engine.bounded.CheckpointStash; SSDTrain (arXiv 2408.10013)")
@@ -587,7 +623,7 @@ def _bounded_items(c: _Ctx, add_pinned) -> None:
 
 def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
     """The engine's size-class pools (zero.param_pool_plan: slots = what the prefetch window holds at once)."""
-    plan = zero.model_param_pool_plan(c.m, c.k, world_size=c.world, elem_bytes=c.E)
+    plan = zero.model_param_pool_plan(c.m, c.k, world_size=c.world, elem_bytes=c.E, prefetch_layers=c.prefetch_layers)
     return plan.total_bytes, "exact slots: " + plan.describe()
 
 
@@ -784,13 +820,14 @@ def ssd_traffic(c: _Ctx) -> SsdTraffic:
 def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
     """The itemised per-rank memory of `engine` running `job` on `hw`."""
     c = _Ctx(job, hw, engine)
-    c.config_errors = []
+    c.config_errors = [c.budget_error.message] if c.budget_error else []
     items = _host_items(c)
     if c.gpu:
         items += _compute_items(c, tier="gpu")
     items += _nvme_items(c)
     est = Estimate(engine=c.view, items=items, ranks_per_node=c.ranks, world_size=c.world,
-                   compute_on_host=not c.gpu, config_errors=c.config_errors, traffic=ssd_traffic(c))
+                   compute_on_host=not c.gpu, config_errors=c.config_errors, traffic=ssd_traffic(c), budget=c.budget,
+                   budget_error=c.budget_error)
     if not c.gpu:
         est.notes.append("CPU-only job: DeepSpeed runs on the CPU accelerator (gloo); compute memory is host memory")
         if job.checkpointing == "offload":

@@ -15,7 +15,7 @@ Three profiles of the same job:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 
@@ -633,11 +633,95 @@ class EngineWindows:
     def checkpoint_bytes(self, layer_checkpoint_bytes: int, num_layers: int) -> int:
         """Host bytes of the activation-checkpoint window (0 with checkpointing off)."""
         one = align_up(layer_checkpoint_bytes, PAGE_BYTES)
-        if self.checkpoint_offload == "ssd":
-            return min(self.checkpoint_slots, num_layers) * one
+        if self.checkpoint_offload == "ssd":  # the write ring plus one read buffer (bounded.CheckpointStash)
+            return (min(self.checkpoint_slots, num_layers) + 1) * one
         if self.checkpoint_offload == "dram":
             return num_layers * one
         return 0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# --- one host budget -------------------------------------------------------------------------------------
+
+MIN_CHUNK_NUMEL = 262_144
+"""Smallest optimizer chunk the budget may shrink to: 1 MiB fp32 requests (DeepSpeed's MIN_AIO_BYTES)."""
+MIN_GRADIENT_SLOT_BYTES = MIB
+
+
+class BudgetTooSmall(ValueError):
+    """The host budget is below the smallest set of windows the engine runs with."""
+
+    def __init__(self, budget_bytes: int, min_bytes: int):
+        super().__init__(f"host budget {budget_bytes} B is below the minimum {min_bytes} B")
+        self.budget_bytes, self.min_bytes = budget_bytes, min_bytes
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """How a host budget is split between the engine's windows (bytes per rank)."""
+
+    windows: EngineWindows
+    prefetch_layers: int
+    param_pool_bytes: int
+    optimizer_bytes: int
+    gradient_bytes: int
+    checkpoint_bytes: int
+    full_overlap_bytes: int
+    """What the default windows (full overlap) need: the budget's default."""
+    min_bytes: int
+    """The smallest budget that still runs."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_pool_bytes + self.optimizer_bytes + self.gradient_bytes + self.checkpoint_bytes
+
+    def to_dict(self) -> dict:
+        return {"windows": self.windows.to_dict(), "prefetch_layers": self.prefetch_layers,
+                "param_pool_bytes": self.param_pool_bytes, "optimizer_bytes": self.optimizer_bytes,
+                "gradient_bytes": self.gradient_bytes, "checkpoint_bytes": self.checkpoint_bytes,
+                "total_bytes": self.total_bytes, "full_overlap_bytes": self.full_overlap_bytes,
+                "min_bytes": self.min_bytes}
+
+
+def split_budget(budget_bytes: int | None, *, param_pool_bytes: Callable[[int], int], elem_bytes: int,
+                 layer_checkpoint_bytes: int, num_layers: int, base: EngineWindows) -> BudgetPlan:
+    """Split one host budget between the parameter pool, the optimizer pipeline, the gradient window and the
+    activation-checkpoint window. None = full overlap (the default windows). A smaller budget gives up overlap in
+    this order: optimizer write-behind (depth 3 -> 2), gradient slots (4 -> 2), a checkpoint slot, the prefetched
+    layer (2 -> 1), then halves the optimizer chunk down to 1 MiB, then single slots; below that BudgetTooSmall.
+
+    ``param_pool_bytes(prefetch_layers)`` prices the parameter pool (zero.model_param_pool_plan).
+    """
+
+    def plan(w: EngineWindows, prefetch: int) -> BudgetPlan:
+        return BudgetPlan(w, prefetch, param_pool_bytes(prefetch), w.optimizer_bytes(elem_bytes), w.gradient_bytes(),
+                          w.checkpoint_bytes(layer_checkpoint_bytes, num_layers), 0, 0)
+
+    steps: list[tuple[EngineWindows, int]] = [(base, DEFAULT_PREFETCH_LAYERS)]
+
+    def add(**changes) -> None:
+        w, p = steps[-1]
+        prefetch = changes.pop("prefetch_layers", p)
+        steps.append((replace(w, **changes), prefetch))
+
+    add(optimizer_depth=min(base.optimizer_depth, 2))
+    add(gradient_slots=min(base.gradient_slots, 2))
+    add(checkpoint_slots=1)
+    add(prefetch_layers=1)
+    chunk = base.optimizer_chunk_numel
+    while chunk // 2 >= MIN_CHUNK_NUMEL:
+        chunk //= 2
+        add(optimizer_chunk_numel=chunk)
+    add(optimizer_depth=1, gradient_slots=1, gradient_slot_bytes=MIN_GRADIENT_SLOT_BYTES)
+    plans = [plan(w, p) for w, p in steps]
+    full, smallest = plans[0].total_bytes, plans[-1].total_bytes
+    if budget_bytes is None:
+        chosen = plans[0]
+    else:
+        fitting = [p for p in plans if p.total_bytes <= budget_bytes]
+        if not fitting:
+            raise BudgetTooSmall(int(budget_bytes), smallest)
+        chosen = fitting[0]
+    return replace(chosen, full_overlap_bytes=full, min_bytes=smallest)

@@ -239,10 +239,12 @@ def test_document_and_table_shape(tmp_path):
     assert doc["schema_version"] == B.JSON_SCHEMA_VERSION
     assert [r["name"] for r in doc["runs"]] == ["stock", "tuned", "memascend"]
     assert doc["runs"][0]["prediction_error_percent"] == pytest.approx(-10.0)
-    assert doc["vs_stock"] == {"tuned": {"peak_reduction_vs_stock_percent": 25.0, "step_time_vs_stock_percent": 10.0}}
+    assert doc["vs_stock"] == {"tuned": {"peak_reduction_percent": 25.0, "step_time_change_percent": 10.0}}
+    assert doc["vs_tuned"] == {"stock": {"peak_reduction_percent": pytest.approx(-33.33),
+                                         "step_time_change_percent": pytest.approx(-9.09)}}
     rows = B.table_rows(doc)
     assert all(len(row) == len(B.TABLE_COLUMNS) for row in rows)
-    assert rows[0] == ("stock", "4.00", "-", "2.00", "2.00", "2.00", "256", "2.00", "3.00", "3.60", "-10.0%")
+    assert rows[0] == ("stock", "4.00", "2.00", "2.00", "-", "3.60", "-10.0%")
     assert rows[2][0] == "memascend (failed)" and rows[2][1] == "-"
     B.render_table(doc)  # must not raise on failed runs
     problem = B.write_plot(doc, str(tmp_path / "p.png"))
@@ -270,3 +272,20 @@ def test_refuses_tmpfs_swap_dir(cli, tmp_path):
             "--runs", "stock")
     os.rmdir(f"/dev/shm/memascend-bench-test-{os.getpid()}")
     assert r.exit_code == 2 and "keeps file data in RAM" in r.stderr
+
+
+def test_sweep_document_flatness_and_slope():
+    def doc(layers, params, peaks):
+        runs = [_result(n, n, int(p * GiB), 2.0) for n, p in peaks.items()]
+        job = {"model": "m", "layers": layers, "num_params": params, "seq_len": 2048, "micro_batch": 1, "steps": 2,
+               "dtype": "bf16", "ranks": 1}
+        return json.loads(json.dumps(B.build_document(job=job, hardware={}, runs=runs, notes=[])))
+
+    docs = [doc(8, int(1e9), {"tuned": 2.0, "memascend": 1.0}), doc(16, int(2e9), {"tuned": 3.0, "memascend": 1.1}),
+            doc(32, int(4e9), {"tuned": 5.0, "memascend": 1.1})]
+    sweep = B.sweep_document(docs)
+    assert [p["layers"] for p in sweep["points"]] == [8, 16, 32]
+    assert sweep["series"]["tuned"]["gib_per_billion_params"] == pytest.approx(1.0)
+    assert sweep["series"]["memascend"]["spread_bytes"] == int(1.1 * GiB) - int(1.0 * GiB)
+    assert abs(sweep["series"]["memascend"]["gib_per_billion_params"]) < 0.05
+    B.render_sweep(sweep)
