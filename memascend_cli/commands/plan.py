@@ -47,8 +47,9 @@ def plan_command(
                                          "dtype, as DeepSpeed does).", rich_help_panel=_M),
     checkpointing: str = typer.Option("offload", "--checkpointing", help="none, selective, full, or offload (full, "
                                       "checkpoints in host DRAM).", rich_help_panel=_M),
-    flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="FlashAttention (default: on with a "
-                                    "GPU).", rich_help_panel=_M),
+    flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="Attention without s^2 scores "
+                                    "(default: on, transformers' SDPA; --no-flash-attn models eager attention).",
+                                    rich_help_panel=_M),
     host_budget: str = typer.Option(None, "--host-budget", help="memascend's pinned + staging memory per rank, e.g. "
                                     "4GiB (parameter pool, optimizer pipeline, gradient and checkpoint windows). "
                                     "Default: what full overlap needs.", rich_help_panel=_M, show_default=False),

@@ -93,7 +93,8 @@ class JobSpec:
     checkpointing: str = "offload"
     """Activation checkpointing: none, selective, full, offload (full, checkpoints kept in host DRAM)."""
     flash_attention: bool | None = None
-    """None = on with a GPU (no s^2 attention scores), off on CPU."""
+    """None = on: transformers' default SDPA attention runs torch's flash / memory-efficient kernels (CUDA and CPU)
+    for causal batches without a padding mask, so no s^2 scores are materialised; False models eager attention."""
     fused_cross_entropy: bool = False
     """Liger-Kernel fused linear cross-entropy (no full logits)."""
     deepspeed_version: str = "0.19.8"
@@ -421,7 +422,7 @@ class _Ctx:
         self.a_o = AIO_ALIGNED_BYTES * iop // self.M  # optimizer swapper numel alignment
         self.min_aio_bytes = zero.min_aio_bytes(self.k)
         self.pin_memory = self.k.pin_memory
-        self.flash = job.flash_attention if job.flash_attention is not None else self.gpu
+        self.flash = job.flash_attention if job.flash_attention is not None else True
         key = ("swappable", self.min_aio_bytes, self.E)
         if key not in self.part._memo:
             self.part._memo[key] = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
