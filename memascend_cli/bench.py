@@ -791,6 +791,28 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)
 
 
+def repredict(doc: dict, run: dict) -> dict:
+    """Today's planner on a recorded run: its exact config, job, techniques and machine (CPU-only unless the run
+    used CUDA). Pure: what scripts/results.py and the planner-validation test compare with the measured peak."""
+    from memascend_cli.models import load_model
+    from memascend_cli.planner.spec import HardwareSpec
+
+    j = doc["job"]
+    spec = load_model(j["model"])
+    if j.get("layers") and j["layers"] != spec.num_hidden_layers:
+        spec = spec.scaled(j["layers"])
+    hw_doc = doc.get("hardware") or {}
+    cuda = j.get("accelerator") == "cuda"
+    hw = HardwareSpec(name=hw_doc.get("name", "recorded"), dram_gib=float(hw_doc.get("dram_gib", 24.0)),
+                      num_gpus=int(hw_doc.get("num_gpus", 0)) if cuda else 0,
+                      gpu_mem_gib=float(hw_doc.get("gpu_mem_gib", 0.0)) if cuda else 0.0,
+                      cpu_cores=int(hw_doc.get("cpu_cores", 1)))
+    return predict(run["mode"], run["config"], spec, seq_len=j["seq_len"], micro_batch=j["micro_batch"],
+                   dtype=j["dtype"], ranks=j["ranks"], checkpointing=j["checkpointing"], hw=hw,
+                   deepspeed_version=j["deepspeed_version"], disabled=tuple(run.get("disabled") or ()),
+                   host_budget_bytes=j.get("host_budget_bytes"))
+
+
 def sweep_document(docs: list[dict]) -> dict:
     """Peak per run over the points of a sweep, the spread (largest - smallest) and the slope in GiB per billion
     parameters (least squares) of every run name. Pure."""

@@ -124,6 +124,13 @@ def bench_command(
         if not engine_ok:
             warn(f"memascend runs will fail: {why}")
 
+    import shlex
+    import socket
+    import sys
+    from datetime import datetime, timezone
+
+    meta = {"command": "memascend bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname()}
     docs, all_ok = [], True
     for L, s in points:
         spec = base_spec if L == base_spec.num_hidden_layers else base_spec.scaled(L)
@@ -134,6 +141,7 @@ def bench_command(
                         host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
         doc = B.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
                           region=region, engine_ok=engine_ok, settle_cap_s=settle_cap)
+        doc["meta"] = meta
         png_path = os.path.join(point_dir, "bench.png")
         problem = B.write_plot(doc, png_path)
         if problem:
@@ -147,6 +155,7 @@ def bench_command(
     result = docs[0]
     if len(points) > 1:
         result = B.sweep_document(docs)
+        result["meta"] = meta
         with open(os.path.join(out_dir, "sweep.json"), "w") as f:
             json.dump(result, f, indent=1)
         if not as_json:

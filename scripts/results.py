@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Generate docs/results.md from the raw JSON committed next to it (never type a number into results.md).
+
+    python scripts/results.py           # rewrite docs/results.md
+    python scripts/results.py --check   # exit 1 if docs/results.md is not what the JSON gives (the test runs this)
+
+Sources (all committed):
+  docs/bench/*.json                 `memascend bench` documents and sweeps (meta: command, date, host)
+  docs/bench/calibration/*.json     bench runs the planner's constants were fitted on
+  docs/bench/validation/*.json      bench runs the planner was NOT fitted on (its error must stay within 10%)
+  docs/bench/gpu/*.json             the GPU kit's gpu_bench.json (scripts/gpu_check.sh), when a GPU was lent
+  docs/bench/train/*.json           `memascend train` runs (metrics summaries)
+  docs/bench/plans/*.json           `memascend plan --json` outputs
+  docs/checksum-bench/*.json        benchmarks/checksum_bench.py
+  tests/assets/deepspeed_measured.json   stock DeepSpeed's real buffers (benchmarks/measure_ds_buffers.py)
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(REPO, "docs")
+BENCH = os.path.join(DOCS, "bench")
+OUT = os.path.join(DOCS, "results.md")
+GiB = 1024**3
+PLANNER_TOLERANCE_PERCENT = 10.0
+
+
+def load(pattern: str) -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(glob.glob(pattern)):
+        with open(path) as f:
+            out.append((os.path.relpath(path, REPO), json.load(f)))
+    return out
+
+
+def gib(b) -> str:
+    return "-" if b is None else f"{b / GiB:.2f}"
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    align = ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def machine_line(doc: dict) -> str:
+    hw = doc.get("hardware") or {}
+    meta = doc.get("meta") or {}
+    gpu = f"{hw.get('num_gpus')} x {hw.get('gpu_name')}" if hw.get("num_gpus") else "no GPU"
+    job = doc.get("job") or {}
+    return (f"Machine: {hw.get('cpu_cores', '?')} cores, {hw.get('dram_gib', 0):.1f} GiB DRAM, {gpu}"
+            f"{', accelerator ' + job['accelerator'] if job.get('accelerator') else ''}; "
+            f"DeepSpeed {job.get('deepspeed_version', '?')}; measured {meta.get('date', '?')}.")
+
+
+def run_rows(doc: dict) -> list[list[str]]:
+    rows = []
+    for r in doc["runs"]:
+        bpp = r.get("ssd_bytes_per_param")
+        pred = (r.get("predicted") or {}).get("node_host_peak_bytes")
+        rows.append([r["name"] + ("" if r["ok"] else " (failed)"), gib(r["peak_system_bytes"]), gib(r["ru_maxrss_bytes"]),
+                     "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}",
+                     "-" if not bpp else f"{bpp['read']:.1f} / {bpp['write']:.1f}", gib(pred),
+                     pct(r.get("prediction_error_percent"))])
+    return rows
+
+
+RUN_HEADER = ["run", "peak system GiB", "ru_maxrss GiB", "s/step", "SSD B/param read / write", "plan GiB", "plan error"]
+
+
+def comparisons(doc: dict) -> list[str]:
+    lines = []
+    for ref in ("stock", "tuned"):
+        for name, c in (doc.get(f"vs_{ref}") or {}).items():
+            if name.startswith("memascend") or (ref == "stock" and name == "tuned"):
+                st = c["step_time_change_percent"]
+                lines.append(f"- {name}: **{c['peak_reduction_percent']:.1f}% less** peak system memory than {ref}"
+                             + ("" if st is None else f", step time {st:+.1f}%"))
+    return lines
+
+
+def section_bench(title: str, path: str, doc: dict) -> str:
+    j = doc["job"]
+    out = [f"## {title}", "", f"`{(doc.get('meta') or {}).get('command', '?')}`", "",
+           f"{j['model']} ({j['num_params']:,} params, {j.get('layers', '?')} layers), seq {j['seq_len']}, micro-batch "
+           f"{j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s), checkpointing "
+           f"{j['checkpointing']}. {machine_line(doc)} Raw: `{path}`.", "",
+           table(RUN_HEADER, run_rows(doc)), ""]
+    out += comparisons(doc)
+    return "\n".join(out) + "\n"
+
+
+def section_sweep(title: str, path: str, doc: dict) -> str:
+    pts = doc["points"]
+    header = ["run"] + [f"L{p['layers']} s{p['seq_len']} ({p['num_params'] / 1e6:.0f}M)" for p in pts] + \
+        ["spread GiB", "GiB / B params"]
+    rows = []
+    for name, s in doc["series"].items():
+        by = {(q["layers"], q["seq_len"]): q for q in s["points"]}
+        rows.append([name] + [gib(by[(p["layers"], p["seq_len"])]["peak_system_bytes"]) if (p["layers"], p["seq_len"]) in by
+                              else "-" for p in pts]
+                    + [gib(s["spread_bytes"]), "-" if s["gib_per_billion_params"] is None
+                       else f"{s['gib_per_billion_params']:.2f}"])
+    first = doc["documents"][0]
+    out = [f"## {title}", "", f"`{(doc.get('meta') or {}).get('command', '?')}`", "",
+           f"Peak system memory (GiB) per point. {machine_line(first)} Raw: `{path}` (one bench document per point "
+           "inside).", "", table(header, rows), ""]
+    for d in doc["documents"]:
+        cmp = [x for x in comparisons(d) if x.startswith("- memascend:")]
+        if cmp:
+            out.append(f"- L{d['job']['layers']} s{d['job']['seq_len']}: " + cmp[0][len("- memascend: "):])
+    return "\n".join(out) + "\n"
+
+
+def section_planner(cal: list, val: list) -> str:
+    out = ["## Planner accuracy: calibration vs validation runs", "",
+           "The planner's measured constants (runtime level per process, engine runtime) were fitted on the "
+           "calibration runs only; the validation runs are other models, dtypes and rank counts it was not fitted on. "
+           f"`tests/unit/test_planner_validation.py` keeps every validation error within {PLANNER_TOLERANCE_PERCENT:.0f}%.",
+           ""]
+    sys.path.insert(0, REPO)  # the planner is stdlib only; results are re-planned with today's code
+    from memascend_cli.bench import repredict
+
+    for title, runs in (("calibration", cal), ("validation", val)):
+        rows = []
+        for path, doc in runs:
+            j = doc["job"]
+            for r in doc["runs"]:
+                if not r["ok"]:
+                    continue
+                planned = repredict(doc, r)["node_host_peak_bytes"]
+                err = 100.0 * (planned - r["peak_system_bytes"]) / r["peak_system_bytes"]
+                rows.append([f"{j['model']} L{j.get('layers', '?')}", j["dtype"], str(j["ranks"]), str(j["seq_len"]),
+                             r["name"], gib(r["peak_system_bytes"]), gib(planned), pct(err),
+                             f"`{os.path.basename(path)}`"])
+        out += [f"### {title.capitalize()} runs", "",
+                table(["model", "dtype", "ranks", "seq", "run", "measured GiB", "planned GiB", "error", "raw"], rows)
+                if rows else "(none recorded)", ""]
+    return "\n".join(out) + "\n"
+
+
+def section_gpu(runs: list) -> str:
+    out = ["## GPU", ""]
+    if not runs:
+        out.append("No GPU measurement recorded yet: no session of this project has been lent a GPU. The kit "
+                   "(`scripts/gpu_check.sh`) runs the GPU tests and the GPU bench in one command and writes "
+                   "`gpu_bench.json`, which goes to `docs/bench/gpu/`.")
+        return "\n".join(out) + "\n"
+    for path, doc in runs:
+        out.append(f"Raw: `{path}`")
+        out.append("")
+        out.append("```json\n" + json.dumps(doc.get("summary", doc), indent=1)[:4000] + "\n```")
+    return "\n".join(out) + "\n"
+
+
+def section_ds_buffers() -> str:
+    path = os.path.join(REPO, "tests", "assets", "deepspeed_measured.json")
+    with open(path) as f:
+        doc = json.load(f)
+    keys = ["P1_param_swap_pool", "P2_partitioned_swap_buffer", "P3_fp16_cpu_params", "P4_optimizer_swap_pool",
+            "P5_grad_flat_buffer"]
+    rows = []
+    for name, case in sorted(doc["cases"].items()):
+        rows.append([name, case["dtype"]] + [f"{case['measured_bytes'][k]:,}" for k in keys]
+                    + [f"{case['vmlck_kib']['after_initialize']:,} kB"])
+    return "\n".join([
+        "## Planner: stock DeepSpeed's real buffers", "",
+        "`benchmarks/measure_ds_buffers.py` runs stock DeepSpeed ZeRO-3 (params + optimizer on NVMe) and reads the "
+        "buffers it allocated; the planner's baseline items equal them to the byte "
+        "(`tests/unit/test_planner_vs_deepspeed.py`, re-measured live by `tests/integration/test_deepspeed_buffers.py`). "
+        "Raw: `tests/assets/deepspeed_measured.json`.", "",
+        table(["case", "dtype", "P1 param pool", "P2 swap buffer", "P3 params in DRAM", "P4 optimizer pool",
+               "P5 grad buffer", "VmLck"], rows), ""]) + "\n"
+
+
+def section_checksums(runs: list) -> str:
+    if not runs:
+        return ""
+    out = ["## Checksums on the SSD data path", "", "`benchmarks/checksum_bench.py`; raw: " +
+           ", ".join(f"`{p}`" for p, _ in runs) + ".", ""]
+    rows = []
+    for path, doc in runs:
+        rows.append([f"`{os.path.basename(path)}` ({doc.get('measured_at', '?')})",
+                     f"{doc['crc32c']['gbps']:.1f}", f"{doc['crc32c_portable']['gbps']:.1f}",
+                     f"{doc['raw_io']['write_gbps']:.2f} / {doc['raw_io']['read_gbps']:.2f}",
+                     f"{doc['store_verify_on']['write_gbps']:.2f} / {doc['store_verify_on']['read_gbps']:.2f}",
+                     f"{doc['store_verify_off']['write_gbps']:.2f} / {doc['store_verify_off']['read_gbps']:.2f}"])
+    out.append(table(["run", "CRC-32C SSE4.2 GB/s", "portable GB/s", "raw O_DIRECT w / r GB/s",
+                      "store, verify on w / r", "store, verify off w / r"], rows))
+    return "\n".join(out) + "\n"
+
+
+def section_generic(title: str, runs: list, intro: str) -> str:
+    if not runs:
+        return ""
+    out = [f"## {title}", "", intro, ""]
+    for path, doc in runs:
+        out.append(f"### `{path}`")
+        out.append("")
+        if "markdown" in doc:  # the producer's own rendering of its numbers
+            out.append(doc["markdown"])
+        else:
+            out.append("```json\n" + json.dumps(doc, indent=1)[:3000] + "\n```")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def render() -> str:
+    parts = ["# Results\n\n"
+             "Generated by `python scripts/results.py` from the raw JSON under `docs/` (do not edit by hand). Unless a "
+             "section says otherwise: the project's CPU-only development machine (2 cores, 24 GiB DRAM, ext4 on a "
+             "virtio disk, not NVMe), `DS_ACCELERATOR=cpu`, root. Peak system memory = max(MemTotal - MemAvailable) "
+             "sampled at >= 1 kHz minus the settled idle level; stock = DeepSpeed as its docs configure it; tuned = "
+             "stock DeepSpeed given every stock knob memascend sets (memascend_cli/planner/zero.py); memascend = the "
+             "same knobs plus the engine's techniques.\n"]
+    named = [(p, d) for p, d in load(os.path.join(BENCH, "*.json"))]
+    for path, doc in named:
+        title = (doc.get("meta") or {}).get("title") or os.path.splitext(os.path.basename(path))[0]
+        parts.append(section_sweep(title, path, doc) if doc.get("kind") == "sweep" else section_bench(title, path, doc))
+    parts.append(section_planner(load(os.path.join(BENCH, "calibration", "*.json")),
+                                 load(os.path.join(BENCH, "validation", "*.json"))))
+    parts.append(section_gpu(load(os.path.join(BENCH, "gpu", "*.json"))))
+    parts.append(section_generic("memascend train", load(os.path.join(BENCH, "train", "*.json")),
+                                 "Runs of `memascend train` (each file holds its command, machine and date)."))
+    parts.append(section_generic("memascend plan", load(os.path.join(BENCH, "plans", "*.json")),
+                                 "Outputs of `memascend plan --json`."))
+    parts.append(section_ds_buffers())
+    parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))
+    return "\n".join(p for p in parts if p).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/results.md differs from what the JSON gives")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        with open(OUT) as f:
+            current = f.read()
+        if current != text:
+            print("docs/results.md is not generated from the committed JSON: run `python scripts/results.py`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    with open(OUT, "w") as f:
+        f.write(text)
+    print(f"wrote {os.path.relpath(OUT, REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
