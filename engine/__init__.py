@@ -1,4 +1,5 @@
-"""The MemAscend offload engine (installed as `memascend_engine`); imports torch lazily.
+"""The MemAscend offload engine: the repository's `engine/` folder, installed as the package `memascend_engine`
+(pyproject.toml package-dir; a bare `engine` package would collide in site-packages). Imports torch lazily.
 
 One call, made after ``deepspeed.init_distributed`` and before ``deepspeed.zero.Init`` /
 ``deepspeed.initialize``, plugs the MemAscend techniques into an unmodified DeepSpeed::
