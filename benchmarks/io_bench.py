@@ -285,6 +285,10 @@ def main() -> int:
             Path(args.json).write_text(
                 json.dumps(
                     {
+                        "kind": "io_bench",
+                        "command": "python benchmarks/io_bench.py " + " ".join(sys.argv[1:]),
+                        "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc).strftime(
+                            "%Y-%m-%dT%H:%M:%SZ"),
                         "args": {k: v for k, v in vars(args).items()},
                         "target": target,
                         "results": results,

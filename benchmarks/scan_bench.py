@@ -49,6 +49,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=0, help="scan threads (0: all cores)")
     p.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: leave default)")
     p.add_argument("--special", choices=["none", "first", "middle", "last"], default="none")
+    p.add_argument("--json", help="write the raw results here (scripts/results.py reads docs/bench/micro/*.json)")
     args = p.parse_args()
     n = parse_count(args.numel)
 
@@ -69,6 +70,7 @@ def main() -> int:
         f"{'scan +MiB':>9} {'torch +MiB':>10}  agree"
     )
 
+    rows = []
     for name in args.dtypes.split(","):
         dt = getattr(torch, name)
         x = torch.empty(n, dtype=dt).uniform_(-100.0, 100.0)
@@ -98,7 +100,19 @@ def main() -> int:
             f"{name:9} {nbytes / 2**20:6.0f} {s * 1e3:9.1f} {r * 1e3:9.1f} {r / s:7.1f}x {nbytes / s / 1e9:9.1f} "
             f"{scan_mib:9.1f} {ref_mib:10.1f}  {a == b} ({a})"
         )
+        rows.append({"dtype": name, "bytes": nbytes, "scan_s": scan_t, "torch_s": ref_t, "scan_extra_mib": scan_mib,
+                     "torch_extra_mib": ref_mib, "agree": a == b})
         del x
+    if args.json:
+        import json
+        import socket
+        from datetime import datetime, timezone
+
+        with open(args.json, "w") as f:
+            json.dump({"kind": "scan_bench", "command": "python benchmarks/scan_bench.py " + " ".join(sys.argv[1:]),
+                       "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
+                       "numel": n, "special": args.special, "threads": args.threads,
+                       "torch_threads": torch.get_num_threads(), "results": rows}, f, indent=1)
     return 0
 
 

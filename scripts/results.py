@@ -202,6 +202,33 @@ def section_checksums(runs: list) -> str:
     return "\n".join(out) + "\n"
 
 
+def section_micro(runs: list) -> str:
+    """benchmarks/io_bench.py and scan_bench.py --json outputs in docs/bench/micro/."""
+    import statistics
+
+    out = []
+    for path, doc in runs:
+        if doc.get("kind") == "io_bench":
+            res = doc["results"]
+            tools = sorted({t for op in res.values() for t in op})
+            rows = [[op] + [f"{statistics.median(res[op][t]):.2f}" if t in res[op] else "-" for t in tools]
+                    for op in res]
+            out += ["## Native core: O_DIRECT I/O engine vs fio vs DeepSpeed's aio op", "", f"`{doc['command']}` "
+                    f"({doc['date']}); GB/s, median of the repeats; a virtio disk, not NVMe. Raw: `{path}`.", "",
+                    table(["op"] + tools, rows), ""]
+        elif doc.get("kind") == "scan_bench":
+            rows = []
+            for r in doc["results"]:
+                s_, t_ = statistics.median(r["scan_s"]), statistics.median(r["torch_s"])
+                rows.append([r["dtype"], f"{s_ * 1e3:.1f}", f"{t_ * 1e3:.1f}", f"{t_ / s_:.1f}x",
+                             f"{r['scan_extra_mib']:.1f} / {r['torch_extra_mib']:.1f}", str(r["agree"])])
+            out += ["## Native core: fused non-finite scan vs torch", "", f"`{doc['command']}` ({doc['date']}), "
+                    f"{doc['numel']:,} elements, inf at {doc['special']}. Raw: `{path}`.", "",
+                    table(["dtype", "scan ms", "isinf|isnan ms", "speed-up", "extra peak MiB scan / torch", "agree"],
+                          rows), ""]
+    return "\n".join(out) + ("\n" if out else "")
+
+
 def section_generic(title: str, runs: list, intro: str) -> str:
     if not runs:
         return ""
@@ -236,6 +263,7 @@ def render() -> str:
                                  "Runs of `memascend train` (each file holds its command, machine and date)."))
     parts.append(section_generic("memascend plan", load(os.path.join(BENCH, "plans", "*.json")),
                                  "Outputs of `memascend plan --json`."))
+    parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
     parts.append(section_ds_buffers())
     parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))
     return "\n".join(p for p in parts if p).rstrip() + "\n"
