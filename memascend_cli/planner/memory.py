@@ -649,10 +649,16 @@ def _transients(c: _Ctx) -> list[Item]:
     # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
     # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
     bucket = min(c.reduce_bucket_size, c.ns)
-    if not c.bounded:
+    if not c.bounded and not c.gpu:
+        # On a GPU these copies are made on the device (stage3.py 2025-2028 moves the partition there first) and
+        # reach the host only through the P4 pool: a GPU item (_compute_items), no host bytes.
         add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * bucket,
             f"4 B x min(reduce_bucket_size, Ns) = {bucket:,}",
             "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
+    if not c.bounded and c.gpu and c.pin_memory and c.engine == "baseline" and c.k.pin_backend == "torch":
+        # P5 is torch.zeros(Ns) first, then pin_memory() copies it (stage3.py 791-795): both live at init.
+        add("host/grad_buffer_init_copy", "init: gradient buffer before pinning", c.ns * c.G,
+            f"Ns {c.ns:,} x {c.G} B", "stage3._setup_for_real_optimizer torch.zeros + accelerator.pin_memory", "init")
     elif job.grad_accum_steps > 1:
         largest = c.part.largest_partition_numel
         add("host/grad_accumulation_readback", "backward: accumulated gradient read back (one partition)",
@@ -741,6 +747,14 @@ def _compute_items(c: _Ctx, tier: str) -> list[Item]:
     # into the bucket.
     add("live_param_grads", "gradients of the gathered params", live * E, "= gathered params",
         "stage3 reduce_ready_partitions_and_remove_grads", kind="transient")
+    if tier == "gpu" and not c.bounded:
+        # Stock's boundary copies: the partition moved to the device and converted to fp32 before the swap-out
+        # (stage3.py 2025-2028, 1453), one reduce bucket's worth at a time.
+        part_bucket = min(-(-c.reduce_bucket_size // c.world), c.ns)
+        per = c.G + (4 if c.G != 4 else 0)
+        add("grad_fp32_copies", "fp32 gradient copies before swap-out", per * part_bucket,
+            f"({c.G} + 4) B x min(reduce_bucket_size / world, Ns) = {part_bucket:,}",
+            "stage3.partition_grads / _offload_grad_partition_at_boundary on the GPU", kind="transient")
     # The IPG bucket is torch.empty(reduce_bucket_size): reserved in full on a GPU, on the host only
     # the pages that backward fills are resident.
     bucket = c.reduce_bucket_size if tier == "gpu" else min(c.reduce_bucket_size, m.num_params)
