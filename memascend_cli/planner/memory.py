@@ -274,6 +274,10 @@ class SsdTraffic:
     params_per_rank: int
     """Partition elements of the rank (the denominator of the per-parameter rates)."""
     formula: str = ""
+    minimum_per_param: tuple[float, float] = (0.0, 0.0)
+    """(read, write) bytes per parameter per step of the placement's roofline: parameters fetched once for forward
+    and once for backward, the gradient written and read once in the training dtype, fp32 master + Adam moments read
+    and written once, parameters written back once (what an engine with no extra traffic moves)."""
 
     @property
     def read_total(self) -> int:
@@ -293,6 +297,8 @@ class SsdTraffic:
         return {"read_bytes": dict(self.read_bytes), "write_bytes": dict(self.write_bytes),
                 "read_bytes_per_step": self.read_total, "write_bytes_per_step": self.write_total,
                 "read_bytes_per_param": round(r, 3), "write_bytes_per_param": round(w, 3),
+                "minimum_read_bytes_per_param": round(self.minimum_per_param[0], 3),
+                "minimum_write_bytes_per_param": round(self.minimum_per_param[1], 3),
                 "write_bytes_per_1000_steps": 1000 * self.write_total, "formula": self.formula}
 
 
@@ -828,8 +834,12 @@ def ssd_traffic(c: _Ctx) -> SsdTraffic:
     if c.ssd_checkpoints:
         layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
         read["activation_checkpoints"] = write["activation_checkpoints"] = ga * c.m.num_hidden_layers * layer
+    n = max(1, c.ns)
+    ckpt = read.get("activation_checkpoints", 0) / n
+    minimum = ((2 * E * swapped + G * opt + 12 * opt) / n + ckpt, (E * swapped + G * opt + 12 * opt) / n + ckpt)
     return SsdTraffic(read, write, params_per_rank=c.ns,
-                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}")
+                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}",
+                      minimum_per_param=minimum)
 
 
 def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
