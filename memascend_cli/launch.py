@@ -26,6 +26,8 @@ LOG_DIR = "logs"
 DS_CONFIG = "ds_config.json"
 RECIPE_JSON = "recipe.json"
 METRICS = "metrics.jsonl"
+DATA_JSON = "data.json"
+"""The prepared data's summary (tokenized cache folder, sequence counts; engine/prepare.py), read by the ranks."""
 
 
 @dataclass(kw_only=True, slots=True)

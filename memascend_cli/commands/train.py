@@ -27,6 +27,7 @@ CHECKPOINTS = "checkpoints"
 COMPLETE_MARKER = "COMPLETE"
 
 
+
 def train_command(
     recipe_path: str = typer.Argument(..., metavar="RECIPE", help="Recipe YAML (see presets/train/) or a shipped "
                                       "preset name such as tiny-cpu.", show_default=False),
@@ -76,7 +77,13 @@ def train_command(
     flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
              "model": model, "region": region}
     overrides = merge(overrides, {k: v for k, v in flags.items() if v is not None})
-    recipe = load_recipe(recipe_path, overrides)
+    notes: list[str] = []
+    recipe = load_recipe(recipe_path, overrides, notes=notes)
+    if notes:
+        from memascend_cli.console import err
+
+        for note in notes:
+            err.print(f"[dim]note: {note}[/dim]", highlight=False)
     prepared = prepare_run(recipe, baseline=baseline, resume=resume, force=force, dry_run=dry_run)
     if dry_run:
         from memascend_cli.console import err, print_json
@@ -103,6 +110,8 @@ class Prepared:
             "plan": self.plan_summary,
             "preflight": [{"name": c.name, "ok": c.ok, "message": c.message, "hint": c.hint} for c in self.checks],
             "region": self.region_note,
+            "data": self.data,
+            "total_steps": self.total_steps,
             "ds_config": self.ds_config,
             "launch": self.spec.to_dict(),
         }
@@ -121,19 +130,102 @@ def _check_model_source(name: str) -> None:
         return
     files = os.listdir(name)
     if not any(f.endswith(".safetensors") for f in files):
-        raise BadInput(f"model directory {name} has no *.safetensors weights",
-                       "convert the weights to safetensors, or use a preset name for random weights")
+        hint = "convert the weights to safetensors, or use a preset name for random weights"
+        if any(f.endswith(".gguf") for f in files):
+            hint = "give the .gguf file itself as model (it is converted once), or `memascend import-gguf FILE DIR`"
+        raise BadInput(f"model directory {name} has no *.safetensors weights", hint)
 
 
 def _check_data_paths(recipe) -> None:
-    if not os.path.isfile(recipe.dataset.path):
-        raise BadInput(f"dataset file {recipe.dataset.path} does not exist", "fix dataset.path in the recipe")
+    for path in recipe.dataset.paths:
+        if not os.path.isfile(path):
+            raise BadInput(f"dataset file {path} does not exist", "fix dataset.path in the recipe")
     tok = recipe.tokenizer or (recipe.model if os.path.isdir(recipe.model) else None)
     if tok is None:
         raise BadInput(f"model {recipe.model} is a preset and the recipe names no tokenizer",
-                       "set `tokenizer:` to a tokenizer.json or a tokenizer directory")
+                       "set `tokenizer:` to a tokenizer directory or a tokenizer.json")
     if not os.path.exists(tok):
-        raise BadInput(f"tokenizer {tok} does not exist", "set `tokenizer:` to a tokenizer.json or a tokenizer directory")
+        raise BadInput(f"tokenizer {tok} does not exist", "set `tokenizer:` to a tokenizer directory or a tokenizer.json")
+    if "tensorboard" in recipe.report_to:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise BadInput("report_to includes tensorboard but the tensorboard package is not installed",
+                           "pip install tensorboard, or set report_to: jsonl")
+
+
+def import_gguf_model(recipe):
+    """A recipe whose model is a .gguf file, with the model replaced by its imported (cached) directory."""
+    import subprocess
+    import sys
+
+    from memascend_cli.console import err
+    from memascend_cli.recipe import cache_home
+
+    with err.status(f"importing {os.path.basename(recipe.model)} (once; cached in {cache_home('models')})"):
+        p = subprocess.run([sys.executable, "-m", "memascend_engine.gguf_import", recipe.model, "--cache-root",
+                            cache_home("models")], capture_output=True, text=True)
+    if p.returncode != 0:
+        last = next((l for l in reversed(p.stderr.splitlines()) if l.startswith("error:")), None) or \
+            (p.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise BadInput(f"cannot import {recipe.model}: {last.removeprefix('error: ')}",
+                       "check the file; `memascend import-gguf FILE DIR` shows the full error")
+    out = p.stdout.strip().splitlines()[-1]
+    updates = {"model": out}
+    if recipe.tokenizer is None or recipe.tokenizer == recipe.model:
+        updates["tokenizer"] = out
+    return recipe.model_copy(update=updates)
+
+
+def prepare_data(recipe, run_dir: str) -> dict:
+    """Tokenize the dataset (or reuse its cache) and write the export skeleton, in a child process
+    (transformers imports torch); its summary is also written to run_dir/data.json for the ranks."""
+    import subprocess
+    import sys
+
+    from memascend_cli.console import err
+    from memascend_cli.launch import DATA_JSON
+
+    os.makedirs(run_dir, exist_ok=True)
+    request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
+    with err.status("preparing the data (tokenized once, then cached)") as status:
+        proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.prepare"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdin.write(request)
+        proc.stdin.close()
+        errors = []
+        for line in proc.stderr:
+            line = line.rstrip()
+            if line.startswith("tokenizing:"):
+                status.update(line)
+            elif line:
+                errors.append(line)
+        out = proc.stdout.read()
+        proc.wait()
+    if proc.returncode != 0:
+        message = next((l for l in reversed(errors) if l.startswith("error:")), None)
+        if message is not None and proc.returncode == 3:
+            raise BadInput(message.removeprefix("error: "), "fix the dataset, the tokenizer or `template:` in the "
+                           "recipe")
+        raise MemascendError(f"preparing the data failed ({(errors or ['no output'])[-1]})",
+                             "run `python -m memascend_engine.prepare` by hand to see the traceback")
+    summary = json.loads(out.strip().splitlines()[-1])
+    with open(os.path.join(run_dir, DATA_JSON), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def _clear_previous_run(run_dir: str) -> None:
+    """overwrite_output_dir: delete an earlier run's checkpoints, export and metrics (never anything else)."""
+    import shutil
+
+    from memascend_cli.launch import METRICS
+
+    for name in (CHECKPOINTS, "export", "tensorboard"):
+        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+    for name in (METRICS,):
+        if os.path.exists(os.path.join(run_dir, name)):
+            os.unlink(os.path.join(run_dir, name))
 
 
 def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: bool) -> Prepared:
@@ -143,10 +235,13 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     from memascend_cli.deepspeed_config import build_ds_config, sizing_from_plan
     from memascend_cli.hardware import inventory_to_spec, io_backends, probe
     from memascend_cli.launch import DS_CONFIG, RECIPE_JSON, build_launch, free_port
-    from memascend_cli.planner.memory import JobSpec, ZeroKnobs, estimate
+    from memascend_cli.planner.memory import estimate
     from memascend_cli.planner.search import check
+    from memascend_cli.recipe import job_spec, total_steps
 
     spec = models.load_model(recipe.model)
+    if recipe.model.endswith(".gguf"):
+        recipe = import_gguf_model(recipe)
     _check_model_source(recipe.model)
     _check_data_paths(recipe)
     run_dir = recipe.output_dir
@@ -155,8 +250,10 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         raise BadInput(f"--resume: no complete checkpoint in {os.path.join(run_dir, CHECKPOINTS)}",
                        "drop --resume to start from scratch, or check --output-dir")
     if not resume and done and not dry_run:
-        raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
-                       "add --resume to continue it, or choose another --output-dir")
+        if not recipe.overwrite_output_dir:
+            raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
+                           "add --resume to continue it, choose another --output-dir, or set overwrite_output_dir")
+        _clear_previous_run(run_dir)
 
     inv = probe(None)
     hw = inventory_to_spec(inv)
@@ -166,12 +263,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         hw = dataclasses.replace(hw, num_nodes=recipe.num_nodes)
     ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
     engine = "baseline" if baseline else "memascend"
-    job = JobSpec(model=spec, seq_len=recipe.seq_len, micro_batch=recipe.micro_batch,
-                  grad_accum_steps=recipe.grad_accum, dtype=recipe.precision, ranks_per_node=ranks,
-                  checkpointing="offload" if recipe.gradient_checkpointing and not baseline else
-                  ("full" if recipe.gradient_checkpointing else "none"),
-                  deepspeed_version=installed_deepspeed_version(),
-                  knobs=ZeroKnobs(max_in_cpu=0, checkpoint_copies=0))
+    job = job_spec(recipe, spec, ranks=ranks, baseline=baseline, deepspeed_version=installed_deepspeed_version())
     est = estimate(job, hw, engine)
     verdict = check(est, hw)
     if not verdict.fits and not force:
@@ -219,7 +311,9 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         cls = SSDNotReady if first.name in ("region", "swap_dir") else MemascendError
         raise cls(first.message, first.hint or None)
 
-    total = recipe.steps or 1  # epochs: the worker sets total_num_steps once it has counted sequences
+    # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
+    data = prepare_data(recipe, run_dir)
+    total = total_steps(recipe, data["train_sequences"], sizing.world_size)
     ds_config = build_ds_config(recipe, sizing, header, baseline, swap_dir=swap_dir, total_steps=total)
     os.makedirs(run_dir, exist_ok=True)
     resolved = recipe.to_dict()
@@ -237,7 +331,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
                     "largest_partition_numel": sizing.largest_partition_numel, "world_size": sizing.world_size}
     return Prepared(recipe=recipe, run_dir=run_dir, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
-                    region_path=region_path, ranks=ranks)
+                    region_path=region_path, ranks=ranks, data=data, total_steps=total)
 
 
 def _read_region(path: str, ranks: int):
