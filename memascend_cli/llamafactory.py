@@ -152,7 +152,6 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
     out: dict = {}
     notes: list[str] = []
     problems: list[str] = []
-    native = set()
     from memascend_cli.recipe import field_names
 
     native_keys = set(field_names())
@@ -167,6 +166,8 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
             if value not in allowed and not (key == "lr_scheduler_type" and value is None):
                 problems.append(f"{key}: {value!r} is not supported ({reason})")
                 continue
+        if key == "dataset":
+            continue
         if key in MAPPED:
             if value is None:
                 continue
@@ -187,8 +188,9 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
             if key in IGNORED and value not in (None, False) and key not in RESTRICTED and key != "do_train":
                 notes.append(f"{key}: ignored ({IGNORED[key]})")
         elif key in native_keys:
-            native.add(key)
-            out[key] = value if key not in out else out[key]
+            if key in out and out[key] != value:
+                problems.append(f"{key} is given twice (as a memascend key and through a LLaMA-Factory key)")
+            out[key] = value
         else:
             guess = did_you_mean(str(key), sorted(set(MAPPED) | set(COMBINED) | set(IGNORED) | native_keys),
                                  cutoff=0.75)
@@ -207,7 +209,11 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
     if data.get("eval_strategy") == "no":
         out["eval_every"] = 0
     stage = data.get("stage", "sft")
-    if data.get("dataset") is not None:
+    native_dataset = isinstance(data.get("dataset"), (dict, list)) or (
+        isinstance(data.get("dataset"), str) and str(data["dataset"]).endswith(DATA_SUFFIXES))
+    if native_dataset:
+        out["dataset"] = data["dataset"] if isinstance(data["dataset"], dict) else {"path": data["dataset"]}
+    elif data.get("dataset") is not None:
         try:
             ds = dataset_from_info(str(data["dataset"]), data.get("dataset_dir") or "data", recipe_dir=recipe_dir,
                                    cwd=cwd)
@@ -217,7 +223,7 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
             if stage == "pt" and ds.get("format") != "text":
                 ds["format"] = "text"
             out["dataset"] = {**ds, **out.get("dataset", {})}
-    elif "dataset" not in native:
+    else:
         problems.append("dataset is required (names from dataset_info.json)")
     # LLaMA-Factory packs only for pretraining by default.
     if isinstance(out.get("dataset"), dict):

@@ -18,21 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from memascend_cli.defaults import (DEFAULT_GRAD_ACCUM, DEFAULT_GRADIENT_CHECKPOINTING, DEFAULT_MICRO_BATCH,
+                                    DEFAULT_PRECISION, DEFAULT_SEQ_LEN)
 from memascend_cli.errors import BadInput, did_you_mean
-
-DATASET_FORMATS = ("alpaca", "sharegpt", "text")
-SCHEDULES = ("constant", "cosine", "linear")
-PRECISIONS = ("bf16", "fp32", "fp16")
-REPORTERS = ("jsonl", "tensorboard")
-
-# The job defaults `plan` and `train` share (one home: plan's options fall back to these).
-DEFAULT_SEQ_LEN = 2048
-"""Tokens per sequence (LLaMA-Factory's cutoff_len default)."""
-DEFAULT_MICRO_BATCH = 1
-DEFAULT_GRAD_ACCUM = 1
-DEFAULT_PRECISION = "bf16"
-DEFAULT_GRADIENT_CHECKPOINTING = True
-"""Recompute activations in backward (on with the memascend engine: checkpoints offloaded to DRAM)."""
 
 
 class _Strict(BaseModel):
