@@ -568,13 +568,16 @@ class Split:
 
     def batch(self, rows: list[int]) -> dict[str, np.ndarray]:
         """input_ids and labels (and attention_mask when padding) of the rows, as int64 arrays."""
-        n, L = len(rows), self.seq_len
+        spans_of = [self._span(row) for row in rows]
+        n = len(rows)
+        # Packed rows are seq_len long; padded rows only as long as the longest in the batch (as the
+        # HF data collators pad), never longer than seq_len.
+        L = self.seq_len if self.packing else max(b - a for a, b in spans_of)
         ids = np.full((n, L), self.pad_id, dtype=np.int64)
         labels = np.full((n, L), IGNORE_INDEX, dtype=np.int64)
         attn = None if self.packing else np.zeros((n, L), dtype=np.int64)
         spans = []
-        for j, row in enumerate(rows):
-            a, b = self._span(row)
+        for j, (a, b) in enumerate(spans_of):
             t = self.tokens[a:b].astype(np.int64)
             m = self.mask[a:b]
             ids[j, :b - a] = t

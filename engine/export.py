@@ -121,7 +121,8 @@ def fp32_to(arr: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float32":
         return arr
     if dtype == "float16":
-        return arr.astype(np.float16)
+        with np.errstate(over="ignore"):  # out of fp16 range -> inf, as torch does
+            return arr.astype(np.float16)
     bits = arr.view(np.uint32).astype(np.uint64)
     out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     out[np.isnan(arr)] = 0x7FC0

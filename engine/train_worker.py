@@ -113,11 +113,23 @@ def load_hf_weights(model, model_dir: str, rank: int) -> int:
 def build_model_factory(recipe, spec):
     """(zero-argument constructor, hf config): all transformers imports happen before zero.Init."""
     if os.path.isdir(recipe.model):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
         cfg = AutoConfig.from_pretrained(recipe.model, local_files_only=True)
         cls = AutoModelForCausalLM._model_mapping[type(cfg)]
-        return (lambda: cls(cfg)), cfg
+
+        def make():
+            # The weights are loaded right after, so transformers' weight initialisation is skipped: under
+            # zero.Init it fails where it zeroes the padding row of the (already partitioned) embedding
+            # of a config with pad_token_id. init_weights() still runs for its tie_weights().
+            original = PreTrainedModel.initialize_weights
+            PreTrainedModel.initialize_weights = lambda self: None
+            try:
+                return cls(cfg)
+            finally:
+                PreTrainedModel.initialize_weights = original
+
+        return make, cfg
     from memascend_engine.hf_models import to_hf_config
 
     cfg = to_hf_config(spec)
@@ -337,6 +349,10 @@ class Run:
             self.metrics({"event": "start", "total_steps": total, "world_size": self.world,
                           "engine": "baseline" if self.args.baseline else "memascend",
                           "train_sequences": len(train), "validation_sequences": len(val) if val else 0})
+            # The validation loss before any update: the baseline the later ones are compared with.
+            vl = self.evaluate(engine, val)
+            if vl is not None:
+                self.metrics({"event": "eval", "step": 0, "loss": vl})
         root = os.path.join(self.run_dir, "checkpoints")
         last_saved = step
         io0 = proc_io_bytes()

@@ -218,7 +218,7 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
             ds = dataset_from_info(str(data["dataset"]), data.get("dataset_dir") or "data", recipe_dir=recipe_dir,
                                    cwd=cwd)
         except BadInput as exc:
-            problems.append(exc.message)
+            problems.append(exc.message + (f" ({exc.hint})" if exc.hint else ""))
         else:
             if stage == "pt" and ds.get("format") != "text":
                 ds["format"] = "text"

