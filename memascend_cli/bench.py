@@ -533,7 +533,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     def tick(waited_s, spread):
         if progress is not None:
             s = "…" if spread is None else f"{spread / MiB:.0f} MiB"
-            progress.update(task, description=f"{run.name}: settling {waited_s:.0f}s (spread {s})")
+            progress.update(task, description=f"{run.name}: settle {waited_s:.0f}s ±{s}")
 
     reader = MeminfoReader()
     try:
@@ -566,7 +566,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                     evs = read_events(rank0_events)
                     done = sum(1 for e in evs if e.get("event") == "step")
                     phase = next((e["name"] for e in reversed(evs) if e.get("event") == "phase"), "starting")
-                    progress.update(task, completed=done, description=f"{run.name}: {phase}, step {done}/{steps}")
+                    progress.update(task, completed=done, description=f"{run.name}: {phase}")
                 time.sleep(0.2)
         except BaseException:
             proc.kill()

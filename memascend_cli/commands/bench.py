@@ -109,10 +109,9 @@ def bench_command(
     job_args = ["--model", model, "--seq-len", str(seq_len), "--micro-batch", str(micro_batch), "--steps", str(steps),
                 "--dtype", dtype, "--seed", str(seed), "--checkpointing", checkpointing]
     results = []
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from memascend_cli.commands.train import step_progress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=False) as progress:
+    with step_progress(err) as progress:
         for run in run_specs:
             cfg = B.build_ds_config(run.mode, spec, micro_batch=micro_batch, dtype=dtype, nvme_dir=nvme_dir, ranks=ranks)
             res = B.run_one(run, job_args=job_args, cfg=cfg, out_dir=out_dir, nvme_dir=nvme_dir, ranks=ranks,

@@ -446,28 +446,36 @@ def launch_and_watch(p: Prepared) -> None:
 
 
 class LiveView:
-    """Rich live table on stderr fed by metrics.jsonl; one plain line per record when not a TTY."""
+    """The live view on stderr, fed by metrics.jsonl: on a terminal a progress bar (steps, elapsed, ETA)
+    with a line of figures under it, events printed above it; otherwise one plain line per record.
+    Everything fits 80 columns."""
 
     def __init__(self, path: str, start_offset: int = 0):
         self.path, self.offset = path, start_offset
         self.last: dict | None = None
         self.events: list[dict] = []
         self.live = None
+        self.progress = None
+        self.task = None
         self.buffer = ""
 
     def __enter__(self):
         from memascend_cli.console import err
 
         if err.is_terminal:
+            from rich.console import Group
             from rich.live import Live
+            from rich.text import Text
 
-            self.live = Live(self._render(), console=err, refresh_per_second=2, transient=False)
+            self.progress = step_progress(err)
+            self.task = self.progress.add_task("train", total=None)
+            self.stats = Text("starting the ranks", style="dim")
+            self.live = Live(Group(self.progress, self.stats), console=err, refresh_per_second=4, transient=False)
             self.live.__enter__()
         return self
 
     def __exit__(self, *exc):
         if self.live is not None:
-            self.live.update(self._render())
             self.live.__exit__(*exc)
         return False
 
@@ -494,48 +502,47 @@ class LiveView:
         from memascend_cli.console import err
 
         kind = rec.get("event")
+        if kind in ("start", "resumed") and self.progress is not None:
+            total = rec.get("total_steps")
+            self.progress.update(self.task, total=total, completed=rec.get("step", 0))
+            self.progress.reset(self.task, total=total, completed=rec.get("step", 0))
+            self.stats.plain = "first step (DeepSpeed warms up)"
         if kind == "step":
             self.last = rec
-        else:
+            if self.progress is not None:
+                self.progress.update(self.task, completed=rec["step"], total=rec.get("total_steps"))
+                self.stats.plain = format_stats(rec)
+            else:
+                err.print(format_step(rec), highlight=False)
+            return
+        if kind in ("checkpoint", "eval", "export", "stopped"):
             self.events.append(rec)
-        if self.live is not None:
-            self.live.update(self._render())
-        elif kind == "step":
-            err.print(format_step(rec), highlight=False)
-        elif kind in ("checkpoint", "eval", "export", "stopped"):
-            err.print(format_event(rec), highlight=False)
-
-    def _render(self):
-        from rich.table import Table
-
-        t = Table(title="memascend train", title_justify="left")
-        for col in ("step", "loss", "lr", "tokens/s", "s/step", "host GiB now", "host GiB peak", "SSD GB/s r/w"):
-            t.add_column(col, justify="right")
-        r = self.last
-        if r is not None:
-            t.add_row(f"{r['step']}/{r.get('total_steps', '?')}", f"{r['loss']:.4f}", f"{r['lr']:.2e}",
-                      f"{r['tokens_per_s']:,.0f}", f"{r['s_per_step']:.2f}", f"{r['host_rss_gib']:.2f}",
-                      f"{r['host_peak_gib']:.2f}", f"{r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f}")
-        else:
-            t.add_row("starting", "", "", "", "", "", "", "")
-        if self.events:
-            t.caption = format_event(self.events[-1])
-        return t
+            (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False)
 
     def summary(self) -> None:
         self.poll()
-        from memascend_cli.console import err
 
-        if self.live is not None:
-            for e in self.events:
-                if e.get("event") in ("checkpoint", "export", "stopped", "eval"):
-                    err.print(format_event(e), highlight=False)
+
+def step_progress(console):
+    """The progress bar of long jobs (train, bench): description, bar, n/total, elapsed, ETA; <= 80 columns."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Column
+
+    description = TextColumn("{task.description}", table_column=Column(max_width=26, no_wrap=True, overflow="ellipsis"))
+    return Progress(description, BarColumn(bar_width=20), MofNCompleteColumn(),
+                    TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), TextColumn("eta"),
+                    TimeRemainingColumn(compact=True), console=console, expand=False)
+
+
+def format_stats(r: dict) -> str:
+    """The figures under the bar (at most 80 characters for any realistic values)."""
+    return (f"loss {r['loss']:.4f}  lr {r['lr']:.1e}  {r['tokens_per_s']:,.0f} tok/s  host {r['host_rss_gib']:.2f} GiB"
+            f"  SSD {r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f} GB/s")
 
 
 def format_step(r: dict) -> str:
-    return (f"step {r['step']}/{r.get('total_steps', '?')}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  "
-            f"{r['tokens_per_s']:,.0f} tok/s  {r['s_per_step']:.2f} s/step  host {r['host_rss_gib']:.2f} GiB "
-            f"(peak {r['host_peak_gib']:.2f})  SSD {r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f} GB/s r/w")
+    """One plain line per step when stderr is not a terminal (logs, CI)."""
+    return f"step {r['step']}/{r.get('total_steps', '?')}  " + format_stats(r)
 
 
 def format_event(e: dict) -> str:

@@ -52,6 +52,8 @@ CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 # large sequential I/O, while the 4 Adam staging buffers shrink from 4 x 4 GB (DeepSpeed's 1e9
 # default) to 4 x ~80 MB; a single larger parameter (the embedding) forms its own group.
 MEMASCEND_SUB_GROUP_SIZE = 20_000_000
+# Arrays a micro-batch of the training data is made of (input ids, labels, attention mask).
+DATA_ARRAYS = 3
 # Reduce bucket of the memascend engine (elements): every bucket of gradients is copied to fp32 host
 # tensors before the swap-out, so 5e7 bounds that transient at 200 MB (DeepSpeed's 5e8: 2 GB).
 MEMASCEND_REDUCE_BUCKET_SIZE = 50_000_000
@@ -531,6 +533,13 @@ def _host_items(c: _Ctx) -> list[Item]:
             formula=f"b {job.micro_batch} x s {job.seq_len} x h {m.hidden_size} x L {m.num_hidden_layers} x {E} B",
             source="Korthikanti et al. 2205.05198 full recomputation 2sbh per layer (16-bit); paper §8")
 
+    # The data path (engine/data.py): tokens live in a memory-mapped cache whose pages each micro-batch
+    # releases again, so what a rank holds is the micro-batch itself (input ids, labels, attention
+    # mask as int64), independent of the dataset size.
+    data_bytes = DATA_ARRAYS * 8 * job.micro_batch * job.seq_len
+    add("host/data", "data: one micro-batch from the memory-mapped token cache", data_bytes,
+        formula=f"{DATA_ARRAYS} int64 arrays x b {job.micro_batch} x s {job.seq_len} x 8 B",
+        source="engine/data.py Split.batch (pages dropped with MADV_DONTNEED); docs/results.md data path")
     items.extend(_transients(c))
     return items
 
