@@ -217,14 +217,7 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "model": {**job.model.to_dict(), "default_used": default_used},
-        "job": {
-            "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
-            "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
-            "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
-            "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
-            "ranks_per_node": b.ranks_per_node, "world_size": b.world_size,
-            "knobs": dict(job.knobs.__dict__),
-        },
+        "job": job_document(job, b),
         "hardware": hw.to_dict(),
         "engines": {e: {**ests[e].to_dict(), "verdict": verdicts[e].to_dict(),
                         **({"search": searches[e].to_dict()} if e in searches else {})} for e in ests},
@@ -234,6 +227,19 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
         },
         "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
                     "line": verdict_line(ests, verdicts, engine, hw)},
+    }
+
+
+def job_document(job, est) -> dict:
+    """The job parameters as `plan --json` and `train --dry-run` print them (so they can be compared)."""
+    return {
+        "model": job.model.name, "num_params": job.model.num_params,
+        "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
+        "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
+        "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
+        "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
+        "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
+        "knobs": dict(job.knobs.__dict__),
     }
 
 

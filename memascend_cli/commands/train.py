@@ -326,7 +326,9 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
                           resume=resume, extra_env=passthrough,
                           master_port=recipe.master_port or free_port())
-    plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons,
+    from memascend_cli.commands.plan import job_document
+
+    plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
                     "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": sizing.nvme_bytes_per_rank,
                     "largest_partition_numel": sizing.largest_partition_numel, "world_size": sizing.world_size}
     return Prepared(recipe=recipe, run_dir=run_dir, baseline=baseline, resume=resume, ds_config=ds_config,

@@ -71,6 +71,30 @@ def test_baseline_trains_loss_falls_and_exports(baseline_run):
     assert torch.isfinite(model(ids).logits).all()
 
 
+def exported_tensors(folder: str) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(folder, "model.safetensors"))
+
+
+def export_checkpoint(run: str, step: int, out: str) -> None:
+    e = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    p = subprocess.run([sys.executable, "-m", "memascend_cli", "export", run, "--checkpoint", str(step), "-o", out],
+                       capture_output=True, text=True, env=e, timeout=600)
+    assert p.returncode == 0, p.stderr
+
+
+def test_export_from_the_last_checkpoint_equals_the_final_export(baseline_run, tmp_path):
+    import numpy as np
+
+    out = str(tmp_path / "ck8")
+    export_checkpoint(baseline_run, int(STEPS), out)
+    a, b = exported_tensors(os.path.join(baseline_run, "export")), exported_tensors(out)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert os.path.isfile(os.path.join(out, name)), name
+
+
 def test_checkpoints_are_complete_and_pruned(baseline_run):
     ck = os.path.join(baseline_run, "checkpoints")
     names = sorted(os.listdir(ck))
@@ -116,6 +140,13 @@ def test_two_cpu_ranks_through_the_deepspeed_launcher(tmp_path):
     assert os.path.isdir(os.path.join(run, "swap", "zero_stage_3", "optimizer", "rank1")) or swap_files(
         os.path.join(run, "swap")) > 0
     assert os.path.isfile(os.path.join(run, "export", "model.safetensors"))
+    # The checkpoint's fp32 masters are split over 2 ranks: `memascend export` re-assembles each tensor.
+    import numpy as np
+
+    out = str(tmp_path / "ck4")
+    export_checkpoint(run, 4, out)
+    a, b = exported_tensors(os.path.join(run, "export")), exported_tensors(out)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run, tmp_path):
