@@ -50,10 +50,15 @@ def collect(run: str) -> dict:
     tok = AutoTokenizer.from_pretrained(export)
     gen = GenerationConfig.from_pretrained(export)
     original = recipe["model"]
+    import subprocess
+
+    plan = subprocess.run([sys.executable, "-m", "memascend_cli", "plan", os.path.join(run, "recipe.json"), "--json"],
+                          capture_output=True, text=True)
+    planned = json.loads(plan.stdout)["engines"]["memascend"]["node_host_peak_bytes"] / 2**30 if plan.stdout else None
     return {
         "what": "presets/train/smollm2-sft.yaml (benchmarks/smollm2_sft_report.py)",
         "date": time.strftime("%Y-%m-%d"),
-        "model": os.path.basename(original),
+        "model": os.path.basename(original).rsplit("-", 1)[0],  # the imported GGUF, without the cache key
         "recipe": {k: recipe[k] for k in ("seq_len", "micro_batch", "grad_accum", "steps", "lr", "precision",
                                           "gradient_checkpointing", "seed")} | {"schedule": recipe["schedule"]},
         "data": {k: data[k] for k in ("template", "samples", "train_sequences", "validation_sequences", "train_tokens",
@@ -63,6 +68,7 @@ def collect(run: str) -> dict:
         "validation": evals,
         "seconds_per_step": [round(r["s_per_step"], 3) for r in steps],
         "host_peak_gib": max(r["host_peak_gib"] for r in steps),
+        "plan_host_peak_gib": planned,
         "wall_seconds": round(records[-1]["time"] - records[0]["time"], 1),
         "export": {"files": sorted(os.listdir(export)), "chat_template_kept": bool(tok.chat_template),
                    "generation_config": {"bos_token_id": gen.bos_token_id, "eos_token_id": gen.eos_token_id,
@@ -87,7 +93,8 @@ def tables(doc: dict) -> str:
              "| | " + " | ".join(f"{e['loss']:.4f}" for e in v) + " |",
              "",
              f"Training losses: first {doc['losses'][0]:.4f}, last {doc['losses'][-1]:.4f}; median "
-             f"{sorted(s)[len(s) // 2]:.1f} s/step (first step {s[0]:.1f} s); host peak {doc['host_peak_gib']:.2f} GiB; "
+             f"{sorted(s)[len(s) // 2]:.1f} s/step (first step {s[0]:.1f} s); host peak (VmHWM) {doc['host_peak_gib']:.2f} GiB, "
+             f"planned {doc['plan_host_peak_gib']:.2f} GiB; "
              f"{doc['wall_seconds']:.0f} s from start to export. Export: {', '.join(doc['export']['files'])} "
              f"(chat template kept: {doc['export']['chat_template_kept']}; generation config "
              f"eos {doc['export']['generation_config']['eos_token_id']}).",

@@ -35,7 +35,6 @@ IGNORE_INDEX = -100
 """Label of tokens that do not count in the loss (prompt tokens, padding); transformers' convention."""
 CACHE_FORMAT = 2
 META = "meta.json"
-PAGE = mmap.PAGESIZE
 
 
 class DataError(Exception):
@@ -554,7 +553,7 @@ class Split:
         self.num_rows = meta["splits"][name]["rows"]
         self.tokens, self._mm_tokens = _map(os.path.join(folder, f"{name}.tokens"), np.dtype(meta["token_dtype"]))
         self.mask, self._mm_mask = _map(os.path.join(folder, f"{name}.mask"), np.uint8)
-        self.offsets = None
+        self.offsets, self._mm_offsets = None, None
         if not self.packing:
             self.offsets, self._mm_offsets = _map(os.path.join(folder, f"{name}.offsets"), np.int64)
 
@@ -576,7 +575,6 @@ class Split:
         ids = np.full((n, L), self.pad_id, dtype=np.int64)
         labels = np.full((n, L), IGNORE_INDEX, dtype=np.int64)
         attn = None if self.packing else np.zeros((n, L), dtype=np.int64)
-        spans = []
         for j, (a, b) in enumerate(spans_of):
             t = self.tokens[a:b].astype(np.int64)
             m = self.mask[a:b]
@@ -584,24 +582,20 @@ class Split:
             labels[j, :b - a] = np.where(m == 1, t, IGNORE_INDEX)
             if attn is not None:
                 attn[j, :b - a] = 1
-            spans.append((a, b))
-        self._release(spans)
+        self._release()
         out = {"input_ids": ids, "labels": labels}
         if attn is not None:
             out["attention_mask"] = attn
         return out
 
-    def _release(self, spans) -> None:
-        # The pages stay in the (shared) page cache; dropping them from this rank's mapping keeps
-        # its resident set at one micro-batch however much of the dataset it has read.
-        for mm, itemsize in ((self._mm_tokens, self.tokens.itemsize), (self._mm_mask, 1)):
-            if mm is None:
-                continue
-            for a, b in spans:
-                start = (a * itemsize) // PAGE * PAGE
-                end = min(len(mm), b * itemsize)
-                if end > start:
-                    mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+    def _release(self) -> None:
+        # The pages stay in the (shared) page cache; dropping them from this rank's mapping keeps its
+        # resident set at one micro-batch however much of the dataset it has read. The whole mapping is
+        # released, not only the rows read: the kernel maps neighbouring pages on each fault
+        # (fault-around), which a per-row release would leave behind. Cheap: only present pages are touched.
+        for mm in (self._mm_tokens, self._mm_mask, self._mm_offsets):
+            if mm is not None:
+                mm.madvise(mmap.MADV_DONTNEED)
 
 
 class TokenCache:

@@ -195,6 +195,11 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
             guess = did_you_mean(str(key), sorted(set(MAPPED) | set(COMBINED) | set(IGNORED) | native_keys),
                                  cutoff=0.75)
             problems.append(f"unknown key {key!r}" + (f" (did you mean {guess!r}?)" if guess else ""))
+    # Local model and tokenizer paths are relative to the current directory in LLaMA-Factory.
+    for key in ("model", "tokenizer"):
+        value = out.get(key)
+        if isinstance(value, str) and not os.path.isabs(value) and os.path.exists(os.path.join(cwd, value)):
+            out[key] = os.path.normpath(os.path.join(cwd, value))
     # Precision: LLaMA-Factory trains in fp32 unless bf16/fp16 is set.
     if data.get("bf16") or data.get("pure_bf16"):
         out.setdefault("precision", "bf16")

@@ -206,6 +206,10 @@ def _loc(loc: tuple) -> str:
 
 def _describe(e: dict) -> str:
     loc, kind, value = _loc(e["loc"]), e["type"], e.get("input")
+    if loc.split(".")[0] == "adam_betas":
+        return "adam_betas must be two numbers in [0, 1), e.g. [0.9, 0.999]"
+    if kind == "literal_error":
+        loc = ".".join(p for p in loc.split(".") if not p.isdigit())  # report_to.1 -> report_to
     if kind == "extra_forbidden":
         *parent, key = loc.split(".")
         owner = Recipe

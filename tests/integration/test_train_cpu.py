@@ -1,6 +1,6 @@
 """`memascend train` end to end on a CPU (DeepSpeed's CPU accelerator, swap files / region on disk).
 
-Slow: 11 DeepSpeed launches of 4-8 steps; the whole file took 3m42s on a 2-core VM (ops prebuilt).
+Slow: 9 DeepSpeed launches of 4-8 steps and 2 `memascend export` runs; about 4 min on a 2-core VM (ops prebuilt).
 Run with `pytest -m slow tests/integration/test_train_cpu.py`. Fault hooks used: MEMASCEND_FAULT_STOP_AT_STEP,
 MEMASCEND_FAULT_KILL_AFTER_CHECKPOINT (train_worker) and MEMASCEND_FAULT_KILL_DURING_CHECKPOINT (checkpoint).
 """
@@ -173,14 +173,15 @@ def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run
     assert os.path.isfile(os.path.join(run, "export", "model.safetensors"))
 
 
-def test_malformed_dataset_line_fails_in_the_rank_with_one_line(tmp_path):
+def test_malformed_dataset_line_fails_before_the_launch_with_one_line(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": \n')
     p = memascend(TINY, "--baseline", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
     errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert p.returncode == 1 and len(errors) == 1 and "bad.jsonl:2: not valid JSON" in errors[0], p.stderr
-    assert "hint:" in p.stderr
+    # The data is tokenized by the CLI before DeepSpeed starts: a bad file is bad input (exit 2).
+    assert p.returncode == 2 and len(errors) == 1 and "bad.jsonl:2: not valid JSON" in errors[0], p.stderr
+    assert "hint:" in p.stderr and not os.path.exists(tmp_path / "run" / "logs")
 
 
 def test_empty_dataset_line_fails_with_file_and_line(tmp_path):
@@ -188,4 +189,4 @@ def test_empty_dataset_line_fails_with_file_and_line(tmp_path):
     data.write_text('{"instruction": "a", "output": "b"}\n\n')
     p = memascend(TINY, "--baseline", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
-    assert p.returncode == 1 and "gap.jsonl:2: empty line" in p.stderr
+    assert p.returncode == 2 and "gap.jsonl:2: empty line" in p.stderr
