@@ -47,6 +47,8 @@ def collect(run: str) -> dict:
     export = os.path.join(run, "export")
     from transformers import AutoTokenizer, GenerationConfig
 
+    from memascend_engine.data import hf_validation_loss
+
     tok = AutoTokenizer.from_pretrained(export)
     gen = GenerationConfig.from_pretrained(export)
     original = recipe["model"]
@@ -73,6 +75,8 @@ def collect(run: str) -> dict:
         "export": {"files": sorted(os.listdir(export)), "chat_template_kept": bool(tok.chat_template),
                    "generation_config": {"bos_token_id": gen.bos_token_id, "eos_token_id": gen.eos_token_id,
                                          "pad_token_id": gen.pad_token_id}},
+        "validation_loss_hf": {"original": hf_validation_loss(original, data["cache_dir"]),
+                               "fine_tuned": hf_validation_loss(export, data["cache_dir"])},
         "held_out": [{"question": q, "original": a, "fine_tuned": b}
                      for q, a, b in zip(HELD_OUT, generate(original, HELD_OUT), generate(export, HELD_OUT))],
     }
@@ -91,6 +95,9 @@ def tables(doc: dict) -> str:
              "| validation loss at step | " + " | ".join(str(e["step"]) for e in v) + " |",
              "|---|" + "---:|" * len(v),
              "| | " + " | ".join(f"{e['loss']:.4f}" for e in v) + " |",
+             "",
+             f"The same validation rows through transformers outside DeepSpeed: original model "
+             f"{doc['validation_loss_hf']['original']:.4f}, fine-tuned export {doc['validation_loss_hf']['fine_tuned']:.4f}.",
              "",
              f"Training losses: first {doc['losses'][0]:.4f}, last {doc['losses'][-1]:.4f}; median "
              f"{sorted(s)[len(s) // 2]:.1f} s/step (first step {s[0]:.1f} s); host peak (VmHWM) {doc['host_peak_gib']:.2f} GiB, "

@@ -666,3 +666,25 @@ def micro_batch_rows(num_rows: int, seed: int, micro_index: int, *, micro_batch:
     epoch, k = divmod(micro_index, per_epoch)
     start = k * per_global + rank * micro_batch
     return [epoch_row(p, num_rows, seed, epoch) for p in range(start, start + micro_batch)]
+
+
+def hf_validation_loss(model_dir: str, cache_folder: str, micro_batch: int = 2) -> float:
+    """Mean loss per trained token of a Hugging Face model directory on a cache's validation split, as the
+    worker computes it (a check outside DeepSpeed: e.g. the original model before fine-tuning vs the export)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    val = TokenCache(cache_folder).validation
+    if val is None:
+        raise DataError(f"{cache_folder} has no validation split")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(val), micro_batch):
+            batch = {k: torch.from_numpy(v) for k, v in val.batch(list(range(start, min(start + micro_batch,
+                                                                                         len(val))))).items()}
+            n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+            total += float(model(**batch).loss) * n
+            tokens += n
+    return total / tokens

@@ -349,10 +349,6 @@ class Run:
             self.metrics({"event": "start", "total_steps": total, "world_size": self.world,
                           "engine": "baseline" if self.args.baseline else "memascend",
                           "train_sequences": len(train), "validation_sequences": len(val) if val else 0})
-            # The validation loss before any update: the baseline the later ones are compared with.
-            vl = self.evaluate(engine, val)
-            if vl is not None:
-                self.metrics({"event": "eval", "step": 0, "loss": vl})
         root = os.path.join(self.run_dir, "checkpoints")
         last_saved = step
         io0 = proc_io_bytes()

@@ -490,3 +490,36 @@ def job_spec(r: Recipe, model_spec, *, ranks: int | None, baseline: bool, deepsp
                    dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, baseline),
                    deepspeed_version=deepspeed_version,
                    knobs=knobs if knobs is not None else ZeroKnobs(max_in_cpu=0, checkpoint_copies=0))
+
+
+def reference_markdown() -> str:
+    """docs/recipes.md: every recipe key with its type, default and meaning, from the models themselves
+    (tests/unit/test_recipe.py keeps the file equal to this)."""
+
+    def rows(cls, prefix: str) -> list[str]:
+        out = []
+        for name, f in cls.model_fields.items():
+            ann = str(f.annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            ann = "mapping" if name in _NESTED else ann.replace("|", "\\|")
+            if f.is_required():
+                default = "required"
+            elif f.default_factory is not None:
+                default = f"`{f.default_factory()!r}`"
+            else:
+                default = f"`{f.default!r}`"
+            if name in _NESTED:
+                default = "see below"
+            desc = " ".join((f.description or "").split()).replace("|", "\\|")
+            out.append(f"| `{prefix}{name}` | `{ann}` | {default} | {desc} |")
+        return out
+
+    head = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    parts = ["# Recipe keys", "",
+             "Generated from `memascend_cli/recipe.py` (pydantic models; unknown keys are refused with a close "
+             "suggestion). Paths are relative to the recipe file, `output_dir` to the current directory. "
+             "LLaMA-Factory's keys are translated first: docs/llama-factory.md.", "",
+             *head, *rows(Recipe, ""), "", "## dataset", "", "`dataset: file.jsonl` is short for "
+             "`dataset: {path: file.jsonl}`.", "", *head, *rows(DatasetConfig, "dataset."), "", "## schedule", "",
+             "`schedule: cosine` is short for `schedule: {name: cosine}`.", "", *head,
+             *rows(ScheduleConfig, "schedule."), ""]
+    return "\n".join(parts)

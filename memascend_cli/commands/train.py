@@ -536,15 +536,20 @@ def step_progress(console):
                     TimeRemainingColumn(compact=True), console=console, expand=False)
 
 
-def format_stats(r: dict) -> str:
-    """The figures under the bar (at most 80 characters for any realistic values)."""
-    return (f"loss {r['loss']:.4f}  lr {r['lr']:.1e}  {r['tokens_per_s']:,.0f} tok/s  host {r['host_rss_gib']:.2f} GiB"
-            f"  SSD {r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f} GB/s")
+def _rate(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 10_000 else f"{x:,.0f}"
+
+
+def format_stats(r: dict, sep: str = "  ") -> str:
+    """The figures under the bar: loss, lr, tokens/s, host memory (node), SSD GB/s read/written."""
+    lr = f"{r['lr']:.1e}".replace("e-0", "e-").replace("e+0", "e")
+    return sep.join((f"loss {r['loss']:.4f}", f"lr {lr}", f"{_rate(r['tokens_per_s'])} tok/s",
+                     f"host {r['host_rss_gib']:.1f} GiB", f"SSD {r['ssd_read_gbps']:.1f}/{r['ssd_write_gbps']:.1f} GB/s"))
 
 
 def format_step(r: dict) -> str:
-    """One plain line per step when stderr is not a terminal (logs, CI)."""
-    return f"step {r['step']}/{r.get('total_steps', '?')}  " + format_stats(r)
+    """One plain line per step when stderr is not a terminal (logs, CI): `step/total figures`, 80 columns."""
+    return f"{r['step']}/{r.get('total_steps', '?')} " + format_stats(r, " ")
 
 
 def format_event(e: dict) -> str:

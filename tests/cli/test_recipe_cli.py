@@ -93,3 +93,27 @@ def test_recipe_errors_are_one_line_with_a_hint(tmp_path):
     assert "seq_len must be at least 1" in text and "precision 'fp8' is not one of bf16, fp32, fp16" in text
     assert "schedule.name 'step' is not one of constant, cosine, linear" in text
     assert re.search(r"hint: recipe keys: model, dataset", text)
+
+
+# Large but real-world values: a long run, a high loss, a fast node with much memory and a fast SSD.
+BIG_STEP = {"event": "step", "step": 12345, "total_steps": 20000, "loss": 10.3456, "lr": 1.5e-4, "tokens_per_s": 98765.4,
+            "s_per_step": 12.3, "host_rss_gib": 123.45, "host_peak_gib": 130.0, "ssd_read_gbps": 12.34,
+            "ssd_write_gbps": 9.87}
+
+
+def test_train_progress_fits_80_columns():
+    from rich.console import Console, Group
+    from rich.text import Text
+
+    from memascend_cli.commands.train import format_event, format_stats, format_step, step_progress
+
+    assert len(format_step(BIG_STEP)) <= 80 and len(format_stats(BIG_STEP)) <= 80
+    assert len(format_event({"event": "eval", "step": 12345, "loss": 1.23456})) <= 80
+    console = Console(width=80, record=True, force_terminal=True, color_system=None)
+    progress = step_progress(console)
+    task = progress.add_task("memascend(no-fused-check): backward", total=20000)
+    progress.update(task, completed=12345)
+    console.print(Group(progress, Text(format_stats(BIG_STEP))))
+    text = console.export_text()
+    assert all(len(l) <= 80 for l in text.splitlines()), text
+    assert "12345/20000" in text and "eta" in text and "tok/s" in text

@@ -61,7 +61,12 @@ def test_llamafactory_full_sft_recipe_runs_unchanged(tmp_path):
     assert start["train_sequences"] == 36 and start["validation_sequences"] == 4 and start["total_steps"] == 18
     assert [r["step"] for r in records if r["event"] == "step"] == [10, 18]  # logging_steps 10
     evals = [r["loss"] for r in records if r["event"] == "eval"]
-    assert len(evals) == 2 and evals[-1] < evals[0]
+    assert len(evals) == 1  # eval_steps 500 > 18 steps: at the end only
+    from memascend_engine.data import hf_validation_loss
+
+    data = json.loads((run / "data.json").read_text())
+    assert abs(hf_validation_loss(str(run / "export"), data["cache_dir"]) - evals[0]) < 1e-2
+    assert evals[0] < hf_validation_loss(model_dir, data["cache_dir"])  # lower than the untrained model's
     ds_config = json.loads((run / "ds_config.json").read_text())
     assert ds_config["bf16"] == {"enabled": True} and ds_config["gradient_accumulation_steps"] == 2
     assert ds_config["scheduler"]["params"]["warmup_num_steps"] == 2  # ceil(0.1 x 18)

@@ -92,3 +92,17 @@ def test_total_steps_from_epochs():
     r = recipe_from_dict({"model": "m", "dataset": "d", "epochs": 2.0, "micro_batch": 4, "grad_accum": 2})
     assert total_steps(r, 100, world_size=2) == 12  # 2 x 100 // 16
     assert total_steps(recipe_from_dict({"model": "m", "dataset": "d", "steps": 5}), 100, 1) == 5
+
+
+def test_docs_recipes_md_is_generated_from_the_models():
+    from memascend_cli.recipe import reference_markdown
+
+    with open(os.path.join(REPO, "docs", "recipes.md"), encoding="utf-8") as f:
+        assert f.read() == reference_markdown(), "regenerate: python -c 'from memascend_cli.recipe import " \
+            "reference_markdown; open(\"docs/recipes.md\", \"w\").write(reference_markdown())'"
+
+
+def test_llamafactory_and_native_keys_do_not_clash(tmp_path):
+    path = write(tmp_path, "model: m\ndataset: d.jsonl\nlearning_rate: 1.0e-4\nlr: 2.0e-4\n")
+    with pytest.raises(BadInput, match="learning_rate and lr both set|lr is given twice"):
+        load_recipe(path)
