@@ -48,7 +48,8 @@ class DatasetConfig(_Strict):
     max_samples: int | None = Field(None, ge=1)
     """Use only the first N samples of each file."""
     cache_dir: str | None = None
-    """Where tokenized data is cached (memory-mapped by the ranks); None = $MEMASCEND_CACHE or ~/.cache/memascend."""
+    """Where tokenized data is cached (memory-mapped by the ranks); None = $MEMASCEND_CACHE or ~/.cache/memascend.
+    Several nodes: a folder every node sees (as output_dir must be)."""
     overwrite_cache: bool = False
     """Tokenize again even when a cache for the same inputs exists."""
 
