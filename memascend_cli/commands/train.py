@@ -544,7 +544,11 @@ def format_stats(r: dict, sep: str = "  ") -> str:
     """The figures under the bar: loss, lr, tokens/s, host memory (node), SSD GB/s read/written."""
     lr = f"{r['lr']:.1e}".replace("e-0", "e-").replace("e+0", "e")
     return sep.join((f"loss {r['loss']:.4f}", f"lr {lr}", f"{_rate(r['tokens_per_s'])} tok/s",
-                     f"host {r['host_rss_gib']:.1f} GiB", f"SSD {r['ssd_read_gbps']:.1f}/{r['ssd_write_gbps']:.1f} GB/s"))
+                     f"host {r['host_rss_gib']:.1f} GiB", f"SSD {_gbps(r['ssd_read_gbps'])}/{_gbps(r['ssd_write_gbps'])} GB/s"))
+
+
+def _gbps(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
 def format_step(r: dict) -> str:
