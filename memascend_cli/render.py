@@ -33,7 +33,7 @@ def _items_table(title: str, tier: str, ests, details: bool) -> Table | None:
         how = ref.kind if ref.kind != "steady" else ""
         pins = {p for p in ((bi.pinned if bi else ""), (mi.pinned if mi else "")) if p}
         if pins:
-            how = (how + " " if how else "") + "/".join(sorted(pins))
+            how = (how + " " if how else "") + " / ".join(sorted(pins))
         t.add_row(ref.label, _gib(bi.bytes if bi else None), _gib(mi.bytes if mi else None), how)
     return t
 
