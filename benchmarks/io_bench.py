@@ -193,7 +193,6 @@ def main() -> int:
     if args.size % args.block_size:
         p.error("--size must be a multiple of --block-size")
 
-    sys.path.insert(0, str(REPO))
     from memascend_engine import native
 
     ok, why = native.available()

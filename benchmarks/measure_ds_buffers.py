@@ -44,12 +44,15 @@ def main(argv=None) -> dict:
 
     single_rank_defaults()
 
+    from dataclasses import replace
+
     import deepspeed
     import torch
-
-    from memascend_cli.deepspeed_config import zero3_nvme_config
-    from memascend_cli.models import load_model
     from memascend_engine.hf_models import causal_lm_factory
+
+    from memascend_cli.deepspeed_config import adamw, ds_config
+    from memascend_cli.models import load_model
+    from memascend_cli.planner import zero
 
     deepspeed.init_distributed(dist_backend="gloo")
     import transformers  # noqa: F401  (counted in the runtime level, as a training script has it)
@@ -60,13 +63,14 @@ def main(argv=None) -> dict:
     buffer_size = int(args.param_buffer_size) if args.param_buffer_size else max(int(1e8), largest)
     shutil.rmtree(args.nvme_dir, ignore_errors=True)
     os.makedirs(args.nvme_dir)
-    cfg = zero3_nvme_config(
-        micro_batch=args.micro_batch, dtype=args.dtype, nvme_dir=args.nvme_dir, lr=1e-3,
-        sub_group_size=args.sub_group_size, reduce_bucket_size=args.reduce_bucket_size,
-        param_buffer_count=args.param_buffer_count, param_buffer_size=buffer_size, max_in_cpu=args.max_in_cpu,
+    settings = replace(
+        zero.DEEPSPEED_DEFAULTS, sub_group_size=int(args.sub_group_size), reduce_bucket_size=int(args.reduce_bucket_size),
+        param_buffer_count=args.param_buffer_count, param_buffer_size=buffer_size, max_in_cpu=int(args.max_in_cpu),
         optimizer_buffer_count=args.optimizer_buffer_count,
-        # max_in_cpu below the model with the default reuse distance crashes in step 2 (deepspeed-notes addendum).
-        zero_extra={"stage3_max_reuse_distance": 0 if args.max_in_cpu < spec.num_params else int(1e9)})
+        # max_in_cpu below the model with the default reuse distance crashes in step 2 (zero.memascend_knobs).
+        max_reuse_distance=0 if args.max_in_cpu < spec.num_params else zero.DEEPSPEED_DEFAULTS.max_reuse_distance)
+    cfg = ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, precision=args.dtype,
+                    optimizer=adamw(1e-3))
 
     make_model = causal_lm_factory(spec)
     torch.manual_seed(0)

@@ -16,9 +16,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def parse_count(text: str) -> int:
@@ -55,7 +52,6 @@ def main() -> int:
     args = p.parse_args()
     n = parse_count(args.numel)
 
-    sys.path.insert(0, str(REPO))
     import torch
     from memascend_engine import native
 

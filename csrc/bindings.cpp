@@ -189,9 +189,11 @@ torch.frombuffer, numpy); close() refuses while views exist.
                  if (b.exports > 0)
                      throw py::buffer_error("cannot close AlignedBuffer: " + std::to_string(b.exports) +
                                             " exported view(s) (memoryviews or tensors from as_tensor) still alive");
+                 py::gil_scoped_release release;  // a CUDA-registered buffer waits for its device first
                  b.buf.close();
              },
-             "Unregister (CUDA), munlock and munmap. Raises BufferError while views exist.")
+             "Synchronise the CUDA device (if registered), unregister, munlock and munmap. Raises BufferError "
+             "while views exist.")
         .def("__enter__", [](PyAlignedBuffer& b) -> PyAlignedBuffer& { return b; }, py::return_value_policy::reference)
         .def("__exit__",
              [](PyAlignedBuffer& b, py::args) {
@@ -252,5 +254,7 @@ torch.frombuffer, numpy); close() refuses while views exist.
           },
           py::arg("path"), "Direct-I/O alignment of a path: {'mem_align', 'offset_align', 'source'}.");
     m.def("cuda_runtime_status", &cuda_runtime_status, "How the dlopen'ed CUDA runtime looks to this module.");
+    m.def("cuda_close_syncs", &cuda_close_syncs,
+          "Closes of CUDA-registered buffers that synchronised their device before cudaHostUnregister.");
     m.def("page_size", &page_size_bytes);
 }

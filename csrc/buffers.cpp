@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +46,9 @@ struct CudaRuntime {
     cuda_err_t (*host_register)(void*, size_t, unsigned) = nullptr;
     cuda_err_t (*host_unregister)(void*) = nullptr;
     cuda_err_t (*get_device_count)(int*) = nullptr;
+    cuda_err_t (*get_device)(int*) = nullptr;
+    cuda_err_t (*set_device)(int) = nullptr;
+    cuda_err_t (*device_synchronize)() = nullptr;
     const char* (*get_error_string)(cuda_err_t) = nullptr;
 
     std::string error_text(cuda_err_t e) const {
@@ -86,9 +90,14 @@ CudaRuntime& cuda_runtime() {
         rt.host_register = reinterpret_cast<cuda_err_t (*)(void*, size_t, unsigned)>(dlsym(rt.handle, "cudaHostRegister"));
         rt.host_unregister = reinterpret_cast<cuda_err_t (*)(void*)>(dlsym(rt.handle, "cudaHostUnregister"));
         rt.get_device_count = reinterpret_cast<cuda_err_t (*)(int*)>(dlsym(rt.handle, "cudaGetDeviceCount"));
+        rt.get_device = reinterpret_cast<cuda_err_t (*)(int*)>(dlsym(rt.handle, "cudaGetDevice"));
+        rt.set_device = reinterpret_cast<cuda_err_t (*)(int)>(dlsym(rt.handle, "cudaSetDevice"));
+        rt.device_synchronize = reinterpret_cast<cuda_err_t (*)()>(dlsym(rt.handle, "cudaDeviceSynchronize"));
         rt.get_error_string = reinterpret_cast<const char* (*)(cuda_err_t)>(dlsym(rt.handle, "cudaGetErrorString"));
-        if (!rt.host_register || !rt.host_unregister || !rt.get_device_count) {
-            rt.status = "'" + rt.status + "' lacks cudaHostRegister/cudaHostUnregister/cudaGetDeviceCount";
+        if (!rt.host_register || !rt.host_unregister || !rt.get_device_count || !rt.get_device || !rt.set_device ||
+            !rt.device_synchronize) {
+            rt.status = "'" + rt.status + "' lacks one of cudaHostRegister/cudaHostUnregister/cudaGetDeviceCount/"
+                        "cudaGetDevice/cudaSetDevice/cudaDeviceSynchronize";
             rt.handle = nullptr;  // keep it loaded; just unusable
             return;
         }
@@ -107,6 +116,7 @@ CudaRuntime& cuda_runtime() {
 
 constexpr unsigned kCudaHostRegisterPortable = 1;  // visible to every CUDA context
 constexpr size_t kHugePageBytes = size_t(2) << 20;    // x86-64/arm64 (4 KiB base page) PMD size
+std::atomic<uint64_t> g_close_syncs{0};
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -121,6 +131,8 @@ void populate(void* p, size_t bytes) {
 }
 
 }  // namespace
+
+uint64_t cuda_close_syncs() { return g_close_syncs.load(std::memory_order_relaxed); }
 
 size_t page_size_bytes() {
     static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -187,8 +199,14 @@ AlignedBuffer::AlignedBuffer(size_t nbytes, bool lock, bool cuda_register, bool 
             cuda_error_ = rt.status;
         } else {
             cuda_err_t e = rt.host_register(ptr_, mapped_, kCudaHostRegisterPortable);
-            if (e == 0) cuda_registered_ = true;
-            else cuda_error_ = "cudaHostRegister(" + std::to_string(mapped_) + " bytes) failed: " + rt.error_text(e);
+            if (e == 0) {
+                cuda_registered_ = true;
+                // The device current on the registering thread is the one whose streams copy from
+                // and to this buffer (one GPU per rank); close() synchronises it.
+                if (rt.get_device(&cuda_device_) != 0) cuda_device_ = -1;
+            } else {
+                cuda_error_ = "cudaHostRegister(" + std::to_string(mapped_) + " bytes) failed: " + rt.error_text(e);
+            }
         }
     }
 }
@@ -199,7 +217,20 @@ void AlignedBuffer::close() {
     if (!ptr_) return;
     if (cuda_registered_) {
         CudaRuntime& rt = cuda_runtime();
-        if (rt.host_unregister) rt.host_unregister(ptr_);
+        // A non_blocking H2D/D2H copy enqueued on any stream may still be reading or writing these
+        // pages: cudaHostUnregister does not wait for it (only cudaFreeHost synchronises
+        // implicitly), and munmap below would hand the pages back while the DMA runs. Wait for
+        // all work on the buffer's device first. This runs on whatever thread drops the last
+        // view (a GC finalizer included), so the device is selected explicitly and restored.
+        // Errors are ignored on purpose: at process exit the runtime may already be unloading
+        // (no context, so no copy can be in flight) and a sticky error means the context is dead.
+        int previous = -1;
+        const bool switch_device = cuda_device_ >= 0 && rt.get_device(&previous) == 0 && previous != cuda_device_;
+        if (switch_device) rt.set_device(cuda_device_);
+        rt.device_synchronize();
+        g_close_syncs.fetch_add(1, std::memory_order_relaxed);
+        rt.host_unregister(ptr_);
+        if (switch_device) rt.set_device(previous);
         cuda_registered_ = false;
     }
     if (locked_) {

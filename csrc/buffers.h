@@ -21,7 +21,8 @@ public:
     AlignedBuffer(const AlignedBuffer&) = delete;
     AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 
-    // Unregisters, unlocks and unmaps. Idempotent.
+    // Unregisters (after synchronising the CUDA device it was registered on, so that no async copy
+    // still touches the pages), unlocks and unmaps. Idempotent.
     void close();
 
     void* data() const { return ptr_; }
@@ -43,6 +44,7 @@ private:
     bool locked_ = false;
     std::string lock_error_;
     bool cuda_registered_ = false;
+    int cuda_device_ = -1;  // device current when registered; synchronised before unregistering
     std::string cuda_error_;
 };
 
@@ -51,5 +53,8 @@ private:
 std::string cuda_runtime_status();
 
 size_t page_size_bytes();
+
+// How many closes of CUDA-registered buffers synchronised their device first (for tests and stats).
+uint64_t cuda_close_syncs();
 
 }  // namespace memascend

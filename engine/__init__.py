@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memascend_cli.planner.zero import DEFAULT_PIPELINE_DEPTH, DEFAULT_PREFETCH_LAYERS
+
 if TYPE_CHECKING:  # pragma: no cover
     from memascend_engine.runtime import Installed
 
@@ -32,8 +34,9 @@ class EngineOptions:
     """Exact-size page-aligned pinned allocation at every DeepSpeed pin site (mlocked on CPU,
     cudaHostRegistered on CUDA); off: DeepSpeed's own pinning."""
     adaptive_pool: bool = True
-    """Size-class parameter pools from the model inventory and an optimizer pool of exactly the
-    buffers Adam needs; off: DeepSpeed's ``buffer_count x buffer_size`` pool."""
+    """Size-class parameter pools from the model inventory (memascend_cli.planner.zero.param_pool_plan);
+    off: DeepSpeed's ``buffer_count x buffer_size`` pool. The stock knobs memascend sets (sub-group size,
+    reduce bucket, max_in_cpu, ...) do not depend on this switch: they are config, not technique."""
     fused_overflow: bool = True
     """The ZeRO-3 overflow check uses the native one-pass scan (no per-element temporaries)."""
     direct_nvme: bool = True
@@ -47,8 +50,17 @@ class EngineOptions:
     """Liger-Kernel / FlashAttention when installed on a GPU machine (`Installed.apply_fused_kernels`)."""
     adam_in_place: bool = True
     """Create CPU-Adam's states directly in the pinned swap buffers (needs direct_nvme)."""
-    prefetch_layers: int = 2
+    prefetch_layers: int = DEFAULT_PREFETCH_LAYERS
     """Decoder layers whose parameter partitions the adaptive pool holds at once."""
+    streaming: bool = True
+    """Bounded host memory (engine/bounded.py): reduced gradients stream to the SSD in the training dtype (no
+    full-size gradient buffer in DRAM) and the optimizer step runs as a pipeline of sub-group chunks (no pool sized
+    by the largest tensor). Needs direct_nvme and DeepSpeedCPUAdam; off: DeepSpeed's gradient and optimizer path."""
+    pipeline_depth: int = DEFAULT_PIPELINE_DEPTH
+    """Optimizer chunks in flight (one read, one updated, one written back)."""
+    checkpoint_offload: str = "ssd"
+    """Where offloaded activation checkpoints go: ssd (a bounded window of the region), dram (one pinned buffer
+    per layer)."""
 
 
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,

@@ -25,8 +25,10 @@ import shutil
 
 import numpy as np
 import torch
+from memascend_engine import deepspeed_plugin as plug
 
-COMPLETE = "COMPLETE"
+from memascend_cli.rundir import COMPLETE
+
 TRAINER = "trainer.json"
 FORMAT_VERSION = 1
 
@@ -68,22 +70,6 @@ def _write_json(path: str, data: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _zero_optimizer(engine):
-    opt = engine.optimizer
-    if not hasattr(opt, "fp32_partitioned_groups_flat"):
-        raise RuntimeError("memascend checkpoints need a ZeRO stage-3 optimizer (zero_optimization.stage 3)")
-    return opt
-
-
-def _swappable(opt, i: int) -> bool:
-    return bool(getattr(opt, "swap_optimizer", False)) and opt._swappable_optimizer_subgroup(i)
-
-
-def _state_names(inner) -> tuple[str, ...]:
-    # Adam-family optimizers (DeepSpeedCPUAdam, torch AdamW): the two moment tensors.
-    return ("exp_avg", "exp_avg_sq")
-
-
 def _rng_state() -> dict:
     return {"torch": torch.get_rng_state().tolist(), "python": _py_state_to_json(random.getstate())}
 
@@ -99,48 +85,33 @@ def _set_rng_state(data: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def _loss_scaler_state(opt) -> dict:
-    scaler = getattr(opt, "loss_scaler", None)
-    if scaler is None:
-        return {}
-    return {k: v for k, v in vars(scaler).items() if isinstance(v, (int, float, bool)) and not k.startswith("_")}
-
-
 def save_rank_state(engine, folder: str, rank: int) -> None:
     """Write this rank's optimizer partitions into `folder` (rank-R.bin + rank-R.json, fsynced)."""
-    opt = _zero_optimizer(engine)
-    inner = opt.optimizer
-    names = _state_names(inner)
-    bin_path = os.path.join(folder, f"rank-{rank:05d}.bin")
+    access = plug.OptimizerStateAccess(engine)
     groups = []
     offset = 0
+    bin_path = os.path.join(folder, f"rank-{rank:05d}.bin")
     with open(bin_path, "wb") as f:
-        for i, fp32 in enumerate(opt.fp32_partitioned_groups_flat):
-            swap = _swappable(opt, i)
-            if swap:
-                # Same call as step(): reads the master and Adam states of this sub-group into the
-                # swap buffers; released below without a write, so the SSD copy is untouched.
-                opt.optimizer_swapper.swap_in_optimizer_state(parameter=fp32)
-            try:
-                state = inner.state.get(fp32, {})
-                entry = {"numel": int(fp32.numel()), "step": _as_int(state.get("step")), "tensors": {}}
-                for name, tensor in [("fp32", fp32.data)] + [(n, state[n]) for n in names if n in state]:
-                    arr = tensor.detach().to(torch.float32).contiguous().numpy()
-                    arr.tofile(f)
-                    entry["tensors"][name] = {"offset_bytes": offset, "numel": int(arr.size)}
-                    offset += arr.nbytes
-                groups.append(entry)
-            finally:
-                if swap:
-                    opt.optimizer_swapper.release_swap_buffers(parameter=fp32)
+        for i in range(access.num_groups):
+            # Read as step() does; the SSD copy is untouched.
+            step, tensors = access.read(i)
+            entry = {"numel": access.numel(i), "step": step, "tensors": {}}
+            for name in ("fp32", *plug.ADAM_STATES):
+                if name not in tensors:
+                    continue
+                arr = tensors[name].detach().to(torch.float32).contiguous().numpy()
+                arr.tofile(f)
+                entry["tensors"][name] = {"offset_bytes": offset, "numel": int(arr.size)}
+                offset += arr.nbytes
+            groups.append(entry)
         f.flush()
         os.fsync(f.fileno())
     manifest = {
         "format_version": FORMAT_VERSION,
         "rank": rank,
         "groups": groups,
-        "lrs": [g["lr"] for g in inner.param_groups],
-        "loss_scaler": _loss_scaler_state(opt),
+        "lrs": plug.optimizer_lrs(engine),
+        "loss_scaler": plug.loss_scaler_state(engine),
         "rng": _rng_state(),
     }
     _write_json(os.path.join(folder, f"rank-{rank:05d}.json"), manifest)
@@ -166,8 +137,7 @@ def save(engine, root: str, step: int, trainer_state: dict, *, rank: int, world_
     if rank == 0:
         state = {"format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
                  "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-                 "engine": {"global_steps": int(engine.global_steps), "global_samples": int(engine.global_samples),
-                            "micro_steps": int(engine.micro_steps), "skipped_steps": int(engine.skipped_steps)},
+                 "engine": plug.engine_counters(engine),
                  **trainer_state}
         _write_json(os.path.join(tmp, TRAINER), state)
         _fsync_dir(tmp)
@@ -204,24 +174,6 @@ def read_trainer_state(folder: str) -> dict:
         return json.load(f)
 
 
-def _prime_cpu_adam(inner, step: int, group: dict) -> None:
-    """Replay DeepSpeedCPUAdam's C++ step counter to `step`.
-
-    The C++ op keeps beta^t as a running float product (cpu_adam.h IncrementStep); a fresh op
-    asked for step k+1 computes pow(beta, k+1) instead, which differs in the last bits and breaks
-    bit-exact resume. Calling it once per step 1..k on a one-element scratch tensor rebuilds the
-    same running product; the scratch update itself is discarded.
-    """
-    op = getattr(inner, "ds_opt_adam", None)
-    if op is None or step <= 0:
-        return
-    p, g, m, v = (torch.zeros(1, dtype=torch.float32) for _ in range(4))
-    beta1, beta2 = group["betas"]
-    for s in range(1, step + 1):
-        op.adam_update(inner.opt_id, s, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-                       group["bias_correction"], p, g, m, v)
-
-
 def load(engine, folder: str, *, rank: int, world_size: int) -> dict:
     """Restore this rank from `folder` (collective only through DeepSpeed's own param swap-out).
 
@@ -232,58 +184,29 @@ def load(engine, folder: str, *, rank: int, world_size: int) -> dict:
         raise ValueError(f"checkpoint {folder} was written by {state['world_size']} rank(s), this run has {world_size}")
     with open(os.path.join(folder, f"rank-{rank:05d}.json"), encoding="utf-8") as f:
         manifest = json.load(f)
-    opt = _zero_optimizer(engine)
-    inner = opt.optimizer
-    names = _state_names(inner)
-    if len(manifest["groups"]) != len(opt.fp32_partitioned_groups_flat):
-        raise ValueError(f"checkpoint {folder} has {len(manifest['groups'])} optimizer sub-groups, the run has "
-                         f"{len(opt.fp32_partitioned_groups_flat)} (different sub_group_size or model?)")
+    access = plug.OptimizerStateAccess(engine)
+    if len(manifest["groups"]) != access.num_groups:
+        raise ValueError(f"checkpoint {folder} has {len(manifest['groups'])} optimizer groups, the run has "
+                         f"{access.num_groups} (different sub_group_size, model or engine?)")
     data = np.memmap(os.path.join(folder, f"rank-{rank:05d}.bin"), dtype=np.float32, mode="r")
 
     def array(meta) -> torch.Tensor:
         start = meta["offset_bytes"] // 4
         return torch.from_numpy(np.array(data[start:start + meta["numel"]]))
 
-    for i, (fp32, entry) in enumerate(zip(opt.fp32_partitioned_groups_flat, manifest["groups"])):
-        # A swapped-out sub-group's master is an empty placeholder until swap-in: compare with the
-        # partition's own element count.
-        numel = int(opt.fp16_partitioned_groups_flat_numel[i]) if hasattr(opt, "fp16_partitioned_groups_flat_numel") \
-            else int(fp32.numel())
+    for i, entry in enumerate(manifest["groups"]):
+        numel = access.numel(i)
         if entry["numel"] != numel:
-            raise ValueError(f"checkpoint {folder}: sub-group {i} has {entry['numel']} elements, the run {numel}")
-        swap = _swappable(opt, i)
-        if swap:
-            opt.optimizer_swapper.swap_in_optimizer_state(parameter=fp32)
-        fp32.data.copy_(array(entry["tensors"]["fp32"]))
-        st = inner.state.setdefault(fp32, {})
-        if entry["step"] is not None:
-            # Same keys and order as DeepSpeedCPUAdam's lazy init, so the swapper registers the
-            # moment tensors exactly as after a first real step.
-            st["step"] = entry["step"]
-            for n in names:
-                src = array(entry["tensors"][n])
-                if n in st and st[n].numel() == src.numel():
-                    st[n].data.copy_(src)
-                else:
-                    st[n] = src.clone()
-        # Master -> model partitions (copy or swap out), as step() does after the update.
-        opt._reassign_or_swap_out_partitioned_parameters(i)
-        if swap:
-            opt.optimizer_swapper.swap_out_optimizer_state(parameter=fp32)
-    for g, lr in zip(inner.param_groups, manifest["lrs"]):
-        g["lr"] = lr
-    scaler = getattr(opt, "loss_scaler", None)
-    for k, v in manifest.get("loss_scaler", {}).items():
-        if scaler is not None and hasattr(scaler, k):
-            setattr(scaler, k, v)
+            raise ValueError(f"checkpoint {folder}: optimizer group {i} has {entry['numel']} elements, the run {numel}")
+        access.write(i, entry["step"], {name: array(meta) for name, meta in entry["tensors"].items()})
+    plug.set_optimizer_lrs(engine, manifest["lrs"])
+    plug.set_loss_scaler_state(engine, manifest.get("loss_scaler", {}))
     if engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-    for k, v in state["engine"].items():
-        setattr(engine, k, v)
+    plug.set_engine_counters(engine, state["engine"])
     steps = [e["step"] for e in manifest["groups"] if e["step"] is not None]
-    if steps and inner.param_groups:
-        _prime_cpu_adam(inner, max(steps), inner.param_groups[0])
-    if hasattr(opt, "invalidate_secondary_tensor"):
-        opt.invalidate_secondary_tensor()
+    if steps:
+        plug.prime_cpu_adam(engine, max(steps))
+    plug.invalidate_secondary_tensors(engine)
     _set_rng_state(manifest["rng"])
     return state

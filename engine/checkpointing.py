@@ -1,4 +1,8 @@
-"""Offloaded gradient checkpointing: each decoder layer's input lives in pinned host memory.
+"""Offloaded gradient checkpointing: each decoder layer's input lives on the SSD or in pinned host memory.
+
+With an SSD stash (memascend_engine.bounded.CheckpointStash, the default with a region) the input is written to
+the region through a small ring of aligned buffers and read back, one layer ahead, in backward: host memory holds a
+few layers' checkpoints, not b x s x h x L. With the DRAM stash:
 
 Forward runs every decoder layer under ``no_grad`` and keeps only the layer's input hidden states;
 on a GPU they are copied (non-blocking) into an exact-size pinned host buffer from the engine's
@@ -7,8 +11,8 @@ copies the input back, recomputes the layer with grad enabled and back-propagate
 (reentrant checkpointing, which ZeRO-3's module hooks support: the recompute fetches the layer's
 parameters again). RNG state is forked and restored so a recompute sees the same random numbers.
 
-On a CPU-only job the hidden states already live in host memory; the input is kept as is (this is
-plain full checkpointing, as the planner models it).
+On a CPU-only job with the DRAM stash the hidden states already live in host memory; the input is kept as is
+(plain full checkpointing, as the planner models it).
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ from typing import Any
 
 
 class _HostStash:
-    """Reusable pinned host buffers keyed by byte size (one per live checkpoint)."""
+    """Reusable pinned host buffers keyed by (dtype, numel) (one per live checkpoint).
+
+    On CUDA the buffers are only ever touched by non_blocking copies, so what orders their reuse is
+    a CUDA event per buffer: ``take`` makes the current stream wait for the last copy that read
+    the buffer before the next copy writes it, whichever stream each ran on.
+    """
 
     def __init__(self, allocator):
         self._allocator = allocator
@@ -34,19 +43,22 @@ class _HostStash:
         key = (like.dtype, like.numel())
         with self._mutex:
             bucket = self._free.get(key)
-            buf = bucket.pop() if bucket else None
+            buf, last_read = bucket.pop() if bucket else (None, None)
         if buf is None:
             buf = self._allocator.empty(like.numel(), like.dtype) if self._allocator is not None else \
                 torch.empty(like.numel(), dtype=like.dtype, pin_memory=True)
+        elif last_read is not None:
+            torch.cuda.current_stream(like.device).wait_event(last_read)
         with self._mutex:
             self.live_bytes += buf.numel() * buf.element_size()
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         return buf
 
-    def give_back(self, buf) -> None:
+    def give_back(self, buf, last_read=None) -> None:
+        """``last_read``: a CUDA event recorded after the last copy that reads ``buf`` (None on CPU)."""
         with self._mutex:
             self.live_bytes -= buf.numel() * buf.element_size()
-            self._free.setdefault((buf.dtype, buf.numel()), []).append(buf)
+            self._free.setdefault((buf.dtype, buf.numel()), []).append((buf, last_read))
 
 
 def _make_function():
@@ -63,9 +75,19 @@ def _make_function():
             ctx.input_requires_grad = hidden_states.requires_grad
             ctx.cpu_rng = torch.get_rng_state()
             ctx.cuda_rng = torch.cuda.get_rng_state(hidden_states.device) if hidden_states.is_cuda else None
-            if hidden_states.is_cuda:
+            ctx.key = None
+            if getattr(stash, "on_ssd", False):
+                ctx.key = stash.put(hidden_states)
+                ctx.shape, ctx.dtype = hidden_states.shape, hidden_states.dtype
+                ctx.host = None
+                ctx.save_for_backward(*rest) if rest else None
+            elif hidden_states.is_cuda:
                 host = stash.take(hidden_states)
                 host.copy_(hidden_states.detach().reshape(-1), non_blocking=True)
+                # The D2H copy runs on the current stream after the kernels that produced the
+                # hidden states; backward may run on another stream, so it waits for this event.
+                ctx.written = torch.cuda.Event()
+                ctx.written.record()
                 ctx.host = host
                 ctx.shape = hidden_states.shape
                 ctx.save_for_backward(*rest) if rest else None
@@ -80,9 +102,18 @@ def _make_function():
         @staticmethod
         def backward(ctx, *grad_outputs):
             saved = ctx.saved_tensors
-            if ctx.host is not None:
+            if ctx.key is not None:
+                x = ctx.stash.take(ctx.key, ctx.shape, ctx.dtype, ctx.device)
+                ctx.key = None
+                rest = saved
+            elif ctx.host is not None:
+                stream = torch.cuda.current_stream(ctx.device)
+                stream.wait_event(ctx.written)
                 x = ctx.host.to(ctx.device, non_blocking=True).view(ctx.shape)
-                ctx.stash.give_back(ctx.host)
+                # The buffer is free for the next forward once this H2D copy has read it.
+                read = torch.cuda.Event()
+                read.record(stream)
+                ctx.stash.give_back(ctx.host, read)
                 ctx.host = None
                 rest = saved
             else:
@@ -109,8 +140,9 @@ def _make_function():
 class OffloadedCheckpointer:
     """The ``gradient_checkpointing_func`` handed to transformers' ``_set_gradient_checkpointing``."""
 
-    def __init__(self, allocator):
-        self.stash = _HostStash(allocator)
+    def __init__(self, allocator, ssd_stash=None):
+        """``ssd_stash``: a memascend_engine.bounded.CheckpointStash (checkpoints on the SSD); None: pinned DRAM."""
+        self.stash = ssd_stash if ssd_stash is not None else _HostStash(allocator)
         self._fn = _make_function()
         self.calls = 0
 
@@ -138,12 +170,12 @@ def _bind(function, kwargs):
     return bound
 
 
-def enable(model, allocator) -> OffloadedCheckpointer:
-    """Turn on offloaded checkpointing of every decoder layer of a transformers model."""
+def enable(model, allocator, ssd_stash=None) -> OffloadedCheckpointer:
+    """Turn on offloaded checkpointing of every decoder layer of a transformers model (on the SSD with a stash)."""
     if not getattr(model, "supports_gradient_checkpointing", False) or not hasattr(model, "_set_gradient_checkpointing"):
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing (needs a transformers "
                          "PreTrainedModel with GradientCheckpointingLayer decoder layers)")
-    checkpointer = OffloadedCheckpointer(allocator)
+    checkpointer = OffloadedCheckpointer(allocator, ssd_stash)
     model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=checkpointer)
     if getattr(model.config, "use_cache", False):
         model.config.use_cache = False  # a KV cache is incompatible with recomputation

@@ -92,15 +92,22 @@ class PluginContext:
     malloc_trim: bool
     adam_in_place: bool
     pool_plan_factory: Callable[[int, int, int], Any] | None
-    """(elem_bytes, min_aio_bytes, intra_op_parallelism) -> pools.PoolPlan, or None (stock pool)."""
+    """(elem_bytes, min_aio_bytes, intra_op_parallelism) -> zero.PoolPlan, or None (stock pool)."""
     pinned_allocator: Any = None
     """Set when the pinned technique is on: the gradient flat buffer is then allocated pinned in place."""
     counters: dict = field(default_factory=lambda: {
         "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "adam_states_in_place": 0,
-        "pool_overflow_allocations": 0, "prefetch_skipped": 0, "prefetch_duplicates": 0,
+        "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
+        "prefetch_skipped": 0, "prefetch_duplicates": 0,
         "grad_buffer_in_place": 0})
     param_swappers: list = field(default_factory=list)
     optimizers: list = field(default_factory=list)
+    store: Any = None
+    """The rank's RegionStore (Direct NVMe), or None."""
+    windows: Any = None
+    """zero.EngineWindows when the bounded engine (gradient streaming + optimizer pipeline) is on, else None."""
+    io: Any = None
+    """memascend_engine.bounded.IOCounters of the bounded engine."""
     _libc: Any = None
 
     def trim_heap(self) -> None:
@@ -218,12 +225,61 @@ def pinning_aio_builder(allocator):
 # Adaptive parameter pool
 
 
+class OverflowBuffers:
+    """Pinned buffers for fetches that find every pool slot taken, kept and reused.
+
+    Allocating one per fetch would mmap + mlock + cudaHostRegister (milliseconds per MiB) and, on
+    release, synchronise the device before cudaHostUnregister, on every step. Instead a released
+    buffer goes back to a free list and the next overflow takes the smallest free buffer that holds
+    it (best fit), so the list grows only to the largest number of overflows live at once.
+    Counters: ``pool_overflow_allocations`` (new buffers), ``pool_overflow_reuses``,
+    ``pool_overflow_bytes`` (bytes held by the list, free or taken).
+    """
+
+    def __init__(self, allocate: Callable[[int], Any], counters: dict):
+        self._allocate = allocate  # numel -> 1-D pinned tensor of exactly numel elements
+        self._counters = counters
+        self._free: list[tuple[int, int]] = []  # (numel, serial), sorted
+        self._by_serial: dict[int, Any] = {}
+        self._serial_of: dict[int, int] = {}  # id(tensor) -> serial, for the tensors handed out
+        self._next = 0
+
+    def take(self, numel: int):
+        """A tensor of at least ``numel`` elements (narrow it); a free one when one is large enough."""
+        import bisect
+
+        i = bisect.bisect_left(self._free, (int(numel), -1))
+        if i < len(self._free):
+            _, serial = self._free.pop(i)
+            buf = self._by_serial[serial]
+            self._counters["pool_overflow_reuses"] += 1
+        else:
+            buf = self._allocate(int(numel))
+            serial, self._next = self._next, self._next + 1
+            self._by_serial[serial] = buf
+            self._counters["pool_overflow_allocations"] += 1
+            self._counters["pool_overflow_bytes"] += buf.numel() * buf.element_size()
+        self._serial_of[id(buf)] = serial
+        return buf
+
+    def give_back(self, buf) -> None:
+        """Return a tensor obtained from :meth:`take` (exactly that object)."""
+        import bisect
+
+        serial = self._serial_of.pop(id(buf))
+        bisect.insort(self._free, (buf.numel(), serial))
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+
 def adaptive_param_swapper_class(ctx: PluginContext):
     """A subclass of DeepSpeed's AsyncPartitionedParameterSwapper whose pool is size classes.
 
     Routing: a partition takes a free slot of the smallest class that holds it, else of any larger
-    class. A synchronous fetch that finds no slot gets an exact-size overflow buffer (counted in
-    ``pool_overflow_allocations``) instead of DeepSpeed's "Not enough buffers" assertion; an
+    class. A synchronous fetch that finds no slot gets an exact-size overflow buffer from
+    :class:`OverflowBuffers` instead of DeepSpeed's "Not enough buffers" assertion; an
     asynchronous prefetch that finds no slot is simply skipped (the later synchronous fetch reads it).
     """
     import torch
@@ -274,6 +330,8 @@ def adaptive_param_swapper_class(ctx: PluginContext):
                                                                   torch.empty(0, dtype=self.dtype))
                 self.pool_tensors.append(pool)
                 self._free_slots.append(list(range(c.slot_count)))
+            self._overflow = OverflowBuffers(
+                lambda n: self.aio_read_handle.new_cpu_locked_tensor(n, torch.empty(0, dtype=self.dtype)), ctx.counters)
             self._slot_of: dict[int, tuple] = {}  # ds_id -> (class index, slot index) or ("overflow", tensor)
             self._reserved: list[tuple[int, int]] = []
             self.available_buffer_ids = []  # unused; kept for code that prints it
@@ -303,9 +361,7 @@ def adaptive_param_swapper_class(ctx: PluginContext):
                         return (ci, si), view
             if not allow_overflow:
                 return None, None
-            ctx.counters["pool_overflow_allocations"] += 1
-            buf = self.aio_read_handle.new_cpu_locked_tensor(self._io_aligned_numel(numel),
-                                                             torch.empty(0, dtype=self.dtype))
+            buf = self._overflow.take(self._io_aligned_numel(numel))
             return ("overflow", buf), buf
 
         def _assign(self, param, numel: int, allow_overflow: bool):
@@ -324,7 +380,9 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             slot = self._slot_of.pop(param_id, None)
             if slot is None:
                 return False
-            if slot[0] != "overflow":
+            if slot[0] == "overflow":
+                self._overflow.give_back(slot[1])
+            else:
                 self._free_slots[slot[0]].append(slot[1])
             return True
 
@@ -416,12 +474,22 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             # DeepSpeed passes the FULL numels of the largest sub-group's params but writes their
             # partitions: size the buffer for the partitions (ceil(numel / world)).
             world = max(1, dist.get_world_size())
-            aligned = sum(self._io_aligned_numel(-(-int(n) // world)) for n in partition_num_elems)
+            self._p2_numel = sum(self._io_aligned_numel(-(-int(n) // world)) for n in partition_num_elems)
+            self.partitioned_swap_buffer = None
+            self.partitioned_swap_pool = None
+            if ctx.windows is None:
+                self._allocate_partitioned_swap_buffer()
+            # With the bounded engine the optimizer pipeline writes parameters chunk by chunk; the buffer is only
+            # allocated if DeepSpeed's own step ends up writing them (the pipeline was not eligible).
+
+        def _allocate_partitioned_swap_buffer(self):
             self.partitioned_swap_buffer = self.aio_write_handle.new_cpu_locked_tensor(
-                aligned, torch.zeros(1, dtype=self.dtype))
+                self._p2_numel, torch.zeros(1, dtype=self.dtype))
             self.partitioned_swap_pool = SwapBufferPool([self.partitioned_swap_buffer], aio_handle=self.aio_write_handle)
 
         def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
+            if self.partitioned_swap_pool is None and getattr(self, "_p2_numel", None):
+                self._allocate_partitioned_swap_buffer()
             assert self.partitioned_swap_pool is not None, "partitioned swap buffer not initialised"
             paths = self._get_swap_paths(dst_fp16_params, must_exist=True)
             self.synchronize_writes()
@@ -458,7 +526,7 @@ def stage3_optimizer_class(ctx: PluginContext):
     Base = stage3.DeepSpeedZeroOptimizer_Stage3
     scan_dtypes = (torch.float16, torch.bfloat16, torch.float32)
 
-    class MemAscendStage3(Base):
+    class MemAscendStage3(_BoundedStage3Mixin(ctx), Base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             ctx.optimizers.append(self)
@@ -502,6 +570,8 @@ def stage3_optimizer_class(ctx: PluginContext):
                 self._memascend_grad_buffer_armed = False
 
         def has_overflow(self, partition_gradients=True):
+            if getattr(self, "_ma_bounded", False):
+                return self._ma_has_overflow()
             buf = getattr(self, "grad_partitions_flat_buffer", None)
             if not (ctx.fused_overflow and partition_gradients and buf is not None and buf.device.type == "cpu"
                     and buf.is_contiguous() and buf.dtype in scan_dtypes):
@@ -519,11 +589,13 @@ def stage3_optimizer_class(ctx: PluginContext):
 
         def backward_epilogue(self):
             super().backward_epilogue()
+            if getattr(self, "_ma_bounded", False):
+                self._ma_stream.flush()
             if ctx.malloc_trim:
                 ctx.trim_heap()
 
         def _optimizer_states_and_gradient_swap_in(self, sub_group_id, timer_names=None):
-            if ctx.adam_in_place:
+            if ctx.adam_in_place and not getattr(self, "_ma_bounded", False):
                 self._memascend_seed_adam_states(sub_group_id)
             return super()._optimizer_states_and_gradient_swap_in(sub_group_id, timer_names)
 
@@ -553,6 +625,259 @@ def stage3_optimizer_class(ctx: PluginContext):
             ctx.counters["adam_states_in_place"] += 1
 
     return MemAscendStage3
+
+
+def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
+    """Gradient streaming and the chunked optimizer pipeline (memascend_engine.bounded) inside ZeRO-3.
+
+    Active when ctx.windows is set, a region store is open, the optimizer is DeepSpeedCPUAdam on NVMe with fp32
+    master weights, and no ZenFlow / Muon / partial offload / torch-autocast path is in use; otherwise every method
+    falls through to DeepSpeed's. What it replaces, each mirroring DeepSpeed 0.19.8's arithmetic so per-step losses
+    equal the stock path (runtime/zero/stage3.py line numbers):
+
+    * _configure_tensor_swapping (839): no OptimizerSwapper and no swap pool; the pipeline's slots are the pool;
+    * _setup_for_real_optimizer (761): fp32 placeholders per sub-group, no gradient flat buffer (P5), no
+      initialize_optimizer_states gradient buffer; fp32 masters created chunk by chunk on the SSD;
+    * partition_grads (2006): each reduced partition to the SSD in the gradient dtype, its norm (1446) and fp16
+      overflow scan taken as it streams; micro-batches accumulate by reading the partition back;
+    * step (2873): DeepSpeed's overflow / norm / loss-scale logic, then the pipeline over chunks with the same
+      unscale-and-clip (2979) and the same DeepSpeedCPUAdam op calls (ops/adam/cpu_adam.py step) per chunk.
+    """
+    import torch
+    from deepspeed import comm as dist
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
+    from deepspeed.runtime.zero import stage3
+    from memascend_engine import bounded, native
+
+    from memascend_cli.planner import zero
+
+    class _SwapperFacade:
+        """What DeepSpeed's remaining stage-3 code asks of an optimizer swapper when the pipeline owns the state."""
+
+        def is_swappable_tensor(self, tensor=None, numel=None):
+            return True  # every sub-group lives on the SSD (chunks of the pipeline)
+
+        def init_timers(self):
+            pass
+
+        def log_timers(self):
+            pass
+
+        def pre_backward(self):
+            pass
+
+        def post_backward(self):
+            pass
+
+        def purge_state(self):
+            raise RuntimeError("memascend's bounded engine keeps optimizer states in its region; DeepSpeed's "
+                               "load_checkpoint cannot restore them: use memascend_engine.checkpoint (memascend train)")
+
+    class Mixin:
+        def _ma_eligible(self) -> bool:
+            return (ctx.windows is not None and ctx.store is not None and isinstance(self.optimizer, DeepSpeedCPUAdam)
+                    and not getattr(self, "zenflow", False) and not getattr(self, "use_muon", False)
+                    and getattr(self, "partial_offload", 1.0) == 1.0
+                    and self.master_weights_and_grads_dtype == torch.float32
+                    and not getattr(self, "torch_autocast_gradscaler", None))
+
+        # -- construction -------------------------------------------------------------------------------
+        def _configure_tensor_swapping(self, offload_optimizer_config, aio_config):
+            self._ma_bounded = self._ma_eligible()
+            if not self._ma_bounded:
+                return super()._configure_tensor_swapping(offload_optimizer_config, aio_config)
+            self.optimizer_swapper = _SwapperFacade()
+
+        def _setup_for_real_optimizer(self):
+            if not getattr(self, "_ma_bounded", False):
+                return super()._setup_for_real_optimizer()
+            for i, _ in enumerate(self.fp16_partitioned_groups_flat):
+                ids = self.fp16_partitioned_groups_flat_id[i]
+                placeholder = torch.empty(0, dtype=self.master_weights_and_grads_dtype)
+                placeholder.ds_id = f"{ids[0]}_{ids[-1]}"
+                placeholder.requires_grad = True
+                self.fp32_partitioned_groups_flat.append(placeholder)
+            for param_group in self.optimizer.param_groups:
+                param_group["params"] = []
+            if self.contiguous_gradients:
+                for dtype, bucket in self.ipg_buckets.items():
+                    bucket.buffer = torch.empty(self.reduce_bucket_size, dtype=dtype,
+                                                device=get_accelerator().current_device_name())
+            self.grad_partitions_flat_buffer = None
+            self._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition = {}
+            ctx.io = ctx.io or bounded.IOCounters()
+            self._ma_stream = bounded.GradientStream(ctx.store, ctx.pinned_allocator or _plain_allocator(),
+                                                     ctx.windows, ctx.io)
+            parts = [[int(p.ds_numel) for p in group] for group in self.fp16_partitioned_groups]
+            self._ma_chunks = zero.optimizer_chunks(parts, ctx.windows.optimizer_chunk_numel)
+            grad_keys = [[bounded.GradientStream.key(p.ds_id) for p in group] for group in self.fp16_groups]
+            self._ma_pipeline = bounded.OptimizerPipeline(
+                ctx.store, ctx.pinned_allocator or _plain_allocator(), ctx.windows, self._ma_chunks,
+                self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
+                counters=ctx.io, grad_written=self._ma_stream.written)
+            self._ma_overflow_local = False
+            dist.barrier()
+            self._ma_pipeline.initialize()
+            dist.barrier()
+
+        def _ma_targets(self):
+            """targets[g][j](): where parameter j of sub-group g lives now (DeepSpeed can fetch or release it)."""
+            out = []
+            for g, group in enumerate(self.fp16_groups):
+                row = []
+                for j, param in enumerate(group):
+                    row.append(self._ma_target_fn(param, self.fp16_partitioned_groups[g][j]))
+                out.append(row)
+            return out
+
+        def _ma_target_fn(self, param, partitioned):
+            def resolve() -> bounded.ParamTarget:
+                # As _partitioned_params_swap_out (stage3.py 1271): an available partition is updated in memory,
+                # any other one on the SSD.
+                if partitioned.status == PartitionedParamStatus.AVAILABLE or param.nvme_swapper is None:
+                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data)
+                path = param.nvme_swapper.get_path(param, must_exist=True)
+                return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
+            return resolve
+
+        # -- backward: gradient streaming ----------------------------------------------------------------
+        def partition_grads(self, params_to_release, grad_partitions):
+            if not getattr(self, "_ma_bounded", False):
+                return super().partition_grads(params_to_release, grad_partitions)
+            boundary = self.is_gradient_accumulation_boundary()
+            for param, grad_partition in zip(params_to_release, grad_partitions):
+                contains_real_data = param.partition_numel() * self._get_param_partition_rank(param) < param.ds_numel
+                if not contains_real_data:
+                    param.grad = None
+                    continue
+                self._offload_boundary_param_ids.add(param.ds_id)
+                key = bounded.GradientStream.key(param.ds_id)
+                dtype = self.gradient_accumulation_dtype
+                if self.micro_step_id == 0:
+                    grad = grad_partition.to(dtype)  # stock: grad_buffer.copy_(grad_partition)
+                else:
+                    grad = self._ma_stream.read(key, grad_partition.numel(), dtype, grad_partition.device)
+                    grad.add_(grad_partition.to(dtype).view(grad.shape))
+                if boundary:
+                    self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
+                    if self.dtype == torch.float16:
+                        self._ma_overflow_local |= self._ma_nonfinite(grad)
+                self._ma_stream.write(key, grad)
+                if not get_accelerator().is_synchronized_device() and param.grad is not None:
+                    param.grad.record_stream(get_accelerator().current_stream())
+                param.grad = None
+            return []
+
+        def _ma_nonfinite(self, grad) -> bool:
+            if grad.device.type == "cpu" and ctx.fused_overflow and grad.dtype in scan_dtypes_:
+                ctx.counters["overflow_scans"] += 1
+                ctx.counters["overflow_scan_bytes"] += grad.numel() * grad.element_size()
+                return bool(native.has_nonfinite_tensor(grad.contiguous()))
+            return bool((~torch.isfinite(grad)).any().item())  # one partition: a bounded temporary
+
+        def _ma_has_overflow(self) -> bool:
+            flag = torch.tensor([int(self._ma_overflow_local)], dtype=torch.uint8,
+                                device=get_accelerator().current_device_name())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+            self._model_parallel_all_reduce(tensor=flag, op=dist.ReduceOp.MAX)
+            return bool(flag[0].item())
+
+        def finalize_gradient_accumulation_boundary(self):
+            if getattr(self, "_ma_bounded", False):
+                raise RuntimeError("memascend's bounded engine streams gradients during backward; unmanaged "
+                                   "gradient-accumulation boundaries are not supported (let DeepSpeed manage them)")
+            return super().finalize_gradient_accumulation_boundary()
+
+        # -- the step ---------------------------------------------------------------------------------------
+        def step(self, closure=None):
+            if not getattr(self, "_ma_bounded", False):
+                return super().step(closure)
+            self._ma_stream.flush()
+            self._pre_step()
+            self._partition_all_parameters()
+            try:
+                # DeepSpeed's own overflow, norm and loss-scale logic (stage3.py 2881-2896).
+                self._overflow_check_and_loss_scale_update(update_scale=False)
+                scaled_global_grad_norm = None
+                if not self.overflow:
+                    scaled_global_grad_norm = stage3.combine_grad_norm_groups(self._get_norm_groups())
+                    if stage3.is_invalid_grad_norm(scaled_global_grad_norm):
+                        self.overflow = True
+                if self._loss_scale_update_and_overflow_cleanup():
+                    return
+            finally:
+                self._ma_overflow_local = False
+            self._global_grad_norm = scaled_global_grad_norm / self.loss_scale
+            combined_scale = self.loss_scale
+            if self.clip_grad > 0.:
+                clip = ((scaled_global_grad_norm / self.loss_scale) + 1e-6) / self.clip_grad
+                clip = torch.clamp(clip, min=1.0)
+                combined_scale = clip * self.loss_scale
+            inv_scale = 1. / combined_scale
+            inner = self.optimizer
+            multi_group = len(self.fp16_groups) > 1
+
+            def compute(ci, chunk, slot):
+                g = chunk.sub_group
+                n = chunk.numel
+                state = inner.state.setdefault(self.fp32_partitioned_groups_flat[g], {})
+                group = inner.param_groups[self.sub_group_to_group_id[g]]
+                beta1, beta2 = group["betas"]
+                if chunk.index == 0:
+                    if len(state) == 0:
+                        state["step"] = 0
+                    state["step"] += 1
+                elif g == 0 and multi_group:
+                    # The Adam op keeps beta^t as a running product (cpu_adam.h IncrementStep): stock's one call
+                    # for sub-group 0 used pow(beta, step-1) * beta; re-arm that state for this chunk.
+                    _adam_rearm(inner, state["step"] - 1, group)
+                grad = slot.grad.narrow(0, 0, n)
+                grad.mul_(inv_scale)
+                inner.ds_opt_adam.adam_update(inner.opt_id, state["step"], group["lr"], beta1, beta2, group["eps"],
+                                              group["weight_decay"], group["bias_correction"],
+                                              slot.master.narrow(0, 0, n), grad, slot.exp_avg.narrow(0, 0, n),
+                                              slot.exp_avg_sq.narrow(0, 0, n))
+
+            self._ma_pipeline.run(compute)
+            self._post_step(set())
+
+        # -- DeepSpeed's own checkpoint API cannot see the region's state ---------------------------------
+        def state_dict(self):
+            if getattr(self, "_ma_bounded", False):
+                raise RuntimeError("memascend's bounded engine keeps fp32 masters and Adam states in its region; "
+                                   "DeepSpeed's save_checkpoint would write a checkpoint without them. Use "
+                                   "memascend_engine.checkpoint.save/load (what `memascend train` does)")
+            return super().state_dict()
+
+        def load_state_dict(self, *args, **kwargs):
+            if getattr(self, "_ma_bounded", False):
+                raise RuntimeError("memascend's bounded engine keeps fp32 masters and Adam states in its region; "
+                                   "DeepSpeed's load_checkpoint cannot restore them. Use "
+                                   "memascend_engine.checkpoint.load (what `memascend train --resume` does)")
+            return super().load_state_dict(*args, **kwargs)
+
+    scan_dtypes_ = (torch.float16, torch.bfloat16, torch.float32)
+    return Mixin
+
+
+def _adam_rearm(inner, prev_step: int, group: dict) -> None:
+    """One DeepSpeedCPUAdam call at step `prev_step` on a one-element scratch: the op recomputes
+    beta^prev_step, so its next call (step prev_step + 1) multiplies it by beta as stock's single call did."""
+    import torch
+
+    p, g, m, v = (torch.zeros(1, dtype=torch.float32) for _ in range(4))
+    beta1, beta2 = group["betas"]
+    inner.ds_opt_adam.adam_update(inner.opt_id, prev_step, group["lr"], beta1, beta2, group["eps"],
+                                  group["weight_decay"], group["bias_correction"], p, g, m, v)
+
+
+def _plain_allocator():
+    """Aligned, unlocked buffers when the pinned technique is off (O_DIRECT still needs alignment)."""
+    from memascend_engine.pinned import PinnedAllocator
+
+    return PinnedAllocator(lock=False, cuda_register=False)
 
 
 def patch_stage3(patches: Patches, ctx: PluginContext, *, adaptive_pool: bool) -> None:
@@ -588,3 +913,232 @@ def partitioned_swap_buffer_bytes(ctx: PluginContext) -> int:
         if b is not None:
             total += b.numel() * b.element_size()
     return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer state for memascend's own checkpoints (engine/checkpoint.py)
+
+
+def zero3_optimizer(engine):
+    """The engine's ZeRO stage-3 optimizer; raises RuntimeError for any other stage."""
+    opt = engine.optimizer
+    if not hasattr(opt, "fp32_partitioned_groups_flat"):
+        raise RuntimeError("memascend checkpoints need a ZeRO stage-3 optimizer (zero_optimization.stage 3)")
+    return opt
+
+
+ADAM_STATES = ("exp_avg", "exp_avg_sq")
+"""The moment tensors of Adam-family optimizers (DeepSpeedCPUAdam, torch AdamW)."""
+
+
+class SubgroupState:
+    """Sub-group i's fp32 master partition and Adam state, swapped in from the SSD for the duration of a `with`.
+
+    ``write_back=False``: released without a write (the SSD copy is untouched; used to save a checkpoint).
+    ``write_back=True``: after the block the master goes to the model partitions (copy or swap-out, as ``step()``
+    does after the update) and the state is swapped out (used to load a checkpoint).
+    """
+
+    def __init__(self, engine, i: int, *, write_back: bool):
+        self.opt = zero3_optimizer(engine)
+        self.i = i
+        self.write_back = write_back
+        self.fp32 = self.opt.fp32_partitioned_groups_flat[i]
+        self.swap = bool(getattr(self.opt, "swap_optimizer", False)) and self.opt._swappable_optimizer_subgroup(i)
+
+    def __enter__(self) -> SubgroupState:
+        if self.swap:
+            self.opt.optimizer_swapper.swap_in_optimizer_state(parameter=self.fp32)
+        return self
+
+    @property
+    def state(self) -> dict:
+        """The inner optimizer's state of this sub-group (with write_back, created empty when missing)."""
+        if self.write_back:
+            return self.opt.optimizer.state.setdefault(self.fp32, {})
+        return self.opt.optimizer.state.get(self.fp32, {})
+
+    def __exit__(self, *exc) -> None:
+        if self.write_back and exc[0] is None:
+            self.opt._reassign_or_swap_out_partitioned_parameters(self.i)
+            if self.swap:
+                self.opt.optimizer_swapper.swap_out_optimizer_state(parameter=self.fp32)
+        elif self.swap:
+            self.opt.optimizer_swapper.release_swap_buffers(parameter=self.fp32)
+
+
+class OptimizerStateAccess:
+    """The fp32 master and Adam states of a ZeRO-3 engine, group by group, for memascend's own checkpoints.
+
+    Groups are DeepSpeed's sub-groups on the stock path and memascend's chunks with the bounded engine; either way
+    ``read(i)`` gives ``(step, {"fp32", "exp_avg", "exp_avg_sq"})`` (no moments before the first step) and
+    ``write(i, step, tensors)`` restores them and the model-dtype parameters derived from the master.
+    """
+
+    def __init__(self, engine):
+        self.opt = zero3_optimizer(engine)
+        self.bounded = bool(getattr(self.opt, "_ma_bounded", False))
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.opt._ma_chunks) if self.bounded else len(self.opt.fp32_partitioned_groups_flat)
+
+    def numel(self, i: int) -> int:
+        if self.bounded:
+            return int(self.opt._ma_chunks[i].numel)
+        return int(self.opt.fp16_partitioned_groups_flat_numel[i])
+
+    def _step_state(self, i: int) -> dict:
+        g = self.opt._ma_chunks[i].sub_group if self.bounded else i
+        return self.opt.optimizer.state.setdefault(self.opt.fp32_partitioned_groups_flat[g], {})
+
+    def read(self, i: int) -> tuple[int | None, dict]:
+        if self.bounded:
+            step = self._step_state(i).get("step")
+            return (None if step is None else int(step)), self.opt._ma_pipeline.read_state(i)
+        with SubgroupState(_EngineRef(self.opt), i, write_back=False) as sg:
+            state = sg.state
+            tensors = {"fp32": sg.fp32.data.clone()}
+            tensors.update({n: state[n].detach().clone() for n in ADAM_STATES if n in state})
+            step = state.get("step")
+            return (None if step is None else int(step.item() if hasattr(step, "item") else step)), tensors
+
+    def write(self, i: int, step: int | None, tensors: dict) -> None:
+        if self.bounded:
+            if step is None:
+                tensors = {"fp32": tensors["fp32"]}
+            self.opt._ma_pipeline.write_state(i, tensors)
+            if step is not None:
+                self._step_state(i)["step"] = step
+            return
+        with SubgroupState(_EngineRef(self.opt), i, write_back=True) as sg:
+            sg.fp32.data.copy_(tensors["fp32"])
+            st = sg.state
+            if step is not None:
+                # Same keys and order as DeepSpeedCPUAdam's lazy init, so the swapper registers the moment tensors
+                # exactly as after a first real step.
+                st["step"] = step
+                for n in ADAM_STATES:
+                    if n in st and st[n].numel() == tensors[n].numel():
+                        st[n].data.copy_(tensors[n])
+                    else:
+                        st[n] = tensors[n].clone()
+
+
+class _EngineRef:
+    """Stands in for a DeepSpeed engine where only `.optimizer` is needed."""
+
+    def __init__(self, opt):
+        self.optimizer = opt
+
+
+def optimizer_lrs(engine) -> list[float]:
+    return [g["lr"] for g in zero3_optimizer(engine).optimizer.param_groups]
+
+
+def set_optimizer_lrs(engine, lrs: list[float]) -> None:
+    for g, lr in zip(zero3_optimizer(engine).optimizer.param_groups, lrs):
+        g["lr"] = lr
+
+
+def loss_scaler_state(engine) -> dict:
+    """The fp16 loss scaler's plain attributes (scale, counters), {} without one."""
+    scaler = getattr(zero3_optimizer(engine), "loss_scaler", None)
+    if scaler is None:
+        return {}
+    return {k: v for k, v in vars(scaler).items() if isinstance(v, (int, float, bool)) and not k.startswith("_")}
+
+
+def set_loss_scaler_state(engine, state: dict) -> None:
+    scaler = getattr(zero3_optimizer(engine), "loss_scaler", None)
+    for k, v in state.items():
+        if scaler is not None and hasattr(scaler, k):
+            setattr(scaler, k, v)
+
+
+ENGINE_COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
+
+
+def engine_counters(engine) -> dict:
+    return {k: int(getattr(engine, k)) for k in ENGINE_COUNTERS}
+
+
+def set_engine_counters(engine, counters: dict) -> None:
+    for k, v in counters.items():
+        if k in ENGINE_COUNTERS:
+            setattr(engine, k, v)
+
+
+def prime_cpu_adam(engine, step: int) -> None:
+    """Replay DeepSpeedCPUAdam's C++ step counter to `step`.
+
+    The C++ op keeps beta^t as a running float product (csrc/includes/cpu_adam.h IncrementStep); a fresh op asked
+    for step k+1 computes pow(beta, k+1) instead, which differs in the last bits and breaks bit-exact resume.
+    Calling it once per step 1..k on a one-element scratch tensor rebuilds the same running product.
+    """
+    import torch
+
+    inner = zero3_optimizer(engine).optimizer
+    op = getattr(inner, "ds_opt_adam", None)
+    if op is None or step <= 0 or not inner.param_groups:
+        return
+    group = inner.param_groups[0]
+    p, g, m, v = (torch.zeros(1, dtype=torch.float32) for _ in range(4))
+    beta1, beta2 = group["betas"]
+    for s in range(1, step + 1):
+        op.adam_update(inner.opt_id, s, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                       group["bias_correction"], p, g, m, v)
+
+
+def invalidate_secondary_tensors(engine) -> None:
+    """Drop ZeRO++ secondary partitions after the primary ones were rewritten."""
+    opt = zero3_optimizer(engine)
+    if hasattr(opt, "invalidate_secondary_tensor"):
+        opt.invalidate_secondary_tensor()
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes for the parity script (engine/parity.py)
+
+
+def allow_cpu_fp16() -> None:
+    """Let DeepSpeed's CPU accelerator run fp16 on a CPU without oneDNN fp16 (it refuses otherwise: 'Type fp16 is not
+    supported on your device'); torch's CPU fp16 kernels are slow, so tests use tiny models."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if acc.device_name() == "cpu":
+        acc.is_fp16_supported = lambda: True
+        acc.supported_dtypes = lambda: [__import__("torch").float, __import__("torch").half, __import__("torch").bfloat16]
+
+
+def overflow_probe(engine) -> dict:
+    """The overflow check on a real gradient: clean, with an inf, with a nan, restored; plus torch's answer. With the
+    bounded engine the gradient is the first parameter's, read back from the region (the check runs per partition
+    as gradients stream); otherwise it is the gradient flat buffer (has_overflow())."""
+    import torch
+
+    opt = zero3_optimizer(engine)
+    if getattr(opt, "_ma_bounded", False):
+        key = next(iter(opt._ma_stream.written))
+        nbytes = opt._ma_stream.written[key]
+        elem = torch.tensor([], dtype=opt.gradient_accumulation_dtype).element_size()
+        buf = opt._ma_stream.read(key, nbytes // elem, opt.gradient_accumulation_dtype, "cpu")
+
+        def check():
+            return opt._ma_nonfinite(buf)
+    else:
+        buf = opt.grad_partitions_flat_buffer
+
+        def check():
+            return bool(opt.has_overflow())
+    probe = {"clean": check()}
+    saved = buf[7].clone()
+    buf[7] = float("inf")
+    probe["inf"] = check()
+    buf[7] = float("nan")
+    probe["nan"] = check()
+    buf[7] = saved
+    probe["restored"] = check()
+    probe["reference_clean"] = bool(torch.isinf(buf).any() or torch.isnan(buf).any())
+    return probe

@@ -14,7 +14,8 @@ Names re-exported from the extension (resolved on first attribute access):
 * ``IOError`` (OSError subclass), ``ShortTransferError`` (IOError subclass), ``AlignmentError``
   (ValueError subclass).
 * ``dio_alignment(path) -> int``, ``dio_alignment_info(path) -> dict``, ``cuda_runtime_status() -> str``,
-  ``page_size() -> int``.
+  ``cuda_close_syncs() -> int`` (closes of CUDA-registered buffers that first synchronised their
+  device, so no in-flight copy outlives the mapping), ``page_size() -> int``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _NATIVE_NAMES = frozenset(
         "dio_alignment",
         "dio_alignment_info",
         "cuda_runtime_status",
+        "cuda_close_syncs",
         "page_size",
     }
 )

@@ -7,6 +7,9 @@ supported by the launcher, so run the file path)::
     DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode stock  --nvme-dir /var/tmp/sw --out stock.json
     DS_ACCELERATOR=cpu python -m memascend_engine.parity --mode engine --region /var/tmp/r.img --out eng.json
 
+DS_ACCELERATOR=cuda runs it on the GPU: NCCL, inputs on the device, deterministic kernels (so stock and
+engine fp32 losses still compare exactly), and the peak GPU memory in the JSON.
+
 Writes JSON: losses, engine stats (bytes through the region, pinned and pool bytes, swap files),
 swap files found under the nvme dir, the effective config and, with --overflow-probe, the fused
 overflow check's answers on the real gradient buffer.
@@ -19,6 +22,7 @@ import json
 import os
 import sys
 import time
+
 from memascend_engine.procfs import single_rank_defaults
 
 
@@ -29,15 +33,18 @@ def _count_files(root: str | None) -> int:
 
 
 def build_config(args, spec) -> dict:
-    """The shared ZeRO-3 NVMe config (platform-notes §6.1 recipe, max_in_cpu 0 + reuse distance 0)."""
-    from memascend_cli.deepspeed_config import zero3_nvme_config
+    """Tuned stock settings (zero.resolve: the config both modes run; the engine's install changes nothing in it)."""
+    from dataclasses import replace
 
-    return zero3_nvme_config(
-        micro_batch=args.micro_batch, dtype=args.dtype, nvme_dir=args.nvme_dir, lr=args.lr,
-        sub_group_size=args.sub_group_size, reduce_bucket_size=args.reduce_bucket_size,
-        param_buffer_count=5, param_buffer_size=spec.largest_tensor_numel, max_in_cpu=0, optimizer_buffer_count=4,
-        zero_extra={"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
-        optimizer_extra={"fast_init": False})
+    from memascend_cli.deepspeed_config import ELEM_BYTES, adamw, ds_config
+    from memascend_cli.planner import zero
+
+    base = replace(zero.DEEPSPEED_DEFAULTS, sub_group_size=int(args.sub_group_size),
+                   reduce_bucket_size=int(args.reduce_bucket_size))
+    settings = zero.resolve("tuned", model=spec, world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                            elem_bytes=ELEM_BYTES[args.dtype], base=base)
+    return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, precision=args.dtype,
+                     optimizer=adamw(args.lr))
 
 
 def main(argv=None) -> dict:
@@ -49,14 +56,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--sub-group-size", type=float, default=1e9)
-    ap.add_argument("--reduce-bucket-size", type=float, default=5e8)
+    ap.add_argument("--sub-group-size", type=float, default=1e9, help="capped by memascend's knobs (zero.py)")
+    ap.add_argument("--reduce-bucket-size", type=float, default=5e8, help="capped by memascend's knobs (zero.py)")
     ap.add_argument("--nvme-dir", default=None, help="swap folder (stock) / key folder (engine; default: temp)")
     ap.add_argument("--region", default=None, help="memascend region (engine mode with direct_nvme)")
     ap.add_argument("--off", action="append", default=[], help="EngineOptions field to switch off (repeatable)")
     ap.add_argument("--checkpointing", action="store_true", help="engine: enable offloaded checkpointing")
+    ap.add_argument("--checkpoint-offload", default="ssd", choices=["ssd", "dram"],
+                    help="engine: where offloaded checkpoints go")
     ap.add_argument("--overflow-probe", action="store_true", help="check has_overflow on the real grad buffer")
     ap.add_argument("--save-checkpoint", default=None, help="call engine.save_checkpoint(DIR) after training")
+    ap.add_argument("--initial-scale-power", type=int, default=None,
+                    help="fp16: start dynamic loss scaling at 2**N (a large N overflows the first steps)")
+    ap.add_argument("--force-cpu-fp16", action="store_true",
+                    help="fp16 on a CPU without oneDNN fp16 (DeepSpeed refuses it; slow kernels, tiny models only)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args = ap.parse_args(argv)
@@ -65,22 +78,39 @@ def main(argv=None) -> dict:
 
     import deepspeed
     import torch
+    from deepspeed.accelerator import get_accelerator
     from memascend_engine.hf_models import causal_lm_factory
 
     from memascend_cli.models import load_model
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    accel = get_accelerator()
+    deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     rank = int(os.environ["RANK"])
+    device = "cpu"
+    if accel.device_name() != "cpu":
+        accel.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = accel.current_device_name()
+        # Stock and engine runs are separate processes: with deterministic kernels (cuBLAS needs a
+        # fixed workspace, set before its first use) the fp32 losses can be compared exactly.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     spec = load_model(args.model)
     if args.mode == "stock" and not args.nvme_dir:
         raise SystemExit("--nvme-dir is required for --mode stock")
     cfg = build_config(args, spec)
+    if args.force_cpu_fp16:
+        from memascend_engine import deepspeed_plugin as plug
+
+        plug.allow_cpu_fp16()
+    if args.initial_scale_power is not None and "fp16" in cfg:
+        cfg["fp16"]["initial_scale_power"] = args.initial_scale_power
 
     handle = None
     if args.mode == "engine":
         import memascend_engine
 
-        opts = memascend_engine.EngineOptions(**{name: False for name in args.off})
+        opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
+                                              checkpoint_offload=args.checkpoint_offload)
         handle = memascend_engine.install(cfg, region=args.region, model_spec=spec, options=opts)
 
     make_model = causal_lm_factory(spec)
@@ -93,29 +123,27 @@ def main(argv=None) -> dict:
 
     gen = torch.Generator().manual_seed(1234)
     losses = []
+    loss_scales = []
     probe = {}
     t0 = time.time()
     for step in range(args.steps):
-        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen)
+        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if args.overflow_probe and step == 0:
-            opt = engine.optimizer
-            buf = opt.grad_partitions_flat_buffer
-            probe["clean"] = bool(opt.has_overflow())
-            saved = buf[7].clone()
-            buf[7] = float("inf")
-            probe["inf"] = bool(opt.has_overflow())
-            buf[7] = float("nan")
-            probe["nan"] = bool(opt.has_overflow())
-            buf[7] = saved
-            probe["restored"] = bool(opt.has_overflow())
-            probe["reference_clean"] = bool(torch.isinf(buf).any() or torch.isnan(buf).any())
+            from memascend_engine import deepspeed_plugin as plug
+
+            probe = plug.overflow_probe(engine)
         engine.step()
         losses.append(float(loss))
+        loss_scales.append(float(engine.optimizer.loss_scale))
     seconds = time.time() - t0
+    save_error = None
     if args.save_checkpoint:
-        engine.save_checkpoint(args.save_checkpoint)
+        try:
+            engine.save_checkpoint(args.save_checkpoint)
+        except RuntimeError as exc:  # the bounded engine refuses DeepSpeed's API (its state lives in the region)
+            save_error = str(exc)
 
     stats = handle.stats() if handle is not None else None
     nvme_root = (handle.key_dir if handle is not None else args.nvme_dir)
@@ -132,7 +160,12 @@ def main(argv=None) -> dict:
         ) if args.save_checkpoint else 0,
         "stats": stats,
         "overflow_probe": probe,
+        "loss_scales": loss_scales,
+        "skipped_steps": int(engine.skipped_steps),
+        "save_checkpoint_error": save_error,
         "config": cfg,
+        "device": device,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device != "cpu" else None,
         "deepspeed_version": deepspeed.__version__,
     }
     out = args.out if int(os.environ["WORLD_SIZE"]) == 1 else f"{args.out}.rank{rank}"

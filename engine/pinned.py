@@ -13,6 +13,11 @@ one anonymous mmap of exactly ``align_up(nbytes, page)`` bytes that is
 A tensor returned by :meth:`PinnedAllocator.empty` keeps its buffer alive through the buffer
 protocol; when the last view dies the buffer is unmapped and its range forgotten, so callers
 never have to free explicitly (``free`` only exists for DeepSpeed's ``free_cpu_locked_tensor``).
+A CUDA-registered buffer first synchronises the device it was registered on (``AlignedBuffer.close``
+in csrc/buffers.cpp): a ``non_blocking`` copy still queued on any stream would otherwise read or
+write pages already handed back to the kernel. That wait is why buffers that come and go per step
+are pooled by their users (``deepspeed_plugin.OverflowBuffers``, ``checkpointing._HostStash``)
+rather than freed.
 """
 
 from __future__ import annotations

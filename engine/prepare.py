@@ -23,8 +23,6 @@ import os
 import sys
 
 EXIT_DATA_ERROR = 3
-HF_DIR = "hf"
-"""Run-directory folder holding the export's config, generation config and tokenizer files."""
 
 
 def model_config(recipe, model_spec):
@@ -104,6 +102,8 @@ def prepare(recipe, run_dir: str) -> dict:
             if recipe.dataset.packing else "every sample was empty after truncation"
         raise D.DataError(f"{', '.join(os.path.basename(p) for p in recipe.dataset.paths)}: no training sequence of "
                           f"{recipe.seq_len} tokens ({what})")
+    from memascend_cli.rundir import HF_DIR
+
     hf_dir = os.path.join(run_dir, HF_DIR)
     write_hf_skeleton(hf_dir, recipe, spec, tok, text)
     return {"cache_dir": folder, "hf_dir": hf_dir, "template": name, "vocab_size": len(tok),

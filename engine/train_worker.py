@@ -19,12 +19,10 @@ import signal
 import sys
 import time
 import traceback
+
 from memascend_engine.procfs import status_kib
 
-METRICS = "metrics.jsonl"
-STOP_FILE = "STOP"
-TENSORBOARD_DIR = "tensorboard"
-
+from memascend_cli import rundir
 
 
 class WorkerError(Exception):
@@ -56,6 +54,13 @@ def _ensure_rank_env() -> None:
     if "RANK" not in os.environ:
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+
+def _device() -> str:
+    """The accelerator's current device ('cuda:N' under NCCL, 'cpu' on the CPU accelerator)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().current_device_name()
 
 
 # --- model --------------------------------------------------------------------------------------
@@ -143,13 +148,13 @@ class Reporter:
     """Rank 0's metrics sinks: metrics.jsonl (always; the CLI's live view reads it) and TensorBoard."""
 
     def __init__(self, run_dir: str, rank: int, report_to: list[str]):
-        self.path = os.path.join(run_dir, METRICS)
+        self.path = rundir.path(run_dir, rundir.METRICS)
         self.rank = rank
         self.tb = None
         if rank == 0 and "tensorboard" in report_to:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=os.path.join(run_dir, TENSORBOARD_DIR))
+            self.tb = SummaryWriter(log_dir=rundir.path(run_dir, rundir.TENSORBOARD_DIR))
 
     def __call__(self, record: dict) -> None:
         if self.rank != 0:
@@ -195,9 +200,9 @@ class Run:
         from memascend_cli.recipe import recipe_from_json_dict
 
         try:
-            with open(os.path.join(self.run_dir, "recipe.json")) as f:
+            with open(rundir.path(self.run_dir, rundir.RECIPE_JSON)) as f:
                 recipe = recipe_from_json_dict(json.load(f))
-            with open(os.path.join(self.run_dir, "ds_config.json")) as f:
+            with open(rundir.path(self.run_dir, rundir.DS_CONFIG)) as f:
                 ds_config = json.load(f)
         except OSError as exc:
             raise WorkerError(f"run directory {self.run_dir} is incomplete ({exc.strerror}: {exc.filename}); "
@@ -208,11 +213,10 @@ class Run:
         spec = load_model(recipe.model)
 
         # Data: tokenized by `memascend train` before the launch; here only memory-mapped.
-        from memascend_cli.launch import DATA_JSON
         from memascend_engine import data as D
 
         try:
-            with open(os.path.join(self.run_dir, DATA_JSON)) as f:
+            with open(rundir.path(self.run_dir, rundir.DATA_JSON)) as f:
                 prepared = json.load(f)
             cache = D.TokenCache(prepared["cache_dir"])
         except (OSError, ValueError, KeyError, D.DataError) as exc:
@@ -229,6 +233,11 @@ class Run:
         import torch
 
         deepspeed.init_distributed(dist_backend="gloo" if os.environ.get("DS_ACCELERATOR") == "cpu" else None)
+        from deepspeed.accelerator import get_accelerator
+
+        if get_accelerator().device_name() != "cpu":
+            # One device per rank before any collective (NCCL binds a communicator to the current device).
+            get_accelerator().set_device(self.local_rank)
         installed = None
         if not self.args.baseline:
             installed = self._install_engine(ds_config, spec)
@@ -241,9 +250,9 @@ class Run:
         if self.args.resume:
             from memascend_engine.checkpoint import latest_complete
 
-            resume_dir = latest_complete(os.path.join(self.run_dir, "checkpoints"))
+            resume_dir = latest_complete(rundir.path(self.run_dir, rundir.CHECKPOINTS))
             if resume_dir is None:
-                raise WorkerError(f"--resume: no complete checkpoint in {self.run_dir}/checkpoints")
+                raise WorkerError(f"--resume: no complete checkpoint in {rundir.path(self.run_dir, rundir.CHECKPOINTS)}")
         if os.path.isdir(recipe.model) and resume_dir is None:
             load_hf_weights(model, recipe.model, self.rank)
         if recipe.gradient_checkpointing:
@@ -251,6 +260,10 @@ class Run:
                 installed.enable_offloaded_checkpointing(model)
             else:
                 model.gradient_checkpointing_enable()
+        if self.rank == 0:
+            # What DeepSpeed really receives (after the engine's install); `train --dry-run` printed ds_config.json.
+            with open(rundir.path(self.run_dir, rundir.EFFECTIVE_DS_CONFIG), "w") as f:
+                json.dump(ds_config, f, indent=2, sort_keys=True)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         if self.rank == 0:
             from memascend_engine.export import write_params_file
@@ -282,24 +295,27 @@ class Run:
         import torch
         import torch.distributed as dist
 
-        local = self.stop_requested or os.path.exists(os.path.join(self.run_dir, STOP_FILE))
+        local = self.stop_requested or os.path.exists(rundir.path(self.run_dir, rundir.STOP_FILE))
         # Fault injection for tests and drills: behave as if Ctrl-C came during step N.
         local = local or os.environ.get("MEMASCEND_FAULT_STOP_AT_STEP") == str(step)
-        flag = torch.tensor([1.0 if local else 0.0])
+        flag = torch.tensor([1.0 if local else 0.0], device=_device())  # NCCL reduces device tensors only
         if self.world > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         return bool(flag.item() > 0)
 
     def _batch(self, split, rows):
+        """The micro-batch, read from the memory-mapped cache, on the accelerator's device (DeepSpeed's engine
+        does not move inputs)."""
         import torch
 
-        return {k: torch.from_numpy(v) for k, v in split.batch(rows).items()}
+        device = _device()
+        return {k: torch.from_numpy(v).to(device) for k, v in split.batch(rows).items()}
 
     def _all_sum(self, values: list[float]) -> list[float]:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=_device())  # NCCL reduces device tensors only
         if self.world > 1:
             dist.all_reduce(t)
         return t.tolist()
@@ -349,7 +365,7 @@ class Run:
             self.metrics({"event": "start", "total_steps": total, "world_size": self.world,
                           "engine": "baseline" if self.args.baseline else "memascend",
                           "train_sequences": len(train), "validation_sequences": len(val) if val else 0})
-        root = os.path.join(self.run_dir, "checkpoints")
+        root = rundir.path(self.run_dir, rundir.CHECKPOINTS)
         last_saved = step
         io0 = proc_io_bytes()
         t_last = time.time()
@@ -410,7 +426,7 @@ class Run:
             from memascend_engine.export import export_model
 
             engine.empty_partition_cache()
-            out = export_model(model, os.path.join(self.run_dir, "export"), self.hf_dir, self.rank, r.precision)
+            out = export_model(model, rundir.path(self.run_dir, rundir.EXPORT_DIR), self.hf_dir, self.rank, r.precision)
             if self.rank == 0:
                 self.metrics({"event": "export", "step": step, "path": out})
         self.metrics({"event": "done", "step": step})
@@ -424,10 +440,11 @@ class Run:
 
 
 def _write_error(run_dir: str, rank: int, message: str) -> None:
-    log_dir = os.path.join(run_dir, "logs")
+    path = rundir.error_file(run_dir, rank)
+    log_dir = os.path.dirname(path)
     try:
         os.makedirs(log_dir, exist_ok=True)
-        with open(os.path.join(log_dir, f"error-rank{rank}.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump({"rank": rank, "message": message, "log": log_dir}, f)
     except OSError:
         pass

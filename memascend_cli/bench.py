@@ -22,23 +22,20 @@ import time
 from array import array
 from dataclasses import asdict, dataclass, field
 
-from memascend_cli.deepspeed_config import zero3_nvme_config
+from memascend_cli.deepspeed_config import ELEM_BYTES, adamw, ds_config
 from memascend_cli.errors import BadInput
+from memascend_cli.planner import zero
 from memascend_cli.units import GiB, MiB
 
 JSON_SCHEMA_VERSION = 1
 MODES = ("stock", "tuned", "memascend")
-TECHNIQUES = ("pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing", "malloc_trim")
+TECHNIQUES = ("streaming", "pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing",
+              "malloc_trim")
 """The engine's techniques, each switchable off for the ablation (memascend_engine.EngineOptions fields)."""
 
-# Stock DeepSpeed defaults a user gets from the docs (deepspeed-notes §8).
-DS_DEFAULT_PARAM_BUFFER_SIZE = 100_000_000
-DS_DEFAULT_MAX_IN_CPU = 1_000_000_000
-DS_DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
-DS_DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000
-# Tuned stock run: the smallest sub-group DeepSpeed handles without a per-sub-group I/O cost that
-# dominates the step; a sub-group still closes only after its largest parameter (the embedding).
-TUNED_SUB_GROUP_SIZE = 20_000_000
+ACCELERATORS = ("auto", "cpu", "cuda")
+JOB_MODULE = "memascend_engine.bench_job"
+"""The child of every run (`python -m memascend_engine.bench_job`): works from an installed wheel."""
 
 SETTLE_WINDOW_S = 6.0
 SETTLE_TOLERANCE_BYTES = 8 * MiB
@@ -80,61 +77,58 @@ def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
     return runs
 
 
-def largest_partition_numel(spec, ranks: int) -> int:
-    """Largest parameter partition per rank: ZeRO-3 pads each parameter to a multiple of the world size."""
-    return -(-spec.largest_tensor_numel // ranks)
-
-
-def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: str, ranks: int, lr: float = 1e-4) -> dict:
-    """The DeepSpeed config of one run. Pure.
-
-    stock: what a user writes from DeepSpeed's docs for ZeRO-Infinity (params + optimizer on NVMe),
-      every knob at its default except buffer_size, raised to fit the largest partition if needed.
-    tuned: stock DeepSpeed's own memory knobs turned down: max_in_cpu 0 (params really live on the
-      SSD), a param buffer just the size of the largest partition, smaller optimizer sub-groups;
-      stage3_max_reuse_distance 0 is required with max_in_cpu 0 (deepspeed-notes addendum: the
-      default crashes in step 2 with "Not enough buffers"). DS_PIN_MEMORY_BACKEND=native is set in
-      the child's environment (see child_env).
-    memascend: the stock config; the engine's install() may rewrite it in place in the child.
-    """
+def resolve_settings(mode: str, spec, *, dtype: str, ranks: int, aio_block_size: int | None = None,
+                     aio_queue_depth: int | None = None) -> zero.ZeroSettings:
+    """The ZeRO settings of one run (zero.resolve: tuned and memascend get the same stock knobs). Pure."""
     if mode not in MODES:
         raise BadInput(f"unknown mode {mode!r}", "modes are " + ", ".join(MODES))
-    if dtype not in ("bf16", "fp16", "fp32"):
+    if dtype not in ELEM_BYTES:
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
-    largest = largest_partition_numel(spec, ranks)
-    tuned = mode == "tuned"
-    return zero3_nvme_config(
-        micro_batch=micro_batch, dtype=dtype, nvme_dir=nvme_dir, lr=lr,
-        sub_group_size=TUNED_SUB_GROUP_SIZE if tuned else DS_DEFAULT_SUB_GROUP_SIZE,
-        reduce_bucket_size=DS_DEFAULT_REDUCE_BUCKET_SIZE, param_buffer_count=5,
-        param_buffer_size=largest if tuned else max(DS_DEFAULT_PARAM_BUFFER_SIZE, largest),
-        max_in_cpu=0 if tuned else DS_DEFAULT_MAX_IN_CPU, optimizer_buffer_count=4,
-        zero_extra={"stage3_max_reuse_distance": 0} if tuned else None)
+    return zero.resolve(mode, model=spec, world_size=ranks, elem_bytes=ELEM_BYTES[dtype],
+                        aio_block_size=aio_block_size, aio_queue_depth=aio_queue_depth)
 
 
-def child_env(mode: str, base: dict) -> dict:
-    """Environment of a run's child: CPU accelerator, and the pinning backend the mode asks for."""
+def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: str, ranks: int, lr: float = 1e-4,
+                    aio_block_size: int | None = None, aio_queue_depth: int | None = None) -> dict:
+    """The DeepSpeed config of one run. Pure.
+
+    stock: what a user writes from DeepSpeed's docs for ZeRO-Infinity (params + optimizer on NVMe), every knob at
+      its default except buffer_size, raised to fit the largest partition.
+    tuned: stock DeepSpeed given every stock knob memascend sets (zero.memascend_knobs), the same aio settings and
+      (child_env) the same exact-size native pinning.
+    memascend: byte-for-byte the tuned config; the engine's install() finds nothing to change in it.
+    """
+    s = resolve_settings(mode, spec, dtype=dtype, ranks=ranks, aio_block_size=aio_block_size,
+                         aio_queue_depth=aio_queue_depth)
+    return ds_config(s, nvme_path=nvme_dir, micro_batch=micro_batch, precision=dtype, optimizer=adamw(lr))
+
+
+def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> dict:
+    """Environment of a run's child: the accelerator and the settings' environment (DS_PIN_MEMORY_BACKEND: native
+    for tuned and memascend, DeepSpeed's default torch allocator for stock)."""
     env = dict(base)
-    env["DS_ACCELERATOR"] = env.get("DS_ACCELERATOR") or "cpu"
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("DS_PIN_MEMORY_BACKEND", None)  # stock = DeepSpeed's default (torch CachingHostAllocator)
-    if mode == "tuned":
-        env["DS_PIN_MEMORY_BACKEND"] = "native"
+    if accelerator == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    elif accelerator == "cuda":
+        env["DS_ACCELERATOR"] = "cuda"
+    env.pop("DS_PIN_MEMORY_BACKEND", None)
+    settings = zero.from_ds_config(cfg, {"DS_PIN_MEMORY_BACKEND": "native" if mode != "stock" else "torch"})
+    env.update(settings.env())
     return env
 
 
-def planner_knobs(mode: str, cfg: dict):
-    """The ZeroKnobs that describe `cfg` (read back from the config, so plan and run cannot drift)."""
-    from memascend_cli.planner.memory import ZeroKnobs
+def run_settings(mode: str, cfg: dict) -> zero.ZeroSettings:
+    """The settings a run's child really gets (read back from its config and environment, so plan and run cannot
+    drift). Pure."""
+    return zero.from_ds_config(cfg, child_env(mode, cfg, {}))
 
-    z = cfg["zero_optimization"]
-    p, o = z["offload_param"], z["offload_optimizer"]
-    return ZeroKnobs(
-        param_buffer_count=p["buffer_count"], param_buffer_size=p["buffer_size"], max_in_cpu=p["max_in_cpu"],
-        optimizer_buffer_count=o["buffer_count"], sub_group_size=z["sub_group_size"],
-        reduce_bucket_size=z["reduce_bucket_size"], pin_memory=p["pin_memory"],
-        pin_backend="native" if mode == "tuned" else "torch", checkpoint_copies=0,
-    )
+
+def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:
+    """Which activation checkpointing a run uses when it checkpoints: `hf` (transformers' non-reentrant, what a stock
+    user writes) for stock; memascend's checkpoint function for tuned and memascend (`memascend`, with the engine's
+    exact pinned host buffers on a GPU) so tuned stock and memascend run the same implementation."""
+    return "hf" if mode == "stock" else "memascend"
 
 
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
@@ -142,15 +136,17 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
     """memascend plan's estimate for one run: node peak plus the host items (for recalibration)."""
     from memascend_cli.planner.memory import JobSpec, estimate
 
+    ck = "none" if checkpointing != "full" else ("full" if checkpointing_impl(mode) == "hf" else "offload")
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks_per_node=ranks,
-                  checkpointing=("offload" if mode == "memascend" else "full") if checkpointing == "full" else "none",
-                  deepspeed_version=deepspeed_version, knobs=planner_knobs(mode, cfg))
+                  checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
+                  checkpoint_copies=0)
     est = estimate(job, hw, "memascend" if mode == "memascend" else "baseline")
     return {
         "engine": est.engine,
         "node_host_peak_bytes": est.node_host_peak_bytes,
         "host_peak_bytes_per_rank": est.host_peak_bytes,
         "host_steady_bytes_per_rank": est.host_steady_bytes,
+        "gpu_peak_bytes": est.gpu_peak_bytes if hw.num_gpus else None,
         "nvme_bytes_per_rank": est.nvme_bytes,
         "host_items": [{"key": i.key, "kind": i.kind, "bytes": i.bytes} for i in est.items if i.tier == "host"],
         "config_errors": list(est.config_errors),
@@ -410,6 +406,12 @@ class RunResult:
     ssd_written_bytes_steps: int | None = None
     engine_stats: list[dict] | None = None
     swap_bytes_on_disk: int | None = None
+    peak_gpu_bytes: int | None = None
+    """torch.cuda.max_memory_allocated of rank 0 (CUDA runs)."""
+    peak_gpu_reserved_bytes: int | None = None
+    pinned_bytes: int | None = None
+    """Pinned host bytes at the end of rank 0's run: torch's CUDA host allocator peak + VmLck (stock, tuned), the
+    engine's own pinned buffers (memascend)."""
     wall_s: float | None = None
     sampling: dict = field(default_factory=dict)
     phases: list[dict] = field(default_factory=list)
@@ -470,23 +472,15 @@ def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int,
             ssd_written_bytes_steps=sum(f["io_steps"]["write_bytes"] for f in finals),
             swap_bytes_on_disk=max(f.get("swap_bytes_on_disk", 0) for f in finals),
         )
+        first = next((f for f in finals if f.get("rank") == 0), finals[0])
+        for k in ("peak_gpu_bytes", "peak_gpu_reserved_bytes", "pinned_bytes"):
+            if first.get(k) is not None:
+                out[k] = first[k]
         stats = [f["engine_stats"] for f in finals if f.get("engine_stats") is not None]
         if stats:
             out["engine_stats"] = stats
     out["phases"] = [e for e in ev0 if e.get("event") == "phase"]
     return out
-
-
-def job_script() -> str:
-    """benchmarks/bench_job.py of this checkout (the CLI is installed editable from the repo)."""
-    import memascend_cli
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(memascend_cli.__file__))), "benchmarks",
-                        "bench_job.py")
-    if not os.path.isfile(path):
-        raise BadInput(f"the benchmark job {path} is missing",
-                       "run `memascend bench` from a source checkout installed with `pip install -e .`")
-    return path
 
 
 def free_port() -> int:
@@ -497,17 +491,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_command(script: str, args: list[str], ranks: int) -> list[str]:
-    """One rank: the script itself. Two ranks: torchrun (python -m torch.distributed.run) on gloo."""
+def child_command(args: list[str], ranks: int) -> list[str]:
+    """One rank: `python -m memascend_engine.bench_job`. More: torchrun (python -m torch.distributed.run -m ...)."""
     if ranks == 1:
-        return [sys.executable, script, *args]
+        return [sys.executable, "-m", JOB_MODULE, *args]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--nnodes", "1",
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), script, *args]
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", JOB_MODULE, *args]
 
 
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
-            settle_cap_s: float = SETTLE_CAP_S) -> RunResult:
+            settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu") -> RunResult:
     """Settle, launch the child, sample until it exits, collect its events."""
     import shutil
 
@@ -521,12 +515,13 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
     events_prefix = os.path.join(run_dir, "events")
-    args = [*job_args, "--mode", run.mode, "--ds-config", cfg_path, "--events", events_prefix]
+    args = [*job_args, "--mode", run.mode, "--ds-config", cfg_path, "--events", events_prefix,
+            "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled)]
     for t in run.disabled:
         args += ["--disable", t]
     if region is not None:
         args += ["--region", region]
-    env = child_env(run.mode, os.environ)
+    env = child_env(run.mode, cfg, os.environ, accelerator=accelerator)
     res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR") if k in env}
     task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
 
@@ -542,7 +537,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         res.idle_bytes = st.idle_bytes
         res.settle = asdict(st)
         others_at_idle = others_rss_bytes({os.getpid()})
-        cmd = child_command(job_script(), args, ranks)
+        cmd = child_command(args, ranks)
         res.log_path = os.path.join(run_dir, "child.log")
         sampler = MemSampler(reader)
         # A 0.2 ms GIL switch interval (default 5 ms) keeps the psutil sweeps of the tree sampler from
@@ -607,7 +602,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
     summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks)
     for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes", "ssd_written_bytes",
-              "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats"):
+              "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
+              "peak_gpu_reserved_bytes", "pinned_bytes"):
         if k in summary:
             setattr(res, k, summary[k])
     res.phases = [{"name": p["name"], "at_s": round(p["t_mono"] - t_launch, 3)} for p in summary["phases"]]
@@ -667,19 +663,10 @@ def engine_available() -> tuple[bool, str]:
 
 
 def create_region(path: str, size_bytes: int, ranks: int) -> dict:
-    """A fresh region file for the memascend runs, with prepare-ssd's own checks and steps (no probe)."""
-    from memascend_cli import __version__, region
-    from memascend_cli.commands.prepare_ssd import _checked_facts, apply_actions, build_actions
+    """A fresh region file for the memascend runs (region_setup: prepare-ssd's checks and steps, no probe)."""
+    from memascend_cli.region_setup import create_region_file
 
-    if os.path.exists(path):
-        os.unlink(path)  # our own file from an earlier bench in this output directory
-    facts, _ = _checked_facts(path, "prepare", False, size_bytes)
-    alignment_bytes = region.region_alignment(facts.logical_block_bytes)
-    header = region.new_header(capacity_bytes=region.align_down(size_bytes, alignment_bytes), num_ranks=ranks,
-                               logical_block_bytes=facts.logical_block_bytes, device_alignment_bytes=alignment_bytes,
-                               label="memascend-bench", created_by=__version__)
-    header, _ = apply_actions(facts, header, build_actions(facts, header, None), None, progress=False)
-    return header.to_dict()
+    return create_region_file(path, size_bytes, ranks=ranks, label="memascend-bench").to_dict()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,106 +1,69 @@
-"""Recipe + plan -> the DeepSpeed JSON config (ZeRO-3, params and optimizer on NVMe). Pure.
+"""The DeepSpeed JSON config of a job: ZeRO-3 with params and optimizer states on NVMe. Pure.
 
-No deepspeed import: the tests validate the dict with DeepSpeed's own config classes, and
-`train --dry-run` prints it without starting anything. Sizes follow deepspeed-notes §8 and the
-platform-notes §6 recipe that is known to run on the CPU accelerator.
+The ZeRO and aio sections come from memascend_cli/planner/zero.py (the one home of every ZeRO number);
+this module adds batch sizes, precision, optimizer and schedule. No deepspeed import: the tests validate
+the dict with DeepSpeed's own config classes, and `train --dry-run` prints it without starting anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from memascend_cli.planner import zero
 from memascend_cli.recipe import Recipe
 
-DEFAULT_AIO_BLOCK_BYTES = 1 << 20
-"""DeepSpeed's aio.block_size default (aio_config.py); used when the region was not probed."""
-DEFAULT_AIO_QUEUE_DEPTH = 8
-PARAM_BUFFER_COUNT = 5
-"""offload_param.buffer_count: DeepSpeed's default; enough for prefetch of one layer's params."""
-OPTIMIZER_BUFFER_COUNT = 4
-"""offload_optimizer.buffer_count: Adam needs 4 (param, grad, exp_avg, exp_avg_sq) without pipelining."""
-MAX_BUCKET_ELEMENTS = 500_000_000
-"""DeepSpeed's reduce_bucket_size default; smaller models get a bucket of their own size, since on
-the CPU accelerator the bucket is host memory (5e8 fp32 elements = 2 GB)."""
+ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of the model dtype."""
 
 
-def zero3_nvme_config(*, micro_batch: int, dtype: str, nvme_dir: str, lr: float, sub_group_size: int,
-                      reduce_bucket_size: int, param_buffer_count: int, param_buffer_size: int, max_in_cpu: int,
-                      optimizer_buffer_count: int, zero_extra: dict | None = None,
-                      optimizer_extra: dict | None = None) -> dict:
-    """A plain ZeRO-3 config with params and optimizer on NVMe (swap files under `nvme_dir`), AdamW at
-    `lr` and DeepSpeed's default aio settings: what the benchmarks, the buffer measurement and the
-    parity script run. Pure. `zero_extra` / `optimizer_extra` add zero_optimization /
-    offload_optimizer keys (e.g. stage3_max_reuse_distance, fast_init)."""
-    zero = {"stage": 3, "sub_group_size": int(sub_group_size), "reduce_bucket_size": int(reduce_bucket_size),
-            **(zero_extra or {}),
-            "offload_param": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True,
-                              "buffer_count": param_buffer_count, "buffer_size": int(param_buffer_size),
-                              "max_in_cpu": int(max_in_cpu)},
-            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True,
-                                  "buffer_count": optimizer_buffer_count, **(optimizer_extra or {})}}
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
-        "steps_per_print": 10**9,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr}},
-        "zero_optimization": zero,
-        "aio": {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
-                "overlap_events": True},
-    }
-    if dtype == "bf16":
+def ds_config(settings: zero.ZeroSettings, *, nvme_path: str, micro_batch: int, precision: str,
+              optimizer: dict, grad_accum: int = 1, world_size: int | None = None, scheduler: dict | None = None,
+              gradient_clipping: float | None = None) -> dict:
+    """The whole DeepSpeed config of a ZeRO-3 NVMe-offload job. Pure.
+
+    Args:
+        settings: the resolved ZeRO settings (zero.resolve).
+        nvme_path: offload_*.nvme_path (DeepSpeed creates per-rank folders below it; with the memascend engine
+            the paths are only keys of region extents).
+        micro_batch / grad_accum / world_size: train_micro_batch_size_per_gpu, gradient_accumulation_steps, and
+            (when given) train_batch_size = their product.
+        precision: bf16, fp16 or fp32.
+        optimizer / scheduler: DeepSpeed's `optimizer` and `scheduler` sections.
+        gradient_clipping: global gradient-norm clip (None: DeepSpeed's default, no clipping).
+    """
+    if precision not in ELEM_BYTES:
+        raise ValueError(f"unknown precision {precision!r}")
+    cfg: dict = {"train_micro_batch_size_per_gpu": int(micro_batch), "gradient_accumulation_steps": int(grad_accum)}
+    if world_size is not None:
+        cfg["train_batch_size"] = int(micro_batch) * int(grad_accum) * int(world_size)
+    cfg["steps_per_print"] = 10**9  # our own logs replace DeepSpeed's prints
+    cfg["wall_clock_breakdown"] = False
+    if gradient_clipping is not None:
+        cfg["gradient_clipping"] = float(gradient_clipping)
+    cfg["zero_optimization"] = zero.zero_section(settings, nvme_path)
+    cfg["aio"] = zero.aio_section(settings)
+    cfg["optimizer"] = optimizer
+    if scheduler is not None:
+        cfg["scheduler"] = scheduler
+    if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
-    elif dtype == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    elif precision == "fp16":
+        # Dynamic loss scaling from 2**8: the CPU recipe known to run (small first scales do not overflow).
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 1000,
+                       "hysteresis": 2, "min_loss_scale": 1}
     return cfg
 
 
-@dataclass(kw_only=True, slots=True)
-class OffloadSizing:
-    """What the planner knows about how ZeRO-3 will split the model on one rank."""
-
-    largest_partition_numel: int
-    """Elements of the largest parameter partition (offload_param.buffer_size must hold it)."""
-    partition_numel: int
-    """Elements of all of one rank's partitions."""
-    sub_group_size: int
-    """zero_optimization.sub_group_size used for the plan (elements)."""
-    world_size: int
-    """Ranks over all nodes."""
-    nvme_bytes_per_rank: int
-    """SSD bytes one rank needs (planner: params + optimizer states + gradients + checkpoint copies)."""
+def adamw(lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0) -> dict:
+    """DeepSpeed's `optimizer` section for AdamW (CPU Adam with optimizer offload)."""
+    return {"type": "AdamW", "params": {"lr": float(lr), "betas": [float(b) for b in betas], "eps": float(eps),
+                                        "weight_decay": float(weight_decay)}}
 
 
-def sizing_from_plan(job, est) -> OffloadSizing:
-    """OffloadSizing from a planner JobSpec and its Estimate (memascend_cli.planner.memory)."""
-    from memascend_cli.planner.memory import MEMASCEND_SUB_GROUP_SIZE, partition
-
-    sub_group_size = job.knobs.sub_group_size
-    if est.engine == "memascend":
-        sub_group_size = min(sub_group_size, MEMASCEND_SUB_GROUP_SIZE)
-    part = partition(job.model, est.world_size, sub_group_size)
-    return OffloadSizing(
-        largest_partition_numel=part.largest_partition_numel,
-        partition_numel=part.ns,
-        sub_group_size=sub_group_size,
-        world_size=est.world_size,
-        nvme_bytes_per_rank=est.nvme_bytes,
-    )
-
-
-def aio_settings(header) -> dict:
-    """The `aio` block: block size and queue depth measured by prepare-ssd, else DeepSpeed's defaults."""
-    block, depth = DEFAULT_AIO_BLOCK_BYTES, DEFAULT_AIO_QUEUE_DEPTH
+def region_aio(header) -> tuple[int | None, int | None]:
+    """(block size, queue depth) the region's prepare-ssd probe measured, or (None, None) when not probed."""
     probe = getattr(header, "probe", None) if header is not None else None
     if probe is not None and probe.best_block_bytes > 0 and probe.best_queue_depth > 0:
-        block, depth = int(probe.best_block_bytes), int(probe.best_queue_depth)
-    return {
-        "block_size": block,
-        "queue_depth": depth,
-        # intra_op_parallelism, not the documented-but-ignored thread_count (deepspeed-notes §8).
-        "intra_op_parallelism": 1,
-        "single_submit": False,
-        "overlap_events": True,
-    }
+        return int(probe.best_block_bytes), int(probe.best_queue_depth)
+    return None, None
 
 
 def scheduler_section(r: Recipe, total_steps: int) -> dict:
@@ -126,75 +89,20 @@ def scheduler_section(r: Recipe, total_steps: int) -> dict:
                                                  "cos_min_ratio": s.min_lr_ratio, "warmup_type": "linear"}}
 
 
-def build_ds_config(r: Recipe, sizing: OffloadSizing, header, baseline: bool, *, swap_dir: str,
+def build_ds_config(r: Recipe, settings: zero.ZeroSettings, *, swap_dir: str, world_size: int,
                     total_steps: int) -> dict:
-    """The DeepSpeed config dict for the job.
+    """The DeepSpeed config of a `memascend train` recipe (the same for the engine and --baseline).
 
     Args:
         r: the recipe (batch, precision, optimizer, schedule).
-        sizing: planner facts; offload_param.buffer_size is at least the largest partition.
-        header: the region's RegionHeader (aio settings from its probe), or None.
-        baseline: stock DeepSpeed swap files; False: the memascend engine rewrites the offload
-            paths onto the region when it installs.
-        swap_dir: offload_*.nvme_path (per-rank folders are created below it by DeepSpeed).
+        settings: zero.resolve("memascend", ...) of the job.
+        swap_dir: offload_*.nvme_path.
+        world_size: ranks over all nodes.
         total_steps: optimizer steps, for the decaying schedules.
     """
-    del baseline  # same DeepSpeed config for both engines; the engine adapts it in install()
-    numel = max(1, sizing.partition_numel)
-    # Buckets: DeepSpeed's defaults capped by the model size (host memory on the CPU accelerator).
-    bucket = max(sizing.largest_partition_numel, min(MAX_BUCKET_ELEMENTS, numel))
-    zero = {
-        "stage": 3,
-        "sub_group_size": int(sizing.sub_group_size),
-        "reduce_bucket_size": int(bucket),
-        "stage3_prefetch_bucket_size": int(min(50_000_000, bucket)),
-        "stage3_max_live_parameters": int(min(1_000_000_000, max(bucket, numel))),
-        # max_in_cpu 0 with the default reuse distance crashes in step 2 (deepspeed-notes addendum).
-        "stage3_max_reuse_distance": 0,
-        "stage3_param_persistence_threshold": 0,
-        "contiguous_gradients": True,
-        "overlap_comm": False,
-        "offload_param": {
-            "device": "nvme",
-            "nvme_path": swap_dir,
-            "pin_memory": True,
-            "buffer_count": PARAM_BUFFER_COUNT,
-            # Elements; DeepSpeed asserts every partition fits one buffer (platform-notes §6.3).
-            "buffer_size": int(sizing.largest_partition_numel),
-            # 0: every partition lives on the SSD; nothing parked in pinned DRAM.
-            "max_in_cpu": 0,
-        },
-        "offload_optimizer": {
-            "device": "nvme",
-            "nvme_path": swap_dir,
-            "pin_memory": True,
-            "buffer_count": OPTIMIZER_BUFFER_COUNT,
-            "fast_init": False,
-            "pipeline_read": False,
-            "pipeline_write": False,
-        },
-    }
-    cfg: dict = {
-        "train_micro_batch_size_per_gpu": r.micro_batch,
-        "gradient_accumulation_steps": r.grad_accum,
-        "train_batch_size": r.micro_batch * r.grad_accum * sizing.world_size,
-        "steps_per_print": 10**9,  # our own metrics log replaces DeepSpeed's prints
-        "wall_clock_breakdown": False,
-        "gradient_clipping": float(r.max_grad_norm),
-        "zero_optimization": zero,
-        "aio": aio_settings(header),
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": r.lr, "betas": [float(b) for b in r.adam_betas], "eps": 1e-8,
-                       "weight_decay": r.weight_decay},
-        },
-        "scheduler": scheduler_section(r, total_steps),
-        "zero_allow_untested_optimizer": False,
-    }
-    if r.precision == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif r.precision == "fp16":
-        # Dynamic loss scaling from 2**8: the CPU recipe that is known to run (platform-notes §6.1).
-        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 1000,
-                       "hysteresis": 2, "min_loss_scale": 1}
+    cfg = ds_config(settings, nvme_path=swap_dir, micro_batch=r.micro_batch, grad_accum=r.grad_accum,
+                    world_size=world_size, precision=r.precision,
+                    optimizer=adamw(r.lr, r.adam_betas, 1e-8, r.weight_decay),
+                    scheduler=scheduler_section(r, total_steps), gradient_clipping=r.max_grad_norm)
+    cfg["zero_allow_untested_optimizer"] = False
     return cfg

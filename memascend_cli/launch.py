@@ -18,16 +18,9 @@ from dataclasses import dataclass, field
 
 from memascend_cli.errors import MemascendError
 from memascend_cli.recipe import Recipe
+from memascend_cli.rundir import DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE
 
 WORKER_MODULE = "memascend_engine.train_worker"
-STOP_FILE = "STOP"
-"""Created in the run directory to ask every rank to finish its step, checkpoint and exit 0."""
-LOG_DIR = "logs"
-DS_CONFIG = "ds_config.json"
-RECIPE_JSON = "recipe.json"
-METRICS = "metrics.jsonl"
-DATA_JSON = "data.json"
-"""The prepared data's summary (tokenized cache folder, sequence counts; engine/prepare.py), read by the ranks."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -129,7 +122,7 @@ def rank_error(run_dir: str) -> tuple[str, str] | None:
     """
     log_dir = os.path.join(run_dir, LOG_DIR)
     try:
-        names = sorted(n for n in os.listdir(log_dir) if n.startswith("error-rank") and n.endswith(".json"))
+        names = sorted(n for n in os.listdir(log_dir) if n.startswith(ERROR_PREFIX) and n.endswith(".json"))
     except OSError:
         return None
     for name in names:
@@ -150,7 +143,7 @@ def clear_stale_state(run_dir: str) -> None:
     log_dir = os.path.join(run_dir, LOG_DIR)
     if os.path.isdir(log_dir):
         for n in os.listdir(log_dir):
-            if n.startswith("error-rank"):
+            if n.startswith(ERROR_PREFIX):
                 os.unlink(os.path.join(log_dir, n))
 
 

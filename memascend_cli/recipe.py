@@ -483,14 +483,24 @@ def checkpointing_mode(r: Recipe, baseline: bool) -> str:
     return "full" if baseline else "offload"
 
 
-def job_spec(r: Recipe, model_spec, *, ranks: int | None, baseline: bool, deepspeed_version: str, knobs=None):
-    """The planner JobSpec of a recipe: the single translation `plan RECIPE` and `train RECIPE` share."""
-    from memascend_cli.planner.memory import JobSpec, ZeroKnobs
+def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, baseline: bool, deepspeed_version: str,
+             header=None):
+    """The planner JobSpec of a recipe: the single translation `plan RECIPE` and `train RECIPE` share.
 
+    Its knobs are the ZeRO settings train writes into the DeepSpeed config (planner/zero.py resolve
+    "memascend", with the aio block size and queue depth of the region's prepare-ssd probe in `header`);
+    `--baseline` runs stock DeepSpeed with the same settings.
+    """
+    from memascend_cli.deepspeed_config import ELEM_BYTES, region_aio
+    from memascend_cli.planner import zero
+    from memascend_cli.planner.memory import JobSpec
+
+    block_bytes, queue_depth = region_aio(header)
+    settings = zero.resolve("memascend", model=model_spec, world_size=world_size, elem_bytes=ELEM_BYTES[r.precision],
+                            aio_block_size=block_bytes, aio_queue_depth=queue_depth)
     return JobSpec(model=model_spec, seq_len=r.seq_len, micro_batch=r.micro_batch, grad_accum_steps=r.grad_accum,
                    dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, baseline),
-                   deepspeed_version=deepspeed_version,
-                   knobs=knobs if knobs is not None else ZeroKnobs(max_in_cpu=0, checkpoint_copies=0))
+                   deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0)
 
 
 def reference_markdown() -> str:

@@ -78,24 +78,31 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
     out.print(host)
     if details:
         _formulas("host", ests)
-    totals = Table(title="totals", title_justify="left")
+    t = ests.get("tuned")
+    totals = Table(title="totals (tuned = stock DeepSpeed given memascend's knobs)", title_justify="left")
     totals.add_column("")
-    for col in ("stock DeepSpeed", "memascend", "reduction"):
+    for col in ("stock", "tuned", "memascend", "vs stock", "vs tuned"):
         totals.add_column(col, justify="right")
 
-    def row(label, bb, mb, unit="GiB"):
-        red = "" if not bb else f"{100 * (bb - mb) / bb:.1f}%"
-        totals.add_row(label, f"{bb / GiB:,.2f} {unit}", f"{mb / GiB:,.2f} {unit}", red)
+    def pct(ref, x):
+        return "" if not ref else f"{100 * (ref - x) / ref:.1f}%"
 
-    row("host steady / rank", b.host_steady_bytes, m.host_steady_bytes)
-    row("host peak / rank", b.host_peak_bytes, m.host_peak_bytes)
-    row("host peak / node", b.node_host_peak_bytes, m.node_host_peak_bytes)
-    row("locked (mlock) / rank", b.locked_bytes, m.locked_bytes)
+    def row(label, bb, tb, mb):
+        totals.add_row(label, f"{bb / GiB:,.2f}", "" if tb is None else f"{tb / GiB:,.2f}", f"{mb / GiB:,.2f}",
+                       pct(bb, mb), "" if tb is None else pct(tb, mb))
+
+    def g(est, attr):
+        return None if est is None else getattr(est, attr)
+
+    row("host steady/rank GiB", b.host_steady_bytes, g(t, "host_steady_bytes"), m.host_steady_bytes)
+    row("host peak/rank GiB", b.host_peak_bytes, g(t, "host_peak_bytes"), m.host_peak_bytes)
+    row("host peak/node GiB", b.node_host_peak_bytes, g(t, "node_host_peak_bytes"), m.node_host_peak_bytes)
+    row("mlocked/rank GiB", b.locked_bytes, g(t, "locked_bytes"), m.locked_bytes)
     if b.pinned_waste_bytes or m.pinned_waste_bytes:
-        row("pinned pow2 waste / rank", b.pinned_waste_bytes, m.pinned_waste_bytes)
+        row("pow2 waste/rank GiB", b.pinned_waste_bytes, g(t, "pinned_waste_bytes"), m.pinned_waste_bytes)
     if hw["num_gpus"]:
-        row("GPU peak / GPU", b.gpu_peak_bytes, m.gpu_peak_bytes)
-    row("SSD space / node", b.node_nvme_bytes, m.node_nvme_bytes)
+        row("GPU peak/GPU GiB", b.gpu_peak_bytes, g(t, "gpu_peak_bytes"), m.gpu_peak_bytes)
+    row("SSD space/node GiB", b.node_nvme_bytes, g(t, "node_nvme_bytes"), m.node_nvme_bytes)
     out.print(totals)
     if details:
         for title, tier in (("GPU memory per GPU", "gpu"), ("SSD space per rank", "nvme")):
@@ -128,6 +135,9 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
         s.add_row("binding resource", engines["baseline"]["verdict"]["binding"], engines["memascend"]["verdict"]["binding"])
         out.print(s)
     v = result["verdict"]
-    red = result["reduction_percent"]["host_peak"]
-    out.print(Text(f"host peak memory: {red:.1f}% less with memascend", style="bold"))
+    red = result["reduction_percent"]
+    line = f"host peak memory: {red['host_peak']:.1f}% less with memascend than stock"
+    if "host_peak_vs_tuned" in red:
+        line += f", {red['host_peak_vs_tuned']:.1f}% less than tuned stock"
+    out.print(Text(line, style="bold"))
     out.print(Text(("✓ " if v["fits"] else "✗ ") + v["line"], style="green" if v["fits"] else "red"))

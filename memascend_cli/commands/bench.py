@@ -30,10 +30,13 @@ def bench_command(
                                       "offloads it) or none.", rich_help_panel=_J),
     ranks: int = typer.Option(1, "--ranks", help="1, or 2 CPU ranks launched with torchrun (gloo).",
                               rich_help_panel=_J),
-    runs: str = typer.Option("stock,tuned,memascend", "--runs", help="Comma list of stock, tuned, memascend.",
+    runs: str = typer.Option("stock,tuned,memascend", "--runs", help="Comma list of stock (DeepSpeed as its docs "
+                             "configure it), tuned (stock given every stock knob memascend sets), memascend.",
                              rich_help_panel=_R),
-    ablation: bool = typer.Option(False, "--ablation", help="Add one memascend run per technique switched off.",
-                                  rich_help_panel=_R),
+    ablation: bool = typer.Option(False, "--ablation", help="Add one memascend run per technique switched off "
+                                  "(everything else identical; tuned is the 'knobs only' row).", rich_help_panel=_R),
+    accelerator: str = typer.Option("auto", "--accelerator", help="auto (CUDA when this machine has an NVIDIA GPU, "
+                                    "else CPU), cpu or cuda.", rich_help_panel=_R),
     nvme_dir: str = typer.Option(None, "--nvme-dir", help="Swap directory of the stock runs, on a real SSD file "
                                  "system (tmpfs is refused). Default: OUT/swap.", rich_help_panel=_R),
     region: str = typer.Option(None, "--region", help="memascend region (file or device) for the memascend runs. "
@@ -74,6 +77,8 @@ def bench_command(
         raise BadInput(f"unknown checkpointing {checkpointing!r}", "use full or none")
     if dtype not in ("bf16", "fp16", "fp32"):
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
+    if accelerator not in B.ACCELERATORS:
+        raise BadInput(f"unknown accelerator {accelerator!r}", "use " + ", ".join(B.ACCELERATORS))
     run_specs = B.parse_runs(runs, ablation)
     spec = load_model(model)
     out_dir = os.path.abspath(out_dir)
@@ -81,6 +86,12 @@ def bench_command(
     nvme_dir = os.path.abspath(nvme_dir or os.path.join(out_dir, "swap"))
     nvme_info = B.check_nvme_dir(nvme_dir)
     hw = resolve_hardware(None, None)
+    if accelerator == "auto":
+        accelerator = "cuda" if hw.num_gpus > 0 else "cpu"
+    if accelerator == "cpu" and hw.num_gpus > 0:
+        import dataclasses
+
+        hw = dataclasses.replace(hw, num_gpus=0)  # the planner then models a CPU-only job, as the runs are
     ds_version = installed_deepspeed_version()
     notes: list[str] = [
         ("peak system memory is machine-wide (MemTotal - MemAvailable): other processes' allocations during a run "
@@ -97,7 +108,7 @@ def bench_command(
             warn(f"memascend runs will fail: {why}")
         elif region is None:
             region = os.path.join(out_dir, "bench.region")
-            est = B.predict("memascend", B.build_ds_config("stock", spec, micro_batch=micro_batch, dtype=dtype,
+            est = B.predict("memascend", B.build_ds_config("memascend", spec, micro_batch=micro_batch, dtype=dtype,
                                                             nvme_dir=nvme_dir, ranks=ranks), spec,
                             seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
                             checkpointing=checkpointing, hw=hw, deepspeed_version=ds_version)
@@ -106,6 +117,12 @@ def bench_command(
             err.print(f"creating region {region} ({size_bytes / 2**30:.1f} GiB)")
             region_info = B.create_region(region, size_bytes, ranks)
 
+    aio_block, aio_depth = None, None
+    if region is not None and os.path.exists(region):
+        from memascend_cli import region as region_mod
+        from memascend_cli.deepspeed_config import region_aio
+
+        aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
     job_args = ["--model", model, "--seq-len", str(seq_len), "--micro-batch", str(micro_batch), "--steps", str(steps),
                 "--dtype", dtype, "--seed", str(seed), "--checkpointing", checkpointing]
     results = []
@@ -113,11 +130,12 @@ def bench_command(
 
     with step_progress(err) as progress:
         for run in run_specs:
-            cfg = B.build_ds_config(run.mode, spec, micro_batch=micro_batch, dtype=dtype, nvme_dir=nvme_dir, ranks=ranks)
+            cfg = B.build_ds_config(run.mode, spec, micro_batch=micro_batch, dtype=dtype, nvme_dir=nvme_dir, ranks=ranks,
+                                    aio_block_size=aio_block, aio_queue_depth=aio_depth)
             res = B.run_one(run, job_args=job_args, cfg=cfg, out_dir=out_dir, nvme_dir=nvme_dir, ranks=ranks,
                             micro_batch=micro_batch, seq_len=seq_len, steps=steps,
                             region=region if run.mode == "memascend" else None, progress=progress,
-                            settle_cap_s=settle_cap)
+                            settle_cap_s=settle_cap, accelerator=accelerator)
             if not run.disabled:
                 # The planner models the full engine only; ablation runs get no prediction.
                 res.predicted = B.predict(run.mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
@@ -126,6 +144,7 @@ def bench_command(
 
     job = {"model": model, "num_params": spec.num_params, "seq_len": seq_len, "micro_batch": micro_batch,
            "steps": steps, "dtype": dtype, "seed": seed, "checkpointing": checkpointing, "ranks": ranks,
+           "accelerator": accelerator,
            "deepspeed_version": ds_version, "nvme_dir": nvme_dir, "nvme_dir_fstype": nvme_info.get("fstype"),
            "region": region, "region_header": region_info}
     doc = B.build_document(job=job, hardware=hw.to_dict(), runs=results, notes=notes)

@@ -34,7 +34,8 @@ def export_command(
 
         memascend export runs/smollm2-sft -o /models/smollm2-ft --precision fp32
     """
-    from memascend_cli.commands.train import CHECKPOINTS, COMPLETE_MARKER, _complete_checkpoints
+    from memascend_cli.commands.train import _complete_checkpoints
+    from memascend_cli.rundir import CHECKPOINTS, COMPLETE, DATA_JSON, HF_DIR, RECIPE_JSON
     from memascend_cli.console import err
 
     if not os.path.isdir(run_dir):
@@ -50,9 +51,9 @@ def export_command(
             steps = ", ".join(str(int(n[5:])) for n in done)
             raise BadInput(f"{run_dir} has no complete checkpoint at step {checkpoint}", f"complete checkpoints: {steps}")
     folder = os.path.join(run_dir, CHECKPOINTS, name)
-    assert os.path.isfile(os.path.join(folder, COMPLETE_MARKER))
+    assert os.path.isfile(os.path.join(folder, COMPLETE))
     try:
-        with open(os.path.join(run_dir, "recipe.json"), encoding="utf-8") as f:
+        with open(os.path.join(run_dir, RECIPE_JSON), encoding="utf-8") as f:
             run_precision = json.load(f)["precision"]
     except (OSError, ValueError, KeyError):
         raise BadInput(f"{run_dir}/recipe.json is missing or unreadable", "give the output_dir of a `memascend train` run") \
@@ -60,9 +61,7 @@ def export_command(
     precision = precision or run_precision
     if precision not in ("bf16", "fp16", "fp32"):
         raise BadInput(f"unknown precision {precision!r}", "use bf16, fp16 or fp32")
-    from memascend_cli.launch import DATA_JSON
-
-    hf_dir = os.path.join(run_dir, "hf")
+    hf_dir = os.path.join(run_dir, HF_DIR)
     try:
         with open(os.path.join(run_dir, DATA_JSON), encoding="utf-8") as f:
             hf_dir = json.load(f).get("hf_dir", hf_dir)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import typer
 
-from memascend_cli.errors import EXIT_FAIL, BadInput
-from memascend_cli.units import GiB, parse_count
-
 from memascend_cli.defaults import (DEFAULT_GRAD_ACCUM, DEFAULT_GRADIENT_CHECKPOINTING, DEFAULT_MICRO_BATCH,
                                     DEFAULT_PRECISION, DEFAULT_SEQ_LEN)
+from memascend_cli.errors import EXIT_FAIL, BadInput
+from memascend_cli.planner.zero import DEEPSPEED_DEFAULTS as _DS
+from memascend_cli.units import GiB, parse_count
 
 JSON_SCHEMA_VERSION = 1
 
@@ -78,20 +78,25 @@ def plan_command(
     deepspeed_version: str = typer.Option(None, "--deepspeed-version", help="Stock DeepSpeed to model (default: "
                                           "the installed one, else 0.19.8).", rich_help_panel=_K),
     pin_backend: str = typer.Option("torch", "--pin-backend", help="Pinned-memory backend of the stock "
-                                    "baseline: torch or native (DeepSpeed's pin memory backend variable).", rich_help_panel=_K),
-    sub_group_size: str = typer.Option("1e9", "--sub-group-size", help="DeepSpeed zero_optimization sub_group_size.",
-                                       rich_help_panel=_K),
-    param_buffer_count: int = typer.Option(5, "--param-buffer-count", help="DeepSpeed offload_param buffer_count.",
-                                           rich_help_panel=_K),
+                                    "baseline: torch or native (DeepSpeed's pin memory backend variable).",
+                                    rich_help_panel=_K),
+    sub_group_size: str = typer.Option(None, "--sub-group-size", help="DeepSpeed zero_optimization "
+                                       f"sub_group_size (default: {_DS.sub_group_size:.0e}).", rich_help_panel=_K,
+                                       show_default=False),
+    param_buffer_count: int = typer.Option(_DS.param_buffer_count, "--param-buffer-count",
+                                           help="DeepSpeed offload_param buffer_count.", rich_help_panel=_K),
     param_buffer_size: str = typer.Option(None, "--param-buffer-size", help="DeepSpeed offload_param buffer_size "
-                                          "(default: max(1e8, largest partition)).", rich_help_panel=_K),
-    max_in_cpu: str = typer.Option("1e9", "--max-in-cpu", help="DeepSpeed offload_param max_in_cpu.", rich_help_panel=_K),
-    optimizer_buffer_count: int = typer.Option(4, "--optimizer-buffer-count", help="DeepSpeed offload_optimizer buffer_count.",
-                                               rich_help_panel=_K),
+                                          f"(default: max({_DS.param_buffer_size:.0e}, largest partition)).",
+                                          rich_help_panel=_K),
+    max_in_cpu: str = typer.Option(None, "--max-in-cpu", help="DeepSpeed offload_param max_in_cpu "
+                                   f"(default: {_DS.max_in_cpu:.0e}).", rich_help_panel=_K, show_default=False),
+    optimizer_buffer_count: int = typer.Option(_DS.optimizer_buffer_count, "--optimizer-buffer-count",
+                                               help="DeepSpeed offload_optimizer buffer_count.", rich_help_panel=_K),
     pipeline: bool = typer.Option(False, "--pipeline", help="DeepSpeed offload_optimizer "
                                   "pipeline_read and pipeline_write.", rich_help_panel=_K),
-    reduce_bucket_size: str = typer.Option("5e8", "--reduce-bucket-size", help="DeepSpeed zero_optimization reduce_bucket_size.",
-                                           rich_help_panel=_K),
+    reduce_bucket_size: str = typer.Option(None, "--reduce-bucket-size", help="DeepSpeed zero_optimization "
+                                           f"reduce_bucket_size (default: {_DS.reduce_bucket_size:.0e}).", rich_help_panel=_K,
+                                           show_default=False),
     pin_memory: str = typer.Option(None, "--pin-memory", metavar="on|off", help="DeepSpeed offload pin_memory "
                                    "(default: the version's default).", rich_help_panel=_K, show_default=False),
     no_zero_init: bool = typer.Option(False, "--no-zero-init", help="Model built without deepspeed.zero.Init "
@@ -115,14 +120,19 @@ def plan_command(
 
         memascend plan recipe.yaml && memascend train recipe.yaml
     """
+    from dataclasses import replace
+
     from memascend_cli import models
     from memascend_cli.hardware import resolve_hardware
-    from memascend_cli.planner.memory import JobSpec, ZeroKnobs
+    from memascend_cli.planner import zero
+    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec, parse_version
 
     if list_models:
         return _list_models(as_json)
     if engine not in ("memascend", "baseline"):
         raise BadInput(f"unknown engine {engine!r}", "use --engine memascend or --engine baseline")
+    if pin_backend not in ("torch", "native"):
+        raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
     flash_attn = _on_off(flash_attn, "--flash-attn")
     pin_memory = _on_off(pin_memory, "--pin-memory")
     zero_init = not no_zero_init
@@ -138,26 +148,37 @@ def plan_command(
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name)
     if recipe is not None:
-        job = recipe_job(recipe, spec, engine=engine, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
-                         dtype=dtype, checkpointing=checkpointing, ranks=ranks, flash_attn=flash_attn, liger=liger,
-                         grad_accum_dtype=grad_accum_dtype, deepspeed_version=deepspeed_version)
+        job = recipe_job(recipe, spec, hw, engine=engine, seq_len=seq_len, micro_batch=micro_batch,
+                         grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
+                         flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
+                         deepspeed_version=deepspeed_version)
         return _finish(job, hw, engine, search, details, as_json, default_used=False)
-    knobs = ZeroKnobs(
+    seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
+    grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
+    checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
+    ds_version = deepspeed_version or installed_deepspeed_version()
+    base = zero.version_defaults(parse_version(ds_version))
+    base = replace(
+        base,
         param_buffer_count=param_buffer_count,
-        param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size") if param_buffer_size else None,
-        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu"),
+        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu") if max_in_cpu else base.max_in_cpu,
         optimizer_buffer_count=optimizer_buffer_count,
         pipeline_read=pipeline, pipeline_write=pipeline,
-        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")),
-        reduce_bucket_size=parse_count(reduce_bucket_size, "--reduce-bucket-size"),
-        pin_memory=pin_memory, pin_backend=pin_backend, zero_init=zero_init,
+        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")) if sub_group_size else base.sub_group_size,
+        reduce_bucket_size=(parse_count(reduce_bucket_size, "--reduce-bucket-size") if reduce_bucket_size
+                            else base.reduce_bucket_size),
+        pin_memory=base.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
     )
-    job = JobSpec(model=spec, seq_len=seq_len or DEFAULT_SEQ_LEN, micro_batch=micro_batch or DEFAULT_MICRO_BATCH,
-                  grad_accum_steps=grad_accum or DEFAULT_GRAD_ACCUM, dtype=dtype or DEFAULT_PRECISION,
-                  grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks,
-                  checkpointing=checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none"),
-                  flash_attention=flash_attn, fused_cross_entropy=liger,
-                  deepspeed_version=deepspeed_version or installed_deepspeed_version(), knobs=knobs)
+    if dtype not in DTYPE_BYTES:
+        raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
+    ranks_total = (ranks or hw.num_gpus or 1) * max(1, hw.num_nodes)
+    knobs = zero.resolve("stock", model=spec, world_size=ranks_total, elem_bytes=DTYPE_BYTES[dtype], base=base)
+    if param_buffer_size:  # an explicit buffer_size is kept as given (too small shows as a config error)
+        knobs = replace(knobs, param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size"))
+    job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
+                  grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
+                  flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
+                  zero_init=zero_init, param_buffer_size_auto=not param_buffer_size)
     return _finish(job, hw, engine, search, details, as_json, default_used=model is None)
 
 
@@ -171,15 +192,22 @@ def _on_off(value: str | None, flag: str) -> bool | None:
     raise BadInput(f"{flag} {value!r}: expected on or off", f"e.g. {flag} off")
 
 
-def recipe_job(recipe, spec, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks, flash_attn,
-               liger, grad_accum_dtype, deepspeed_version):
-    """The JobSpec `train RECIPE` plans (recipe.job_spec), with the options given on the command line on top."""
+def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
+               flash_attn, liger, grad_accum_dtype, deepspeed_version):
+    """The JobSpec `train RECIPE` plans (recipe.job_spec, with the recipe's region probe), with the options
+    given on the command line on top."""
     import dataclasses
+    import os
 
+    from memascend_cli.commands.train import _read_region
     from memascend_cli.recipe import job_spec
+    from memascend_cli.rundir import REGION_FILE
 
-    job = job_spec(recipe, spec, ranks=ranks if ranks is not None else recipe.ranks, baseline=engine == "baseline",
-                   deepspeed_version=deepspeed_version or installed_deepspeed_version())
+    ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
+    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine != "baseline" else None)
+    header = _read_region(region, ranks)[0] if region and os.path.exists(region) else None
+    job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), baseline=engine == "baseline",
+                   deepspeed_version=deepspeed_version or installed_deepspeed_version(), header=header)
     given = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum_steps": grad_accum, "dtype": dtype,
              "checkpointing": checkpointing, "flash_attention": flash_attn, "grad_accum_dtype": grad_accum_dtype,
              "fused_cross_entropy": liger or None}
@@ -188,13 +216,14 @@ def recipe_job(recipe, spec, *, engine: str, seq_len, micro_batch, grad_accum, d
 
 def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool) -> None:
     from memascend_cli.console import print_json
-    from memascend_cli.planner.memory import estimate_both
+    from memascend_cli.planner.memory import estimate_all
     from memascend_cli.planner.search import check
     from memascend_cli.planner.search import search as run_search
 
-    ests = estimate_both(job, hw)
+    ests = estimate_all(job, hw)
     verdicts = {e: check(est, hw) for e, est in ests.items()}
-    searches = {e: run_search(job, hw, e) for e in ests} if search else {}
+    # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
+    searches = {e: run_search(job, hw, e) for e in ("baseline", "memascend")} if search else {}
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
     if as_json:
         print_json(result)
@@ -224,6 +253,8 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
         "reduction_percent": {
             "host_peak": round(reduction_percent(b.host_peak_bytes, m.host_peak_bytes), 2),
             "host_steady": round(reduction_percent(b.host_steady_bytes, m.host_steady_bytes), 2),
+            **({"host_peak_vs_tuned": round(reduction_percent(ests["tuned"].host_peak_bytes, m.host_peak_bytes), 2)}
+               if "tuned" in ests else {}),
         },
         "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
                     "line": verdict_line(ests, verdicts, engine, hw)},
@@ -239,7 +270,8 @@ def job_document(job, est) -> dict:
         "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
         "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
         "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
-        "knobs": dict(job.knobs.__dict__),
+        "knobs": job.knobs.to_dict(), "zero_init": job.zero_init,
+        "checkpoint_copies": job.checkpoint_copies,
     }
 
 
@@ -282,6 +314,5 @@ def compact_count(n: int) -> str:
     """6.29M, 7.62B: four significant figures, narrow enough for an 80-column table."""
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= div:
-            v = n / div
-            return f"{v:.3g}{unit}" if v >= 100 else f"{v:.3g}{unit}" if v >= 10 else f"{v:.3g}{unit}"
+            return f"{n / div:.3g}{unit}"
     return str(n)

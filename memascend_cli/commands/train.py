@@ -14,18 +14,14 @@ import os
 import typer
 
 from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible, SSDNotReady
+from memascend_cli.rundir import CHECKPOINTS, COMPLETE, REGION_FILE, SWAP_DIR
 from memascend_cli.units import GiB, MiB
 
 _R = "Recipe overrides"
 _M = "Mode"
 
-REGION_FILE = "region.bin"
-"""Region file created in the run directory when the recipe names none (a first run needs no root)."""
 REGION_HEADROOM = 1.25
 """A created region file is the plan's SSD bytes x this, for extents lost to alignment and holes."""
-CHECKPOINTS = "checkpoints"
-COMPLETE_MARKER = "COMPLETE"
-
 
 
 def train_command(
@@ -121,7 +117,7 @@ def _complete_checkpoints(run_dir: str) -> list[str]:
     d = os.path.join(run_dir, CHECKPOINTS)
     if not os.path.isdir(d):
         return []
-    return sorted(n for n in os.listdir(d) if n.startswith("step-") and os.path.exists(os.path.join(d, n, COMPLETE_MARKER)))
+    return sorted(n for n in os.listdir(d) if n.startswith("step-") and os.path.exists(os.path.join(d, n, COMPLETE)))
 
 
 def _check_model_source(name: str) -> None:
@@ -184,7 +180,7 @@ def prepare_data(recipe, run_dir: str) -> dict:
     import sys
 
     from memascend_cli.console import err
-    from memascend_cli.launch import DATA_JSON
+    from memascend_cli.rundir import DATA_JSON
 
     os.makedirs(run_dir, exist_ok=True)
     request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
@@ -219,9 +215,9 @@ def _clear_previous_run(run_dir: str) -> None:
     """overwrite_output_dir: delete an earlier run's checkpoints, export and metrics (never anything else)."""
     import shutil
 
-    from memascend_cli.launch import METRICS
+    from memascend_cli.rundir import EXPORT_DIR, METRICS, TENSORBOARD_DIR
 
-    for name in (CHECKPOINTS, "export", "tensorboard"):
+    for name in (CHECKPOINTS, EXPORT_DIR, TENSORBOARD_DIR):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
     for name in (METRICS,):
         if os.path.exists(os.path.join(run_dir, name)):
@@ -232,12 +228,13 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch."""
     from memascend_cli import models, preflight
     from memascend_cli.commands.plan import installed_deepspeed_version
-    from memascend_cli.deepspeed_config import build_ds_config, sizing_from_plan
+    from memascend_cli.deepspeed_config import build_ds_config
     from memascend_cli.hardware import inventory_to_spec, io_backends, probe
-    from memascend_cli.launch import DS_CONFIG, RECIPE_JSON, build_launch, free_port
+    from memascend_cli.launch import build_launch, free_port
     from memascend_cli.planner.memory import estimate
     from memascend_cli.planner.search import check
     from memascend_cli.recipe import job_spec, total_steps
+    from memascend_cli.rundir import DS_CONFIG, RECIPE_JSON
 
     spec = models.load_model(recipe.model)
     if recipe.model.endswith(".gguf"):
@@ -262,40 +259,45 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
 
         hw = dataclasses.replace(hw, num_nodes=recipe.num_nodes)
     ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
+    world_size = ranks * max(1, hw.num_nodes)
     engine = "baseline" if baseline else "memascend"
-    job = job_spec(recipe, spec, ranks=ranks, baseline=baseline, deepspeed_version=installed_deepspeed_version())
+
+    # The region's prepare-ssd probe sets the aio block size and queue depth.
+    header, region_error, region_rank_bytes = None, None, None
+    if recipe.region:
+        header, region_error = _read_region(recipe.region, ranks)
+    elif not baseline and os.path.exists(os.path.join(run_dir, REGION_FILE)):
+        header, region_error = _read_region(os.path.join(run_dir, REGION_FILE), ranks)
+    if header is not None:
+        region_rank_bytes = min(r.size_bytes for r in header.ranks)
+    # One set of ZeRO settings for the engine and --baseline (stock DeepSpeed given memascend's knobs), and the
+    # same job `plan RECIPE` computes (recipe.job_spec).
+    job = job_spec(recipe, spec, ranks=ranks, world_size=world_size, baseline=baseline,
+                   deepspeed_version=installed_deepspeed_version(), header=header)
+    settings = job.knobs
     est = estimate(job, hw, engine)
     verdict = check(est, hw)
     if not verdict.fits and not force:
         raise PlanInfeasible(f"the job does not fit with {engine}: " + "; ".join(verdict.reasons),
                              f"see `memascend plan --model {recipe.model} --seq-len {recipe.seq_len} --micro-batch "
                              f"{recipe.micro_batch}`; lower seq_len/micro_batch, or launch anyway with --force")
-    sizing = sizing_from_plan(job, est)
+    nvme_bytes_per_rank = est.nvme_bytes
 
-    # Where the SSD data goes: the memascend region (a given one, or a file created in the run
-    # directory), or stock DeepSpeed's swap folder.
-    swap_dir = recipe.swap_dir or os.path.join(run_dir, "swap")
-    header, region_error, region_rank_bytes, region_note = None, None, None, None
-    region_path = recipe.region
-    if recipe.region:
-        header, region_error = _read_region(recipe.region, ranks)
-        if header is not None:
-            region_rank_bytes = min(r.size_bytes for r in header.ranks)
+    # Where the SSD data goes: the given region, a region file created in the run directory, or (--baseline)
+    # stock DeepSpeed's swap folder.
+    swap_dir = recipe.swap_dir or os.path.join(run_dir, SWAP_DIR)
+    region_path, region_note = recipe.region, None
     if not baseline and not recipe.region:
         region_path = os.path.join(run_dir, REGION_FILE)
-        if os.path.exists(region_path):
-            header, region_error = _read_region(region_path, ranks)
-            if header is not None:
-                region_rank_bytes = min(r.size_bytes for r in header.ranks)
-        else:
-            size = _region_file_bytes(recipe, sizing.nvme_bytes_per_rank * ranks)
+        if not os.path.exists(region_path):
+            size = _region_file_bytes(recipe, nvme_bytes_per_rank * ranks)
             region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
             region_rank_bytes = size // ranks
     facts = preflight.Facts(
         dram_available_bytes=int(inv.dram_available_gib * GiB), host_peak_bytes=est.node_host_peak_bytes,
         memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
         locked_bytes=est.locked_bytes, baseline=baseline, region_path=region_path, region_error=region_error,
-        region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=sizing.nvme_bytes_per_rank,
+        region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
         swap_dir=swap_dir if baseline else None, num_ranks=ranks, io_backends=io_backends(), num_gpus=hw.num_gpus,
         output_dir=run_dir, output_free_bytes=preflight.free_bytes(run_dir),
         checkpoint_bytes=_checkpoint_bytes(spec.num_params, recipe),
@@ -313,8 +315,8 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
 
     # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
     data = prepare_data(recipe, run_dir)
-    total = total_steps(recipe, data["train_sequences"], sizing.world_size)
-    ds_config = build_ds_config(recipe, sizing, header, baseline, swap_dir=swap_dir, total_steps=total)
+    total = total_steps(recipe, data["train_sequences"], world_size)
+    ds_config = build_ds_config(recipe, settings, swap_dir=swap_dir, world_size=world_size, total_steps=total)
     os.makedirs(run_dir, exist_ok=True)
     resolved = recipe.to_dict()
     resolved["region"] = region_path if not baseline else recipe.region
@@ -329,8 +331,8 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     from memascend_cli.commands.plan import job_document
 
     plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
-                    "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": sizing.nvme_bytes_per_rank,
-                    "largest_partition_numel": sizing.largest_partition_numel, "world_size": sizing.world_size}
+                    "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": nvme_bytes_per_rank,
+                    "world_size": world_size, "zero_settings": settings.to_dict()}
     return Prepared(recipe=recipe, run_dir=run_dir, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
                     region_path=region_path, ranks=ranks, data=data, total_steps=total)
@@ -396,21 +398,6 @@ def _print_checks(checks, quiet: bool) -> None:
 # --- launching ----------------------------------------------------------------------------------
 
 
-def create_region_file(path: str, size_bytes: int, ranks: int) -> None:
-    """A fresh, unprobed region file (prepare-ssd's own preallocation and header writer)."""
-    from memascend_cli import __version__, region
-    from memascend_cli.commands.prepare_ssd import _preallocate
-
-    alignment = region.region_alignment(512)
-    header = region.new_header(capacity_bytes=region.align_down(size_bytes, alignment), num_ranks=ranks,
-                               label="memascend train", created_by=__version__)
-    _preallocate(path, header.capacity_bytes, create=True)
-    region.write_header(path, header)
-    if region.read_header(path) != header:
-        raise SSDNotReady(f"the region header read back from {path} differs from what was written",
-                          "the file system may not support O_DIRECT; set `region` to a prepared region")
-
-
 def require_engine() -> None:
     """Fail in one line when the optimized engine cannot be imported; never fall back to stock DeepSpeed.
 
@@ -429,13 +416,16 @@ def require_engine() -> None:
 
 def launch_and_watch(p: Prepared) -> None:
     from memascend_cli.console import err
-    from memascend_cli.launch import METRICS, run_launch
+    from memascend_cli.launch import run_launch
+    from memascend_cli.region_setup import create_region_file
+    from memascend_cli.rundir import METRICS
 
     if not p.baseline:
         require_engine()
     if p.region_note is not None:
         with err.status(f"creating the region file {p.region_note['create']}"):
-            create_region_file(p.region_note["create"], p.region_note["size_bytes"], p.region_note["ranks"])
+            create_region_file(p.region_note["create"], p.region_note["size_bytes"], ranks=p.region_note["ranks"],
+                               label="memascend train")
     metrics_path = os.path.join(p.run_dir, METRICS)
     view = LiveView(metrics_path, start_offset=os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0)
     err.print(f"launching {p.spec.num_ranks} rank(s) ({'stock DeepSpeed' if p.baseline else 'memascend engine'}); "

@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from memascend_cli.errors import BadInput
-from memascend_cli.models import ModelSpec, layer_template, numels_roles
+from memascend_cli.models import ModelSpec, numels_roles
+from memascend_cli.planner import zero
 from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, ZeroSettings
 
 GiB = 1024**3
 MIB = 1024**2
@@ -28,11 +30,11 @@ PAGE = 4096
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ENGINES = ("baseline", "memascend")
+"""What the items model: stock DeepSpeed's code, or the memascend engine's techniques."""
+VIEWS = ("baseline", "tuned", "memascend")
+"""The three columns of a plan: stock DeepSpeed with the job's knobs, stock DeepSpeed given the stock knobs
+memascend sets (zero.memascend_knobs), and memascend (the same knobs plus its techniques)."""
 CHECKPOINTING = ("none", "selective", "full", "offload")
-
-# DeepSpeed swap_tensor/utils.py: MIN_AIO_BYTES = 1 MiB, AIO_ALIGNED_BYTES = 1024.
-MIN_AIO_BYTES = MIB
-AIO_ALIGNED_BYTES = 1024
 
 # Host memory of a rank before any model data: python + torch + deepspeed (+ transformers).
 # CPU-only value calibrated on the runs in tests/assets/deepspeed_measured.json: VmRSS is 0.30 GiB
@@ -48,15 +50,8 @@ RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 ENGINE_RUNTIME_BYTES = int(0.08 * GiB)
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
-# Optimizer sub-group target of the memascend engine (elements): 2e7 = 80 MB per fp32 state, still
-# large sequential I/O, while the 4 Adam staging buffers shrink from 4 x 4 GB (DeepSpeed's 1e9
-# default) to 4 x ~80 MB; a single larger parameter (the embedding) forms its own group.
-MEMASCEND_SUB_GROUP_SIZE = 20_000_000
 # Arrays a micro-batch of the training data is made of (input ids, labels, attention mask).
 DATA_ARRAYS = 3
-# Reduce bucket of the memascend engine (elements): every bucket of gradients is copied to fp32 host
-# tensors before the swap-out, so 5e7 bounds that transient at 200 MB (DeepSpeed's 5e8: 2 GB).
-MEMASCEND_REDUCE_BUCKET_SIZE = 50_000_000
 
 
 def _align(n: int, a: int) -> int:
@@ -81,42 +76,6 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 
 @dataclass(kw_only=True)
-class ZeroKnobs:
-    """DeepSpeed ZeRO-3 offload knobs, with DeepSpeed's defaults (deepspeed-notes §8)."""
-
-    param_buffer_count: int = 5
-    """offload_param.buffer_count."""
-    param_buffer_size: int | None = None
-    """offload_param.buffer_size in elements; None = what a user writes: max(1e8 default, largest partition)."""
-    max_in_cpu: int = 1_000_000_000
-    """offload_param.max_in_cpu: partition elements per rank kept in (pinned) DRAM even with nvme."""
-    optimizer_buffer_count: int = 4
-    """offload_optimizer.buffer_count (Adam needs 4, 8 with one of pipeline_read/write, 12 with both)."""
-    pipeline_read: bool = False
-    pipeline_write: bool = False
-    sub_group_size: int = 1_000_000_000
-    """zero_optimization.sub_group_size (elements)."""
-    reduce_bucket_size: int = 500_000_000
-    """zero_optimization.reduce_bucket_size (elements)."""
-    prefetch_bucket_size: int = 50_000_000
-    """stage3_prefetch_bucket_size (elements)."""
-    param_persistence_threshold: int = 100_000
-    """stage3_param_persistence_threshold: smaller params stay whole on the compute device."""
-    pin_memory: bool | None = None
-    """offload_param/offload_optimizer.pin_memory; None = the version's default (True since 0.19.5)."""
-    pin_backend: str = "torch"
-    """DS_PIN_MEMORY_BACKEND: 'torch' (CachingHostAllocator, pow2) or 'native' (mlock, exact; >= 0.19.8)."""
-    aio_block_size: int = 1 << 20
-    intra_op_parallelism: int = 1
-    fast_init: bool = False
-    """offload_optimizer.fast_init."""
-    zero_init: bool = True
-    """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
-    checkpoint_copies: int = 1
-    """Checkpoints kept on the SSD (each copies fp32 master + Adam states, 12 B/param)."""
-
-
-@dataclass(kw_only=True)
 class JobSpec:
     """The training job, identical for both engines."""
 
@@ -137,7 +96,16 @@ class JobSpec:
     fused_cross_entropy: bool = False
     """Liger-Kernel fused linear cross-entropy (no full logits)."""
     deepspeed_version: str = "0.19.8"
-    knobs: ZeroKnobs = field(default_factory=ZeroKnobs)
+    knobs: ZeroSettings = zero.DEEPSPEED_DEFAULTS
+    """The stock ZeRO settings of the job (memascend_cli/planner/zero.py: resolve); the memascend engine applies
+    zero.memascend_knobs on top, exactly as memascend_engine.install does."""
+    param_buffer_size_auto: bool = True
+    """offload_param.buffer_size is raised to the largest swapped partition of the model (what a user must write for
+    DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
+    zero_init: bool = True
+    """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
+    checkpoint_copies: int = 1
+    """Checkpoints kept on the SSD (each copies fp32 master + Adam states, 12 B/param)."""
 
     def __post_init__(self):
         if self.dtype not in DTYPE_BYTES:
@@ -151,6 +119,8 @@ class JobSpec:
                 raise BadInput(f"{name.replace('_', '-')} must be at least 1", "give a positive whole number")
         if self.knobs.pin_backend not in ("torch", "native"):
             raise BadInput(f"unknown pin backend {self.knobs.pin_backend!r}", "use torch or native")
+        if int(self.knobs.sub_group_size) < 1:
+            raise BadInput("sub-group-size must be at least 1", "give a positive element count such as 2e7")
         parse_version(self.deepspeed_version)
 
 
@@ -309,25 +279,11 @@ class Partitioning:
 
 @lru_cache(maxsize=512)
 def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
-    """Partition sizes and optimizer sub-groups, one param group in module order."""
+    """Partition sizes and optimizer sub-groups, one param group in module order (zero.py's rules)."""
     full, roles = numels_roles(model)
-    parts = full if world_size == 1 else tuple(-(-n // world_size) for n in full)
-    total = sum(parts)
-    groups: list[tuple[int, ...]] = []
-    if sub_group_size >= total:
-        groups = [tuple(range(len(parts)))]
-    else:
-        # A sub-group closes once it reaches sub_group_size, so it can exceed it by one partition.
-        cur: list[int] = []
-        acc = 0
-        for i, n in enumerate(parts):
-            cur.append(i)
-            acc += n
-            if acc >= sub_group_size or i == len(parts) - 1:
-                groups.append(tuple(cur))
-                cur, acc = [], 0
-    return Partitioning(parts, full, roles, tuple(groups),
-                        tuple(sum(parts[i] for i in g) for g in groups))
+    parts = tuple(zero.partition_numel(n, world_size) for n in full)
+    groups = zero.sub_groups(parts, sub_group_size)
+    return Partitioning(parts, full, roles, groups, tuple(sum(parts[i] for i in g) for g in groups))
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -348,9 +304,11 @@ class _Ctx:
     """Derived quantities shared by the item functions."""
 
     def __init__(self, job: JobSpec, hw: HardwareSpec, engine: str):
-        if engine not in ENGINES:
-            raise BadInput(f"unknown engine {engine!r}", "use baseline or memascend")
-        self.job, self.hw, self.engine = job, hw, engine
+        if engine not in VIEWS:
+            raise BadInput(f"unknown engine {engine!r}", "use " + ", ".join(VIEWS))
+        self.view = engine
+        self.job, self.hw = job, hw
+        self.engine = "memascend" if engine == "memascend" else "baseline"
         self.k = job.knobs
         self.m = job.model
         self.ranks = resolve_ranks(job, hw)
@@ -360,23 +318,20 @@ class _Ctx:
         self.E = DTYPE_BYTES[job.dtype]
         self.G = DTYPE_BYTES[job.grad_accum_dtype or job.dtype]
         self.M = 4  # fp32 master weights and Adam states
+        if engine in ("tuned", "memascend"):
+            # The stock knobs the engine's install() sets on any config (zero.py is the one home).
+            largest = zero.largest_swappable_partition(zero.model_partitions(self.m, self.world), self.k, self.E)
+            self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
         self.sub_group_size = self.k.sub_group_size
-        if engine == "memascend":
-            # Adaptive optimizer pool: sub-groups of ~2e7 elements (a single larger parameter, e.g. the
-            # embedding, forms its own group), so the 4 Adam staging buffers follow the real tensors
-            # instead of DeepSpeed's 1e9-element default.
-            self.sub_group_size = min(self.k.sub_group_size, MEMASCEND_SUB_GROUP_SIZE)
         self.reduce_bucket_size = self.k.reduce_bucket_size
-        if engine == "memascend":
-            self.reduce_bucket_size = min(self.k.reduce_bucket_size, MEMASCEND_REDUCE_BUCKET_SIZE)
         self.part = partition(self.m, self.world, self.sub_group_size)
         self.ns = self.part.ns
         self.lsg = self.part.largest_sub_group_numel
         iop = max(1, self.k.intra_op_parallelism)
         self.a_p = AIO_ALIGNED_BYTES * iop // self.E  # param swapper numel alignment
         self.a_o = AIO_ALIGNED_BYTES * iop // self.M  # optimizer swapper numel alignment
-        self.min_aio_bytes = max(MIN_AIO_BYTES, self.k.aio_block_size)
-        self.pin_memory = self.k.pin_memory if self.k.pin_memory is not None else self.ver >= (0, 19, 5)
+        self.min_aio_bytes = zero.min_aio_bytes(self.k)
+        self.pin_memory = self.k.pin_memory
         self.flash = job.flash_attention if job.flash_attention is not None else self.gpu
         self.swappable = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
 
@@ -439,7 +394,7 @@ def _host_items(c: _Ctx) -> list[Item]:
 
     # P1: parameter swap pool.
     if c.engine == "baseline":
-        buffer_size = k.param_buffer_size if k.param_buffer_size is not None else max(100_000_000, largest_swappable)
+        buffer_size = max(k.param_buffer_size, largest_swappable) if job.param_buffer_size_auto else k.param_buffer_size
         if largest_swappable > buffer_size:
             c.config_errors.append(
                 f"offload_param.buffer_size {buffer_size:,} is below the largest parameter partition "
@@ -454,7 +409,7 @@ def _host_items(c: _Ctx) -> list[Item]:
                    formula=desc, source="memascend engine: adaptive buffer pool (paper §4)")
 
     # Partition elements per rank kept in DRAM: P3 (first max_in_cpu elements, baseline) or none.
-    max_in_cpu = k.max_in_cpu if c.engine == "baseline" else 0
+    max_in_cpu = k.max_in_cpu
     in_cpu = min(max_in_cpu, c.ns)
     if in_cpu > 0:
         raw = in_cpu * E
@@ -475,16 +430,15 @@ def _host_items(c: _Ctx) -> list[Item]:
 
     # P4: optimizer swap pool, when some sub-group is large enough to swap.
     swappable_groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
-    need = 4 + 4 * int(k.pipeline_read) + 4 * int(k.pipeline_write)
+    need = zero.optimizer_buffer_count(pipeline_read=k.pipeline_read, pipeline_write=k.pipeline_write)
     if swappable_groups:
         bc_o = k.optimizer_buffer_count
         if bc_o < need:
             c.config_errors.append(f"offload_optimizer.buffer_count {bc_o} < {need} needed for Adam with this "
                                    "pipelining (DeepSpeed: 'ran out of swap buffers')")
         raw = bc_o * _align(c.lsg, c.a_o) * c.M
-        if c.engine == "memascend":  # exactly the buffers pipelining needs, each page-rounded
-            bc_o = need
-            raw = bc_o * _align(_align(c.lsg, c.a_o) * c.M, PAGE)
+        if c.engine == "memascend":  # exact, page-rounded buffers (zero.memascend_knobs sets bc_o = need)
+            raw = zero.optimizer_pool_bytes(c.lsg, buffer_count=bc_o, intra_op_parallelism=k.intra_op_parallelism)
         add_pinned("host/optimizer_swap_pool", "P4 optimizer swap pool", raw, c.pin_swap_pool(raw),
                    formula=f"buffer_count {bc_o} x A(largest sub-group {c.lsg:,}, {c.a_o}) x 4 B",
                    source="deepspeed-notes §2.2; optimizer_utils.py SwapBufferManager")
@@ -545,28 +499,9 @@ def _host_items(c: _Ctx) -> list[Item]:
 
 
 def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
-    """Size classes from the real inventory; slots = what the prefetch window holds at once.
-
-    Decoder layers: the layer being computed plus the prefetched next one (2 x per-layer count);
-    the vocabulary matrices (embedding, lm_head) are never live together, so one slot.
-    """
-    part, E = c.part, c.E
-    per_layer: dict[str, int] = {}
-    for t in layer_template(c.m)[1]:
-        per_layer[t.role] = per_layer.get(t.role, 0) + 1
-    largest: dict[str, int] = {}
-    for n, role, s in zip(part.partition_numels, part.roles, c.swappable):
-        if not s:
-            continue
-        cls = "vocab" if role in ("embed", "lm_head") else role
-        largest[cls] = max(largest.get(cls, 0), n)
-    total, parts = 0, []
-    for cls, n in sorted(largest.items()):
-        slots = 1 if cls == "vocab" else 2 * per_layer.get(cls, 1)
-        nbytes = slots * _align(n * E, PAGE)
-        total += nbytes
-        parts.append(f"{cls} {slots}x{n:,}")
-    return total, "exact slots: " + ", ".join(parts) + f" x {E} B"
+    """The engine's size-class pools (zero.param_pool_plan: slots = what the prefetch window holds at once)."""
+    plan = zero.model_param_pool_plan(c.m, c.k, world_size=c.world, elem_bytes=c.E)
+    return plan.total_bytes, "exact slots: " + plan.describe()
 
 
 def _transients(c: _Ctx) -> list[Item]:
@@ -582,7 +517,7 @@ def _transients(c: _Ctx) -> list[Item]:
     # (DeepSpeed code neither engine replaces); fast_init=False adds an fp32 sub-group copy.
     add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
         f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states", "init")
-    if not c.k.zero_init:
+    if not job.zero_init:
         add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
             f"4 B x N {c.m.num_params:,} per process", "deepspeed-notes §3.1", "init")
 
@@ -709,9 +644,9 @@ def _nvme_items(c: _Ctx) -> list[Item]:
         Item("nvme/gradients", "fp32 gradients", "nvme", opt, "steady", "", 0,
              "4 B x swappable sub-group elements", "deepspeed-notes §2.3, §7"),
     ]
-    if c.k.checkpoint_copies:
-        items.append(Item("nvme/checkpoints", f"checkpoint copies ({c.k.checkpoint_copies})", "nvme",
-                          c.k.checkpoint_copies * 3 * opt, "steady", "", 0,
+    if c.job.checkpoint_copies:
+        items.append(Item("nvme/checkpoints", f"checkpoint copies ({c.job.checkpoint_copies})", "nvme",
+                          c.job.checkpoint_copies * 3 * opt, "steady", "", 0,
                           "copies x 12 B/param (optimizer folder without gradients)",
                           "deepspeed-notes §7 checkpointing (copytree)"))
     return items
@@ -725,16 +660,22 @@ def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
     if c.gpu:
         items += _compute_items(c, tier="gpu")
     items += _nvme_items(c)
-    est = Estimate(engine=engine, items=items, ranks_per_node=c.ranks, world_size=c.world,
+    est = Estimate(engine=c.view, items=items, ranks_per_node=c.ranks, world_size=c.world,
                    compute_on_host=not c.gpu, config_errors=c.config_errors)
     if not c.gpu:
         est.notes.append("CPU-only job: DeepSpeed runs on the CPU accelerator (gloo); compute memory is host memory")
         if job.checkpointing == "offload":
             est.notes.append("offloaded checkpointing is plain full checkpointing on a CPU-only job")
-    if job.dtype != "fp16" and engine == "baseline":
+    if job.dtype != "fp16" and c.engine == "baseline":
         est.notes.append("bf16/fp32: stock ZeRO-3 skips the overflow check (only fp16 pays 3 B/element)")
     return est
 
 
 def estimate_both(job: JobSpec, hw: HardwareSpec) -> dict[str, Estimate]:
+    """baseline and memascend."""
     return {e: estimate(job, hw, e) for e in ENGINES}
+
+
+def estimate_all(job: JobSpec, hw: HardwareSpec) -> dict[str, Estimate]:
+    """baseline, tuned and memascend (VIEWS)."""
+    return {e: estimate(job, hw, e) for e in VIEWS}

@@ -9,6 +9,7 @@ import pytest
 from memascend_cli import bench as B
 from memascend_cli.errors import BadInput
 from memascend_cli.models import load_model
+from memascend_cli.planner import zero
 
 MiB = 1024**2
 GiB = 1024**3
@@ -28,7 +29,7 @@ def test_stock_config_is_the_documented_default(spec):
     # The embedding (16384 x 1024 = 16.8M) fits the default 1e8 buffer, so buffer_size stays 1e8.
     assert p["buffer_size"] == 10**8 and p["buffer_count"] == 5 and p["max_in_cpu"] == 10**9
     assert o["buffer_count"] == 4 and p["pin_memory"] and o["pin_memory"]
-    assert "stage3_max_reuse_distance" not in z
+    assert z["stage3_max_reuse_distance"] == 10**9
     assert cfg["bf16"] == {"enabled": True} and cfg["train_micro_batch_size_per_gpu"] == 2
 
 
@@ -38,20 +39,37 @@ def test_buffer_size_grows_to_the_largest_partition():
     assert cfg["zero_optimization"]["offload_param"]["buffer_size"] == -(-big.largest_tensor_numel // 2)
 
 
-def test_tuned_config_turns_stock_knobs_down(spec):
+def test_tuned_config_is_stock_with_memascends_knobs(spec):
     cfg = B.build_ds_config("tuned", spec, micro_batch=1, dtype="fp16", nvme_dir="/x", ranks=1)
     z = cfg["zero_optimization"]
     assert z["offload_param"]["max_in_cpu"] == 0
     assert z["offload_param"]["buffer_size"] == spec.largest_tensor_numel
-    assert z["sub_group_size"] == B.TUNED_SUB_GROUP_SIZE
-    # Required with max_in_cpu 0, else step 2 crashes with "Not enough buffers" (deepspeed-notes addendum).
+    assert z["sub_group_size"] == zero.MEMASCEND_SUB_GROUP_SIZE
+    assert z["reduce_bucket_size"] == zero.MEMASCEND_REDUCE_BUCKET_SIZE
+    # Required with max_in_cpu 0, else step 2 crashes with "Not enough buffers".
     assert z["stage3_max_reuse_distance"] == 0
     assert cfg["fp16"]["enabled"] and "bf16" not in cfg
 
 
-def test_memascend_config_is_the_users_stock_config(spec):
-    kw = {"micro_batch": 1, "dtype": "bf16", "nvme_dir": "/x", "ranks": 1}
-    assert B.build_ds_config("memascend", spec, **kw) == B.build_ds_config("stock", spec, **kw)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_tuned_and_memascend_runs_differ_in_no_stock_knob(spec, dtype, ranks):
+    """The bench's tuned stock gets every stock knob the engine sets: same config, same environment, and the
+    engine's install() finds nothing to change (so the two runs differ only in the techniques)."""
+    import copy
+
+    kw = {"micro_batch": 1, "dtype": dtype, "nvme_dir": "/x", "ranks": ranks}
+    tuned, mem = B.build_ds_config("tuned", spec, **kw), B.build_ds_config("memascend", spec, **kw)
+    assert tuned == mem
+    assert B.run_settings("tuned", tuned).stock_differences(B.run_settings("memascend", mem)) == {}
+    assert B.child_env("tuned", tuned, {}) == B.child_env("memascend", mem, {})
+    s = B.run_settings("memascend", mem)
+    after = copy.deepcopy(mem)
+    assert zero.write_into_ds_config(after, zero.memascend_knobs(s, largest_partition_numel=-(
+        -spec.largest_tensor_numel // ranks))) == {}
+    assert after == mem
+    assert B.checkpointing_impl("tuned") == B.checkpointing_impl("memascend") == "memascend"
+    assert B.checkpointing_impl("stock") == "hf"
 
 
 def test_bad_mode_and_dtype(spec):
@@ -61,21 +79,29 @@ def test_bad_mode_and_dtype(spec):
         B.build_ds_config("stock", spec, micro_batch=1, dtype="int8", nvme_dir="/x", ranks=1)
 
 
-def test_child_env_sets_the_pin_backend():
+def test_child_env_sets_the_pin_backend_and_accelerator(spec):
+    cfg = B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
     base = {"PATH": "/bin", "DS_PIN_MEMORY_BACKEND": "native"}
-    assert "DS_PIN_MEMORY_BACKEND" not in B.child_env("stock", base)
-    assert B.child_env("tuned", base)["DS_PIN_MEMORY_BACKEND"] == "native"
-    assert "DS_PIN_MEMORY_BACKEND" not in B.child_env("memascend", base)
-    assert B.child_env("stock", {})["DS_ACCELERATOR"] == "cpu"
+    assert "DS_PIN_MEMORY_BACKEND" not in B.child_env("stock", cfg, base)
+    assert B.child_env("tuned", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
+    assert B.child_env("memascend", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
+    assert B.child_env("stock", cfg, {})["DS_ACCELERATOR"] == "cpu"
+    assert B.child_env("stock", cfg, {}, accelerator="cuda")["DS_ACCELERATOR"] == "cuda"
 
 
-def test_planner_knobs_read_back_from_the_config(spec):
+def test_run_settings_read_back_from_the_config(spec):
     stock = B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
     tuned = B.build_ds_config("tuned", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
-    ks, kt = B.planner_knobs("stock", stock), B.planner_knobs("tuned", tuned)
+    ks, kt = B.run_settings("stock", stock), B.run_settings("tuned", tuned)
     assert (ks.max_in_cpu, ks.pin_backend, ks.sub_group_size, ks.param_buffer_size) == (10**9, "torch", 10**9, 10**8)
-    assert (kt.max_in_cpu, kt.pin_backend, kt.sub_group_size) == (0, "native", B.TUNED_SUB_GROUP_SIZE)
+    assert (kt.max_in_cpu, kt.pin_backend, kt.sub_group_size) == (0, "native", zero.MEMASCEND_SUB_GROUP_SIZE)
     assert kt.param_buffer_size == spec.largest_tensor_numel
+
+
+def test_child_runs_as_a_module_of_the_installed_engine():
+    assert B.child_command(["--x"], 1)[1:] == ["-m", B.JOB_MODULE, "--x"]
+    two = B.child_command(["--x"], 2)
+    assert two[1:3] == ["-m", "torch.distributed.run"] and two[-3:] == ["-m", B.JOB_MODULE, "--x"]
 
 
 def test_predictions_order(spec):

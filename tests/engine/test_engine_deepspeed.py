@@ -81,28 +81,57 @@ def test_fp32_losses_equal_stock_exactly(tmp_path, stock):
     assert s["bytes_read"] > STEPS * 6_294_016 * 4
     assert s["param_pool_plan"] == "attn_kv+attn_o+attn_q 8x262,144, mlp+vocab 7x524,288 x 4 B"
     assert s["param_pool_bytes"] == 8 * 2**20 + 7 * 2**21
-    assert s["optimizer_pool_bytes"] > 0 and s["pinned_bytes"] >= s["pool_bytes"]
-    assert s["counters"]["adam_states_in_place"] >= 1 and s["region_io"]["zero_fill_reads"] >= 2
+    # The bounded engine: no DeepSpeed optimizer pool, no gradient flat buffer, no P2 buffer; bounded windows instead.
+    assert s["optimizer_pool_bytes"] == 0 and s["partitioned_swap_buffer_bytes"] == 0
+    assert s["counters"]["grad_buffer_in_place"] == 0 and s["counters"]["adam_states_in_place"] == 0
+    b = s["bounded"]
+    assert b["chunks"] >= 1 and b["optimizer_window_bytes"] > 0 and b["gradient_window_bytes"] > 0
+    io = s["bounded_io"]
+    # fp32 gradients written once per step and read once by the optimizer: 4 B/param each way (plus the probe's
+    # read of the first parameter's gradient, the 1024 x 512 embedding).
+    assert io["gradient_write_bytes"] == STEPS * 6_294_016 * 4
+    assert io["gradient_read_bytes"] == io["gradient_write_bytes"] + 1024 * 512 * 4
     assert s["counters"]["pool_overflow_allocations"] == 0
     assert s["counters"]["malloc_trims"] == STEPS
-    assert s["counters"]["grad_buffer_in_place"] == 1  # P5 allocated pinned directly, no zeros + copy
-    # Fused overflow check on the real gradient buffer, with the stock reference on the same data.
+    # The per-partition overflow check on a real gradient read back from the region, with torch's answer.
     assert r["overflow_probe"] == {"clean": False, "inf": True, "nan": True, "restored": False, "reference_clean": False}
     assert s["counters"]["overflow_scans"] == 4
-    # Checkpoint save copies the (empty) swap folder: no crash, no swap files anywhere.
-    assert r["checkpoint_swap_files"] == 0
+    # DeepSpeed's checkpoint API cannot see the region's state: it refuses instead of writing a partial checkpoint.
+    assert "memascend" in (r["save_checkpoint_error"] or "") and r["checkpoint_swap_files"] == 0
 
 
-def test_bf16_losses_within_1e3_of_stock(tmp_path, stock):
+def test_bf16_losses_equal_stock(tmp_path, stock):
     r = run(tmp_path, "engine-bf16", "--mode", "engine", "--dtype", "bf16", "--region", make_region(tmp_path, "512MiB"))
-    ref = stock["bf16"]["losses"]
-    assert len(r["losses"]) == STEPS
-    for a, b in zip(r["losses"], ref):
-        assert abs(a - b) <= 1e-3 * abs(b)
+    assert r["losses"] == stock["bf16"]["losses"]
     _assert_went_through_region(r)
+    # bf16 gradients go to the SSD in bf16: 2 B/param written and read per step.
+    assert r["stats"]["bounded_io"]["gradient_write_bytes"] == STEPS * 6_294_016 * 2
 
 
-@pytest.mark.parametrize("off", ["pinned", "adaptive_pool", "fused_overflow", "malloc_trim", "adam_in_place"])
+def test_tensors_split_across_chunks_still_equal_stock(tmp_path):
+    """Sub-groups (and chunks) of 262,144 elements split the embedding, lm_head and MLP matrices: the Adam op's
+    bias-correction sequence is re-armed per chunk, so the losses still equal stock's bit for bit."""
+    kw = ("--dtype", "fp32", "--sub-group-size", "262144")
+    ref = run(tmp_path, "stock-split", "--mode", "stock", *kw, "--nvme-dir", str(tmp_path / "swap"))
+    r = run(tmp_path, "engine-split", "--mode", "engine", *kw, "--region", make_region(tmp_path, "512MiB"))
+    assert r["losses"] == ref["losses"]
+    assert r["stats"]["bounded"]["chunks"] > 2 * 9  # 2 layers x 9 tensors + vocab matrices, the big ones split
+
+
+def test_fp16_overflow_skips_exactly_like_stock(tmp_path):
+    """fp16 from loss scale 2**20: the first steps overflow and are skipped; the per-partition scan as gradients
+    stream gives the same loss-scale sequence, skipped steps and losses as stock's check of the whole buffer."""
+    kw = ("--dtype", "fp16", "--force-cpu-fp16", "--initial-scale-power", "20", "--steps", "6")
+    ref = run(tmp_path, "stock-fp16", "--mode", "stock", *kw, "--nvme-dir", str(tmp_path / "swap"))
+    r = run(tmp_path, "engine-fp16", "--mode", "engine", *kw, "--region", make_region(tmp_path, "512MiB"))
+    assert ref["skipped_steps"] >= 1 and ref["loss_scales"][0] > ref["loss_scales"][-1]
+    assert (r["losses"], r["loss_scales"], r["skipped_steps"]) == (ref["losses"], ref["loss_scales"],
+                                                                  ref["skipped_steps"])
+    assert r["stats"]["counters"]["overflow_scans"] > 0
+
+
+@pytest.mark.parametrize("off", ["streaming", "pinned", "adaptive_pool", "fused_overflow", "malloc_trim",
+                                 "adam_in_place"])
 def test_each_technique_switches_off(tmp_path, stock, off):
     r = run(tmp_path, f"off-{off}", "--mode", "engine", "--dtype", "fp32", "--region", make_region(tmp_path, "512MiB"),
             "--off", off, "--overflow-probe")
@@ -110,6 +139,11 @@ def test_each_technique_switches_off(tmp_path, stock, off):
     _assert_went_through_region(r)
     s = r["stats"]
     assert s["options"][off] is False
+    assert ("bounded" in s) == (off != "streaming")
+    if off == "streaming":
+        # DeepSpeed's own gradient buffer and optimizer pool, with the engine's in-place techniques on them.
+        assert s["optimizer_pool_bytes"] > 0 and s["counters"]["grad_buffer_in_place"] == 1
+        assert s["counters"]["adam_states_in_place"] >= 1 and s["region_io"]["zero_fill_reads"] >= 2
     if off == "adaptive_pool":
         assert s["param_pool_plan"] is None and s["param_pool_bytes"] == 0
     if off == "fused_overflow":
@@ -129,12 +163,16 @@ def test_direct_nvme_off_uses_swap_files(tmp_path, stock):
     assert r["swap_files"] > 0 and r["stats"]["bytes_written"] == 0
 
 
-def test_offloaded_checkpointing_trains_and_matches(tmp_path, stock):
-    r = run(tmp_path, "ckpt", "--mode", "engine", "--dtype", "fp32", "--region", make_region(tmp_path, "512MiB"),
-            "--checkpointing")
-    assert r["stats"]["checkpointing"]["layer_calls"] >= 2 * STEPS
-    for a, b in zip(r["losses"], stock["fp32"]["losses"]):
-        assert abs(a - b) <= 1e-6 * abs(b)
+@pytest.mark.parametrize("where", ["ssd", "dram"])
+def test_offloaded_checkpointing_matches_exactly(tmp_path, stock, where):
+    r = run(tmp_path, f"ckpt-{where}", "--mode", "engine", "--dtype", "fp32", "--region",
+            make_region(tmp_path, "512MiB"), "--checkpointing", "--checkpoint-offload", where)
+    c = r["stats"]["checkpointing"]
+    assert c["layer_calls"] >= 2 * STEPS and c["on_ssd"] == (where == "ssd")
+    assert r["losses"] == stock["fp32"]["losses"]  # recomputation is exact on CPU
+    if where == "ssd":
+        io = r["stats"]["bounded_io"]
+        assert io["checkpoint_write_bytes"] == io["checkpoint_read_bytes"] > 0
 
 
 def test_two_ranks_each_in_their_own_subregion(tmp_path, stock):

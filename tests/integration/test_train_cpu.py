@@ -58,6 +58,10 @@ def test_baseline_trains_loss_falls_and_exports(baseline_run):
     l = losses(baseline_run)
     assert sorted(l) == list(range(1, int(STEPS) + 1))
     assert l[int(STEPS)] < l[1] - 1.0
+    dry = memascend(TINY, "--baseline", "--output-dir", baseline_run, "--steps", STEPS, "--set", "checkpoint_every=3",
+                    "--dry-run")
+    with open(os.path.join(baseline_run, "ds_config.effective.json")) as f:
+        assert f.read() == json.dumps(json.loads(dry.stdout)["ds_config"], indent=2, sort_keys=True)
     assert swap_files(os.path.join(baseline_run, "swap")) > 0  # params and optimizer really went to disk
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -161,16 +165,27 @@ def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run
         errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
         assert len(errors) == 1 and "memascend engine is not available" in errors[0]
         pytest.skip("memascend_engine.install() is not importable here; checked the one-line error")
+    dry = memascend(TINY, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3", "--dry-run")
     p = memascend(TINY, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
                   env={"MEMASCEND_FAULT_STOP_AT_STEP": "4"})
     assert "stopped at step 4" in p.stderr
+    # The config the dry run printed is, byte for byte (keys sorted), the one DeepSpeed received after install().
+    with open(os.path.join(run, "ds_config.effective.json")) as f:
+        effective = f.read()
+    assert effective == json.dumps(json.loads(dry.stdout)["ds_config"], indent=2, sort_keys=True)
     assert os.path.isfile(os.path.join(run, "region.bin"))
-    assert not os.path.exists(os.path.join(run, "swap"))  # the engine path writes only the region
+    assert swap_files(os.path.join(run, "swap")) == 0  # the engine path writes only the region
     memascend(TINY, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3", "--resume")
     l = losses(run)
     assert l[int(STEPS)] < l[1] - 1.0
     assert l == losses(baseline_run)
     assert os.path.isfile(os.path.join(run, "export", "model.safetensors"))
+    # The engine's checkpoints (its own optimizer layout) export to the same tensors as the live model.
+    import numpy as np
+
+    export_checkpoint(run, int(STEPS), str(tmp_path / "ck"))
+    a, b = exported_tensors(os.path.join(run, "export")), exported_tensors(str(tmp_path / "ck"))
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_malformed_dataset_line_fails_before_the_launch_with_one_line(tmp_path):

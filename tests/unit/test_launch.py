@@ -131,10 +131,10 @@ def test_unprepared_region_is_refused(cli, tmp_path):
 
 
 def test_region_too_small_is_refused(cli, tmp_path):
-    from memascend_cli.commands.train import create_region_file
+    from memascend_cli.region_setup import create_region_file
 
     small = tmp_path / "small.region"
-    create_region_file(str(small), 8 << 20, 1)
+    create_region_file(str(small), 8 << 20, ranks=1, label="test")
     res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"), "--region", str(small))
     assert res.exit_code == 1 and "GiB per rank, the job needs" in res.stderr
 

@@ -6,7 +6,8 @@ import pytest
 
 from memascend_cli.errors import BadInput
 from memascend_cli.models import list_model_presets, load_preset
-from memascend_cli.planner.memory import GiB, JobSpec, ZeroKnobs, estimate, estimate_both, partition
+from memascend_cli.planner import zero
+from memascend_cli.planner.memory import GiB, JobSpec, estimate, estimate_both, partition
 from memascend_cli.planner.search import check, max_micro_batch, max_seq_len, search
 from memascend_cli.planner.spec import HardwareSpec
 
@@ -38,7 +39,7 @@ def test_version_changes_pinning():
     assert new.item("host/optimizer_swap_pool").pinned == "mlock"
     assert new.locked_bytes > 0 and old.locked_bytes == 0
     assert old.pinned_waste_bytes > new.pinned_waste_bytes
-    native = estimate(replace(job(), knobs=ZeroKnobs(pin_backend="native")), GPU, "baseline")
+    native = estimate(replace(job(), knobs=replace(zero.DEEPSPEED_DEFAULTS, pin_backend="native")), GPU, "baseline")
     assert native.pinned_waste_bytes == 0
 
 
@@ -51,7 +52,7 @@ def test_fp16_overflow_check_only_for_fp16_baseline():
 
 
 def test_small_buffer_size_is_a_config_error():
-    est = estimate(replace(job(), knobs=ZeroKnobs(param_buffer_size=10**8)), GPU, "baseline")
+    est = estimate(replace(job(), param_buffer_size_auto=False), GPU, "baseline")
     assert est.config_errors and "buffer_size" in est.config_errors[0]
     assert not check(est, GPU).fits and check(est, GPU).binding == "config"
 

@@ -7,11 +7,13 @@ tests/integration/test_deepspeed_buffers.py re-measures live against the install
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
 from memascend_cli.models import load_model
-from memascend_cli.planner.memory import JobSpec, ZeroKnobs, estimate
+from memascend_cli.planner import zero
+from memascend_cli.planner.memory import JobSpec, estimate
 from memascend_cli.planner.spec import HardwareSpec
 
 ASSET = os.path.join(os.path.dirname(__file__), "..", "assets", "deepspeed_measured.json")
@@ -25,9 +27,11 @@ def planned(case: dict):
     k = case["knobs"]
     job = JobSpec(model=load_model(case["model"]), dtype=case["dtype"], deepspeed_version=case["deepspeed_version"],
                   seq_len=case["job"]["seq_len"], micro_batch=case["job"]["micro_batch"],
-                  knobs=ZeroKnobs(param_buffer_count=k["param_buffer_count"], param_buffer_size=k["param_buffer_size"],
-                                  max_in_cpu=k["max_in_cpu"], optimizer_buffer_count=k["optimizer_buffer_count"],
-                                  sub_group_size=k["sub_group_size"], reduce_bucket_size=k["reduce_bucket_size"]))
+                  knobs=replace(zero.DEEPSPEED_DEFAULTS, param_buffer_count=k["param_buffer_count"],
+                                param_buffer_size=k["param_buffer_size"], max_in_cpu=k["max_in_cpu"],
+                                optimizer_buffer_count=k["optimizer_buffer_count"],
+                                sub_group_size=k["sub_group_size"], reduce_bucket_size=k["reduce_bucket_size"]),
+                  param_buffer_size_auto=False)
     return estimate(job, CPU_ONLY, "baseline")
 
 

@@ -1,7 +1,7 @@
 """One measured training job of `memascend bench` (the child process; the parent samples memory).
 
-ZeRO-3 with parameters and optimizer states on NVMe, on the CPU accelerator (gloo), random weights,
-fixed seed, synthetic token batches. Modes:
+ZeRO-3 with parameters and optimizer states on NVMe, on the accelerator DeepSpeed detects (DS_ACCELERATOR
+decides: CPU with gloo, or CUDA with NCCL), random weights, fixed seed, synthetic token batches. Modes:
   stock, tuned  - stock DeepSpeed with the config the parent wrote (--ds-config);
   memascend     - the same config handed to memascend_engine.install() before zero.Init.
 
@@ -10,7 +10,7 @@ SSD bytes come from /proc/self/io read_bytes/write_bytes (block-layer I/O of thi
 O_DIRECT included); the memascend mode also records the engine's own counters.
 
 Usage (normally launched by `memascend bench`):
-    DS_ACCELERATOR=cpu python benchmarks/bench_job.py --mode stock --model tiny-llama --seq-len 64 \
+    DS_ACCELERATOR=cpu python -m memascend_engine.bench_job --mode stock --model tiny-llama --seq-len 64 \
         --micro-batch 1 --steps 2 --dtype bf16 --seed 0 --ds-config cfg.json --events /tmp/ev
 """
 
@@ -25,7 +25,8 @@ import time
 
 from memascend_engine.procfs import single_rank_defaults, status_kib
 
-TECHNIQUES = ("pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing", "malloc_trim")
+from memascend_cli.bench import MODES, TECHNIQUES
+
 EXIT_ENGINE_MISSING = 3
 
 
@@ -72,7 +73,7 @@ def dir_bytes(path: str) -> int:
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", required=True, choices=["stock", "tuned", "memascend"])
+    ap.add_argument("--mode", required=True, choices=MODES)
     ap.add_argument("--model", required=True)
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--micro-batch", type=int, required=True)
@@ -80,6 +81,8 @@ def parse_args(argv):
     ap.add_argument("--dtype", required=True, choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpointing", default="full", choices=["full", "none"])
+    ap.add_argument("--checkpointing-impl", default="hf", choices=["hf", "memascend"],
+                    help="hf: transformers' non-reentrant checkpointing; memascend: memascend_engine.checkpointing")
     ap.add_argument("--ds-config", required=True, help="DeepSpeed config JSON written by the parent")
     ap.add_argument("--events", required=True, help="prefix of the per-rank JSON-lines files")
     ap.add_argument("--region", default=None, help="memascend region file or device (memascend mode)")
@@ -132,11 +135,17 @@ def run(args, rank: int, ev: Events) -> int:
     ev.phase("import")
     import deepspeed
     import torch
+    from deepspeed.accelerator import get_accelerator
     from memascend_engine.hf_models import causal_lm_factory
 
     from memascend_cli.models import load_model
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    acc = get_accelerator()
+    deepspeed.init_distributed(dist_backend=acc.communication_backend_name())
+    on_cuda = acc.device_name() == "cuda"
+    if on_cuda:
+        acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = acc.current_device_name()  # DeepSpeed does not move inputs: batches go to the compute device
     world = int(os.environ["WORLD_SIZE"])
     spec = load_model(args.model)
     # transformers is imported here (in the factory), before zero.Init patches tensor constructors.
@@ -160,10 +169,14 @@ def run(args, rank: int, ev: Events) -> int:
         model = make_model()
     model.config.use_cache = False
     if args.checkpointing == "full":
-        if handle is not None and "offload_checkpointing" not in args.disable:
-            handle.enable_offloaded_checkpointing(model)
-        else:
+        if args.checkpointing_impl == "hf":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif handle is not None and "offload_checkpointing" not in args.disable:
+            handle.enable_offloaded_checkpointing(model)  # the same function with the engine's exact pinned buffers
+        else:
+            from memascend_engine import checkpointing
+
+            checkpointing.enable(model, None)
     ev.phase("initialize")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     model.train()
@@ -172,7 +185,7 @@ def run(args, rank: int, ev: Events) -> int:
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     for step in range(1, args.steps + 1):
-        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen)
+        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
         ev.phase(f"step{step}_forward")
         t0 = time.perf_counter()
         loss = engine(input_ids=x, labels=x).loss
@@ -203,6 +216,13 @@ def run(args, rank: int, ev: Events) -> int:
         "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "engine_stats": None,
         "ds_config_effective": cfg,
+        "accelerator": acc.device_name(),
+        "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()) if on_cuda else None,
+        "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()) if on_cuda else None,
+        # Pinned host bytes: torch's CUDA host allocator plus mlocked memory (stock/tuned), the engine's own buffers.
+        "pinned_bytes": (handle.stats()["pinned_bytes"] if handle is not None else
+                         (int(torch.cuda.host_memory_stats().get("allocated_bytes.all.peak", 0)) if on_cuda else 0)
+                         + status_kib("VmLck") * 1024),
     }
     if handle is not None:
         final["engine_stats"] = dict(handle.stats())

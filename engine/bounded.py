@@ -1,0 +1,501 @@
+"""memascend's bounded host memory: the SSD holds the model state, DRAM is a staging window.
+
+Three pieces, none of which touches DeepSpeed (engine/deepspeed_plugin.py wires them into ZeRO-3):
+
+* :class:`GradientStream` - every reduced gradient partition leaves the compute device through a ring of
+  ``gradient_slots`` aligned host buffers straight to its own extent in the region, in the training dtype (bf16/fp16:
+  no fp32 round trip through the SSD). There is no full-size gradient buffer in host memory.
+* :class:`OptimizerPipeline` - the optimizer step walks memascend's chunks (zero.optimizer_chunks: sub-groups of at
+  most ``optimizer_chunk_numel`` elements, larger tensors split) through ``optimizer_depth`` slots: the reads of chunk
+  i+1 and the write-back of chunk i-1 are in flight while chunk i is updated. Each slot holds the fp32 master,
+  exp_avg, exp_avg_sq and fp32 gradient of one chunk plus a 16-bit staging buffer (gradient reads, parameter
+  write-back in the model dtype).
+* :class:`CheckpointStash` (engine/checkpointing.py uses it) - activation checkpoints written to the region through
+  ``checkpoint_slots`` buffers and prefetched in backward order.
+
+Keys are region extents of the rank's RegionStore (engine/direct_nvme.py), so every byte goes through the same
+O_DIRECT engine and counters as DeepSpeed's own (rewired) swap traffic.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from memascend_cli.planner import zero
+
+GRAD_PREFIX = "memascend/grad/"
+OPT_PREFIX = "memascend/opt/"
+ACT_PREFIX = "memascend/act/"
+STATE_NAMES = ("fp32", "exp_avg", "exp_avg_sq")
+
+
+def _bytes_view(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+@dataclass
+class IOCounters:
+    """Bytes this module moved through the region (the store counts all traffic; these split it by purpose)."""
+
+    gradient_write_bytes: int = 0
+    gradient_read_bytes: int = 0
+    optimizer_read_bytes: int = 0
+    optimizer_write_bytes: int = 0
+    param_read_bytes: int = 0
+    param_write_bytes: int = 0
+    checkpoint_write_bytes: int = 0
+    checkpoint_read_bytes: int = 0
+
+
+class SlotRing:
+    """``count`` aligned host buffers of ``nbytes`` each, handed out in turn; a slot comes back when the I/O that used
+    it has completed (its pending request is waited first)."""
+
+    def __init__(self, store, allocator, count: int, nbytes: int):
+        self.store = store
+        self.nbytes = int(nbytes)
+        self.buffers = [allocator.empty(self.nbytes, torch.uint8) for _ in range(int(count))]
+        self._free = collections.deque(range(len(self.buffers)))
+        self._busy: collections.deque = collections.deque()  # (slot, pending)
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.buffers) * self.nbytes
+
+    def take(self) -> tuple[int, torch.Tensor]:
+        if not self._free:
+            slot, pending = self._busy.popleft()
+            self.store.complete(pending)
+            self._free.append(slot)
+        slot = self._free.popleft()
+        return slot, self.buffers[slot]
+
+    def busy(self, slot: int, pending) -> None:
+        self._busy.append((slot, pending))
+
+    def drain(self) -> None:
+        """Complete every pending request (raises the first I/O error)."""
+        first = None
+        while self._busy:
+            slot, pending = self._busy.popleft()
+            try:
+                self.store.complete(pending)
+            except Exception as exc:  # noqa: BLE001 - complete every request, raise the first failure
+                first = first or exc
+            self._free.append(slot)
+        if first is not None:
+            raise first
+
+
+class GradientStream:
+    """Reduced gradient partitions to their region extents through a bounded staging ring."""
+
+    def __init__(self, store, allocator, windows: zero.EngineWindows, counters: IOCounters):
+        self.store = store
+        self.ring = SlotRing(store, allocator, windows.gradient_slots, windows.gradient_slot_bytes)
+        self.counters = counters
+        self.written: dict[str, int] = {}
+        """key -> bytes of the last complete write (what a read may ask for)."""
+
+    @staticmethod
+    def key(param_id) -> str:
+        return f"{GRAD_PREFIX}{param_id}"
+
+    def write(self, key: str, grad: torch.Tensor) -> None:
+        """Queue the bytes of `grad` (any device) to `key`; returns once they are staged (the writes run on)."""
+        src = _bytes_view(grad.detach().contiguous())
+        nbytes = src.numel()
+        step = self.ring.nbytes
+        for off in range(0, nbytes, step):
+            m = min(step, nbytes - off)
+            slot, buf = self.ring.take()
+            buf[:m].copy_(src[off:off + m])  # device -> pinned host on a GPU
+            self.ring.busy(slot, self.store.submit("w", buf.data_ptr(), m, key, off))
+        self.written[key] = nbytes
+        self.counters.gradient_write_bytes += nbytes
+
+    def read(self, key: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """The whole gradient of `key` (for accumulation across micro-batches), on `device`."""
+        self.ring.drain()  # the key's own writes must have landed
+        out = torch.empty(numel, dtype=dtype, device=device)
+        dst = _bytes_view(out)
+        nbytes = dst.numel()
+        if self.written.get(key) != nbytes:
+            raise RuntimeError(f"memascend gradient stream: read of {key} ({nbytes} B) that holds "
+                               f"{self.written.get(key, 0)} B written")
+        step = self.ring.nbytes
+        for off in range(0, nbytes, step):
+            m = min(step, nbytes - off)
+            slot, buf = self.ring.take()
+            self.store.complete(self.store.submit("r", buf.data_ptr(), m, key, off))
+            self.ring._free.append(slot)
+            dst[off:off + m].copy_(buf[:m])
+        self.counters.gradient_read_bytes += nbytes
+        return out
+
+    def flush(self) -> None:
+        self.ring.drain()
+
+    @property
+    def host_bytes(self) -> int:
+        return self.ring.total_bytes
+
+
+@dataclass
+class ParamTarget:
+    """Where one parameter partition lives between steps: a region key (on the SSD) or an in-memory tensor."""
+
+    numel: int
+    key: str | None = None
+    tensor: torch.Tensor | None = None
+    """The in-memory partition (DeepSpeed keeps partitions below min_aio_bytes, and persistent ones, in memory)."""
+
+
+@dataclass
+class Slot:
+    """One chunk's buffers in the optimizer pipeline."""
+
+    master: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    grad: torch.Tensor
+    staging: torch.Tensor
+    """uint8 buffer: 16-bit gradient pieces in, 16-bit parameter pieces out (at aligned offsets)."""
+    pending: list = field(default_factory=list)
+    placements: list = field(default_factory=list)
+    """(piece, staging byte offset) of the chunk in this slot."""
+
+
+class OptimizerPipeline:
+    """The optimizer step over memascend's chunks with `depth` slots in flight.
+
+    ``targets[g][j]()``: the ParamTarget of parameter j of sub-group g now (its model-dtype partition);
+    ``grad_keys[g][j]``: its gradient's key in the GradientStream, ``grad_written``: the keys written so far (a
+    parameter that never received a gradient has a zero gradient, as in DeepSpeed's zero-initialised flat buffer).
+    """
+
+    def __init__(self, store, allocator, windows: zero.EngineWindows, chunks: Sequence[zero.Chunk],
+                 targets: Sequence[Sequence[Callable[[], ParamTarget]]], grad_keys: Sequence[Sequence[str]], *,
+                 param_dtype: torch.dtype, grad_dtype: torch.dtype, counters: IOCounters,
+                 grad_written: dict | None = None):
+        self.store = store
+        self.chunks = list(chunks)
+        self.targets = targets
+        self.grad_keys = grad_keys
+        self.grad_written = grad_written if grad_written is not None else {}
+        self.param_dtype = param_dtype
+        self.grad_dtype = grad_dtype
+        self.param_bytes = torch.tensor([], dtype=param_dtype).element_size()
+        self.grad_bytes = torch.tensor([], dtype=grad_dtype).element_size()
+        self.elem_bytes = max(self.param_bytes, self.grad_bytes)
+        self.counters = counters
+        n = windows.optimizer_chunk_numel
+        self.chunk_numel = n
+        staging_bytes = zero.align_up(2 * n * self.elem_bytes, zero.PAGE_BYTES)
+        self.slots = [Slot(master=allocator.empty(n, torch.float32), exp_avg=allocator.empty(n, torch.float32),
+                           exp_avg_sq=allocator.empty(n, torch.float32), grad=allocator.empty(n, torch.float32),
+                           staging=allocator.empty(staging_bytes, torch.uint8))
+                      for _ in range(max(1, windows.optimizer_depth))]
+        self.io_alignment = max(int(store.io_alignment), 1)
+        self.states_written: set[int] = set()
+        """Chunks whose Adam states exist on the SSD (absent before the first step: read as zeros, no I/O)."""
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for s in self.slots
+                   for t in (s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.staging))
+
+    @staticmethod
+    def state_key(chunk_index: int, name: str) -> str:
+        return f"{OPT_PREFIX}{chunk_index}/{name}"
+
+    # -- layout of a chunk's 16-bit pieces in the staging buffer ----------------------------------------
+    def _place(self, chunk: zero.Chunk) -> list[tuple[zero.Piece, int | None]]:
+        """Each piece at an O_DIRECT-aligned staging offset while they fit (None: bounced through the store)."""
+        out, off, cap = [], 0, self.slots[0].staging.numel()
+        for p in chunk.pieces:
+            nbytes = p.numel * self.elem_bytes
+            if off + nbytes <= cap:
+                out.append((p, off))
+                off = zero.align_up(off + nbytes, self.io_alignment)
+            else:
+                out.append((p, None))
+        return out
+
+    @staticmethod
+    def _piece_view(slot: Slot, byte_off: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = numel * torch.tensor([], dtype=dtype).element_size()
+        return slot.staging[byte_off:byte_off + nbytes].view(dtype)
+
+    # -- reads ------------------------------------------------------------------------------------------
+    def _submit_reads(self, ci: int, slot: Slot, *, with_grads: bool) -> None:
+        chunk = self.chunks[ci]
+        n = chunk.numel
+        slot.pending = [self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
+        self.counters.optimizer_read_bytes += n * 4
+        if ci in self.states_written:
+            for name, t in (("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
+                slot.pending.append(self.store.submit("r", t.data_ptr(), n * 4, self.state_key(ci, name), 0))
+            self.counters.optimizer_read_bytes += 2 * n * 4
+        else:
+            # Before the first step: CPU Adam's states start as zeros (cpu_adam.py zeros_like), no read needed.
+            slot.exp_avg.narrow(0, 0, n).zero_()
+            slot.exp_avg_sq.narrow(0, 0, n).zero_()
+        slot.placements = self._place(chunk)
+        if with_grads:
+            gb = self.grad_bytes
+            for p, off in slot.placements:
+                key = self.grad_keys[chunk.sub_group][p.param]
+                if key not in self.grad_written:
+                    slot.grad.narrow(0, p.chunk_offset, p.numel).zero_()
+                    continue
+                if off is None:
+                    # Rare (many tiny pieces in one chunk): read through the store's bounce into the grad buffer.
+                    tmp = torch.empty(p.numel, dtype=self.grad_dtype)
+                    self.store.complete(self.store.submit("r", tmp.data_ptr(), p.numel * gb, key, p.param_offset * gb))
+                    slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(tmp)
+                else:
+                    view = self._piece_view(slot, off, p.numel, self.grad_dtype)
+                    slot.pending.append(self.store.submit("r", view.data_ptr(), p.numel * gb, key, p.param_offset * gb))
+                self.counters.gradient_read_bytes += p.numel * gb
+
+    def _complete(self, slot: Slot) -> None:
+        first = None
+        for pending in slot.pending:
+            try:
+                self.store.complete(pending)
+            except Exception as exc:  # noqa: BLE001 - complete every request, raise the first
+                first = first or exc
+        slot.pending = []
+        if first is not None:
+            raise first
+
+    # -- writes -----------------------------------------------------------------------------------------
+    def _submit_writes(self, ci: int, slot: Slot) -> None:
+        chunk = self.chunks[ci]
+        n = chunk.numel
+        for name, t in (("fp32", slot.master), ("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
+            slot.pending.append(self.store.submit("w", t.data_ptr(), n * 4, self.state_key(ci, name), 0))
+        self.counters.optimizer_write_bytes += 3 * n * 4
+        self.states_written.add(ci)
+        self._write_params(chunk, slot)
+
+    def _write_params(self, chunk: zero.Chunk, slot: Slot) -> None:
+        """The chunk's updated master to the 16-bit parameter partitions (copy in memory, or write to the SSD)."""
+        pb = self.param_bytes
+        for p, off in slot.placements:
+            target = self.targets[chunk.sub_group][p.param]()
+            src = slot.master.narrow(0, p.chunk_offset, p.numel)
+            if target.key is None:
+                target.tensor.narrow(0, p.param_offset, p.numel).copy_(src)
+                continue
+            nbytes = p.numel * pb
+            if off is None:
+                tmp = src.to(self.param_dtype)
+                self.store.complete(self.store.submit("w", tmp.data_ptr(), nbytes, target.key, p.param_offset * pb))
+            else:
+                view = self._piece_view(slot, off, p.numel, self.param_dtype)
+                view.copy_(src)
+                slot.pending.append(self.store.submit("w", view.data_ptr(), nbytes, target.key, p.param_offset * pb))
+            self.counters.param_write_bytes += nbytes
+
+    # -- the pipelined walk -----------------------------------------------------------------------------
+    def run(self, compute: Callable[[int, zero.Chunk, Slot], None], *, with_grads: bool = True,
+            write: bool = True) -> None:
+        """Read, `compute` (in place on the slot), write back, for every chunk; I/O of neighbours overlaps."""
+        depth = len(self.slots)
+        order = range(len(self.chunks))
+        if not self.chunks:
+            return
+        lookahead = max(1, depth - 1)  # with depth 3: chunk i+1 reading, chunk i-1 writing
+        inflight_reads: dict[int, Slot] = {}
+        slot_of = {}
+        next_read = 0
+
+        def start_read(ci: int) -> None:
+            slot = self.slots[ci % depth]
+            self._complete(slot)  # the write-back of the chunk that used this slot before
+            self._submit_reads(ci, slot, with_grads=with_grads)
+            inflight_reads[ci] = slot
+            slot_of[ci] = slot
+
+        try:
+            for ci in order:
+                while next_read < len(self.chunks) and next_read <= ci + lookahead - 1:
+                    start_read(next_read)
+                    next_read += 1
+                slot = inflight_reads.pop(ci)
+                self._complete(slot)
+                if with_grads:
+                    self._widen_grads(ci, slot)
+                compute(ci, self.chunks[ci], slot)
+                if write:
+                    self._submit_writes(ci, slot)
+                if next_read < len(self.chunks):
+                    start_read(next_read)
+                    next_read += 1
+        finally:
+            first = None
+            for s in self.slots:
+                try:
+                    self._complete(s)
+                except Exception as exc:  # noqa: BLE001 - drain every slot, raise the first failure
+                    first = first or exc
+            if first is not None:
+                raise first
+
+    def _widen_grads(self, ci: int, slot: Slot) -> None:
+        """16-bit gradient pieces -> the fp32 gradient of the chunk (exact: every 16-bit value is an fp32 value)."""
+        for p, off in slot.placements:
+            if off is not None and self.grad_keys[self.chunks[ci].sub_group][p.param] in self.grad_written:
+                slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(self._piece_view(slot, off, p.numel,
+                                                                                     self.grad_dtype))
+
+    def initialize(self, read_param: Callable[[ParamTarget, int, int, torch.Tensor], None] | None = None) -> None:
+        """Create every chunk's fp32 master from the 16-bit parameter partitions (exp_avg/exp_avg_sq stay absent
+        until the first step writes them: they start as zeros, as CPU Adam creates them)."""
+        for ci, chunk in enumerate(self.chunks):
+            slot = self.slots[0]
+            n = chunk.numel
+            pb = self.param_bytes
+            for p in chunk.pieces:
+                target = self.targets[chunk.sub_group][p.param]()
+                dst = slot.master.narrow(0, p.chunk_offset, p.numel)
+                if target.key is None:
+                    dst.copy_(target.tensor.narrow(0, p.param_offset, p.numel))
+                    continue
+                view = self._piece_view(slot, 0, p.numel, self.param_dtype)
+                self.store.complete(self.store.submit("r", view.data_ptr(), p.numel * pb, target.key,
+                                                      p.param_offset * pb))
+                self.counters.param_read_bytes += p.numel * pb
+                dst.copy_(view)
+            self.store.complete(self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
+            self.counters.optimizer_write_bytes += n * 4
+
+    def read_state(self, ci: int) -> dict[str, torch.Tensor]:
+        """A copy of chunk ci's master and Adam states (zeros before the first step), for checkpoints."""
+        slot = self.slots[0]
+        n = self.chunks[ci].numel
+        self.store.complete(self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
+        out = {"fp32": slot.master.narrow(0, 0, n).clone()}
+        for name, t in (("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
+            if ci in self.states_written:
+                self.store.complete(self.store.submit("r", t.data_ptr(), n * 4, self.state_key(ci, name), 0))
+                out[name] = t.narrow(0, 0, n).clone()
+        self.counters.optimizer_read_bytes += n * 4 * len(out)
+        return out
+
+    def write_state(self, ci: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Overwrite chunk ci's master (and Adam states when given) and its 16-bit parameters (checkpoint load)."""
+        slot = self.slots[0]
+        chunk = self.chunks[ci]
+        n = chunk.numel
+        slot.master.narrow(0, 0, n).copy_(tensors["fp32"])
+        names = [("fp32", slot.master)]
+        if "exp_avg" in tensors:
+            slot.exp_avg.narrow(0, 0, n).copy_(tensors["exp_avg"])
+            slot.exp_avg_sq.narrow(0, 0, n).copy_(tensors["exp_avg_sq"])
+            names += [("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)]
+            self.states_written.add(ci)
+        else:
+            self.states_written.discard(ci)
+        slot.pending = [self.store.submit("w", t.data_ptr(), n * 4, self.state_key(ci, name), 0) for name, t in names]
+        self.counters.optimizer_write_bytes += n * 4 * len(names)
+        slot.placements = self._place(chunk)
+        self._write_params(chunk, slot)
+        self._complete(slot)
+
+
+class CheckpointStash:
+    on_ssd = True
+    """Activation checkpoints on the SSD: each layer's input is written through a ring of `slots` aligned buffers and
+    read back in backward order through one more buffer, the next one prefetched while the current layer
+    recomputes. Host memory holds (slots + 1) checkpoints, not b x s x h x L."""
+
+    def __init__(self, store, allocator, slots: int, counters: IOCounters):
+        self.store = store
+        self.allocator = allocator
+        self.count = max(1, int(slots))
+        self.counters = counters
+        self._writes: dict[int, SlotRing] = {}
+        self._reads: dict[int, torch.Tensor] = {}
+        self._seq = 0
+        self._mutex = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        self._order: list[str] = []
+        """Live keys in forward order: backward takes them from the end."""
+        self._prefetched: tuple[str, object] | None = None
+
+    def _ring(self, nbytes: int) -> SlotRing:
+        ring = self._writes.get(nbytes)
+        if ring is None:
+            ring = self._writes[nbytes] = SlotRing(self.store, self.allocator, self.count, nbytes)
+        return ring
+
+    def _read_buffer(self, nbytes: int) -> torch.Tensor:
+        buf = self._reads.get(nbytes)
+        if buf is None:
+            buf = self._reads[nbytes] = self.allocator.empty(nbytes, torch.uint8)
+        return buf
+
+    def put(self, t: torch.Tensor) -> str:
+        """Write `t` (any device) to a fresh key; returns the key."""
+        with self._mutex:
+            key = f"{ACT_PREFIX}{self._seq}"
+            self._seq += 1
+        src = _bytes_view(t.detach().contiguous())
+        ring = self._ring(src.numel())
+        slot, buf = ring.take()
+        buf.copy_(src)
+        ring.busy(slot, self.store.submit("w", buf.data_ptr(), src.numel(), key, 0))
+        self.counters.checkpoint_write_bytes += src.numel()
+        self._sizes[key] = src.numel()
+        self._order.append(key)
+        return key
+
+    def _start_read(self, key: str):
+        nbytes = self._sizes[key]
+        self._ring(nbytes).drain()  # a checkpoint still being written must land before it is read
+        buf = self._read_buffer(nbytes)
+        return buf, self.store.submit("r", buf.data_ptr(), nbytes, key, 0)
+
+    def take(self, key: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+        """The tensor written under `key`, on `device`; its extent is released and the previous checkpoint (the next
+        one backward needs) starts loading."""
+        nbytes = self._sizes.pop(key)
+        if self._prefetched is not None and self._prefetched[0] == key:
+            buf = self._read_buffer(nbytes)
+            pending = self._prefetched[1]
+            self._prefetched = None
+        else:
+            if self._prefetched is not None:  # an unexpected order: finish the stray read first
+                self.store.complete(self._prefetched[1])
+                self._prefetched = None
+            self._sizes[key] = nbytes
+            buf, pending = self._start_read(key)
+            self._sizes.pop(key)
+        self.store.complete(pending)
+        out = torch.empty(shape, dtype=dtype, device=device)
+        _bytes_view(out).copy_(buf[:nbytes])
+        self.counters.checkpoint_read_bytes += nbytes
+        self.store.forget(key)
+        self._order.remove(key)
+        if self._order:
+            nxt = self._order[-1]
+            self._prefetched = (nxt, self._start_read(nxt)[1])
+        return out
+
+    @property
+    def host_bytes(self) -> int:
+        return (sum(r.total_bytes for r in self._writes.values())
+                + sum(b.numel() for b in self._reads.values()))
+
+    @property
+    def live_checkpoints(self) -> int:
+        return len(self._order)

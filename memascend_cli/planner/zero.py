@@ -1,0 +1,625 @@
+"""ZeRO-3 settings, decided once: DeepSpeed's defaults, the stock knobs memascend sets, the partition and
+sub-group rules, the swap-pool sizing, and `resolve`, which turns a job into its effective settings.
+
+Everything that decides a ZeRO number calls this module: the planner (memascend_cli/planner/memory.py),
+the DeepSpeed config builder (memascend_cli/deepspeed_config.py), `train`, `bench`, and the engine
+(memascend_engine.runtime applies `memascend_knobs` to a user's config; on a config generated here that
+changes nothing). Pure: stdlib only, no I/O.
+
+Three profiles of the same job:
+  * ``stock``     - what a user writes from DeepSpeed's docs: every knob at its default, except
+                    ``offload_param.buffer_size`` raised to the largest partition (DeepSpeed asserts otherwise);
+  * ``tuned``     - stock DeepSpeed given every stock knob memascend sets (`memascend_knobs`);
+  * ``memascend`` - the same stock knobs as ``tuned`` (the two differ only in the engine's techniques).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+
+PROFILES = ("stock", "tuned", "memascend")
+
+MIB = 1024 * 1024
+PAGE_BYTES = 4096
+MIN_AIO_BYTES = MIB
+"""deepspeed/runtime/swap_tensor/utils.py MIN_AIO_BYTES: partitions below max(this, aio.block_size) never swap."""
+AIO_ALIGNED_BYTES = 1024
+"""deepspeed/runtime/swap_tensor/utils.py AIO_ALIGNED_BYTES: swap I/O granularity (x intra_op_parallelism)."""
+MASTER_BYTES = 4
+"""fp32 master weights and Adam states (DeepSpeed's optimizer swapper dtype without bf16 master options)."""
+
+# Stock knobs memascend sets (see memascend_knobs for why each).
+CHUNK_ALIGN_NUMEL = 2048
+"""A chunk boundary inside a tensor falls on a multiple of this many elements: 4 KiB at 2 B/element, so every
+piece of a tensor starts O_DIRECT-aligned even on a 4 KiB-sector device."""
+MEMASCEND_SUB_GROUP_SIZE = 2_097_152
+"""Optimizer sub-group (elements, a multiple of CHUNK_ALIGN_NUMEL): the unit of memascend's optimizer pipeline, which
+splits larger tensors (embedding, lm_head) across sub-groups; 8 MiB fp32 requests are still large sequential I/O,
+and a pipeline slot (master, exp_avg, exp_avg_sq, fp32 gradient, 16-bit staging) is 36 MiB."""
+MEMASCEND_REDUCE_BUCKET_SIZE = 50_000_000
+"""Reduce bucket (elements): each bucket's gradients are converted to fp32 before the swap-out
+(stage3.py partition_grads), so 5e7 bounds that transient at 200 MB (DeepSpeed's 5e8: 2 GB)."""
+DEFAULT_PREFETCH_LAYERS = 2
+"""Decoder layers whose parameter partitions the adaptive pool holds at once: the one being computed and
+the prefetched next one (memascend_engine.EngineOptions.prefetch_layers defaults to this)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroSettings:
+    """The DeepSpeed ZeRO-3 NVMe-offload settings of one job (config keys in comments)."""
+
+    sub_group_size: int
+    """zero_optimization.sub_group_size (elements)."""
+    reduce_bucket_size: int
+    """zero_optimization.reduce_bucket_size (elements)."""
+    prefetch_bucket_size: int
+    """zero_optimization.stage3_prefetch_bucket_size (elements)."""
+    max_live_parameters: int
+    """zero_optimization.stage3_max_live_parameters (elements)."""
+    max_reuse_distance: int
+    """zero_optimization.stage3_max_reuse_distance (elements)."""
+    param_persistence_threshold: int
+    """zero_optimization.stage3_param_persistence_threshold: smaller params stay whole on the compute device."""
+    contiguous_gradients: bool
+    """zero_optimization.contiguous_gradients."""
+    overlap_comm: bool
+    """zero_optimization.overlap_comm (DeepSpeed's default is True for stage 3)."""
+    param_buffer_count: int
+    """offload_param.buffer_count."""
+    param_buffer_size: int
+    """offload_param.buffer_size (elements); must hold the largest swapped partition."""
+    max_in_cpu: int
+    """offload_param.max_in_cpu: partition elements per rank kept in (pinned) DRAM even with device nvme."""
+    optimizer_buffer_count: int
+    """offload_optimizer.buffer_count (Adam: 4, 8 with one of pipeline_read/write, 12 with both)."""
+    pipeline_read: bool
+    """offload_optimizer.pipeline_read."""
+    pipeline_write: bool
+    """offload_optimizer.pipeline_write."""
+    fast_init: bool
+    """offload_optimizer.fast_init."""
+    pin_memory: bool
+    """offload_param.pin_memory and offload_optimizer.pin_memory (True by default since 0.19.5)."""
+    pin_backend: str
+    """Environment DS_PIN_MEMORY_BACKEND: 'torch' (CachingHostAllocator, power-of-two) or 'native' (mlock,
+    exact size; DeepSpeed >= 0.19.8)."""
+    aio_block_size: int
+    """aio.block_size (bytes)."""
+    aio_queue_depth: int
+    """aio.queue_depth."""
+    intra_op_parallelism: int
+    """aio.intra_op_parallelism (the documented thread_count is ignored by DeepSpeed)."""
+    single_submit: bool
+    """aio.single_submit."""
+    overlap_events: bool
+    """aio.overlap_events."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the settings need in every rank."""
+        return {"DS_PIN_MEMORY_BACKEND": self.pin_backend} if self.pin_backend != "torch" else {}
+
+    def stock_differences(self, other: ZeroSettings) -> dict[str, tuple]:
+        """Knobs whose values differ: {name: (self, other)}."""
+        return {f.name: (getattr(self, f.name), getattr(other, f.name)) for f in fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)}
+
+
+# DeepSpeed 0.19.8's defaults: deepspeed/runtime/zero/config.py (reduce_bucket_size 5e8 line 113, sub_group_size
+# 1e9 line 182, stage3_prefetch_bucket_size 5e7 line 222, param_persistence 1e5 line 228, max_live 1e9 line 245,
+# max_reuse_distance 1e9 line 251, overlap_comm True for stage 3 line 384-386, contiguous_gradients True line 102),
+# deepspeed/runtime/zero/offload_config.py (buffer_count 5, buffer_size 1e8, max_in_cpu 1e9 for params; buffer_count 4
+# for the optimizer; pin_memory True since 0.19.5), deepspeed/runtime/swap_tensor/aio_config.py (block 1 MiB, depth 8,
+# intra_op_parallelism 1, single_submit False, overlap_events True).
+DEEPSPEED_DEFAULTS = ZeroSettings(
+    sub_group_size=1_000_000_000, reduce_bucket_size=500_000_000, prefetch_bucket_size=50_000_000,
+    max_live_parameters=1_000_000_000, max_reuse_distance=1_000_000_000, param_persistence_threshold=100_000,
+    contiguous_gradients=True, overlap_comm=True,
+    param_buffer_count=5, param_buffer_size=100_000_000, max_in_cpu=1_000_000_000,
+    optimizer_buffer_count=4, pipeline_read=False, pipeline_write=False, fast_init=False, pin_memory=True,
+    pin_backend="torch",
+    aio_block_size=MIB, aio_queue_depth=8, intra_op_parallelism=1, single_submit=False, overlap_events=True,
+)
+
+
+def version_defaults(version: tuple[int, int, int]) -> ZeroSettings:
+    """DeepSpeed's defaults for an older version: pin_memory was False before 0.19.5 (offload_config.py, PR #8207)."""
+    return DEEPSPEED_DEFAULTS if version >= (0, 19, 5) else replace(DEEPSPEED_DEFAULTS, pin_memory=False)
+
+
+# --- partitions and sub-groups --------------------------------------------------------------------
+
+
+def align_up(n: int, alignment: int) -> int:
+    """A(n, a) = ceil(n/a)*a."""
+    return -(-int(n) // int(alignment)) * int(alignment)
+
+
+def partition_numel(numel: int, world_size: int) -> int:
+    """ZeRO-3 partition of a tensor: padded to a multiple of the world size, then split
+    (deepspeed/runtime/zero/partition_parameters.py Init._partition_param / _padding_size)."""
+    return -(-int(numel) // max(1, int(world_size)))
+
+
+def sub_groups(partition_numels: Sequence[int], sub_group_size: int) -> tuple[tuple[int, ...], ...]:
+    """Parameter indices per optimizer sub-group, one param group in module order: a group closes once it
+    reaches sub_group_size, so it can exceed it by one partition (stage3.py _create_fp16_sub_groups)."""
+    n = len(partition_numels)
+    if n == 0:
+        return ()
+    if sub_group_size >= sum(partition_numels):
+        return (tuple(range(n)),)
+    groups: list[tuple[int, ...]] = []
+    cur: list[int] = []
+    acc = 0
+    for i, p in enumerate(partition_numels):
+        cur.append(i)
+        acc += p
+        if acc >= sub_group_size or i == n - 1:
+            groups.append(tuple(cur))
+            cur, acc = [], 0
+    return tuple(groups)
+
+
+def sub_group_numels(partition_numels: Sequence[int], sub_group_size: int) -> tuple[int, ...]:
+    """Partition elements per optimizer sub-group (see sub_groups)."""
+    return tuple(sum(partition_numels[i] for i in g) for g in sub_groups(partition_numels, sub_group_size))
+
+
+def min_aio_bytes(s: ZeroSettings) -> int:
+    """Smallest partition / sub-group that swaps (partitioned_param_swapper.py _configure_aio, optimizer_utils.py)."""
+    return max(MIN_AIO_BYTES, int(s.aio_block_size))
+
+
+def io_numel_alignment(s: ZeroSettings, elem_bytes: int) -> int:
+    """Swap lengths are padded to AIO_ALIGNED_BYTES x intra_op_parallelism (partitioned_param_swapper.py
+    _configure_aio: numel_alignment)."""
+    return AIO_ALIGNED_BYTES * max(1, s.intra_op_parallelism) // elem_bytes
+
+
+def model_partitions(model, world_size: int) -> list[tuple[int, str]]:
+    """(partition numel, role) of every parameter of a memascend ModelSpec, in module order."""
+    from memascend_cli.models import numels_roles
+
+    numels, roles = numels_roles(model)
+    return [(partition_numel(n, world_size), r) for n, r in zip(numels, roles)]
+
+
+def largest_swappable_partition(partitions: Iterable[tuple[int, str]], s: ZeroSettings, elem_bytes: int) -> int:
+    """Largest partition that goes through the parameter swap pool (0 if none swaps)."""
+    lim = min_aio_bytes(s)
+    return max((n for n, _ in partitions if n * elem_bytes >= lim), default=0)
+
+
+# --- the profiles -----------------------------------------------------------------------------------
+
+
+def optimizer_buffer_count(*, pipeline_read: bool = False, pipeline_write: bool = False, num_states: int = 2) -> int:
+    """Optimizer swap buffers Adam really needs: fp32 master + states + gradient per sub-group in flight, one more
+    sub-group for each of read prefetch and write-behind (pipelined_optimizer_swapper.py; 'ran out of swap
+    buffers' otherwise)."""
+    return (1 + num_states + 1) * (1 + int(bool(pipeline_read)) + int(bool(pipeline_write)))
+
+
+def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = None) -> ZeroSettings:
+    """The stock DeepSpeed knobs memascend sets. Idempotent: memascend_knobs(memascend_knobs(s)) == memascend_knobs(s).
+
+    - sub_group_size <= 2e7 and reduce_bucket_size <= 5e7 (see the constants above);
+    - max_in_cpu 0: parameters really live on the SSD (the default 1e9 keeps a < 1B-per-rank model in pinned DRAM,
+      stage3.py _create_param_groups_fp16_flat_cpu_memory), and then stage3_max_reuse_distance 0: with the default a
+      fetched NVMe partition keeps its buffer once the trace is recorded and step 2 fails with 'Not enough buffers';
+    - offload_param.buffer_size = the largest swapped partition when the model is known (the smallest DeepSpeed
+      accepts: partitioned_param_swapper.py get_buffer asserts numel <= buffer_size);
+    - offload_optimizer.buffer_count = exactly what Adam needs with the chosen pipelining; fast_init off (it hands the
+      whole parameter pool to the optimizer init and needs every slot to hold a sub-group);
+    - pinned swap buffers, allocated at exact size (DS_PIN_MEMORY_BACKEND=native, deepspeed/utils/pin_memory.py).
+    """
+    out = replace(
+        s,
+        sub_group_size=min(int(s.sub_group_size), MEMASCEND_SUB_GROUP_SIZE),
+        reduce_bucket_size=min(int(s.reduce_bucket_size), MEMASCEND_REDUCE_BUCKET_SIZE),
+        max_in_cpu=0, max_reuse_distance=0, fast_init=False, pin_memory=True, pin_backend="native",
+        optimizer_buffer_count=optimizer_buffer_count(pipeline_read=s.pipeline_read, pipeline_write=s.pipeline_write),
+    )
+    if largest_partition_numel:
+        out = replace(out, param_buffer_size=int(largest_partition_numel))
+    return out
+
+
+def resolve(profile: str, *, model, world_size: int, elem_bytes: int, base: ZeroSettings | None = None,
+            aio_block_size: int | None = None, aio_queue_depth: int | None = None) -> ZeroSettings:
+    """The effective ZeRO settings of `profile` for `model` on `world_size` ranks.
+
+    Args:
+        profile: stock, tuned or memascend (see the module docstring).
+        model: a memascend ModelSpec (its tensor inventory sizes the buffers).
+        world_size: ranks over all nodes.
+        elem_bytes: bytes per element of the model dtype (2 for bf16/fp16, 4 for fp32).
+        base: the stock settings to start from (the plan command's knob flags); default DeepSpeed's defaults.
+        aio_block_size / aio_queue_depth: what `prepare-ssd` measured on the region, given to every profile but
+            stock (stock keeps DeepSpeed's defaults).
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; profiles are {', '.join(PROFILES)}")
+    s = base or DEEPSPEED_DEFAULTS
+    largest = largest_swappable_partition(model_partitions(model, world_size), s, elem_bytes)
+    if profile == "stock":
+        # What a user must write for the job to start: buffer_size at least the largest swapped partition.
+        return replace(s, param_buffer_size=max(int(s.param_buffer_size), largest))
+    if aio_block_size:
+        s = replace(s, aio_block_size=int(aio_block_size))
+    if aio_queue_depth:
+        s = replace(s, aio_queue_depth=int(aio_queue_depth))
+    largest = largest_swappable_partition(model_partitions(model, world_size), s, elem_bytes)
+    return memascend_knobs(s, largest_partition_numel=largest or None)
+
+
+# --- DeepSpeed config sections ---------------------------------------------------------------------
+
+# (ZeroSettings field, config section, key): the one map between settings and DeepSpeed's JSON.
+_CONFIG_KEYS = (
+    ("sub_group_size", "zero", "sub_group_size"),
+    ("reduce_bucket_size", "zero", "reduce_bucket_size"),
+    ("prefetch_bucket_size", "zero", "stage3_prefetch_bucket_size"),
+    ("max_live_parameters", "zero", "stage3_max_live_parameters"),
+    ("max_reuse_distance", "zero", "stage3_max_reuse_distance"),
+    ("param_persistence_threshold", "zero", "stage3_param_persistence_threshold"),
+    ("contiguous_gradients", "zero", "contiguous_gradients"),
+    ("overlap_comm", "zero", "overlap_comm"),
+    ("param_buffer_count", "offload_param", "buffer_count"),
+    ("param_buffer_size", "offload_param", "buffer_size"),
+    ("max_in_cpu", "offload_param", "max_in_cpu"),
+    ("optimizer_buffer_count", "offload_optimizer", "buffer_count"),
+    ("pipeline_read", "offload_optimizer", "pipeline_read"),
+    ("pipeline_write", "offload_optimizer", "pipeline_write"),
+    ("fast_init", "offload_optimizer", "fast_init"),
+    ("aio_block_size", "aio", "block_size"),
+    ("aio_queue_depth", "aio", "queue_depth"),
+    ("intra_op_parallelism", "aio", "intra_op_parallelism"),
+    ("single_submit", "aio", "single_submit"),
+    ("overlap_events", "aio", "overlap_events"),
+)
+
+
+def _keys(where: str, s: ZeroSettings) -> dict:
+    return {key: getattr(s, f) for f, w, key in _CONFIG_KEYS if w == where}
+
+
+def zero_section(s: ZeroSettings, nvme_path: str) -> dict:
+    """`zero_optimization` of a ZeRO-3 job with params and optimizer states on NVMe at `nvme_path`."""
+    return {"stage": 3, **_keys("zero", s),
+            "offload_param": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": bool(s.pin_memory),
+                              **_keys("offload_param", s)},
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": bool(s.pin_memory),
+                                  **_keys("offload_optimizer", s)}}
+
+
+def aio_section(s: ZeroSettings) -> dict:
+    """The `aio` block."""
+    return _keys("aio", s)
+
+
+def _coerce(value, default):
+    """A config value as the type of DeepSpeed's default (DeepSpeed accepts counts written as floats, e.g. 5e8)."""
+    if value is None:
+        return default
+    if isinstance(default, bool):
+        return bool(value)
+    if isinstance(default, int):
+        return int(float(value))
+    return type(default)(value)
+
+
+def _sections(cfg: dict) -> dict[str, dict]:
+    z = cfg.get("zero_optimization") or {}
+    return {"zero": z, "offload_param": z.get("offload_param") or {},
+            "offload_optimizer": z.get("offload_optimizer") or {}, "aio": cfg.get("aio") or {}}
+
+
+def from_ds_config(cfg: dict, env: dict | None = None, *, defaults: ZeroSettings = DEEPSPEED_DEFAULTS) -> ZeroSettings:
+    """Read the settings back from a DeepSpeed config (missing keys take DeepSpeed's defaults) and the environment
+    (DS_PIN_MEMORY_BACKEND). The inverse of zero_section + aio_section."""
+    sec = _sections(cfg)
+    values = {f: _coerce(sec[where].get(key), getattr(defaults, f)) for f, where, key in _CONFIG_KEYS}
+    pin = sec["offload_param"].get("pin_memory", sec["offload_optimizer"].get("pin_memory"))
+    backend = (env or {}).get("DS_PIN_MEMORY_BACKEND") or "torch"
+    return ZeroSettings(**values, pin_memory=_coerce(pin, defaults.pin_memory),
+                        pin_backend=backend if backend in ("torch", "native") else "torch")
+
+
+def write_into_ds_config(cfg: dict, s: ZeroSettings) -> dict[str, dict]:
+    """Write `s` into `cfg` in place (keeping its devices and nvme paths; offload sections only where they exist);
+    returns {setting: {"from", "to"}} for every effective value that changed. A config built by zero_section /
+    aio_section from the same settings comes back unchanged (and the result is empty)."""
+    before = from_ds_config(cfg, s.env())
+    z = cfg.setdefault("zero_optimization", {})
+    targets = {"zero": z, "aio": cfg.setdefault("aio", {})}
+    for name in ("offload_param", "offload_optimizer"):
+        if z.get(name):
+            targets[name] = z[name]
+            z[name]["pin_memory"] = bool(s.pin_memory)
+    for f, where, key in _CONFIG_KEYS:
+        if where in targets:
+            targets[where][key] = getattr(s, f)
+    after = from_ds_config(cfg, s.env())
+    return {k: {"from": a, "to": b} for k, (a, b) in before.stock_differences(after).items()}
+
+
+# --- swap pools --------------------------------------------------------------------------------------
+
+VOCAB_CLASS = "vocab"
+DECODER_ROLES = ("attn_q", "attn_kv", "attn_o", "mlp")
+
+
+def role_class(role: str) -> str:
+    """The pool class of a tensor role (memascend_cli.models.TensorSpec.role)."""
+    if role in ("embed", "lm_head"):
+        return VOCAB_CLASS
+    if role in DECODER_ROLES:
+        return role
+    return "other"
+
+
+@dataclass(frozen=True)
+class SizeClass:
+    """One pool: ``slot_count`` slots of ``slot_numel`` elements each."""
+
+    name: str
+    """Role classes merged into this pool, '+'-joined (e.g. 'mlp+vocab')."""
+    slot_numel: int
+    """Elements per slot: the largest partition of the class, rounded up to the slot alignment."""
+    slot_count: int
+    """Slots preallocated."""
+    largest_partition_numel: int
+    """Largest partition the class was sized for (<= slot_numel)."""
+
+    def slot_bytes(self, elem_bytes: int) -> int:
+        return self.slot_numel * elem_bytes
+
+    def nbytes(self, elem_bytes: int) -> int:
+        return self.slot_count * self.slot_bytes(elem_bytes)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """Size classes of one pool, smallest slot first."""
+
+    classes: tuple[SizeClass, ...]
+    elem_bytes: int
+    """Bytes per element of the pooled dtype."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.nbytes(self.elem_bytes) for c in self.classes)
+
+    @property
+    def slot_count(self) -> int:
+        return sum(c.slot_count for c in self.classes)
+
+    @property
+    def largest_slot_numel(self) -> int:
+        return max((c.slot_numel for c in self.classes), default=0)
+
+    def class_for(self, numel: int) -> int | None:
+        """Index of the smallest class whose slots hold ``numel`` elements, or None."""
+        for i, c in enumerate(self.classes):
+            if c.slot_numel >= numel:
+                return i
+        return None
+
+    def describe(self) -> str:
+        return ", ".join(f"{c.name} {c.slot_count}x{c.slot_numel:,}" for c in self.classes) + f" x {self.elem_bytes} B"
+
+
+def slot_alignment_bytes(intra_op_parallelism: int = 1) -> int:
+    """Slot sizes are multiples of both the page and DeepSpeed's I/O granularity."""
+    io_bytes = AIO_ALIGNED_BYTES * max(1, int(intra_op_parallelism))
+    a, b = PAGE_BYTES, io_bytes
+    while b:
+        a, b = b, a % b
+    return PAGE_BYTES * io_bytes // a
+
+
+def per_layer_role_counts(model) -> dict[str, int]:
+    """How many tensors of each role one decoder layer has."""
+    from memascend_cli.models import layer_template
+
+    counts: dict[str, int] = {}
+    for t in layer_template(model)[1]:
+        counts[t.role] = counts.get(t.role, 0) + 1
+    return counts
+
+
+def param_pool_plan(partitions: Iterable[tuple[int, str]], *, elem_bytes: int, per_layer_counts: dict[str, int],
+                    prefetch_layers: int = DEFAULT_PREFETCH_LAYERS, min_aio_bytes: int = MIN_AIO_BYTES,
+                    intra_op_parallelism: int = 1) -> PoolPlan:
+    """Size classes of memascend's parameter pool (MemAscend paper §4, adaptive buffer pool).
+
+    Stock DeepSpeed stages every partition in one of buffer_count slots of buffer_size elements, and buffer_size
+    must hold the largest partition (the embedding), so a q_proj 1/40 that size occupies an embedding-sized slot.
+    Here every swapped partition is grouped by role (vocab = embed_tokens/lm_head, mlp, attn_q, attn_o, attn_kv,
+    other); a class's slot holds its largest partition rounded up to the page and I/O granularity; decoder roles get
+    prefetch_layers x (tensors of that role per layer) slots, ``other`` prefetch_layers, and ``vocab`` one slot (the
+    embedding and lm_head are never live together); classes with equal slot sizes merge.
+    """
+    if elem_bytes <= 0:
+        raise ValueError(f"elem_bytes must be positive, got {elem_bytes}")
+    if prefetch_layers < 1:
+        raise ValueError(f"prefetch_layers must be >= 1, got {prefetch_layers}")
+    align_b = slot_alignment_bytes(intra_op_parallelism)
+    largest: dict[str, int] = {}
+    for numel, role in partitions:
+        if numel * elem_bytes < min_aio_bytes:
+            continue  # never swapped: stays resident, needs no slot
+        cls = role_class(role)
+        largest[cls] = max(largest.get(cls, 0), int(numel))
+    merged: dict[int, list] = {}  # slot numel -> [names, count, largest]
+    for cls, numel in largest.items():
+        if cls == VOCAB_CLASS:
+            count = 1
+        elif cls == "other":
+            count = prefetch_layers
+        else:
+            count = prefetch_layers * max(1, per_layer_counts.get(cls, 1))
+        slot_numel = align_up(numel * elem_bytes, align_b) // elem_bytes
+        entry = merged.setdefault(slot_numel, [[], 0, 0])
+        entry[0].append(cls)
+        entry[1] += count
+        entry[2] = max(entry[2], numel)
+    classes = tuple(
+        SizeClass(name="+".join(sorted(names)), slot_numel=slot_numel, slot_count=count, largest_partition_numel=big)
+        for slot_numel, (names, count, big) in sorted(merged.items())
+    )
+    return PoolPlan(classes=classes, elem_bytes=elem_bytes)
+
+
+def model_param_pool_plan(model, s: ZeroSettings, *, world_size: int, elem_bytes: int,
+                          prefetch_layers: int = DEFAULT_PREFETCH_LAYERS) -> PoolPlan:
+    """param_pool_plan for a ModelSpec under settings `s` (what the engine allocates and the planner charges)."""
+    return param_pool_plan(model_partitions(model, world_size), elem_bytes=elem_bytes,
+                           per_layer_counts=per_layer_role_counts(model), prefetch_layers=prefetch_layers,
+                           min_aio_bytes=min_aio_bytes(s), intra_op_parallelism=s.intra_op_parallelism)
+
+
+def uniform_pool_plan(*, buffer_count: int, buffer_numel: int, elem_bytes: int, intra_op_parallelism: int = 1) -> PoolPlan:
+    """Without a model inventory: DeepSpeed's buffer_count x buffer_size as one class (exact-size, not adaptive)."""
+    slot_numel = align_up(buffer_numel * elem_bytes, slot_alignment_bytes(intra_op_parallelism)) // elem_bytes
+    return PoolPlan(classes=(SizeClass(name="uniform", slot_numel=slot_numel, slot_count=int(buffer_count),
+                                       largest_partition_numel=int(buffer_numel)),), elem_bytes=elem_bytes)
+
+
+def optimizer_pool_bytes(largest_sub_group_numel: int, *, buffer_count: int, elem_bytes: int = MASTER_BYTES,
+                         intra_op_parallelism: int = 1) -> int:
+    """Host bytes of memascend's optimizer pool: buffer_count exact, page-aligned buffers of the largest sub-group
+    (io-aligned like optimizer_utils.py OptimizerSwapper.largest_numel)."""
+    io_numel = AIO_ALIGNED_BYTES * max(1, intra_op_parallelism) // elem_bytes
+    numel = align_up(largest_sub_group_numel, io_numel)
+    return buffer_count * align_up(numel * elem_bytes, PAGE_BYTES)
+
+
+# --- memascend's bounded engine: optimizer chunks and host windows -------------------------------------
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A slice of one parameter partition inside an optimizer chunk."""
+
+    param: int
+    """Index of the parameter inside its DeepSpeed sub-group."""
+    param_offset: int
+    """First element of the slice, counted from the start of the parameter partition."""
+    chunk_offset: int
+    """Where the slice starts inside the chunk (elements)."""
+    numel: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One unit of memascend's optimizer pipeline: at most chunk_numel elements of one DeepSpeed sub-group."""
+
+    sub_group: int
+    index: int
+    """Position inside the sub-group (0 = the first chunk)."""
+    numel: int
+    pieces: tuple[Piece, ...]
+
+
+def optimizer_chunks(sub_group_partitions: Sequence[Sequence[int]], chunk_numel: int) -> list[Chunk]:
+    """Split every sub-group (its parameters' partition numels, in order) into chunks of at most chunk_numel elements.
+
+    A chunk holds whole consecutive parameters, or one piece of a parameter larger than a chunk; such pieces start at
+    multiples of chunk_numel inside the parameter, so with chunk_numel a multiple of CHUNK_ALIGN_NUMEL each piece's
+    byte offset in the parameter's SSD extent is 4 KiB-aligned. Chunks never span sub-groups (the Adam op's
+    bias-correction sequence follows sub-groups, see memascend_engine.bounded).
+    """
+    if chunk_numel <= 0 or chunk_numel % CHUNK_ALIGN_NUMEL:
+        raise ValueError(f"chunk_numel must be a positive multiple of {CHUNK_ALIGN_NUMEL}, got {chunk_numel}")
+    chunks: list[Chunk] = []
+    for g, parts in enumerate(sub_group_partitions):
+        index = 0
+        pieces: list[Piece] = []
+        fill = 0
+
+        def close() -> None:
+            nonlocal index, pieces, fill
+            if pieces:
+                chunks.append(Chunk(g, index, fill, tuple(pieces)))
+                index += 1
+                pieces, fill = [], 0
+
+        for j, n in enumerate(parts):
+            n = int(n)
+            if n > chunk_numel:
+                close()
+                for off in range(0, n, chunk_numel):
+                    m = min(chunk_numel, n - off)
+                    chunks.append(Chunk(g, index, m, (Piece(j, off, 0, m),)))
+                    index += 1
+                continue
+            if fill + n > chunk_numel:
+                close()
+            pieces.append(Piece(j, 0, fill, n))
+            fill += n
+        close()
+    return chunks
+
+
+OPTIMIZER_SLOT_FP32_TENSORS = 4
+"""fp32 master, exp_avg, exp_avg_sq and the fp32 gradient of a chunk in flight (DeepSpeedCPUAdam's four tensors)."""
+DEFAULT_PIPELINE_DEPTH = 3
+"""Chunks in flight: one being read, one being updated, one being written back."""
+DEFAULT_GRADIENT_SLOTS = 4
+DEFAULT_GRADIENT_SLOT_BYTES = 8 * MIB
+"""Gradient staging window: pieces of reduced gradients on their way to the SSD (4 x 8 MiB)."""
+DEFAULT_CHECKPOINT_SLOTS = 2
+"""Layer checkpoints in flight to or from the SSD (one being written or prefetched, one in use)."""
+CHECKPOINT_OFFLOAD = ("ssd", "dram", "off")
+
+
+def chunk_numel_for(sub_group_size: int) -> int:
+    """The optimizer chunk of a sub-group size: rounded down to CHUNK_ALIGN_NUMEL (at least one unit)."""
+    return max(CHUNK_ALIGN_NUMEL, int(sub_group_size) // CHUNK_ALIGN_NUMEL * CHUNK_ALIGN_NUMEL)
+
+
+def optimizer_slot_bytes(chunk_numel: int, elem_bytes: int) -> int:
+    """Host bytes of one pipeline slot: four fp32 tensors plus a 16-bit staging buffer (gradient reads and parameter
+    write-back in the model dtype), each page-rounded."""
+    fp32 = align_up(chunk_numel * MASTER_BYTES, PAGE_BYTES)
+    staging = align_up(chunk_numel * elem_bytes, PAGE_BYTES) if elem_bytes != MASTER_BYTES else 0
+    return OPTIMIZER_SLOT_FP32_TENSORS * fp32 + staging
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineWindows:
+    """memascend's bounded host windows per rank: DRAM is a staging window, the SSD holds the model state."""
+
+    optimizer_chunk_numel: int = MEMASCEND_SUB_GROUP_SIZE
+    """Elements per optimizer chunk (the sub-group size)."""
+    optimizer_depth: int = DEFAULT_PIPELINE_DEPTH
+    """Chunks in flight in the optimizer pipeline."""
+    gradient_slots: int = DEFAULT_GRADIENT_SLOTS
+    gradient_slot_bytes: int = DEFAULT_GRADIENT_SLOT_BYTES
+    checkpoint_offload: str = "ssd"
+    """Activation checkpoints: ssd (through checkpoint_slots buffers), dram (one buffer per layer), off."""
+    checkpoint_slots: int = DEFAULT_CHECKPOINT_SLOTS
+
+    def optimizer_bytes(self, elem_bytes: int) -> int:
+        return self.optimizer_depth * optimizer_slot_bytes(self.optimizer_chunk_numel, elem_bytes)
+
+    def gradient_bytes(self) -> int:
+        return self.gradient_slots * align_up(self.gradient_slot_bytes, PAGE_BYTES)
+
+    def checkpoint_bytes(self, layer_checkpoint_bytes: int, num_layers: int) -> int:
+        """Host bytes of the activation-checkpoint window (0 with checkpointing off)."""
+        one = align_up(layer_checkpoint_bytes, PAGE_BYTES)
+        if self.checkpoint_offload == "ssd":
+            return min(self.checkpoint_slots, num_layers) * one
+        if self.checkpoint_offload == "dram":
+            return num_layers * one
+        return 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)

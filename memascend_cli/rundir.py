@@ -1,0 +1,51 @@
+"""The run-directory contract of `memascend train`: every file name the CLI and the per-rank worker share.
+
+    RUN/recipe.json                 the resolved recipe (written by the CLI)
+    RUN/ds_config.json              the DeepSpeed config `train --dry-run` prints (written by the CLI)
+    RUN/ds_config.effective.json    the config DeepSpeed really received (written by rank 0 after install)
+    RUN/metrics.jsonl               one JSON record per step / eval / checkpoint (rank 0)
+    RUN/STOP                        ask every rank to finish its step, checkpoint and exit 0
+    RUN/logs/                       per-rank logs; error-rank<N>.json holds a failing rank's one-line reason
+    RUN/checkpoints/step-NNNNNNN/   complete checkpoints (COMPLETE marker written last)
+    RUN/data.json                   the prepared data: tokenized cache folder, sequence counts (written by the CLI)
+    RUN/hf/                         config, generation config, tokenizer files and params.json of the export
+    RUN/tensorboard/                TensorBoard event files (report_to: tensorboard)
+    RUN/export/                     the Hugging Face export
+    RUN/swap/                       DeepSpeed's nvme_path (swap files with --baseline; only keys with the engine)
+    RUN/region.bin                  the region file created when the recipe names no region
+
+Pure constants and path helpers (stdlib only); imported by the CLI and by memascend_engine.train_worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+RECIPE_JSON = "recipe.json"
+DS_CONFIG = "ds_config.json"
+EFFECTIVE_DS_CONFIG = "ds_config.effective.json"
+METRICS = "metrics.jsonl"
+STOP_FILE = "STOP"
+LOG_DIR = "logs"
+CHECKPOINTS = "checkpoints"
+COMPLETE = "COMPLETE"
+EXPORT_DIR = "export"
+DATA_JSON = "data.json"
+"""The prepared data's summary (engine/prepare.py): the cache folder the ranks memory-map, sequence counts."""
+HF_DIR = "hf"
+"""Everything of the Hugging Face export but the weights (engine/prepare.py writes it before the launch)."""
+TENSORBOARD_DIR = "tensorboard"
+SWAP_DIR = "swap"
+REGION_FILE = "region.bin"
+ERROR_PREFIX = "error-rank"
+"""logs/error-rank<N>.json: the one-line reason a rank failed (read by the CLI)."""
+
+
+def path(run_dir: str, name: str) -> str:
+    """RUN/name."""
+    return os.path.join(run_dir, name)
+
+
+def error_file(run_dir: str, rank: int) -> str:
+    """RUN/logs/error-rank<N>.json."""
+    return os.path.join(run_dir, LOG_DIR, f"{ERROR_PREFIX}{rank}.json")
