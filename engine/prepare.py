@@ -69,6 +69,12 @@ def write_hf_skeleton(folder: str, recipe, model_spec, tok, template_text: str |
     if template_text is not None:
         tok.chat_template = template_text
     tok.save_pretrained(tmp)
+    # The parameter list the ranks wrote (for `memascend export --checkpoint`) survives a later prepare of the same
+    # run directory (--dry-run, --resume); the ranks rewrite it at every start.
+    from memascend_engine.export import PARAMS_FILE
+
+    if os.path.isfile(os.path.join(folder, PARAMS_FILE)):
+        shutil.copy2(os.path.join(folder, PARAMS_FILE), os.path.join(tmp, PARAMS_FILE))
     shutil.rmtree(folder, ignore_errors=True)
     os.rename(tmp, folder)
 
