@@ -75,6 +75,16 @@ def test_baseline_trains_loss_falls_and_exports(baseline_run):
     assert torch.isfinite(model(ids).logits).all()
 
 
+def test_tensorboard_events_hold_the_logged_losses(baseline_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.path.join(baseline_run, "tensorboard"))
+    acc.Reload()
+    events = acc.Scalars("train/loss")
+    assert {e.step: e.value for e in events} == pytest.approx(losses(baseline_run))
+    assert [e.step for e in acc.Scalars("eval/loss")] == [int(STEPS)]
+
+
 def exported_tensors(folder: str) -> dict:
     from safetensors.numpy import load_file
 
