@@ -6,6 +6,7 @@
 #include <string>
 
 #include "buffers.h"
+#include "checksum.h"
 #include "io_engine.h"
 #include "scan.h"
 
@@ -253,6 +254,40 @@ torch.frombuffer, numpy); close() refuses while views exist.
               return d;
           },
           py::arg("path"), "Direct-I/O alignment of a path: {'mem_align', 'offset_align', 'source'}.");
+    // --- checksums -----------------------------------------------------------------------------
+    m.def("crc32c",
+          [](py::buffer data, uint32_t crc) {
+              py::buffer_info info = data.request();
+              const size_t n = static_cast<size_t>(info.size) * static_cast<size_t>(info.itemsize);
+              py::gil_scoped_release nogil;
+              return crc32c_update(crc, info.ptr, n);
+          },
+          py::arg("data"), py::arg("crc") = 0,
+          "CRC-32C of a bytes-like object, continuing from ``crc`` (crc32c(b, crc32c(a)) == crc32c(a + b)).");
+    m.def("crc32c_at",
+          [](uintptr_t address, size_t nbytes, uint32_t crc) {
+              if (nbytes && !address) throw std::invalid_argument("crc32c_at: null address");
+              return crc32c_update(crc, reinterpret_cast<const void*>(address), nbytes);
+          },
+          py::arg("address"), py::arg("nbytes"), py::arg("crc") = 0, release_gil(),
+          "CRC-32C of ``nbytes`` at a raw address, continuing from ``crc``.");
+    m.def("crc32c_chunks",
+          [](const std::vector<std::pair<uintptr_t, size_t>>& segments, size_t chunk_bytes) {
+              std::vector<uint32_t> crcs;
+              {
+                  py::gil_scoped_release nogil;
+                  for (const auto& s : segments)
+                      if (s.second && !s.first) throw std::invalid_argument("crc32c_chunks: null segment address");
+                  crcs = crc32c_chunks(segments, chunk_bytes);
+              }
+              // Packed little-endian uint32 (x86/arm64 are little-endian; the store compares bytes).
+              return py::bytes(reinterpret_cast<const char*>(crcs.data()), crcs.size() * sizeof(uint32_t));
+          },
+          py::arg("segments"), py::arg("chunk_bytes"),
+          "CRC-32C of each ``chunk_bytes`` chunk of the concatenated (address, nbytes) segments, as packed "
+          "little-endian uint32 (the last chunk may be short).");
+    m.def("crc32c_backend", &crc32c_backend, "'sse4.2' (the CPU instruction) or 'portable' (slicing-by-8 tables; "
+          "forced by MEMASCEND_CRC32C=portable).");
     m.def("cuda_runtime_status", &cuda_runtime_status, "How the dlopen'ed CUDA runtime looks to this module.");
     m.def("cuda_close_syncs", &cuda_close_syncs,
           "Closes of CUDA-registered buffers that synchronised their device before cudaHostUnregister.");

@@ -283,6 +283,7 @@ void IoEngine::uring_prep_locked(unsigned slot) {
     io_uring_sqe* sqe = &r.sqes[r.sq_tail_local & *r.sq_mask];
     std::memset(sqe, 0, sizeof(*sqe));
     sqe->opcode = c.req->op == OpKind::Read ? IORING_OP_READ : IORING_OP_WRITE;
+    if (c.fault != kFaultNone && c.fault != kFaultFlip) sqe->opcode = IORING_OP_NOP;  // the fault stands in for the I/O
     sqe->fd = fd_;
     sqe->addr = c.req->address + c.pos + c.done;
     sqe->len = static_cast<uint32_t>(c.len - c.done);
@@ -376,7 +377,10 @@ void IoEngine::uring_reaper_main() {
             const unsigned slot = static_cast<unsigned>(ud);
             Chunk& c = slots_[slot];
             bool release = true;
-            if (res < 0) {
+            if (c.fault != kFaultNone && (c.fault != kFaultFlip || res == static_cast<int>(c.len - c.done))) {
+                if (c.fault == kFaultFlip) c.done = c.len;
+                finish_faulted_locked(c);
+            } else if (res < 0) {
                 if ((res == -EAGAIN || res == -EINTR) && c.retries < 16) {
                     ++c.retries;
                     uring_prep_locked(slot);
@@ -421,6 +425,10 @@ void IoEngine::worker_main() {
             if (stopping_) return;
             continue;
         }
+        if (c.fault != kFaultNone && c.fault != kFaultFlip) {
+            finish_faulted_locked(c);
+            continue;
+        }
         lk.unlock();
         int err = 0;
         bool short_transfer = false;
@@ -447,7 +455,87 @@ void IoEngine::worker_main() {
             }
         }
         lk.lock();
-        finish_chunk_locked(c, err, short_transfer, c.done);
+        if (c.fault == kFaultFlip && err == 0 && !short_transfer) finish_faulted_locked(c);
+        else finish_chunk_locked(c, err, short_transfer, c.done);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test-only fault injection: MEMASCEND_IO_FAULTS="op=write,kind=eio,after=3,count=1,offset=LO-HI,path=loop0;..."
+// (rules separated by ';'). kinds: eio, enospc (the chunk fails with that errno, no I/O is done),
+// short (no I/O, reported as a short transfer), drop (no I/O, reported as complete: a lost write),
+// flip (reads only: the read is done, then one bit in the middle of the chunk's buffer is flipped,
+// as bit rot between the device and memory would). Each firing is printed to stderr. Off unless
+// the variable is set; a rule with path= applies only to engines whose path contains it.
+void IoEngine::parse_faults(const char* spec) {
+    std::string all(spec);
+    size_t start = 0;
+    while (start <= all.size()) {
+        size_t end = all.find(';', start);
+        if (end == std::string::npos) end = all.size();
+        std::string rule = all.substr(start, end - start);
+        start = end + 1;
+        if (rule.empty()) continue;
+        FaultRule f;
+        size_t p = 0;
+        while (p <= rule.size()) {
+            size_t q = rule.find(',', p);
+            if (q == std::string::npos) q = rule.size();
+            std::string kv = rule.substr(p, q - p);
+            p = q + 1;
+            if (kv.empty()) continue;
+            const size_t eq = kv.find('=');
+            if (eq == std::string::npos) throw std::invalid_argument("MEMASCEND_IO_FAULTS: '" + kv + "' is not key=value");
+            const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+            if (k == "op") f.op = v == "read" ? int(OpKind::Read) : v == "write" ? int(OpKind::Write) : -1;
+            else if (k == "kind") {
+                f.kind = v == "eio" ? kFaultEio : v == "enospc" ? kFaultEnospc : v == "short" ? kFaultShort
+                       : v == "drop" ? kFaultDrop : v == "flip" ? kFaultFlip : kFaultNone;
+                if (f.kind == kFaultNone) throw std::invalid_argument("MEMASCEND_IO_FAULTS: unknown kind '" + v + "'");
+            } else if (k == "after") f.after = std::stoull(v);
+            else if (k == "count") f.count = v == "-1" ? ~uint64_t(0) : std::stoull(v);
+            else if (k == "offset") {
+                const size_t dash = v.find('-');
+                f.lo = std::stoull(v.substr(0, dash));
+                if (dash != std::string::npos) f.hi = std::stoull(v.substr(dash + 1));
+            } else if (k == "path") f.path = v;
+            else throw std::invalid_argument("MEMASCEND_IO_FAULTS: unknown key '" + k + "'");
+        }
+        if (f.kind == kFaultNone) throw std::invalid_argument("MEMASCEND_IO_FAULTS: rule '" + rule + "' has no kind");
+        if (f.path.empty() || path_.find(f.path) != std::string::npos) faults_.push_back(f);
+    }
+}
+
+int IoEngine::fault_for_locked(const Chunk& c) {
+    const uint64_t lo = c.req->offset + c.pos, hi = lo + c.len;
+    for (FaultRule& f : faults_) {
+        if ((f.op != -1 && f.op != int(c.req->op)) || hi <= f.lo || lo >= f.hi) continue;
+        ++f.matched;
+        if (f.matched <= f.after || f.matched - f.after > f.count) continue;
+        std::fprintf(stderr, "memascend: MEMASCEND_IO_FAULTS injects %s into the %s of '%s' offset=%llu length=%llu\n",
+                     f.kind == kFaultEio ? "EIO" : f.kind == kFaultEnospc ? "ENOSPC" : f.kind == kFaultShort ? "a short transfer"
+                     : f.kind == kFaultDrop ? "a dropped write" : "a bit flip", op_name(c.req->op), path_.c_str(),
+                     static_cast<unsigned long long>(lo), static_cast<unsigned long long>(c.len));
+        return f.kind;
+    }
+    return kFaultNone;
+}
+
+void IoEngine::finish_faulted_locked(Chunk& c) {
+    switch (c.fault) {
+        case kFaultEio: finish_chunk_locked(c, EIO, false, c.done); break;
+        case kFaultEnospc: finish_chunk_locked(c, ENOSPC, false, c.done); break;
+        case kFaultShort: finish_chunk_locked(c, 0, true, c.len / 2); break;
+        case kFaultDrop: finish_chunk_locked(c, 0, false, c.len); break;
+        case kFaultFlip: {
+            if (c.req->op == OpKind::Read && c.len) {
+                auto* p = reinterpret_cast<unsigned char*>(c.req->address + c.pos + c.len / 2);
+                *p ^= 0x01;
+            }
+            finish_chunk_locked(c, 0, false, c.len);
+            break;
+        }
+        default: finish_chunk_locked(c, 0, false, c.done); break;
     }
 }
 
@@ -500,6 +588,16 @@ IoEngine::IoEngine(const std::string& path, const EngineConfig& cfg) : path_(pat
     {
         const uint64_t per_block = (cfg_.block_size + io_unit_ - 1) / io_unit_;
         max_in_flight_ = static_cast<unsigned>(std::min<uint64_t>(uint64_t(cfg_.queue_depth) * per_block, 16384));
+    }
+
+    if (const char* spec = std::getenv("MEMASCEND_IO_FAULTS")) {
+        try {
+            parse_faults(spec);
+        } catch (...) {
+            ::close(fd_);
+            fd_ = -1;
+            throw;
+        }
     }
 
     Backend want = cfg_.backend;
@@ -629,6 +727,7 @@ bool IoEngine::carve_chunk_locked(Chunk& out) {
         out.pos = r->next;
         const uint64_t unit = backend_ == Backend::IoUring ? io_unit_ : cfg_.block_size;
         out.len = std::min<uint64_t>(unit, r->length - r->next);
+        if (!faults_.empty()) out.fault = fault_for_locked(out);
         r->next += out.len;
         ++r->in_flight;
         if (r->next >= r->length) pending_.pop_front();

@@ -150,7 +150,22 @@ private:
         uint64_t len = 0;   // bytes still to transfer
         uint64_t done = 0;  // bytes transferred so far (short transfers are continued)
         unsigned retries = 0;
+        int fault = 0;      // test-only injected fault (FaultKind), 0 = none
     };
+    // Test-only fault injection on the completion path (MEMASCEND_IO_FAULTS; see io_engine.cpp).
+    enum FaultKind { kFaultNone = 0, kFaultEio, kFaultEnospc, kFaultShort, kFaultDrop, kFaultFlip };
+    struct FaultRule {
+        int op = -1;  // -1 any, else OpKind
+        int kind = kFaultNone;
+        uint64_t lo = 0, hi = ~uint64_t(0);  // device/file byte range the chunk must overlap
+        uint64_t after = 0, count = 1, matched = 0;
+        std::string path;  // substring of the engine's path; empty = any
+    };
+    void parse_faults(const char* spec);
+    int fault_for_locked(const Chunk& c);
+    // Applies an injected fault to a chunk whose I/O was skipped (or, for kFaultFlip, done).
+    void finish_faulted_locked(Chunk& c);
+    std::vector<FaultRule> faults_;
 
     // --- shared (called with mu_ held) ---
     bool carve_chunk_locked(Chunk& out);

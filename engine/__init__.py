@@ -61,6 +61,9 @@ class EngineOptions:
     checkpoint_offload: str = "ssd"
     """Where offloaded activation checkpoints go: ssd (a bounded window of the region), dram (one pinned buffer
     per layer)."""
+    verify_checksums: bool = True
+    """CRC-32C of every region extent written, checked on every read (direct_nvme). Off, or
+    MEMASCEND_VERIFY_CHECKSUMS=0: no checksums; for benchmarking the cost only."""
 
 
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,

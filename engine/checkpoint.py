@@ -14,6 +14,12 @@ Each rank writes raw little-endian fp32 arrays plus a JSON manifest; everything 
 `.tmp-step-0000010`, fsynced, the COMPLETE marker is written last, and only then is the folder
 renamed to its final name. A checkpoint without COMPLETE is never used, so a crash or SIGKILL at
 any point leaves the previous complete checkpoint as the newest one.
+
+Integrity: each rank's manifest records the CRC-32C and size of its .bin (computed while writing);
+COMPLETE records the CRC-32C of trainer.json and of every rank manifest. `load` verifies the
+chain (COMPLETE -> JSON files -> .bin) before using any byte and raises CheckpointCorrupt naming
+the file. A failed write (disk full, I/O error) raises CheckpointWriteError; the unfinished
+`.tmp-` folder is never used and the previous complete checkpoint stays the newest.
 """
 
 from __future__ import annotations
@@ -27,10 +33,55 @@ import numpy as np
 import torch
 from memascend_engine import deepspeed_plugin as plug
 
+from memascend_cli.errors import MemascendError
 from memascend_cli.rundir import COMPLETE
 
 TRAINER = "trainer.json"
 FORMAT_VERSION = 1
+
+
+class CheckpointCorrupt(MemascendError):
+    """A checkpoint file does not match the checksum recorded when it was written."""
+
+
+class CheckpointWriteError(MemascendError):
+    """Writing a checkpoint failed (e.g. the disk is full); the previous complete one is intact."""
+
+
+def _crc32c(data, crc: int = 0) -> int:
+    from memascend_engine import native
+
+    return native.crc32c(data, crc)
+
+
+def _file_crc32c(path: str) -> tuple[int, int]:
+    """(CRC-32C, size in bytes) of a file, read in 8 MiB blocks."""
+    crc, n = 0, 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(8 << 20)
+        view = memoryview(buf)
+        while True:
+            got = f.readinto(buf)
+            if not got:
+                break
+            crc = _crc32c(view[:got], crc)
+            n += got
+    return crc, n
+
+
+def _verify_file(path: str, crc: int, nbytes: int, recorded_in: str) -> None:
+    try:
+        got, size = _file_crc32c(path)
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"checkpoint file {path} is missing ({recorded_in} lists it)",
+                                _CORRUPT_HINT.format(folder=os.path.dirname(path))) from None
+    if (got, size) != (crc, nbytes):
+        raise CheckpointCorrupt(
+            f"checkpoint file {path} is damaged: {size} B with crc32c 0x{got:08x}, {recorded_in} recorded "
+            f"{nbytes} B with crc32c 0x{crc:08x}", _CORRUPT_HINT.format(folder=os.path.dirname(path)))
+
+
+_CORRUPT_HINT = "move {folder} aside and resume from the previous checkpoint (`memascend train RECIPE --resume`)"
 
 
 def step_dirname(step: int) -> str:
@@ -64,10 +115,13 @@ def _fsync_dir(path: str) -> None:
 
 
 def _write_json(path: str, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise _write_error(os.path.dirname(path), exc) from None
 
 
 def _rng_state() -> dict:
@@ -91,6 +145,7 @@ def save_rank_state(engine, folder: str, rank: int) -> None:
     groups = []
     offset = 0
     bin_path = os.path.join(folder, f"rank-{rank:05d}.bin")
+    bin_crc = 0
     with open(bin_path, "wb") as f:
         for i in range(access.num_groups):
             # Read as step() does; the SSD copy is untouched.
@@ -100,7 +155,8 @@ def save_rank_state(engine, folder: str, rank: int) -> None:
                 if name not in tensors:
                     continue
                 arr = tensors[name].detach().to(torch.float32).contiguous().numpy()
-                arr.tofile(f)
+                f.write(memoryview(arr).cast("B"))  # not arr.tofile: its OSError has no errno (disk full)
+                bin_crc = _crc32c(arr, bin_crc)
                 entry["tensors"][name] = {"offset_bytes": offset, "numel": int(arr.size)}
                 offset += arr.nbytes
             groups.append(entry)
@@ -113,6 +169,7 @@ def save_rank_state(engine, folder: str, rank: int) -> None:
         "lrs": plug.optimizer_lrs(engine),
         "loss_scaler": plug.loss_scaler_state(engine),
         "rng": _rng_state(),
+        "bin": {"bytes": offset, "crc32c": bin_crc},
     }
     _write_json(os.path.join(folder, f"rank-{rank:05d}.json"), manifest)
 
@@ -132,7 +189,10 @@ def save(engine, root: str, step: int, trainer_state: dict, *, rank: int, world_
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     barrier()
-    save_rank_state(engine, tmp, rank)
+    try:
+        save_rank_state(engine, tmp, rank)
+    except OSError as exc:
+        raise _write_error(tmp, exc) from None
     barrier()
     if rank == 0:
         state = {"format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
@@ -147,7 +207,12 @@ def save(engine, root: str, step: int, trainer_state: dict, *, rank: int, world_
 
             os.kill(os.getpid(), signal.SIGKILL)
         # The marker goes last: everything it vouches for is already on disk.
-        _write_json(os.path.join(tmp, COMPLETE), {"step": step})
+        names = [TRAINER] + [f"rank-{r:05d}.json" for r in range(world_size)]
+        files = {}
+        for n in names:
+            crc, nbytes = _file_crc32c(os.path.join(tmp, n))
+            files[n] = {"bytes": nbytes, "crc32c": crc}
+        _write_json(os.path.join(tmp, COMPLETE), {"step": step, "files": files})
         _fsync_dir(tmp)
         if os.path.exists(final):
             shutil.rmtree(final)
@@ -156,6 +221,33 @@ def save(engine, root: str, step: int, trainer_state: dict, *, rank: int, world_
         prune(root, keep)
     barrier()
     return final
+
+
+def _write_error(tmp: str, exc: OSError) -> CheckpointWriteError:
+    return CheckpointWriteError(
+        f"cannot write checkpoint {tmp}: {exc.strerror or exc} ({exc.filename or tmp}); the previous complete "
+        "checkpoint is intact", "free space in the checkpoint directory, then `memascend train RECIPE --resume`")
+
+
+def verify(folder: str, rank: int) -> None:
+    """Check `folder`'s files for `rank` against the checksums recorded at save (CheckpointCorrupt if not).
+
+    Checkpoints written before checksums existed (no "files" in COMPLETE) are accepted as they are."""
+    with open(os.path.join(folder, COMPLETE), encoding="utf-8") as f:
+        marker = json.load(f)
+    files = marker.get("files")
+    if files is None:
+        return
+    rank_json = f"rank-{rank:05d}.json"
+    for n in (TRAINER, rank_json):
+        if n not in files:
+            raise CheckpointCorrupt(f"checkpoint {folder}: COMPLETE lists no checksum for {n}",
+                                    _CORRUPT_HINT.format(folder=folder))
+        _verify_file(os.path.join(folder, n), files[n]["crc32c"], files[n]["bytes"], f"{folder}/{COMPLETE}")
+    with open(os.path.join(folder, rank_json), encoding="utf-8") as f:
+        b = json.load(f).get("bin")
+    if b is not None:
+        _verify_file(os.path.join(folder, f"rank-{rank:05d}.bin"), b["crc32c"], b["bytes"], f"{folder}/{rank_json}")
 
 
 def prune(root: str, keep: int) -> None:
@@ -179,6 +271,7 @@ def load(engine, folder: str, *, rank: int, world_size: int) -> dict:
 
     Returns the trainer state (step, data position, ...).
     """
+    verify(folder, rank)
     state = read_trainer_state(folder)
     if state["world_size"] != world_size:
         raise ValueError(f"checkpoint {folder} was written by {state['world_size']} rank(s), this run has {world_size}")

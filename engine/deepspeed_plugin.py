@@ -95,6 +95,8 @@ class PluginContext:
     """(elem_bytes, min_aio_bytes, intra_op_parallelism) -> zero.PoolPlan, or None (stock pool)."""
     pinned_allocator: Any = None
     """Set when the pinned technique is on: the gradient flat buffer is then allocated pinned in place."""
+    declare_zero: Callable[[str, int], None] | None = None
+    """The Direct NVMe store's declare_zero(swap path, nbytes): the Adam states seeded in place read as zeros."""
     counters: dict = field(default_factory=lambda: {
         "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "adam_states_in_place": 0,
         "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
@@ -605,8 +607,9 @@ def stage3_optimizer_class(ctx: PluginContext):
             Stock CPU Adam allocates them with zeros_like on the first step (8 B x sub-group,
             unpinned) and the swapper then copies them out through its pinned pool. Seeding the
             state with stride-0 placeholders of the right numel makes the swapper give them pool
-            buffers on swap-in; the Direct NVMe engine reads never-written keys as zeros, which is
-            exactly the value zeros_like would have produced, and ``step`` starts at 0 as in stock.
+            buffers on swap-in; their two swap keys are declared zero in the Direct NVMe store, so
+            they read as exactly the value zeros_like would have produced, and ``step`` starts at 0
+            as in stock.
             """
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -623,6 +626,19 @@ def stage3_optimizer_class(ctx: PluginContext):
                 return
             opt.state[fp32] = {"step": 0, "exp_avg": placeholders[0], "exp_avg_sq": placeholders[1]}
             ctx.counters["adam_states_in_place"] += 1
+            self._memascend_declare_zero_states(fp32, numel, placeholders)
+
+        def _memascend_declare_zero_states(self, fp32, numel: int, placeholders) -> None:
+            """Tell the store that exactly these two swap keys start as zeros: any other read of a
+            key never written is an error there (optimizer_utils.py OptimizerStateSwapInfo paths)."""
+            if ctx.declare_zero is None:
+                return
+            sw = self.optimizer_swapper
+            info = sw._get_param_swap_info(fp32)  # registers the placeholders' swap paths, as swap-in would
+            nbytes = sw._io_aligned_numel(numel) * sw.swap_element_size
+            for t in info.tensors if info is not None else []:
+                if any(t.compute_tensor is p for p in placeholders):
+                    ctx.declare_zero(t.swap_path, nbytes)
 
     return MemAscendStage3
 

@@ -16,6 +16,8 @@ Names re-exported from the extension (resolved on first attribute access):
 * ``dio_alignment(path) -> int``, ``dio_alignment_info(path) -> dict``, ``cuda_runtime_status() -> str``,
   ``cuda_close_syncs() -> int`` (closes of CUDA-registered buffers that first synchronised their
   device, so no in-flight copy outlives the mapping), ``page_size() -> int``.
+* ``crc32c(data, crc=0)``, ``crc32c_at(address, nbytes, crc=0)``, ``crc32c_chunks(segments, chunk_bytes) -> bytes``
+  (packed little-endian uint32 per chunk), ``crc32c_backend() -> "sse4.2" | "portable"``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ _NATIVE_NAMES = frozenset(
         "cuda_runtime_status",
         "cuda_close_syncs",
         "page_size",
+        "crc32c",
+        "crc32c_at",
+        "crc32c_chunks",
+        "crc32c_backend",
     }
 )
 SCAN_DTYPES = ("float16", "bfloat16", "float32")

@@ -151,9 +151,10 @@ class Installed:
                 if not self.region:
                     raise ValueError("direct_nvme needs a region made by `memascend prepare-ssd` (region=...), "
                                      "or EngineOptions(direct_nvme=False)")
-                from memascend_engine.direct_nvme import DirectNvmeBuilder, RegionStore
+                from memascend_engine.direct_nvme import DirectNvmeBuilder, RegionStore, verify_from_env
 
-                self.store = RegionStore(self.region, self.rank)
+                self.store = RegionStore(self.region, self.rank, verify=o.verify_checksums and verify_from_env())
+                self.ctx.declare_zero = self.store.declare_zero
                 plug.patch_aio_builders(self.patches, DirectNvmeBuilder(self.store, self.allocator))
                 if o.streaming and self.opt_nvme:
                     self.ctx.store = self.store

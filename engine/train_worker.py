@@ -439,13 +439,13 @@ class Run:
             dist.barrier()
 
 
-def _write_error(run_dir: str, rank: int, message: str) -> None:
+def _write_error(run_dir: str, rank: int, message: str, hint: str | None = None) -> None:
     path = rundir.error_file(run_dir, rank)
     log_dir = os.path.dirname(path)
     try:
         os.makedirs(log_dir, exist_ok=True)
         with open(path, "w") as f:
-            json.dump({"rank": rank, "message": message, "log": log_dir}, f)
+            json.dump({"rank": rank, "message": message, "log": log_dir, "hint": hint}, f)
     except OSError:
         pass
 
@@ -470,7 +470,8 @@ def main(argv=None) -> int:
 
         traceback.print_exc()
         text = exc.message if isinstance(exc, MemascendError) else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        _write_error(run.run_dir, rank, f"rank {rank} failed: {text}")
+        _write_error(run.run_dir, rank, f"rank {rank} failed: {text}",
+                     exc.hint if isinstance(exc, MemascendError) else None)
         return 1
     return 0
 

@@ -76,18 +76,23 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="memascend", standalone_mode=True)
     except MemascendError as exc:
+        from rich.markup import escape
+
         from memascend_cli.console import err
 
-        err.print(f"[red]error:[/red] {exc.message}", markup=True, highlight=False, soft_wrap=True)
+        # Messages quote other programs' text (gloo's "[.../pair.cc:537]"): never parse it as markup.
+        err.print(f"[red]error:[/red] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
         if exc.hint:
-            err.print(f"[cyan]hint:[/cyan] {exc.hint}", markup=True, highlight=False, soft_wrap=True)
+            err.print(f"[cyan]hint:[/cyan] {escape(exc.hint)}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         # OS errors on user-given paths are input problems, not bugs.
+        from rich.markup import escape
+
         from memascend_cli.console import err
 
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         err.print("[cyan]hint:[/cyan] check the path and its permissions", markup=True, highlight=False)
         sys.exit(EXIT_BAD_INPUT)

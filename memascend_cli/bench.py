@@ -73,6 +73,10 @@ def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
         raise BadInput("--runs names a run twice", "list each of " + ", ".join(MODES) + " at most once")
     runs = [RunSpec(n, n) for n in names]
     if ablation:
+        # The ablation separates config from technique: tuned is "stock + memascend's knobs only", and each
+        # memascend-no-X run differs from full memascend in X alone.
+        if "tuned" not in names:
+            runs.append(RunSpec("tuned", "tuned"))
         runs += [RunSpec(f"memascend-no-{t}", "memascend", (t,)) for t in TECHNIQUES]
     return runs
 
@@ -132,14 +136,19 @@ def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:
 
 
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
-            checkpointing: str, hw, deepspeed_version: str) -> dict:
-    """memascend plan's estimate for one run: node peak plus the host items (for recalibration)."""
+            checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
+            checkpoint_offload: str = "ssd") -> dict:
+    """memascend plan's estimate for one run: node peak plus the host items (for recalibration). `disabled`: the
+    memascend techniques switched off (ablation runs)."""
     from memascend_cli.planner.memory import JobSpec, estimate
 
-    ck = "none" if checkpointing != "full" else ("full" if checkpointing_impl(mode) == "hf" else "offload")
+    offloaded = checkpointing_impl(mode) == "memascend" and (mode != "memascend"
+                                                             or "offload_checkpointing" not in disabled)
+    ck = "none" if checkpointing != "full" else ("offload" if offloaded else "full")
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks_per_node=ranks,
                   checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
-                  checkpoint_copies=0)
+                  checkpoint_copies=0, streaming="streaming" not in disabled,
+                  checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram")
     est = estimate(job, hw, "memascend" if mode == "memascend" else "baseline")
     return {
         "engine": est.engine,
@@ -522,7 +531,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     if region is not None:
         args += ["--region", region]
     env = child_env(run.mode, cfg, os.environ, accelerator=accelerator)
-    res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR") if k in env}
+    res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
+                                   "MEMASCEND_VERIFY_CHECKSUMS") if k in env}
     task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
 
     def tick(waited_s, spread):

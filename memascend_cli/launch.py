@@ -115,8 +115,8 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
                       num_ranks=ranks, log_dir=log_dir, cpu_only=cpu_only, notes=notes)
 
 
-def rank_error(run_dir: str) -> tuple[str, str] | None:
-    """(one-line message, log path) of the first rank that recorded an error, if any.
+def rank_error(run_dir: str) -> tuple[str, str, str | None] | None:
+    """(one-line message, log path, hint or None) of the first rank that recorded an error, if any.
 
     The worker writes logs/error-rank<N>.json with its one-line message before exiting non-zero.
     """
@@ -129,7 +129,7 @@ def rank_error(run_dir: str) -> tuple[str, str] | None:
         try:
             with open(os.path.join(log_dir, name), encoding="utf-8") as f:
                 data = json.load(f)
-            return data["message"], data.get("log") or log_dir
+            return data["message"], data.get("log") or log_dir, data.get("hint")
         except (OSError, ValueError, KeyError):
             continue
     return None
@@ -202,19 +202,34 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     code = proc.returncode
     if code == 0:
         return 0
+    # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
+    killed = _killed_by(code)
     found = rank_error(spec.run_dir)
+    if killed and stop_requests <= 1:
+        silent = _silent_ranks(spec)
+        if found is None or silent:
+            # A killed rank writes nothing; the others then fail on the broken collective, and their
+            # error files only echo the cause.
+            who = f"rank {silent[0]}" if len(silent) == 1 else "a rank"
+            raise MemascendError(f"{who} was killed by {killed} (out of memory?); the newest complete checkpoint "
+                                 "is intact", f"continue with `memascend train RECIPE --resume`; logs in {spec.log_dir}")
     if found is not None:
-        message, log_path = found
-        raise MemascendError(message, f"full log: {log_path}")
+        message, log_path, hint = found
+        raise MemascendError(message, f"{hint}; full log: {log_path}" if hint else f"full log: {log_path}")
     if stop_requests > 1:
         raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
                              "continue with `memascend train RECIPE --resume`")
-    killed = _killed_by(code)
-    if killed:
-        # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
-        raise MemascendError(f"a rank was killed by {killed} (out of memory?); the newest complete checkpoint "
-                             "is intact", f"continue with `memascend train RECIPE --resume`; logs in {spec.log_dir}")
     raise MemascendError(f"the DeepSpeed launcher exited with status {code}", f"see {launcher_log} and {spec.log_dir}")
+
+
+def _silent_ranks(spec: LaunchSpec) -> list[int]:
+    """Ranks of this launch (single node) that left no error file: the ones that were killed."""
+    log_dir = os.path.join(spec.run_dir, LOG_DIR)
+    try:
+        wrote = {n for n in os.listdir(log_dir) if n.startswith("error-rank") and n.endswith(".json")}
+    except OSError:
+        wrote = set()
+    return [r for r in range(spec.num_ranks) if f"error-rank{r}.json" not in wrote]
 
 
 def _killed_by(code: int) -> str | None:

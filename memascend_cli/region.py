@@ -3,10 +3,18 @@
 A memascend region is a raw block device, a partition or a preallocated file laid out as:
 
     bytes 0 .. HEADER_BYTES-1        the header block (this module's codec)
-    bytes HEADER_BYTES .. data_start  reserved, zero (room for later header versions; 1 MiB total)
+    bytes HEADER_BYTES .. data_start  reserved (1 MiB total); from format version 2 it holds the owner
+                                      table at 64 KiB: one 4 KiB owner record per rank
+                                      (memascend_cli/region_owner.py), zero otherwise
     bytes data_start .. capacity      data area, split into one sub-region per rank
 
-Header block layout (format version 1, little-endian, HEADER_BYTES = 4096):
+Format versions: 1 = no owner records (written by memascend before region ownership; still read,
+and its zero reserved area takes owner records as is); 2 = the same header block, and every
+opener takes the rank's lock and owner record. A version-1 reader refuses a version-2 region
+("unsupported region format version 2"), so an old memascend that knows no locks cannot open a
+region a new one is using.
+
+Header block layout (format versions 1 and 2, little-endian, HEADER_BYTES = 4096):
 
     0..7      magic b"MEMASCND"
     8..11     u32 format version
@@ -40,7 +48,9 @@ from dataclasses import dataclass, field
 from memascend_cli.errors import SSDNotReady
 
 MAGIC = b"MEMASCND"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Versions this code decodes: 1 lacks only the owner table (its reserved area is zero)."""
 HEADER_BYTES = 4096
 """Size of the header block; one 4 KiB block is writable with O_DIRECT on 512 B and 4 KiB devices."""
 CHUNK_BYTES = 256
@@ -391,9 +401,10 @@ def decode(block: bytes) -> RegionHeader:
             field="magic", byte_start=0, byte_end=7,
             hint="run `memascend prepare-ssd --list` to see what the target holds",
         )
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise RegionCorrupt(
-            f"unsupported region format version {version} at header bytes 8..11 (this memascend reads version {FORMAT_VERSION})",
+            f"unsupported region format version {version} at header bytes 8..11 (this memascend reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))})",
             field="format_version", byte_start=8, byte_end=11,
             hint="upgrade memascend, or re-create the region with `memascend prepare-ssd TARGET --force`",
         )

@@ -209,6 +209,9 @@ def create_region_file(path: str, size_bytes: int, *, ranks: int, label: str) ->
     """A fresh, unprobed region file of `size_bytes` with `ranks` sub-regions, with prepare-ssd's own safety checks
     and steps (what `train` and `bench` create when no region is given). An existing file at `path` is replaced."""
     if os.path.isfile(path):
+        from memascend_cli.region_owner import require_unused
+
+        require_unused(path)  # a run still using it keeps its region
         os.unlink(path)  # our own file from an earlier run: prepare-ssd would ask before overwriting
     facts, _ = checked_facts(path, "prepare", False, size_bytes)
     alignment_bytes = region.region_alignment(facts.logical_block_bytes)

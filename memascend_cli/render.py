@@ -103,6 +103,12 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
     if hw["num_gpus"]:
         row("GPU peak/GPU GiB", b.gpu_peak_bytes, g(t, "gpu_peak_bytes"), m.gpu_peak_bytes)
     row("SSD space/node GiB", b.node_nvme_bytes, g(t, "node_nvme_bytes"), m.node_nvme_bytes)
+
+    def traffic(est, which):
+        return None if est is None or est.traffic is None else getattr(est.traffic, which)
+
+    row("SSD read/step GiB", traffic(b, "read_total"), traffic(t, "read_total"), traffic(m, "read_total"))
+    row("SSD write/step GiB", traffic(b, "write_total"), traffic(t, "write_total"), traffic(m, "write_total"))
     out.print(totals)
     if details:
         for title, tier in (("GPU memory per GPU", "gpu"), ("SSD space per rank", "nvme")):
@@ -134,6 +140,11 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
                   fmt("memascend", "max_layers", "max_layers_params"))
         s.add_row("binding resource", engines["baseline"]["verdict"]["binding"], engines["memascend"]["verdict"]["binding"])
         out.print(s)
+    if m.traffic is not None:
+        r, w = m.traffic.per_param()
+        out.print(f"SSD traffic with memascend: {r:.1f} B read + {w:.1f} B written per parameter per step; "
+                  f"{1000 * m.traffic.write_total * m.ranks_per_node / 1e12:,.1f} TB written per 1,000 steps per "
+                  "node (check the drive's rated TBW)", highlight=False)
     v = result["verdict"]
     red = result["reduction_percent"]
     line = f"host peak memory: {red['host_peak']:.1f}% less with memascend than stock"

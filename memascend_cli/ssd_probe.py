@@ -398,7 +398,14 @@ def probe_bandwidth(path: str, plan: ProbePlan, *, progress: bool = True, prefer
 
     bar = None
     if progress:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         from memascend_cli.console import err
 

@@ -136,10 +136,9 @@ def bench_command(
                             micro_batch=micro_batch, seq_len=seq_len, steps=steps,
                             region=region if run.mode == "memascend" else None, progress=progress,
                             settle_cap_s=settle_cap, accelerator=accelerator)
-            if not run.disabled:
-                # The planner models the full engine only; ablation runs get no prediction.
-                res.predicted = B.predict(run.mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
-                                          ranks=ranks, checkpointing=checkpointing, hw=hw, deepspeed_version=ds_version)
+            res.predicted = B.predict(run.mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
+                                      ranks=ranks, checkpointing=checkpointing, hw=hw, deepspeed_version=ds_version,
+                                      disabled=run.disabled)
             results.append(res)
 
     job = {"model": model, "num_params": spec.num_params, "seq_len": seq_len, "micro_batch": micro_batch,

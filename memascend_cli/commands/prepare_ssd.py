@@ -220,10 +220,28 @@ def _info_mode(target: str, json_out: bool) -> None:
         raise region.RegionCorrupt(f"{target}: {exc.message}", field=exc.field, byte_start=exc.byte_start, byte_end=exc.byte_end, hint=exc.hint) from None
     except region.NoRegion:
         raise region.NoRegion(f"{target} holds no memascend region", f"create one with `memascend prepare-ssd {target}`") from None
+    from memascend_cli import region_owner
+
+    owners = region_owner.rank_states(target, header)
     if json_out:
-        print_json({"target": target, "header": header.to_dict(), "layout": layout_rows(header)})
+        print_json({"target": target, "header": header.to_dict(), "layout": layout_rows(header), "owners": owners})
     else:
         _render_header(target, header)
+        _render_owners(owners)
+
+
+def _render_owners(owners: list[dict]) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    table = Table(title="owners", title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("state")
+    table.add_column("owner")
+    for o in owners:
+        table.add_row(str(o["rank"]), o["state"], o["owner_text"] or "-")
+    out.print(table)
 
 
 def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: bool) -> None:
@@ -231,6 +249,9 @@ def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: 
 
     if not os.path.exists(target):
         raise BadInput(f"{target} does not exist", "`memascend prepare-ssd --list` shows devices")
+    from memascend_cli.region_owner import require_unused
+
+    require_unused(target)
     facts, _ = checked_facts(target, "wipe", force)
     header_area_bytes = region.RESERVED_BYTES
     if facts.region_state == "intact":
@@ -275,6 +296,10 @@ def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, 
         raise BadInput("--size is for region files; a device region always spans the whole device", "drop --size, or use a partition of the size you want")
     if not is_block and not os.path.exists(target) and size_bytes is None:
         raise BadInput(f"creating the region file {target} needs --size", f"e.g. `memascend prepare-ssd {target} --size 200GiB`")
+    if os.path.exists(target):
+        from memascend_cli.region_owner import require_unused
+
+        require_unused(target)  # never re-create a region under a running job, even with --force
     facts, _ = checked_facts(target, "prepare", force, size_bytes)
     if facts.kind == "file" and size_bytes is None:
         size_bytes = facts.size_bytes  # re-initialise an existing region file at its size

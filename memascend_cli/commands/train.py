@@ -354,6 +354,23 @@ def _read_region(path: str, ranks: int):
         return None, f"cannot read the region header of {path}: {exc.strerror or exc}"
     if len(header.ranks) < ranks:
         return None, f"region {path} has {len(header.ranks)} rank sub-region(s), the job runs {ranks} rank(s)"
+    return _check_region_owners(path, header, ranks)
+
+
+def _check_region_owners(path: str, header, ranks: int):
+    """A region another job holds fails here, before DeepSpeed starts; stale owners are announced."""
+    from memascend_cli import region_owner
+    from memascend_cli.console import err
+
+    try:
+        busy, notes = region_owner.check_ranks_free(path, header, ranks)
+    except OSError as exc:
+        return None, f"cannot check who uses region {path}: {exc.strerror or exc}"
+    if busy:
+        raise region_owner.RegionBusy(busy, "wait for that job to end or stop it; a second job needs its own region "
+                                            "(--region, or another --output-dir)")
+    for note in notes:
+        err.print(f"note: region {path}: {note}", highlight=False)
     return header, None
 
 

@@ -15,6 +15,7 @@ Pure: stdlib only, no I/O.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -99,6 +100,13 @@ class JobSpec:
     knobs: ZeroSettings = zero.DEEPSPEED_DEFAULTS
     """The stock ZeRO settings of the job (memascend_cli/planner/zero.py: resolve); the memascend engine applies
     zero.memascend_knobs on top, exactly as memascend_engine.install does."""
+    streaming: bool = True
+    """memascend's bounded engine (gradient streaming + optimizer pipeline); False models DeepSpeed's gradient and
+    optimizer path with the engine's other techniques (memascend_engine.EngineOptions.streaming)."""
+    checkpoint_offload: str = "ssd"
+    """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
+    windows: zero.EngineWindows | None = None
+    """memascend's host windows; None = zero.EngineWindows for the job's sub-group size (full overlap)."""
     param_buffer_size_auto: bool = True
     """offload_param.buffer_size is raised to the largest swapped partition of the model (what a user must write for
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
@@ -114,6 +122,8 @@ class JobSpec:
             raise BadInput(f"unknown grad accumulation dtype {self.grad_accum_dtype!r}", "use bf16, fp16 or fp32")
         if self.checkpointing not in CHECKPOINTING:
             raise BadInput(f"unknown checkpointing {self.checkpointing!r}", "use " + ", ".join(CHECKPOINTING))
+        if self.checkpoint_offload not in ("ssd", "dram"):
+            raise BadInput(f"unknown checkpoint offload {self.checkpoint_offload!r}", "use ssd or dram")
         for name in ("seq_len", "micro_batch", "grad_accum_steps"):
             if int(getattr(self, name)) < 1:
                 raise BadInput(f"{name.replace('_', '-')} must be at least 1", "give a positive whole number")
@@ -157,6 +167,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     config_errors: list[str] = field(default_factory=list)
     """Settings the engine would reject at start-up (e.g. buffer_size below the largest partition)."""
+    traffic: SsdTraffic | None = None
+    """SSD bytes moved per optimizer step (see ssd_traffic)."""
 
     def _sum(self, tier: str, kind: str) -> int:
         return sum(i.bytes for i in self.items if i.tier == tier and i.kind == kind)
@@ -241,7 +253,39 @@ class Estimate:
             "items": [asdict(i) for i in self.items],
             "notes": list(self.notes),
             "config_errors": list(self.config_errors),
+            "ssd_traffic": self.traffic.to_dict() if self.traffic else None,
         }
+
+
+@dataclass
+class SsdTraffic:
+    """SSD bytes per rank per optimizer step, by what moves (steady state: after the first step)."""
+
+    read_bytes: dict[str, int]
+    write_bytes: dict[str, int]
+    params_per_rank: int
+    """Partition elements of the rank (the denominator of the per-parameter rates)."""
+    formula: str = ""
+
+    @property
+    def read_total(self) -> int:
+        return sum(self.read_bytes.values())
+
+    @property
+    def write_total(self) -> int:
+        return sum(self.write_bytes.values())
+
+    def per_param(self) -> tuple[float, float]:
+        """(read, write) bytes per parameter per step."""
+        n = max(1, self.params_per_rank)
+        return self.read_total / n, self.write_total / n
+
+    def to_dict(self) -> dict:
+        r, w = self.per_param()
+        return {"read_bytes": dict(self.read_bytes), "write_bytes": dict(self.write_bytes),
+                "read_bytes_per_step": self.read_total, "write_bytes_per_step": self.write_total,
+                "read_bytes_per_param": round(r, 3), "write_bytes_per_param": round(w, 3),
+                "write_bytes_per_1000_steps": 1000 * self.write_total, "formula": self.formula}
 
 
 # --- partitions and sub-groups ------------------------------------------------------------------
@@ -260,6 +304,26 @@ class Partitioning:
 
     sub_group_numels: tuple[int, ...]
     """Partition elements per sub-group."""
+    _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Derived sums, computed once per (rule, threshold): searches estimate the same partitioning many times."""
+
+    def swappable_groups(self, min_numel: int) -> tuple[int, ...]:
+        """Sub-groups of at least min_numel elements (DeepSpeed swaps only those)."""
+        key = ("groups", min_numel)
+        if key not in self._memo:
+            self._memo[key] = tuple(g for g, n in enumerate(self.sub_group_numels) if n >= min_numel)
+        return self._memo[key]
+
+    def aligned_sum(self, what: str, min_numel: int, elem_bytes: int, align_bytes: int) -> int:
+        """Sum of A(numel x elem_bytes, align) over the swappable partitions ('params') or sub-groups ('groups')."""
+        key = (what, min_numel, elem_bytes, align_bytes)
+        if key not in self._memo:
+            numels = (self.partition_numels if what == "params"
+                      else [self.sub_group_numels[g] for g in self.swappable_groups(min_numel)])
+            # Layers repeat the same shapes: sum over distinct sizes.
+            self._memo[key] = sum(_align(n * elem_bytes, align_bytes) * k for n, k in Counter(numels).items()
+                                  if n >= min_numel)
+        return self._memo[key]
 
     @property
     def ns(self) -> int:
@@ -281,9 +345,9 @@ class Partitioning:
 def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
     """Partition sizes and optimizer sub-groups, one param group in module order (zero.py's rules)."""
     full, roles = numels_roles(model)
-    parts = tuple(zero.partition_numel(n, world_size) for n in full)
-    groups = zero.sub_groups(parts, sub_group_size)
-    return Partitioning(parts, full, roles, groups, tuple(sum(parts[i] for i in g) for g in groups))
+    parts = tuple(n for n, _ in zero.model_partitions(model, world_size))
+    groups, numels = zero.sub_groups_and_numels(parts, sub_group_size)
+    return Partitioning(parts, full, roles, groups, numels)
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -324,6 +388,14 @@ class _Ctx:
             self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
         self.sub_group_size = self.k.sub_group_size
         self.reduce_bucket_size = self.k.reduce_bucket_size
+        # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a
+        # pipeline of chunks; it replaces P2, P4, P5, P7 and the init / fp32-copy transients below.
+        self.bounded = engine == "memascend" and job.streaming
+        self.windows = job.windows or zero.EngineWindows(
+            optimizer_chunk_numel=zero.chunk_numel_for(self.k.sub_group_size),
+            checkpoint_offload=job.checkpoint_offload)
+        self.ssd_checkpoints = (engine == "memascend" and job.checkpointing == "offload"
+                                and self.windows.checkpoint_offload == "ssd")
         self.part = partition(self.m, self.world, self.sub_group_size)
         self.ns = self.part.ns
         self.lsg = self.part.largest_sub_group_numel
@@ -333,7 +405,10 @@ class _Ctx:
         self.min_aio_bytes = zero.min_aio_bytes(self.k)
         self.pin_memory = self.k.pin_memory
         self.flash = job.flash_attention if job.flash_attention is not None else self.gpu
-        self.swappable = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
+        key = ("swappable", self.min_aio_bytes, self.E)
+        if key not in self.part._memo:
+            self.part._memo[key] = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
+        self.swappable = self.part._memo[key]
 
     # how DeepSpeed pins: returns (resident bytes, pinned label, locked bytes)
     def pin_swap_pool(self, nbytes: int) -> tuple[int, str, int]:
@@ -417,8 +492,10 @@ def _host_items(c: _Ctx) -> list[Item]:
                    formula=f"min(max_in_cpu {max_in_cpu:,}, Ns {c.ns:,}) x {E} B",
                    source="deepspeed-notes §2.1; stage3._create_param_groups_fp16_flat_cpu_memory")
 
+    if c.bounded:
+        _bounded_items(c, add_pinned)
     # P2: partitioned swap buffer, only when some sub-group stays on NVMe (params beyond max_in_cpu).
-    if c.ns > max_in_cpu:
+    if c.ns > max_in_cpu and not c.bounded:
         # reserve_partitioned_swap_space gets the FULL numels (param.ds_numel) of the largest sub-group.
         g = max(range(len(part.sub_groups)), key=part.sub_group_numel)
         raw = sum(_align(part.full_numels[i], c.a_p) for i in part.sub_groups[g]) * E
@@ -429,9 +506,10 @@ def _host_items(c: _Ctx) -> list[Item]:
                    source="deepspeed-notes §2.1; stage3.py reserve_partitioned_swap_space")
 
     # P4: optimizer swap pool, when some sub-group is large enough to swap.
-    swappable_groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
+    # Every chunk of the bounded engine lives on the SSD; DeepSpeed swaps sub-groups of at least min_aio_bytes.
+    swappable_groups = part.swappable_groups(0 if c.bounded else -(-c.min_aio_bytes // c.M))
     need = zero.optimizer_buffer_count(pipeline_read=k.pipeline_read, pipeline_write=k.pipeline_write)
-    if swappable_groups:
+    if swappable_groups and not c.bounded:
         bc_o = k.optimizer_buffer_count
         if bc_o < need:
             c.config_errors.append(f"offload_optimizer.buffer_count {bc_o} < {need} needed for Adam with this "
@@ -444,10 +522,11 @@ def _host_items(c: _Ctx) -> list[Item]:
                    source="deepspeed-notes §2.2; optimizer_utils.py SwapBufferManager")
 
     # P5: gradient flat buffer, full partition size, with any optimizer offload.
-    raw = c.ns * c.G
-    add_pinned("host/grad_flat_buffer", "P5 gradient flat buffer", raw, c.pin_accel(raw, c.pin_memory),
-               formula=f"Ns {c.ns:,} x {c.G} B (grad_accum_dtype)",
-               source="deepspeed-notes §2.3; stage3._setup_for_real_optimizer")
+    if not c.bounded:
+        raw = c.ns * c.G
+        add_pinned("host/grad_flat_buffer", "P5 gradient flat buffer", raw, c.pin_accel(raw, c.pin_memory),
+                   formula=f"Ns {c.ns:,} x {c.G} B (grad_accum_dtype)",
+                   source="deepspeed-notes §2.3; stage3._setup_for_real_optimizer")
 
     # P6: partitions below min_aio_bytes never swap; each is pinned separately.
     small = [n for n, s in zip(part.partition_numels, c.swappable) if not s]
@@ -463,10 +542,8 @@ def _host_items(c: _Ctx) -> list[Item]:
                    source="deepspeed-notes §2.1; partition_parameters.py _partition_param")
 
     # P7: sub-groups too small to swap keep fp32 master + m + v + fp32 grad in DRAM.
-    swappable_set = set(swappable_groups)
-    small_groups = [g for g in range(len(part.sub_groups)) if g not in swappable_set]
-    if small_groups:
-        n = sum(part.sub_group_numel(g) for g in small_groups)
+    n = sum(part.sub_group_numels) - sum(part.sub_group_numels[g] for g in swappable_groups)
+    if n:
         add("host/small_optimizer_groups", "P7 non-swappable optimizer sub-groups", 16 * n,
             formula=f"{n:,} elements x 16 B (fp32 master, grad, exp_avg, exp_avg_sq)",
             source="deepspeed-notes §3 P7; stage3._create_fp32_partitions")
@@ -477,7 +554,14 @@ def _host_items(c: _Ctx) -> list[Item]:
             source="deepspeed-notes §4; CachingHostAllocator PowerOf2Ceil")
 
     # Activation checkpoints kept in host DRAM (offloaded gradient checkpointing), per rank.
-    if job.checkpointing == "offload" and c.gpu:
+    if c.ssd_checkpoints:
+        layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
+        n = c.windows.checkpoint_slots + 1
+        add("host/activation_checkpoints", "activation checkpoint window (to/from the SSD)", n * _align(layer, PAGE),
+            pinned=c.pin_exact(0)[1],
+            formula=f"({c.windows.checkpoint_slots} write slots + 1 read buffer) x b x s x h x {E} B",
+            source="memascend_engine.bounded.CheckpointStash; SSDTrain (arXiv 2408.10013)")
+    elif job.checkpointing == "offload" and c.gpu:
         m = c.m
         # One buffer per layer (memascend: page-rounded pinned buffers).
         per_layer = job.micro_batch * job.seq_len * m.hidden_size * E
@@ -498,6 +582,20 @@ def _host_items(c: _Ctx) -> list[Item]:
     return items
 
 
+def _bounded_items(c: _Ctx, add_pinned) -> None:
+    """The bounded engine's steady windows (memascend_engine.bounded): what DRAM holds instead of P2, P4, P5."""
+    w = c.windows
+    raw = w.optimizer_bytes(c.E)
+    add_pinned("host/optimizer_pipeline", f"optimizer pipeline ({w.optimizer_depth} chunks in flight)", raw,
+               c.pin_exact(raw), formula=f"depth {w.optimizer_depth} x chunk {w.optimizer_chunk_numel:,} x "
+               f"(4 fp32 tensors x 4 B + 2 x {c.E} B staging)",
+               source="memascend_engine.bounded.OptimizerPipeline (MemAscend pipelined optimizer; LoHan)")
+    raw = w.gradient_bytes()
+    add_pinned("host/gradient_window", "gradient staging window (to the SSD)", raw, c.pin_exact(raw),
+               formula=f"{w.gradient_slots} slots x {w.gradient_slot_bytes // MIB} MiB",
+               source="memascend_engine.bounded.GradientStream (Lin et al.: gradients to the SSD at once, 16-bit)")
+
+
 def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
     """The engine's size-class pools (zero.param_pool_plan: slots = what the prefetch window holds at once)."""
     plan = zero.model_param_pool_plan(c.m, c.k, world_size=c.world, elem_bytes=c.E)
@@ -515,8 +613,9 @@ def _transients(c: _Ctx) -> list[Item]:
 
     # -- init: initialize_optimizer_states allocates an fp32 gradient buffer of the largest sub-group
     # (DeepSpeed code neither engine replaces); fast_init=False adds an fp32 sub-group copy.
-    add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
-        f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states", "init")
+    if not c.bounded:  # the bounded engine builds fp32 masters chunk by chunk in its pipeline slots
+        add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
+            f"4 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2; stage3.initialize_optimizer_states", "init")
     if not job.zero_init:
         add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
             f"4 B x N {c.m.num_params:,} per process", "deepspeed-notes §3.1", "init")
@@ -524,9 +623,15 @@ def _transients(c: _Ctx) -> list[Item]:
     # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
     # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
     bucket = min(c.reduce_bucket_size, c.ns)
-    add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * bucket,
-        f"4 B x min(reduce_bucket_size, Ns) = {bucket:,}",
-        "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
+    if not c.bounded:
+        add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * bucket,
+            f"4 B x min(reduce_bucket_size, Ns) = {bucket:,}",
+            "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
+    elif job.grad_accum_steps > 1:
+        largest = c.part.largest_partition_numel
+        add("host/grad_accumulation_readback", "backward: accumulated gradient read back (one partition)",
+            c.G * largest, f"{c.G} B x largest partition {largest:,}",
+            "memascend_engine.bounded.GradientStream.read (micro-batches after the first)", "backward")
     if not c.gpu:
         # CPU-only: the compute working set is host memory too. The reduce bucket and persistent params
         # stay allocated; activations, gathered params, logits and the reduce-scatter output are live
@@ -579,7 +684,7 @@ def _activation_bytes(c: _Ctx) -> tuple[int, str]:
         total = L * (full_layer - (0 if c.flash else 5 * a * s * s * b)) + (0 if c.flash else 5 * a * s * s * b)
         desc = "L x layer without attention scores + one layer's scores (selective recomputation)"
     else:
-        stored = 0 if (ck == "offload" and c.gpu) else L * 2 * s * b * h
+        stored = 0 if (ck == "offload" and (c.gpu or c.ssd_checkpoints)) else L * 2 * s * b * h
         total = stored + full_layer
         desc = ("one layer recomputed" if stored == 0 else "L x 2sbh checkpoints + one layer recomputed")
     return int(total * scale), desc
@@ -632,9 +737,8 @@ def _nvme_items(c: _Ctx) -> list[Item]:
     """SSD bytes per rank (deepspeed-notes §3.1: ~18 B/param/rank plus checkpoint copies)."""
     part, E = c.part, c.E
     align = PAGE if c.engine == "memascend" else AIO_ALIGNED_BYTES * max(1, c.k.intra_op_parallelism)
-    params = sum(_align(n * E, align) for n, s in zip(part.partition_numels, c.swappable) if s)
-    groups = [g for g in range(len(part.sub_groups)) if part.sub_group_numel(g) * c.M >= c.min_aio_bytes]
-    opt = sum(_align(part.sub_group_numel(g) * 4, align) for g in groups)
+    params = part.aligned_sum("params", -(-c.min_aio_bytes // E), E, align)
+    opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 4, align)
     where = "region extents" if c.engine == "memascend" else "swap files"
     items = [
         Item("nvme/params", f"parameters ({where})", "nvme", params, "steady", "", 0,
@@ -652,6 +756,42 @@ def _nvme_items(c: _Ctx) -> list[Item]:
     return items
 
 
+PARAM_FETCHES_PER_STEP = {"none": 2, "selective": 2, "full": 3, "offload": 3}
+"""Times each swapped parameter partition is read per micro-batch: forward and backward, plus the recomputed
+forward of activation checkpointing (ZeRO-3 releases a layer's parameters after each module call: stage3
+max_reuse_distance 0, which both engines use with params on NVMe)."""
+
+
+def ssd_traffic(c: _Ctx) -> SsdTraffic:
+    """SSD bytes per optimizer step, steady state (the first step reads no Adam moments).
+
+    Stock DeepSpeed (runtime/zero/stage3.py _offload_grad_partition_at_boundary, optimizer_utils.py): fp32 gradients
+    written and read back (4 + 4 B), fp32 master + exp_avg + exp_avg_sq read and written (12 + 12 B), 16-bit params
+    written back (E B) and fetched for forward, backward (and recompute). The bounded engine writes and reads the
+    gradient once in its training dtype (G + G B) instead (Lin et al.; peers' roofline table)."""
+    job, part, E, G = c.job, c.part, c.E, c.G
+    ga = job.grad_accum_steps
+    swapped = part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1)  # swapped partition elements
+    opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 1, 1)
+    fetches = PARAM_FETCHES_PER_STEP[job.checkpointing]
+    read = {"params": ga * fetches * E * swapped, "optimizer_states": 12 * opt}
+    write = {"optimizer_states": 12 * opt, "params": E * swapped}
+    if c.bounded:
+        # Each micro-batch writes its gradient; later micro-batches read the running sum back first.
+        read["gradients"] = G * opt * ga
+        write["gradients"] = G * opt * ga
+        grad = f"gradients {G} B x {ga} micro-batch(es) each way"
+    else:
+        read["gradients"] = 4 * opt
+        write["gradients"] = 4 * opt
+        grad = "fp32 gradients 4 B each way"
+    if c.ssd_checkpoints:
+        layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
+        read["activation_checkpoints"] = write["activation_checkpoints"] = ga * c.m.num_hidden_layers * layer
+    return SsdTraffic(read, write, params_per_rank=c.ns,
+                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}")
+
+
 def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
     """The itemised per-rank memory of `engine` running `job` on `hw`."""
     c = _Ctx(job, hw, engine)
@@ -661,7 +801,7 @@ def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
         items += _compute_items(c, tier="gpu")
     items += _nvme_items(c)
     est = Estimate(engine=c.view, items=items, ranks_per_node=c.ranks, world_size=c.world,
-                   compute_on_host=not c.gpu, config_errors=c.config_errors)
+                   compute_on_host=not c.gpu, config_errors=c.config_errors, traffic=ssd_traffic(c))
     if not c.gpu:
         est.notes.append("CPU-only job: DeepSpeed runs on the CPU accelerator (gloo); compute memory is host memory")
         if job.checkpointing == "offload":

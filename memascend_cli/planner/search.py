@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memascend_cli.models import ModelSpec, family_members
-from memascend_cli.planner.memory import GiB, Estimate, JobSpec, estimate
+from memascend_cli.planner.memory import Estimate, GiB, JobSpec, estimate
 from memascend_cli.planner.spec import HardwareSpec
 
 RESOURCES = ("config", "dram", "gpu_memory", "nvme_space", "memlock")
@@ -38,8 +38,10 @@ def check(est: Estimate, hw: HardwareSpec) -> Verdict:
     dram = hw.usable_dram_gib * GiB
     util["dram"] = est.node_host_peak_bytes / dram if dram > 0 else float("inf")
     if util["dram"] > 1:
+        top = max((i for i in est.items if i.tier == "host"), key=lambda i: i.bytes, default=None)
+        why = f" (largest item: {top.label}, {top.bytes / GiB:.1f} GiB per rank)" if top is not None else ""
         reasons.append(f"needs {est.node_host_peak_bytes / GiB:.1f} GiB of host memory per node, "
-                       f"{hw.usable_dram_gib:.1f} GiB usable")
+                       f"{hw.usable_dram_gib:.1f} GiB usable{why}")
     if hw.num_gpus > 0:
         util["gpu_memory"] = est.gpu_peak_bytes / (hw.gpu_mem_gib * GiB) if hw.gpu_mem_gib > 0 else float("inf")
         if util["gpu_memory"] > 1:

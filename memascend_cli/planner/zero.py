@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
 
 PROFILES = ("stock", "tuned", "memascend")
 
@@ -144,29 +145,37 @@ def partition_numel(numel: int, world_size: int) -> int:
     return -(-int(numel) // max(1, int(world_size)))
 
 
-def sub_groups(partition_numels: Sequence[int], sub_group_size: int) -> tuple[tuple[int, ...], ...]:
-    """Parameter indices per optimizer sub-group, one param group in module order: a group closes once it
-    reaches sub_group_size, so it can exceed it by one partition (stage3.py _create_fp16_sub_groups)."""
+def sub_groups_and_numels(partition_numels: Sequence[int], sub_group_size: int
+                          ) -> tuple[tuple[range, ...], tuple[int, ...]]:
+    """Parameter indices (as ranges) and partition elements per optimizer sub-group, one param group in module
+    order: a group closes once it reaches sub_group_size, so it can exceed it by one partition
+    (stage3.py _create_fp16_sub_groups)."""
     n = len(partition_numels)
     if n == 0:
-        return ()
-    if sub_group_size >= sum(partition_numels):
-        return (tuple(range(n)),)
-    groups: list[tuple[int, ...]] = []
-    cur: list[int] = []
-    acc = 0
+        return (), ()
+    total = sum(partition_numels)
+    if sub_group_size >= total:
+        return (range(n),), (total,)
+    groups: list[range] = []
+    numels: list[int] = []
+    start, acc = 0, 0
     for i, p in enumerate(partition_numels):
-        cur.append(i)
         acc += p
         if acc >= sub_group_size or i == n - 1:
-            groups.append(tuple(cur))
-            cur, acc = [], 0
-    return tuple(groups)
+            groups.append(range(start, i + 1))
+            numels.append(acc)
+            start, acc = i + 1, 0
+    return tuple(groups), tuple(numels)
+
+
+def sub_groups(partition_numels: Sequence[int], sub_group_size: int) -> tuple[tuple[int, ...], ...]:
+    """Parameter indices per optimizer sub-group (see sub_groups_and_numels)."""
+    return tuple(tuple(g) for g in sub_groups_and_numels(partition_numels, sub_group_size)[0])
 
 
 def sub_group_numels(partition_numels: Sequence[int], sub_group_size: int) -> tuple[int, ...]:
-    """Partition elements per optimizer sub-group (see sub_groups)."""
-    return tuple(sum(partition_numels[i] for i in g) for g in sub_groups(partition_numels, sub_group_size))
+    """Partition elements per optimizer sub-group (see sub_groups_and_numels)."""
+    return sub_groups_and_numels(partition_numels, sub_group_size)[1]
 
 
 def min_aio_bytes(s: ZeroSettings) -> int:
@@ -180,18 +189,25 @@ def io_numel_alignment(s: ZeroSettings, elem_bytes: int) -> int:
     return AIO_ALIGNED_BYTES * max(1, s.intra_op_parallelism) // elem_bytes
 
 
-def model_partitions(model, world_size: int) -> list[tuple[int, str]]:
-    """(partition numel, role) of every parameter of a memascend ModelSpec, in module order."""
+@lru_cache(maxsize=256)
+def model_partitions(model, world_size: int) -> tuple[tuple[int, str], ...]:
+    """(partition numel, role) of every parameter of a memascend ModelSpec, in module order (cached: the planner's
+    searches ask for the same model many times)."""
     from memascend_cli.models import numels_roles
 
     numels, roles = numels_roles(model)
-    return [(partition_numel(n, world_size), r) for n, r in zip(numels, roles)]
+    w = max(1, int(world_size))
+    return tuple(((n if w == 1 else -(-n // w)), r) for n, r in zip(numels, roles))
+
+
+@lru_cache(maxsize=1024)
+def _largest_swappable(partitions: tuple, min_bytes: int, elem_bytes: int) -> int:
+    return max((n for n, _ in partitions if n * elem_bytes >= min_bytes), default=0)
 
 
 def largest_swappable_partition(partitions: Iterable[tuple[int, str]], s: ZeroSettings, elem_bytes: int) -> int:
     """Largest partition that goes through the parameter swap pool (0 if none swaps)."""
-    lim = min_aio_bytes(s)
-    return max((n for n, _ in partitions if n * elem_bytes >= lim), default=0)
+    return _largest_swappable(tuple(partitions), min_aio_bytes(s), elem_bytes)
 
 
 # --- the profiles -----------------------------------------------------------------------------------
@@ -476,10 +492,12 @@ def param_pool_plan(partitions: Iterable[tuple[int, str]], *, elem_bytes: int, p
     return PoolPlan(classes=classes, elem_bytes=elem_bytes)
 
 
+@lru_cache(maxsize=256)
 def model_param_pool_plan(model, s: ZeroSettings, *, world_size: int, elem_bytes: int,
                           prefetch_layers: int = DEFAULT_PREFETCH_LAYERS) -> PoolPlan:
     """param_pool_plan for a ModelSpec under settings `s` (what the engine allocates and the planner charges)."""
-    return param_pool_plan(model_partitions(model, world_size), elem_bytes=elem_bytes,
+    # Only the largest partition per role matters: distinct (numel, role) pairs are enough.
+    return param_pool_plan(set(model_partitions(model, world_size)), elem_bytes=elem_bytes,
                            per_layer_counts=per_layer_role_counts(model), prefetch_layers=prefetch_layers,
                            min_aio_bytes=min_aio_bytes(s), intra_op_parallelism=s.intra_op_parallelism)
 

@@ -125,8 +125,9 @@ def test_predictions_order(spec):
 def test_parse_runs():
     assert [r.name for r in B.parse_runs("stock, tuned", False)] == ["stock", "tuned"]
     runs = B.parse_runs("memascend", True)
-    assert len(runs) == 1 + len(B.TECHNIQUES)
-    assert runs[1] == B.RunSpec("memascend-no-pinned", "memascend", ("pinned",))
+    assert len(runs) == 2 + len(B.TECHNIQUES)
+    assert runs[1] == B.RunSpec("tuned", "tuned")  # the "knobs only" row
+    assert runs[2] == B.RunSpec(f"memascend-no-{B.TECHNIQUES[0]}", "memascend", (B.TECHNIQUES[0],))
     for bad in ("", "stock,fast", "stock,stock"):
         with pytest.raises(BadInput):
             B.parse_runs(bad, False)

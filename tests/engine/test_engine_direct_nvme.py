@@ -108,14 +108,24 @@ def test_unaligned_tail_with_aligned_address(store_and_handle):
     assert torch.equal(r, t)
 
 
-def test_unwritten_key_reads_zeros_and_short_read_is_refused(store_and_handle):
+def test_unwritten_key_is_an_error_unless_declared_zero_and_short_read_is_refused(store_and_handle):
+    from memascend_engine.direct_nvme import RegionDataError
+
     store, h, _ = store_and_handle
     t = torch.full((1024,), 7.0)
-    h.sync_pread(t, "never/written.swp")
+    with pytest.raises(RegionDataError, match=r"swap key never/written.swp \(no extent\): nothing was ever written"):
+        h.sync_pread(t, "never/written.swp")
+    store.declare_zero("adam/exp_avg-1.swp", 4096)
+    h.sync_pread(t, "adam/exp_avg-1.swp")
     assert not t.any()
     assert store.snapshot()["zero_fill_reads"] == 1
+    with pytest.raises(RegionDataError, match="declared as 4096 zero bytes, passes its end"):
+        h.sync_pread(torch.empty(2048), "adam/exp_avg-1.swp")
+    h.sync_pwrite(torch.ones(1024), "adam/exp_avg-1.swp")  # the first write ends the zero declaration
+    h.sync_pread(t, "adam/exp_avg-1.swp")
+    assert torch.equal(t, torch.ones(1024))
     h.sync_pwrite(torch.ones(1024), "short.swp")
-    with pytest.raises(ValueError, match="holds only"):
+    with pytest.raises(RegionDataError, match="holds only 4096 B written"):
         h.sync_pread(torch.empty(2048), "short.swp")
 
 

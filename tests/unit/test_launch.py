@@ -61,7 +61,9 @@ def test_rank_error_reads_first_error_file(tmp_path):
     assert rank_error(str(tmp_path)) is None
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "error-rank1.json").write_text(json.dumps({"message": "rank 1: boom", "log": "/l"}))
-    assert rank_error(str(tmp_path)) == ("rank 1: boom", "/l")
+    assert rank_error(str(tmp_path)) == ("rank 1: boom", "/l", None)
+    (tmp_path / "logs" / "error-rank1.json").write_text(json.dumps({"message": "m", "log": "/l", "hint": "h"}))
+    assert rank_error(str(tmp_path)) == ("m", "/l", "h")
 
 
 def test_a_rank_killed_by_a_signal_is_named():

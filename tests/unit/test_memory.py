@@ -73,10 +73,30 @@ def test_cpu_only_job_puts_compute_on_host():
     assert est.item("host/runtime").bytes < estimate(job("qwen2.5-0.5b"), GPU, "baseline").item("host/runtime").bytes
 
 
-def test_activation_checkpoints_scale_with_tokens():
-    a = estimate(job(seq_len=4096), GPU, "memascend").item("host/activation_checkpoints").bytes
-    b = estimate(job(seq_len=8192, micro_batch=2), GPU, "memascend").item("host/activation_checkpoints").bytes
-    assert a == 4096 * 4096 * 32 * 2 and b == 4 * a  # b*s*h*L*2 B
+def test_activation_checkpoints_in_dram_scale_with_tokens_and_layers():
+    a = estimate(job(seq_len=4096, checkpoint_offload="dram"), GPU, "memascend").item("host/activation_checkpoints")
+    b = estimate(job(seq_len=8192, micro_batch=2, checkpoint_offload="dram"), GPU, "memascend").item(
+        "host/activation_checkpoints")
+    assert a.bytes == 4096 * 4096 * 32 * 2 and b.bytes == 4 * a.bytes  # b*s*h*L*2 B
+
+
+def test_activation_checkpoints_on_the_ssd_hold_a_window_not_the_layers():
+    w = estimate(job(seq_len=4096), GPU, "memascend").item("host/activation_checkpoints").bytes
+    assert w == 3 * 4096 * 4096 * 2  # (2 write slots + 1 read buffer) x b*s*h*2 B, whatever the depth
+    deep = replace(job(seq_len=4096).model, num_hidden_layers=64)
+    assert estimate(replace(job(seq_len=4096), model=deep), GPU, "memascend").item(
+        "host/activation_checkpoints").bytes == w
+
+
+def test_bounded_engine_holds_windows_not_model_sized_buffers():
+    est = estimate(job(), GPU, "memascend")
+    for key in ("host/grad_flat_buffer", "host/optimizer_swap_pool", "host/partitioned_swap_buffer",
+                "host/init_buffers", "host/grad_fp32_copies"):
+        assert est.item(key) is None, key
+    assert est.item("host/optimizer_pipeline").bytes == 3 * (4 * 4 + 2) * 2_097_152
+    assert est.item("host/gradient_window").bytes == 4 * 8 * 2**20
+    off = estimate(job(streaming=False), GPU, "memascend")
+    assert off.item("host/grad_flat_buffer") is not None and off.item("host/optimizer_pipeline") is None
 
 
 def test_memlock_binds_stock_deepspeed_not_memascend():

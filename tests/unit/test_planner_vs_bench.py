@@ -27,7 +27,9 @@ def predicted(run: dict) -> int:
     return p["node_host_peak_bytes"]
 
 
-@pytest.mark.parametrize("run", DOC["runs"], ids=lambda r: r["name"])
+# Stock DeepSpeed runs only: the memascend run of this file was made by the engine before it streamed gradients
+# (its knobs and techniques are not today's); today's engine is checked on docs/bench/ (test_planner_validation.py).
+@pytest.mark.parametrize("run", [r for r in DOC["runs"] if r["mode"] != "memascend"], ids=lambda r: r["name"])
 def test_plan_within_10_percent_of_measured_peak(run):
     for measured in (run["peak_system_bytes"], run["ru_maxrss_bytes"]):
         assert abs(predicted(run) - measured) <= 0.10 * measured

@@ -103,9 +103,18 @@ def test_bad_magic_names_bytes_0_to_7():
 
 def test_unsupported_version_is_named():
     block = bytearray(region.encode(_header()))
-    struct.pack_into("<I", block, 8, 2)
-    with pytest.raises(RegionCorrupt, match=r"unsupported region format version 2 at header bytes 8\.\.11"):
+    struct.pack_into("<I", block, 8, 3)
+    with pytest.raises(RegionCorrupt, match=r"unsupported region format version 3 at header bytes 8\.\.11"):
         region.decode(bytes(block))
+
+
+def test_version_1_header_is_still_read():
+    """Regions made before ownership (format 1) stay usable: same block layout, zero reserved area."""
+    block = bytearray(region.encode(_header()))
+    struct.pack_into("<I", block, 8, 1)
+    block[24:56] = region._sha(bytes(block))  # re-seal: the SHA-256 covers the version word
+    h = region.decode(bytes(block))
+    assert h.format_version == 1 and h.ranks == _header().ranks
 
 
 def test_truncated_block():
