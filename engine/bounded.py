@@ -112,6 +112,10 @@ class GradientStream:
         src = _bytes_view(grad.detach().contiguous())
         nbytes = src.numel()
         step = self.ring.nbytes
+        if nbytes > step:
+            # A gradient larger than one slot goes out in several writes: size the key's extent for all of them
+            # first, or the first write sizes it to one slot and the second one replaces it (and its content).
+            self.store.extent_for_write(key, 0, nbytes)
         for off in range(0, nbytes, step):
             m = min(step, nbytes - off)
             slot, buf = self.ring.take()

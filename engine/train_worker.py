@@ -118,11 +118,23 @@ def load_hf_weights(model, model_dir: str, rank: int) -> int:
 def build_model_factory(recipe, spec):
     """(zero-argument constructor, hf config): all transformers imports happen before zero.Init."""
     if os.path.isdir(recipe.model):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
         cfg = AutoConfig.from_pretrained(recipe.model, local_files_only=True)
         cls = AutoModelForCausalLM._model_mapping[type(cfg)]
-        return (lambda: cls(cfg)), cfg
+
+        def make():
+            # The weights are loaded right after, so transformers' weight initialisation is skipped: under
+            # zero.Init it fails where it zeroes the padding row of the (already partitioned) embedding
+            # of a config with pad_token_id. init_weights() still runs for its tie_weights().
+            original = PreTrainedModel.initialize_weights
+            PreTrainedModel.initialize_weights = lambda self: None
+            try:
+                return cls(cfg)
+            finally:
+                PreTrainedModel.initialize_weights = original
+
+        return make, cfg
     from memascend_engine.hf_models import to_hf_config
 
     cfg = to_hf_config(spec)
@@ -132,71 +144,39 @@ def build_model_factory(recipe, spec):
     return (lambda: cls(cfg)), cfg
 
 
-def export_hf(model, hf_config, out_dir: str, rank: int, tokenizer_file: str | None,
-              shard_bytes: int = 2 * 1024**3) -> str:
-    """Gather every parameter (one at a time) and write config.json + safetensors shards on rank 0."""
-    import deepspeed
-    import torch
-    from safetensors.torch import save_file
+class Reporter:
+    """Rank 0's metrics sinks: metrics.jsonl (always; the CLI's live view reads it) and TensorBoard."""
 
-    tmp = out_dir + ".tmp"
-    if rank == 0:
-        import shutil
+    def __init__(self, run_dir: str, rank: int, report_to: list[str]):
+        self.path = rundir.path(run_dir, rundir.METRICS)
+        self.rank = rank
+        self.tb = None
+        if rank == 0 and "tensorboard" in report_to:
+            from torch.utils.tensorboard import SummaryWriter
 
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    shards: list[dict] = []
-    current: dict = {}
-    current_bytes = 0
-    for name, param in model.named_parameters():
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-            if rank == 0:
-                t = param.data.detach().to("cpu").clone().contiguous()
-        if rank == 0:
-            if current and current_bytes + t.numel() * t.element_size() > shard_bytes:
-                shards.append(current)
-                current, current_bytes = {}, 0
-            current[name] = t
-            current_bytes += t.numel() * t.element_size()
-    if rank != 0:
-        return out_dir
-    shards.append(current)
-    if len(shards) == 1:
-        save_file(shards[0], os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        total = 0
-        for i, shard in enumerate(shards, 1):
-            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.path.join(tmp, fname), metadata={"format": "pt"})
-            for k, t in shard.items():
-                weight_map[k] = fname
-                total += t.numel() * t.element_size()
-        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-    dtype = next(iter(shards[0].values())).dtype
-    hf_config.torch_dtype = dtype
-    hf_config.save_pretrained(tmp)
-    if tokenizer_file:
-        import shutil
+            self.tb = SummaryWriter(log_dir=rundir.path(run_dir, rundir.TENSORBOARD_DIR))
 
-        shutil.copy(tokenizer_file, os.path.join(tmp, "tokenizer.json"))
-    final = out_dir
-    if os.path.exists(final):
-        import shutil
+    def __call__(self, record: dict) -> None:
+        if self.rank != 0:
+            return
+        record = {"time": round(time.time(), 3), **record}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is None:
+            return
+        kind, step = record.get("event"), record.get("step", 0)
+        if kind == "step":
+            for key in ("loss", "lr", "tokens_per_s", "s_per_step", "host_rss_gib", "host_peak_gib", "ssd_read_gbps",
+                        "ssd_write_gbps"):
+                self.tb.add_scalar(f"train/{key}", record[key], step)
+        elif kind == "eval":
+            self.tb.add_scalar("eval/loss", record["loss"], step)
+        if kind in ("eval", "checkpoint", "done", "stopped"):
+            self.tb.flush()
 
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    del torch
-    return final
-
-
-def write_tokenizer_config(folder: str, tok) -> None:
-    """tokenizer_config.json so AutoTokenizer loads the exported folder as a fast tokenizer."""
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, "pad_token": tok.pad_token,
-           "model_max_length": 1_000_000}
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -209,11 +189,7 @@ class Run:
         self.stop_requested = False
 
     def metrics(self, record: dict) -> None:
-        if self.rank != 0:
-            return
-        record = {"time": round(time.time(), 3), **record}
-        with open(rundir.path(self.run_dir, rundir.METRICS), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.reporter(record)
 
     def main(self) -> None:
         _ensure_rank_env()
@@ -236,30 +212,22 @@ class Run:
 
         spec = load_model(recipe.model)
 
-        # Data first: a bad dataset fails in seconds, before DeepSpeed starts.
+        # Data: tokenized by `memascend train` before the launch; here only memory-mapped.
         from memascend_engine import data as D
 
-        tok_path = recipe.tokenizer or recipe.model
         try:
-            tok = D.TokenizerWrapper(tok_path)
-            samples = D.read_samples(recipe.dataset.path, recipe.dataset.format, recipe.dataset.text_field)
-            train_s, val_s = D.split(samples, recipe.dataset.validation_split, recipe.seed)
-            train = D.build_sequences(train_s, tok, recipe.seq_len, recipe.dataset.packing)
-            val = D.build_sequences(val_s, tok, recipe.seq_len, recipe.dataset.packing) if val_s else None
-        except D.DataError as exc:
-            raise WorkerError(str(exc)) from None
-        if tok.vocab_size > spec.vocab_size:
-            raise WorkerError(f"tokenizer {tok.file} has {tok.vocab_size} tokens, model {recipe.model} only "
-                              f"{spec.vocab_size} embeddings")
-        if len(train) == 0:
-            raise WorkerError(f"{recipe.dataset.path}: no training sequence of {recipe.seq_len} tokens "
-                              "(too little data for packing; lower seq_len or use padding)")
+            with open(rundir.path(self.run_dir, rundir.DATA_JSON)) as f:
+                prepared = json.load(f)
+            cache = D.TokenCache(prepared["cache_dir"])
+        except (OSError, ValueError, KeyError, D.DataError) as exc:
+            raise WorkerError(f"the tokenized data of {self.run_dir} is missing ({exc}); start runs with "
+                              "`memascend train`") from None
+        train, val = cache.train, cache.validation
         from memascend_cli.recipe import total_steps
 
+        # The same function and inputs as the CLI, which wrote the scheduler's total_num_steps.
         total = total_steps(recipe, len(train), self.world)
-        sched = ds_config.get("scheduler", {}).get("params", {})
-        if "total_num_steps" in sched:
-            sched["total_num_steps"] = max(total, sched.get("warmup_num_steps", 1) + 1)
+        self.reporter = Reporter(self.run_dir, self.rank, recipe.report_to)
 
         import deepspeed
         import torch
@@ -297,7 +265,13 @@ class Run:
             with open(rundir.path(self.run_dir, rundir.EFFECTIVE_DS_CONFIG), "w") as f:
                 json.dump(ds_config, f, indent=2, sort_keys=True)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
-        self.train_loop(engine, model, hf_config, tok, train, val, total, resume_dir, installed)
+        if self.rank == 0:
+            from memascend_engine.export import write_params_file
+
+            write_params_file(model, prepared["hf_dir"])
+        self.hf_dir = prepared["hf_dir"]
+        self.train_loop(engine, model, train, val, total, resume_dir, installed)
+        self.reporter.close()
         if installed is not None:
             installed.uninstall()
 
@@ -329,17 +303,13 @@ class Run:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         return bool(flag.item() > 0)
 
-    def _batch(self, seqs, rows):
-        """The micro-batch on the accelerator's device (DeepSpeed's engine does not move inputs)."""
+    def _batch(self, split, rows):
+        """The micro-batch, read from the memory-mapped cache, on the accelerator's device (DeepSpeed's engine
+        does not move inputs)."""
         import torch
 
         device = _device()
-        batch = {"input_ids": torch.tensor([seqs.input_ids[i] for i in rows], dtype=torch.long, device=device),
-                 "labels": torch.tensor([seqs.labels[i] for i in rows], dtype=torch.long, device=device)}
-        if seqs.attention_mask is not None:
-            batch["attention_mask"] = torch.tensor([seqs.attention_mask[i] for i in rows], dtype=torch.long,
-                                                   device=device)
-        return batch
+        return {k: torch.from_numpy(v).to(device) for k, v in split.batch(rows).items()}
 
     def _all_sum(self, values: list[float]) -> list[float]:
         import torch
@@ -379,7 +349,7 @@ class Run:
         loss, tokens = self._all_sum([total_loss, total_tokens])
         return loss / tokens if tokens else None
 
-    def train_loop(self, engine, model, hf_config, tok, train, val, total, resume_dir, installed) -> None:
+    def train_loop(self, engine, model, train, val, total, resume_dir, installed) -> None:
         import torch
         from memascend_engine import checkpoint as C
         from memascend_engine.data import micro_batch_rows
@@ -453,10 +423,11 @@ class Run:
         if vl is not None:
             self.metrics({"event": "eval", "step": step, "loss": vl})
         if r.export:
+            from memascend_engine.export import export_model
+
             engine.empty_partition_cache()
-            out = export_hf(model, hf_config, rundir.path(self.run_dir, rundir.EXPORT_DIR), self.rank, tok.file)
+            out = export_model(model, rundir.path(self.run_dir, rundir.EXPORT_DIR), self.hf_dir, self.rank, r.precision)
             if self.rank == 0:
-                write_tokenizer_config(out, tok)
                 self.metrics({"event": "export", "step": step, "path": out})
         self.metrics({"event": "done", "step": step})
         del torch

@@ -13,7 +13,7 @@ import typer
 from memascend_cli import __version__
 from memascend_cli.commands import inspect as inspect_cmd
 from memascend_cli.commands import plan as plan_cmd
-from memascend_cli.errors import EXIT_BAD_INPUT, MemascendError
+from memascend_cli.errors import EXIT_BAD_INPUT, EXIT_CODES_HELP, MemascendError
 
 app = typer.Typer(
     name="memascend",
@@ -25,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
     rich_markup_mode="markdown",
+    epilog=EXIT_CODES_HELP,
 )
 
 
@@ -42,8 +43,8 @@ def _root(
 
 
 # Registration is explicit: one module per command, in the order `--help` lists them.
-app.command("inspect")(inspect_cmd.inspect_command)
-app.command("plan")(plan_cmd.plan_command)
+app.command("inspect", epilog=EXIT_CODES_HELP)(inspect_cmd.inspect_command)
+app.command("plan", epilog=EXIT_CODES_HELP)(plan_cmd.plan_command)
 
 
 def _register_optional() -> None:
@@ -55,6 +56,8 @@ def _register_optional() -> None:
         ("memascend_cli.commands.prepare_ssd", "prepare-ssd", "prepare_ssd_command"),
         ("memascend_cli.commands.train", "train", "train_command"),
         ("memascend_cli.commands.bench", "bench", "bench_command"),
+        ("memascend_cli.commands.export", "export", "export_command"),
+        ("memascend_cli.commands.import_gguf", "import-gguf", "import_gguf_command"),
     ):
         try:
             module = importlib.import_module(module_name)
@@ -62,7 +65,7 @@ def _register_optional() -> None:
             if exc.name != module_name:
                 raise
             continue
-        app.command(command_name)(getattr(module, func_name))
+        app.command(command_name, epilog=EXIT_CODES_HELP)(getattr(module, func_name))
 
 
 _register_optional()

@@ -551,7 +551,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     def tick(waited_s, spread):
         if progress is not None:
             s = "…" if spread is None else f"{spread / MiB:.0f} MiB"
-            progress.update(task, description=f"{run.name}: settling {waited_s:.0f}s (spread {s})")
+            progress.update(task, description=f"{run.name}: settle {waited_s:.0f}s ±{s}")
 
     reader = MeminfoReader()
     try:
@@ -584,7 +584,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                     evs = read_events(rank0_events)
                     done = sum(1 for e in evs if e.get("event") == "step")
                     phase = next((e["name"] for e in reversed(evs) if e.get("event") == "phase"), "starting")
-                    progress.update(task, completed=done, description=f"{run.name}: {phase}, step {done}/{steps}")
+                    progress.update(task, completed=done, description=f"{run.name}: {phase}")
                 time.sleep(0.2)
         except BaseException:
             proc.kill()
@@ -741,9 +741,7 @@ def engine_args(predicted: dict) -> list[str]:
 def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
               region: str | None, engine_ok: bool, settle_cap_s: float) -> dict:
     """Every run of one point, each after memory settled; returns the point's JSON document."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from memascend_cli.console import err
+    from memascend_cli.console import err, step_progress
 
     notes: list[str] = [
         ("peak system memory is machine-wide (MemTotal - MemAvailable): other processes' allocations during a run "
@@ -770,8 +768,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
 
         aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
     results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=False) as progress:
+    with step_progress(err) as progress:
         for run in run_specs:
             cfg = build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir,
                                   ranks=ranks, aio_block_size=aio_block, aio_queue_depth=aio_depth)

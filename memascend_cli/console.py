@@ -19,3 +19,21 @@ def print_json(data) -> None:
 
 def warn(message: str) -> None:
     err.print(f"[yellow]warning:[/yellow] {message}")
+
+
+def step_progress(console):
+    """The progress bar of long jobs (train, bench): description, bar, n/total, elapsed, ETA; <= 80 columns."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Column
+
+    description = TextColumn("{task.description}", table_column=Column(max_width=26, no_wrap=True, overflow="ellipsis"))
+    return Progress(description, BarColumn(bar_width=20), MofNCompleteColumn(),
+                    TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), TextColumn("eta"),
+                    TimeRemainingColumn(compact=True), console=console, expand=False)

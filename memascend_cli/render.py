@@ -24,23 +24,36 @@ def _items_table(title: str, tier: str, ests, details: bool) -> Table | None:
         return None
     t = Table(title=title, title_justify="left", show_footer=False)
     t.add_column("item")
-    t.add_column("stock DeepSpeed GiB", justify="right")
-    t.add_column("memascend GiB", justify="right")
+    t.add_column("stock GiB", justify="right", no_wrap=True)
+    t.add_column("memascend GiB", justify="right", no_wrap=True)
     t.add_column("kind / pinning")
-    if details:
-        t.add_column("formula (source)", overflow="fold")
     for key in keys:
         bi, mi = b.item(key), m.item(key)
         ref = bi or mi
         how = ref.kind if ref.kind != "steady" else ""
         pins = {p for p in ((bi.pinned if bi else ""), (mi.pinned if mi else "")) if p}
         if pins:
-            how = (how + " " if how else "") + "/".join(sorted(pins))
-        row = [ref.label, _gib(bi.bytes if bi else None), _gib(mi.bytes if mi else None), how]
-        if details:
-            row.append(f"{ref.formula} ({ref.source})")
-        t.add_row(*row)
+            how = (how + " " if how else "") + " / ".join(sorted(pins))
+        t.add_row(ref.label, _gib(bi.bytes if bi else None), _gib(mi.bytes if mi else None), how)
     return t
+
+
+def _formulas(tier: str, ests) -> None:
+    """--details: each item's formula and source under its table, as wrapped lines (an 80-column
+    terminal has no room for them as a table column)."""
+    b, m = ests["baseline"], ests["memascend"]
+    seen: set[tuple[str, str]] = set()
+    for est, who in ((b, "stock"), (m, "memascend")):
+        for i in est.items:
+            if i.tier != tier or not (i.formula or i.source):
+                continue
+            other = (m if est is b else b).item(i.key)
+            same = other is not None and other.formula == i.formula and other.source == i.source
+            if (i.key, i.formula) in seen:
+                continue
+            seen.add((i.key, i.formula))
+            label = i.label if same else f"{i.label} ({who})"
+            out.print(Text.assemble((f"  {label}: ", "bold"), i.formula, (f" [{i.source}]" if i.source else "", "dim")))
 
 
 def render_plan(result: dict, ests, details: bool = False) -> None:
@@ -63,6 +76,8 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
         out.print(f"[dim]note: {note}[/dim]")
     host = _items_table("host memory per rank", "host", ests, details)
     out.print(host)
+    if details:
+        _formulas("host", ests)
     t = ests.get("tuned")
     totals = Table(title="totals (tuned = stock DeepSpeed given memascend's knobs)", title_justify="left")
     totals.add_column("")
@@ -100,6 +115,7 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
             t = _items_table(title, tier, ests, details)
             if t is not None:
                 out.print(t)
+                _formulas(tier, ests)
     engines = result["engines"]
     if "search" in engines["baseline"]:
         s = Table(title=f"what fits on this machine (seq {job['seq_len']:,}, micro-batch {job['micro_batch']} held fixed)",

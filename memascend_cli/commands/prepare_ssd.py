@@ -361,8 +361,10 @@ def _list_mode(json_out: bool) -> None:
     from rich.table import Table
 
     table = Table(title="candidate devices for `memascend prepare-ssd`", title_justify="left")
+    # Short headers keep the table whole at 80 columns (the caption spells them out).
+    table.caption = "rota: rotational · tran: transport · mnt: mount points · sigs: signatures"
     for col, justify in (("device", "left"), ("size", "right"), ("model", "left"), ("rota", "left"), ("tran", "left"),
-                         ("mounted", "left"), ("signatures", "left"), ("region", "left"), ("safe", "left")):
+                         ("mnt", "left"), ("sigs", "left"), ("region", "left"), ("safe", "left")):
         # Device paths and sizes must stay whole; the free-text columns wrap instead.
         table.add_column(col, justify=justify, no_wrap=col in ("device", "size", "safe"))
     for dev, f, v in rows:

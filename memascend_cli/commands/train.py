@@ -73,7 +73,13 @@ def train_command(
     flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
              "model": model, "region": region}
     overrides = merge(overrides, {k: v for k, v in flags.items() if v is not None})
-    recipe = load_recipe(recipe_path, overrides)
+    notes: list[str] = []
+    recipe = load_recipe(recipe_path, overrides, notes=notes)
+    if notes:
+        from memascend_cli.console import err
+
+        for note in notes:
+            err.print(f"[dim]note: {note}[/dim]", highlight=False)
     prepared = prepare_run(recipe, baseline=baseline, resume=resume, force=force, dry_run=dry_run)
     if dry_run:
         from memascend_cli.console import err, print_json
@@ -100,6 +106,8 @@ class Prepared:
             "plan": self.plan_summary,
             "preflight": [{"name": c.name, "ok": c.ok, "message": c.message, "hint": c.hint} for c in self.checks],
             "region": self.region_note,
+            "data": self.data,
+            "total_steps": self.total_steps,
             "ds_config": self.ds_config,
             "launch": self.spec.to_dict(),
         }
@@ -118,34 +126,119 @@ def _check_model_source(name: str) -> None:
         return
     files = os.listdir(name)
     if not any(f.endswith(".safetensors") for f in files):
-        raise BadInput(f"model directory {name} has no *.safetensors weights",
-                       "convert the weights to safetensors, or use a preset name for random weights")
+        hint = "convert the weights to safetensors, or use a preset name for random weights"
+        if any(f.endswith(".gguf") for f in files):
+            hint = "give the .gguf file itself as model (it is converted once), or `memascend import-gguf FILE DIR`"
+        raise BadInput(f"model directory {name} has no *.safetensors weights", hint)
 
 
 def _check_data_paths(recipe) -> None:
-    if not os.path.isfile(recipe.dataset.path):
-        raise BadInput(f"dataset file {recipe.dataset.path} does not exist", "fix dataset.path in the recipe")
+    for path in recipe.dataset.paths:
+        if not os.path.isfile(path):
+            raise BadInput(f"dataset file {path} does not exist", "fix dataset.path in the recipe")
     tok = recipe.tokenizer or (recipe.model if os.path.isdir(recipe.model) else None)
     if tok is None:
         raise BadInput(f"model {recipe.model} is a preset and the recipe names no tokenizer",
-                       "set `tokenizer:` to a tokenizer.json or a tokenizer directory")
+                       "set `tokenizer:` to a tokenizer directory or a tokenizer.json")
     if not os.path.exists(tok):
-        raise BadInput(f"tokenizer {tok} does not exist", "set `tokenizer:` to a tokenizer.json or a tokenizer directory")
+        raise BadInput(f"tokenizer {tok} does not exist", "set `tokenizer:` to a tokenizer directory or a tokenizer.json")
+    if "tensorboard" in recipe.report_to:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise BadInput("report_to includes tensorboard but the tensorboard package is not installed",
+                           "pip install tensorboard, or set report_to: jsonl")
+
+
+def import_gguf_model(recipe):
+    """A recipe whose model is a .gguf file, with the model replaced by its imported (cached) directory."""
+    import subprocess
+    import sys
+
+    from memascend_cli.console import err
+    from memascend_cli.recipe import cache_home
+
+    with err.status(f"importing {os.path.basename(recipe.model)} (once; cached in {cache_home('models')})"):
+        p = subprocess.run([sys.executable, "-m", "memascend_engine.gguf_import", recipe.model, "--cache-root",
+                            cache_home("models")], capture_output=True, text=True)
+    if p.returncode != 0:
+        last = next((l for l in reversed(p.stderr.splitlines()) if l.startswith("error:")), None) or \
+            (p.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise BadInput(f"cannot import {recipe.model}: {last.removeprefix('error: ')}",
+                       "check the file; `memascend import-gguf FILE DIR` shows the full error")
+    out = p.stdout.strip().splitlines()[-1]
+    updates = {"model": out}
+    if recipe.tokenizer is None or recipe.tokenizer == recipe.model:
+        updates["tokenizer"] = out
+    return recipe.model_copy(update=updates)
+
+
+def prepare_data(recipe, run_dir: str) -> dict:
+    """Tokenize the dataset (or reuse its cache) and write the export skeleton, in a child process
+    (transformers imports torch); its summary is also written to run_dir/data.json for the ranks."""
+    import subprocess
+    import sys
+
+    from memascend_cli.console import err
+    from memascend_cli.rundir import DATA_JSON
+
+    os.makedirs(run_dir, exist_ok=True)
+    request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
+    with err.status("preparing the data (tokenized once, then cached)") as status:
+        proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.prepare"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdin.write(request)
+        proc.stdin.close()
+        errors = []
+        for line in proc.stderr:
+            line = line.rstrip()
+            if line.startswith("tokenizing:"):
+                status.update(line)
+            elif line:
+                errors.append(line)
+        out = proc.stdout.read()
+        proc.wait()
+    if proc.returncode != 0:
+        message = next((l for l in reversed(errors) if l.startswith("error:")), None)
+        if message is not None and proc.returncode == 3:
+            raise BadInput(message.removeprefix("error: "), "fix the dataset, the tokenizer or `template:` in the "
+                           "recipe")
+        raise MemascendError(f"preparing the data failed ({(errors or ['no output'])[-1]})",
+                             "run `python -m memascend_engine.prepare` by hand to see the traceback")
+    summary = json.loads(out.strip().splitlines()[-1])
+    with open(os.path.join(run_dir, DATA_JSON), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def _clear_previous_run(run_dir: str) -> None:
+    """overwrite_output_dir: delete an earlier run's checkpoints, export and metrics (never anything else)."""
+    import shutil
+
+    from memascend_cli.rundir import EXPORT_DIR, METRICS, TENSORBOARD_DIR
+
+    for name in (CHECKPOINTS, EXPORT_DIR, TENSORBOARD_DIR):
+        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+    for name in (METRICS,):
+        if os.path.exists(os.path.join(run_dir, name)):
+            os.unlink(os.path.join(run_dir, name))
 
 
 def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: bool) -> Prepared:
     """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch."""
     from memascend_cli import models, preflight
     from memascend_cli.commands.plan import installed_deepspeed_version
-    from memascend_cli.deepspeed_config import ELEM_BYTES, build_ds_config, region_aio
+    from memascend_cli.deepspeed_config import build_ds_config
     from memascend_cli.hardware import inventory_to_spec, io_backends, probe
     from memascend_cli.launch import build_launch, free_port
-    from memascend_cli.planner import zero
-    from memascend_cli.planner.memory import JobSpec, estimate
+    from memascend_cli.planner.memory import estimate
     from memascend_cli.planner.search import check
+    from memascend_cli.recipe import job_spec, total_steps
     from memascend_cli.rundir import DS_CONFIG, RECIPE_JSON
 
     spec = models.load_model(recipe.model)
+    if recipe.model.endswith(".gguf"):
+        recipe = import_gguf_model(recipe)
     _check_model_source(recipe.model)
     _check_data_paths(recipe)
     run_dir = recipe.output_dir
@@ -154,8 +247,10 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         raise BadInput(f"--resume: no complete checkpoint in {os.path.join(run_dir, CHECKPOINTS)}",
                        "drop --resume to start from scratch, or check --output-dir")
     if not resume and done and not dry_run:
-        raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
-                       "add --resume to continue it, or choose another --output-dir")
+        if not recipe.overwrite_output_dir:
+            raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
+                           "add --resume to continue it, choose another --output-dir, or set overwrite_output_dir")
+        _clear_previous_run(run_dir)
 
     inv = probe(None)
     hw = inventory_to_spec(inv)
@@ -175,15 +270,11 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         header, region_error = _read_region(os.path.join(run_dir, REGION_FILE), ranks)
     if header is not None:
         region_rank_bytes = min(r.size_bytes for r in header.ranks)
-    # One set of ZeRO settings for the engine and --baseline (stock DeepSpeed given memascend's knobs).
-    block_bytes, queue_depth = region_aio(header)
-    settings = zero.resolve("memascend", model=spec, world_size=world_size, elem_bytes=ELEM_BYTES[recipe.precision],
-                            aio_block_size=block_bytes, aio_queue_depth=queue_depth)
-    job = JobSpec(model=spec, seq_len=recipe.seq_len, micro_batch=recipe.micro_batch,
-                  grad_accum_steps=recipe.grad_accum, dtype=recipe.precision, ranks_per_node=ranks,
-                  checkpointing="offload" if recipe.gradient_checkpointing and not baseline else
-                  ("full" if recipe.gradient_checkpointing else "none"),
-                  deepspeed_version=installed_deepspeed_version(), knobs=settings, checkpoint_copies=0)
+    # One set of ZeRO settings for the engine and --baseline (stock DeepSpeed given memascend's knobs), and the
+    # same job `plan RECIPE` computes (recipe.job_spec).
+    job = job_spec(recipe, spec, ranks=ranks, world_size=world_size, baseline=baseline,
+                   deepspeed_version=installed_deepspeed_version(), header=header)
+    settings = job.knobs
     est = estimate(job, hw, engine)
     verdict = check(est, hw)
     if not verdict.fits and not force:
@@ -222,7 +313,9 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         cls = SSDNotReady if first.name in ("region", "swap_dir") else MemascendError
         raise cls(first.message, first.hint or None)
 
-    total = recipe.steps or 1  # epochs: the worker sets total_num_steps once it has counted sequences
+    # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
+    data = prepare_data(recipe, run_dir)
+    total = total_steps(recipe, data["train_sequences"], world_size)
     ds_config = build_ds_config(recipe, settings, swap_dir=swap_dir, world_size=world_size, total_steps=total)
     os.makedirs(run_dir, exist_ok=True)
     resolved = recipe.to_dict()
@@ -235,12 +328,14 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
                           resume=resume, extra_env=passthrough,
                           master_port=recipe.master_port or free_port())
-    plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons,
+    from memascend_cli.commands.plan import job_document
+
+    plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
                     "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": nvme_bytes_per_rank,
                     "world_size": world_size, "zero_settings": settings.to_dict()}
     return Prepared(recipe=recipe, run_dir=run_dir, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
-                    region_path=region_path, ranks=ranks)
+                    region_path=region_path, ranks=ranks, data=data, total_steps=total)
 
 
 def _read_region(path: str, ranks: int):
@@ -360,28 +455,38 @@ def launch_and_watch(p: Prepared) -> None:
 
 
 class LiveView:
-    """Rich live table on stderr fed by metrics.jsonl; one plain line per record when not a TTY."""
+    """The live view on stderr, fed by metrics.jsonl: on a terminal a progress bar (steps, elapsed, ETA)
+    with a line of figures under it, events printed above it; otherwise one plain line per record.
+    Everything fits 80 columns."""
 
     def __init__(self, path: str, start_offset: int = 0):
         self.path, self.offset = path, start_offset
         self.last: dict | None = None
         self.events: list[dict] = []
         self.live = None
+        self.progress = None
+        self.task = None
         self.buffer = ""
 
     def __enter__(self):
         from memascend_cli.console import err
 
         if err.is_terminal:
+            from rich.console import Group
             from rich.live import Live
+            from rich.text import Text
 
-            self.live = Live(self._render(), console=err, refresh_per_second=2, transient=False)
+            from memascend_cli.console import step_progress
+
+            self.progress = step_progress(err)
+            self.task = self.progress.add_task("train", total=None)
+            self.stats = Text("starting the ranks", style="dim")
+            self.live = Live(Group(self.progress, self.stats), console=err, refresh_per_second=4, transient=False)
             self.live.__enter__()
         return self
 
     def __exit__(self, *exc):
         if self.live is not None:
-            self.live.update(self._render())
             self.live.__exit__(*exc)
         return False
 
@@ -408,48 +513,45 @@ class LiveView:
         from memascend_cli.console import err
 
         kind = rec.get("event")
+        if kind in ("start", "resumed") and self.progress is not None:
+            total = rec.get("total_steps")
+            self.progress.update(self.task, total=total, completed=rec.get("step", 0))
+            self.progress.reset(self.task, total=total, completed=rec.get("step", 0))
+            self.stats.plain = "first step (DeepSpeed warms up)"
         if kind == "step":
             self.last = rec
-        else:
+            if self.progress is not None:
+                self.progress.update(self.task, completed=rec["step"], total=rec.get("total_steps"))
+                self.stats.plain = format_stats(rec)
+            else:
+                err.print(format_step(rec), highlight=False)
+            return
+        if kind in ("checkpoint", "eval", "export", "stopped"):
             self.events.append(rec)
-        if self.live is not None:
-            self.live.update(self._render())
-        elif kind == "step":
-            err.print(format_step(rec), highlight=False)
-        elif kind in ("checkpoint", "eval", "export", "stopped"):
-            err.print(format_event(rec), highlight=False)
-
-    def _render(self):
-        from rich.table import Table
-
-        t = Table(title="memascend train", title_justify="left")
-        for col in ("step", "loss", "lr", "tokens/s", "s/step", "host GiB now", "host GiB peak", "SSD GB/s r/w"):
-            t.add_column(col, justify="right")
-        r = self.last
-        if r is not None:
-            t.add_row(f"{r['step']}/{r.get('total_steps', '?')}", f"{r['loss']:.4f}", f"{r['lr']:.2e}",
-                      f"{r['tokens_per_s']:,.0f}", f"{r['s_per_step']:.2f}", f"{r['host_rss_gib']:.2f}",
-                      f"{r['host_peak_gib']:.2f}", f"{r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f}")
-        else:
-            t.add_row("starting", "", "", "", "", "", "", "")
-        if self.events:
-            t.caption = format_event(self.events[-1])
-        return t
+            (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False)
 
     def summary(self) -> None:
         self.poll()
-        from memascend_cli.console import err
 
-        if self.live is not None:
-            for e in self.events:
-                if e.get("event") in ("checkpoint", "export", "stopped", "eval"):
-                    err.print(format_event(e), highlight=False)
+
+def _rate(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 10_000 else f"{x:,.0f}"
+
+
+def format_stats(r: dict, sep: str = "  ") -> str:
+    """The figures under the bar: loss, lr, tokens/s, host memory (node), SSD GB/s read/written."""
+    lr = f"{r['lr']:.1e}".replace("e-0", "e-").replace("e+0", "e")
+    return sep.join((f"loss {r['loss']:.4f}", f"lr {lr}", f"{_rate(r['tokens_per_s'])} tok/s",
+                     f"host {r['host_rss_gib']:.1f} GiB", f"SSD {_gbps(r['ssd_read_gbps'])}/{_gbps(r['ssd_write_gbps'])} GB/s"))
+
+
+def _gbps(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
 def format_step(r: dict) -> str:
-    return (f"step {r['step']}/{r.get('total_steps', '?')}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  "
-            f"{r['tokens_per_s']:,.0f} tok/s  {r['s_per_step']:.2f} s/step  host {r['host_rss_gib']:.2f} GiB "
-            f"(peak {r['host_peak_gib']:.2f})  SSD {r['ssd_read_gbps']:.2f}/{r['ssd_write_gbps']:.2f} GB/s r/w")
+    """One plain line per step when stderr is not a terminal (logs, CI): `step/total figures`, 80 columns."""
+    return f"{r['step']}/{r.get('total_steps', '?')} " + format_stats(r, " ")
 
 
 def format_event(e: dict) -> str:

@@ -51,6 +51,10 @@ RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 ENGINE_RUNTIME_BYTES = int(0.08 * GiB)
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
+# Arrays a micro-batch of the training data is made of (input ids, labels, attention mask).
+DATA_ARRAYS = 3
+
+
 class BudgetError(BadInput):
     """A memascend host budget below what the job needs (a config error in estimates, bad input for the CLI)."""
 
@@ -610,6 +614,13 @@ def _host_items(c: _Ctx) -> list[Item]:
             formula=f"b {job.micro_batch} x s {job.seq_len} x h {m.hidden_size} x L {m.num_hidden_layers} x {E} B",
             source="Korthikanti et al. 2205.05198 full recomputation 2sbh per layer (16-bit); paper §8")
 
+    # The data path (engine/data.py): tokens live in a memory-mapped cache whose pages each micro-batch
+    # releases again, so what a rank holds is the micro-batch itself (input ids, labels, attention
+    # mask as int64), independent of the dataset size.
+    data_bytes = DATA_ARRAYS * 8 * job.micro_batch * job.seq_len
+    add("host/data", "data: one micro-batch from the memory-mapped token cache", data_bytes,
+        formula=f"{DATA_ARRAYS} int64 arrays x b {job.micro_batch} x s {job.seq_len} x 8 B",
+        source="engine/data.py Split.batch (pages dropped with MADV_DONTNEED); docs/results.md data path")
     items.extend(_transients(c))
     return items
 

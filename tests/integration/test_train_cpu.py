@@ -1,6 +1,6 @@
 """`memascend train` end to end on a CPU (DeepSpeed's CPU accelerator, swap files / region on disk).
 
-Slow: 11 DeepSpeed launches of 4-8 steps; the whole file took 3m42s on a 2-core VM (ops prebuilt).
+Slow: 9 DeepSpeed launches of 4-8 steps and 2 `memascend export` runs; about 4 min on a 2-core VM (ops prebuilt).
 Run with `pytest -m slow tests/integration/test_train_cpu.py`. Fault hooks used: MEMASCEND_FAULT_STOP_AT_STEP,
 MEMASCEND_FAULT_KILL_AFTER_CHECKPOINT (train_worker) and MEMASCEND_FAULT_KILL_DURING_CHECKPOINT (checkpoint).
 """
@@ -75,6 +75,40 @@ def test_baseline_trains_loss_falls_and_exports(baseline_run):
     assert torch.isfinite(model(ids).logits).all()
 
 
+def test_tensorboard_events_hold_the_logged_losses(baseline_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.path.join(baseline_run, "tensorboard"))
+    acc.Reload()
+    events = acc.Scalars("train/loss")
+    assert {e.step: e.value for e in events} == pytest.approx(losses(baseline_run))
+    assert [e.step for e in acc.Scalars("eval/loss")] == [int(STEPS)]
+
+
+def exported_tensors(folder: str) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(folder, "model.safetensors"))
+
+
+def export_checkpoint(run: str, step: int, out: str) -> None:
+    e = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    p = subprocess.run([sys.executable, "-m", "memascend_cli", "export", run, "--checkpoint", str(step), "-o", out],
+                       capture_output=True, text=True, env=e, timeout=600)
+    assert p.returncode == 0, p.stderr
+
+
+def test_export_from_the_last_checkpoint_equals_the_final_export(baseline_run, tmp_path):
+    import numpy as np
+
+    out = str(tmp_path / "ck8")
+    export_checkpoint(baseline_run, int(STEPS), out)
+    a, b = exported_tensors(os.path.join(baseline_run, "export")), exported_tensors(out)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert os.path.isfile(os.path.join(out, name)), name
+
+
 def test_checkpoints_are_complete_and_pruned(baseline_run):
     ck = os.path.join(baseline_run, "checkpoints")
     names = sorted(os.listdir(ck))
@@ -120,6 +154,13 @@ def test_two_cpu_ranks_through_the_deepspeed_launcher(tmp_path):
     assert os.path.isdir(os.path.join(run, "swap", "zero_stage_3", "optimizer", "rank1")) or swap_files(
         os.path.join(run, "swap")) > 0
     assert os.path.isfile(os.path.join(run, "export", "model.safetensors"))
+    # The checkpoint's fp32 masters are split over 2 ranks: `memascend export` re-assembles each tensor.
+    import numpy as np
+
+    out = str(tmp_path / "ck4")
+    export_checkpoint(run, 4, out)
+    a, b = exported_tensors(os.path.join(run, "export")), exported_tensors(out)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run, tmp_path):
@@ -149,16 +190,23 @@ def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run
     assert l[int(STEPS)] < l[1] - 1.0
     assert l == losses(baseline_run)
     assert os.path.isfile(os.path.join(run, "export", "model.safetensors"))
+    # The engine's checkpoints (its own optimizer layout) export to the same tensors as the live model.
+    import numpy as np
+
+    export_checkpoint(run, int(STEPS), str(tmp_path / "ck"))
+    a, b = exported_tensors(os.path.join(run, "export")), exported_tensors(str(tmp_path / "ck"))
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_malformed_dataset_line_fails_in_the_rank_with_one_line(tmp_path):
+def test_malformed_dataset_line_fails_before_the_launch_with_one_line(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": \n')
     p = memascend(TINY, "--baseline", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
     errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert p.returncode == 1 and len(errors) == 1 and "bad.jsonl:2: not valid JSON" in errors[0], p.stderr
-    assert "hint:" in p.stderr
+    # The data is tokenized by the CLI before DeepSpeed starts: a bad file is bad input (exit 2).
+    assert p.returncode == 2 and len(errors) == 1 and "bad.jsonl:2: not valid JSON" in errors[0], p.stderr
+    assert "hint:" in p.stderr and not os.path.exists(tmp_path / "run" / "logs")
 
 
 def test_empty_dataset_line_fails_with_file_and_line(tmp_path):
@@ -166,4 +214,4 @@ def test_empty_dataset_line_fails_with_file_and_line(tmp_path):
     data.write_text('{"instruction": "a", "output": "b"}\n\n')
     p = memascend(TINY, "--baseline", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
-    assert p.returncode == 1 and "gap.jsonl:2: empty line" in p.stderr
+    assert p.returncode == 2 and "gap.jsonl:2: empty line" in p.stderr

@@ -98,3 +98,38 @@ def test_counts_match_transformers_on_meta_device(name):
     ours = {t.name: t.shape for t in spec.tensors()}
     assert hf == ours
     assert sum(p.numel() for p in model.parameters()) == spec.num_params
+
+
+def test_gguf_header_gives_the_architecture(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from memascend_cli.models import load_gguf, load_model
+
+    path = str(tmp_path / "m.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_context_length(256)
+    w.add_token_list([f"t{i}" for i in range(100)])
+    w.add_tensor("token_embd.weight", np.zeros((100, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    spec = load_gguf(path)
+    assert (spec.model_type, spec.num_hidden_layers, spec.hidden_size, spec.intermediate_size) == ("llama", 2, 64, 128)
+    assert (spec.num_attention_heads, spec.num_key_value_heads, spec.vocab_size) == (4, 2, 100)
+    assert spec.tie_word_embeddings is True  # no output.weight tensor
+    assert load_model(path) == spec
+
+
+def test_package_file_reference(tmp_path):
+    from memascend_cli.models import resolve_package_file
+
+    assert resolve_package_file("package:memascend_presets/models/tiny-llama.yaml").endswith("tiny-llama.yaml")
+    with pytest.raises(BadInput, match="not installed"):
+        resolve_package_file("package:no_such_pkg_xyz/x.gguf")

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from memascend_cli.errors import BadInput
-from memascend_cli.recipe import Recipe, load_recipe, merge, parse_set, recipe_from_dict, total_steps
+from memascend_cli.recipe import load_recipe, merge, parse_set, recipe_from_dict, total_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
@@ -33,12 +33,12 @@ def test_preset_name_resolves_to_shipped_file():
 
 
 def test_unknown_keys_are_all_named_with_the_file(tmp_path):
-    path = write(tmp_path, "model: tiny-llama\ndataset: {path: d.jsonl, fromat: alpaca}\nlearning_rate: 1\nstpes: 3\n")
+    path = write(tmp_path, "model: tiny-llama\ndataset: {path: d.jsonl, fromat: alpaca}\nlearnin_rates: 1\nstpes: 3\n")
     with pytest.raises(BadInput) as e:
         load_recipe(path)
     msg = e.value.message
     assert msg.startswith(path)
-    assert "'dataset.fromat'" in msg and "'learning_rate'" in msg and "'stpes'" in msg
+    assert "'dataset.fromat'" in msg and "'learnin_rates'" in msg and "'stpes'" in msg
     assert "did you mean 'steps'" in msg
 
 
@@ -64,7 +64,7 @@ def test_malformed_yaml_names_line(tmp_path):
 
 def test_steps_and_epochs_exclusive():
     with pytest.raises(BadInput, match="not both"):
-        Recipe(model="m", dataset=recipe_from_dict({"model": "m", "dataset": "d"}).dataset, steps=3, epochs=1.0)
+        recipe_from_dict({"model": "m", "dataset": "d", "steps": 3, "epochs": 1.0})
 
 
 def test_parse_set_nested_and_typed():
@@ -92,3 +92,17 @@ def test_total_steps_from_epochs():
     r = recipe_from_dict({"model": "m", "dataset": "d", "epochs": 2.0, "micro_batch": 4, "grad_accum": 2})
     assert total_steps(r, 100, world_size=2) == 12  # 2 x 100 // 16
     assert total_steps(recipe_from_dict({"model": "m", "dataset": "d", "steps": 5}), 100, 1) == 5
+
+
+def test_docs_recipes_md_is_generated_from_the_models():
+    from memascend_cli.recipe import reference_markdown
+
+    with open(os.path.join(REPO, "docs", "recipes.md"), encoding="utf-8") as f:
+        assert f.read() == reference_markdown(), "regenerate: python -c 'from memascend_cli.recipe import " \
+            "reference_markdown; open(\"docs/recipes.md\", \"w\").write(reference_markdown())'"
+
+
+def test_llamafactory_and_native_keys_do_not_clash(tmp_path):
+    path = write(tmp_path, "model: m\ndataset: d.jsonl\nlearning_rate: 1.0e-4\nlr: 2.0e-4\n")
+    with pytest.raises(BadInput, match="learning_rate and lr both set|lr is given twice"):
+        load_recipe(path)

@@ -1,0 +1,107 @@
+"""LLaMA-Factory SFT recipes: their keys mapped, dataset_info.json read, what memascend cannot honour refused."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from memascend_cli import llamafactory as LF
+from memascend_cli.errors import BadInput
+from memascend_cli.recipe import load_recipe
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ASSETS = os.path.join(REPO, "tests", "assets", "llamafactory")
+EXAMPLE = os.path.join(ASSETS, "tiny_full_sft.yaml")
+
+
+def lf_recipe(tmp_path, extra: str = "", drop: tuple[str, ...] = ()) -> str:
+    """The shipped example with a real model directory and output folder filled in."""
+    text = open(EXAMPLE).read().replace("MODEL_DIR", "tiny-llama").replace("OUTPUT_DIR", str(tmp_path / "out"))
+    lines = [l for l in text.splitlines() if not any(l.startswith(k + ":") for k in drop)]
+    path = tmp_path / "sft.yaml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return str(path)
+
+
+def test_example_maps_every_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)  # LLaMA-Factory resolves dataset_dir against the current directory
+    notes: list[str] = []
+    r = load_recipe(lf_recipe(tmp_path), notes=notes)
+    assert r.model == "tiny-llama"
+    assert r.dataset.path == os.path.join(ASSETS, "data", "alpaca_demo.json") and r.dataset.format == "alpaca"
+    assert r.dataset.packing is False  # LLaMA-Factory packs only for pretraining
+    assert r.dataset.validation_split == 0.1 and r.dataset.max_samples == 1000 and r.dataset.overwrite_cache
+    assert r.template is None  # `qwen`: the tokenizer's own chat template
+    assert (r.seq_len, r.micro_batch, r.grad_accum, r.lr, r.epochs, r.steps) == (2048, 1, 2, 1e-3, 1.0, None)
+    assert r.schedule.name == "cosine" and r.schedule.warmup_ratio == 0.1
+    assert r.precision == "bf16" and r.gradient_checkpointing is True
+    assert (r.log_every, r.checkpoint_every, r.eval_every) == (10, 500, 500)
+    assert r.report_to == ["jsonl"] and r.overwrite_output_dir is True
+    assert r.output_dir == str(tmp_path / "out")
+    assert any(n.startswith("preprocessing_num_workers: ignored") for n in notes)
+
+
+def test_absolute_dataset_dir_works_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = lf_recipe(tmp_path, f"dataset_dir: {os.path.join(ASSETS, 'data')}\n", drop=("dataset_dir",))
+    r = load_recipe(path)
+    assert r.dataset.path.endswith("alpaca_demo.json")
+
+
+def test_sharegpt_entry_brings_its_columns(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)
+    r = load_recipe(lf_recipe(tmp_path, "dataset: sharegpt_demo\n", drop=("dataset",)))
+    assert r.dataset.format == "sharegpt" and r.dataset.columns == {"messages": "conversations", "system": "system"}
+
+
+@pytest.mark.parametrize("line, words", [
+    ("finetuning_type: lora", ["finetuning_type: 'lora' is not supported", "LoRA"]),
+    ("deepspeed: examples/deepspeed/ds_z3_config.json", ["memascend generates the DeepSpeed config",
+                                                          "delete the `deepspeed:` line"]),
+    ("stage: dpo", ["stage: 'dpo' is not supported"]),
+    ("report_to: wandb", ["report_to: 'wandb' is not supported"]),
+    ("lr_scheduler_type: polynomial", ["lr_scheduler_type: 'polynomial'"]),
+    ("dataset: remote_demo", ["remote", "file_name"]),
+    ("dataset: dpo_demo", ["preference"]),
+    ("dataset: alpaca_dem", ["not in", "did you mean 'alpaca_demo'"]),
+    ("template: mystery", ["template: 'mystery' is not known"]),
+    ("eval_dataset: alpaca_demo", ["use val_size"]),
+])
+def test_refusals_say_why(tmp_path, monkeypatch, line, words):
+    monkeypatch.chdir(ASSETS)
+    key = line.split(":")[0]
+    with pytest.raises(BadInput) as e:
+        load_recipe(lf_recipe(tmp_path, line + "\n", drop=(key,)))
+    for w in words:
+        assert w in e.value.message or w in (e.value.hint or ""), e.value.message
+
+
+def test_typos_get_close_suggestions_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)
+    with pytest.raises(BadInput) as e:
+        load_recipe(lf_recipe(tmp_path, "learning_rat: 1.0e-4\nwarmup_ration: 0.1\n"))
+    m = e.value.message
+    assert "unknown key 'learning_rat' (did you mean 'learning_rate'?)" in m
+    assert "unknown key 'warmup_ration' (did you mean 'warmup_ratio'?)" in m
+
+
+def test_precision_defaults_to_fp32_like_llamafactory(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)
+    assert load_recipe(lf_recipe(tmp_path, drop=("bf16",))).precision == "fp32"
+    assert load_recipe(lf_recipe(tmp_path, "fp16: true\n", drop=("bf16",))).precision == "fp16"
+
+
+def test_docs_list_every_key():
+    """docs/llama-factory.md is the human-readable copy of the tables in memascend_cli/llamafactory.py."""
+    doc = open(os.path.join(REPO, "docs", "llama-factory.md")).read()
+    keys = set(re.findall(r"^\| `([a-z_0-9]+)`", doc, flags=re.M))
+    tables = set(LF.MAPPED) | set(LF.COMBINED) | set(LF.IGNORED) | set(LF.RESTRICTED) | set(LF.REFUSED_KEYS)
+    assert tables <= keys, sorted(tables - keys)
+
+
+def test_dataset_dir_falls_back_to_the_recipe_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/ here: the recipe's own folder holds it
+    r = load_recipe(EXAMPLE)
+    assert r.dataset.path == os.path.join(ASSETS, "data", "alpaca_demo.json")
