@@ -284,9 +284,21 @@ class Run:
             raise WorkerError(f"the memascend engine is not available in this install ({exc}); "
                               "run with --baseline for stock DeepSpeed") from None
         kwargs = {"region": self.recipe.region, "model_spec": spec, "rank": self.local_rank}
-        if hasattr(memascend_engine, "EngineOptions"):
-            kwargs["options"] = memascend_engine.EngineOptions()
+        kwargs["options"] = memascend_engine.EngineOptions(**self._engine_options())
         return install(ds_config, **kwargs)
+
+    def _engine_options(self) -> dict:
+        """EngineOptions fields the CLI's plan chose (RUN/engine.json): host-budget windows, checkpoint offload."""
+        try:
+            with open(rundir.path(self.run_dir, rundir.ENGINE_JSON)) as f:
+                chosen = json.load(f)
+        except FileNotFoundError:
+            return {}
+        if chosen.get("windows"):
+            from memascend_cli.planner.zero import EngineWindows
+
+            chosen["windows"] = EngineWindows(**chosen["windows"])
+        return chosen
 
     def _on_sigint(self, signum, frame):
         self.stop_requested = True

@@ -119,7 +119,13 @@ class Recipe(_Strict):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     """Learning-rate schedule."""
     gradient_checkpointing: bool = DEFAULT_GRADIENT_CHECKPOINTING
-    """Recompute activations in backward (the memascend engine offloads the checkpoints to host memory)."""
+    """Recompute activations in backward (the memascend engine offloads the checkpoints, see checkpoint_offload)."""
+    checkpoint_offload: Literal["ssd", "dram"] = "ssd"
+    """Where the memascend engine keeps activation checkpoints: ssd (a few layers' window in DRAM, the rest on the
+    region) or dram (one pinned buffer per layer)."""
+    host_budget: str | None = None
+    """memascend's pinned + staging host memory per rank, e.g. 4GiB, split between the parameter pool, optimizer
+    pipeline, gradient and checkpoint windows; None = what full overlap needs. Below the minimum: refused."""
     precision: Literal["bf16", "fp32", "fp16"] = DEFAULT_PRECISION
     """bf16, fp32 or fp16 (fp32 makes resume checks bit-exact and is the slowest)."""
     seed: int = 0
@@ -503,9 +509,13 @@ def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, basel
     block_bytes, queue_depth = region_aio(header)
     settings = zero.resolve("memascend", model=model_spec, world_size=world_size, elem_bytes=ELEM_BYTES[r.precision],
                             aio_block_size=block_bytes, aio_queue_depth=queue_depth)
+    from memascend_cli.units import parse_size
+
+    budget = parse_size(r.host_budget, "host_budget") if r.host_budget else None
     return JobSpec(model=model_spec, seq_len=r.seq_len, micro_batch=r.micro_batch, grad_accum_steps=r.grad_accum,
                    dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, baseline),
-                   deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0)
+                   deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0,
+                   checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget)
 
 
 def reference_markdown() -> str:

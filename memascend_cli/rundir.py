@@ -3,6 +3,7 @@
     RUN/recipe.json                 the resolved recipe (written by the CLI)
     RUN/ds_config.json              the DeepSpeed config `train --dry-run` prints (written by the CLI)
     RUN/ds_config.effective.json    the config DeepSpeed really received (written by rank 0 after install)
+    RUN/engine.json                 memascend EngineOptions the plan chose (host-budget windows, checkpoint offload)
     RUN/metrics.jsonl               one JSON record per step / eval / checkpoint (rank 0)
     RUN/STOP                        ask every rank to finish its step, checkpoint and exit 0
     RUN/logs/                       per-rank logs; error-rank<N>.json holds a failing rank's one-line reason
@@ -24,6 +25,7 @@ import os
 RECIPE_JSON = "recipe.json"
 DS_CONFIG = "ds_config.json"
 EFFECTIVE_DS_CONFIG = "ds_config.effective.json"
+ENGINE_JSON = "engine.json"
 METRICS = "metrics.jsonl"
 STOP_FILE = "STOP"
 LOG_DIR = "logs"

@@ -234,7 +234,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     from memascend_cli.planner.memory import estimate
     from memascend_cli.planner.search import check
     from memascend_cli.recipe import job_spec, total_steps
-    from memascend_cli.rundir import DS_CONFIG, RECIPE_JSON
+    from memascend_cli.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
 
     spec = models.load_model(recipe.model)
     if recipe.model.endswith(".gguf"):
@@ -276,6 +276,8 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
                    deepspeed_version=installed_deepspeed_version(), header=header)
     settings = job.knobs
     est = estimate(job, hw, engine)
+    if est.budget_error is not None:
+        raise est.budget_error
     verdict = check(est, hw)
     if not verdict.fits and not force:
         raise PlanInfeasible(f"the job does not fit with {engine}: " + "; ".join(verdict.reasons),
@@ -324,6 +326,12 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         json.dump(ds_config, f, indent=2)
     with open(os.path.join(run_dir, RECIPE_JSON), "w") as f:
         json.dump(resolved, f, indent=2)
+    # The engine's windows as the planner split the host budget (the worker builds EngineOptions from them).
+    engine_options = {"checkpoint_offload": recipe.checkpoint_offload}
+    if est.budget is not None:
+        engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
+    with open(os.path.join(run_dir, ENGINE_JSON), "w") as f:
+        json.dump(engine_options, f, indent=2)
     passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
     launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
                           resume=resume, extra_env=passthrough,
@@ -332,7 +340,8 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
 
     plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
                     "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": nvme_bytes_per_rank,
-                    "world_size": world_size, "zero_settings": settings.to_dict()}
+                    "world_size": world_size, "zero_settings": settings.to_dict(),
+                    "host_budget": est.budget.to_dict() if est.budget else None}
     return Prepared(recipe=recipe, run_dir=run_dir, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
                     region_path=region_path, ranks=ranks, data=data, total_steps=total)
