@@ -152,3 +152,18 @@ def test_recipe_module_stays_torch_free():
 
 def test_load_recipe_sanity():
     assert load_recipe(TINY).checkpoint_every == 10
+
+
+def test_host_budget_below_the_minimum_is_refused_before_launch(cli, tmp_path):
+    res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"), "--set", "host_budget=1MiB")
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and "host budget" in errors[0] and "hint:" in res.stderr
+    assert not (tmp_path / "run" / "ds_config.json").exists()
+
+
+def test_dry_run_writes_the_engine_windows_the_plan_chose(cli, tmp_path):
+    res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"), "--set", "checkpoint_offload=dram")
+    assert res.exit_code == 0, res.stderr
+    with open(tmp_path / "run" / "engine.json") as f:
+        chosen = json.load(f)
+    assert chosen["checkpoint_offload"] == "dram" and chosen["windows"]["optimizer_depth"] == 3
