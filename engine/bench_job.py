@@ -149,6 +149,12 @@ def run(args, rank: int, ev: Events) -> int:
     on_cuda = acc.device_name() == "cuda"
     if on_cuda:
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if args.dtype == "fp16" and not acc.is_fp16_supported():
+        # DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16; the kernels are slow but correct, which is
+        # what a memory measurement of the fp16 path (loss scaling, overflow check) needs.
+        from memascend_engine import deepspeed_plugin as plug
+
+        plug.allow_cpu_fp16()
     device = acc.current_device_name()  # DeepSpeed does not move inputs: batches go to the compute device
     world = int(os.environ["WORLD_SIZE"])
     spec = load_model(args.model)

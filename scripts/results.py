@@ -302,7 +302,9 @@ def render() -> str:
              "sampled at >= 1 kHz minus the settled idle level; stock = DeepSpeed as its docs configure it; tuned = "
              "stock DeepSpeed given every stock knob memascend sets (memascend_cli/planner/zero.py); memascend = the "
              "same knobs plus the engine's techniques.\n"]
-    named = [(p, d) for p, d in load(os.path.join(BENCH, "*.json"))]
+    # Top-level documents and the calibration runs are results in their own right (validation runs are summarised
+    # in the planner section).
+    named = load(os.path.join(BENCH, "*.json")) + load(os.path.join(BENCH, "calibration", "*.json"))
     for path, doc in named:
         title = (doc.get("meta") or {}).get("title") or os.path.splitext(os.path.basename(path))[0]
         parts.append(section_sweep(title, path, doc) if doc.get("kind") == "sweep" else section_bench(title, path, doc))
