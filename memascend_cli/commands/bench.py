@@ -64,6 +64,8 @@ def bench_command(
                                 "sweep writes one folder per point and sweep.json).", rich_help_panel=_O),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table.",
                                  rich_help_panel=_O),
+    title: str = typer.Option(None, "--title", help="A title recorded in the JSON (docs/results.md uses it).",
+                              rich_help_panel=_O, show_default=False),
 ) -> None:
     """Run one training job (params + optimizer on NVMe) with stock DeepSpeed, tuned stock DeepSpeed and memascend,
     each in a child process, and compare peak system memory, step time, tokens/s and SSD traffic with the plan.
@@ -130,7 +132,8 @@ def bench_command(
     from datetime import datetime, timezone
 
     meta = {"command": "memascend bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname()}
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
+            **({"title": title} if title else {})}
     docs, all_ok = [], True
     for L, s in points:
         spec = base_spec if L == base_spec.num_hidden_layers else base_spec.scaled(L)
