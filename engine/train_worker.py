@@ -197,6 +197,7 @@ class Run:
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.world = _env_int("WORLD_SIZE", 1)
         signal.signal(signal.SIGINT, self._on_sigint)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         from memascend_cli.recipe import recipe_from_json_dict
 
         try:
@@ -299,6 +300,17 @@ class Run:
 
             chosen["windows"] = EngineWindows(**chosen["windows"])
         return chosen
+
+    def _on_sigterm(self, signum, frame):
+        # The launcher terminates the survivors when a rank dies: leave a mark so the CLI can tell
+        # the rank that died first (it leaves none) from the ones that were stopped.
+        try:
+            path = rundir.terminated_file(self.run_dir, self.rank)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _on_sigint(self, signum, frame):
         self.stop_requested = True

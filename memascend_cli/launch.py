@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from memascend_cli.errors import MemascendError
 from memascend_cli.recipe import Recipe
-from memascend_cli.rundir import DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE
+from memascend_cli.rundir import (DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE, TERMINATED_PREFIX, error_file,
+                                  terminated_file)
 
 WORKER_MODULE = "memascend_engine.train_worker"
 
@@ -143,7 +144,7 @@ def clear_stale_state(run_dir: str) -> None:
     log_dir = os.path.join(run_dir, LOG_DIR)
     if os.path.isdir(log_dir):
         for n in os.listdir(log_dir):
-            if n.startswith(ERROR_PREFIX):
+            if n.startswith((ERROR_PREFIX, TERMINATED_PREFIX)):
                 os.unlink(os.path.join(log_dir, n))
 
 
@@ -223,13 +224,10 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
 
 
 def _silent_ranks(spec: LaunchSpec) -> list[int]:
-    """Ranks of this launch (single node) that left no error file: the ones that were killed."""
-    log_dir = os.path.join(spec.run_dir, LOG_DIR)
-    try:
-        wrote = {n for n in os.listdir(log_dir) if n.startswith("error-rank") and n.endswith(".json")}
-    except OSError:
-        wrote = set()
-    return [r for r in range(spec.num_ranks) if f"error-rank{r}.json" not in wrote]
+    """Ranks of this launch (single node) that left neither an error file nor the mark of the launcher's
+    SIGTERM (the launcher terminates the survivors when one rank dies): the ones that were killed."""
+    return [r for r in range(spec.num_ranks)
+            if not os.path.exists(error_file(spec.run_dir, r)) and not os.path.exists(terminated_file(spec.run_dir, r))]
 
 
 def _killed_by(code: int) -> str | None:

@@ -41,11 +41,18 @@ SWAP_DIR = "swap"
 REGION_FILE = "region.bin"
 ERROR_PREFIX = "error-rank"
 """logs/error-rank<N>.json: the one-line reason a rank failed (read by the CLI)."""
+TERMINATED_PREFIX = "terminated-rank"
+"""logs/terminated-rank<N>: the rank was stopped by the launcher's SIGTERM (it did not die first)."""
 
 
 def path(run_dir: str, name: str) -> str:
     """RUN/name."""
     return os.path.join(run_dir, name)
+
+
+def terminated_file(run_dir: str, rank: int) -> str:
+    """RUN/logs/terminated-rank<N>."""
+    return os.path.join(run_dir, LOG_DIR, f"{TERMINATED_PREFIX}{rank}")
 
 
 def error_file(run_dir: str, rank: int) -> str:
