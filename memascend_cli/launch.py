@@ -148,6 +148,22 @@ def clear_stale_state(run_dir: str) -> None:
 
 
 def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
+    """Run the launcher until it exits (see _run_launch) and leave nothing behind: leftovers of finished jobs
+    (DeepSpeed's shared-memory allreduce buffers, engine key folders) are swept before the launch, and this job's
+    after it, once its processes are gone, also after a failed or killed rank (memascend_cli/leftovers.py)."""
+    from memascend_cli import leftovers
+    from memascend_cli.console import err
+
+    note = leftovers.sweep().note()
+    if note:
+        err.print(f"note: {note}", highlight=False)
+    try:
+        return _run_launch(spec, on_poll=on_poll, poll_s=poll_s)
+    finally:
+        leftovers.sweep()
+
+
+def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     """Run the launcher until it exits; returns 0, or raises MemascendError naming the failing rank.
 
     The launcher runs in its own session so a terminal Ctrl-C reaches only us: DeepSpeed's
@@ -199,6 +215,7 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+            _wait_group_gone(proc.pid)
     code = proc.returncode
     if code == 0:
         return 0
@@ -220,6 +237,38 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
         raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
                              "continue with `memascend train RECIPE --resume`")
     raise MemascendError(f"the DeepSpeed launcher exited with status {code}", f"see {launcher_log} and {spec.log_dir}")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`, from /proc/<pid>/stat."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(name))
+    return out
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
+    """Wait until no process of the launcher's session is left (ranks outliving a killed launcher), so what they
+    hold can be swept; SIGKILL them after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while _group_members(pgid):
+        if time.monotonic() > deadline:
+            for pid in _group_members(pgid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+            return
+        time.sleep(0.1)
 
 
 def _silent_ranks(spec: LaunchSpec) -> list[int]:
