@@ -60,8 +60,8 @@ def test_killed_rank_leaves_no_shared_memory_and_live_segments_are_kept(tmp_path
     for path in (stale, live):
         with open(path, "wb") as f:
             f.write(b"\0" * 4096)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'rb'); "
-                               "print('ready', flush=True); time.sleep(900)", live], stdout=subprocess.PIPE, text=True)
+    hold = "import sys, time; f = open(sys.argv[1], 'rb'); print('ready', flush=True); time.sleep(900)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, live], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "ready"
     run = str(tmp_path / "run")
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
