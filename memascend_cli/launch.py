@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from memascend_cli.errors import MemascendError
 from memascend_cli.recipe import Recipe
-from memascend_cli.rundir import DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE
+from memascend_cli.rundir import DEEPSPEED_ENV, DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE
 
 WORKER_MODULE = "memascend_engine.train_worker"
 
@@ -43,6 +43,9 @@ class LaunchSpec:
     """True: DeepSpeed's CPU accelerator, gloo between ranks."""
     notes: list[str] = field(default_factory=list)
     """Remarks for the user (e.g. about multi-node environments)."""
+    deepspeed_env: dict[str, str] = field(default_factory=dict)
+    """Multi-node runs: variables written to RUN/.deepspeed_env, which DeepSpeed's runner exports on every node
+    (the other nodes' ranks start in an ssh session that has none of this shell's environment)."""
 
     def shell(self) -> str:
         """The command as one copy-pasteable shell line, environment first."""
@@ -108,11 +111,13 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
         # Each CPU rank gets its share of the cores; oversubscribed ranks run several times slower.
         env["OMP_NUM_THREADS"] = str(max(1, cpu_cores // ranks))
     notes = []
+    deepspeed_env = {}
     if r.hostfile:
-        notes.append("multi-node: DeepSpeed forwards only some variables to other nodes; put the others "
-                     "(DS_ACCELERATOR, TORCH_EXTENSIONS_DIR) in ~/.deepspeed_env on every node")
+        deepspeed_env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}  # DeepSpeed exports PYTHON*
+        notes.append(f"multi-node: {DEEPSPEED_ENV} in the run directory carries {', '.join(sorted(deepspeed_env))} "
+                     "to every node; the run directory must be on a file system every node sees")
     return LaunchSpec(cmd=cmd, env=env, ds_config_path=os.path.join(run_dir, DS_CONFIG), run_dir=run_dir,
-                      num_ranks=ranks, log_dir=log_dir, cpu_only=cpu_only, notes=notes)
+                      num_ranks=ranks, log_dir=log_dir, cpu_only=cpu_only, notes=notes, deepspeed_env=deepspeed_env)
 
 
 def rank_error(run_dir: str) -> tuple[str, str, str | None] | None:
@@ -177,6 +182,11 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     """
     os.makedirs(spec.log_dir, exist_ok=True)
     clear_stale_state(spec.run_dir)
+    if spec.deepspeed_env:
+        # The user's MEMASCEND_* switches (e.g. MEMASCEND_VERIFY_CHECKSUMS) reach the other nodes too.
+        variables = {**{k: v for k, v in os.environ.items() if k.startswith("MEMASCEND_")}, **spec.deepspeed_env}
+        with open(os.path.join(spec.run_dir, DEEPSPEED_ENV), "w") as f:
+            f.writelines(f"{k}={v}\n" for k, v in sorted(variables.items()))
     launcher_log = os.path.join(spec.log_dir, "launcher.log")
     env = {**os.environ, **spec.env}
     stop_requests = 0
