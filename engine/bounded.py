@@ -187,8 +187,10 @@ class OptimizerPipeline:
     def __init__(self, store, allocator, windows: zero.EngineWindows, chunks: Sequence[zero.Chunk],
                  targets: Sequence[Sequence[Callable[[], ParamTarget]]], grad_keys: Sequence[Sequence[str]], *,
                  param_dtype: torch.dtype, grad_dtype: torch.dtype, counters: IOCounters,
-                 grad_written: dict | None = None):
+                 grad_written: dict | None = None, key_prefix: str = OPT_PREFIX):
         self.store = store
+        self.key_prefix = key_prefix
+        """Prefix of the chunk keys: one per optimizer, so two engines in one process never share a key."""
         self.chunks = list(chunks)
         self.targets = targets
         self.grad_keys = grad_keys
@@ -215,9 +217,8 @@ class OptimizerPipeline:
         return sum(t.numel() * t.element_size() for s in self.slots
                    for t in (s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.staging))
 
-    @staticmethod
-    def state_key(chunk_index: int, name: str) -> str:
-        return f"{OPT_PREFIX}{chunk_index}/{name}"
+    def state_key(self, chunk_index: int, name: str) -> str:
+        return f"{self.key_prefix}{chunk_index}/{name}"
 
     # -- layout of a chunk's 16-bit pieces in the staging buffer ----------------------------------------
     def _place(self, chunk: zero.Chunk) -> list[tuple[zero.Piece, int | None]]:
@@ -395,8 +396,9 @@ class OptimizerPipeline:
         self.counters.optimizer_read_bytes += n * 4 * len(out)
         return out
 
-    def write_state(self, ci: int, tensors: dict[str, torch.Tensor]) -> None:
-        """Overwrite chunk ci's master (and Adam states when given) and its 16-bit parameters (checkpoint load)."""
+    def write_state(self, ci: int, tensors: dict[str, torch.Tensor], *, params: bool = True) -> None:
+        """Overwrite chunk ci's master (and Adam states when given) and, with `params`, its 16-bit parameters
+        (checkpoint load; DeepSpeed's tensor-fragment setters leave the parameters to the next step)."""
         slot = self.slots[0]
         chunk = self.chunks[ci]
         n = chunk.numel
@@ -412,7 +414,8 @@ class OptimizerPipeline:
         slot.pending = [self.store.submit("w", t.data_ptr(), n * 4, self.state_key(ci, name), 0) for name, t in names]
         self.counters.optimizer_write_bytes += n * 4 * len(names)
         slot.placements = self._place(chunk)
-        self._write_params(chunk, slot)
+        if params:
+            self._write_params(chunk, slot)
         self._complete(slot)
 
 

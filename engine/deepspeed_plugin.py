@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memascend_cli.errors import MemascendError
+
 log = logging.getLogger("memascend_engine")
 
 TESTED_MIN = (0, 19, 5)
@@ -91,8 +93,10 @@ class PluginContext:
     fused_overflow: bool
     malloc_trim: bool
     adam_in_place: bool
-    pool_plan_factory: Callable[[int, int, int], Any] | None
-    """(elem_bytes, min_aio_bytes, intra_op_parallelism) -> zero.PoolPlan, or None (stock pool)."""
+    pool_plan_factory: Callable[..., Any] | None
+    """(elem_bytes, min_aio_bytes, intra_op_parallelism, largest_partition_numel=None) -> zero.PoolPlan, or None
+    while the inventory is unknown (no model spec: asked again with the largest real partition); the factory itself
+    is None for DeepSpeed's stock pool."""
     pinned_allocator: Any = None
     """Set when the pinned technique is on: the gradient flat buffer is then allocated pinned in place."""
     declare_zero: Callable[[str, int], None] | None = None
@@ -271,6 +275,13 @@ class OverflowBuffers:
         serial = self._serial_of.pop(id(buf))
         bisect.insort(self._free, (buf.numel(), serial))
 
+    def drop_free(self) -> None:
+        """Forget the free buffers (their memory is released with the last reference)."""
+        for numel, serial in self._free:
+            buf = self._by_serial.pop(serial)
+            self._counters["pool_overflow_bytes"] -= buf.numel() * buf.element_size()
+        self._free = []
+
     @property
     def free_count(self) -> int:
         return len(self._free)
@@ -319,30 +330,52 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             self.aio_read_handle = self.aio_handle(**kwargs)
             self.aio_write_handle = self.aio_handle(**kwargs)
 
-            self.pool_plan = ctx.pool_plan_factory(self.swap_element_size, self.min_aio_bytes, iop)
-            # DeepSpeed reads these two for logs and its own buffer_size check.
-            self.elements_per_buffer = self.pool_plan.largest_slot_numel
-            self.param_buffer_count = self.pool_plan.slot_count
-            self.aligned_elements_per_buffer = self.elements_per_buffer
             self.buffers = None  # no monolithic pool
             self.pool_tensors = []
             self._free_slots: list[list[int]] = []
-            for c in self.pool_plan.classes:
-                pool = self.aio_read_handle.new_cpu_locked_tensor(c.slot_numel * c.slot_count,
-                                                                  torch.empty(0, dtype=self.dtype))
-                self.pool_tensors.append(pool)
-                self._free_slots.append(list(range(c.slot_count)))
             self._overflow = OverflowBuffers(
                 lambda n: self.aio_read_handle.new_cpu_locked_tensor(n, torch.empty(0, dtype=self.dtype)), ctx.counters)
+            self._iop = iop
+            self.pool_plan = None
+            self._build_pool(ctx.pool_plan_factory(self.swap_element_size, self.min_aio_bytes, iop))
             self._slot_of: dict[int, tuple] = {}  # ds_id -> (class index, slot index) or ("overflow", tensor)
             self._reserved: list[tuple[int, int]] = []
             self.available_buffer_ids = []  # unused; kept for code that prints it
             self.reserved_buffer_ids = []
             self.swap_out_params = []
             ctx.param_swappers.append(self)
+
+        def _build_pool(self, plan) -> None:
+            """Allocate the size classes of `plan`; None (no model inventory) defers the pool to the first fetch,
+            when every partition of the model has been written (_ensure_pool). Until then, the writes of zero.Init
+            take buffers from the overflow list."""
+            if plan is None:
+                self.elements_per_buffer = self.param_buffer_count = self.aligned_elements_per_buffer = 0
+                return
+            self.pool_plan = plan
+            # DeepSpeed reads these two for logs and its own buffer_size check.
+            self.elements_per_buffer = plan.largest_slot_numel
+            self.param_buffer_count = plan.slot_count
+            self.aligned_elements_per_buffer = self.elements_per_buffer
+            for c in plan.classes:
+                pool = self.aio_read_handle.new_cpu_locked_tensor(c.slot_numel * c.slot_count,
+                                                                  torch.empty(0, dtype=self.dtype))
+                self.pool_tensors.append(pool)
+                self._free_slots.append(list(range(c.slot_count)))
             if dist.get_rank() == 0:
-                log.info("memascend adaptive parameter pool: %s (%.1f MiB)", self.pool_plan.describe(),
-                         self.pool_plan.total_bytes / 2**20)
+                log.info("memascend adaptive parameter pool: %s (%.1f MiB)", plan.describe(), plan.total_bytes / 2**20)
+
+        def _ensure_pool(self) -> None:
+            """Without a model inventory: size the pool from the real partitions (the largest swapped one) at the
+            first fetch, and drop the buffers zero.Init's writes borrowed."""
+            if self.pool_plan is not None:
+                return
+            swapped = [n for n in self.param_id_to_numel.values() if n * self.swap_element_size >= self.min_aio_bytes]
+            if not swapped:
+                return
+            self._overflow.drop_free()
+            self._build_pool(ctx.pool_plan_factory(self.swap_element_size, self.min_aio_bytes, self._iop,
+                                                   largest_partition_numel=max(swapped)))
 
         # -- slots ---------------------------------------------------------------------------
         @property
@@ -350,10 +383,11 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             return sum(t.numel() * t.element_size() for t in self.pool_tensors)
 
         def available_swap_in_buffers(self):
+            self._ensure_pool()
             return sum(len(f) for f in self._free_slots)
 
         def _take_slot(self, numel: int, allow_overflow: bool):
-            first = self.pool_plan.class_for(numel)
+            first = self.pool_plan.class_for(numel) if self.pool_plan is not None else None
             if first is not None:
                 for ci in range(first, len(self.pool_plan.classes)):
                     if self._free_slots[ci]:
@@ -413,6 +447,7 @@ def adaptive_param_swapper_class(ctx: PluginContext):
                 param.ds_tensor.status = Status.NOT_AVAILABLE
 
         def swap_in(self, params, async_op=True, swap_in_buffers=None):
+            self._ensure_pool()
             assert all(p.ds_tensor.status == Status.NOT_AVAILABLE for p in params), \
                 "Some params are already available or in flight"
             if swap_in_buffers is None:
@@ -458,6 +493,7 @@ def adaptive_param_swapper_class(ctx: PluginContext):
                 self.remove_partition_and_release_buffers([param])
 
         def reserve_available_buffers(self):
+            self._ensure_pool()
             buffers = []
             for ci, free in enumerate(self._free_slots):
                 c = self.pool_plan.classes[ci]
@@ -528,7 +564,7 @@ def stage3_optimizer_class(ctx: PluginContext):
     Base = stage3.DeepSpeedZeroOptimizer_Stage3
     scan_dtypes = (torch.float16, torch.bfloat16, torch.float32)
 
-    class MemAscendStage3(_BoundedStage3Mixin(ctx), Base):
+    class MemAscendStage3(_DeepSpeedApiMixin(ctx), _BoundedStage3Mixin(ctx), Base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             ctx.optimizers.append(self)
@@ -643,7 +679,7 @@ def stage3_optimizer_class(ctx: PluginContext):
     return MemAscendStage3
 
 
-def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
+def _BoundedStage3Mixin(ctx: PluginContext):
     """Gradient streaming and the chunked optimizer pipeline (memascend_engine.bounded) inside ZeRO-3.
 
     Active when ctx.windows is set, a region store is open, the optimizer is DeepSpeedCPUAdam on NVMe with fp32
@@ -671,6 +707,10 @@ def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
 
     class _SwapperFacade:
         """What DeepSpeed's remaining stage-3 code asks of an optimizer swapper when the pipeline owns the state."""
+
+        swap_folder: str = ""
+        """DeepSpeed's optimizer swap folder (empty: engine.save_checkpoint copies it, then _DeepSpeedApiMixin
+        writes the state into the copy)."""
 
         def is_swappable_tensor(self, tensor=None, numel=None):
             return True  # every sub-group lives on the SSD (chunks of the pipeline)
@@ -705,6 +745,8 @@ def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
             if not self._ma_bounded:
                 return super()._configure_tensor_swapping(offload_optimizer_config, aio_config)
             self.optimizer_swapper = _SwapperFacade()
+            self.optimizer_swapper.swap_folder = _optimizer_swap_folder(offload_optimizer_config.nvme_path)
+            self.optimizer_swapper.numel_alignment = _io_numel_alignment(aio_config, 4)
 
         def _setup_for_real_optimizer(self):
             if not getattr(self, "_ma_bounded", False):
@@ -732,7 +774,8 @@ def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
             self._ma_pipeline = bounded.OptimizerPipeline(
                 ctx.store, ctx.pinned_allocator or _plain_allocator(), ctx.windows, self._ma_chunks,
                 self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
-                counters=ctx.io, grad_written=self._ma_stream.written)
+                counters=ctx.io, grad_written=self._ma_stream.written,
+                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/")
             self._ma_overflow_local = False
             dist.barrier()
             self._ma_pipeline.initialize()
@@ -801,10 +844,26 @@ def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
             return bool(flag[0].item())
 
         def finalize_gradient_accumulation_boundary(self):
-            if getattr(self, "_ma_bounded", False):
-                raise RuntimeError("memascend's bounded engine streams gradients during backward; unmanaged "
-                                   "gradient-accumulation boundaries are not supported (let DeepSpeed manage them)")
-            return super().finalize_gradient_accumulation_boundary()
+            if not getattr(self, "_ma_bounded", False):
+                return super().finalize_gradient_accumulation_boundary()
+            # Unmanaged gradient accumulation (managed_gradient_accumulation=False): step() is the boundary. The
+            # accumulated partitions are on the SSD already; take the boundary work partition_grads skipped (norm,
+            # fp16 overflow scan) for the parameters reduced in this window (stage3.py
+            # _finalize_offload_gradient_accumulation).
+            self.set_gradient_accumulation_boundary(True)
+            self._ma_stream.flush()
+            dtype = self.gradient_accumulation_dtype
+            elem = torch.tensor([], dtype=dtype).element_size()
+            for group in self.fp16_groups:
+                for param in group:
+                    key = bounded.GradientStream.key(param.ds_id)
+                    if param.ds_id not in self._offload_boundary_param_ids or key not in self._ma_stream.written:
+                        continue
+                    grad = self._ma_stream.read(key, self._ma_stream.written[key] // elem, dtype,
+                                                get_accelerator().current_device_name())
+                    self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
+                    if self.dtype == torch.float16:
+                        self._ma_overflow_local |= self._ma_nonfinite(grad)
 
         # -- the step ---------------------------------------------------------------------------------------
         def step(self, closure=None):
@@ -859,23 +918,295 @@ def _BoundedStage3Mixin(ctx: PluginContext):  # noqa: N802 - a class factory
             self._ma_pipeline.run(compute)
             self._post_step(set())
 
-        # -- DeepSpeed's own checkpoint API cannot see the region's state ---------------------------------
-        def state_dict(self):
-            if getattr(self, "_ma_bounded", False):
-                raise RuntimeError("memascend's bounded engine keeps fp32 masters and Adam states in its region; "
-                                   "DeepSpeed's save_checkpoint would write a checkpoint without them. Use "
-                                   "memascend_engine.checkpoint.save/load (what `memascend train` does)")
-            return super().state_dict()
-
-        def load_state_dict(self, *args, **kwargs):
-            if getattr(self, "_ma_bounded", False):
-                raise RuntimeError("memascend's bounded engine keeps fp32 masters and Adam states in its region; "
-                                   "DeepSpeed's load_checkpoint cannot restore them. Use "
-                                   "memascend_engine.checkpoint.load (what `memascend train --resume` does)")
-            return super().load_state_dict(*args, **kwargs)
-
     scan_dtypes_ = (torch.float16, torch.bfloat16, torch.float32)
     return Mixin
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed's own APIs on state the engine keeps in the region: engine.save_checkpoint / load_checkpoint and the
+# tensor-fragment accessors (deepspeed.utils.safe_get_full_fp32_param & co.)
+
+
+class DeepSpeedApiRefused(MemascendError, RuntimeError):
+    """A DeepSpeed call that cannot see the engine's state and would give a silently partial answer."""
+
+
+_OWN_CHECKPOINTS = ("save and load with engine.save_checkpoint(dir) / engine.load_checkpoint(dir) (optimizer states "
+                    "included), or memascend_engine.checkpoint.save/load (what `memascend train` does)")
+
+
+def _optimizer_swap_folder(nvme_path) -> str:
+    """DeepSpeed's optimizer swap folder of this rank (stage3.py _configure_tensor_swapping, optimizer_utils.py
+    OptimizerSwapper.__init__), created as DeepSpeed does."""
+    import os
+
+    from deepspeed import comm as dist
+
+    folder = os.path.join(str(nvme_path), "zero_stage_3", "optimizer", f"rank{dist.get_rank()}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _io_numel_alignment(aio_config, elem_bytes: int) -> int:
+    """DeepSpeed's swap-file length granularity in elements (AIO_ALIGNED_BYTES x intra_op_parallelism)."""
+    from deepspeed.runtime.swap_tensor.constants import AIO_INTRA_OP_PARALLELISM
+    from deepspeed.runtime.swap_tensor.utils import AIO_ALIGNED_BYTES
+
+    return AIO_ALIGNED_BYTES * int(aio_config[AIO_INTRA_OP_PARALLELISM]) // elem_bytes
+
+
+def _DeepSpeedApiMixin(ctx: PluginContext):
+    """DeepSpeed's checkpoint and tensor-fragment APIs on a memascend ZeRO-3 optimizer (either engine mode).
+
+    Checkpoints (with patch_checkpoint_api, which tells the optimizer where DeepSpeed puts this rank's files):
+
+    * save: DeepSpeed writes optim_states.pt (loss scaler, step counts, learning rates) and copies the optimizer swap
+      folder, which holds no state with Direct NVMe (engine.py save_checkpoint); the epilogue then writes every
+      sub-group's fp32 master and Adam moments from the region into that copy, in DeepSpeed's file names
+      (memascend_engine.ds_checkpoint), before DeepSpeed writes `latest`. ``state_dict()`` outside save_checkpoint
+      is refused while the optimizer is on NVMe (it would leave the region's state out).
+    * load: DeepSpeed's in-memory ZeRO-3 branch hands this rank's optim_states.pt to ``load_state_dict``, which restores
+      the loss scaler and hyperparameters, writes the files back into the region with their checksums checked and
+      replays CPU-Adam's step counter (prime_cpu_adam) so the next steps equal an uninterrupted run.
+    * parameters on NVMe (max_in_cpu 0) with the optimizer in memory: stock's ``_rigid_load_state_dict`` and
+      ``_restore_from_bit16_weights`` touch the CPU flat buffer those sub-groups do not have (AttributeError on None);
+      here such sub-groups go through DeepSpeed's own swap-out / swap-in of their partitions.
+
+    Tensor fragments with the bounded engine: DeepSpeed's accessors swap a sub-group in, read or write a slice and
+    swap it out (stage3.py get_full_hp_param & co.); the four swap steps below do that with the sub-group's chunks and
+    streamed gradients (a set gradient is stored in the gradient dtype, as the stream keeps it).
+    """
+    import torch
+    from deepspeed import comm as dist
+    from deepspeed.checkpoint.constants import LOSS_SCALER, OPTIMIZER_STATE_DICT
+    from memascend_engine import bounded, ds_checkpoint
+
+    class Mixin:
+        _ma_api = True
+        _ma_ckpt = None
+        """("save" | "load", this rank's offloaded_tensors folder) while engine.save/load_checkpoint runs."""
+
+        # -- save ---------------------------------------------------------------------------------------------------
+        def state_dict(self):
+            if self.swap_optimizer and self._ma_ckpt is None:
+                raise DeepSpeedApiRefused("the optimizer's fp32 masters and Adam states are on the SSD: "
+                                          "optimizer.state_dict() would leave them out", _OWN_CHECKPOINTS)
+            return super().state_dict()
+
+        def checkpoint_event_epilogue(self):
+            if self._ma_ckpt is not None and self._ma_ckpt[0] == "save" and self.swap_optimizer:
+                ds_checkpoint.export_rank(OptimizerStateAccess(_EngineRef(self)), self._ma_ckpt[1],
+                                          numel_alignment=self.optimizer_swapper.numel_alignment)
+            super().checkpoint_event_epilogue()
+
+        # -- load ---------------------------------------------------------------------------------------------------
+        def load_state_dict(self, state_dict_list, load_optimizer_states=True, load_from_fp32_weights=False,
+                            checkpoint_folder=None, load_serial=None, param_shapes=None):
+            if not self.swap_optimizer:
+                return super().load_state_dict(state_dict_list, load_optimizer_states=load_optimizer_states,
+                                               load_from_fp32_weights=load_from_fp32_weights,
+                                               checkpoint_folder=checkpoint_folder, load_serial=load_serial,
+                                               param_shapes=param_shapes)
+            if self._ma_ckpt is None or self._ma_ckpt[0] != "load" or checkpoint_folder or not load_optimizer_states:
+                raise DeepSpeedApiRefused("the optimizer's fp32 masters and Adam states are on the SSD: "
+                                          "optimizer.load_state_dict() alone cannot restore them", _OWN_CHECKPOINTS)
+            rank = dist.get_rank(group=self.dp_process_group)
+            sd = state_dict_list[rank]
+            self.loss_scaler = sd[LOSS_SCALER]
+            self.dynamic_loss_scale = sd["dynamic_loss_scale"]
+            self.overflow = sd["overflow"]
+            for group, saved in zip(self.optimizer.param_groups, sd[OPTIMIZER_STATE_DICT]["param_groups"]):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+            steps = ds_checkpoint.import_rank(OptimizerStateAccess(_EngineRef(self)), self._ma_ckpt[1])
+            known = [s for s in steps if s is not None]
+            if known:
+                prime_cpu_adam(_EngineRef(self), max(known))
+            if load_serial is not None:  # as stage3.py load_state_dict: wake the next rank
+                load_serial += 1
+                if dist.get_local_rank() != dist.get_world_size() - 1:
+                    dist.send(tensor=load_serial, dst=rank + 1)
+            if len(self.persistent_parameters) > 0:
+                self.persistent_parameters[0].partition(self.persistent_parameters)
+
+        def _rigid_load_state_dict(self, state_dict, load_optimizer_states=True):
+            if self.swap_optimizer or all(f is not None for f in self.fp16_partitioned_groups_flat):
+                return super()._rigid_load_state_dict(state_dict, load_optimizer_states)
+            # stage3.py _rigid_load_state_dict, except that the 16-bit partitions are written from the restored
+            # masters as step() writes them (sub-groups on NVMe have no CPU flat buffer).
+            self.loss_scaler = state_dict[LOSS_SCALER]
+            self.dynamic_loss_scale = state_dict["dynamic_loss_scale"]
+            self.overflow = state_dict["overflow"]
+            saved_groups = state_dict.get("ds_zero_partition_groups")
+            if saved_groups is not None and saved_groups != self._zero3_partition_group_metadata():
+                raise RuntimeError("AutoEP ZeRO-3 checkpoints can only be loaded with the same parameter placement "
+                                   "topology in this release.")
+            if load_optimizer_states:
+                self._set_fp32_optimizer_param_groups()
+                self.optimizer.load_state_dict(state_dict[OPTIMIZER_STATE_DICT])
+                self._clear_fp32_optimizer_param_groups()
+            from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS
+
+            for current, saved in zip(self.fp32_partitioned_groups_flat, state_dict[FP32_FLAT_GROUPS]):
+                current.data.copy_(saved.data)
+            for i in range(len(self.fp32_partitioned_groups_flat)):
+                self._reassign_or_swap_out_partitioned_parameters(i)
+
+        def _restore_from_bit16_weights(self):
+            if self.swap_optimizer:
+                raise DeepSpeedApiRefused("the checkpoint holds no optimizer state, and refreshing fp32 masters on "
+                                          "the SSD from the 16-bit weights is not supported", _OWN_CHECKPOINTS)
+            if all(f is not None for f in self.fp16_partitioned_groups_flat):
+                return super()._restore_from_bit16_weights()
+            for i, (fp16, fp32) in enumerate(zip(self.fp16_partitioned_groups_flat,
+                                                 self.fp32_partitioned_groups_flat)):
+                if fp16 is None:
+                    self._swap_in_sub_group_to_flat_buffer(fp32, i)
+                else:
+                    fp32.data.copy_(fp16.data)
+
+        # -- tensor fragments with the bounded engine -------------------------------------------------------------
+        def _optimizer_states_and_gradient_swap_in(self, sub_group_id, timer_names=None):
+            if not getattr(self, "_ma_bounded", False):
+                return super()._optimizer_states_and_gradient_swap_in(sub_group_id, timer_names)
+            g = sub_group_id
+            fp32 = self.fp32_partitioned_groups_flat[g]
+            n = int(self.fp16_partitioned_groups_flat_numel[g])
+            master = torch.empty(n, dtype=torch.float32)
+            moments = {}
+            for ci, off in self._ma_subgroup_chunks(g):
+                st = self._ma_pipeline.read_state(ci)
+                m = int(self._ma_chunks[ci].numel)
+                master.narrow(0, off, m).copy_(st["fp32"])
+                for name in ADAM_STATES:
+                    if name in st:
+                        moments.setdefault(name, torch.zeros(n, dtype=torch.float32)).narrow(0, off, m).copy_(st[name])
+            fp32.data = master
+            self.optimizer.state.setdefault(fp32, {}).update(moments)
+            self._ma_stream.flush()
+            grad = torch.zeros(n, dtype=torch.float32)
+            elem = torch.tensor([], dtype=self.gradient_accumulation_dtype).element_size()
+            for key, off, count in self._ma_subgroup_grads(g):
+                if key in self._ma_stream.written:
+                    written = self._ma_stream.written[key] // elem
+                    grad.narrow(0, off, written).copy_(self._ma_stream.read(key, written,
+                                                                            self.gradient_accumulation_dtype, "cpu"))
+            fp32.grad = grad
+
+        def _optimizer_states_and_gradient_swap_out(self, sub_group_id, timer_names=None):
+            if not getattr(self, "_ma_bounded", False):
+                return super()._optimizer_states_and_gradient_swap_out(sub_group_id, timer_names)
+            self._ma_write_back(sub_group_id, state=True, grads=False)
+
+        def _release_swap_buffers(self, sub_group_id):
+            if not getattr(self, "_ma_bounded", False):
+                return super()._release_swap_buffers(sub_group_id)
+            self._ma_release(sub_group_id)
+
+        def _writeback_swap_state(self, sub_group_id, write_opt_state, write_gradients):
+            if not getattr(self, "_ma_bounded", False):
+                return super()._writeback_swap_state(sub_group_id, write_opt_state, write_gradients)
+            self._ma_write_back(sub_group_id, state=write_opt_state, grads=write_gradients)
+
+        def _ma_subgroup_chunks(self, g: int):
+            """(chunk index, element offset inside sub-group g) of g's chunks."""
+            off = 0
+            for ci, chunk in enumerate(self._ma_chunks):
+                if chunk.sub_group == g:
+                    yield ci, off
+                    off += int(chunk.numel)
+
+        def _ma_subgroup_grads(self, g: int):
+            """(gradient key, offset inside sub-group g, partition numel) of g's parameters (grad_position order)."""
+            off = 0
+            for param, part in zip(self.fp16_groups[g], self.fp16_partitioned_groups[g]):
+                yield bounded.GradientStream.key(param.ds_id), off, int(part.ds_numel)
+                off += int(part.ds_numel)
+
+        def _ma_write_back(self, g: int, *, state: bool, grads: bool) -> None:
+            fp32 = self.fp32_partitioned_groups_flat[g]
+            if state:
+                st = self.optimizer.state.get(fp32, {})
+                for ci, off in self._ma_subgroup_chunks(g):
+                    m = int(self._ma_chunks[ci].numel)
+                    tensors = {"fp32": fp32.data.narrow(0, off, m)}
+                    if all(name in st for name in ADAM_STATES):
+                        tensors.update({name: st[name].narrow(0, off, m) for name in ADAM_STATES})
+                    self._ma_pipeline.write_state(ci, tensors, params=False)
+            if grads and fp32.grad is not None:
+                for key, off, count in self._ma_subgroup_grads(g):
+                    self._ma_stream.write(key, fp32.grad.narrow(0, off, count).to(self.gradient_accumulation_dtype))
+                self._ma_stream.flush()
+            self._ma_release(g)
+
+        def _ma_release(self, g: int) -> None:
+            fp32 = self.fp32_partitioned_groups_flat[g]
+            fp32.data = torch.empty(0, dtype=fp32.dtype)
+            fp32.grad = None
+            st = self.optimizer.state.get(fp32, {})
+            for name in ADAM_STATES:
+                st.pop(name, None)
+
+    return Mixin
+
+
+def patch_checkpoint_api(patches: Patches) -> None:
+    """engine.save_checkpoint / load_checkpoint of engines with a memascend optimizer (others are untouched).
+
+    Both tell the optimizer this rank's ``<dir>/<tag>/offloaded_tensors/rank<R>`` folder, named as engine.py does.
+    With the optimizer on NVMe, load refuses at once what cannot be exact (load_module_only, load_optimizer_states=False,
+    universal checkpoints) and takes DeepSpeed's in-memory ZeRO-3 branch: its NVMe branch copies the folder into the
+    swap folder and calls reset_swap_buffers, which restores neither step counts nor the loss scaler (the reason stock
+    DeepSpeed's own NVMe resume is not exact, deepspeed-notes §11).
+    """
+    import os
+
+    from deepspeed.checkpoint.ds_to_universal import dp_index_to_str
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    save, load = DeepSpeedEngine.save_checkpoint, DeepSpeedEngine.load_checkpoint
+
+    def rank_folder(engine, root: str, tag) -> str:
+        rank = engine.local_rank if engine.use_node_local_storage() else engine.global_rank
+        return os.path.join(root, str(tag), "offloaded_tensors", "rank" + dp_index_to_str(rank))
+
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,  # noqa: B006 - DeepSpeed's
+                        exclude_frozen_parameters=False):
+        opt = self.optimizer
+        if not getattr(opt, "_ma_api", False) or not save_dir:
+            return save(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        opt._ma_ckpt = ("save", rank_folder(self, save_dir, f"global_step{self.global_steps}" if tag is None else tag))
+        try:
+            return save(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        finally:
+            opt._ma_ckpt = None
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        args = (load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only, custom_load_fn)
+        opt = self.optimizer
+        if not (getattr(opt, "_ma_api", False) and opt.swap_optimizer):
+            return load(self, load_dir, tag, *args)
+        if load_module_only or not load_optimizer_states or self.load_universal_checkpoint():
+            raise DeepSpeedApiRefused(
+                "with memascend's engine the optimizer's state is on the SSD: engine.load_checkpoint supports only "
+                "full loads (no load_module_only, load_optimizer_states=False or universal checkpoints)",
+                "load the whole checkpoint, or export the weights (engine.save_16bit_model) and start a new run")
+        if tag is None:
+            latest = os.path.join(load_dir, "latest")
+            if not os.path.isfile(latest):
+                return load(self, load_dir, tag, *args)  # DeepSpeed warns and returns (None, None)
+            with open(latest) as f:
+                tag = f.read().strip()
+        opt._ma_ckpt = ("load", rank_folder(self, load_dir, tag))
+        self.zero_nvme_offload_optimizer = lambda: False
+        try:
+            return load(self, load_dir, tag, *args)
+        finally:
+            del self.zero_nvme_offload_optimizer
+            opt._ma_ckpt = None
+
+    patches.set(DeepSpeedEngine, "save_checkpoint", save_checkpoint)
+    patches.set(DeepSpeedEngine, "load_checkpoint", load_checkpoint)
 
 
 def _adam_rearm(inner, prev_step: int, group: dict) -> None:
@@ -1003,6 +1334,22 @@ class OptimizerStateAccess:
         if self.bounded:
             return int(self.opt._ma_chunks[i].numel)
         return int(self.opt.fp16_partitioned_groups_flat_numel[i])
+
+    def subgroup_of(self, i: int) -> tuple[int, int]:
+        """(DeepSpeed sub-group, first element inside it) of group i (a chunk's sub-group and offset)."""
+        if not self.bounded:
+            return i, 0
+        if not hasattr(self, "_offsets"):
+            self._offsets, running = [], {}
+            for c in self.opt._ma_chunks:
+                self._offsets.append(running.get(c.sub_group, 0))
+                running[c.sub_group] = self._offsets[-1] + int(c.numel)
+        return int(self.opt._ma_chunks[i].sub_group), self._offsets[i]
+
+    def subgroups(self) -> list[tuple[str, int]]:
+        """(ds_id, numel) of every DeepSpeed sub-group (the ds_id names its swap files)."""
+        return [(str(f.ds_id), int(n)) for f, n in zip(self.opt.fp32_partitioned_groups_flat,
+                                                      self.opt.fp16_partitioned_groups_flat_numel)]
 
     def _step_state(self, i: int) -> dict:
         g = self.opt._ma_chunks[i].sub_group if self.bounded else i

@@ -66,6 +66,13 @@ def main(argv=None) -> dict:
                     help="engine: where offloaded checkpoints go")
     ap.add_argument("--overflow-probe", action="store_true", help="check has_overflow on the real grad buffer")
     ap.add_argument("--save-checkpoint", default=None, help="call engine.save_checkpoint(DIR) after training")
+    ap.add_argument("--save-at", type=int, default=None, help="save the checkpoint after this step (default: the last)")
+    ap.add_argument("--load-checkpoint", default=None,
+                    help="engine.load_checkpoint(DIR) before training; the steps it holds are skipped (same data)")
+    ap.add_argument("--load-module-only", action="store_true", help="with --load-checkpoint: load_module_only=True")
+    ap.add_argument("--no-model-spec", action="store_true", help="engine: install() without a model_spec")
+    ap.add_argument("--param-buffer-size", type=float, default=None,
+                    help="offload_param.buffer_size in the config (DeepSpeed's default is 1e8)")
     ap.add_argument("--initial-scale-power", type=int, default=None,
                     help="fp16: start dynamic loss scaling at 2**N (a large N overflows the first steps)")
     ap.add_argument("--force-cpu-fp16", action="store_true",
@@ -104,6 +111,8 @@ def main(argv=None) -> dict:
         plug.allow_cpu_fp16()
     if args.initial_scale_power is not None and "fp16" in cfg:
         cfg["fp16"]["initial_scale_power"] = args.initial_scale_power
+    if args.param_buffer_size is not None:
+        cfg["zero_optimization"]["offload_param"]["buffer_size"] = int(args.param_buffer_size)
 
     handle = None
     if args.mode == "engine":
@@ -111,7 +120,8 @@ def main(argv=None) -> dict:
 
         opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
                                               checkpoint_offload=args.checkpoint_offload)
-        handle = memascend_engine.install(cfg, region=args.region, model_spec=spec, options=opts)
+        handle = memascend_engine.install(cfg, region=args.region, model_spec=None if args.no_model_spec else spec,
+                                          options=opts)
 
     make_model = causal_lm_factory(spec)
     torch.manual_seed(0)
@@ -121,13 +131,32 @@ def main(argv=None) -> dict:
         handle.enable_offloaded_checkpointing(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
 
+    start = 0
+    load_error = None
+    if args.load_checkpoint:
+        try:
+            engine.load_checkpoint(args.load_checkpoint, load_module_only=args.load_module_only)
+            start = int(engine.global_steps)
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON (a refusal or a damaged file)
+            load_error = f"{type(exc).__name__}: {exc}"
+    save_error = None
+
+    def save() -> None:
+        nonlocal save_error
+        try:
+            engine.save_checkpoint(args.save_checkpoint)
+        except RuntimeError as exc:
+            save_error = str(exc)
+
     gen = torch.Generator().manual_seed(1234)
     losses = []
     loss_scales = []
     probe = {}
     t0 = time.time()
-    for step in range(args.steps):
+    for step in range(args.steps if load_error is None else 0):
         x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
+        if step < start:
+            continue  # done before the checkpoint: same data from here on
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if args.overflow_probe and step == 0:
@@ -137,13 +166,11 @@ def main(argv=None) -> dict:
         engine.step()
         losses.append(float(loss))
         loss_scales.append(float(engine.optimizer.loss_scale))
+        if args.save_checkpoint and args.save_at == step + 1:
+            save()
     seconds = time.time() - t0
-    save_error = None
-    if args.save_checkpoint:
-        try:
-            engine.save_checkpoint(args.save_checkpoint)
-        except RuntimeError as exc:  # the bounded engine refuses DeepSpeed's API (its state lives in the region)
-            save_error = str(exc)
+    if args.save_checkpoint and args.save_at is None:
+        save()
 
     stats = handle.stats() if handle is not None else None
     nvme_root = (handle.key_dir if handle is not None else args.nvme_dir)
@@ -163,6 +190,8 @@ def main(argv=None) -> dict:
         "loss_scales": loss_scales,
         "skipped_steps": int(engine.skipped_steps),
         "save_checkpoint_error": save_error,
+        "load_checkpoint_error": load_error,
+        "start_step": start,
         "config": cfg,
         "device": device,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device != "cpu" else None,

@@ -10,6 +10,7 @@ from typing import Any
 
 from memascend_engine import EngineOptions
 
+from memascend_cli import leftovers
 from memascend_cli.planner import zero
 
 log = logging.getLogger("memascend_engine")
@@ -91,19 +92,14 @@ class Installed:
         self.param_nvme = op.get("device") == "nvme"
         self.opt_nvme = oo.get("device") == "nvme"
         if self.param_nvme or self.opt_nvme:
-            current = zero.from_ds_config(cfg, os.environ)
-            elem_bytes = _dtype_bytes(cfg)
-            largest = None
-            if self.spec is not None:
-                largest = zero.largest_swappable_partition(zero.model_partitions(self.spec, _world_size()), current,
-                                                           elem_bytes) or None
-            self.settings = zero.memascend_knobs(current, largest_partition_numel=largest)
-            self.config_changes.update(zero.write_into_ds_config(cfg, self.settings))
+            self.settings, changes = self._write_knobs(cfg)
+            self.config_changes.update(changes)
         if self.options.direct_nvme and (self.param_nvme or self.opt_nvme):
             path = op.get("nvme_path") or oo.get("nvme_path")
             if not path:
                 # Swap paths are only keys with Direct NVMe, but DeepSpeed still rmtree's/makedirs its folders.
-                path = tempfile.mkdtemp(prefix="memascend-keys-")
+                # Named with the pid: memascend_cli.leftovers sweeps the folder if this process dies without uninstall.
+                path = tempfile.mkdtemp(prefix=f"{leftovers.KEY_DIR_PREFIX}{os.getpid()}-")
                 self._own_key_dir = True
                 for section, on in ((op, self.param_nvme), (oo, self.opt_nvme)):
                     if on:
@@ -114,12 +110,47 @@ class Installed:
         elif self.param_nvme or self.opt_nvme:
             self.key_dir = op.get("nvme_path") or oo.get("nvme_path")
 
-    def _param_plan(self, elem_bytes: int, min_aio_bytes: int, iop: int) -> zero.PoolPlan:
-        """The parameter pool's size classes (called by the adaptive swapper when DeepSpeed creates it)."""
+    def _write_knobs(self, cfg: dict) -> tuple[zero.ZeroSettings, dict]:
+        """memascend's stock knobs (zero.memascend_knobs) written into `cfg`; returns them and what changed."""
+        current = zero.from_ds_config(cfg, os.environ)
+        largest = None
+        if self.spec is not None:
+            largest = zero.largest_swappable_partition(zero.model_partitions(self.spec, _world_size()), current,
+                                                       _dtype_bytes(cfg)) or None
+        settings = zero.memascend_knobs(current, largest_partition_numel=largest)
+        return settings, zero.write_into_ds_config(cfg, settings)
+
+    def adopt(self, ds_config: dict) -> dict:
+        """Give another DeepSpeed config the rewrite install() gave its own (a script that passes zero.Init and
+        deepspeed.initialize separate dicts, or builds a second engine): the same knobs and, with Direct NVMe, the
+        key folder where it names none. Returns what changed."""
+        zo = ds_config.setdefault("zero_optimization", {})
+        sections = [s for s in (zo.get("offload_param"), zo.get("offload_optimizer"))
+                    if s and s.get("device") == "nvme"]
+        if not sections:
+            return {}
+        _, changes = self._write_knobs(ds_config)
+        if self.key_dir:
+            for section in sections:
+                if not section.get("nvme_path"):
+                    section["nvme_path"] = self.key_dir
+                    changes["nvme_path"] = {"from": None, "to": self.key_dir}
+        return changes
+
+    def _param_plan(self, elem_bytes: int, min_aio_bytes: int, iop: int,
+                    largest_partition_numel: int | None = None) -> zero.PoolPlan | None:
+        """The parameter pool's size classes (the adaptive swapper asks when DeepSpeed creates it).
+
+        Without a model spec the inventory is unknown then: None defers the pool until the swapper knows the real
+        partitions and asks again with the largest one; the pool is then DeepSpeed's buffer_count slots of that
+        size, never larger than stock's buffer_count x buffer_size (which must hold the largest partition anyway)."""
         if self.spec is None:
+            if largest_partition_numel is None:
+                return None
             op = self.ds_config["zero_optimization"]["offload_param"]
             plan = zero.uniform_pool_plan(buffer_count=int(op.get("buffer_count", 5)),
-                                          buffer_numel=int(float(op.get("buffer_size", 1e8))),
+                                          buffer_numel=min(int(largest_partition_numel),
+                                                           int(float(op.get("buffer_size", 1e8)))),
                                           elem_bytes=elem_bytes, intra_op_parallelism=iop)
         else:
             plan = zero.param_pool_plan(zero.model_partitions(self.spec, _world_size()), elem_bytes=elem_bytes,
@@ -164,6 +195,7 @@ class Installed:
             if o.pinned:
                 plug.patch_accelerator(self.patches, self.allocator)
             plug.patch_stage3(self.patches, self.ctx, adaptive_pool=self.ctx.pool_plan_factory is not None)
+            plug.patch_checkpoint_api(self.patches)
         except BaseException:
             self.patches.restore()
             if self.store is not None:

@@ -241,6 +241,9 @@ class Run:
             get_accelerator().set_device(self.local_rank)
         installed = None
         if not self.args.baseline:
+            from memascend_engine.node_check import check_nodes
+
+            self.region = check_nodes(self.run_dir, recipe.region, local_rank=self.local_rank)
             installed = self._install_engine(ds_config, spec)
         make_model, hf_config = build_model_factory(recipe, spec)
         torch.manual_seed(recipe.seed)
@@ -284,7 +287,7 @@ class Run:
         except (ImportError, AttributeError) as exc:
             raise WorkerError(f"the memascend engine is not available in this install ({exc}); "
                               "run with --baseline for stock DeepSpeed") from None
-        kwargs = {"region": self.recipe.region, "model_spec": spec, "rank": self.local_rank}
+        kwargs = {"region": self.region, "model_spec": spec, "rank": self.local_rank}
         kwargs["options"] = memascend_engine.EngineOptions(**self._engine_options())
         return install(ds_config, **kwargs)
 

@@ -71,10 +71,35 @@ def _register_optional() -> None:
 _register_optional()
 
 
+def _usage_error(exc) -> None:
+    """Click's usage errors (bad option value, unknown option, missing argument) as one `error:` line, exit 2."""
+    from rich.markup import escape
+
+    from memascend_cli.console import err
+
+    if getattr(exc, "ctx", None) is None or exc.ctx.command.name == app.info.name:
+        hint = "see `memascend --help`"
+    else:
+        hint = f"see `{exc.ctx.command_path} --help`"
+    message = " ".join(exc.format_message().split())
+    err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+    err.print(f"[cyan]hint:[/cyan] {escape(hint)}", markup=True, highlight=False, soft_wrap=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn expected errors into `error:`/`hint:` lines."""
     try:
-        app(args=argv, prog_name="memascend", standalone_mode=True)
+        code = app(args=argv, prog_name="memascend", standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except typer.TyperException as exc:  # Click's errors (Typer's own copy of Click derives them from this)
+        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
+            # `memascend` alone: the help text, as Click prints it.
+            typer.echo(exc.ctx.get_help(), err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        _usage_error(exc)
+    except typer.Abort:
+        sys.exit(130)
     except MemascendError as exc:
         from rich.markup import escape
 

@@ -428,6 +428,9 @@ class RunResult:
     """Pinned host bytes at the end of rank 0's run: torch's CUDA host allocator peak + VmLck (stock, tuned), the
     engine's own pinned buffers (memascend)."""
     wall_s: float | None = None
+    shm: dict = field(default_factory=dict)
+    """/dev/shm around the run: used bytes and DeepSpeed's allreduce segments before and after, and the leftovers
+    swept before the launch and after the exit (memascend_cli/leftovers.py); a clean run ends where it started."""
     sampling: dict = field(default_factory=dict)
     phases: list[dict] = field(default_factory=list)
     timeline: list[tuple[float, int]] = field(default_factory=list)
@@ -553,6 +556,11 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             s = "…" if spread is None else f"{spread / MiB:.0f} MiB"
             progress.update(task, description=f"{run.name}: settle {waited_s:.0f}s ±{s}")
 
+    from memascend_cli import leftovers
+
+    swept_before = leftovers.sweep()
+    res.shm = {"before_bytes": leftovers.shm_used_bytes(), "segments_before": leftovers.deepspeed_segments(),
+               "swept_before": swept_before.to_dict()}
     reader = MeminfoReader()
     try:
         dropped = drop_caches()
@@ -599,6 +607,9 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     finally:
         reader.close()
     res.wall_s = t_end - t_launch
+    swept_after = leftovers.sweep()
+    res.shm.update(after_bytes=leftovers.shm_used_bytes(), segments_after=leftovers.deepspeed_segments(),
+                   swept_after=swept_after.to_dict())
     code = os.waitstatus_to_exitcode(status)
     res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None
     res.max_tree_rss_bytes = tree.max_tree_rss_bytes

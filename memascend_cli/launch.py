@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from memascend_cli.errors import MemascendError
 from memascend_cli.recipe import Recipe
-from memascend_cli.rundir import (DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE, TERMINATED_PREFIX, error_file,
-                                  terminated_file)
+from memascend_cli.rundir import (DEEPSPEED_ENV, DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE, TERMINATED_PREFIX,
+                                  error_file, terminated_file)
 
 WORKER_MODULE = "memascend_engine.train_worker"
 
@@ -44,6 +44,9 @@ class LaunchSpec:
     """True: DeepSpeed's CPU accelerator, gloo between ranks."""
     notes: list[str] = field(default_factory=list)
     """Remarks for the user (e.g. about multi-node environments)."""
+    deepspeed_env: dict[str, str] = field(default_factory=dict)
+    """Multi-node runs: variables written to RUN/.deepspeed_env, which DeepSpeed's runner exports on every node
+    (the other nodes' ranks start in an ssh session that has none of this shell's environment)."""
 
     def shell(self) -> str:
         """The command as one copy-pasteable shell line, environment first."""
@@ -109,11 +112,13 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
         # Each CPU rank gets its share of the cores; oversubscribed ranks run several times slower.
         env["OMP_NUM_THREADS"] = str(max(1, cpu_cores // ranks))
     notes = []
+    deepspeed_env = {}
     if r.hostfile:
-        notes.append("multi-node: DeepSpeed forwards only some variables to other nodes; put the others "
-                     "(DS_ACCELERATOR, TORCH_EXTENSIONS_DIR) in ~/.deepspeed_env on every node")
+        deepspeed_env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}  # DeepSpeed exports PYTHON*
+        notes.append(f"multi-node: {DEEPSPEED_ENV} in the run directory carries {', '.join(sorted(deepspeed_env))} "
+                     "to every node; the run directory must be on a file system every node sees")
     return LaunchSpec(cmd=cmd, env=env, ds_config_path=os.path.join(run_dir, DS_CONFIG), run_dir=run_dir,
-                      num_ranks=ranks, log_dir=log_dir, cpu_only=cpu_only, notes=notes)
+                      num_ranks=ranks, log_dir=log_dir, cpu_only=cpu_only, notes=notes, deepspeed_env=deepspeed_env)
 
 
 def rank_error(run_dir: str) -> tuple[str, str, str | None] | None:
@@ -149,6 +154,22 @@ def clear_stale_state(run_dir: str) -> None:
 
 
 def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
+    """Run the launcher until it exits (see _run_launch) and leave nothing behind: leftovers of finished jobs
+    (DeepSpeed's shared-memory allreduce buffers, engine key folders) are swept before the launch, and this job's
+    after it, once its processes are gone, also after a failed or killed rank (memascend_cli/leftovers.py)."""
+    from memascend_cli import leftovers
+    from memascend_cli.console import err
+
+    note = leftovers.sweep().note()
+    if note:
+        err.print(f"note: {note}", highlight=False)
+    try:
+        return _run_launch(spec, on_poll=on_poll, poll_s=poll_s)
+    finally:
+        leftovers.sweep()
+
+
+def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     """Run the launcher until it exits; returns 0, or raises MemascendError naming the failing rank.
 
     The launcher runs in its own session so a terminal Ctrl-C reaches only us: DeepSpeed's
@@ -162,6 +183,11 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     """
     os.makedirs(spec.log_dir, exist_ok=True)
     clear_stale_state(spec.run_dir)
+    if spec.deepspeed_env:
+        # The user's MEMASCEND_* switches (e.g. MEMASCEND_VERIFY_CHECKSUMS) reach the other nodes too.
+        variables = {**{k: v for k, v in os.environ.items() if k.startswith("MEMASCEND_")}, **spec.deepspeed_env}
+        with open(os.path.join(spec.run_dir, DEEPSPEED_ENV), "w") as f:
+            f.writelines(f"{k}={v}\n" for k, v in sorted(variables.items()))
     launcher_log = os.path.join(spec.log_dir, "launcher.log")
     env = {**os.environ, **spec.env}
     stop_requests = 0
@@ -200,6 +226,7 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+            _wait_group_gone(proc.pid)
     code = proc.returncode
     if code == 0:
         return 0
@@ -221,6 +248,38 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
         raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
                              "continue with `memascend train RECIPE --resume`")
     raise MemascendError(f"the DeepSpeed launcher exited with status {code}", f"see {launcher_log} and {spec.log_dir}")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`, from /proc/<pid>/stat."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(name))
+    return out
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
+    """Wait until no process of the launcher's session is left (ranks outliving a killed launcher), so what they
+    hold can be swept; SIGKILL them after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while _group_members(pgid):
+        if time.monotonic() > deadline:
+            for pid in _group_members(pgid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+            return
+        time.sleep(0.1)
 
 
 def _silent_ranks(spec: LaunchSpec) -> list[int]:

@@ -64,6 +64,8 @@ class Facts:
     output_free_bytes: int | None = None
     checkpoint_bytes: int = 0
     """Planned bytes of checkpoints kept plus the export."""
+    node_regions: list[str] | None = None
+    """Multi-node runs: each node's region, checked on its own node when the run starts (engine/node_check.py)."""
 
 
 def assess(f: Facts) -> list[Check]:
@@ -87,7 +89,10 @@ def assess(f: Facts) -> list[Check]:
     else:
         out.append(Check(name="memlock", ok=True,
                          message=f"memlock: {f.locked_bytes / GiB:.2f} GiB of {f.memlock_limit_bytes / GiB:.2f} GiB"))
-    if not f.baseline:
+    if not f.baseline and f.node_regions is not None:
+        out.append(Check(name="region", ok=True, message=f"regions: one per node ({len(f.node_regions)} nodes), each "
+                                                          "checked on its node before training starts"))
+    elif not f.baseline:
         if f.region_error:
             out.append(Check(name="region", ok=False, message=f.region_error,
                              hint=f"prepare it with `memascend prepare-ssd {f.region_path or 'TARGET'} --ranks {f.num_ranks}` "

@@ -14,6 +14,8 @@
     RUN/export/                     the Hugging Face export
     RUN/swap/                       DeepSpeed's nvme_path (swap files with --baseline; only keys with the engine)
     RUN/region.bin                  the region file created when the recipe names no region
+    RUN/nodes.json                  multi-node runs: each node's host, ranks and region, in DeepSpeed's node order
+    RUN/.deepspeed_env              multi-node runs: variables DeepSpeed's launcher exports to every node
 
 Pure constants and path helpers (stdlib only); imported by the CLI and by memascend_engine.train_worker.
 """
@@ -39,6 +41,10 @@ HF_DIR = "hf"
 TENSORBOARD_DIR = "tensorboard"
 SWAP_DIR = "swap"
 REGION_FILE = "region.bin"
+NODES_JSON = "nodes.json"
+DEEPSPEED_ENV = ".deepspeed_env"
+"""Read by DeepSpeed's multi-node runner from its working directory (runner.py DEEPSPEED_ENVIRONMENT_PATHS '.'),
+which `memascend train` sets to the run directory."""
 ERROR_PREFIX = "error-rank"
 """logs/error-rank<N>.json: the one-line reason a rank failed (read by the CLI)."""
 TERMINATED_PREFIX = "terminated-rank"

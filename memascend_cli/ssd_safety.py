@@ -32,6 +32,23 @@ MEMBER_SIGNATURES = frozenset(
 # File systems whose pages live in memory: a region there would put "offloaded" state back in RAM.
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs", "proc", "sysfs", "devpts", "cgroup", "cgroup2"})
 
+# Network and cluster file systems (mountinfo types; FUSE ones as `fuse.<name>`): a region is node-local state that
+# every step reads and writes, and on a shared file system two nodes' ranks would open the same file.
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "9p", "afs", "ceph", "lustre", "gpfs", "beegfs", "glusterfs",
+    "ocfs2", "gfs2", "pvfs2", "orangefs", "panfs", "quobyte", "wekafs", "davfs", "coda",
+})
+
+
+def is_network_fs(fstype: str | None) -> bool:
+    """True for a network or cluster file system (also its FUSE clients: fuse.sshfs, fuse.glusterfs, ...)."""
+    if not fstype:
+        return False
+    name = fstype.removeprefix("fuse.")
+    return (fstype in NETWORK_FILESYSTEMS or name in NETWORK_FILESYSTEMS
+            or (fstype.startswith("fuse.") and name in {"sshfs", "s3fs", "rclone", "juicefs", "cephfs", "gcsfuse",
+                                                       "goofys", "davfs2", "moosefs", "mfs", "lizardfs"}))
+
 
 @dataclass(kw_only=True, slots=True)
 class Signature:
@@ -263,6 +280,9 @@ def _assess_file(facts: TargetFacts, operation: str) -> tuple[list[str], list[st
     fstype = facts.fstype or "unknown"
     if fstype in RAM_FILESYSTEMS:
         refusals.append(f"it is on {fstype}, which keeps file data in RAM (and does not honour O_DIRECT alignment): offloading there saves no memory")
+    elif is_network_fs(fstype):
+        refusals.append(f"it is on {fstype}, a network file system: a region must be on a node-local SSD (every "
+                        "step reads and writes it; on a shared file system other nodes could open the same file)")
     elif facts.o_direct_ok is False:
         refusals.append(f"its file system ({fstype}) does not support O_DIRECT: {facts.o_direct_reason or 'open with O_DIRECT failed'}")
     if facts.swap:
@@ -287,7 +307,7 @@ def refusal_message(facts: TargetFacts, verdict: Verdict, *, operation: str = "p
         hint = "nothing overrides this; choose another target (`memascend prepare-ssd --list` shows candidates)"
         if any("directory" in r for r in verdict.refusals):
             hint = "give a file path, e.g. `memascend prepare-ssd /mnt/nvme/memascend.region --size 200GiB`"
-        elif any("RAM" in r or "O_DIRECT" in r for r in verdict.refusals):
+        elif any("RAM" in r or "O_DIRECT" in r or "network file system" in r for r in verdict.refusals):
             hint = "put the region file on an ext4/xfs file system on an SSD, e.g. `--size 200GiB /mnt/nvme/memascend.region`"
         elif any("nothing to wipe" in r for r in verdict.refusals):
             hint = "`memascend prepare-ssd --info TARGET` shows what is there; other signatures are for `wipefs`"

@@ -32,9 +32,11 @@ case "$mode" in
     if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
       # libaio-dev: DeepSpeed's async_io op (the stock baseline); fio: I/O benchmark reference;
       # util-linux/e2fsprogs: losetup, wipefs, mkfs.ext4 for the loop-device tests; fuse3: libfuse3 and
-      # fusermount3 for the fault-injecting FUSE file system of the storage-fault tests (tests/faultfs.py).
+      # fusermount3 for the fault-injecting FUSE file system of the storage-fault tests (tests/faultfs.py);
+      # pdsh + openssh-server: DeepSpeed's multi-node launcher over two "nodes" on this machine
+      # (tests/integration/test_train_multinode.py runs a private sshd; nothing is enabled system-wide).
       need=()
-      for p in libaio-dev liburing-dev fio numactl util-linux e2fsprogs fuse3; do
+      for p in libaio-dev liburing-dev fio numactl util-linux e2fsprogs fuse3 pdsh openssh-server openssh-client; do
         dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
       done
       if [ ${#need[@]} -gt 0 ]; then

@@ -254,17 +254,27 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
 
     inv = probe(None)
     hw = inventory_to_spec(inv)
-    if recipe.num_nodes:
+    nodes = _hostfile_nodes(recipe)
+    if recipe.num_nodes or nodes:
         import dataclasses
 
-        hw = dataclasses.replace(hw, num_nodes=recipe.num_nodes)
+        hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
+    # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
+    # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
+    node_regions = None
+    if len(nodes) > 1 and not baseline:
+        from memascend_cli.hostfile import node_regions as regions_of
+
+        node_regions = regions_of(nodes, recipe.region)
     ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
     world_size = ranks * max(1, hw.num_nodes)
     engine = "baseline" if baseline else "memascend"
 
     # The region's prepare-ssd probe sets the aio block size and queue depth.
     header, region_error, region_rank_bytes = None, None, None
-    if recipe.region:
+    if node_regions is not None:
+        pass  # checked on each node (the launch node may not even be one of them)
+    elif recipe.region:
         header, region_error = _read_region(recipe.region, ranks)
     elif not baseline and os.path.exists(os.path.join(run_dir, REGION_FILE)):
         header, region_error = _read_region(os.path.join(run_dir, REGION_FILE), ranks)
@@ -289,7 +299,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     # stock DeepSpeed's swap folder.
     swap_dir = recipe.swap_dir or os.path.join(run_dir, SWAP_DIR)
     region_path, region_note = recipe.region, None
-    if not baseline and not recipe.region:
+    if not baseline and not recipe.region and node_regions is None:
         region_path = os.path.join(run_dir, REGION_FILE)
         if not os.path.exists(region_path):
             size = _region_file_bytes(recipe, nvme_bytes_per_rank * ranks)
@@ -302,7 +312,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
         swap_dir=swap_dir if baseline else None, num_ranks=ranks, io_backends=io_backends(), num_gpus=hw.num_gpus,
         output_dir=run_dir, output_free_bytes=preflight.free_bytes(run_dir),
-        checkpoint_bytes=_checkpoint_bytes(spec.num_params, recipe),
+        checkpoint_bytes=_checkpoint_bytes(spec.num_params, recipe), node_regions=node_regions,
     )
     if baseline:
         facts.swap_free_bytes = preflight.free_bytes(swap_dir)
@@ -332,6 +342,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
     with open(os.path.join(run_dir, ENGINE_JSON), "w") as f:
         json.dump(engine_options, f, indent=2)
+    _write_nodes(run_dir, nodes, node_regions)
     passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
     launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
                           resume=resume, extra_env=passthrough,
@@ -347,12 +358,47 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
                     region_path=region_path, ranks=ranks, data=data, total_steps=total)
 
 
+def _hostfile_nodes(recipe) -> list:
+    """The hostfile's nodes DeepSpeed will launch on (memascend_cli.hostfile), [] without a hostfile."""
+    if not recipe.hostfile:
+        return []
+    from memascend_cli.hostfile import active_nodes, parse_hostfile
+
+    try:
+        with open(recipe.hostfile, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read hostfile {recipe.hostfile}: {getattr(exc, 'strerror', None) or exc}",
+                       "fix `hostfile` in the recipe") from None
+    return active_nodes(parse_hostfile(text, recipe.hostfile), recipe.num_nodes)
+
+
+def _write_nodes(run_dir: str, nodes: list, node_regions: list[str] | None) -> None:
+    """RUN/nodes.json: the nodes in DeepSpeed's node order with their regions (read by engine/node_check.py)."""
+    from memascend_cli.rundir import NODES_JSON
+
+    path = os.path.join(run_dir, NODES_JSON)
+    if node_regions is None:
+        if os.path.exists(path):
+            os.unlink(path)
+        return
+    doc = {"nodes": [{**n.to_dict(), "region": r} for n, r in zip(nodes, node_regions)]}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
 def _read_region(path: str, ranks: int):
     """(header, None) or (None, one-line reason) for a region the engine is to use."""
     from memascend_cli import region
+    from memascend_cli.node_preflight import region_fstype
+    from memascend_cli.ssd_safety import is_network_fs
 
     if not os.path.exists(path):
         return None, f"region {path} does not exist"
+    fstype = region_fstype(path)
+    if is_network_fs(fstype):
+        return None, (f"region {path} is on {fstype}, a network file system; a region must be on a node-local SSD "
+                      "(a device, or a file on ext4/xfs)")
     try:
         header = region.read_header(path)
     except region.NoRegion:

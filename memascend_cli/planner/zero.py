@@ -31,9 +31,10 @@ MASTER_BYTES = 4
 """fp32 master weights and Adam states (DeepSpeed's optimizer swapper dtype without bf16 master options)."""
 
 # Stock knobs memascend sets (see memascend_knobs for why each).
-CHUNK_ALIGN_NUMEL = 2048
-"""A chunk boundary inside a tensor falls on a multiple of this many elements: 4 KiB at 2 B/element, so every
-piece of a tensor starts O_DIRECT-aligned even on a 4 KiB-sector device."""
+CHUNK_ALIGN_NUMEL = 32768
+"""A chunk boundary inside a tensor falls on a multiple of this many elements: 64 KiB at 2 B/element, so every
+piece of a tensor starts O_DIRECT-aligned (even on a 4 KiB-sector device) and on a checksum chunk of the region
+(engine/direct_nvme.py CHECKSUM_CHUNK_BYTES), where a partial write of a key must start."""
 MEMASCEND_SUB_GROUP_SIZE = 2_097_152
 """Optimizer sub-group (elements, a multiple of CHUNK_ALIGN_NUMEL): the unit of memascend's optimizer pipeline, which
 splits larger tensors (embedding, lm_head) across sub-groups; 8 MiB fp32 requests are still large sequential I/O,
@@ -300,6 +301,20 @@ _CONFIG_KEYS = (
 )
 
 
+_ZERO_ALIASES = {"stage3_prefetch_bucket_size": "prefetch_bucket_size",
+                 "stage3_max_live_parameters": "max_live_parameters",
+                 "stage3_max_reuse_distance": "max_reuse_distance",
+                 "stage3_param_persistence_threshold": "param_persistence_threshold"}
+"""DeepSpeed accepts these zero_optimization keys under either name (runtime/zero/config.py Field aliases) and
+rejects a config that gives both."""
+
+
+def _config_key(section: dict, key: str) -> str:
+    """The name `section` uses for `key` (its DeepSpeed alias when only that is present)."""
+    alias = _ZERO_ALIASES.get(key)
+    return alias if alias is not None and key not in section and alias in section else key
+
+
 def _keys(where: str, s: ZeroSettings) -> dict:
     return {key: getattr(s, f) for f, w, key in _CONFIG_KEYS if w == where}
 
@@ -339,7 +354,8 @@ def from_ds_config(cfg: dict, env: dict | None = None, *, defaults: ZeroSettings
     """Read the settings back from a DeepSpeed config (missing keys take DeepSpeed's defaults) and the environment
     (DS_PIN_MEMORY_BACKEND). The inverse of zero_section + aio_section."""
     sec = _sections(cfg)
-    values = {f: _coerce(sec[where].get(key), getattr(defaults, f)) for f, where, key in _CONFIG_KEYS}
+    values = {f: _coerce(sec[where].get(_config_key(sec[where], key)), getattr(defaults, f))
+              for f, where, key in _CONFIG_KEYS}
     pin = sec["offload_param"].get("pin_memory", sec["offload_optimizer"].get("pin_memory"))
     backend = (env or {}).get("DS_PIN_MEMORY_BACKEND") or "torch"
     return ZeroSettings(**values, pin_memory=_coerce(pin, defaults.pin_memory),
@@ -359,7 +375,7 @@ def write_into_ds_config(cfg: dict, s: ZeroSettings) -> dict[str, dict]:
             z[name]["pin_memory"] = bool(s.pin_memory)
     for f, where, key in _CONFIG_KEYS:
         if where in targets:
-            targets[where][key] = getattr(s, f)
+            targets[where][_config_key(targets[where], key)] = getattr(s, f)
     after = from_ds_config(cfg, s.env())
     return {k: {"from": a, "to": b} for k, (a, b) in before.stock_differences(after).items()}
 

@@ -96,8 +96,9 @@ def test_fp32_losses_equal_stock_exactly(tmp_path, stock):
     # The per-partition overflow check on a real gradient read back from the region, with torch's answer.
     assert r["overflow_probe"] == {"clean": False, "inf": True, "nan": True, "restored": False, "reference_clean": False}
     assert s["counters"]["overflow_scans"] == 4
-    # DeepSpeed's checkpoint API cannot see the region's state: it refuses instead of writing a partial checkpoint.
-    assert "memascend" in (r["save_checkpoint_error"] or "") and r["checkpoint_swap_files"] == 0
+    # DeepSpeed's checkpoint API writes the region's optimizer state into the checkpoint (offloaded_tensors/, in
+    # DeepSpeed's swap-file names; test_ds_checkpoint_api.py resumes from it exactly).
+    assert r["save_checkpoint_error"] is None and r["checkpoint_swap_files"] > 0
 
 
 def test_bf16_losses_equal_stock(tmp_path, stock):

@@ -227,3 +227,16 @@ def test_sub_groups_close_after_reaching_the_size():
     assert zero.sub_groups([10, 1, 1], 5) == ((0,), (1, 2))
     assert zero.sub_groups([1, 1], 100) == ((0, 1),)
     assert zero.sub_groups([], 5) == ()
+
+
+def test_deepspeed_key_aliases_are_read_and_written_under_the_name_the_config_uses():
+    # DeepSpeed accepts param_persistence_threshold for stage3_param_persistence_threshold (and rejects both at once).
+    cfg = {"zero_optimization": {"stage": 3, "param_persistence_threshold": 1024, "max_live_parameters": 100,
+                                 "offload_param": {"device": "nvme"}}}
+    s = zero.from_ds_config(cfg)
+    assert (s.param_persistence_threshold, s.max_live_parameters) == (1024, 100)
+    zero.write_into_ds_config(cfg, zero.memascend_knobs(s))
+    z = cfg["zero_optimization"]
+    assert "stage3_param_persistence_threshold" not in z and z["param_persistence_threshold"] == 1024
+    assert "stage3_max_live_parameters" not in z and "stage3_max_reuse_distance" in z
+    assert z["stage3_max_reuse_distance"] == 0

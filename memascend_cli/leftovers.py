@@ -1,0 +1,187 @@
+"""What a run leaves behind on this host, and removing it without touching a live job's files.
+
+* DeepSpeed's CPU allreduce: every rank of a job whose ranks are all on one node (WORLD_SIZE == LOCAL_SIZE) creates a
+  POSIX shared-memory segment ``/dev/shm/deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>`` of
+  ~66 MB (ops/csrc/cpu/comm/shm.cpp shm_initialize, called from shm_interface.cpp) and never unlinks it
+  (shared_close is never called), for stock DeepSpeed and memascend alike. Its descriptor stays open and its mapping
+  stays in place for the life of the rank, so a segment that no process has open or mapped (/proc/<pid>/fd,
+  /proc/<pid>/maps) belongs to a job that is gone.
+* memascend's engine: the key folder it makes in the temp directory when the DeepSpeed config names no nvme_path
+  (``memascend-keys-<pid>-*``, engine/runtime.py); stale when that pid is gone.
+
+Only entries of this user are touched (the segment's name and owner must carry our uid). Pure parts (names, parsing)
+are separate from the /proc and /dev/shm scans.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "deepspeed_allreduce_buffer_"
+KEY_DIR_PREFIX = "memascend-keys-"
+"""engine/runtime.py names its temporary key folder KEY_DIR_PREFIX + '<pid>-' + random."""
+
+
+def shm_name(uid: int, addr: str, port: int | str, rank: int) -> str:
+    """DeepSpeed's segment name (shm.cpp: "%s_%d_%s_%s" then "%s_%d": prefix, uid, addr, port, rank)."""
+    return f"{SHM_PREFIX}{uid}_{addr}_{port}_{rank}"
+
+
+def parse_shm_name(name: str) -> tuple[int, str, str, int] | None:
+    """(uid, addr, port, rank) of a DeepSpeed segment name, else None. The address may hold underscores."""
+    if not name.startswith(SHM_PREFIX):
+        return None
+    rest = name[len(SHM_PREFIX):]
+    uid, sep, rest = rest.partition("_")
+    parts = rest.rsplit("_", 2)
+    if not sep or len(parts) != 3 or not uid.isdigit() or not parts[2].isdigit():
+        return None
+    return int(uid), parts[0], parts[1], int(parts[2])
+
+
+def key_dir_pid(name: str) -> int | None:
+    """The pid in a key folder's name, else None (folders of older versions carry none and are left alone)."""
+    if not name.startswith(KEY_DIR_PREFIX):
+        return None
+    pid, sep, _ = name[len(KEY_DIR_PREFIX):].partition("-")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+def held_paths(prefix: str, proc: str = "/proc") -> set[str]:
+    """Paths under `prefix` that a live process has open or mapped (the processes /proc lets us read)."""
+    held: set[str] = set()
+    for pid in os.listdir(proc):
+        if not pid.isdigit():
+            continue
+        base = os.path.join(proc, pid)
+        try:
+            for fd in os.listdir(os.path.join(base, "fd")):
+                try:
+                    target = os.readlink(os.path.join(base, "fd", fd))
+                except OSError:
+                    continue
+                if target.startswith(prefix):
+                    held.add(target.removesuffix(" (deleted)"))
+            with open(os.path.join(base, "maps"), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    i = line.find(prefix)
+                    if i >= 0:
+                        held.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            continue
+    return held
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Sweep:
+    """What one sweep removed and what it left because a live process holds it."""
+
+    removed: list[dict] = field(default_factory=list)
+    """{"path", "bytes"} of each removed segment or folder."""
+    kept_live: int = 0
+    """DeepSpeed segments of this user that a live process holds (a running job)."""
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(r["bytes"] for r in self.removed)
+
+    def to_dict(self) -> dict:
+        return {"removed": self.removed, "removed_bytes": self.removed_bytes, "kept_live": self.kept_live}
+
+    def note(self) -> str | None:
+        """One line for the user, or None when nothing was removed."""
+        if not self.removed:
+            return None
+        return (f"removed {len(self.removed)} leftover(s) of finished jobs ({self.removed_bytes / 2**20:,.0f} MiB: "
+                "DeepSpeed's shared-memory allreduce buffers, memascend key folders)")
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def sweep(*, shm_dir: str = SHM_DIR, tmp_dir: str | None = None, proc: str = "/proc", uid: int | None = None) -> Sweep:
+    """Remove this user's DeepSpeed segments that no live process holds and memascend key folders of dead pids."""
+    uid = os.getuid() if uid is None else uid
+    out = Sweep()
+    try:
+        names = [n for n in os.listdir(shm_dir) if n.startswith(SHM_PREFIX)]
+    except OSError:
+        names = []
+    mine = []
+    for n in names:
+        parsed = parse_shm_name(n)
+        path = os.path.join(shm_dir, n)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if parsed is not None and parsed[0] == uid and st.st_uid == uid:
+            mine.append((path, st.st_size))
+    if mine:
+        held = held_paths(os.path.join(shm_dir, SHM_PREFIX), proc)
+        for path, size in mine:
+            if path in held:
+                out.kept_live += 1
+                continue
+            try:
+                os.unlink(path)
+                out.removed.append({"path": path, "bytes": size})
+            except FileNotFoundError:
+                pass
+    tmp_dir = tmp_dir or tempfile.gettempdir()
+    try:
+        entries = [n for n in os.listdir(tmp_dir) if n.startswith(KEY_DIR_PREFIX)]
+    except OSError:
+        entries = []
+    for n in entries:
+        pid = key_dir_pid(n)
+        path = os.path.join(tmp_dir, n)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if pid is None or st.st_uid != uid or _alive(pid):
+            continue
+        size = _tree_bytes(path)
+        shutil.rmtree(path, ignore_errors=True)
+        out.removed.append({"path": path, "bytes": size})
+    return out
+
+
+def shm_used_bytes(shm_dir: str = SHM_DIR) -> int:
+    """Bytes in use on the shared-memory file system (what it costs in RAM)."""
+    try:
+        st = os.statvfs(shm_dir)
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def deepspeed_segments(shm_dir: str = SHM_DIR) -> list[str]:
+    """Names of DeepSpeed's allreduce segments in `shm_dir` (any user), sorted."""
+    try:
+        return sorted(n for n in os.listdir(shm_dir) if n.startswith(SHM_PREFIX))
+    except OSError:
+        return []

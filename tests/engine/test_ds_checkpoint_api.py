@@ -1,0 +1,102 @@
+"""DeepSpeed's own checkpoint API (engine.save_checkpoint / load_checkpoint) with memascend's engine installed.
+
+Real DeepSpeed ZeRO-3 on the CPU accelerator through memascend_engine.parity (tiny-llama, params and optimizer on
+NVMe, fp32 so losses compare bit for bit), in both engine modes: the bounded engine (default) and DeepSpeed's own
+optimizer swapper on region keys (EngineOptions(streaming=False)). A run saves with DeepSpeed's API after step 3 and
+goes on to step 6; a fresh process loads that checkpoint and runs steps 4-6: its losses must equal the uninterrupted
+run's. The checkpoint is DeepSpeed's layout with the optimizer state in offloaded_tensors/rank00 (never the empty swap
+folder), checked against its manifest on load; partial loads are refused at once.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+pytest.importorskip("transformers")
+
+from test_engine_deepspeed import run
+from test_engine_direct_nvme import make_region
+
+pytestmark = pytest.mark.slow
+MODES = {"streaming": (), "swapper": ("--off", "streaming")}
+
+
+def _dir(p):
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_save_and_load_checkpoint_resume_exactly(tmp_path, mode):
+    ckpt = tmp_path / "ckpt"
+    kw = ("--mode", "engine", "--dtype", "fp32", *MODES[mode])
+    full = run(tmp_path, "full", *kw, "--steps", "6", "--region", make_region(_dir(tmp_path / "a"), "512MiB"),
+               "--save-checkpoint", str(ckpt), "--save-at", "3")
+    assert full["save_checkpoint_error"] is None and len(full["losses"]) == 6
+    tag = (ckpt / "latest").read_text().strip()
+    assert tag == "global_step3"
+    rank_dir = ckpt / tag / "offloaded_tensors" / "rank00"
+    manifest = json.loads((rank_dir / "memascend-offloaded.json").read_text())
+    files = {f["name"]: f for g in manifest["sub_groups"] for f in g["files"].values()}
+    # Every sub-group's master and both Adam moments, in DeepSpeed's swap-file names, after 3 steps.
+    assert all(g["step"] == 3 and set(g["files"]) == {"fp32", "exp_avg", "exp_avg_sq"} for g in manifest["sub_groups"])
+    assert sum(g["numel"] for g in manifest["sub_groups"]) == 6_294_016
+    assert {p.name for p in rank_dir.glob("*.tensor.swp")} == set(files)
+    assert all((rank_dir / n).stat().st_size == f["bytes"] for n, f in files.items())
+
+    resumed = run(tmp_path, "resumed", *kw, "--steps", "6", "--region", make_region(_dir(tmp_path / "b"), "512MiB"),
+                  "--load-checkpoint", str(ckpt))
+    assert resumed["load_checkpoint_error"] is None and resumed["start_step"] == 3
+    assert resumed["losses"] == full["losses"][3:]
+
+
+def test_damaged_offloaded_file_is_named_on_load(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run(tmp_path, "save", "--mode", "engine", "--dtype", "fp32", "--steps", "2",
+        "--region", make_region(_dir(tmp_path / "a"), "512MiB"), "--save-checkpoint", str(ckpt))
+    rank_dir = ckpt / "global_step2" / "offloaded_tensors" / "rank00"
+    victim = min(rank_dir.glob("exp_avg-*.tensor.swp"))
+    with open(victim, "r+b") as f:
+        f.seek(4096)
+        byte = f.read(1)
+        f.seek(4096)
+        f.write(bytes([byte[0] ^ 0x10]))
+    r = run(tmp_path, "load", "--mode", "engine", "--dtype", "fp32", "--steps", "3",
+            "--region", make_region(_dir(tmp_path / "b"), "512MiB"), "--load-checkpoint", str(ckpt))
+    assert "CheckpointCorrupt" in r["load_checkpoint_error"] and victim.name in r["load_checkpoint_error"]
+    assert r["losses"] == []
+
+
+def test_partial_loads_are_refused_at_once(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run(tmp_path, "save", "--mode", "engine", "--dtype", "fp32", "--steps", "1",
+        "--region", make_region(_dir(tmp_path / "a"), "512MiB"), "--save-checkpoint", str(ckpt))
+    r = run(tmp_path, "load", "--mode", "engine", "--dtype", "fp32", "--steps", "2",
+            "--region", make_region(_dir(tmp_path / "b"), "512MiB"), "--load-checkpoint", str(ckpt), "--load-module-only")
+    assert r["load_checkpoint_error"].startswith("DeepSpeedApiRefused:") and "load_module_only" in r["load_checkpoint_error"]
+
+
+def test_param_pool_without_model_spec_is_sized_from_the_real_partitions(tmp_path):
+    """install() without a model_spec and DeepSpeed's default buffer_size (1e8 elements): the pool is
+    buffer_count slots of the largest real partition (tiny-llama's 1024 x 512 embedding, fp32), not 5 x 1e8 x 4 B."""
+    r = run(tmp_path, "nospec", "--mode", "engine", "--dtype", "fp32", "--steps", "2", "--no-model-spec",
+            "--param-buffer-size", "1e8", "--region", make_region(tmp_path, "512MiB"))
+    s = r["stats"]
+    buffer_count = r["config"]["zero_optimization"]["offload_param"]["buffer_count"]
+    assert s["param_pool_plan"] == f"uniform {buffer_count}x524,288 x 4 B"
+    assert s["param_pool_bytes"] == buffer_count * 524_288 * 4 < buffer_count * 100_000_000 * 4
+    assert len(r["losses"]) == 2
+
+
+def test_chunks_start_on_region_checksum_chunks():
+    """Optimizer chunks split tensors at multiples of CHUNK_ALIGN_NUMEL; a partial write of a region key must start
+    on a checksum chunk, so those boundaries must fall on one for 2-byte parameters."""
+    from memascend_engine.direct_nvme import CHECKSUM_CHUNK_BYTES
+
+    from memascend_cli.planner import zero
+
+    assert (zero.CHUNK_ALIGN_NUMEL * 2) % CHECKSUM_CHUNK_BYTES == 0
