@@ -71,20 +71,32 @@ def _register_optional() -> None:
 _register_optional()
 
 
-def _usage_error(exc) -> None:
-    """Click's usage errors (bad option value, unknown option, missing argument) as one `error:` line, exit 2."""
+def one_line(text: str) -> str:
+    """`text` as one terminal line: control characters and line separators (a newline in a user's file name)
+    written as escapes."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text))
+
+
+def _fail(message: str, hint: str | None, code: int) -> None:
+    """Print `error: message` and `hint: hint` (one line each, never parsed as markup) and exit with `code`."""
     from rich.markup import escape
 
     from memascend_cli.console import err
 
+    # Messages quote other programs' text (gloo's "[.../pair.cc:537]"): never parse it as markup.
+    err.print(f"[red]error:[/red] {escape(one_line(message))}", markup=True, highlight=False, soft_wrap=True)
+    if hint:
+        err.print(f"[cyan]hint:[/cyan] {escape(one_line(hint))}", markup=True, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _usage_error(exc) -> None:
+    """Click's usage errors (bad option value, unknown option, missing argument) as one `error:` line, exit 2."""
     if getattr(exc, "ctx", None) is None or exc.ctx.command.name == app.info.name:
         hint = "see `memascend --help`"
     else:
         hint = f"see `{exc.ctx.command_path} --help`"
-    message = " ".join(exc.format_message().split())
-    err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
-    err.print(f"[cyan]hint:[/cyan] {escape(hint)}", markup=True, highlight=False, soft_wrap=True)
-    sys.exit(EXIT_BAD_INPUT)
+    _fail(" ".join(exc.format_message().split()), hint, EXIT_BAD_INPUT)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,23 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         sys.exit(130)
     except MemascendError as exc:
-        from rich.markup import escape
-
-        from memascend_cli.console import err
-
-        # Messages quote other programs' text (gloo's "[.../pair.cc:537]"): never parse it as markup.
-        err.print(f"[red]error:[/red] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
-        if exc.hint:
-            err.print(f"[cyan]hint:[/cyan] {escape(exc.hint)}", markup=True, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        _fail(exc.message, exc.hint, exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+    except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         # OS errors on user-given paths are input problems, not bugs.
-        from rich.markup import escape
-
-        from memascend_cli.console import err
-
-        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
-        err.print("[cyan]hint:[/cyan] check the path and its permissions", markup=True, highlight=False)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(str(exc), "check the path and its permissions", EXIT_BAD_INPUT)

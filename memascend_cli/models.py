@@ -8,13 +8,13 @@ SwiGLU MLP, qkv biases, RMSNorm weights, tied or separate lm_head).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 
 from memascend_cli.errors import BadInput, PresetNotFound, did_you_mean
+from memascend_cli.userfiles import load_json, load_yaml
 
 # model_type values whose parameter layout we model exactly (Llama-style decoder).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -187,10 +187,38 @@ def _from_mapping(data: dict, *, name: str, origin: str, strict: bool) -> ModelS
                if kw.get(k) is None]
     if missing:
         raise BadInput(f"{origin}: missing {', '.join(missing)}", "a Llama/Qwen/Mistral config.json has these keys")
+    for key, value in kw.items():
+        problem = _type_problem(key, value)
+        if problem:
+            raise BadInput(f"{origin}: {key} {problem}, got {value!r}"[:300], "check the keys and their types")
     try:
         return ModelSpec(name=name, **kw)
     except TypeError as exc:
         raise BadInput(f"{origin}: {exc}", "check the keys and their types") from None
+
+
+_DIM_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "vocab_size", "head_dim", "max_position_embeddings")
+MAX_DIM = 2**31
+"""Largest dimension accepted (no real model comes near it; bigger values are typos that overflow the planner)."""
+
+
+def _type_problem(key: str, value) -> str | None:
+    """Why `value` cannot be ModelSpec field `key`, or None."""
+    if key in _DIM_FIELDS or key == "published_num_params":
+        if value is None and key in ("head_dim", "max_position_embeddings", "published_num_params"):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be a whole number"
+        limit = 2**63 - 1 if key == "published_num_params" else MAX_DIM
+        if not 0 < value <= limit:
+            return f"must be between 1 and {limit:,}"
+    elif key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        if not isinstance(value, bool):
+            return "must be true or false"
+    elif key in ("source", "family") and not isinstance(value, str):
+        return "must be a string"
+    return None
 
 
 def _presets_dir():
@@ -232,11 +260,7 @@ def load_config_json(path: str) -> ModelSpec:
     cfg = os.path.join(path, "config.json") if os.path.isdir(path) else path
     if not os.path.exists(cfg):
         raise BadInput(f"{cfg}: no such file", "give a Hugging Face model directory (with config.json) or a preset name")
-    try:
-        with open(cfg) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{cfg}: not valid JSON ({exc.msg} at line {exc.lineno})", "check the file") from None
+    data = load_json(cfg)
     if not isinstance(data, dict):
         raise BadInput(f"{cfg}: expected a JSON object", "check the file")
     # Multimodal / wrapped configs keep the language model under text_config.
@@ -387,12 +411,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     if os.path.isdir(p) or p.endswith(".json"):
         return load_config_json(p)
     if p.endswith((".yaml", ".yml")):
-        import yaml
-
         if not os.path.exists(p):
             raise BadInput(f"{p}: no such file", "give a preset name or an existing YAML/config.json path")
-        with open(p) as f:
-            data = yaml.safe_load(f) or {}
+        data = load_yaml(p, hint="see presets/models/*.yaml for the format") or {}
         if not isinstance(data, dict):
             raise BadInput(f"{p}: expected a mapping of keys", "see presets/models/*.yaml for the format")
         return _from_mapping(data, name=os.path.basename(p).rsplit(".", 1)[0], origin=p, strict=True)

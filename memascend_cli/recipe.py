@@ -423,16 +423,9 @@ def cache_home(kind: str) -> str:
 
 
 def read_yaml(path: str) -> dict:
-    import yaml
+    from memascend_cli.userfiles import load_yaml
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BadInput(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', None) or exc})",
-                       "fix the syntax; every line is `key: value`") from None
+    data = load_yaml(path)  # an unreadable or malformed file is one BadInput line
     if data is None:
         data = {}
     if not isinstance(data, dict):

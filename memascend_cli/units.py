@@ -22,6 +22,8 @@ _SIZE_UNITS = {
     "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
     "k": KiB, "m": MiB, "g": GiB, "t": TiB,
 }
+MAX_BYTES = 2**63 - 1
+"""Largest size or count accepted (8 EiB): anything larger is a typo, and int64 everywhere below."""
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
 
 
@@ -39,7 +41,10 @@ def parse_size(text: str, what: str = "size") -> int:
         raise BadInput(f"unknown unit {m.group(2)!r} in {what} {text!r}", "units: B, KB, MB, GB, TB (decimal) or KiB, MiB, GiB, TiB")
     if value <= 0:
         raise BadInput(f"{what} must be positive: {text!r}", "give a positive size such as 128GiB")
-    return int(round(value * _SIZE_UNITS[unit]))
+    nbytes = value * _SIZE_UNITS[unit]
+    if not nbytes <= MAX_BYTES:  # also inf (1e400GiB)
+        raise BadInput(f"{what} {text!r} is too large", "give a size below 8 EiB, e.g. 128GiB or 2TB")
+    return int(round(nbytes))
 
 
 def parse_bandwidth_gbps(text: str, what: str = "bandwidth") -> float:
@@ -65,8 +70,10 @@ def parse_count(text: str, what: str = "count") -> int:
         value = float(str(text))
     except ValueError:
         raise BadInput(f"cannot read {what} {text!r}", "give a whole number such as 1e9 or 100000") from None
-    if value < 0 or value != int(value):
+    if not math.isfinite(value) or value < 0 or value != int(value):
         raise BadInput(f"{what} must be a non-negative whole number: {text!r}", "e.g. 1e9 or 100000")
+    if value > MAX_BYTES:
+        raise BadInput(f"{what} {text!r} is too large", "e.g. 1e9 or 100000")
     return int(value)
 
 

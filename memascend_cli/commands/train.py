@@ -242,6 +242,8 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     _check_model_source(recipe.model)
     _check_data_paths(recipe)
     run_dir = recipe.output_dir
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise BadInput(f"output_dir {run_dir} exists and is not a directory", "choose another --output-dir")
     done = _complete_checkpoints(run_dir)
     if resume and not done:
         raise BadInput(f"--resume: no complete checkpoint in {os.path.join(run_dir, CHECKPOINTS)}",
