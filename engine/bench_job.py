@@ -254,4 +254,6 @@ def run(args, rank: int, ev: Events) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from memascend_engine.hard_exit import exit_after_flush
+
+    exit_after_flush(main(sys.argv[1:]))

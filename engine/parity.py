@@ -209,3 +209,6 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    from memascend_engine.hard_exit import exit_after_flush
+
+    exit_after_flush(0)

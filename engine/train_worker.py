@@ -504,4 +504,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from memascend_engine.hard_exit import exit_after_flush
+
+    exit_after_flush(main())
