@@ -30,8 +30,11 @@ from memascend_cli.units import GiB, MiB
 JSON_SCHEMA_VERSION = 1
 MODES = ("stock", "tuned", "memascend")
 TECHNIQUES = ("streaming", "pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing",
-              "malloc_trim")
-"""The engine's techniques, each switchable off for the ablation (memascend_engine.EngineOptions fields)."""
+              "malloc_trim", "verify_checksums")
+"""The engine's techniques (and its checksum verification, to measure what it costs), each switchable off for the
+ablation (memascend_engine.EngineOptions fields)."""
+ABLATION_PREFIX = "memascend-no-"
+"""Run name of memascend with one technique off: memascend-no-<technique>."""
 
 ACCELERATORS = ("auto", "cpu", "cuda")
 JOB_MODULE = "memascend_engine.bench_job"
@@ -66,18 +69,20 @@ def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
     names = [t.strip() for t in str(text).split(",") if t.strip()]
     if not names:
         raise BadInput("--runs is empty", "give e.g. --runs stock,tuned,memascend")
-    bad = [n for n in names if n not in MODES]
+    ablated = {f"{ABLATION_PREFIX}{t}": t for t in TECHNIQUES}
+    bad = [n for n in names if n not in MODES and n not in ablated]
     if bad:
-        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES))
+        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES) + f", or {ABLATION_PREFIX}X with X one "
+                       "of " + ", ".join(TECHNIQUES))
     if len(set(names)) != len(names):
         raise BadInput("--runs names a run twice", "list each of " + ", ".join(MODES) + " at most once")
-    runs = [RunSpec(n, n) for n in names]
+    runs = [RunSpec(n, "memascend", (ablated[n],)) if n in ablated else RunSpec(n, n) for n in names]
     if ablation:
         # The ablation separates config from technique: tuned is "stock + memascend's knobs only", and each
         # memascend-no-X run differs from full memascend in X alone.
         if "tuned" not in names:
             runs.append(RunSpec("tuned", "tuned"))
-        runs += [RunSpec(f"memascend-no-{t}", "memascend", (t,)) for t in TECHNIQUES]
+        runs += [RunSpec(n, "memascend", (t,)) for n, t in ablated.items() if n not in names]
     return runs
 
 

@@ -48,7 +48,8 @@ def bench_command(
     host_budget: str = typer.Option(None, "--host-budget", help="memascend's pinned + staging memory per rank, e.g. "
                                     "2GiB. Default: what full overlap needs.", rich_help_panel=_J, show_default=False),
     runs: str = typer.Option("stock,tuned,memascend", "--runs", help="Comma list of stock (DeepSpeed as its docs "
-                             "configure it), tuned (stock given every stock knob memascend sets), memascend.",
+                             "configure it), tuned (stock given every stock knob memascend sets), memascend, "
+                             "memascend-no-X (one technique off, e.g. memascend-no-verify_checksums).",
                              rich_help_panel=_R),
     ablation: bool = typer.Option(False, "--ablation", help="Add one memascend run per technique switched off "
                                   "(everything else identical; tuned is the 'knobs only' row).", rich_help_panel=_R),

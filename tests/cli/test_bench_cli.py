@@ -289,3 +289,15 @@ def test_sweep_document_flatness_and_slope():
     assert sweep["series"]["memascend"]["spread_bytes"] == int(1.1 * GiB) - int(1.0 * GiB)
     assert abs(sweep["series"]["memascend"]["gib_per_billion_params"]) < 0.05
     B.render_sweep(sweep)
+
+
+def test_runs_may_name_single_ablation_runs():
+    runs = B.parse_runs("memascend,memascend-no-verify_checksums", ablation=False)
+    assert runs == [B.RunSpec("memascend", "memascend"),
+                    B.RunSpec("memascend-no-verify_checksums", "memascend", ("verify_checksums",))]
+    # --ablation adds the rest, never the named one twice.
+    full = B.parse_runs("memascend,memascend-no-streaming", ablation=True)
+    assert [r.name for r in full].count("memascend-no-streaming") == 1
+    assert len(full) == 3 + len(B.TECHNIQUES) - 1
+    with pytest.raises(B.BadInput, match="unknown run"):
+        B.parse_runs("memascend-no-magic", ablation=False)
