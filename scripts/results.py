@@ -279,6 +279,23 @@ def section_data_path(path: str) -> str:
         _script("data_path_memory").table(doc), ""]) + "\n"
 
 
+def section_parity_repeat(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        doc = json.load(f)
+    rows = [[str(r["run"]), str(r["exit_code"]), str(r["passed"]), str(len(r["failed"])), str(r["skipped"]),
+             f"{r['seconds']:.0f}", "yes" if r["terminate_called"] else "no"] for r in doc["runs"]]
+    failing = sorted({t for r in doc["runs"] for t in r["failed"]})
+    return "\n".join([
+        "## Parity tests, repeated", "",
+        f"`{doc['command']}` on {doc['host']}, {doc['date']}: `{doc['tests']}` run {len(doc['runs'])} times in a row "
+        "(bit-for-bit loss parity of the engine against stock DeepSpeed; every stock child exits without interpreter "
+        "teardown, memascend_engine/hard_exit.py). Raw data: " + f"`{os.path.relpath(path, REPO)}`.", "",
+        table(["run", "exit", "passed", "failed", "skipped", "seconds", "abort at exit"], rows), "",
+        ("Failing tests: " + ", ".join(f"`{t}`" for t in failing)) if failing else "No run failed.", ""]) + "\n"
+
+
 def section_generic(title: str, runs: list, intro: str) -> str:
     if not runs:
         return ""
@@ -317,6 +334,7 @@ def render() -> str:
                                  "Outputs of `memascend plan --json`."))
     parts.append(section_smollm2(os.path.join(DOCS, "raw", "smollm2-sft.json")))
     parts.append(section_data_path(os.path.join(DOCS, "raw", "data-path-memory.json")))
+    parts.append(section_parity_repeat(os.path.join(DOCS, "raw", "parity-repeat.json")))
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
     parts.append(section_ds_buffers())
     parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))
