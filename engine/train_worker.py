@@ -305,12 +305,9 @@ class Run:
         return chosen
 
     def _on_sigterm(self, signum, frame):
-        # The launcher terminates the survivors when a rank dies: leave a mark so the CLI can tell
-        # the rank that died first (it leaves none) from the ones that were stopped.
+        # The launcher terminates the survivors when a rank dies: the mark tells the CLI this rank did not die first.
         try:
-            path = rundir.terminated_file(self.run_dir, self.rank)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            open(path, "w").close()
+            write_exit_mark(self.run_dir, self.rank, {"sigterm": True})
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
@@ -485,6 +482,30 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     run = Run(args)
     rank = _env_int("RANK", 0)
+    _touch(rundir.started_file(run.run_dir, rank))
+    code = 1  # also when a BaseException escapes: Python reports it and exits 1
+    try:
+        code = _main(run, rank)
+    finally:
+        write_exit_mark(run.run_dir, rank, {"code": code})
+    return code
+
+
+def _touch(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").close()
+
+
+def write_exit_mark(run_dir: str, rank: int, doc: dict) -> None:
+    """RUN/logs/exit-rank<N>.json: this rank ended on its own terms (memascend_cli.launch tells killed ranks by its
+    absence)."""
+    path = rundir.exit_file(run_dir, rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def _main(run: Run, rank: int) -> int:
     try:
         run.main()
     except WorkerError as exc:

@@ -18,8 +18,17 @@ from dataclasses import dataclass, field
 
 from memascend_cli.errors import MemascendError
 from memascend_cli.recipe import Recipe
-from memascend_cli.rundir import (DEEPSPEED_ENV, DS_CONFIG, ERROR_PREFIX, LOG_DIR, STOP_FILE, TERMINATED_PREFIX,
-                                  error_file, terminated_file)
+from memascend_cli.rundir import (
+    DEEPSPEED_ENV,
+    DS_CONFIG,
+    ERROR_PREFIX,
+    EXIT_PREFIX,
+    LOG_DIR,
+    STARTED_PREFIX,
+    STOP_FILE,
+    exit_file,
+    started_file,
+)
 
 WORKER_MODULE = "memascend_engine.train_worker"
 
@@ -149,7 +158,7 @@ def clear_stale_state(run_dir: str) -> None:
     log_dir = os.path.join(run_dir, LOG_DIR)
     if os.path.isdir(log_dir):
         for n in os.listdir(log_dir):
-            if n.startswith((ERROR_PREFIX, TERMINATED_PREFIX)):
+            if n.startswith((ERROR_PREFIX, EXIT_PREFIX, STARTED_PREFIX)):
                 os.unlink(os.path.join(log_dir, n))
 
 
@@ -233,14 +242,14 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
     killed = _killed_by(code)
     found = rank_error(spec.run_dir)
-    if killed and stop_requests <= 1:
-        silent = _silent_ranks(spec)
-        if found is None or silent:
-            # A killed rank writes nothing; the others then fail on the broken collective, and their
-            # error files only echo the cause.
-            who = f"rank {silent[0]}" if len(silent) == 1 else "a rank"
-            raise MemascendError(f"{who} was killed by {killed} (out of memory?); the newest complete checkpoint "
-                                 "is intact", f"continue with `memascend train RECIPE --resume`; logs in {spec.log_dir}")
+    silent = _silent_ranks(spec) if stop_requests <= 1 else []
+    if silent or (killed and found is None and stop_requests <= 1):
+        # A killed rank writes nothing; the others then fail on the broken collective, and their error files only
+        # echo the cause. The launcher's status is the first dead rank it polled, not always the killed one.
+        who = ("rank " + ", ".join(map(str, silent))) if silent else "a rank"
+        how = f" by {killed}" if killed else ""
+        raise MemascendError(f"{who} was killed{how} (out of memory?); the newest complete checkpoint is intact",
+                             f"continue with `memascend train RECIPE --resume`; logs in {spec.log_dir}")
     if found is not None:
         message, log_path, hint = found
         raise MemascendError(message, f"{hint}; full log: {log_path}" if hint else f"full log: {log_path}")
@@ -283,10 +292,10 @@ def _wait_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
 
 
 def _silent_ranks(spec: LaunchSpec) -> list[int]:
-    """Ranks of this launch (single node) that left neither an error file nor the mark of the launcher's
-    SIGTERM (the launcher terminates the survivors when one rank dies): the ones that were killed."""
+    """Ranks of this node that started but left no exit mark (every exit a rank controls, also the launcher's
+    SIGTERM to the survivors of a dead rank, writes one): the ones killed by a signal they could not catch."""
     return [r for r in range(spec.num_ranks)
-            if not os.path.exists(error_file(spec.run_dir, r)) and not os.path.exists(terminated_file(spec.run_dir, r))]
+            if os.path.exists(started_file(spec.run_dir, r)) and not os.path.exists(exit_file(spec.run_dir, r))]
 
 
 def _killed_by(code: int) -> str | None:

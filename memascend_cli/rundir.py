@@ -47,8 +47,11 @@ DEEPSPEED_ENV = ".deepspeed_env"
 which `memascend train` sets to the run directory."""
 ERROR_PREFIX = "error-rank"
 """logs/error-rank<N>.json: the one-line reason a rank failed (read by the CLI)."""
-TERMINATED_PREFIX = "terminated-rank"
-"""logs/terminated-rank<N>: the rank was stopped by the launcher's SIGTERM (it did not die first)."""
+STARTED_PREFIX = "started-rank"
+"""logs/started-rank<N>: the rank's worker began (written first thing)."""
+EXIT_PREFIX = "exit-rank"
+"""logs/exit-rank<N>.json: the rank ended on its own terms ({"code": N} or {"sigterm": true}, the launcher stopping
+the survivors of a dead rank). A rank of a failed launch without one died of a signal it could not catch."""
 
 
 def path(run_dir: str, name: str) -> str:
@@ -56,9 +59,14 @@ def path(run_dir: str, name: str) -> str:
     return os.path.join(run_dir, name)
 
 
-def terminated_file(run_dir: str, rank: int) -> str:
-    """RUN/logs/terminated-rank<N>."""
-    return os.path.join(run_dir, LOG_DIR, f"{TERMINATED_PREFIX}{rank}")
+def started_file(run_dir: str, rank: int) -> str:
+    """RUN/logs/started-rank<N>."""
+    return os.path.join(run_dir, LOG_DIR, f"{STARTED_PREFIX}{rank}")
+
+
+def exit_file(run_dir: str, rank: int) -> str:
+    """RUN/logs/exit-rank<N>.json."""
+    return os.path.join(run_dir, LOG_DIR, f"{EXIT_PREFIX}{rank}.json")
 
 
 def error_file(run_dir: str, rank: int) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -296,7 +297,9 @@ def test_sigkill_of_one_rank_of_two_during_io(tmp_path):
     p = run_until(args, run, {"event": "checkpoint", "step": 2}, kill_rank_1)
     errors = _errors(p.stderr)
     assert killed and p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
-    assert errors[0].startswith("error: rank 1 was killed by SIGKILL"), errors  # the cause, not rank 0's echo of it
+    # The cause, not rank 0's echo of it; the signal is named when the launcher's status carries it (it reports the
+    # first dead rank it polls, which may be rank 0 failing on the broken collective).
+    assert re.match(r"error: rank 1 was killed( by SIGKILL)? \(out of memory\?\)", errors[0]), errors
     assert _complete_checkpoints(run)[0] == "step-0000002"
     _verify_checkpoint(run, 2, ranks=2)
     from memascend_cli import region as region_mod

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def test_killed_rank_leaves_no_shared_memory_and_live_segments_are_kept(tmp_path
         holder.wait()
     try:
         assert killed, f"rank 1 was never found running:\n{err[-3000:]}"
-        assert proc.returncode == 1 and "rank 1 was killed by SIGKILL" in err, err[-3000:]
+        assert proc.returncode == 1 and re.search(r"rank 1 was killed( by SIGKILL)? ", err), err[-3000:]
         # DeepSpeed really made one segment per rank for this job, and none is left.
         assert sorted(seen_during) == [leftovers.shm_name(UID, "127.0.0.1", port, r) for r in (0, 1)], seen_during
         assert _segments(port) == []
