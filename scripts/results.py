@@ -128,8 +128,9 @@ def section_planner(cal: list, val: list) -> str:
     out = ["## Planner accuracy: calibration vs validation runs", "",
            "The planner's measured constants (runtime level per process, engine runtime) were fitted on the "
            "calibration runs only; the validation runs are other models, dtypes and rank counts it was not fitted on. "
-           f"`tests/unit/test_planner_validation.py` keeps every validation error within {PLANNER_TOLERANCE_PERCENT:.0f}%.",
-           ""]
+           f"The target is an error within {PLANNER_TOLERANCE_PERCENT:.0f}% on every validation run; "
+           "`tests/unit/test_planner_validation.py` checks it and lists the runs that miss it (strict expected "
+           "failures, so a fix or a regression shows).", ""]
     sys.path.insert(0, REPO)  # the planner is stdlib only; results are re-planned with today's code
     from memascend_cli.bench import repredict
 
@@ -145,9 +146,12 @@ def section_planner(cal: list, val: list) -> str:
                 rows.append([f"{j['model']} L{j.get('layers', '?')}", j["dtype"], str(j["ranks"]), str(j["seq_len"]),
                              r["name"], gib(r["peak_system_bytes"]), gib(planned), pct(err),
                              f"`{os.path.basename(path)}`"])
+        within = sum(1 for r in rows if abs(float(r[7].rstrip("%"))) <= PLANNER_TOLERANCE_PERCENT)
         out += [f"### {title.capitalize()} runs", "",
                 table(["model", "dtype", "ranks", "seq", "run", "measured GiB", "planned GiB", "error", "raw"], rows)
                 if rows else "(none recorded)", ""]
+        if rows:
+            out += [f"{within} of {len(rows)} {title} runs within {PLANNER_TOLERANCE_PERCENT:.0f}%.", ""]
     return "\n".join(out) + "\n"
 
 

@@ -8,9 +8,9 @@ exception escaping main (a traceback). Side effects stay in a fresh temporary di
 directory too): prepare-ssd only ever gets targets there, /dev/null or a /dev path that does not exist, and real
 writes only of small regions without the bandwidth probe; train always runs with --dry-run.
 
-Fast suite: FAST_EXAMPLES cases per property. The `slow` suite runs SLOW_EXAMPLES (2,000) per property, i.e. 4,000
-for plan (arguments + model files) and for train (arguments + recipe files), 2,000 for prepare-ssd; measured 5 min
-for the slow half on the shared 2-core VM (noisy).
+Fast suite: FAST_EXAMPLES cases per property. The `slow` suite runs SLOW_EXAMPLES_PER_COMMAND (2,000) per command,
+split evenly over its properties: plan (arguments, model files), prepare-ssd (arguments), train (arguments, recipe
+files).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from memascend_cli.app import main  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
 FAST_EXAMPLES = 30
-SLOW_EXAMPLES = 2000
+SLOW_EXAMPLES_PER_COMMAND = 2000
 PRESETS = sorted(n[:-5] for n in os.listdir(os.path.join(REPO, "presets", "models")) if n.endswith(".yaml"))
 PROFILES = sorted(n[:-5] for n in os.listdir(os.path.join(REPO, "presets", "hardware")) if n.endswith(".yaml"))
 
@@ -327,8 +327,21 @@ def test_fuzzed_inputs_never_crash(name):
     fuzz(strategy, FAST_EXAMPLES)(case)()
 
 
+def _command(name: str) -> str:
+    return name.split("_")[0] if not name.startswith("prepare") else "prepare_ssd"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-def test_fuzzed_inputs_never_crash_2000_cases(name):
+def test_fuzzed_inputs_never_crash_2000_cases_per_command(name):
     strategy, case = CASES[name]
-    fuzz(strategy, SLOW_EXAMPLES)(case)()
+    properties = sum(1 for n in CASES if _command(n) == _command(name))
+    fuzz(strategy, -(-SLOW_EXAMPLES_PER_COMMAND // properties))(case)()
+
+
+def test_slow_suite_gives_each_command_2000_cases():
+    per_command = {}
+    for n in CASES:
+        properties = sum(1 for m in CASES if _command(m) == _command(n))
+        per_command[_command(n)] = per_command.get(_command(n), 0) + -(-SLOW_EXAMPLES_PER_COMMAND // properties)
+    assert per_command == {"plan": 2000, "prepare_ssd": 2000, "train": 2000}
