@@ -88,6 +88,15 @@ def comparisons(doc: dict) -> list[str]:
                 st = c["step_time_change_percent"]
                 lines.append(f"- {name}: **{c['peak_reduction_percent']:.1f}% less** peak system memory than {ref}"
                              + ("" if st is None else f", step time {st:+.1f}%"))
+    # Ablation runs against full memascend: what switching one technique off changes.
+    full = next((r for r in doc["runs"] if r["name"] == "memascend" and r["ok"]), None)
+    for r in doc["runs"]:
+        if full is not None and r["ok"] and r["name"].startswith("memascend-no-"):
+            dpeak = 100.0 * (r["peak_system_bytes"] - full["peak_system_bytes"]) / full["peak_system_bytes"]
+            dstep = (100.0 * (r["seconds_per_step"] - full["seconds_per_step"]) / full["seconds_per_step"]
+                     if r.get("seconds_per_step") and full.get("seconds_per_step") else None)
+            lines.append(f"- {r['name']}: peak {dpeak:+.1f}% vs memascend"
+                         + ("" if dstep is None else f", step time {dstep:+.1f}%"))
     return lines
 
 
