@@ -45,8 +45,9 @@ class EngineOptions:
     offload_checkpointing: bool = True
     """`Installed.enable_offloaded_checkpointing` wraps decoder layers; off: it does nothing."""
     malloc_trim: bool = True
-    """Return freed forward/backward heap to the OS after backward (the planner assumes no
-    allocator retention)."""
+    """The allocator policy: large allocations (>= 1 MiB) always mmapped, so freed tensors go back to the OS at once
+    (glibc's dynamic mmap threshold otherwise keeps them in the heap), and malloc_trim after backward (the planner
+    assumes no allocator retention)."""
     fused_kernels: bool = True
     """Liger-Kernel / FlashAttention when installed on a GPU machine (`Installed.apply_fused_kernels`)."""
     adam_in_place: bool = True

@@ -86,6 +86,12 @@ class Patches:
 # Context shared by the patched classes
 
 
+M_MMAP_THRESHOLD = -3
+"""mallopt(3) parameter number (glibc malloc.h)."""
+MMAP_THRESHOLD_BYTES = 1 << 20
+"""Allocations from 1 MiB up are mmapped (tensors of a layer or larger); below it, the heap (python objects)."""
+
+
 @dataclass
 class PluginContext:
     """What the patched DeepSpeed classes need from the installed engine."""
@@ -102,7 +108,8 @@ class PluginContext:
     declare_zero: Callable[[str, int], None] | None = None
     """The Direct NVMe store's declare_zero(swap path, nbytes): the Adam states seeded in place read as zeros."""
     counters: dict = field(default_factory=lambda: {
-        "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "adam_states_in_place": 0,
+        "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "mmap_threshold_bytes": 0,
+        "adam_states_in_place": 0,
         "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
         "prefetch_skipped": 0, "prefetch_duplicates": 0,
         "grad_buffer_in_place": 0})
@@ -116,17 +123,37 @@ class PluginContext:
     """memascend_engine.bounded.IOCounters of the bounded engine."""
     _libc: Any = None
 
-    def trim_heap(self) -> None:
-        """Return freed heap pages to the OS (glibc keeps fwd/bwd temporaries in its arenas)."""
+    def _glibc(self):
         if self._libc is None:
             try:
                 self._libc = ctypes.CDLL("libc.so.6")
                 self._libc.malloc_trim.argtypes = [ctypes.c_size_t]
+                self._libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
             except (OSError, AttributeError):
                 self._libc = False
-        if self._libc:
-            self._libc.malloc_trim(0)
+        return self._libc
+
+    def trim_heap(self) -> None:
+        """Return freed heap pages to the OS (glibc keeps fwd/bwd temporaries in its arenas)."""
+        libc = self._glibc()
+        if libc:
+            libc.malloc_trim(0)
             self.counters["malloc_trims"] += 1
+
+    def fix_mmap_threshold(self, nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+        """Serve every allocation of `nbytes` or more by its own mmap for the rest of the process.
+
+        glibc raises its mmap threshold to the size of each mmapped block freed (up to 32 MiB, mallopt(3)
+        "M_MMAP_THRESHOLD"); after the first freed tensor of a few MiB, parameter, gradient and activation tensors
+        of that size come from the heap, whose freed middle glibc keeps: measured on bench-llama-136m at 32 layers
+        (fp32, CPU), the rank's peak grew from 1.69 to 3.68 GiB, by ~4 B per parameter during zero.Init and
+        backward. Setting the threshold turns the dynamic raise off; freed tensors go back to the OS at once."""
+        libc = self._glibc()
+        if not libc:
+            return False
+        ok = bool(libc.mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+        self.counters["mmap_threshold_bytes"] = int(nbytes) if ok else 0
+        return ok
 
 
 # ---------------------------------------------------------------------------------------------

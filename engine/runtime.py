@@ -177,6 +177,8 @@ class Installed:
             adam_in_place=o.adam_in_place and use_direct and self.opt_nvme,
             pool_plan_factory=self._param_plan if (o.adaptive_pool and self.param_nvme) else None,
             pinned_allocator=self.allocator if o.pinned else None)
+        if o.malloc_trim:
+            self.ctx.fix_mmap_threshold()
         try:
             if use_direct:
                 if not self.region:

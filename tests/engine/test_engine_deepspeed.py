@@ -93,6 +93,7 @@ def test_fp32_losses_equal_stock_exactly(tmp_path, stock):
     assert io["gradient_read_bytes"] == io["gradient_write_bytes"] + 1024 * 512 * 4
     assert s["counters"]["pool_overflow_allocations"] == 0
     assert s["counters"]["malloc_trims"] == STEPS
+    assert s["counters"]["mmap_threshold_bytes"] == 1 << 20  # the allocator policy is on
     # The per-partition overflow check on a real gradient read back from the region, with torch's answer.
     assert r["overflow_probe"] == {"clean": False, "inf": True, "nan": True, "restored": False, "reference_clean": False}
     assert s["counters"]["overflow_scans"] == 4
@@ -150,7 +151,7 @@ def test_each_technique_switches_off(tmp_path, stock, off):
     if off == "fused_overflow":
         assert s["counters"]["overflow_scans"] == 0 and r["overflow_probe"]["inf"] is True
     if off == "malloc_trim":
-        assert s["counters"]["malloc_trims"] == 0
+        assert s["counters"]["malloc_trims"] == 0 and s["counters"]["mmap_threshold_bytes"] == 0
     if off == "pinned":
         assert s["pinned"]["locked_bytes"] == 0 and s["counters"]["grad_buffer_in_place"] == 0
     if off == "adam_in_place":
