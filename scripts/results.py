@@ -40,6 +40,14 @@ def load(pattern: str) -> list[tuple[str, dict]]:
     return out
 
 
+def load_one(path: str) -> dict | None:
+    """The JSON document at `path`, or None when it was not recorded."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def gib(b) -> str:
     return "-" if b is None else f"{b / GiB:.2f}"
 
@@ -253,10 +261,9 @@ def _script(name: str):
 
 
 def section_smollm2(path: str) -> str:
-    if not os.path.exists(path):
+    doc = load_one(path)
+    if doc is None:
         return ""
-    with open(path) as f:
-        doc = json.load(f)
     rel = os.path.relpath(path, REPO)
     return "\n".join([
         "## SmolLM2-135M-Instruct fine-tuned end to end on CPU, offline", "",
@@ -276,10 +283,9 @@ def section_smollm2(path: str) -> str:
 
 
 def section_data_path(path: str) -> str:
-    if not os.path.exists(path):
+    doc = load_one(path)
+    if doc is None:
         return ""
-    with open(path) as f:
-        doc = json.load(f)
     rel = os.path.relpath(path, REPO)
     return "\n".join([
         "## Data path: host memory against dataset size", "",
@@ -293,10 +299,9 @@ def section_data_path(path: str) -> str:
 
 
 def section_parity_repeat(path: str) -> str:
-    if not os.path.exists(path):
+    doc = load_one(path)
+    if doc is None:
         return ""
-    with open(path) as f:
-        doc = json.load(f)
     rows = [[str(r["run"]), str(r["exit_code"]), str(r["passed"]), str(len(r["failed"])), str(r["skipped"]),
              f"{r['seconds']:.0f}", "yes" if r["terminate_called"] else "no"] for r in doc["runs"]]
     failing = sorted({t for r in doc["runs"] for t in r["failed"]})
