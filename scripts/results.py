@@ -133,12 +133,47 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
     first = doc["documents"][0]
     out = [f"## {title}", "", f"`{(doc.get('meta') or {}).get('command', '?')}`", "",
            f"Peak system memory (GiB) per point. {machine_line(first)} Raw: `{path}` (one bench document per point "
-           "inside).", "", table(header, rows), ""]
+           "inside).", "", table(header, rows), "",
+           "Per point: seconds per step, and the plan's error on the peak (planned - measured) / measured.", "",
+           table(["run"] + header[1:-2], _sweep_detail_rows(doc)), ""]
+    out += _sweep_growth_lines(doc)
     for d in doc["documents"]:
         cmp = [x for x in comparisons(d) if x.startswith("- memascend:")]
         if cmp:
             out.append(f"- L{d['job']['layers']} s{d['job']['seq_len']}: " + cmp[0][len("- memascend: "):])
     return "\n".join(out) + "\n"
+
+
+def _sweep_detail_rows(doc: dict) -> list[list[str]]:
+    rows = []
+    for name, s in doc["series"].items():
+        by = {(q["layers"], q["seq_len"]): q for q in s["points"]}
+        cells = []
+        for p in doc["points"]:
+            q = by.get((p["layers"], p["seq_len"]))
+            if q is None:
+                cells.append("-")
+                continue
+            step = "-" if q["seconds_per_step"] is None else f"{q['seconds_per_step']:.1f} s"
+            pred = q.get("predicted_bytes")
+            err = "" if not pred else f", {pct(100.0 * (pred - q['peak_system_bytes']) / q['peak_system_bytes'])}"
+            cells.append(step + err)
+        rows.append([name] + cells)
+    return rows
+
+
+def _sweep_growth_lines(doc: dict) -> list[str]:
+    """Largest minus smallest point, measured and planned: what the sweep's bar is about."""
+    lines = []
+    for name, s in doc["series"].items():
+        pts = [q for q in s["points"] if q.get("predicted_bytes")]
+        if len(pts) < 2:
+            continue
+        lo, hi = pts[0], pts[-1]
+        lines.append(f"- {name}: L{lo['layers']} s{lo['seq_len']} -> L{hi['layers']} s{hi['seq_len']}: measured "
+                     f"{(hi['peak_system_bytes'] - lo['peak_system_bytes']) / GiB:+.2f} GiB, planned "
+                     f"{(hi['predicted_bytes'] - lo['predicted_bytes']) / GiB:+.2f} GiB")
+    return lines + ([""] if lines else [])
 
 
 def section_planner(cal: list, val: list) -> str:
