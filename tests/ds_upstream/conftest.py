@@ -131,3 +131,13 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call":
         item._ds_outcome = report.outcome
+
+
+@pytest.fixture
+def tmpdir(tmp_path_factory):
+    """A tmpdir that outlives its test: a reused worker pool keeps the FileStore its class's first test made in that
+    test's tmpdir (unit/common.py _launch_with_file_store), and pytest's retention policy (pyproject: keep failed
+    tests' directories only) would delete it at that test's teardown, hanging the next test's new_group."""
+    from _pytest.compat import legacy_path
+
+    return legacy_path(tmp_path_factory.mktemp("ds_test"))
