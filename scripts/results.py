@@ -145,19 +145,20 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
 
 
 def _sweep_detail_rows(doc: dict) -> list[list[str]]:
+    """Seconds per step and plan error of each run at each point, read from the point's own bench document."""
+    runs = {(d["job"]["layers"], d["job"]["seq_len"], r["name"]): r
+            for d in doc["documents"] for r in d["runs"] if r["ok"]}
     rows = []
-    for name, s in doc["series"].items():
-        by = {(q["layers"], q["seq_len"]): q for q in s["points"]}
+    for name in doc["series"]:
         cells = []
         for p in doc["points"]:
-            q = by.get((p["layers"], p["seq_len"]))
-            if q is None:
+            r = runs.get((p["layers"], p["seq_len"], name))
+            if r is None or not r["peak_system_bytes"]:
                 cells.append("-")
                 continue
-            step = "-" if q["seconds_per_step"] is None else f"{q['seconds_per_step']:.1f} s"
-            pred = q.get("predicted_bytes")
-            err = "" if not pred else f", {pct(100.0 * (pred - q['peak_system_bytes']) / q['peak_system_bytes'])}"
-            cells.append(step + err)
+            step = "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f} s"
+            err = r.get("prediction_error_percent")
+            cells.append(step + ("" if err is None else f", {pct(err)}"))
         rows.append([name] + cells)
     return rows
 
