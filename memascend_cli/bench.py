@@ -23,6 +23,7 @@ from array import array
 from dataclasses import asdict, dataclass, field
 
 from memascend_cli.deepspeed_config import ELEM_BYTES, adamw, ds_config
+from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.planner import zero
 from memascend_cli.units import GiB, MiB
@@ -113,8 +114,9 @@ def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: 
 
 
 def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> dict:
-    """Environment of a run's child: the accelerator and the settings' environment (DS_PIN_MEMORY_BACKEND: native
-    for tuned and memascend, DeepSpeed's default torch allocator for stock)."""
+    """Environment of a run's child: the accelerator, the settings' environment (DS_PIN_MEMORY_BACKEND: native
+    for tuned and memascend, DeepSpeed's default torch allocator for stock) and, for memascend, the engine's allocator
+    environment (defaults.ENGINE_ENV)."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     if accelerator == "cpu":
@@ -124,6 +126,8 @@ def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> 
     env.pop("DS_PIN_MEMORY_BACKEND", None)
     settings = zero.from_ds_config(cfg, {"DS_PIN_MEMORY_BACKEND": "native" if mode != "stock" else "torch"})
     env.update(settings.env())
+    if mode == "memascend":
+        env.update(ENGINE_ENV)
     return env
 
 
@@ -553,7 +557,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         args += ["--region", region]
     env = child_env(run.mode, cfg, os.environ, accelerator=accelerator)
     res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
-                                   "MEMASCEND_VERIFY_CHECKSUMS") if k in env}
+                                   "MEMASCEND_VERIFY_CHECKSUMS", *ENGINE_ENV) if k in env}
     task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
 
     def tick(waited_s, spread):

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import MemascendError
 from memascend_cli.recipe import Recipe
 from memascend_cli.rundir import (
@@ -116,6 +117,8 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
         cmd.append("--resume")
     env = dict(extra_env or {})
     env["PYTHONUNBUFFERED"] = "1"
+    if not baseline:
+        env.update(ENGINE_ENV)
     if cpu_only:
         env["DS_ACCELERATOR"] = "cpu"
         # Each CPU rank gets its share of the cores; oversubscribed ranks run several times slower.

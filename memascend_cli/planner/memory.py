@@ -37,18 +37,17 @@ VIEWS = ("baseline", "tuned", "memascend")
 memascend sets (zero.memascend_knobs), and memascend (the same knobs plus its techniques)."""
 CHECKPOINTING = ("none", "selective", "full", "offload")
 
-# Host memory of a rank before any model data: python + torch + deepspeed (+ transformers).
-# CPU-only value calibrated on the runs in tests/assets/deepspeed_measured.json: VmRSS is 0.30 GiB
-# right after imports and init_distributed (gloo) and grows by ~0.21 GiB during model construction
-# and engine init (op libraries, CPU Adam, python objects): ru_maxrss minus the modelled buffers was
-# 0.50-0.52 GiB in all three runs. The CUDA value adds the host mappings of the CUDA runtime, cuBLAS
-# and NCCL (deepspeed-notes §3.1 gives 1-4 GB per process).
-RUNTIME_CPU_BYTES = int(0.51 * GiB)
+# Host memory of a rank before any model data: python + torch + deepspeed (+ transformers), as the system sees it
+# (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
+# fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
+# stock and tuned runs measured beyond every other item, 0.383 and 0.379 GiB. The CUDA value adds the host mappings
+# of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
+RUNTIME_CPU_BYTES = int(0.38 * GiB)
 RUNTIME_CUDA_BYTES = int(2.5 * GiB)
-# What the memascend engine itself adds per process (native core, its threads and io_uring rings, the
-# region's extent map): the level after deepspeed.initialize exceeded the modelled buffers by 0.12 GiB
-# with the engine and by 0.035-0.045 GiB in the stock and tuned runs (docs/results.md, bench-llama-136m).
-ENGINE_RUNTIME_BYTES = int(0.08 * GiB)
+# What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
+# extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
+# (scripts/fit_planner.py).
+ENGINE_RUNTIME_BYTES = int(0.06 * GiB)
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 # Arrays a micro-batch of the training data is made of (input ids, labels, attention mask).
@@ -501,11 +500,11 @@ def _host_items(c: _Ctx) -> list[Item]:
     add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")",
         RUNTIME_CUDA_BYTES if c.gpu else RUNTIME_CPU_BYTES,
         formula="measured constant per process",
-        source="tests/assets/deepspeed_measured.json; deepspeed-notes §3.1 R_rt")
+        source="memascend bench calibration runs (scripts/fit_planner.py); deepspeed-notes §3.1 R_rt")
     if c.engine == "memascend":
         add("host/engine_runtime", "memascend engine (native core, io_uring rings, region map)",
             ENGINE_RUNTIME_BYTES, formula="measured constant per process",
-            source="memascend bench: level after initialize minus the modelled buffers, vs stock runs")
+            source="memascend bench calibration runs (scripts/fit_planner.py): memascend's residual beyond the runtime")
 
     swappable_parts = [n for n, s in zip(part.partition_numels, c.swappable) if s]
     largest_swappable = max(swappable_parts, default=0)
@@ -683,18 +682,24 @@ def _transients(c: _Ctx) -> list[Item]:
             "memascend_engine.bounded.GradientStream.read (micro-batches after the first)", "backward")
     if not c.gpu:
         # CPU-only: the compute working set is host memory too. The reduce bucket and persistent params
-        # stay allocated; activations, gathered params, logits and the reduce-scatter output are live
-        # together during backward.
-        fwd_bwd = []
-        for i in _compute_items(c, tier="host"):
-            if i.key.endswith(("reduce_bucket", "persistent_params")):
-                out.append(i)
-            else:
-                fwd_bwd.append(i)
-        total = sum(i.bytes for i in fwd_bwd) + c.E * bucket
-        add("host/compute/forward_backward", "forward/backward working set", total,
-            " + ".join(f"{i.label} {i.bytes:,}" for i in fwd_bwd) + f" + reduce-scatter output {c.E * bucket:,}",
-            "Korthikanti et al. 2205.05198; deepspeed-notes §3.1 GPU items, on the CPU accelerator", "backward")
+        # stay allocated. Backward has two high moments that never overlap: the loss backward (logits and
+        # their fp32 upcast still live, no layer recomputed yet) and a bucket flush inside a layer's backward
+        # (that layer's recomputed activations plus reduce_scatter_coalesced's torch.cat of the bucket,
+        # coalesced_collectives.py); the logits are freed before the first layer is recomputed.
+        by_key = {i.key.rsplit("/", 1)[-1]: i for i in _compute_items(c, tier="host")}
+        for key in ("reduce_bucket", "persistent_params"):
+            out.append(by_key.pop(key))
+        gathered = by_key["live_params"].bytes + by_key["live_param_grads"].bytes
+        # The loss backward: logits (E) + cross_entropy's fp32 log-softmax kept for backward (4) + the fp32
+        # gradient it returns (4) (torch.nn.functional.cross_entropy = log_softmax + nll_loss).
+        loss_bwd = job.micro_batch * job.seq_len * c.m.vocab_size * (c.E + 8)
+        head = gathered + loss_bwd
+        flush = gathered + by_key["activations"].bytes + c.E * bucket
+        add("host/compute/forward_backward", "forward/backward working set", max(head, flush),
+            f"gathered params + their grads {gathered:,} + max(loss backward b*s*V*(E + 8) {loss_bwd:,}, "
+            f"one layer's activations {by_key['activations'].bytes:,} + bucket concatenation {c.E * bucket:,})",
+            "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced",
+            "backward")
 
     # -- optimizer step.
     if c.engine == "baseline" and job.dtype == "fp16":

@@ -35,6 +35,7 @@ def test_cpu_two_ranks_split_cores_and_resume():
     assert spec.cmd[1:5] == ["--num_gpus", "2", "--master_port", "29612"]
     assert spec.cmd[-1] == "--resume" and "--baseline" not in spec.cmd
     assert spec.env["OMP_NUM_THREADS"] == "1" and spec.num_ranks == 2
+    assert spec.env["THP_MEM_ALLOC_ENABLE"] == "1"  # the engine's allocator policy; the baseline run above has none
 
 
 def test_gpu_node_one_rank_per_gpu_no_cpu_accelerator():

@@ -17,22 +17,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOLERANCE = 0.10
 
 
-# Validation runs the planner misses by more than TOLERANCE today (issue 9 stays open until this is empty):
-# - memascend on fp32 models of 100M+ parameters is under-predicted, more so the deeper the model (-21% on
-#   bench-llama-136m x 2 ranks, -41% on SmolLM2-360M's 32 layers): the engine's level after zero.Init and its backward
-#   peak grow with the layer count (docs/results.md, depth sweep) by more than the itemised windows and working set;
-# - stock on SmolLM2-360M is over-predicted (+15%);
-# - tuned and memascend on a 6M-parameter model are over-predicted by ~0.1 GiB: the 0.51 GiB per-process runtime was
-#   fitted on ru_maxrss, which counts shared library pages the system measure leaves out.
+# Validation runs the planner misses by more than TOLERANCE today (issue 9 stays open until this is empty); all
+# re-measured 2026-11-23 with the allocator policy and huge-page tensors:
+# - stock on two ranks of bench-llama-136m is under-predicted (-10.7%) and stock on SmolLM2-360M over-predicted
+#   (+13.1%): stock's pinned pools and allocator retention are modelled per rank and per model, not fitted;
+# - memascend on two ranks (-12.9%) and on SmolLM2-360M (-15.6%) is under-predicted: part is this VM's free-page
+#   reporting (the system peak counts freed memory not yet returned: SmolLM2's tree RSS was 1.83 GiB against a
+#   1.93 GiB system peak), the rest is not itemised yet (plan 1.63 GiB).
 # Strict: a run that comes within TOLERANCE fails here until it is taken off the list.
 KNOWN_MISSES = {
+    "bench-llama-136m-2ranks-fp32.json:stock",
     "bench-llama-136m-2ranks-fp32.json:memascend",
     "smollm2-360m-fp32.json:stock",
     "smollm2-360m-fp32.json:memascend",
-    "tiny-llama-bf16.json:tuned",
-    "tiny-llama-bf16.json:memascend",
-    "tiny-llama-fp16.json:tuned",
-    "tiny-llama-fp16.json:memascend",
 }
 
 
@@ -79,3 +76,19 @@ def test_plan_within_10_percent_of_measured_peak(doc, run):
     planned = bench.repredict(doc, run)["node_host_peak_bytes"]
     measured = run["peak_system_bytes"]
     assert abs(planned - measured) <= TOLERANCE * measured, (planned / 2**30, measured / 2**30)
+
+
+def test_measured_constants_are_the_calibration_fit():
+    """RUNTIME_CPU_BYTES and ENGINE_RUNTIME_BYTES are what scripts/fit_planner.py fits on the calibration runs (to
+    0.01 GiB), so a constant cannot drift onto the validation runs it is judged by."""
+    import importlib.util
+
+    from memascend_cli.planner import memory
+
+    spec = importlib.util.spec_from_file_location("fit_planner", os.path.join(REPO, "scripts", "fit_planner.py"))
+    fit_planner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit_planner)
+    fitted = fit_planner.fit(fit_planner.residuals(sorted(glob.glob(
+        os.path.join(REPO, "docs", "bench", "calibration", "*.json")))))
+    assert round(memory.RUNTIME_CPU_BYTES / 2**30, 2) == fitted["runtime_cpu_gib"]
+    assert round(memory.ENGINE_RUNTIME_BYTES / 2**30, 2) == fitted["engine_runtime_gib"]

@@ -1,0 +1,85 @@
+"""Fit the planner's two measured constants on the calibration runs only (docs/bench/calibration/*.json).
+
+    python scripts/fit_planner.py          # prints the fitted values and what memory.py holds
+    python scripts/fit_planner.py --json
+
+The per-process runtime (python + torch + DeepSpeed, memascend_cli/planner/memory.py RUNTIME_CPU_BYTES) is what
+the runs of a tiny model measure beyond every other modelled item: their model data is a few MiB, so the residual
+is the runtime. The engine runtime (ENGINE_RUNTIME_BYTES) is the memascend run's residual beyond that. Runs of
+larger models are calibration for the rest of the model, not for these constants: their residuals carry the
+model's other errors. Validation runs (docs/bench/validation) are never read here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from memascend_cli.bench import repredict
+from memascend_cli.planner import memory
+
+# Runs whose model data is below this are the runtime's calibration.
+TINY_PARAMS = 20_000_000
+GIB = 1024**3
+
+
+def _item(pred: dict, key: str) -> int:
+    return next((i["bytes"] for i in pred["host_items"] if i["key"] == key), 0)
+
+
+def residuals(paths: list[str]) -> list[dict]:
+    """Per calibration run of a tiny model: measured peak per rank minus the plan without its runtime items."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        if doc["job"]["num_params"] >= TINY_PARAMS:
+            continue
+        ranks = int(doc["job"]["ranks"])
+        for r in doc["runs"]:
+            if not r["ok"] or not r["peak_system_bytes"]:
+                continue
+            pred = repredict(doc, r)
+            others = pred["host_peak_bytes_per_rank"] - _item(pred, "host/runtime") - _item(pred, "host/engine_runtime")
+            out.append({"file": os.path.basename(path), "run": r["name"], "mode": r["mode"],
+                        "residual_bytes": r["peak_system_bytes"] // ranks - others})
+    return out
+
+
+def fit(rows: list[dict]) -> dict:
+    base = [x["residual_bytes"] for x in rows if x["mode"] != "memascend"]
+    eng = [x["residual_bytes"] for x in rows if x["mode"] == "memascend"]
+    if not base or not eng:
+        raise SystemExit("error: no calibration run of a tiny model with stock/tuned and memascend runs\n"
+                         "hint: record one with scripts' campaign (memascend bench --model tiny-llama --dtype fp32)")
+    runtime = sum(base) / len(base)
+    return {"runtime_cpu_gib": round(runtime / GIB, 2),
+            "engine_runtime_gib": round((sum(eng) / len(eng) - runtime) / GIB, 2),
+            "runs": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    result = fit(residuals(sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))))
+    result["memory_py"] = {"runtime_cpu_gib": round(memory.RUNTIME_CPU_BYTES / GIB, 2),
+                           "engine_runtime_gib": round(memory.ENGINE_RUNTIME_BYTES / GIB, 2)}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    for x in result["runs"]:
+        print(f"{x['file']} {x['run']}: residual {x['residual_bytes'] / GIB:.3f} GiB")
+    print(f"fitted: runtime {result['runtime_cpu_gib']:.2f} GiB, engine runtime {result['engine_runtime_gib']:.2f} GiB;"
+          f" memory.py: {result['memory_py']['runtime_cpu_gib']:.2f}, {result['memory_py']['engine_runtime_gib']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
