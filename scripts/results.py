@@ -149,8 +149,7 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
 
 def _sweep_detail_rows(doc: dict) -> list[list[str]]:
     """Seconds per step and plan error of each run at each point, read from the point's own bench document."""
-    runs = {(d["job"]["layers"], d["job"]["seq_len"], r["name"]): r
-            for d in doc["documents"] for r in d["runs"] if r["ok"]}
+    runs = {k: r for k, (_, r) in _runs_by_point(doc).items()}
     rows = []
     for name in doc["series"]:
         cells = []
@@ -166,23 +165,34 @@ def _sweep_detail_rows(doc: dict) -> list[list[str]]:
     return rows
 
 
-def _sweep_today_rows(doc: dict) -> list[list[str]]:
-    """Today's plan of each run at each point and its error on the measured peak."""
-    sys.path.insert(0, REPO)  # the planner is stdlib only
+def _runs_by_point(doc: dict) -> dict:
+    """(layers, seq_len, run name) -> (the point's bench document, the run) for every run that finished."""
+    return {(d["job"]["layers"], d["job"]["seq_len"], r["name"]): (d, r)
+            for d in doc["documents"] for r in d["runs"] if r["ok"]}
+
+
+def _replan(doc: dict, run: dict) -> tuple[int, float]:
+    """Today's plan of a recorded run (memascend_cli.bench.repredict) and its error on the measured peak, in %."""
+    sys.path.insert(0, REPO)  # the planner is stdlib only; results are re-planned with today's code
     from memascend_cli.bench import repredict
 
+    planned = repredict(doc, run)["node_host_peak_bytes"]
+    return planned, 100.0 * (planned - run["peak_system_bytes"]) / run["peak_system_bytes"]
+
+
+def _sweep_today_rows(doc: dict) -> list[list[str]]:
+    """Today's plan of each run at each point and its error on the measured peak."""
+    runs = _runs_by_point(doc)
     rows = []
     for name in doc["series"]:
         cells = []
         for p in doc["points"]:
-            d = next(d for d in doc["documents"] if (d["job"]["layers"], d["job"]["seq_len"]) ==
-                     (p["layers"], p["seq_len"]))
-            r = next((x for x in d["runs"] if x["name"] == name and x["ok"] and x["peak_system_bytes"]), None)
-            if r is None:
+            d, r = runs.get((p["layers"], p["seq_len"], name), (None, None))
+            if r is None or not r["peak_system_bytes"]:
                 cells.append("-")
                 continue
-            planned = repredict(d, r)["node_host_peak_bytes"]
-            cells.append(f"{gib(planned)}, {pct(100.0 * (planned - r['peak_system_bytes']) / r['peak_system_bytes'])}")
+            planned, err = _replan(d, r)
+            cells.append(f"{gib(planned)}, {pct(err)}")
         rows.append([name] + cells)
     return rows
 
@@ -208,9 +218,6 @@ def section_planner(cal: list, val: list) -> str:
            f"The target is an error within {PLANNER_TOLERANCE_PERCENT:.0f}% on every validation run; "
            "`tests/unit/test_planner_validation.py` checks it and lists the runs that miss it (strict expected "
            "failures, so a fix or a regression shows).", ""]
-    sys.path.insert(0, REPO)  # the planner is stdlib only; results are re-planned with today's code
-    from memascend_cli.bench import repredict
-
     for title, runs in (("calibration", cal), ("validation", val)):
         rows = []
         for path, doc in runs:
@@ -218,8 +225,7 @@ def section_planner(cal: list, val: list) -> str:
             for r in doc["runs"]:
                 if not r["ok"]:
                     continue
-                planned = repredict(doc, r)["node_host_peak_bytes"]
-                err = 100.0 * (planned - r["peak_system_bytes"]) / r["peak_system_bytes"]
+                planned, err = _replan(doc, r)
                 rows.append([f"{j['model']} L{j.get('layers', '?')}", j["dtype"], str(j["ranks"]), str(j["seq_len"]),
                              r["name"], gib(r["peak_system_bytes"]), gib(planned), pct(err),
                              f"`{os.path.basename(path)}`"])
