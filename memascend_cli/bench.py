@@ -144,6 +144,20 @@ def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:
     return "hf" if mode == "stock" else "memascend"
 
 
+def legacy_engine_knobs(mode: str, cfg: dict) -> tuple[tuple[str, object], ...]:
+    """Stock knobs a recorded memascend run had that today's engine sets otherwise. Runs recorded before the engine
+    turned reduce_scatter off (their configs lack the key; today's engine writes it) reduced through
+    reduce_scatter_coalesced. Pure."""
+    if mode == "memascend" and "reduce_scatter" not in (cfg.get("zero_optimization") or {}):
+        return (("reduce_scatter", True),)
+    return ()
+
+
+def bench_launcher_processes(ranks: int) -> int:
+    """Launcher processes beside the ranks (see child_command): none for one rank, torchrun for more."""
+    return 0 if ranks == 1 else 1
+
+
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
             checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None) -> dict:
@@ -158,7 +172,9 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
                   checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
                   checkpoint_copies=0, streaming="streaming" not in disabled,
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
-                  host_budget_bytes=host_budget_bytes if mode == "memascend" else None)
+                  host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
+                  launcher_processes=bench_launcher_processes(ranks),
+                  engine_knob_overrides=legacy_engine_knobs(mode, cfg))
     est = estimate(job, hw, "memascend" if mode == "memascend" else "baseline")
     return {
         "engine": est.engine,

@@ -40,14 +40,22 @@ CHECKPOINTING = ("none", "selective", "full", "offload")
 # Host memory of a rank before any model data: python + torch + deepspeed (+ transformers), as the system sees it
 # (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
 # fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
-# stock and tuned runs measured beyond every other item, 0.383 and 0.379 GiB. The CUDA value adds the host mappings
+# stock and tuned runs measured beyond every other item, 0.360 and 0.355 GiB. The CUDA value adds the host mappings
 # of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
-RUNTIME_CPU_BYTES = int(0.38 * GiB)
+RUNTIME_CPU_BYTES = int(0.36 * GiB)
 RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 # What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
 # extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
 # (scripts/fit_planner.py).
 ENGINE_RUNTIME_BYTES = int(0.06 * GiB)
+# A launcher process per node beside the ranks (it imports torch and waits): RssAnon after importing
+# deepspeed.launcher.launch 162 MiB, torch.distributed.run 144 MiB (torch 2.13, DeepSpeed 0.19.8, CPU; re-measured by
+# tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the
+# bench torchrun for more than one rank (1).
+LAUNCHER_PROCESS_BYTES = int(0.15 * GiB)
+# glibc's largest mmap threshold on 64-bit (malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX = 4 MiB x sizeof(long)):
+# blocks at least this large are mmapped and returned at free; smaller ones stay in the allocator's arenas.
+GLIBC_MMAP_THRESHOLD_MAX_BYTES = 32 * MIB
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 # Arrays a micro-batch of the training data is made of (input ids, labels, attention mask).
@@ -118,6 +126,11 @@ class JobSpec:
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
     zero_init: bool = True
     """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
+    engine_knob_overrides: tuple[tuple[str, object], ...] = ()
+    """(ZeroSettings field, value) the engine really ran with instead of what zero.memascend_knobs sets today: for
+    re-planning runs recorded by an older engine (memascend_cli.bench.predict)."""
+    launcher_processes: int = 2
+    """Launcher processes per node beside the ranks: 2 for `memascend train` (DeepSpeed's runner and launch.py)."""
     checkpoint_copies: int = 1
     """Checkpoints kept on the SSD (each copies fp32 master + Adam states, 12 B/param)."""
 
@@ -152,7 +165,8 @@ class Item:
     bytes: int
     kind: str = "steady"
     """steady (held for the whole run), or the phase it exists in: init, backward, optimizer, or
-    retained (freed after backward but kept by the allocator through the optimizer step)."""
+    retained (freed after backward but kept by the allocator through the optimizer step), or node (once per node,
+    not per rank: the launcher)."""
     pinned: str = ""
     """'' (pageable), 'torch-pow2', 'mlock', 'exact' or 'exact, cuda-registered' (memascend)."""
     locked_bytes: int = 0
@@ -217,7 +231,7 @@ class Estimate:
     @property
     def node_host_peak_bytes(self) -> int:
         """Peak host memory of one node (every rank peaks in the same step)."""
-        return self.ranks_per_node * self.host_peak_bytes
+        return self.ranks_per_node * self.host_peak_bytes + self._sum("host", "node")
 
     @property
     def gpu_peak_bytes(self) -> int:
@@ -403,6 +417,8 @@ class _Ctx:
             # The stock knobs the engine's install() sets on any config (zero.py is the one home).
             largest = zero.largest_swappable_partition(zero.model_partitions(self.m, self.world), self.k, self.E)
             self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
+            if job.engine_knob_overrides:
+                self.k = replace(self.k, **dict(job.engine_knob_overrides))
         self.sub_group_size = self.k.sub_group_size
         self.reduce_bucket_size = self.k.reduce_bucket_size
         # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a
@@ -664,12 +680,14 @@ def _transients(c: _Ctx) -> list[Item]:
 
     # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
     # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
-    bucket = min(c.reduce_bucket_size, c.ns)
+    # A reduce bucket holds full gradients (all ranks' partitions); each rank converts its share of it.
+    bucket = min(c.reduce_bucket_size, c.m.num_params)
+    part_bucket = min(-(-c.reduce_bucket_size // c.world), c.ns)
     if not c.bounded and not c.gpu:
         # On a GPU these copies are made on the device (stage3.py 2025-2028 moves the partition there first) and
         # reach the host only through the P4 pool: a GPU item (_compute_items), no host bytes.
-        add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * bucket,
-            f"4 B x min(reduce_bucket_size, Ns) = {bucket:,}",
+        add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * part_bucket,
+            f"4 B x min(reduce_bucket_size / world, Ns) = {part_bucket:,}",
             "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
     if not c.bounded and c.gpu and c.pin_memory and c.engine == "baseline" and c.k.pin_backend == "torch":
         # P5 is torch.zeros(Ns) first, then pin_memory() copies it (stage3.py 791-795): both live at init.
@@ -694,12 +712,14 @@ def _transients(c: _Ctx) -> list[Item]:
         # gradient it returns (4) (torch.nn.functional.cross_entropy = log_softmax + nll_loss).
         loss_bwd = job.micro_batch * job.seq_len * c.m.vocab_size * (c.E + 8)
         head = gathered + loss_bwd
-        flush = gathered + by_key["activations"].bytes + c.E * bucket
+        copies = _flush_copies(c)
+        flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
         add("host/compute/forward_backward", "forward/backward working set", max(head, flush),
             f"gathered params + their grads {gathered:,} + max(loss backward b*s*V*(E + 8) {loss_bwd:,}, "
-            f"one layer's activations {by_key['activations'].bytes:,} + bucket concatenation {c.E * bucket:,})",
-            "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced",
-            "backward")
+            f"one layer's activations {by_key['activations'].bytes:,} + {copies} bucket copies "
+            f"{copies * c.E * bucket:,})",
+            "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced "
+            "(torch.cat) + torch ProcessGroupGloo reduce_scatter_tensor (input copy)", "backward")
 
     # -- optimizer step.
     if c.engine == "baseline" and job.dtype == "fp16":
@@ -711,12 +731,53 @@ def _transients(c: _Ctx) -> list[Item]:
             f"8 B x largest sub-group {c.lsg:,}", "deepspeed-notes §2.2, addendum; cpu_adam.py zeros_like",
             "optimizer")
         if not c.gpu:
-            # glibc keeps the freed backward blocks (mostly below its 32 MiB mmap threshold) in its arenas,
-            # so the optimizer step comes on top; the memascend engine calls malloc_trim after backward.
-            retained = sum(i.bytes for i in out if i.kind == "backward")
+            # glibc keeps the freed backward blocks below its mmap threshold in its arenas, so the optimizer step
+            # comes on top; blocks of 32 MiB and more were mmapped and went back at free. The memascend engine
+            # calls malloc_trim after backward.
+            retained = _backward_heap_bytes(c, bucket, part_bucket)
             add("host/allocator_retention", "backward memory kept by the allocator", retained,
-                "= the backward items", "deepspeed-notes addendum; memascend bench phase peaks", "retained")
+                f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MIB} MiB)",
+                "glibc malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX; memascend bench phase peaks", "retained")
     return out
+
+
+def _flush_copies(c: _Ctx) -> int:
+    """Bucket-sized copies a reduce-bucket flush makes on a CPU rank: reduce_scatter_coalesced's torch.cat plus gloo's
+    reduce_scatter_tensor copy of its input (measured: tests/integration/test_planner_assumptions.py); none when
+    the contiguous bucket is all-reduced in place (reduce_scatter off, stage3.py __avg_scatter_contiguous_grads)."""
+    return 0 if c.k.contiguous_gradients and not c.k.reduce_scatter else 2
+
+
+def _heap(nbytes: int) -> int:
+    """`nbytes` if one block of that size comes from glibc's arenas (kept after free), else 0 (mmapped)."""
+    return nbytes if nbytes < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
+
+
+def _backward_heap_bytes(c: _Ctx, bucket: int, part_bucket: int) -> int:
+    """The CPU backward's high-water mark of arena (non-mmapped) blocks: what the allocator keeps afterwards.
+    Same moments as the forward/backward item (loss backward, bucket flush), block by block."""
+    job, m, E = c.job, c.m, c.E
+    from memascend_cli.models import layer_template
+
+    layer_tensors = layer_template(m)[1]
+    layer = m.layer_numel()
+    layer_heap = sum(_heap(t.numel * E) for t in layer_tensors)
+    vocab = m.vocab_size * m.hidden_size
+    prefetch = min(c.k.prefetch_bucket_size, layer)
+    # gathered params and their grads (see _compute_items live_params), by block
+    live_heap = (_heap(vocab * E) if vocab > layer else layer_heap) + layer_heap * prefetch // max(1, layer)
+    gathered = 2 * live_heap
+    bs = job.micro_batch * job.seq_len
+    loss = _heap(bs * m.vocab_size * E) + 2 * _heap(bs * m.vocab_size * 4)
+    act, _ = _activation_bytes(c)
+    widest = bs * max(m.hidden_size, m.intermediate_size) * E  # the largest activation block of a layer
+    act_heap = act if widest < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
+    flush = gathered + act_heap + _flush_copies(c) * _heap(E * bucket)
+    # the fp32 copies for swap-out are one block per parameter partition
+    parts = c.part.partition_numels
+    small = sum(n for n in parts if n * 4 < GLIBC_MMAP_THRESHOLD_MAX_BYTES)
+    copies = 4 * part_bucket * small // max(1, sum(parts)) if not c.bounded else 0
+    return copies + max(gathered + loss, flush)
 
 
 def _activation_bytes(c: _Ctx) -> tuple[int, str]:
@@ -863,6 +924,11 @@ def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
     c = _Ctx(job, hw, engine)
     c.config_errors = [c.budget_error.message] if c.budget_error else []
     items = _host_items(c)
+    if job.launcher_processes:
+        items.append(Item("host/launcher", f"launcher processes ({job.launcher_processes} per node)", "host",
+                          job.launcher_processes * LAUNCHER_PROCESS_BYTES, "node", "", 0,
+                          f"{job.launcher_processes} x measured constant (once per node)",
+                          "RssAnon of a process that imported deepspeed.launcher.launch / torch.distributed.run"))
     if c.gpu:
         items += _compute_items(c, tier="gpu")
     items += _nvme_items(c)

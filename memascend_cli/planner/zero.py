@@ -67,6 +67,9 @@ class ZeroSettings:
     """zero_optimization.contiguous_gradients."""
     overlap_comm: bool
     """zero_optimization.overlap_comm (DeepSpeed's default is True for stage 3)."""
+    reduce_scatter: bool
+    """zero_optimization.reduce_scatter: True reduces a bucket through a concatenated copy (reduce_scatter_coalesced);
+    False all-reduces the contiguous bucket in place (stage3.py __avg_scatter_contiguous_grads)."""
     param_buffer_count: int
     """offload_param.buffer_count."""
     param_buffer_size: int
@@ -112,14 +115,15 @@ class ZeroSettings:
 
 # DeepSpeed 0.19.8's defaults: deepspeed/runtime/zero/config.py (reduce_bucket_size 5e8 line 113, sub_group_size
 # 1e9 line 182, stage3_prefetch_bucket_size 5e7 line 222, param_persistence 1e5 line 228, max_live 1e9 line 245,
-# max_reuse_distance 1e9 line 251, overlap_comm True for stage 3 line 384-386, contiguous_gradients True line 102),
+# max_reuse_distance 1e9 line 251, overlap_comm True for stage 3 line 384-386, contiguous_gradients True line 102,
+# reduce_scatter True line 108),
 # deepspeed/runtime/zero/offload_config.py (buffer_count 5, buffer_size 1e8, max_in_cpu 1e9 for params; buffer_count 4
 # for the optimizer; pin_memory True since 0.19.5), deepspeed/runtime/swap_tensor/aio_config.py (block 1 MiB, depth 8,
 # intra_op_parallelism 1, single_submit False, overlap_events True).
 DEEPSPEED_DEFAULTS = ZeroSettings(
     sub_group_size=1_000_000_000, reduce_bucket_size=500_000_000, prefetch_bucket_size=50_000_000,
     max_live_parameters=1_000_000_000, max_reuse_distance=1_000_000_000, param_persistence_threshold=100_000,
-    contiguous_gradients=True, overlap_comm=True,
+    contiguous_gradients=True, overlap_comm=True, reduce_scatter=True,
     param_buffer_count=5, param_buffer_size=100_000_000, max_in_cpu=1_000_000_000,
     optimizer_buffer_count=4, pipeline_read=False, pipeline_write=False, fast_init=False, pin_memory=True,
     pin_backend="torch",
@@ -224,7 +228,11 @@ def optimizer_buffer_count(*, pipeline_read: bool = False, pipeline_write: bool 
 def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = None) -> ZeroSettings:
     """The stock DeepSpeed knobs memascend sets. Idempotent: memascend_knobs(memascend_knobs(s)) == memascend_knobs(s).
 
-    - sub_group_size <= 2e7 and reduce_bucket_size <= 5e7 (see the constants above);
+    - sub_group_size <= 2,097,152 and reduce_bucket_size <= 5e7 (see the constants above);
+    - reduce_scatter off: with contiguous gradients a bucket is then all-reduced in place instead of being
+      concatenated into a second bucket-sized tensor first (coalesced_collectives.py reduce_scatter_coalesced's
+      torch.cat; on the CPU gloo's reduce_scatter_tensor copies that again). One rank reduces nothing either way;
+      several move twice the bytes of a reduce-scatter over the interconnect, which the SSD-bound step hides;
     - max_in_cpu 0: parameters really live on the SSD (the default 1e9 keeps a < 1B-per-rank model in pinned DRAM,
       stage3.py _create_param_groups_fp16_flat_cpu_memory), and then stage3_max_reuse_distance 0: with the default a
       fetched NVMe partition keeps its buffer once the trace is recorded and step 2 fails with 'Not enough buffers';
@@ -239,6 +247,7 @@ def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = No
         sub_group_size=min(int(s.sub_group_size), MEMASCEND_SUB_GROUP_SIZE),
         reduce_bucket_size=min(int(s.reduce_bucket_size), MEMASCEND_REDUCE_BUCKET_SIZE),
         max_in_cpu=0, max_reuse_distance=0, fast_init=False, pin_memory=True, pin_backend="native",
+        reduce_scatter=False,
         optimizer_buffer_count=optimizer_buffer_count(pipeline_read=s.pipeline_read, pipeline_write=s.pipeline_write),
     )
     if largest_partition_numel:
@@ -286,6 +295,7 @@ _CONFIG_KEYS = (
     ("param_persistence_threshold", "zero", "stage3_param_persistence_threshold"),
     ("contiguous_gradients", "zero", "contiguous_gradients"),
     ("overlap_comm", "zero", "overlap_comm"),
+    ("reduce_scatter", "zero", "reduce_scatter"),
     ("param_buffer_count", "offload_param", "buffer_count"),
     ("param_buffer_size", "offload_param", "buffer_size"),
     ("max_in_cpu", "offload_param", "max_in_cpu"),

@@ -6,7 +6,7 @@ import pytest
 
 from memascend_cli.errors import BadInput
 from memascend_cli.models import list_model_presets, load_preset
-from memascend_cli.planner import zero
+from memascend_cli.planner import memory, zero
 from memascend_cli.planner.memory import GiB, JobSpec, estimate, estimate_both, partition
 from memascend_cli.planner.search import check, max_micro_batch, max_seq_len, search
 from memascend_cli.planner.spec import HardwareSpec
@@ -158,3 +158,35 @@ def test_host_peak_grows_with_batch_and_context():
              for e in ("baseline", "memascend") for s, b in ((1024, 1), (2048, 1), (2048, 2))]
     assert peaks[0] <= peaks[1] <= peaks[2] and peaks[3] <= peaks[4] <= peaks[5]
     assert all(p < 200 * GiB for p in peaks)
+
+
+def test_launchers_count_once_per_node():
+    one = estimate(job("qwen2.5-0.5b", ranks_per_node=2), CPU, "memascend")
+    none = estimate(job("qwen2.5-0.5b", ranks_per_node=2, launcher_processes=0), CPU, "memascend")
+    item = one.item("host/launcher")
+    assert item.kind == "node" and item.bytes == 2 * memory.LAUNCHER_PROCESS_BYTES  # train: runner + launch.py
+    assert none.item("host/launcher") is None
+    assert one.host_peak_bytes == none.host_peak_bytes  # not a per-rank item
+    assert one.node_host_peak_bytes == none.node_host_peak_bytes + item.bytes
+
+
+def test_cpu_bucket_flush_holds_two_copies_of_the_bucket():
+    """torch.cat of the bucket plus gloo's copy of its input (tests/integration/test_planner_assumptions.py)."""
+    small = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=10**7)
+    big = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=3 * 10**7)
+    # seq 16: the flush, not the loss backward, is the larger moment
+    fb = [estimate(job("qwen2.5-0.5b", seq_len=16, dtype="fp32", checkpointing="full", knobs=k), CPU, "baseline")
+          .item("host/compute/forward_backward").bytes for k in (small, big)]
+    assert fb[1] - fb[0] == 2 * 4 * 2 * 10**7
+
+
+def test_allocator_keeps_only_blocks_below_the_mmap_threshold():
+    """glibc returns blocks >= 32 MiB at free: a vocab-sized logits tensor is not retained, small layer blocks are."""
+    k = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=10**6)
+    tiny = estimate(job("tiny-llama", seq_len=256, dtype="fp32", checkpointing="full", knobs=k), CPU, "baseline")
+    assert tiny.item("host/allocator_retention").bytes == (tiny.item("host/grad_fp32_copies").bytes
+                                                           + tiny.item("host/compute/forward_backward").bytes)
+    big = estimate(job("qwen2.5-0.5b", seq_len=4096, dtype="fp32", checkpointing="full", knobs=k), CPU, "baseline")
+    logits = 4096 * 151_936 * 4
+    assert logits >= memory.GLIBC_MMAP_THRESHOLD_MAX_BYTES
+    assert big.item("host/allocator_retention").bytes < big.item("host/compute/forward_backward").bytes - logits

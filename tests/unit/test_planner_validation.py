@@ -17,19 +17,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOLERANCE = 0.10
 
 
-# Validation runs the planner misses by more than TOLERANCE today (issue 9 stays open until this is empty); all
-# re-measured 2026-11-23 with the allocator policy and huge-page tensors:
-# - stock on two ranks of bench-llama-136m is under-predicted (-10.7%) and stock on SmolLM2-360M over-predicted
-#   (+13.1%): stock's pinned pools and allocator retention are modelled per rank and per model, not fitted;
-# - memascend on two ranks (-12.9%) and on SmolLM2-360M (-15.6%) is under-predicted: part is this VM's free-page
-#   reporting (the system peak counts freed memory not yet returned: SmolLM2's tree RSS was 1.83 GiB against a
-#   1.93 GiB system peak), the rest is not itemised yet (plan 1.63 GiB).
+# Validation runs the planner misses by more than TOLERANCE today (issue 9 stays open until this is empty):
+# - tuned stock, tiny-llama fp16 on this CPU (-11.2%, 0.07 GiB): the 16-bit tiny runs peak as high as the fp32
+#   calibration run (0.56-0.61 GiB for all three dtypes) where the plan expects the 16-bit buffers to be smaller;
+#   0.07 GiB is within this machine's run-to-run noise (about 0.1 GiB), but the bar is 10%.
 # Strict: a run that comes within TOLERANCE fails here until it is taken off the list.
 KNOWN_MISSES = {
-    "bench-llama-136m-2ranks-fp32.json:stock",
-    "bench-llama-136m-2ranks-fp32.json:memascend",
-    "smollm2-360m-fp32.json:stock",
-    "smollm2-360m-fp32.json:memascend",
+    "tiny-llama-fp16.json:tuned",
 }
 
 

@@ -164,8 +164,9 @@ def test_what_memascend_sets_and_why():
     d = zero.DEEPSPEED_DEFAULTS
     changed = set(m.stock_differences(d))
     assert changed == {"sub_group_size", "reduce_bucket_size", "max_in_cpu", "max_reuse_distance",
-                       "param_buffer_size", "pin_backend"}
+                       "param_buffer_size", "pin_backend", "reduce_scatter"}
     assert m.param_buffer_size == spec.largest_tensor_numel
+    assert m.reduce_scatter is False and m.contiguous_gradients  # the bucket is all-reduced in place
 
 
 def test_probed_aio_goes_to_tuned_and_memascend_not_stock():
