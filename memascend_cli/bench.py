@@ -803,25 +803,33 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         from memascend_cli.deepspeed_config import region_aio
 
         aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
-    results = []
+    cfgs = [build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir, ranks=ranks,
+                            aio_block_size=aio_block, aio_queue_depth=aio_depth) for run in run_specs]
+    predictions = [p.predict(run.mode, cfg, run.disabled) for run, cfg in zip(run_specs, cfgs)]
+    results: list = [None] * len(run_specs)
     with step_progress(err) as progress:
-        for run in run_specs:
-            cfg = build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir,
-                                  ranks=ranks, aio_block_size=aio_block, aio_queue_depth=aio_depth)
-            predicted = p.predict(run.mode, cfg, run.disabled)
+        for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
+            run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
             res = run_one(run, job_args=p.job_args(), cfg=cfg, out_dir=out_dir, nvme_dir=nvme_dir, ranks=ranks,
                           micro_batch=p.micro_batch, seq_len=p.seq_len, steps=p.steps,
                           region=region if run.mode == "memascend" else None, progress=progress,
                           settle_cap_s=settle_cap_s, accelerator=p.accelerator,
                           extra_args=engine_args(predicted) if run.mode == "memascend" else None)
             res.predicted = predicted
-            results.append(res)
+            results[i] = res
     job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
            "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
            "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,
            "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
            "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info}
     return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)
+
+
+def execution_order(planned_peak_bytes: list[int]) -> list[int]:
+    """Indices of the runs, smallest planned peak first. Memory a run frees can take minutes to show up as available
+    again (a VM's free-page reporting: ~32 MiB/s here), which inflates the next run's idle level and so shrinks its
+    measured peak; a smaller run after a larger one would be measured short by a larger share. Pure."""
+    return sorted(range(len(planned_peak_bytes)), key=lambda i: (planned_peak_bytes[i], i))
 
 
 def repredict(doc: dict, run: dict) -> dict:

@@ -40,14 +40,14 @@ CHECKPOINTING = ("none", "selective", "full", "offload")
 # Host memory of a rank before any model data: python + torch + deepspeed (+ transformers), as the system sees it
 # (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
 # fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
-# stock and tuned runs measured beyond every other item, 0.360 and 0.355 GiB. The CUDA value adds the host mappings
+# stock and tuned runs measured beyond every other item, 0.399 and 0.349 GiB. The CUDA value adds the host mappings
 # of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
-RUNTIME_CPU_BYTES = int(0.36 * GiB)
+RUNTIME_CPU_BYTES = int(0.37 * GiB)
 RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 # What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
 # extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
 # (scripts/fit_planner.py).
-ENGINE_RUNTIME_BYTES = int(0.06 * GiB)
+ENGINE_RUNTIME_BYTES = int(0.05 * GiB)
 # A launcher process per node beside the ranks (it imports torch and waits): RssAnon after importing
 # deepspeed.launcher.launch 162 MiB, torch.distributed.run 144 MiB (torch 2.13, DeepSpeed 0.19.8, CPU; re-measured by
 # tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the

@@ -10,7 +10,7 @@ from memascend_cli import bench as B
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.models import load_model
-from memascend_cli.planner import zero
+from memascend_cli.planner import memory, zero
 
 MiB = 1024**2
 GiB = 1024**3
@@ -122,7 +122,26 @@ def test_predictions_order(spec):
     assert {"key", "kind", "bytes"} == set(p["stock"]["host_items"][0])
     two = B.predict("stock", B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=2),
                     spec, **{**kw, "ranks": 2})
-    assert two["node_host_peak_bytes"] == 2 * two["host_peak_bytes_per_rank"]
+    # two ranks plus torchrun's launcher process, once per node
+    assert two["node_host_peak_bytes"] == 2 * two["host_peak_bytes_per_rank"] + memory.LAUNCHER_PROCESS_BYTES
+    one = B.predict("stock", B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1),
+                    spec, **kw)
+    assert one["node_host_peak_bytes"] == one["host_peak_bytes_per_rank"]  # one rank runs without a launcher
+
+
+def test_runs_execute_smallest_planned_peak_first():
+    # stock, tuned, memascend as listed; memascend first, stock last; ties keep the listed order
+    assert B.execution_order([8 * GiB, 3 * GiB, 1 * GiB]) == [2, 1, 0]
+    assert B.execution_order([2 * GiB, 2 * GiB, 1 * GiB]) == [2, 0, 1]
+    assert B.execution_order([]) == []
+
+
+def test_legacy_runs_keep_the_reduce_path_they_ran_with(spec):
+    cfg = B.build_ds_config("memascend", spec, micro_batch=1, dtype="fp32", nvme_dir="/x", ranks=1)
+    assert cfg["zero_optimization"]["reduce_scatter"] is False and B.legacy_engine_knobs("memascend", cfg) == ()
+    del cfg["zero_optimization"]["reduce_scatter"]  # a run recorded before the engine set the knob
+    assert B.legacy_engine_knobs("memascend", cfg) == (("reduce_scatter", True),)
+    assert B.legacy_engine_knobs("tuned", cfg) == ()  # tuned's config carries what it ran with
 
 
 def test_parse_runs():

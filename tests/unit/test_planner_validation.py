@@ -17,13 +17,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOLERANCE = 0.10
 
 
-# Validation runs the planner misses by more than TOLERANCE today (issue 9 stays open until this is empty):
-# - tuned stock, tiny-llama fp16 on this CPU (-11.2%, 0.07 GiB): the 16-bit tiny runs peak as high as the fp32
-#   calibration run (0.56-0.61 GiB for all three dtypes) where the plan expects the 16-bit buffers to be smaller;
-#   0.07 GiB is within this machine's run-to-run noise (about 0.1 GiB), but the bar is 10%.
+# Validation runs the planner misses by more than TOLERANCE today (issue 9 stays open until this is empty); every
+# validation run re-measured 2026-11-23 with today's engine (reduce_scatter off). Stock and memascend are within 10% on
+# all of them; the misses are tuned stock (stock DeepSpeed given memascend's knobs):
+# - SmolLM2-360M (-28.8%) and bench-llama-136m on 2 ranks (-13.5%): with 2M-element sub-groups and max_in_cpu 0,
+#   stock DeepSpeed keeps ~3.6 B/param more after zero.Init and ~3.4 B/param more after initialize than the items
+#   the plan lists (a 16-layer init-only experiment: +0.85 GiB and +1.74 GiB for 239M params, of which the gradient
+#   flat buffer is 0.89); not itemised yet. Both runs also followed a stock run in their sitting (older run order).
+# - tiny-llama bf16 (+18.9%, 0.08 GiB): tuned's idle level had not settled after the memascend run (0.52 GiB, not
+#   flat after the 60 s cap), so the run was measured short; within this machine's run-to-run noise (~0.1 GiB).
 # Strict: a run that comes within TOLERANCE fails here until it is taken off the list.
 KNOWN_MISSES = {
-    "tiny-llama-fp16.json:tuned",
+    "bench-llama-136m-2ranks-fp32.json:tuned",
+    "smollm2-360m-fp32.json:tuned",
+    "tiny-llama-bf16.json:tuned",
 }
 
 
