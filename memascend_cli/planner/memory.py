@@ -376,7 +376,7 @@ class Partitioning:
 def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
     """Partition sizes and optimizer sub-groups, one param group in module order (zero.py's rules)."""
     full, roles = numels_roles(model)
-    parts = tuple(n for n, _ in zero.model_partitions(model, world_size))
+    parts = full if world_size <= 1 else tuple(n for n, _ in zero.model_partitions(model, world_size))
     groups, numels = zero.sub_groups_and_numels(parts, sub_group_size)
     return Partitioning(parts, full, roles, groups, numels)
 

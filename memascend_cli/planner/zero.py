@@ -202,7 +202,9 @@ def model_partitions(model, world_size: int) -> tuple[tuple[int, str], ...]:
 
     numels, roles = numels_roles(model)
     w = max(1, int(world_size))
-    return tuple(((n if w == 1 else -(-n // w)), r) for n, r in zip(numels, roles))
+    if w == 1:
+        return tuple(zip(numels, roles))
+    return tuple((-(-n // w), r) for n, r in zip(numels, roles))
 
 
 @lru_cache(maxsize=1024)
