@@ -25,6 +25,7 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # the planner is stdlib only; results are re-planned with today's code
 DOCS = os.path.join(REPO, "docs")
 BENCH = os.path.join(DOCS, "bench")
 OUT = os.path.join(DOCS, "results.md")
@@ -135,10 +136,10 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
            f"Peak system memory (GiB) per point. {machine_line(first)} Raw: `{path}` (one bench document per point "
            "inside).", "", table(header, rows), "",
            "Per point: seconds per step, and the plan's error on the peak (planned - measured) / measured.", "",
-           table(["run"] + header[1:-2], _sweep_detail_rows(doc)), "",
+           table(["run"] + header[1:-2], _sweep_rows(doc, _detail_cell)), "",
            "The same points re-planned with today's planner (memascend_cli.bench.repredict on each run's recorded "
            "config and job): planned GiB and error.", "",
-           table(["run"] + header[1:-2], _sweep_today_rows(doc)), ""]
+           table(["run"] + header[1:-2], _sweep_rows(doc, _today_cell)), ""]
     out += _sweep_growth_lines(doc)
     for d in doc["documents"]:
         cmp = [x for x in comparisons(d) if x.startswith("- memascend:")]
@@ -147,22 +148,30 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _sweep_detail_rows(doc: dict) -> list[list[str]]:
-    """Seconds per step and plan error of each run at each point, read from the point's own bench document."""
-    runs = {k: r for k, (_, r) in _runs_by_point(doc).items()}
+def _sweep_rows(doc: dict, cell) -> list[list[str]]:
+    """One row per run name, one cell per point: cell(point document, run), or '-' where the run has no peak."""
+    runs = _runs_by_point(doc)
     rows = []
     for name in doc["series"]:
         cells = []
         for p in doc["points"]:
-            r = runs.get((p["layers"], p["seq_len"], name))
-            if r is None or not r["peak_system_bytes"]:
-                cells.append("-")
-                continue
-            step = "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f} s"
-            err = r.get("prediction_error_percent")
-            cells.append(step + ("" if err is None else f", {pct(err)}"))
+            d, r = runs.get((p["layers"], p["seq_len"], name), (None, None))
+            cells.append("-" if r is None or not r["peak_system_bytes"] else cell(d, r))
         rows.append([name] + cells)
     return rows
+
+
+def _detail_cell(_doc: dict, r: dict) -> str:
+    """Seconds per step and the plan's error recorded with the run."""
+    step = "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f} s"
+    err = r.get("prediction_error_percent")
+    return step + ("" if err is None else f", {pct(err)}")
+
+
+def _today_cell(d: dict, r: dict) -> str:
+    """Today's plan of the run and its error on the measured peak."""
+    planned, err = _replan(d, r)
+    return f"{gib(planned)}, {pct(err)}"
 
 
 def _runs_by_point(doc: dict) -> dict:
@@ -171,30 +180,17 @@ def _runs_by_point(doc: dict) -> dict:
             for d in doc["documents"] for r in d["runs"] if r["ok"]}
 
 
+def _finished_runs(runs: list) -> list[tuple[str, dict, dict]]:
+    """(path, document, run) for every run that finished, over (path, document) pairs."""
+    return [(path, doc, r) for path, doc in runs for r in doc["runs"] if r["ok"]]
+
+
 def _replan(doc: dict, run: dict) -> tuple[int, float]:
     """Today's plan of a recorded run (memascend_cli.bench.repredict) and its error on the measured peak, in %."""
-    sys.path.insert(0, REPO)  # the planner is stdlib only; results are re-planned with today's code
     from memascend_cli.bench import repredict
 
     planned = repredict(doc, run)["node_host_peak_bytes"]
     return planned, 100.0 * (planned - run["peak_system_bytes"]) / run["peak_system_bytes"]
-
-
-def _sweep_today_rows(doc: dict) -> list[list[str]]:
-    """Today's plan of each run at each point and its error on the measured peak."""
-    runs = _runs_by_point(doc)
-    rows = []
-    for name in doc["series"]:
-        cells = []
-        for p in doc["points"]:
-            d, r = runs.get((p["layers"], p["seq_len"], name), (None, None))
-            if r is None or not r["peak_system_bytes"]:
-                cells.append("-")
-                continue
-            planned, err = _replan(d, r)
-            cells.append(f"{gib(planned)}, {pct(err)}")
-        rows.append([name] + cells)
-    return rows
 
 
 def _sweep_growth_lines(doc: dict) -> list[str]:
@@ -220,15 +216,11 @@ def section_planner(cal: list, val: list) -> str:
            "failures, so a fix or a regression shows).", ""]
     for title, runs in (("calibration", cal), ("validation", val)):
         rows = []
-        for path, doc in runs:
+        for path, doc, r in _finished_runs(runs):
             j = doc["job"]
-            for r in doc["runs"]:
-                if not r["ok"]:
-                    continue
-                planned, err = _replan(doc, r)
-                rows.append([f"{j['model']} L{j.get('layers', '?')}", j["dtype"], str(j["ranks"]), str(j["seq_len"]),
-                             r["name"], gib(r["peak_system_bytes"]), gib(planned), pct(err),
-                             f"`{os.path.basename(path)}`"])
+            planned, err = _replan(doc, r)
+            rows.append([f"{j['model']} L{j.get('layers', '?')}", j["dtype"], str(j["ranks"]), str(j["seq_len"]),
+                         r["name"], gib(r["peak_system_bytes"]), gib(planned), pct(err), f"`{os.path.basename(path)}`"])
         within = sum(1 for r in rows if abs(float(r[7].rstrip("%"))) <= PLANNER_TOLERANCE_PERCENT)
         out += [f"### {title.capitalize()} runs", "",
                 table(["model", "dtype", "ranks", "seq", "run", "measured GiB", "planned GiB", "error", "raw"], rows)
@@ -400,14 +392,11 @@ def section_allocator(runs: list) -> str:
     if not runs:
         return ""
     rows = []
-    for path, doc in runs:
+    for path, doc, r in _finished_runs(runs):
         j = doc["job"]
-        for r in doc["runs"]:
-            if not r["ok"]:
-                continue
-            rows.append([(doc.get("meta") or {}).get("title", "?").split(",")[0], f"L{j.get('layers')} s{j['seq_len']}",
-                         gib(r["peak_system_bytes"]), gib(r["max_tree_rss_bytes"]), f"{r['seconds_per_step']:.1f}",
-                         f"`{os.path.basename(path)}`"])
+        rows.append([(doc.get("meta") or {}).get("title", "?").split(",")[0], f"L{j.get('layers')} s{j['seq_len']}",
+                     gib(r["peak_system_bytes"]), gib(r["max_tree_rss_bytes"]), f"{r['seconds_per_step']:.1f}",
+                     f"`{os.path.basename(path)}`"])
     return "\n".join(["## Allocator policy experiments (memascend only)", "",
                       "glibc's mmap threshold (the engine fixes it; `fixed 32 MiB` is close to glibc's dynamic default) "
                       "and PyTorch's huge-page tensors (`THP_MEM_ALLOC_ENABLE=1`, defaults.ENGINE_ENV) on "

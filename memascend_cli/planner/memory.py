@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 from memascend_cli.errors import BadInput
-from memascend_cli.models import ModelSpec, numels_roles
+from memascend_cli.models import ModelSpec, layer_template, numels_roles
 from memascend_cli.planner import zero
 from memascend_cli.planner.spec import HardwareSpec
 from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, ZeroSettings
@@ -757,8 +757,6 @@ def _backward_heap_bytes(c: _Ctx, bucket: int, part_bucket: int) -> int:
     """The CPU backward's high-water mark of arena (non-mmapped) blocks: what the allocator keeps afterwards.
     Same moments as the forward/backward item (loss backward, bucket flush), block by block."""
     job, m, E = c.job, c.m, c.E
-    from memascend_cli.models import layer_template
-
     layer_tensors = layer_template(m)[1]
     layer = m.layer_numel()
     layer_heap = sum(_heap(t.numel * E) for t in layer_tensors)
@@ -773,10 +771,10 @@ def _backward_heap_bytes(c: _Ctx, bucket: int, part_bucket: int) -> int:
     widest = bs * max(m.hidden_size, m.intermediate_size) * E  # the largest activation block of a layer
     act_heap = act if widest < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
     flush = gathered + act_heap + _flush_copies(c) * _heap(E * bucket)
-    # the fp32 copies for swap-out are one block per parameter partition
+    # the fp32 copies for swap-out are one block per parameter partition (stock's path: no bounded engine here)
     parts = c.part.partition_numels
     small = sum(n for n in parts if n * 4 < GLIBC_MMAP_THRESHOLD_MAX_BYTES)
-    copies = 4 * part_bucket * small // max(1, sum(parts)) if not c.bounded else 0
+    copies = 4 * part_bucket * small // max(1, sum(parts))
     return copies + max(gathered + loss, flush)
 
 
