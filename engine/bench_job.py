@@ -23,7 +23,7 @@ import resource
 import sys
 import time
 
-from memascend_engine.procfs import single_rank_defaults, status_kib
+from memascend_engine.procfs import malloc_state, single_rank_defaults, status_kib
 
 from memascend_cli.bench import MODES, TECHNIQUES
 
@@ -42,7 +42,9 @@ class Events:
         self.f.write(json.dumps(kw) + "\n")
 
     def phase(self, name: str) -> None:
-        self.emit("phase", name=name)
+        # State at the phase boundary: anonymous RSS and what glibc's arenas hold free, so a recorded run shows
+        # how much of its peak is allocator retention rather than live tensors.
+        self.emit("phase", name=name, rss_anon_bytes=status_kib("RssAnon") * 1024, malloc=malloc_state())
 
 
 def proc_io() -> dict:

@@ -1,5 +1,6 @@
 """Process helpers shared by the training worker, the parity script and the benchmark jobs (no torch)."""
 
+import ctypes
 import os
 
 
@@ -19,3 +20,24 @@ def single_rank_defaults() -> None:
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+
+class _MallInfo2(ctypes.Structure):
+    # glibc >= 2.33 struct mallinfo2 (malloc.h): all fields size_t.
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def malloc_state() -> dict | None:
+    """glibc's view of this process's heap (mallinfo2, summed over all arenas): bytes the arenas hold from the
+    OS, bytes in use, bytes freed but kept (what a later malloc_trim could return) and bytes in mmapped chunks.
+    None where the C library has no mallinfo2 (musl, glibc < 2.33)."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    m = fn()
+    return {"arena_bytes": m.arena, "in_use_bytes": m.uordblks, "free_kept_bytes": m.fordblks,
+            "mmapped_bytes": m.hblkhd, "mmapped_chunks": m.hblks}

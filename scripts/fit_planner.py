@@ -19,7 +19,6 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 from memascend_cli.bench import repredict
 from memascend_cli.planner import memory

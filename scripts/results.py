@@ -25,7 +25,6 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # the planner is stdlib only; results are re-planned with today's code
 DOCS = os.path.join(REPO, "docs")
 BENCH = os.path.join(DOCS, "bench")
 OUT = os.path.join(DOCS, "results.md")
@@ -282,7 +281,7 @@ def section_checksums(runs: list) -> str:
 
 
 def section_micro(runs: list) -> str:
-    """benchmarks/io_bench.py and scan_bench.py --json outputs in docs/bench/micro/."""
+    """benchmarks/io_bench.py, scan_bench.py and zero_init_heap.py outputs in docs/bench/micro/."""
     import statistics
 
     out = []
@@ -305,6 +304,16 @@ def section_micro(runs: list) -> str:
                     f"{doc['numel']:,} elements, inf at {doc['special']}. Raw: `{path}`.", "",
                     table(["dtype", "scan ms", "isinf|isnan ms", "speed-up", "extra peak MiB scan / torch", "agree"],
                           rows), ""]
+        elif doc.get("kind") == "zero_init_heap":
+            groups: dict = {}
+            for c in doc["cases"]:
+                groups.setdefault((c["model"], c["layers"], c["dtype"]), []).append(c)
+            rows = [[m, str(L), dt, " / ".join(f"{c['free_kept_bytes'] / GiB:.2f}" for c in cs),
+                     f"{cs[0]['predicted_bytes'] / GiB:.2f}"] for (m, L, dt), cs in groups.items()]
+            out += ["## Stock zero.Init: heap kept by the allocator", "", f"{doc['title']}. `{doc['command']}` "
+                    f"({doc['date']}, {doc['libc']}); one fresh process per measurement; the plan's "
+                    "`host/zero_init_heap` item is the upper mode. Raw: `" + path + "`.", "",
+                    table(["model", "layers", "dtype", "kept GiB (repeats)", "plan GiB"], rows), ""]
     return "\n".join(out) + ("\n" if out else "")
 
 

@@ -636,8 +636,31 @@ def _host_items(c: _Ctx) -> list[Item]:
     add("host/data", "data: one micro-batch from the memory-mapped token cache", data_bytes,
         formula=f"{DATA_ARRAYS} int64 arrays x b {job.micro_batch} x s {job.seq_len} x 8 B",
         source="engine/data.py Split.batch (pages dropped with MADV_DONTNEED); docs/results.md data path")
-    items.extend(_transients(c))
+    # The memascend engine fixes the mmap threshold (mallopt) before zero.Init, so it keeps nothing; on a GPU the
+    # weights are built in device memory.
+    zi_heap = zero_init_heap_bytes(c.m) if c.engine == "baseline" and not c.gpu and job.zero_init else 0
+    if zi_heap:
+        add("host/zero_init_heap", "zero.Init: freed layer weights kept by the allocator", zi_heap,
+            formula=f"L {c.m.num_hidden_layers} x fp32 bytes of each layer's largest weights (below "
+                    f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MIB} MiB)",
+            source="glibc malloc/malloc.c dynamic mmap threshold; mallinfo2 after zero.Init "
+                   "(benchmarks/zero_init_heap.py)")
+    items.extend(_transients(c, zi_heap))
     return items
+
+
+def zero_init_heap_bytes(m: ModelSpec) -> int:
+    """Heap stock DeepSpeed's zero.Init leaves free but kept (glibc mallinfo2 fordblks) on a CPU rank. Pure.
+
+    Each parameter is built full-size in fp32 on the host, partitioned and swapped out (partition_parameters.py
+    Init._post_init_method). The first freed mmapped weight raises glibc's mmap threshold to its size, so the
+    later ones come from the heap, and the small allocations made between them split every freed block: the heap
+    grows by about one layer's largest weights per layer (recorded in docs/bench/micro/zero-init-heap.json:
+    32.5 MiB per bench-llama layer = its three MLP matrices, 28 MiB per SmolLM2 layer; weights of 32 MiB or more
+    stay mmapped). Not every shape fragments this way (Qwen2.5-0.5B keeps ~0.06 GiB at 8 layers)."""
+    layer = layer_template(m)[1]
+    largest = max(t.numel for t in layer)
+    return m.num_hidden_layers * sum(_heap(4 * t.numel) for t in layer if t.numel == largest)
 
 
 def _bounded_items(c: _Ctx, add_pinned) -> None:
@@ -660,7 +683,7 @@ def _adaptive_param_pool(c: _Ctx) -> tuple[int, str]:
     return plan.total_bytes, "exact slots: " + plan.describe()
 
 
-def _transients(c: _Ctx) -> list[Item]:
+def _transients(c: _Ctx, zero_init_heap: int = 0) -> list[Item]:
     """Host allocations of one phase (kind = init, backward or optimizer); the peak is the steady
     level plus the largest phase (see Estimate.host_peak_bytes)."""
     job = c.job
@@ -689,8 +712,11 @@ def _transients(c: _Ctx) -> list[Item]:
         add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * part_bucket,
             f"4 B x min(reduce_bucket_size / world, Ns) = {part_bucket:,}",
             "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
-    if not c.bounded and c.gpu and c.pin_memory and c.engine == "baseline" and c.k.pin_backend == "torch":
-        # P5 is torch.zeros(Ns) first, then pin_memory() copies it (stage3.py 791-795): both live at init.
+    copies_when_pinning = c.gpu or (c.k.pin_backend == "native" and c.ver >= (0, 19, 8))
+    if not c.bounded and c.pin_memory and c.engine == "baseline" and copies_when_pinning:
+        # P5 is torch.zeros(Ns) first, then pin_memory() copies it (stage3.py 791-795): both live at init. torch
+        # pins by copying on CUDA, the native backend by copying into an mlocked block (utils/pin_memory.py pin);
+        # the CPU accelerator without it returns the tensor itself.
         add("host/grad_buffer_init_copy", "init: gradient buffer before pinning", c.ns * c.G,
             f"Ns {c.ns:,} x {c.G} B", "stage3._setup_for_real_optimizer torch.zeros + accelerator.pin_memory", "init")
     elif job.grad_accum_steps > 1:
@@ -714,10 +740,14 @@ def _transients(c: _Ctx) -> list[Item]:
         head = gathered + loss_bwd
         copies = _flush_copies(c)
         flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
-        add("host/compute/forward_backward", "forward/backward working set", max(head, flush),
+        working = max(head, flush)
+        # Its blocks below the mmap threshold first fill the heap zero.Init left free (counted there already).
+        reused = min(zero_init_heap, _backward_heap_bytes(c, bucket, part_bucket), working) if zero_init_heap else 0
+        add("host/compute/forward_backward", "forward/backward working set", working - reused,
             f"gathered params + their grads {gathered:,} + max(loss backward b*s*V*(E + 8) {loss_bwd:,}, "
             f"one layer's activations {by_key['activations'].bytes:,} + {copies} bucket copies "
-            f"{copies * c.E * bucket:,})",
+            f"{copies * c.E * bucket:,})" + (f" - heap blocks placed in zero.Init's free heap {reused:,}"
+                                            if reused else ""),
             "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced "
             "(torch.cat) + torch ProcessGroupGloo reduce_scatter_tensor (input copy)", "backward")
 
@@ -734,9 +764,11 @@ def _transients(c: _Ctx) -> list[Item]:
             # glibc keeps the freed backward blocks below its mmap threshold in its arenas, so the optimizer step
             # comes on top; blocks of 32 MiB and more were mmapped and went back at free. The memascend engine
             # calls malloc_trim after backward.
-            retained = _backward_heap_bytes(c, bucket, part_bucket)
+            # Backward blocks first reuse what zero.Init left free in the heap (host/zero_init_heap).
+            retained = max(0, _backward_heap_bytes(c, bucket, part_bucket) - zero_init_heap)
             add("host/allocator_retention", "backward memory kept by the allocator", retained,
-                f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MIB} MiB)",
+                f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MIB} MiB)"
+                " less the zero.Init heap they reuse",
                 "glibc malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX; memascend bench phase peaks", "retained")
     return out
 

@@ -175,7 +175,9 @@ def test_cpu_bucket_flush_holds_two_copies_of_the_bucket():
     small = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=10**7)
     big = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=3 * 10**7)
     # seq 16: the flush, not the loss backward, is the larger moment
-    fb = [estimate(job("qwen2.5-0.5b", seq_len=16, dtype="fp32", checkpointing="full", knobs=k), CPU, "baseline")
+    # zero_init off: the zero.Init heap the backward reuses is tested on its own below
+    fb = [estimate(job("qwen2.5-0.5b", seq_len=16, dtype="fp32", checkpointing="full", knobs=k, zero_init=False), CPU,
+                   "baseline")
           .item("host/compute/forward_backward").bytes for k in (small, big)]
     assert fb[1] - fb[0] == 2 * 4 * 2 * 10**7
 
@@ -190,3 +192,66 @@ def test_allocator_keeps_only_blocks_below_the_mmap_threshold():
     logits = 4096 * 151_936 * 4
     assert logits >= memory.GLIBC_MMAP_THRESHOLD_MAX_BYTES
     assert big.item("host/allocator_retention").bytes < big.item("host/compute/forward_backward").bytes - logits
+
+
+def test_stock_zero_init_leaves_each_layers_largest_weights_in_the_heap():
+    """docs/bench/micro/zero-init-heap.json: 32.5 MiB kept per bench-llama layer = its three MLP matrices (fp32)."""
+    j = job("bench-llama-136m", seq_len=256, dtype="fp32", checkpointing="full")
+    base = estimate(j, CPU, "baseline")
+    assert base.item("host/zero_init_heap").bytes == 8 * 3 * 1024 * 2816 * 4
+    assert base.item("host/zero_init_heap").kind == "steady"
+    # memascend fixes the mmap threshold before zero.Init; on a GPU the weights are built in device memory
+    assert "host/zero_init_heap" not in {i.key for i in estimate(j, CPU, "memascend").items}
+    assert "host/zero_init_heap" not in {i.key for i in estimate(j, GPU, "baseline").items}
+    # 4096 x 14336 fp32 MLP matrices (224 MiB) are mmapped and returned at free
+    assert memory.zero_init_heap_bytes(load_preset("llama-3.1-8b")) == 0
+
+
+def test_backward_reuses_the_zero_init_heap_before_growing():
+    """The backward's heap blocks land in the holes zero.Init left: counted once, at the steady level."""
+    k = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=10**6)
+    j = job("bench-llama-136m", seq_len=256, dtype="fp32", checkpointing="full", knobs=k)
+    est = estimate(j, CPU, "baseline")
+    no_zi = replace(j, zero_init=False)
+    full = estimate(no_zi, CPU, "baseline")
+    zi = est.item("host/zero_init_heap").bytes
+    fb, fb_full = (e.item("host/compute/forward_backward").bytes for e in (est, full))
+    assert 0 < fb_full - fb <= zi
+    assert est.item("host/allocator_retention").bytes == max(0, full.item("host/allocator_retention").bytes - zi)
+
+
+def test_native_pinning_copies_the_gradient_buffer_at_init_on_cpu():
+    """stage3.py 791-795: torch.zeros(Ns) then pin_memory(); the native backend pins by copying (mlock), the CPU
+    accelerator's torch backend returns the tensor itself."""
+    native = replace(zero.DEEPSPEED_DEFAULTS, pin_backend="native")
+    j = job("bench-llama-136m", seq_len=256, dtype="fp32", checkpointing="full")
+    est = estimate(replace(j, knobs=native), CPU, "baseline")
+    assert est.item("host/grad_buffer_init_copy").bytes == est.item("host/grad_flat_buffer").bytes
+    assert est.item("host/grad_buffer_init_copy").kind == "init"
+    assert "host/grad_buffer_init_copy" not in {i.key for i in estimate(j, CPU, "baseline").items}
+
+
+def test_zero_init_heap_is_the_recorded_upper_mode():
+    """benchmarks/zero_init_heap.py: the kept heap is bimodal (a race in the order of frees); the plan is the upper
+    mode, within 10% of the largest repeat, for every recorded shape but Qwen2.5-0.5B's, which keeps ~0.06 GiB."""
+    import json
+    import os
+
+    from memascend_cli.models import load_model
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench", "micro", "zero-init-heap.json")
+    with open(path) as f:
+        cases = json.load(f)["cases"]
+    upper: dict = {}
+    for c in cases:
+        key = (c["model"], c["layers"], c["dtype"])
+        upper[key] = max(upper.get(key, 0), c["free_kept_bytes"])
+    assert len(upper) >= 6
+    for (model, layers, dtype), kept in upper.items():
+        plan = memory.zero_init_heap_bytes(load_model(model).scaled(layers))
+        if model.startswith("qwen2.5"):
+            assert kept < plan  # over-predicted: documented in docs/results.md
+        elif dtype == "fp32" and kept > 64 * 2**20:
+            assert abs(plan - kept) <= 0.1 * kept, (model, layers, plan, kept)
+        else:  # tiny models and bf16 builds: within 0.07 GiB
+            assert abs(plan - kept) <= 0.07 * 2**30, (model, layers, dtype, plan, kept)
