@@ -640,7 +640,7 @@ def _host_items(c: _Ctx) -> list[Item]:
     # weights are built in device memory.
     zi_heap = zero_init_heap_bytes(c.m) if c.engine == "baseline" and not c.gpu and job.zero_init else 0
     if zi_heap:
-        add("host/zero_init_heap", "zero.Init: freed layer weights kept by the allocator", zi_heap,
+        add("host/zero_init_heap", "zero.Init: freed weights kept in the heap", zi_heap,
             formula=f"L {c.m.num_hidden_layers} x fp32 bytes of each layer's largest weights (below "
                     f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MIB} MiB)",
             source="glibc malloc/malloc.c dynamic mmap threshold; mallinfo2 after zero.Init "
