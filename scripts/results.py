@@ -116,7 +116,26 @@ def section_bench(title: str, path: str, doc: dict) -> str:
            f"{j['checkpointing']}. {machine_line(doc)} Raw: `{path}`.", "",
            table(RUN_HEADER, run_rows(doc)), ""]
     out += comparisons(doc)
+    out += phase_heap_lines(doc)
     return "\n".join(out) + "\n"
+
+
+def phase_heap_lines(doc: dict) -> list[str]:
+    """Rank 0's anonymous RSS and glibc's free-but-kept heap at each phase boundary (runs recorded with them)."""
+    runs = [r for r in doc["runs"] if r["ok"] and any(p.get("malloc") for p in r.get("phases") or [])]
+    if not runs:
+        return []
+    names = [p["name"] for p in runs[0]["phases"]]
+    rows = []
+    for name in names:
+        cells = []
+        for r in runs:
+            p = next((q for q in r["phases"] if q["name"] == name), None)
+            cells.append(f"{p['rss_anon_bytes'] / GiB:.2f} / {p['malloc']['free_kept_bytes'] / GiB:.2f}"
+                         if p and p.get("malloc") else "-")
+        rows.append([name] + cells)
+    return ["At the start of each phase, rank 0's anonymous RSS / heap glibc keeps free (mallinfo2 fordblks), GiB:", "",
+            table(["phase"] + [r["name"] for r in runs], rows), ""]
 
 
 def section_sweep(title: str, path: str, doc: dict) -> str:
