@@ -1,4 +1,4 @@
-"""Fit the planner's two measured constants on the calibration runs only (docs/bench/calibration/*.json).
+"""Fit the planner's measured constants on the calibration runs only (docs/bench/calibration/*.json).
 
     python scripts/fit_planner.py          # prints the fitted values and what memory.py holds
     python scripts/fit_planner.py --json
@@ -7,7 +7,8 @@ The per-process runtime (python + torch + DeepSpeed, memascend_cli/planner/memor
 the runs of a tiny model measure beyond every other modelled item: their model data is a few MiB, so the residual
 is the runtime. The engine runtime (ENGINE_RUNTIME_BYTES) is the memascend run's residual beyond that. Runs of
 larger models are calibration for the rest of the model, not for these constants: their residuals carry the
-model's other errors. Validation runs (docs/bench/validation) are never read here.
+model's other errors. The activation-heap blocks per layer (ACTIVATION_HEAP_BLOCKS_PER_LAYER) come from the stock
+runs recorded with glibc's heap state at each phase start. Validation runs (docs/bench/validation) are never read here.
 """
 
 from __future__ import annotations
@@ -63,13 +64,38 @@ def fit(rows: list[dict]) -> dict:
             "runs": rows}
 
 
+def activation_heap_fit(paths: list[str]) -> float | None:
+    """ACTIVATION_HEAP_BLOCKS_PER_LAYER: glibc's free-kept heap growth over stock's first forward + backward (phase
+    starts recorded with mallinfo2) per layer, in blocks of memory.activation_heap_block_bytes. None without such a
+    calibration run."""
+    from memascend_cli.models import load_model
+
+    ks = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        j = doc["job"]
+        spec = load_model(j["model"])
+        if j.get("layers") and j["layers"] != spec.num_hidden_layers:
+            spec = spec.scaled(j["layers"])
+        block = memory.activation_heap_block_bytes(spec, j["micro_batch"] * j["seq_len"], memory.DTYPE_BYTES[j["dtype"]])
+        for r in doc["runs"]:
+            kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
+            if r["ok"] and r["mode"] != "memascend" and block and {"step1_forward", "step1_optimizer"} <= kept.keys():
+                ks.append((kept["step1_optimizer"] - kept["step1_forward"]) / (spec.num_hidden_layers * block))
+    return round(sum(ks) / len(ks), 1) if ks else None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = fit(residuals(sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))))
+    paths = sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))
+    result = fit(residuals(paths))
+    result["activation_heap_blocks_per_layer"] = activation_heap_fit(paths)
     result["memory_py"] = {"runtime_cpu_gib": round(memory.RUNTIME_CPU_BYTES / GIB, 2),
-                           "engine_runtime_gib": round(memory.ENGINE_RUNTIME_BYTES / GIB, 2)}
+                           "engine_runtime_gib": round(memory.ENGINE_RUNTIME_BYTES / GIB, 2),
+                           "activation_heap_blocks_per_layer": memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -77,6 +103,8 @@ def main(argv=None) -> int:
         print(f"{x['file']} {x['run']}: residual {x['residual_bytes'] / GIB:.3f} GiB")
     print(f"fitted: runtime {result['runtime_cpu_gib']:.2f} GiB, engine runtime {result['engine_runtime_gib']:.2f} GiB;"
           f" memory.py: {result['memory_py']['runtime_cpu_gib']:.2f}, {result['memory_py']['engine_runtime_gib']:.2f}")
+    print(f"fitted: activation heap {result['activation_heap_blocks_per_layer']} blocks per layer;"
+          f" memory.py: {memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER}")
     return 0
 
 

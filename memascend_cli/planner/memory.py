@@ -56,6 +56,11 @@ LAUNCHER_PROCESS_BYTES = int(0.15 * GiB)
 # glibc's largest mmap threshold on 64-bit (malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX = 4 MiB x sizeof(long)):
 # blocks at least this large are mmapped and returned at free; smaller ones stay in the allocator's arenas.
 GLIBC_MMAP_THRESHOLD_MAX_BYTES = 32 * MIB
+# Heap glibc keeps per checkpointed layer after stock's first forward + backward on a CPU rank, in units of the
+# layer's widest activation block (s x b x I x E) when that block is larger than the heap's holes and below the mmap
+# threshold: fitted by scripts/fit_planner.py on docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json (mallinfo2
+# free-kept heap +3.72 GiB over 32 layers of 22 MiB blocks).
+ACTIVATION_HEAP_BLOCKS_PER_LAYER = 5.4
 # GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 # Arrays a micro-batch of the training data is made of (input ids, labels, attention mask).
@@ -663,6 +668,17 @@ def zero_init_heap_bytes(m: ModelSpec) -> int:
     return m.num_hidden_layers * sum(_heap(4 * t.numel) for t in layer if t.numel == largest)
 
 
+def activation_heap_block_bytes(m: ModelSpec, tokens: int, elem_bytes: int) -> int:
+    """A layer's widest activation block (tokens x intermediate x E) when stock's CPU forward/backward strands it in
+    the heap, else 0. Pure. Each checkpointed layer's recomputation frees its blocks while the next layer's input stays
+    live above them; blocks larger than the holes zero.Init left (the layer's largest fp32 weight) cannot reuse them
+    and the heap grows (mallinfo2 in docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json); blocks of 32 MiB or
+    more are mmapped. At seq 256-512 the blocks fit the holes and nothing grows."""
+    block = tokens * m.intermediate_size * elem_bytes
+    hole = _heap(4 * max(t.numel for t in layer_template(m)[1]))
+    return block if hole < block < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
+
+
 def _bounded_items(c: _Ctx, add_pinned) -> None:
     """The bounded engine's steady windows (memascend_engine.bounded): what DRAM holds instead of P2, P4, P5."""
     w = c.windows
@@ -770,6 +786,13 @@ def _transients(c: _Ctx, zero_init_heap: int = 0) -> list[Item]:
                 f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MIB} MiB)"
                 " less the zero.Init heap they reuse",
                 "glibc malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX; memascend bench phase peaks", "retained")
+            block = activation_heap_block_bytes(c.m, job.micro_batch * job.seq_len, c.E) \
+                if job.checkpointing != "none" else 0
+            if block:
+                add("host/activation_heap", "checkpointed layers' blocks stranded in the heap",
+                    int(ACTIVATION_HEAP_BLOCKS_PER_LAYER * block * c.m.num_hidden_layers),
+                    f"{ACTIVATION_HEAP_BLOCKS_PER_LAYER} x L {c.m.num_hidden_layers} x block s*b*I*E {block:,}",
+                    "glibc heap growth, mallinfo2 at phase starts; fitted by scripts/fit_planner.py", "retained")
     return out
 
 

@@ -255,3 +255,19 @@ def test_zero_init_heap_is_the_recorded_upper_mode():
             assert abs(plan - kept) <= 0.1 * kept, (model, layers, plan, kept)
         else:  # tiny models and bf16 builds: within 0.07 GiB
             assert abs(plan - kept) <= 0.07 * 2**30, (model, layers, dtype, plan, kept)
+
+
+def test_activation_heap_grows_only_for_blocks_larger_than_the_holes():
+    """Stock on a CPU rank: the checkpointed layers' widest blocks (s x I x E) strand heap when larger than the
+    zero.Init holes (the layer's largest fp32 weight) and below the 32 MiB mmap threshold."""
+    m = load_preset("bench-llama-136m")  # largest weight 1024 x 2816 fp32 = 11 MiB
+    assert memory.activation_heap_block_bytes(m, 512, 4) == 0  # 5.5 MiB: fits the holes
+    assert memory.activation_heap_block_bytes(m, 2048, 4) == 2048 * 2816 * 4  # 22 MiB
+    assert memory.activation_heap_block_bytes(m, 8192, 4) == 0  # 88 MiB: mmapped
+    j = job("bench-llama-136m", seq_len=2048, dtype="fp32", checkpointing="full")
+    est = estimate(j, CPU, "baseline")
+    item = est.item("host/activation_heap")
+    assert item.kind == "retained"
+    assert item.bytes == int(memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER * 2048 * 2816 * 4 * 8)
+    assert "host/activation_heap" not in {i.key for i in estimate(j, CPU, "memascend").items}
+    assert "host/activation_heap" not in {i.key for i in estimate(replace(j, seq_len=512), CPU, "baseline").items}

@@ -76,8 +76,9 @@ def test_plan_within_10_percent_of_measured_peak(doc, run):
 
 
 def test_measured_constants_are_the_calibration_fit():
-    """RUNTIME_CPU_BYTES and ENGINE_RUNTIME_BYTES are what scripts/fit_planner.py fits on the calibration runs (to
-    0.01 GiB), so a constant cannot drift onto the validation runs it is judged by."""
+    """RUNTIME_CPU_BYTES, ENGINE_RUNTIME_BYTES and ACTIVATION_HEAP_BLOCKS_PER_LAYER are what scripts/fit_planner.py
+    fits on the calibration runs (to 0.01 GiB, 0.1 block), so a constant cannot drift onto the validation runs it is
+    judged by."""
     import importlib.util
 
     from memascend_cli.planner import memory
@@ -85,7 +86,8 @@ def test_measured_constants_are_the_calibration_fit():
     spec = importlib.util.spec_from_file_location("fit_planner", os.path.join(REPO, "scripts", "fit_planner.py"))
     fit_planner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fit_planner)
-    fitted = fit_planner.fit(fit_planner.residuals(sorted(glob.glob(
-        os.path.join(REPO, "docs", "bench", "calibration", "*.json")))))
+    paths = sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))
+    fitted = fit_planner.fit(fit_planner.residuals(paths))
     assert round(memory.RUNTIME_CPU_BYTES / 2**30, 2) == fitted["runtime_cpu_gib"]
     assert round(memory.ENGINE_RUNTIME_BYTES / 2**30, 2) == fitted["engine_runtime_gib"]
+    assert fit_planner.activation_heap_fit(paths) == memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER
