@@ -1,6 +1,7 @@
 """Process helpers shared by the training worker, the parity script and the benchmark jobs (no torch)."""
 
 import ctypes
+import functools
 import os
 
 
@@ -29,15 +30,23 @@ class _MallInfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def malloc_state() -> dict | None:
-    """glibc's view of this process's heap (mallinfo2, summed over all arenas): bytes the arenas hold from the
-    OS, bytes in use, bytes freed but kept (what a later malloc_trim could return) and bytes in mmapped chunks.
-    None where the C library has no mallinfo2 (musl, glibc < 2.33)."""
+@functools.cache
+def _mallinfo2():
     try:
         fn = ctypes.CDLL("libc.so.6").mallinfo2
     except (OSError, AttributeError):
         return None
     fn.restype = _MallInfo2
+    return fn
+
+
+def malloc_state() -> dict | None:
+    """glibc's view of this process's heap (mallinfo2, summed over all arenas): bytes the arenas hold from the
+    OS, bytes in use, bytes freed but kept (what a later malloc_trim could return) and bytes in mmapped chunks.
+    None where the C library has no mallinfo2 (musl, glibc < 2.33)."""
+    fn = _mallinfo2()
+    if fn is None:
+        return None
     m = fn()
     return {"arena_bytes": m.arena, "in_use_bytes": m.uordblks, "free_kept_bytes": m.fordblks,
             "mmapped_bytes": m.hblkhd, "mmapped_chunks": m.hblks}

@@ -833,16 +833,23 @@ def execution_order(planned_peak_bytes: list[int]) -> list[int]:
     return sorted(range(len(planned_peak_bytes)), key=lambda i: (planned_peak_bytes[i], i))
 
 
+def recorded_spec(job: dict):
+    """The model a recorded bench job ran: its preset, scaled to the job's layer count. Pure."""
+    from memascend_cli.models import load_model
+
+    spec = load_model(job["model"])
+    if job.get("layers") and job["layers"] != spec.num_hidden_layers:
+        spec = spec.scaled(job["layers"])
+    return spec
+
+
 def repredict(doc: dict, run: dict) -> dict:
     """Today's planner on a recorded run: its exact config, job, techniques and machine (CPU-only unless the run
     used CUDA). Pure: what scripts/results.py and the planner-validation test compare with the measured peak."""
-    from memascend_cli.models import load_model
     from memascend_cli.planner.spec import HardwareSpec
 
     j = doc["job"]
-    spec = load_model(j["model"])
-    if j.get("layers") and j["layers"] != spec.num_hidden_layers:
-        spec = spec.scaled(j["layers"])
+    spec = recorded_spec(j)
     hw_doc = doc.get("hardware") or {}
     cuda = j.get("accelerator") == "cuda"
     hw = HardwareSpec(name=hw_doc.get("name", "recorded"), dram_gib=float(hw_doc.get("dram_gib", 24.0)),

@@ -21,7 +21,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from memascend_cli.bench import repredict
+from memascend_cli.bench import recorded_spec, repredict
 from memascend_cli.planner import memory
 
 # Runs whose model data is below this are the runtime's calibration.
@@ -68,16 +68,12 @@ def activation_heap_fit(paths: list[str]) -> float | None:
     """ACTIVATION_HEAP_BLOCKS_PER_LAYER: glibc's free-kept heap growth over stock's first forward + backward (phase
     starts recorded with mallinfo2) per layer, in blocks of memory.activation_heap_block_bytes. None without such a
     calibration run."""
-    from memascend_cli.models import load_model
-
     ks = []
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
         j = doc["job"]
-        spec = load_model(j["model"])
-        if j.get("layers") and j["layers"] != spec.num_hidden_layers:
-            spec = spec.scaled(j["layers"])
+        spec = recorded_spec(j)
         block = memory.activation_heap_block_bytes(spec, j["micro_batch"] * j["seq_len"], memory.DTYPE_BYTES[j["dtype"]])
         for r in doc["runs"]:
             kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}

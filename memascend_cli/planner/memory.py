@@ -664,8 +664,12 @@ def zero_init_heap_bytes(m: ModelSpec) -> int:
     32.5 MiB per bench-llama layer = its three MLP matrices, 28 MiB per SmolLM2 layer; weights of 32 MiB or more
     stay mmapped). Not every shape fragments this way (Qwen2.5-0.5B keeps ~0.06 GiB at 8 layers)."""
     layer = layer_template(m)[1]
-    largest = max(t.numel for t in layer)
+    largest = _largest_layer_numel(m)
     return m.num_hidden_layers * sum(_heap(4 * t.numel) for t in layer if t.numel == largest)
+
+
+def _largest_layer_numel(m: ModelSpec) -> int:
+    return max(t.numel for t in layer_template(m)[1])
 
 
 def activation_heap_block_bytes(m: ModelSpec, tokens: int, elem_bytes: int) -> int:
@@ -675,7 +679,7 @@ def activation_heap_block_bytes(m: ModelSpec, tokens: int, elem_bytes: int) -> i
     and the heap grows (mallinfo2 in docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json); blocks of 32 MiB or
     more are mmapped. At seq 256-512 the blocks fit the holes and nothing grows."""
     block = tokens * m.intermediate_size * elem_bytes
-    hole = _heap(4 * max(t.numel for t in layer_template(m)[1]))
+    hole = _heap(4 * _largest_layer_numel(m))
     return block if hole < block < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
 
 
@@ -722,6 +726,8 @@ def _transients(c: _Ctx, zero_init_heap: int = 0) -> list[Item]:
     # A reduce bucket holds full gradients (all ranks' partitions); each rank converts its share of it.
     bucket = min(c.reduce_bucket_size, c.m.num_params)
     part_bucket = min(-(-c.reduce_bucket_size // c.world), c.ns)
+    # Stock's CPU backward blocks below the mmap threshold: they first fill zero.Init's free heap, the rest is kept.
+    backward_heap = _backward_heap_bytes(c, bucket, part_bucket) if c.engine == "baseline" and not c.gpu else 0
     if not c.bounded and not c.gpu:
         # On a GPU these copies are made on the device (stage3.py 2025-2028 moves the partition there first) and
         # reach the host only through the P4 pool: a GPU item (_compute_items), no host bytes.
@@ -758,7 +764,7 @@ def _transients(c: _Ctx, zero_init_heap: int = 0) -> list[Item]:
         flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
         working = max(head, flush)
         # Its blocks below the mmap threshold first fill the heap zero.Init left free (counted there already).
-        reused = min(zero_init_heap, _backward_heap_bytes(c, bucket, part_bucket), working) if zero_init_heap else 0
+        reused = min(zero_init_heap, backward_heap, working)
         add("host/compute/forward_backward", "forward/backward working set", working - reused,
             f"gathered params + their grads {gathered:,} + max(loss backward b*s*V*(E + 8) {loss_bwd:,}, "
             f"one layer's activations {by_key['activations'].bytes:,} + {copies} bucket copies "
@@ -781,7 +787,7 @@ def _transients(c: _Ctx, zero_init_heap: int = 0) -> list[Item]:
             # comes on top; blocks of 32 MiB and more were mmapped and went back at free. The memascend engine
             # calls malloc_trim after backward.
             # Backward blocks first reuse what zero.Init left free in the heap (host/zero_init_heap).
-            retained = max(0, _backward_heap_bytes(c, bucket, part_bucket) - zero_init_heap)
+            retained = max(0, backward_heap - zero_init_heap)
             add("host/allocator_retention", "backward memory kept by the allocator", retained,
                 f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MIB} MiB)"
                 " less the zero.Init heap they reuse",
