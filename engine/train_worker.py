@@ -482,7 +482,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     run = Run(args)
     rank = _env_int("RANK", 0)
-    _touch(rundir.started_file(run.run_dir, rank))
+    _write_started(rundir.started_file(run.run_dir, rank))
     code = 1  # also when a BaseException escapes: Python reports it and exits 1
     try:
         code = _main(run, rank)
@@ -491,9 +491,11 @@ def main(argv=None) -> int:
     return code
 
 
-def _touch(path: str) -> None:
+def _write_started(path: str) -> None:
+    # The pid lets the CLI see which rank died first (memascend_cli.launch.RankWatch).
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    open(path, "w").close()
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
 
 
 def write_exit_mark(run_dir: str, rank: int, doc: dict) -> None:

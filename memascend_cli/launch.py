@@ -228,11 +228,14 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
             raise MemascendError(f"DeepSpeed launcher {spec.cmd[0]} not found",
                                  "install the training extras: pip install 'memascend[train]'") from None
         previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+        watch = RankWatch(spec.run_dir, spec.num_ranks)
         try:
             while proc.poll() is None:
+                watch.poll()
                 if on_poll is not None:
                     on_poll()
                 time.sleep(poll_s)
+            watch.poll()
             if on_poll is not None:
                 on_poll()
         finally:
@@ -245,7 +248,7 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
     killed = _killed_by(code)
     found = rank_error(spec.run_dir)
-    silent = _silent_ranks(spec) if stop_requests <= 1 else []
+    silent = first_dead(_silent_ranks(spec), watch.dead_at_poll) if stop_requests <= 1 else []
     if silent or (killed and found is None and stop_requests <= 1):
         # A killed rank writes nothing; the others then fail on the broken collective, and their error files only
         # echo the cause. The launcher's status is the first dead rank it polled, not always the killed one.
@@ -299,6 +302,58 @@ def _silent_ranks(spec: LaunchSpec) -> list[int]:
     SIGTERM to the survivors of a dead rank, writes one): the ones killed by a signal they could not catch."""
     return [r for r in range(spec.num_ranks)
             if os.path.exists(started_file(spec.run_dir, r)) and not os.path.exists(exit_file(spec.run_dir, r))]
+
+
+class RankWatch:
+    """The poll at which each rank of this node was first seen dead, from the pid in its started file.
+
+    A rank killed mid-step can take a survivor down without an exit mark too: DeepSpeed's shared-memory allreduce on
+    CPU waits for its peers in C++ with no timeout, so a survivor blocked there never runs its SIGTERM handler and the
+    launcher SIGKILLs it 30 s later (deepspeed/launcher/launch.py, terminate_process_tree). The order of deaths
+    tells the killed rank from such survivors."""
+
+    def __init__(self, run_dir: str, num_ranks: int):
+        self.run_dir, self.num_ranks = run_dir, num_ranks
+        self.pids: dict[int, int] = {}
+        self.dead_at_poll: dict[int, int] = {}
+        self.polls = 0
+
+    def poll(self) -> None:
+        self.polls += 1
+        for rank in range(self.num_ranks):
+            if rank in self.dead_at_poll:
+                continue
+            pid = self.pids.get(rank) or _started_pid(started_file(self.run_dir, rank))
+            if pid is None:
+                continue
+            self.pids[rank] = pid
+            if not _pid_alive(pid):
+                self.dead_at_poll[rank] = self.polls
+
+
+def first_dead(silent: list[int], dead_at_poll: dict[int, int]) -> list[int]:
+    """Of the ranks that left no exit mark, those seen dead at the earliest poll, and those never seen dying."""
+    seen = [dead_at_poll[r] for r in silent if r in dead_at_poll]
+    if len(silent) <= 1 or not seen:
+        return silent
+    return [r for r in silent if dead_at_poll.get(r, min(seen)) == min(seen)]
+
+
+def _started_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Running and not a zombie (the launcher reaps its ranks only when it polls them)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _killed_by(code: int) -> str | None:

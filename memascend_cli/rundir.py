@@ -48,7 +48,7 @@ which `memascend train` sets to the run directory."""
 ERROR_PREFIX = "error-rank"
 """logs/error-rank<N>.json: the one-line reason a rank failed (read by the CLI)."""
 STARTED_PREFIX = "started-rank"
-"""logs/started-rank<N>: the rank's worker began (written first thing)."""
+"""logs/started-rank<N>: the rank's worker began (written first thing; holds its pid)."""
 EXIT_PREFIX = "exit-rank"
 """logs/exit-rank<N>.json: the rank ended on its own terms ({"code": N} or {"sigterm": true}, the launcher stopping
 the survivors of a dead rank). A rank of a failed launch without one died of a signal it could not catch."""

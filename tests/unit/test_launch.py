@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from memascend_cli.launch import _killed_by, build_launch, rank_error
+from memascend_cli.launch import RankWatch, _killed_by, build_launch, first_dead, rank_error
 from memascend_cli.recipe import load_recipe, recipe_from_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,6 +71,45 @@ def test_a_rank_killed_by_a_signal_is_named():
     # DeepSpeed's launcher exits with the dead rank's return code: -9 becomes status 247.
     assert _killed_by(247) == "SIGKILL" and _killed_by(-9) == "SIGKILL"
     assert _killed_by(1) is None and _killed_by(2) is None
+
+
+def test_the_rank_that_died_first_is_named_not_a_survivor_killed_later():
+    # Rank 1 killed at poll 3; rank 0, stuck in a collective, SIGKILLed by the launcher at poll 60.
+    assert first_dead([0, 1], {1: 3, 0: 60}) == [1]
+    assert first_dead([0, 1], {0: 5, 1: 5}) == [0, 1]  # both seen dead at the same poll: both named
+    assert first_dead([0, 1], {1: 3}) == [0, 1]  # rank 0's death never seen: it stays named
+    assert first_dead([2], {2: 9}) == [2] and first_dead([], {}) == []
+
+
+def test_rank_watch_sees_a_rank_die_from_its_started_pid(tmp_path):
+    import subprocess
+    import sys
+
+    from memascend_cli.rundir import started_file
+
+    run = str(tmp_path)
+    os.makedirs(os.path.dirname(started_file(run, 0)))
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    doomed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for rank, p in ((0, alive), (1, doomed)):
+            with open(started_file(run, rank), "w") as f:
+                f.write(str(p.pid))
+        watch = RankWatch(run, 3)  # rank 2 never started
+        watch.poll()
+        assert watch.dead_at_poll == {}
+        doomed.kill()
+        os.waitid(os.P_PID, doomed.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie counts as dead
+        watch.poll()
+        assert watch.dead_at_poll == {1: 2}
+        alive.kill()
+        alive.wait()
+        watch.poll()
+        assert watch.dead_at_poll == {1: 2, 0: 3}
+    finally:
+        for p in (alive, doomed):
+            p.kill()
+            p.wait()
 
 
 def test_dry_run_prints_config_and_command(cli, tmp_path):
