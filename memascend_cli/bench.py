@@ -461,6 +461,9 @@ class RunResult:
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """(seconds since launch, MemTotal - MemAvailable - idle in bytes), max per 10 ms bucket."""
     predicted: dict | None = None
+    repeats: list[dict] = field(default_factory=list)
+    """With --repeat N > 1: each repeat's peak, max RSS, step time and log in the order run; this run's other
+    fields are those of the repeat with the median peak (median_run)."""
     config: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     log_path: str = ""
@@ -775,9 +778,24 @@ def engine_args(predicted: dict) -> list[str]:
     return ["--engine-windows", json.dumps(b["windows"]), "--prefetch-layers", str(b["prefetch_layers"])]
 
 
+def median_run(repeats: list[RunResult]) -> RunResult:
+    """The repeat that stands for a run measured `len(repeats)` times: a failed one if any failed (it is reported),
+    else the one with the median peak (the lower of the two middle ones for an even count), with every repeat's
+    numbers in its `repeats`. Pure."""
+    if len(repeats) == 1:
+        return repeats[0]
+    failed = [r for r in repeats if not r.ok or r.peak_system_bytes is None]
+    chosen = failed[0] if failed else sorted(repeats, key=lambda r: r.peak_system_bytes)[(len(repeats) - 1) // 2]
+    chosen.repeats = [{"peak_system_bytes": r.peak_system_bytes, "ru_maxrss_bytes": r.ru_maxrss_bytes,
+                       "idle_bytes": r.idle_bytes, "peak_phase": r.peak_phase, "seconds_per_step": r.seconds_per_step,
+                       "ok": r.ok, "log_path": r.log_path} for r in repeats]
+    return chosen
+
+
 def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
-              region: str | None, engine_ok: bool, settle_cap_s: float) -> dict:
-    """Every run of one point, each after memory settled; returns the point's JSON document."""
+              region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1) -> dict:
+    """Every run of one point, each after memory settled, `repeat` times in turns; returns the point's JSON
+    document (median_run stands for the repeats of a run)."""
     from memascend_cli.console import err, step_progress
 
     notes: list[str] = [
@@ -807,17 +825,23 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     cfgs = [build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir, ranks=ranks,
                             aio_block_size=aio_block, aio_queue_depth=aio_depth) for run in run_specs]
     predictions = [p.predict(run.mode, cfg, run.disabled) for run, cfg in zip(run_specs, cfgs)]
-    results: list = [None] * len(run_specs)
+    measured: list[list[RunResult]] = [[] for _ in run_specs]
     with step_progress(err) as progress:
-        for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
-            run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
-            res = run_one(run, job_args=p.job_args(), cfg=cfg, out_dir=out_dir, nvme_dir=nvme_dir, ranks=ranks,
-                          micro_batch=p.micro_batch, seq_len=p.seq_len, steps=p.steps,
-                          region=region if run.mode == "memascend" else None, progress=progress,
-                          settle_cap_s=settle_cap_s, accelerator=p.accelerator,
-                          extra_args=engine_args(predicted) if run.mode == "memascend" else None)
-            res.predicted = predicted
-            results[i] = res
+        for k in range(repeat):
+            for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
+                run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
+                res = run_one(run, job_args=p.job_args(), cfg=cfg,
+                              out_dir=out_dir if repeat == 1 else os.path.join(out_dir, f"repeat{k + 1}"),
+                              nvme_dir=nvme_dir, ranks=ranks, micro_batch=p.micro_batch, seq_len=p.seq_len,
+                              steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
+                              settle_cap_s=settle_cap_s, accelerator=p.accelerator,
+                              extra_args=engine_args(predicted) if run.mode == "memascend" else None)
+                res.predicted = predicted
+                measured[i].append(res)
+    results = [median_run(rs) for rs in measured]
+    if repeat > 1:
+        notes.append(f"each run is the repeat with the median peak of {repeat}, taken in turns in one sitting; "
+                     "runs[].repeats lists every repeat")
     job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
            "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
            "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,

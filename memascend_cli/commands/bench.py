@@ -59,6 +59,9 @@ def bench_command(
                                  "system (tmpfs is refused). Default: OUT/swap.", rich_help_panel=_R),
     region: str = typer.Option(None, "--region", help="memascend region (file or device) for the memascend runs. "
                                "Default: create one in OUT with prepare-ssd's checks.", rich_help_panel=_R),
+    repeat: int = typer.Option(1, "--repeat", help="Runs of each engine, taken in turns in one sitting; the "
+                               "table and JSON report the repeat with the median peak, every repeat's peak is "
+                               "kept in the JSON.", rich_help_panel=_R),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
     out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, bench.png, run logs; a "
@@ -95,7 +98,7 @@ def bench_command(
     if ranks not in (1, 2):
         raise BadInput(f"--ranks {ranks} is not supported", "use --ranks 1 or --ranks 2")
     seq_lens = _int_list(seq_len, "--seq-len")
-    for name, value in (("--micro-batch", micro_batch), ("--steps", steps)):
+    for name, value in (("--micro-batch", micro_batch), ("--steps", steps), ("--repeat", repeat)):
         if value < 1:
             raise BadInput(f"{name} must be at least 1", "give a positive whole number")
     if checkpointing not in ("full", "none"):
@@ -144,7 +147,7 @@ def bench_command(
                         steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                         host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
         doc = B.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
-                          region=region, engine_ok=engine_ok, settle_cap_s=settle_cap)
+                          region=region, engine_ok=engine_ok, settle_cap_s=settle_cap, repeat=repeat)
         doc["meta"] = meta
         png_path = os.path.join(point_dir, "bench.png")
         problem = B.write_plot(doc, png_path)

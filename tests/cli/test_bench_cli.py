@@ -277,10 +277,27 @@ def test_document_and_table_shape(tmp_path):
 # --- the command's checks (nothing is launched) ---------------------------------------------------
 
 
+def test_repeats_report_the_median_peak_and_keep_every_repeat():
+    def rep(peak, ok=True, log="x"):
+        return B.RunResult(name="tuned", mode="tuned", disabled=[], ok=ok, peak_system_bytes=peak, log_path=log)
+
+    one = rep(5 * GiB)
+    assert B.median_run([one]) is one and one.repeats == []  # a single run is recorded as before
+    runs = [rep(6 * GiB, log="a"), rep(4 * GiB, log="b"), rep(5 * GiB, log="c")]
+    chosen = B.median_run(runs)
+    assert chosen.log_path == "c" and chosen.peak_system_bytes == 5 * GiB
+    assert [r["peak_system_bytes"] for r in chosen.repeats] == [6 * GiB, 4 * GiB, 5 * GiB]  # in the order run
+    assert B.median_run([rep(6 * GiB, log="a"), rep(4 * GiB, log="b")]).log_path == "b"  # the lower middle
+    failed = B.median_run([rep(4 * GiB), rep(None, ok=False, log="dead"), rep(5 * GiB)])
+    assert failed.log_path == "dead" and not failed.ok and len(failed.repeats) == 3  # a failure is never hidden
+    assert B.median_run(runs).to_dict()["repeats"][0]["log_path"] == "a"
+
+
 @pytest.mark.parametrize("args,fragment", [
     (("--ranks", "3"), "--ranks 3"),
     (("--runs", "stock,turbo"), "unknown run"),
     (("--steps", "0"), "--steps must be at least 1"),
+    (("--repeat", "0"), "--repeat must be at least 1"),
     (("--dtype", "int4"), "unknown dtype"),
 ])
 def test_bad_options(cli, tmp_path, args, fragment):

@@ -79,3 +79,21 @@ def test_tiny_bench_from_an_installed_wheel(tmp_path):
     assert tuned["losses"][0] == pytest.approx(stock["losses"][0], rel=1e-3)
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert not (out / "swap").exists() or not any((out / "swap").iterdir())
+
+
+@pytest.mark.slow
+def test_repeated_runs_report_the_median_and_keep_every_repeat(tmp_path):
+    require_async_io()
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "memascend_cli", "bench", "--model", "tiny-llama", "--seq-len", "32", "--steps", "1",
+           "--runs", "tuned", "--repeat", "2", "--settle-cap", "20", "--out", str(out), "--json"]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1200, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    (run,) = json.loads(r.stdout)["runs"]
+    first, second = run["repeats"]
+    # Two real runs, each with its own logs; the run reports the lower middle of the two peaks.
+    assert first["log_path"] != second["log_path"] and all(os.path.exists(x["log_path"]) for x in (first, second))
+    assert "repeat1" in first["log_path"] and "repeat2" in second["log_path"]
+    assert run["peak_system_bytes"] == min(first["peak_system_bytes"], second["peak_system_bytes"])
+    assert run["log_path"] in (first["log_path"], second["log_path"]) and first["ok"] and second["ok"]
