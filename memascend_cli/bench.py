@@ -794,7 +794,7 @@ def median_run(repeats: list[RunResult]) -> RunResult:
 
 def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
               region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1) -> dict:
-    """Every run of one point, each after memory settled, `repeat` times in turns; returns the point's JSON
+    """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
     document (median_run stands for the repeats of a run)."""
     from memascend_cli.console import err, step_progress
 
@@ -827,8 +827,9 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     predictions = [p.predict(run.mode, cfg, run.disabled) for run, cfg in zip(run_specs, cfgs)]
     measured: list[list[RunResult]] = [[] for _ in run_specs]
     with step_progress(err) as progress:
-        for k in range(repeat):
-            for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
+        # A run's repeats follow each other: smallest planned peak first also across repeats (see execution_order).
+        for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
+            for k in range(repeat):
                 run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
                 res = run_one(run, job_args=p.job_args(), cfg=cfg,
                               out_dir=out_dir if repeat == 1 else os.path.join(out_dir, f"repeat{k + 1}"),
@@ -840,7 +841,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                 measured[i].append(res)
     results = [median_run(rs) for rs in measured]
     if repeat > 1:
-        notes.append(f"each run is the repeat with the median peak of {repeat}, taken in turns in one sitting; "
+        notes.append(f"each run is the repeat with the median peak of {repeat}, taken one after another in one "
+                     "sitting; "
                      "runs[].repeats lists every repeat")
     job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
            "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,

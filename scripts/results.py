@@ -73,12 +73,20 @@ def machine_line(doc: dict) -> str:
             f"DeepSpeed {job.get('deepspeed_version', '?')}; measured {meta.get('date', '?')}.")
 
 
+def peak_cell(r: dict) -> str:
+    """The run's peak; for a repeated run, the median and the range of its repeats."""
+    peaks = [x["peak_system_bytes"] for x in r.get("repeats") or [] if x.get("peak_system_bytes") is not None]
+    if len(peaks) < 2:
+        return gib(r["peak_system_bytes"])
+    return f"{gib(r['peak_system_bytes'])} (median of {len(peaks)}: {gib(min(peaks))}-{gib(max(peaks))})"
+
+
 def run_rows(doc: dict) -> list[list[str]]:
     rows = []
     for r in doc["runs"]:
         bpp = r.get("ssd_bytes_per_param")
         pred = (r.get("predicted") or {}).get("node_host_peak_bytes")
-        rows.append([r["name"] + ("" if r["ok"] else " (failed)"), gib(r["peak_system_bytes"]), gib(r["ru_maxrss_bytes"]),
+        rows.append([r["name"] + ("" if r["ok"] else " (failed)"), peak_cell(r), gib(r["ru_maxrss_bytes"]),
                      "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}",
                      "-" if not bpp else f"{bpp['read']:.1f} / {bpp['write']:.1f}", gib(pred),
                      pct(r.get("prediction_error_percent"))])
@@ -238,7 +246,7 @@ def section_planner(cal: list, val: list) -> str:
             j = doc["job"]
             planned, err = _replan(doc, r)
             rows.append([f"{j['model']} L{j.get('layers', '?')}", j["dtype"], str(j["ranks"]), str(j["seq_len"]),
-                         r["name"], gib(r["peak_system_bytes"]), gib(planned), pct(err), f"`{os.path.basename(path)}`"])
+                         r["name"], peak_cell(r), gib(planned), pct(err), f"`{os.path.basename(path)}`"])
         within = sum(1 for r in rows if abs(float(r[7].rstrip("%"))) <= PLANNER_TOLERANCE_PERCENT)
         out += [f"### {title.capitalize()} runs", "",
                 table(["model", "dtype", "ranks", "seq", "run", "measured GiB", "planned GiB", "error", "raw"], rows)

@@ -59,7 +59,7 @@ def bench_command(
                                  "system (tmpfs is refused). Default: OUT/swap.", rich_help_panel=_R),
     region: str = typer.Option(None, "--region", help="memascend region (file or device) for the memascend runs. "
                                "Default: create one in OUT with prepare-ssd's checks.", rich_help_panel=_R),
-    repeat: int = typer.Option(1, "--repeat", help="Runs of each engine, taken in turns in one sitting; the "
+    repeat: int = typer.Option(1, "--repeat", help="Runs of each engine, one after another in one sitting; the "
                                "table and JSON report the repeat with the median peak, every repeat's peak is "
                                "kept in the JSON.", rich_help_panel=_R),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
