@@ -40,9 +40,9 @@ CHECKPOINTING = ("none", "selective", "full", "offload")
 # Host memory of a rank before any model data: python + torch + deepspeed (+ transformers), as the system sees it
 # (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
 # fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
-# stock and tuned runs measured beyond every other item, 0.399 and 0.349 GiB. The CUDA value adds the host mappings
-# of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
-RUNTIME_CPU_BYTES = int(0.37 * GiB)
+# stock and tuned runs measured beyond every other item (medians of 3 repeats), 0.405 and 0.390 GiB. The CUDA value
+# adds the host mappings of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
+RUNTIME_CPU_BYTES = int(0.40 * GiB)
 RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 # What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
 # extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
