@@ -829,8 +829,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     with step_progress(err) as progress:
         # A run's repeats follow each other: smallest planned peak first also across repeats (see execution_order).
         for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
+            run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
             for k in range(repeat):
-                run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
                 res = run_one(run, job_args=p.job_args(), cfg=cfg,
                               out_dir=out_dir if repeat == 1 else os.path.join(out_dir, f"repeat{k + 1}"),
                               nvme_dir=nvme_dir, ranks=ranks, micro_batch=p.micro_batch, seq_len=p.seq_len,
@@ -842,8 +842,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     results = [median_run(rs) for rs in measured]
     if repeat > 1:
         notes.append(f"each run is the repeat with the median peak of {repeat}, taken one after another in one "
-                     "sitting; "
-                     "runs[].repeats lists every repeat")
+                     "sitting; runs[].repeats lists every repeat")
     job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
            "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
            "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,

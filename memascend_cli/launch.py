@@ -271,14 +271,19 @@ def _group_members(pgid: int) -> list[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
+        fields = _stat_fields(int(name))
+        if fields and fields[0] != "Z" and int(fields[2]) == pgid:
             out.append(int(name))
     return out
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (state first, then ppid, pgrp, ...); None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _wait_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
@@ -349,11 +354,8 @@ def _started_pid(path: str) -> int | None:
 
 def _pid_alive(pid: int) -> bool:
     """Running and not a zombie (the launcher reaps its ranks only when it polls them)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def _killed_by(code: int) -> str | None:
