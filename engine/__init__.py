@@ -47,7 +47,8 @@ class EngineOptions:
     malloc_trim: bool = True
     """The allocator policy: large allocations (>= 1 MiB) always mmapped, so freed tensors go back to the OS at once
     (glibc's dynamic mmap threshold otherwise keeps them in the heap), and malloc_trim after backward (the planner
-    assumes no allocator retention)."""
+    assumes no allocator retention). Once the engine's checkpointing wraps the layers, the threshold is 32 MiB and the
+    heap is trimmed after every layer instead: the layer reuses its own freed blocks, and nothing outlives it."""
     fused_kernels: bool = True
     """Liger-Kernel / FlashAttention when installed on a GPU machine (`Installed.apply_fused_kernels`)."""
     adam_in_place: bool = True

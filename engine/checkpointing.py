@@ -61,7 +61,7 @@ class _HostStash:
             self._free.setdefault((buf.dtype, buf.numel()), []).append((buf, last_read))
 
 
-def _make_function():
+def _make_function(after_layer: Callable[[], None] | None):
     import torch
 
     class OffloadedCheckpoint(torch.autograd.Function):
@@ -97,6 +97,8 @@ def _make_function():
             ctx.num_rest = len(rest)
             with torch.no_grad():
                 out = run_function(hidden_states, *rest)
+            if after_layer is not None:
+                after_layer()
             return out
 
         @staticmethod
@@ -131,6 +133,9 @@ def _make_function():
                      if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            del out, outs, pairs
+            if after_layer is not None:
+                after_layer()
             grads_rest = tuple(None for _ in range(ctx.num_rest))
             return (None, None, x.grad if ctx.input_requires_grad else None) + grads_rest
 
@@ -140,10 +145,12 @@ def _make_function():
 class OffloadedCheckpointer:
     """The ``gradient_checkpointing_func`` handed to transformers' ``_set_gradient_checkpointing``."""
 
-    def __init__(self, allocator, ssd_stash=None):
-        """``ssd_stash``: a memascend_engine.bounded.CheckpointStash (checkpoints on the SSD); None: pinned DRAM."""
+    def __init__(self, allocator, ssd_stash=None, after_layer: Callable[[], None] | None = None):
+        """``ssd_stash``: a memascend_engine.bounded.CheckpointStash (checkpoints on the SSD); None: pinned DRAM.
+        ``after_layer``: called after each layer's forward and after its recompute + backward (the engine's heap
+        trim)."""
         self.stash = ssd_stash if ssd_stash is not None else _HostStash(allocator)
-        self._fn = _make_function()
+        self._fn = _make_function(after_layer)
         self.calls = 0
 
     def __call__(self, function: Callable, *args, **kwargs):
@@ -170,12 +177,12 @@ def _bind(function, kwargs):
     return bound
 
 
-def enable(model, allocator, ssd_stash=None) -> OffloadedCheckpointer:
+def enable(model, allocator, ssd_stash=None, after_layer: Callable[[], None] | None = None) -> OffloadedCheckpointer:
     """Turn on offloaded checkpointing of every decoder layer of a transformers model (on the SSD with a stash)."""
     if not getattr(model, "supports_gradient_checkpointing", False) or not hasattr(model, "_set_gradient_checkpointing"):
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing (needs a transformers "
                          "PreTrainedModel with GradientCheckpointingLayer decoder layers)")
-    checkpointer = OffloadedCheckpointer(allocator, ssd_stash)
+    checkpointer = OffloadedCheckpointer(allocator, ssd_stash, after_layer)
     model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=checkpointer)
     if getattr(model.config, "use_cache", False):
         model.config.use_cache = False  # a KV cache is incompatible with recomputation

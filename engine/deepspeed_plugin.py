@@ -90,6 +90,12 @@ M_MMAP_THRESHOLD = -3
 """mallopt(3) parameter number (glibc malloc.h)."""
 MMAP_THRESHOLD_BYTES = 1 << 20
 """Allocations from 1 MiB up are mmapped (tensors of a layer or larger); below it, the heap (python objects)."""
+LAYER_TRIM_MMAP_THRESHOLD_BYTES = 32 << 20
+"""With a malloc_trim after every checkpointed layer, tensors below 32 MiB (glibc's largest dynamic threshold,
+malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX) come from the heap again: a layer's recompute and backward reuse the
+blocks its own temporaries freed instead of faulting in fresh zeroed pages for each (measured on bench-llama-136m,
+16 layers, seq 2048, CPU: 28.7 -> 26.1 s/step, tuned stock 25.9), and the trim bounds what the heap keeps to one
+layer's working set."""
 
 
 @dataclass
@@ -108,7 +114,7 @@ class PluginContext:
     declare_zero: Callable[[str, int], None] | None = None
     """The Direct NVMe store's declare_zero(swap path, nbytes): the Adam states seeded in place read as zeros."""
     counters: dict = field(default_factory=lambda: {
-        "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "mmap_threshold_bytes": 0,
+        "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "layer_trims": 0, "mmap_threshold_bytes": 0,
         "adam_states_in_place": 0,
         "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
         "prefetch_skipped": 0, "prefetch_duplicates": 0,
@@ -139,6 +145,13 @@ class PluginContext:
         if libc:
             libc.malloc_trim(0)
             self.counters["malloc_trims"] += 1
+
+    def trim_after_layer(self) -> None:
+        """After a checkpointed layer's forward or recompute + backward: return what its temporaries freed."""
+        libc = self._glibc()
+        if libc:
+            libc.malloc_trim(0)
+            self.counters["layer_trims"] += 1
 
     def fix_mmap_threshold(self, nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
         """Serve every allocation of `nbytes` or more by its own mmap for the rest of the process.

@@ -273,6 +273,7 @@ class Installed:
         if not self.options.offload_checkpointing:
             return
         from memascend_engine import checkpointing
+        from memascend_engine import deepspeed_plugin as plug
 
         stash = None
         if self.options.checkpoint_offload == "ssd" and self.store is not None:
@@ -280,7 +281,12 @@ class Installed:
 
             self.ctx.io = self.ctx.io or IOCounters()
             stash = CheckpointStash(self.store, self.allocator, self.windows().checkpoint_slots, self.ctx.io)
-        self.checkpointer = checkpointing.enable(model, self.allocator, stash)
+        after_layer = None
+        if self.options.malloc_trim and self.ctx.fix_mmap_threshold(plug.LAYER_TRIM_MMAP_THRESHOLD_BYTES):
+            # zero.Init is over (the model exists): from here on each layer's temporaries are reused within the
+            # layer and trimmed after it, instead of mmapped one by one (deepspeed_plugin.LAYER_TRIM_...).
+            after_layer = self.ctx.trim_after_layer
+        self.checkpointer = checkpointing.enable(model, self.allocator, stash, after_layer)
 
     def apply_fused_kernels(self, model_type: str) -> list[str]:
         """Liger-Kernel for ``model_type`` when it is installed and CUDA is usable (call before the

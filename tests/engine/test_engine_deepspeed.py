@@ -172,6 +172,11 @@ def test_offloaded_checkpointing_matches_exactly(tmp_path, stock, where):
     c = r["stats"]["checkpointing"]
     assert c["layer_calls"] >= 2 * STEPS and c["on_ssd"] == (where == "ssd")
     assert r["losses"] == stock["fp32"]["losses"]  # recomputation is exact on CPU
+    # The allocator policy with checkpointing: heap blocks up to 32 MiB, trimmed after each layer's forward and after
+    # its recompute + backward.
+    counters = r["stats"]["counters"]
+    assert counters["mmap_threshold_bytes"] == 32 << 20
+    assert counters["layer_trims"] == 2 * c["layer_calls"]
     if where == "ssd":
         io = r["stats"]["bounded_io"]
         assert io["checkpoint_write_bytes"] == io["checkpoint_read_bytes"] > 0
