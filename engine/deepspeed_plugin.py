@@ -139,19 +139,13 @@ class PluginContext:
                 self._libc = False
         return self._libc
 
-    def trim_heap(self) -> None:
-        """Return freed heap pages to the OS (glibc keeps fwd/bwd temporaries in its arenas)."""
+    def trim_heap(self, counter: str = "malloc_trims") -> None:
+        """Return freed heap pages to the OS (glibc keeps fwd/bwd temporaries in its arenas); `counter` names the
+        call site: after backward (malloc_trims) or after each checkpointed layer (layer_trims)."""
         libc = self._glibc()
         if libc:
             libc.malloc_trim(0)
-            self.counters["malloc_trims"] += 1
-
-    def trim_after_layer(self) -> None:
-        """After a checkpointed layer's forward or recompute + backward: return what its temporaries freed."""
-        libc = self._glibc()
-        if libc:
-            libc.malloc_trim(0)
-            self.counters["layer_trims"] += 1
+            self.counters[counter] += 1
 
     def fix_mmap_threshold(self, nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
         """Serve every allocation of `nbytes` or more by its own mmap for the rest of the process.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -285,7 +286,7 @@ class Installed:
         if self.options.malloc_trim and self.ctx.fix_mmap_threshold(plug.LAYER_TRIM_MMAP_THRESHOLD_BYTES):
             # zero.Init is over (the model exists): from here on each layer's temporaries are reused within the
             # layer and trimmed after it, instead of mmapped one by one (deepspeed_plugin.LAYER_TRIM_...).
-            after_layer = self.ctx.trim_after_layer
+            after_layer = functools.partial(self.ctx.trim_heap, "layer_trims")
         self.checkpointer = checkpointing.enable(model, self.allocator, stash, after_layer)
 
     def apply_fused_kernels(self, model_type: str) -> list[str]:
