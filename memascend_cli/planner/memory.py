@@ -40,14 +40,14 @@ CHECKPOINTING = ("none", "selective", "full", "offload")
 # Host memory of a rank before any model data: python + torch + deepspeed (+ transformers), as the system sees it
 # (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
 # fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
-# stock and tuned runs measured beyond every other item (medians of 3 repeats), 0.405 and 0.390 GiB. The CUDA value
+# stock and tuned runs measured beyond every other item (medians of 3 repeats), 0.381 and 0.353 GiB. The CUDA value
 # adds the host mappings of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
-RUNTIME_CPU_BYTES = int(0.40 * GiB)
+RUNTIME_CPU_BYTES = int(0.37 * GiB)
 RUNTIME_CUDA_BYTES = int(2.5 * GiB)
 # What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
 # extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
 # (scripts/fit_planner.py).
-ENGINE_RUNTIME_BYTES = int(0.05 * GiB)
+ENGINE_RUNTIME_BYTES = int(0.07 * GiB)
 # A launcher process per node beside the ranks (it imports torch and waits): RssAnon after importing
 # deepspeed.launcher.launch 162 MiB, torch.distributed.run 144 MiB (torch 2.13, DeepSpeed 0.19.8, CPU; re-measured by
 # tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the
@@ -755,21 +755,21 @@ def _transients(c: _Ctx, zero_init_heap: int = 0) -> list[Item]:
         by_key = {i.key.rsplit("/", 1)[-1]: i for i in _compute_items(c, tier="host")}
         for key in ("reduce_bucket", "persistent_params"):
             out.append(by_key.pop(key))
-        gathered = by_key["live_params"].bytes + by_key["live_param_grads"].bytes
-        # The loss backward: logits (E) + cross_entropy's fp32 log-softmax kept for backward (4) + the fp32
-        # gradient it returns (4) (torch.nn.functional.cross_entropy = log_softmax + nll_loss).
-        loss_bwd = job.micro_batch * job.seq_len * c.m.vocab_size * (c.E + 8)
-        head = gathered + loss_bwd
+        params = by_key["live_params"].bytes
+        gathered = params + by_key["live_param_grads"].bytes
+        # No parameter has a gradient yet while the loss backward runs: only the gathered params count there.
+        loss_bwd = max(sum(moment) for moment in _loss_backward_blocks(c))
+        head = params + loss_bwd
         copies = _flush_copies(c)
         flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
         working = max(head, flush)
         # Its blocks below the mmap threshold first fill the heap zero.Init left free (counted there already).
         reused = min(zero_init_heap, backward_heap, working)
         add("host/compute/forward_backward", "forward/backward working set", working - reused,
-            f"gathered params + their grads {gathered:,} + max(loss backward b*s*V*(E + 8) {loss_bwd:,}, "
-            f"one layer's activations {by_key['activations'].bytes:,} + {copies} bucket copies "
-            f"{copies * c.E * bucket:,})" + (f" - heap blocks placed in zero.Init's free heap {reused:,}"
-                                            if reused else ""),
+            f"max(gathered params {params:,} + loss backward {loss_bwd:,} (b*s*V*(E + 8), or b*s*V*(E + 4) + "
+            f"the lm_head gradient), gathered params + their grads {gathered:,} + one layer's activations "
+            f"{by_key['activations'].bytes:,} + {copies} bucket copies {copies * c.E * bucket:,})"
+            + (f" - heap blocks placed in zero.Init's free heap {reused:,}" if reused else ""),
             "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced "
             "(torch.cat) + torch ProcessGroupGloo reduce_scatter_tensor (input copy)", "backward")
 
@@ -809,6 +809,17 @@ def _flush_copies(c: _Ctx) -> int:
     return 0 if c.k.contiguous_gradients and not c.k.reduce_scatter else 2
 
 
+def _loss_backward_blocks(c: _Ctx) -> tuple[list[int], list[int]]:
+    """The blocks live at the loss backward's two moments, beyond the gathered params. First cross_entropy's
+    backward (torch.nn.functional.cross_entropy = log_softmax + nll_loss): the logits (E), the fp32 log-softmax
+    kept for backward and the fp32 gradient it returns. Then lm_head's backward: the logits, their fp32 gradient
+    and the lm_head weight's gradient, the first parameter gradient of the step (autograd runs the loss's nodes
+    before the model's)."""
+    bs_vocab = c.job.micro_batch * c.job.seq_len * c.m.vocab_size
+    logits = bs_vocab * c.E
+    return [logits, 4 * bs_vocab, 4 * bs_vocab], [logits, 4 * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
+
+
 def _heap(nbytes: int) -> int:
     """`nbytes` if one block of that size comes from glibc's arenas (kept after free), else 0 (mmapped)."""
     return nbytes if nbytes < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
@@ -823,11 +834,11 @@ def _backward_heap_bytes(c: _Ctx, bucket: int, part_bucket: int) -> int:
     layer_heap = sum(_heap(t.numel * E) for t in layer_tensors)
     vocab = m.vocab_size * m.hidden_size
     prefetch = min(c.k.prefetch_bucket_size, layer)
-    # gathered params and their grads (see _compute_items live_params), by block
+    # gathered params (see _compute_items live_params), by block; in a layer's backward their grads too
     live_heap = (_heap(vocab * E) if vocab > layer else layer_heap) + layer_heap * prefetch // max(1, layer)
     gathered = 2 * live_heap
     bs = job.micro_batch * job.seq_len
-    loss = _heap(bs * m.vocab_size * E) + 2 * _heap(bs * m.vocab_size * 4)
+    loss = max(sum(_heap(b) for b in moment) for moment in _loss_backward_blocks(c))
     act, _ = _activation_bytes(c)
     widest = bs * max(m.hidden_size, m.intermediate_size) * E  # the largest activation block of a layer
     act_heap = act if widest < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
@@ -836,7 +847,7 @@ def _backward_heap_bytes(c: _Ctx, bucket: int, part_bucket: int) -> int:
     parts = c.part.partition_numels
     small = sum(n for n in parts if n * 4 < GLIBC_MMAP_THRESHOLD_MAX_BYTES)
     copies = 4 * part_bucket * small // max(1, sum(parts))
-    return copies + max(gathered + loss, flush)
+    return copies + max(live_heap + loss, flush)
 
 
 def _activation_bytes(c: _Ctx) -> tuple[int, str]:
