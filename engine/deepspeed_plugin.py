@@ -926,7 +926,6 @@ def _BoundedStage3Mixin(ctx: PluginContext):
                 combined_scale = clip * self.loss_scale
             inv_scale = 1. / combined_scale
             inner = self.optimizer
-            multi_group = len(self.fp16_groups) > 1
 
             def compute(ci, chunk, slot):
                 g = chunk.sub_group
@@ -934,14 +933,13 @@ def _BoundedStage3Mixin(ctx: PluginContext):
                 state = inner.state.setdefault(self.fp32_partitioned_groups_flat[g], {})
                 group = inner.param_groups[self.sub_group_to_group_id[g]]
                 beta1, beta2 = group["betas"]
+                # The Adam op keeps beta^t as a running product and leaves it as it is when called again with the
+                # same step (ops/csrc/includes/cpu_adam.h IncrementStep), so a sub-group's later chunks see the
+                # bias correction its first chunk set, as stock's one call per sub-group did.
                 if chunk.index == 0:
                     if len(state) == 0:
                         state["step"] = 0
                     state["step"] += 1
-                elif g == 0 and multi_group:
-                    # The Adam op keeps beta^t as a running product (cpu_adam.h IncrementStep): stock's one call
-                    # for sub-group 0 used pow(beta, step-1) * beta; re-arm that state for this chunk.
-                    _adam_rearm(inner, state["step"] - 1, group)
                 grad = slot.grad.narrow(0, 0, n)
                 grad.mul_(inv_scale)
                 inner.ds_opt_adam.adam_update(inner.opt_id, state["step"], group["lr"], beta1, beta2, group["eps"],
@@ -1241,17 +1239,6 @@ def patch_checkpoint_api(patches: Patches) -> None:
 
     patches.set(DeepSpeedEngine, "save_checkpoint", save_checkpoint)
     patches.set(DeepSpeedEngine, "load_checkpoint", load_checkpoint)
-
-
-def _adam_rearm(inner, prev_step: int, group: dict) -> None:
-    """One DeepSpeedCPUAdam call at step `prev_step` on a one-element scratch: the op recomputes
-    beta^prev_step, so its next call (step prev_step + 1) multiplies it by beta as stock's single call did."""
-    import torch
-
-    p, g, m, v = (torch.zeros(1, dtype=torch.float32) for _ in range(4))
-    beta1, beta2 = group["betas"]
-    inner.ds_opt_adam.adam_update(inner.opt_id, prev_step, group["lr"], beta1, beta2, group["eps"],
-                                  group["weight_decay"], group["bias_correction"], p, g, m, v)
 
 
 def _plain_allocator():

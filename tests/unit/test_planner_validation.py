@@ -17,11 +17,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOLERANCE = 0.10
 
 
-# Validation runs the planner misses by more than TOLERANCE today (none: every validation run is within it). The
-# tiny-llama runs (0.5-0.6 GiB peaks, spread +-0.04 GiB from run to run) are recorded as the median of 3 repeats
-# (`memascend bench --repeat 3`), like the tiny calibration run the runtime constant is fitted on.
+# Validation runs the planner misses by more than TOLERANCE today. Re-recorded 2026-11-24 on an AVX-512 VM (the
+# earlier records were from an AVX2 VM): at 2 ranks both tuned (3.68 -> 4.32 GiB) and memascend (2.54 -> 2.81) peak
+# higher than the earlier records and the plan, which has no per-rank term for it, is 18% short; Qwen2.5's stock run
+# measured 12.25 GiB where the plan says 13.59 (+11%). Causes not isolated yet. The tiny-llama runs (0.5-0.6 GiB
+# peaks, spread +-0.04 GiB from run to run) are recorded as the median of 3 repeats (`memascend bench --repeat 3`),
+# like the tiny calibration run the runtime constant is fitted on.
 # Strict: a run listed here that comes within TOLERANCE fails until it is taken off the list.
-KNOWN_MISSES: set[str] = set()
+KNOWN_MISSES: set[str] = {"bench-llama-136m-2ranks-fp32.json:tuned", "bench-llama-136m-2ranks-fp32.json:memascend",
+                          "qwen2.5-0.5b-8l-fp32.json:stock"}
 
 
 def _runs(kind: str):
