@@ -972,6 +972,28 @@ def build_document(*, job: dict, hardware: dict, runs: list[RunResult], notes: l
             "vs_stock": compare(runs, "stock"), "vs_tuned": compare(runs, "tuned"), "notes": notes}
 
 
+def ssd_minimum(run: dict) -> tuple[float, float] | None:
+    """(read, write) bytes per parameter per step of the run's placement roofline, as planned for its config
+    (memory.SsdTraffic.minimum_per_param); None for runs recorded without it. Pure."""
+    t = (run.get("predicted") or {}).get("ssd_traffic") or {}
+    if not t.get("minimum_read_bytes_per_param") and not t.get("minimum_write_bytes_per_param"):
+        return None
+    return t["minimum_read_bytes_per_param"], t["minimum_write_bytes_per_param"]
+
+
+def ssd_line(run: dict) -> str | None:
+    """The run's measured SSD bytes per parameter next to its placement's minimum, with the excess in %. Pure."""
+    bpp, low = run.get("ssd_bytes_per_param"), ssd_minimum(run)
+    if not bpp or not low:
+        return None
+
+    def over(x, m):
+        return "-" if not m else f"{100.0 * (x - m) / m:+.1f}%"
+
+    return (f"{run['name']}: SSD {bpp['read']:.1f} / {bpp['write']:.1f} B/param read / write per step, minimum for "
+            f"its placement {low[0]:.1f} / {low[1]:.1f} ({over(bpp['read'], low[0])} / {over(bpp['write'], low[1])})")
+
+
 TABLE_COLUMNS = ("run", "peak GiB", "maxrss GiB", "s/step", "SSD B/param r/w", "plan GiB", "plan err")
 """Peak = MemTotal - MemAvailable minus idle; SSD bytes per parameter of a steady step (rank 0). On CUDA the peak GPU
 memory is added."""
@@ -1019,6 +1041,10 @@ def render_table(doc: dict) -> None:
             st = c["step_time_change_percent"]
             out.print(f"{name}: peak {c['peak_reduction_percent']:.1f}% below {ref}"
                       + ("" if st is None else f", step time {st:+.1f}% vs {ref}"))
+    for r in doc["runs"]:
+        line = ssd_line(r) if r["ok"] else None
+        if line:
+            out.print(line)
     for r in doc["runs"]:
         s = r["settle"]
         if s:

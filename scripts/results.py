@@ -124,6 +124,9 @@ def section_bench(title: str, path: str, doc: dict) -> str:
            f"{j['checkpointing']}. {machine_line(doc)} Raw: `{path}`.", "",
            table(RUN_HEADER, run_rows(doc)), ""]
     out += comparisons(doc)
+    from memascend_cli.bench import ssd_line
+
+    out += [f"- {line}" for line in (ssd_line(r) for r in doc["runs"] if r["ok"]) if line]
     out += phase_heap_lines(doc)
     return "\n".join(out) + "\n"
 
@@ -449,7 +452,11 @@ def render() -> str:
              "virtio disk, not NVMe), `DS_ACCELERATOR=cpu`, root. Peak system memory = max(MemTotal - MemAvailable) "
              "sampled at >= 1 kHz minus the settled idle level; stock = DeepSpeed as its docs configure it; tuned = "
              "stock DeepSpeed given every stock knob memascend sets (memascend_cli/planner/zero.py); memascend = the "
-             "same knobs plus the engine's techniques.\n"]
+             "same knobs plus the engine's techniques. SSD bytes per parameter are a steady step's block I/O "
+             "(/proc/self/io) over the rank's parameters; the minimum for the placement is the plan's roofline with "
+             "parameters fetched from the SSD for forward and backward (memory.SsdTraffic.minimum_per_param): stock "
+             "reads less than it where its parameter buffer pool (5 x 1e8 elements) holds the whole model, so "
+             "parameters are never re-read.\n"]
     # Top-level documents and the calibration runs are results in their own right (validation runs are summarised
     # in the planner section).
     named = load(os.path.join(BENCH, "*.json")) + load(os.path.join(BENCH, "calibration", "*.json"))

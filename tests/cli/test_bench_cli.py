@@ -274,6 +274,19 @@ def test_document_and_table_shape(tmp_path):
         assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_ssd_bytes_reported_next_to_the_placements_minimum():
+    """Each run's measured SSD bytes per parameter beside the roofline the plan gives for its config."""
+    run = {"name": "memascend", "ssd_bytes_per_param": {"read": 23.0, "write": 20.1},
+           "predicted": {"ssd_traffic": {"minimum_read_bytes_per_param": 24.1,
+                                         "minimum_write_bytes_per_param": 20.1}}}
+    assert B.ssd_minimum(run) == (24.1, 20.1)
+    assert B.ssd_line(run) == ("memascend: SSD 23.0 / 20.1 B/param read / write per step, minimum for its placement "
+                               "24.1 / 20.1 (-4.6% / +0.0%)")
+    # runs recorded before the roofline existed, or without SSD counters, print nothing
+    assert B.ssd_line({**run, "predicted": {"ssd_traffic": {}}}) is None
+    assert B.ssd_line({**run, "ssd_bytes_per_param": None}) is None
+
+
 # --- the command's checks (nothing is launched) ---------------------------------------------------
 
 
