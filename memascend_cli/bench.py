@@ -982,9 +982,10 @@ def ssd_minimum(run: dict) -> tuple[float, float] | None:
 
 
 def ssd_line(run: dict) -> str | None:
-    """The run's measured SSD bytes per parameter next to its placement's minimum, with the excess in %. Pure."""
+    """The run's measured SSD bytes per parameter next to its placement's minimum, with the excess in %; None for a
+    failed run or one recorded without either. Pure."""
     bpp, low = run.get("ssd_bytes_per_param"), ssd_minimum(run)
-    if not bpp or not low:
+    if not run.get("ok", True) or not bpp or not low:
         return None
 
     def over(x, m):
@@ -1041,10 +1042,8 @@ def render_table(doc: dict) -> None:
             st = c["step_time_change_percent"]
             out.print(f"{name}: peak {c['peak_reduction_percent']:.1f}% below {ref}"
                       + ("" if st is None else f", step time {st:+.1f}% vs {ref}"))
-    for r in doc["runs"]:
-        line = ssd_line(r) if r["ok"] else None
-        if line:
-            out.print(line)
+    for line in filter(None, map(ssd_line, doc["runs"])):
+        out.print(line)
     for r in doc["runs"]:
         s = r["settle"]
         if s:

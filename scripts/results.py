@@ -117,6 +117,8 @@ def comparisons(doc: dict) -> list[str]:
 
 
 def section_bench(title: str, path: str, doc: dict) -> str:
+    from memascend_cli.bench import ssd_line
+
     j = doc["job"]
     out = [f"## {title}", "", f"`{(doc.get('meta') or {}).get('command', '?')}`", "",
            f"{j['model']} ({j['num_params']:,} params, {j.get('layers', '?')} layers), seq {j['seq_len']}, micro-batch "
@@ -124,9 +126,7 @@ def section_bench(title: str, path: str, doc: dict) -> str:
            f"{j['checkpointing']}. {machine_line(doc)} Raw: `{path}`.", "",
            table(RUN_HEADER, run_rows(doc)), ""]
     out += comparisons(doc)
-    from memascend_cli.bench import ssd_line
-
-    out += [f"- {line}" for line in (ssd_line(r) for r in doc["runs"] if r["ok"]) if line]
+    out += [f"- {line}" for line in filter(None, map(ssd_line, doc["runs"]))]
     out += phase_heap_lines(doc)
     return "\n".join(out) + "\n"
 
