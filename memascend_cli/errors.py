@@ -43,10 +43,6 @@ class SSDNotReady(MemascendError):
     """The SSD region is missing, too small, unprepared or unsafe."""
 
 
-class ExtensionUnavailable(MemascendError):
-    """The native core (csrc/) could not be loaded."""
-
-
 def did_you_mean(name: str, choices: list[str], cutoff: float = 0.6) -> str | None:
     """Closest match of `name` among `choices`, for hints on typos (a higher cutoff suggests less)."""
     import difflib

@@ -82,11 +82,6 @@ def gib(nbytes: float) -> float:
     return nbytes / GiB
 
 
-def fmt_gib(nbytes: float, digits: int = 2) -> str:
-    """Bytes as a GiB string without unit, e.g. '12.34'."""
-    return f"{nbytes / GiB:,.{digits}f}"
-
-
 def fmt_bytes(nbytes: float) -> str:
     """Human size with binary units, e.g. '1.50 GiB', '512 KiB'."""
     n = float(nbytes)
@@ -95,11 +90,3 @@ def fmt_bytes(nbytes: float) -> str:
             return f"{n / size:,.2f} {unit}"
     return f"{int(n)} B"
 
-
-def fmt_count(n: float) -> str:
-    """Large counts compactly: 8.03B, 494M, 131K."""
-    n = float(n)
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{int(n)}"

@@ -188,12 +188,6 @@ def min_aio_bytes(s: ZeroSettings) -> int:
     return max(MIN_AIO_BYTES, int(s.aio_block_size))
 
 
-def io_numel_alignment(s: ZeroSettings, elem_bytes: int) -> int:
-    """Swap lengths are padded to AIO_ALIGNED_BYTES x intra_op_parallelism (partitioned_param_swapper.py
-    _configure_aio: numel_alignment)."""
-    return AIO_ALIGNED_BYTES * max(1, s.intra_op_parallelism) // elem_bytes
-
-
 @lru_cache(maxsize=256)
 def model_partitions(model, world_size: int) -> tuple[tuple[int, str], ...]:
     """(partition numel, role) of every parameter of a memascend ModelSpec, in module order (cached: the planner's
