@@ -89,4 +89,3 @@ def fmt_bytes(nbytes: float) -> str:
         if abs(n) >= size:
             return f"{n / size:,.2f} {unit}"
     return f"{int(n)} B"
-
