@@ -175,7 +175,7 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
                   launcher_processes=bench_launcher_processes(ranks),
                   engine_knob_overrides=legacy_engine_knobs(mode, cfg))
-    est = estimate(job, hw, "memascend" if mode == "memascend" else "baseline")
+    est = estimate(job, hw, "memascend" if mode == "memascend" else "stock")  # stock code with the run's own knobs
     return {
         "engine": est.engine,
         "node_host_peak_bytes": est.node_host_peak_bytes,

@@ -107,7 +107,8 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
         cmd += ["--hostfile", r.hostfile]
         if r.num_nodes is not None:
             cmd += ["--num_nodes", str(r.num_nodes)]
-    # On the CPU accelerator --num_gpus is the number of CPU ranks (platform-notes §6.4).
+    # On the CPU accelerator --num_gpus is the number of CPU ranks: DeepSpeed 0.19.8 launcher/runner.py
+    # apply_num_nodes_and_gpus (lines 400-403) gives each host num_gpus slots, one rank each.
     cmd += ["--num_gpus", str(ranks), "--master_port", str(r.master_port or master_port),
             "--no_local_rank", f"--enable_each_rank_log={log_dir}",
             "--module", WORKER_MODULE, "--run-dir", run_dir]

@@ -14,7 +14,7 @@ def _gib(n: int | None) -> str:
 
 
 def _items_table(title: str, tier: str, ests, details: bool) -> Table | None:
-    b, m = ests["baseline"], ests["memascend"]
+    b, m = ests["stock"], ests["memascend"]
     keys: list[str] = []
     for est in (b, m):
         for i in est.items:
@@ -41,7 +41,7 @@ def _items_table(title: str, tier: str, ests, details: bool) -> Table | None:
 def _formulas(tier: str, ests) -> None:
     """--details: each item's formula and source under its table, as wrapped lines (an 80-column
     terminal has no room for them as a table column)."""
-    b, m = ests["baseline"], ests["memascend"]
+    b, m = ests["stock"], ests["memascend"]
     seen: set[tuple[str, str]] = set()
     for est, who in ((b, "stock"), (m, "memascend")):
         for i in est.items:
@@ -59,7 +59,7 @@ def _formulas(tier: str, ests) -> None:
 def render_plan(result: dict, ests, details: bool = False) -> None:
     """Print the plan: machine line, per-tier breakdowns, totals, search, verdict."""
     mdl, job, hw = result["model"], result["job"], result["hardware"]
-    b, m = ests["baseline"], ests["memascend"]
+    b, m = ests["stock"], ests["memascend"]
     gpu = f"{hw['num_gpus']} x {hw['gpu_name'] or 'GPU'} {hw['gpu_mem_gib']:.0f} GiB" if hw["num_gpus"] else \
         "no GPU (CPU-only: DeepSpeed on the CPU accelerator)"
     memlock = "unlimited" if hw["can_lock_unlimited"] or hw["memlock_limit_gib"] is None else f"{hw['memlock_limit_gib']:.3f} GiB"
@@ -117,7 +117,7 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
                 out.print(t)
                 _formulas(tier, ests)
     engines = result["engines"]
-    if "search" in engines["baseline"]:
+    if "search" in engines["stock"]:
         s = Table(title=f"what fits on this machine (seq {job['seq_len']:,}, micro-batch {job['micro_batch']} held fixed)",
                   title_justify="left")
         s.add_column("")
@@ -132,13 +132,13 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
                 return f"{v} ({engines[e]['search'][params_key] / 1e9:.2f}B)"
             return f"{v:,}"
 
-        s.add_row("largest micro-batch", fmt("baseline", "max_micro_batch"), fmt("memascend", "max_micro_batch"))
-        s.add_row("longest context (tokens)", fmt("baseline", "max_seq_len"), fmt("memascend", "max_seq_len"))
-        s.add_row("largest preset in family", fmt("baseline", "largest_preset", "largest_preset_params"),
+        s.add_row("largest micro-batch", fmt("stock", "max_micro_batch"), fmt("memascend", "max_micro_batch"))
+        s.add_row("longest context (tokens)", fmt("stock", "max_seq_len"), fmt("memascend", "max_seq_len"))
+        s.add_row("largest preset in family", fmt("stock", "largest_preset", "largest_preset_params"),
                   fmt("memascend", "largest_preset", "largest_preset_params"))
-        s.add_row("deepest scaled model (layers)", fmt("baseline", "max_layers", "max_layers_params"),
+        s.add_row("deepest scaled model (layers)", fmt("stock", "max_layers", "max_layers_params"),
                   fmt("memascend", "max_layers", "max_layers_params"))
-        s.add_row("binding resource", engines["baseline"]["verdict"]["binding"], engines["memascend"]["verdict"]["binding"])
+        s.add_row("binding resource", engines["stock"]["verdict"]["binding"], engines["memascend"]["verdict"]["binding"])
         out.print(s)
     if m.traffic is not None:
         r, w = m.traffic.per_param()

@@ -149,7 +149,7 @@ def disk_need_bytes(plan_doc: dict) -> int:
         items = plan_doc["engines"][engine]["items"]
         return sum(int(i["bytes"]) for i in items if i["tier"] == "nvme" and i["key"] != "nvme/checkpoints")
 
-    stock = without_checkpoints("baseline")
+    stock = without_checkpoints("stock")
     region = int(without_checkpoints("memascend") * 1.5) + 64 * MiB
     return max(stock, region) + 2 * GiB
 

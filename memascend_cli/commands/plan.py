@@ -18,6 +18,7 @@ from memascend_cli.defaults import (
 from memascend_cli.errors import EXIT_FAIL, BadInput
 from memascend_cli.planner.zero import DEEPSPEED_DEFAULTS as _DS
 from memascend_cli.units import GiB, parse_count, parse_size
+from memascend_cli.versions import installed_deepspeed_version, parse_version
 
 JSON_SCHEMA_VERSION = 1
 
@@ -25,16 +26,6 @@ _M = "Model and job"
 _H = "Hardware"
 _K = "DeepSpeed knobs"
 _O = "Output"
-
-
-def installed_deepspeed_version() -> str:
-    """The installed DeepSpeed's version without importing it (import costs ~2 s), else 0.19.8."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("deepspeed")
-    except metadata.PackageNotFoundError:
-        return "0.19.8"
 
 
 def default_model(num_gpus: int) -> str:
@@ -113,8 +104,8 @@ def plan_command(
                                    "(default: the version's default).", rich_help_panel=_K, show_default=False),
     no_zero_init: bool = typer.Option(False, "--no-zero-init", help="Model built without deepspeed.zero.Init "
                                       "(every rank first builds the whole model).", rich_help_panel=_K),
-    engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: memascend "
-                               "or baseline.", rich_help_panel=_O),
+    engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: stock, "
+                               "tuned or memascend (baseline: stock, or tuned for a RECIPE).", rich_help_panel=_O),
     search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
                                 "model that fit.", rich_help_panel=_O),
     details: bool = typer.Option(False, "--details", help="Show each item's formula and source.", rich_help_panel=_O),
@@ -137,12 +128,16 @@ def plan_command(
     from memascend_cli import models
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.planner import zero
-    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec, parse_version
+    from memascend_cli.console import warn
+    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec
 
     if list_models:
         return _list_models(as_json)
-    if engine not in ("memascend", "baseline"):
-        raise BadInput(f"unknown engine {engine!r}", "use --engine memascend or --engine baseline")
+    if engine == "baseline":  # the old name: stock DeepSpeed as the recipe runs it (tuned), else as documented
+        engine = "tuned" if recipe_path is not None else "stock"
+        warn(f"--engine baseline means {engine} here; say --engine {engine}")
+    if engine not in zero.ENGINES:
+        raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", --engine ".join(zero.ENGINES))
     if pin_backend not in ("torch", "native"):
         raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
     flash_attn = _on_off(flash_attn, "--flash-attn")
@@ -173,22 +168,24 @@ def plan_command(
     grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
     checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
     ds_version = deepspeed_version or installed_deepspeed_version()
-    base = zero.version_defaults(parse_version(ds_version))
+    defaults = zero.version_defaults(parse_version(ds_version))
     base = replace(
-        base,
+        defaults,
         param_buffer_count=param_buffer_count,
-        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu") if max_in_cpu else base.max_in_cpu,
+        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu") if max_in_cpu else defaults.max_in_cpu,
         optimizer_buffer_count=optimizer_buffer_count,
         pipeline_read=pipeline, pipeline_write=pipeline,
-        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")) if sub_group_size else base.sub_group_size,
+        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")) if sub_group_size else defaults.sub_group_size,
         reduce_bucket_size=(parse_count(reduce_bucket_size, "--reduce-bucket-size") if reduce_bucket_size
-                            else base.reduce_bucket_size),
-        pin_memory=base.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
+                            else defaults.reduce_bucket_size),
+        pin_memory=defaults.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
     )
     if dtype not in DTYPE_BYTES:
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
     ranks_total = (ranks or hw.num_gpus or 1) * max(1, hw.num_nodes)
     knobs = zero.resolve("stock", model=spec, world_size=ranks_total, elem_bytes=DTYPE_BYTES[dtype], base=base)
+    for note in zero.knob_notes(base, "memascend", defaults=defaults):  # what the tuned and memascend columns cap
+        warn(note)
     if param_buffer_size:  # an explicit buffer_size is kept as given (too small shows as a config error)
         knobs = replace(knobs, param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size"))
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
@@ -222,9 +219,9 @@ def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accu
     from memascend_cli.rundir import REGION_FILE
 
     ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
-    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine != "baseline" else None)
+    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine == "memascend" else None)
     header = _read_region(region, ranks)[0] if region and os.path.exists(region) else None
-    job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), baseline=engine == "baseline",
+    job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), baseline=engine != "memascend",
                    deepspeed_version=deepspeed_version or installed_deepspeed_version(), header=header)
     given = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum_steps": grad_accum, "dtype": dtype,
              "checkpointing": checkpointing, "flash_attention": flash_attn, "grad_accum_dtype": grad_accum_dtype,
@@ -244,7 +241,7 @@ def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *,
         raise ests["memascend"].budget_error
     verdicts = {e: check(est, hw) for e, est in ests.items()}
     # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
-    searches = {e: run_search(job, hw, e) for e in ("baseline", "memascend")} if search else {}
+    searches = {e: run_search(job, hw, e) for e in ("stock", "memascend")} if search else {}
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
     if as_json:
         print_json(result)
@@ -262,7 +259,7 @@ def reduction_percent(baseline_bytes: int, memascend_bytes: int) -> float:
 
 def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: bool = False) -> dict:
     """The --json document (docs/plan-json.md). Pure."""
-    b, m = ests["baseline"], ests["memascend"]
+    b, m = ests["stock"], ests["memascend"]
     v = verdicts[engine]
     return {
         "schema_version": JSON_SCHEMA_VERSION,
@@ -297,11 +294,10 @@ def job_document(job, est) -> dict:
 
 
 def verdict_line(ests, verdicts, engine: str, hw) -> str:
-    b, m = verdicts["baseline"], verdicts["memascend"]
+    b, m = verdicts["stock"], verdicts["memascend"]
     est = ests[engine]
-    head = (f"fits with memascend ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)"
-            if engine == "memascend" else
-            f"fits with stock DeepSpeed ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)")
+    who = {"stock": "stock DeepSpeed", "tuned": "tuned stock DeepSpeed", "memascend": "memascend"}[engine]
+    head = f"fits with {who} ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)"
     if not verdicts[engine].fits:
         head = f"does not fit with {engine}: " + "; ".join(verdicts[engine].reasons)
     if engine == "memascend" and m.fits and not b.fits:

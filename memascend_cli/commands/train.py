@@ -270,7 +270,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         node_regions = regions_of(nodes, recipe.region)
     ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
     world_size = ranks * max(1, hw.num_nodes)
-    engine = "baseline" if baseline else "memascend"
+    engine = "tuned" if baseline else "memascend"  # --baseline: stock DeepSpeed given memascend's knobs
 
     # The region's prepare-ssd probe sets the aio block size and queue depth.
     header, region_error, region_rank_bytes = None, None, None

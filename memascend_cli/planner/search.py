@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memascend_cli.models import ModelSpec, family_members
-from memascend_cli.planner.memory import Estimate, GiB, JobSpec, estimate
+from memascend_cli.planner.memory import Estimate, JobSpec, estimate
 from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.units import GiB
 
 RESOURCES = ("config", "dram", "gpu_memory", "nvme_space", "memlock")
 

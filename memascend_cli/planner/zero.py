@@ -6,8 +6,8 @@ the DeepSpeed config builder (memascend_cli/deepspeed_config.py), `train`, `benc
 (memascend_engine.runtime applies `memascend_knobs` to a user's config; on a config generated here that
 changes nothing). Pure: stdlib only, no I/O.
 
-Three profiles of the same job:
-  * ``stock``     - what a user writes from DeepSpeed's docs: every knob at its default, except
+The engine axis, one vocabulary everywhere (flags, plan JSON, tables, bench runs): ENGINES.
+  * ``stock``     - stock DeepSpeed as a user writes it from DeepSpeed's docs: every knob at its default, except
                     ``offload_param.buffer_size`` raised to the largest partition (DeepSpeed asserts otherwise);
   * ``tuned``     - stock DeepSpeed given every stock knob memascend sets (`memascend_knobs`);
   * ``memascend`` - the same stock knobs as ``tuned`` (the two differ only in the engine's techniques).
@@ -19,11 +19,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 
-PROFILES = ("stock", "tuned", "memascend")
+from memascend_cli.units import MiB
 
-MIB = 1024 * 1024
+ENGINES = ("stock", "tuned", "memascend")
+"""The engine axis (see the module docstring): what every command, document and table calls the three."""
+
 PAGE_BYTES = 4096
-MIN_AIO_BYTES = MIB
+MIN_AIO_BYTES = MiB
 """deepspeed/runtime/swap_tensor/utils.py MIN_AIO_BYTES: partitions below max(this, aio.block_size) never swap."""
 AIO_ALIGNED_BYTES = 1024
 """deepspeed/runtime/swap_tensor/utils.py AIO_ALIGNED_BYTES: swap I/O granularity (x intra_op_parallelism)."""
@@ -127,7 +129,7 @@ DEEPSPEED_DEFAULTS = ZeroSettings(
     param_buffer_count=5, param_buffer_size=100_000_000, max_in_cpu=1_000_000_000,
     optimizer_buffer_count=4, pipeline_read=False, pipeline_write=False, fast_init=False, pin_memory=True,
     pin_backend="torch",
-    aio_block_size=MIB, aio_queue_depth=8, intra_op_parallelism=1, single_submit=False, overlap_events=True,
+    aio_block_size=MiB, aio_queue_depth=8, intra_op_parallelism=1, single_submit=False, overlap_events=True,
 )
 
 
@@ -211,7 +213,7 @@ def largest_swappable_partition(partitions: Iterable[tuple[int, str]], s: ZeroSe
     return _largest_swappable(tuple(partitions), min_aio_bytes(s), elem_bytes)
 
 
-# --- the profiles -----------------------------------------------------------------------------------
+# --- the engines ------------------------------------------------------------------------------------
 
 
 def optimizer_buffer_count(*, pipeline_read: bool = False, pipeline_write: bool = False, num_states: int = 2) -> int:
@@ -251,24 +253,52 @@ def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = No
     return out
 
 
-def resolve(profile: str, *, model, world_size: int, elem_bytes: int, base: ZeroSettings | None = None,
-            aio_block_size: int | None = None, aio_queue_depth: int | None = None) -> ZeroSettings:
-    """The effective ZeRO settings of `profile` for `model` on `world_size` ranks.
+def knob_notes(given: ZeroSettings, engine: str, *, defaults: ZeroSettings = DEEPSPEED_DEFAULTS) -> list[str]:
+    """One line per knob the user gave (a value of `given` other than `defaults`) that `engine` does not run with:
+    tuned and memascend cap sub_group_size and reduce_bucket_size and set the other knobs of `memascend_knobs`; stock
+    runs every knob as given. Pure."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
+    if engine == "stock":
+        return []
+    effective = memascend_knobs(given)
+    caps = {"sub_group_size": MEMASCEND_SUB_GROUP_SIZE, "reduce_bucket_size": MEMASCEND_REDUCE_BUCKET_SIZE}
+    notes = []
+    for name, (mine, theirs) in given.stock_differences(effective).items():
+        if getattr(defaults, name) == mine:
+            continue  # not given by the user: nothing to say
+        if name in caps:
+            notes.append(f"{name} {mine:,} is capped to {theirs:,} for tuned and memascend (the largest value "
+                         "memascend runs with; stock uses it as given)")
+        else:
+            notes.append(f"{name} {mine} is replaced by {theirs} for tuned and memascend (a knob memascend sets; "
+                         "stock uses it as given)")
+    return notes
+
+
+def resolve(engine: str, *, model, world_size: int, elem_bytes: int, base: ZeroSettings | None = None,
+            aio_block_size: int | None = None, aio_queue_depth: int | None = None,
+            notes: list[str] | None = None) -> ZeroSettings:
+    """The effective ZeRO settings of `engine` for `model` on `world_size` ranks.
 
     Args:
-        profile: stock, tuned or memascend (see the module docstring).
+        engine: stock, tuned or memascend (ENGINES; see the module docstring).
         model: a memascend ModelSpec (its tensor inventory sizes the buffers).
         world_size: ranks over all nodes.
         elem_bytes: bytes per element of the model dtype (2 for bf16/fp16, 4 for fp32).
-        base: the stock settings to start from (the plan command's knob flags); default DeepSpeed's defaults.
-        aio_block_size / aio_queue_depth: what `prepare-ssd` measured on the region, given to every profile but
+        base: the stock settings to start from (knobs the user gave); default DeepSpeed's defaults.
+        aio_block_size / aio_queue_depth: what `prepare-ssd` measured on the region, given to every engine but
             stock (stock keeps DeepSpeed's defaults).
+        notes: collects one line per knob given in `base` that `engine` caps or replaces (knob_notes), for the
+            caller to print as a warning.
     """
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; profiles are {', '.join(PROFILES)}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
     s = base or DEEPSPEED_DEFAULTS
+    if notes is not None and base is not None:
+        notes.extend(knob_notes(base, engine))
     largest = largest_swappable_partition(model_partitions(model, world_size), s, elem_bytes)
-    if profile == "stock":
+    if engine == "stock":
         # What a user must write for the job to start: buffer_size at least the largest swapped partition.
         return replace(s, param_buffer_size=max(int(s.param_buffer_size), largest))
     if aio_block_size:
@@ -474,7 +504,7 @@ def per_layer_role_counts(model) -> dict[str, int]:
 def param_pool_plan(partitions: Iterable[tuple[int, str]], *, elem_bytes: int, per_layer_counts: dict[str, int],
                     prefetch_layers: int = DEFAULT_PREFETCH_LAYERS, min_aio_bytes: int = MIN_AIO_BYTES,
                     intra_op_parallelism: int = 1) -> PoolPlan:
-    """Size classes of memascend's parameter pool (MemAscend paper §4, adaptive buffer pool).
+    """Size classes of memascend's parameter pool (MemAscend, arXiv 2505.23254: adaptive buffer pool).
 
     Stock DeepSpeed stages every partition in one of buffer_count slots of buffer_size elements, and buffer_size
     must hold the largest partition (the embedding), so a q_proj 1/40 that size occupies an embedding-sized slot.
@@ -612,7 +642,7 @@ OPTIMIZER_SLOT_FP32_TENSORS = 4
 DEFAULT_PIPELINE_DEPTH = 3
 """Chunks in flight: one being read, one being updated, one being written back."""
 DEFAULT_GRADIENT_SLOTS = 4
-DEFAULT_GRADIENT_SLOT_BYTES = 8 * MIB
+DEFAULT_GRADIENT_SLOT_BYTES = 8 * MiB
 """Gradient staging window: pieces of reduced gradients on their way to the SSD (4 x 8 MiB)."""
 DEFAULT_CHECKPOINT_SLOTS = 2
 """Layer checkpoints in flight to or from the SSD (one being written or prefetched, one in use)."""
@@ -669,7 +699,7 @@ class EngineWindows:
 
 MIN_CHUNK_NUMEL = 262_144
 """Smallest optimizer chunk the budget may shrink to: 1 MiB fp32 requests (DeepSpeed's MIN_AIO_BYTES)."""
-MIN_GRADIENT_SLOT_BYTES = MIB
+MIN_GRADIENT_SLOT_BYTES = MiB
 
 
 class BudgetTooSmall(ValueError):

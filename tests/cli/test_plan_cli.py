@@ -13,13 +13,16 @@ def test_plan_json_schema(cli):
     doc = json.loads(r.stdout)
     assert doc["schema_version"] == 1
     assert set(doc) >= {"model", "job", "hardware", "engines", "reduction_percent", "verdict"}
-    for engine in ("baseline", "memascend"):
+    assert set(doc["engines"]) == {"stock", "tuned", "memascend"}
+    for engine in ("stock", "tuned", "memascend"):
         e = doc["engines"][engine]
+        assert e["engine"] == engine
         assert {"host_peak_bytes", "node_host_peak_bytes", "gpu_peak_bytes", "nvme_bytes", "items", "verdict",
-                "search"} <= set(e)
+                } <= set(e)
+        assert ("search" in e) == (engine != "tuned")  # the searches compare stock as documented with memascend
         assert {i["tier"] for i in e["items"]} == {"host", "gpu", "nvme"}
         assert all(i["formula"] and i["source"] for i in e["items"])
-    assert doc["engines"]["memascend"]["host_peak_bytes"] < doc["engines"]["baseline"]["host_peak_bytes"]
+    assert doc["engines"]["memascend"]["host_peak_bytes"] < doc["engines"]["stock"]["host_peak_bytes"]
     assert doc["reduction_percent"]["host_peak"] > 0
     assert doc["verdict"]["fits"] is True
     assert doc["model"]["num_params"] == 8_030_261_248
@@ -40,11 +43,25 @@ def test_engine_choice_sets_exit_code(cli):
     # 10 GiB: memascend fits a 0.5B CPU-only job that stock DeepSpeed does not.
     args = ("plan", "--model", "qwen2.5-0.5b", "--gpus", "0", "--dram", "10GiB", "--no-search", "--json")
     m = cli(*args)
-    b = cli(*args, "--engine", "baseline")
+    s = cli(*args, "--engine", "stock")
     doc = json.loads(m.stdout)
-    assert doc["engines"]["memascend"]["verdict"]["fits"] and not doc["engines"]["baseline"]["verdict"]["fits"]
-    assert (m.exit_code, b.exit_code) == (0, 1)
-    assert doc["engines"]["baseline"]["verdict"]["binding"] == "dram"
+    assert doc["engines"]["memascend"]["verdict"]["fits"] and not doc["engines"]["stock"]["verdict"]["fits"]
+    assert (m.exit_code, s.exit_code) == (0, 1)
+    assert doc["engines"]["stock"]["verdict"]["binding"] == "dram"
+    assert json.loads(s.stdout)["verdict"]["engine"] == "stock"
+    # The old name still works and says which engine it means.
+    b = cli(*args, "--engine", "baseline")
+    assert b.exit_code == 1 and "--engine baseline means stock" in " ".join(b.stderr.split())
+    assert json.loads(b.stdout)["verdict"]["engine"] == "stock"
+
+
+def test_capped_knobs_are_warned(cli):
+    r = cli("plan", "--model", "qwen2.5-0.5b", *FIXED_HW, "--reduce-bucket-size", "1e9", "--no-search", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "reduce_bucket_size 1,000,000,000 is capped to 50,000,000 for tuned and memascend" in " ".join(r.stderr.split())
+    d = json.loads(r.stdout)
+    assert d["job"]["knobs"]["reduce_bucket_size"] == 1_000_000_000  # stock runs it as given
+    assert "reduce_bucket_size" not in cli("plan", "--model", "qwen2.5-0.5b", *FIXED_HW, "--no-search").stderr
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -127,13 +144,13 @@ def test_host_budget_splits_or_refuses_with_the_minimum(cli):
 
 def test_plan_reports_ssd_traffic_and_endurance(cli):
     d = json.loads(cli("plan", "--model", "llama-3.1-8b", *FIXED_HW, "--json", "--no-search").stdout)
-    for engine in ("baseline", "tuned", "memascend"):
+    for engine in ("stock", "tuned", "memascend"):
         t = d["engines"][engine]["ssd_traffic"]
         assert t["read_bytes_per_param"] >= t["minimum_read_bytes_per_param"] > 0
         assert t["write_bytes_per_1000_steps"] == 1000 * t["write_bytes_per_step"]
     # Gradients once in bf16 instead of an fp32 round trip: memascend moves less than stock.
     assert (d["engines"]["memascend"]["ssd_traffic"]["write_bytes_per_param"]
-            < d["engines"]["baseline"]["ssd_traffic"]["write_bytes_per_param"])
+            < d["engines"]["stock"]["ssd_traffic"]["write_bytes_per_param"])
 
 
 def test_70b_on_one_box_fits_with_memascend_only(cli):
@@ -141,6 +158,6 @@ def test_70b_on_one_box_fits_with_memascend_only(cli):
             "--nvme-free", "4TB", "--seq-len", "4096", "--json", "--no-search")
     d = json.loads(r.stdout)
     assert r.exit_code == 0
-    assert d["engines"]["memascend"]["verdict"]["fits"] and not d["engines"]["baseline"]["verdict"]["fits"]
-    assert d["engines"]["baseline"]["verdict"]["binding"] == "dram"
-    assert "largest item" in d["engines"]["baseline"]["verdict"]["reasons"][0]
+    assert d["engines"]["memascend"]["verdict"]["fits"] and not d["engines"]["stock"]["verdict"]["fits"]
+    assert d["engines"]["stock"]["verdict"]["binding"] == "dram"
+    assert "largest item" in d["engines"]["stock"]["verdict"]["reasons"][0]

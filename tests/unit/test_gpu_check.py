@@ -49,7 +49,7 @@ def _plan_doc(stock_items, memascend_items):
     def items(d):
         return [{"key": k, "tier": "nvme", "bytes": b} for k, b in d.items()] + [{"key": "host/x", "tier": "host",
                                                                                   "bytes": 10**12}]
-    return {"engines": {"baseline": {"items": items(stock_items)}, "memascend": {"items": items(memascend_items)}}}
+    return {"engines": {"stock": {"items": items(stock_items)}, "memascend": {"items": items(memascend_items)}}}
 
 
 def test_disk_need_ignores_checkpoint_copies_and_sizes_the_region_like_the_bench():

@@ -1,4 +1,4 @@
-"""The memory model: hand-checked items, version behaviour, monotonicity and memascend <= baseline."""
+"""The memory model: hand-checked items, version behaviour, monotonicity and memascend <= stock."""
 
 from dataclasses import replace
 
@@ -7,9 +7,10 @@ import pytest
 from memascend_cli.errors import BadInput
 from memascend_cli.models import list_model_presets, load_preset
 from memascend_cli.planner import memory, zero
-from memascend_cli.planner.memory import GiB, JobSpec, estimate, estimate_both, partition
+from memascend_cli.planner.memory import JobSpec, estimate, estimate_all, partition
 from memascend_cli.planner.search import check, max_micro_batch, max_seq_len, search
 from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.units import GiB
 
 GPU = HardwareSpec(name="gpu", dram_gib=128, num_gpus=1, gpu_mem_gib=24, nvme_free_gib=2000)
 CPU = HardwareSpec(name="cpu", dram_gib=24)
@@ -19,40 +20,40 @@ def job(model="llama-3.1-8b", **kw):
     return JobSpec(model=load_preset(model), **kw)
 
 
-def test_default_8b_items_match_the_notes_arithmetic():
-    # deepspeed-notes §3 "default-config example" (8B, bf16, dp 1), with buffer_size raised to the
-    # largest partition as DeepSpeed requires; 0.19.3 pins everything through torch (pow2).
-    est = estimate(job(deepspeed_version="0.19.3"), GPU, "baseline")
+def test_default_8b_items_match_hand_arithmetic():
+    # Llama-3.1-8B, bf16, dp 1, DeepSpeed's defaults with buffer_size raised to the largest partition (the
+    # 525,336,576-element embedding) as DeepSpeed requires; 0.19.3 pins everything through torch (pow2).
+    est = estimate(job(deepspeed_version="0.19.3"), GPU, "stock")
     e = est.item
     assert e("host/param_swap_pool").bytes == 5 * 525_336_576 * 2  # A(525336576, 512) is exact
     assert e("host/fp16_cpu_params").bytes == 10**9 * 2
     assert e("host/grad_flat_buffer").bytes == 8_030_261_248 * 2
     assert e("host/param_swap_pool").pinned == "torch-pow2"
-    # pow2 waste of the grad buffer alone: 14.96 -> 16 GiB (memascend-paper.md §5 table: 1.04 GiB)
+    # pow2 waste of the grad buffer alone: 14.96 -> 16 GiB
     assert est.pinned_waste_bytes >= (2**34 - 8_030_261_248 * 2)
 
 
 def test_version_changes_pinning():
-    old = estimate(job(deepspeed_version="0.19.3"), GPU, "baseline")
-    new = estimate(job(deepspeed_version="0.19.8"), GPU, "baseline")
+    old = estimate(job(deepspeed_version="0.19.3"), GPU, "stock")
+    new = estimate(job(deepspeed_version="0.19.8"), GPU, "stock")
     assert old.item("host/optimizer_swap_pool").pinned == "torch-pow2"
     assert new.item("host/optimizer_swap_pool").pinned == "mlock"
     assert new.locked_bytes > 0 and old.locked_bytes == 0
     assert old.pinned_waste_bytes > new.pinned_waste_bytes
-    native = estimate(replace(job(), knobs=replace(zero.DEEPSPEED_DEFAULTS, pin_backend="native")), GPU, "baseline")
+    native = estimate(replace(job(), knobs=replace(zero.DEEPSPEED_DEFAULTS, pin_backend="native")), GPU, "stock")
     assert native.pinned_waste_bytes == 0
 
 
-def test_fp16_overflow_check_only_for_fp16_baseline():
-    b16 = estimate(job(dtype="bf16"), GPU, "baseline")
-    f16 = estimate(job(dtype="fp16"), GPU, "baseline")
+def test_fp16_overflow_check_only_for_fp16_stock():
+    b16 = estimate(job(dtype="bf16"), GPU, "stock")
+    f16 = estimate(job(dtype="fp16"), GPU, "stock")
     assert b16.item("host/overflow_check") is None
     assert f16.item("host/overflow_check").bytes == 3 * 8_030_261_248
     assert estimate(job(dtype="fp16"), GPU, "memascend").item("host/overflow_check") is None
 
 
 def test_small_buffer_size_is_a_config_error():
-    est = estimate(replace(job(), param_buffer_size_auto=False), GPU, "baseline")
+    est = estimate(replace(job(), param_buffer_size_auto=False), GPU, "stock")
     assert est.config_errors and "buffer_size" in est.config_errors[0]
     assert not check(est, GPU).fits and check(est, GPU).binding == "config"
 
@@ -67,10 +68,10 @@ def test_sub_groups_close_at_size():
 
 
 def test_cpu_only_job_puts_compute_on_host():
-    est = estimate(job("qwen2.5-0.5b"), CPU, "baseline")
+    est = estimate(job("qwen2.5-0.5b"), CPU, "stock")
     assert est.compute_on_host and est.gpu_peak_bytes == 0
     assert est.item("host/compute/forward_backward").bytes > 0
-    assert est.item("host/runtime").bytes < estimate(job("qwen2.5-0.5b"), GPU, "baseline").item("host/runtime").bytes
+    assert est.item("host/runtime").bytes < estimate(job("qwen2.5-0.5b"), GPU, "stock").item("host/runtime").bytes
 
 
 def test_activation_checkpoints_in_dram_scale_with_tokens_and_layers():
@@ -101,8 +102,8 @@ def test_bounded_engine_holds_windows_not_model_sized_buffers():
 
 def test_memlock_binds_stock_deepspeed_not_memascend():
     hw = replace(GPU, memlock_limit_gib=8 / 1024, can_lock_unlimited=False)
-    ests = estimate_both(job(), hw)
-    assert not check(ests["baseline"], hw).fits and check(ests["baseline"], hw).binding == "memlock"
+    ests = estimate_all(job(), hw)
+    assert not check(ests["stock"], hw).fits and check(ests["stock"], hw).binding == "memlock"
     assert check(ests["memascend"], hw).fits
 
 
@@ -114,7 +115,7 @@ def test_bad_job_inputs():
     with pytest.raises(BadInput):
         job(checkpointing="sometimes")
     with pytest.raises(BadInput):
-        estimate(job(ranks_per_node=4), GPU, "baseline")  # 4 ranks on a 1-GPU node
+        estimate(job(ranks_per_node=4), GPU, "stock")  # 4 ranks on a 1-GPU node
 
 
 MACHINES = [GPU, CPU, HardwareSpec(name="8gpu", dram_gib=512, num_gpus=8, gpu_mem_gib=80),
@@ -126,12 +127,12 @@ MACHINES = [GPU, CPU, HardwareSpec(name="8gpu", dram_gib=512, num_gpus=8, gpu_me
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_memascend_never_needs_more_host_memory(hw, model, dtype):
     for version in ("0.19.3", "0.19.8"):
-        ests = estimate_both(job(model, dtype=dtype, deepspeed_version=version), hw)
-        assert ests["memascend"].host_peak_bytes <= ests["baseline"].host_peak_bytes
-        assert ests["memascend"].host_steady_bytes <= ests["baseline"].host_steady_bytes
+        ests = estimate_all(job(model, dtype=dtype, deepspeed_version=version), hw)
+        assert ests["memascend"].host_peak_bytes <= ests["stock"].host_peak_bytes
+        assert ests["memascend"].host_steady_bytes <= ests["stock"].host_steady_bytes
 
 
-@pytest.mark.parametrize("engine", ["baseline", "memascend"])
+@pytest.mark.parametrize("engine", ["stock", "memascend"])
 @pytest.mark.parametrize("model", ["qwen2.5-0.5b", "llama-3.1-8b"])
 def test_more_dram_never_lowers_a_maximum(engine, model):
     j = job(model, seq_len=1024)
@@ -148,14 +149,14 @@ def test_memascend_fits_more_on_the_same_machine():
     # 80 GiB of GPU memory so host DRAM, not the GPU, is what binds.
     hw = replace(GPU, dram_gib=64, gpu_mem_gib=80)
     j = job("llama-3.1-8b", seq_len=4096)
-    b, m = search(j, hw, "baseline"), search(j, hw, "memascend")
+    b, m = search(j, hw, "stock"), search(j, hw, "memascend")
     assert (m.max_seq_len or 0) > (b.max_seq_len or 0)
     assert (m.max_micro_batch or 0) >= (b.max_micro_batch or 0)
 
 
 def test_host_peak_grows_with_batch_and_context():
     peaks = [estimate(job(seq_len=s, micro_batch=b), GPU, e).host_peak_bytes
-             for e in ("baseline", "memascend") for s, b in ((1024, 1), (2048, 1), (2048, 2))]
+             for e in ("stock", "memascend") for s, b in ((1024, 1), (2048, 1), (2048, 2))]
     assert peaks[0] <= peaks[1] <= peaks[2] and peaks[3] <= peaks[4] <= peaks[5]
     assert all(p < 200 * GiB for p in peaks)
 
@@ -177,7 +178,7 @@ def test_cpu_bucket_flush_holds_two_copies_of_the_bucket():
     # seq 16: the flush, not the loss backward, is the larger moment
     # zero_init off: the zero.Init heap the backward reuses is tested on its own below
     fb = [estimate(job("qwen2.5-0.5b", seq_len=16, dtype="fp32", checkpointing="full", knobs=k, zero_init=False), CPU,
-                   "baseline")
+                   "stock")
           .item("host/compute/forward_backward").bytes for k in (small, big)]
     assert fb[1] - fb[0] == 2 * 4 * 2 * 10**7
 
@@ -204,10 +205,10 @@ def test_loss_backward_counts_gathered_params_but_no_gradients():
 def test_allocator_keeps_only_blocks_below_the_mmap_threshold():
     """glibc returns blocks >= 32 MiB at free: a vocab-sized logits tensor is not retained, small layer blocks are."""
     k = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=10**6)
-    tiny = estimate(job("tiny-llama", seq_len=256, dtype="fp32", checkpointing="full", knobs=k), CPU, "baseline")
+    tiny = estimate(job("tiny-llama", seq_len=256, dtype="fp32", checkpointing="full", knobs=k), CPU, "stock")
     assert tiny.item("host/allocator_retention").bytes == (tiny.item("host/grad_fp32_copies").bytes
                                                            + tiny.item("host/compute/forward_backward").bytes)
-    big = estimate(job("qwen2.5-0.5b", seq_len=4096, dtype="fp32", checkpointing="full", knobs=k), CPU, "baseline")
+    big = estimate(job("qwen2.5-0.5b", seq_len=4096, dtype="fp32", checkpointing="full", knobs=k), CPU, "stock")
     logits = 4096 * 151_936 * 4
     assert logits >= memory.GLIBC_MMAP_THRESHOLD_MAX_BYTES
     assert big.item("host/allocator_retention").bytes < big.item("host/compute/forward_backward").bytes - logits
@@ -216,12 +217,12 @@ def test_allocator_keeps_only_blocks_below_the_mmap_threshold():
 def test_stock_zero_init_leaves_each_layers_largest_weights_in_the_heap():
     """docs/bench/micro/zero-init-heap.json: 32.5 MiB kept per bench-llama layer = its three MLP matrices (fp32)."""
     j = job("bench-llama-136m", seq_len=256, dtype="fp32", checkpointing="full")
-    base = estimate(j, CPU, "baseline")
+    base = estimate(j, CPU, "stock")
     assert base.item("host/zero_init_heap").bytes == 8 * 3 * 1024 * 2816 * 4
     assert base.item("host/zero_init_heap").kind == "steady"
     # memascend fixes the mmap threshold before zero.Init; on a GPU the weights are built in device memory
     assert "host/zero_init_heap" not in {i.key for i in estimate(j, CPU, "memascend").items}
-    assert "host/zero_init_heap" not in {i.key for i in estimate(j, GPU, "baseline").items}
+    assert "host/zero_init_heap" not in {i.key for i in estimate(j, GPU, "stock").items}
     # 4096 x 14336 fp32 MLP matrices (224 MiB) are mmapped and returned at free
     assert memory.zero_init_heap_bytes(load_preset("llama-3.1-8b")) == 0
 
@@ -230,9 +231,9 @@ def test_backward_reuses_the_zero_init_heap_before_growing():
     """The backward's heap blocks land in the holes zero.Init left: counted once, at the steady level."""
     k = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=10**6)
     j = job("bench-llama-136m", seq_len=256, dtype="fp32", checkpointing="full", knobs=k)
-    est = estimate(j, CPU, "baseline")
+    est = estimate(j, CPU, "stock")
     no_zi = replace(j, zero_init=False)
-    full = estimate(no_zi, CPU, "baseline")
+    full = estimate(no_zi, CPU, "stock")
     zi = est.item("host/zero_init_heap").bytes
     fb, fb_full = (e.item("host/compute/forward_backward").bytes for e in (est, full))
     assert 0 < fb_full - fb <= zi
@@ -244,10 +245,10 @@ def test_native_pinning_copies_the_gradient_buffer_at_init_on_cpu():
     accelerator's torch backend returns the tensor itself."""
     native = replace(zero.DEEPSPEED_DEFAULTS, pin_backend="native")
     j = job("bench-llama-136m", seq_len=256, dtype="fp32", checkpointing="full")
-    est = estimate(replace(j, knobs=native), CPU, "baseline")
+    est = estimate(replace(j, knobs=native), CPU, "stock")
     assert est.item("host/grad_buffer_init_copy").bytes == est.item("host/grad_flat_buffer").bytes
     assert est.item("host/grad_buffer_init_copy").kind == "init"
-    assert "host/grad_buffer_init_copy" not in {i.key for i in estimate(j, CPU, "baseline").items}
+    assert "host/grad_buffer_init_copy" not in {i.key for i in estimate(j, CPU, "stock").items}
 
 
 def test_zero_init_heap_is_the_recorded_upper_mode():
@@ -284,9 +285,9 @@ def test_activation_heap_grows_only_for_blocks_larger_than_the_holes():
     assert memory.activation_heap_block_bytes(m, 2048, 4) == 2048 * 2816 * 4  # 22 MiB
     assert memory.activation_heap_block_bytes(m, 8192, 4) == 0  # 88 MiB: mmapped
     j = job("bench-llama-136m", seq_len=2048, dtype="fp32", checkpointing="full")
-    est = estimate(j, CPU, "baseline")
+    est = estimate(j, CPU, "stock")
     item = est.item("host/activation_heap")
     assert item.kind == "retained"
     assert item.bytes == int(memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER * 2048 * 2816 * 4 * 8)
     assert "host/activation_heap" not in {i.key for i in estimate(j, CPU, "memascend").items}
-    assert "host/activation_heap" not in {i.key for i in estimate(replace(j, seq_len=512), CPU, "baseline").items}
+    assert "host/activation_heap" not in {i.key for i in estimate(replace(j, seq_len=512), CPU, "stock").items}

@@ -34,7 +34,7 @@ def planned(case: dict):
                                 optimizer_buffer_count=k["optimizer_buffer_count"],
                                 sub_group_size=k["sub_group_size"], reduce_bucket_size=k["reduce_bucket_size"]),
                   param_buffer_size_auto=False)
-    return estimate(job, CPU_ONLY, "baseline")
+    return estimate(job, CPU_ONLY, "stock")
 
 
 def assert_matches(case: dict):

@@ -11,8 +11,9 @@ from memascend_cli.deepspeed_config import adamw, ds_config
 from memascend_cli.models import list_model_presets, load_model
 from memascend_cli.planner import memory, zero
 from memascend_cli.planner import zero as pools
-
-MiB = 1 << 20
+from memascend_cli.planner.context import Context
+from memascend_cli.planner.host import adaptive_param_pool
+from memascend_cli.units import MiB
 
 
 def plan_for(name: str, world: int = 1, elem_bytes: int = 2, prefetch_layers: int = 2) -> pools.PoolPlan:
@@ -57,8 +58,7 @@ def test_matches_planner_adaptive_pool(name, world):
     spec = load_model(name)
     job = memory.JobSpec(model=spec, dtype="bf16", ranks_per_node=world)
     hw = HardwareSpec(name="test", dram_gib=1024.0, num_gpus=world)
-    ctx = memory._Ctx(job, hw, "memascend")
-    planner_bytes, _ = memory._adaptive_param_pool(ctx)
+    planner_bytes, _ = adaptive_param_pool(Context(job, hw, "memascend"))
     assert plan_for(name, world, elem_bytes=2).total_bytes == planner_bytes
 
 
@@ -218,7 +218,7 @@ def test_old_deepspeed_did_not_pin_by_default():
     assert zero.version_defaults((0, 19, 8)) == zero.DEEPSPEED_DEFAULTS
 
 
-def test_resolve_rejects_unknown_profile():
+def test_resolve_rejects_unknown_engine():
     with pytest.raises(ValueError):
         zero.resolve("fast", model=load_model("tiny-llama"), world_size=1, elem_bytes=2)
 
@@ -241,3 +241,27 @@ def test_deepspeed_key_aliases_are_read_and_written_under_the_name_the_config_us
     assert "stage3_param_persistence_threshold" not in z and z["param_persistence_threshold"] == 1024
     assert "stage3_max_live_parameters" not in z and "stage3_max_reuse_distance" in z
     assert z["stage3_max_reuse_distance"] == 0
+
+
+def test_capped_knobs_the_user_gave_are_reported():
+    given = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=1_000_000_000, optimizer_buffer_count=8)
+    notes = zero.knob_notes(given, "memascend")
+    assert len(notes) == 2
+    assert any(n.startswith("reduce_bucket_size 1,000,000,000 is capped to 50,000,000") for n in notes)
+    assert any(n.startswith("optimizer_buffer_count 8 is replaced by 4") for n in notes)
+    assert zero.knob_notes(given, "tuned") == notes
+    assert zero.knob_notes(given, "stock") == []  # stock runs every knob as given
+    # DeepSpeed's defaults are capped too, but the user gave none of them: nothing to say.
+    assert zero.knob_notes(zero.DEEPSPEED_DEFAULTS, "memascend") == []
+
+
+def test_resolve_collects_the_notes_of_the_knobs_it_caps():
+    spec = load_model("tiny-llama")
+    notes: list[str] = []
+    base = replace(zero.DEEPSPEED_DEFAULTS, sub_group_size=10**8)
+    s = zero.resolve("memascend", model=spec, world_size=1, elem_bytes=2, base=base, notes=notes)
+    assert s.sub_group_size == zero.MEMASCEND_SUB_GROUP_SIZE
+    assert notes == [f"sub_group_size 100,000,000 is capped to {zero.MEMASCEND_SUB_GROUP_SIZE:,} for tuned and "
+                     "memascend (the largest value memascend runs with; stock uses it as given)"]
+    zero.resolve("stock", model=spec, world_size=1, elem_bytes=2, base=base, notes=notes)
+    assert len(notes) == 1

@@ -1,0 +1,105 @@
+"""Working memory of the compute device (GPU memory, or host memory on a CPU-only job): gathered parameters, the
+reduce bucket, activations and logits. Pure: stdlib only."""
+
+from __future__ import annotations
+
+from memascend_cli.planner.breakdown import Item
+from memascend_cli.planner.context import Context
+from memascend_cli.units import GiB
+
+# GPU memory taken by the CUDA context and kernels of torch (typical H100/A100 value, 0.5-0.6 GiB).
+CUDA_CONTEXT_BYTES = int(0.6 * GiB)
+
+
+def flush_copies(c: Context) -> int:
+    """Bucket-sized copies a reduce-bucket flush makes on a CPU rank: reduce_scatter_coalesced's torch.cat plus gloo's
+    reduce_scatter_tensor copy of its input (measured: tests/integration/test_planner_assumptions.py); none when
+    the contiguous bucket is all-reduced in place (reduce_scatter off, stage3.py __avg_scatter_contiguous_grads)."""
+    return 0 if c.k.contiguous_gradients and not c.k.reduce_scatter else 2
+
+
+def loss_backward_blocks(c: Context) -> tuple[list[int], list[int]]:
+    """The blocks live at the loss backward's two moments, beyond the gathered params. First cross_entropy's
+    backward (torch.nn.functional.cross_entropy = log_softmax + nll_loss): the logits (E), the fp32 log-softmax
+    kept for backward and the fp32 gradient it returns. Then lm_head's backward: the logits, their fp32 gradient
+    and the lm_head weight's gradient, the first parameter gradient of the step (autograd runs the loss's nodes
+    before the model's)."""
+    bs_vocab = c.job.micro_batch * c.job.seq_len * c.m.vocab_size
+    logits = bs_vocab * c.E
+    return [logits, 4 * bs_vocab, 4 * bs_vocab], [logits, 4 * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
+
+
+def activation_bytes(c: Context) -> tuple[int, str]:
+    """Activation memory of the forward/backward, 16-bit per Korthikanti et al.; scaled for fp32."""
+    job, m = c.job, c.m
+    s, b, h, a, L = job.seq_len, job.micro_batch, m.hidden_size, m.num_attention_heads, m.num_hidden_layers
+    scale = c.E / 2
+    # Per layer, no recomputation: attention 11sbh + 5as^2b (scores, softmax, dropout), MLP 19sbh for a
+    # 4h GeLU MLP; a SwiGLU MLP of width I stores input 2sbh + gate/up/act/product 8sbI instead.
+    attn = 11 * s * b * h + (0 if c.flash else 5 * a * s * s * b)
+    mlp = 2 * s * b * h + 8 * s * b * m.intermediate_size
+    norms = 4 * s * b * h
+    full_layer = attn + mlp + norms
+    ck = job.checkpointing
+    if ck == "none":
+        total = L * full_layer
+        desc = "L x (attention + SwiGLU MLP + norms), no recomputation"
+    elif ck == "selective":
+        total = L * (full_layer - (0 if c.flash else 5 * a * s * s * b)) + (0 if c.flash else 5 * a * s * s * b)
+        desc = "L x layer without attention scores + one layer's scores (selective recomputation)"
+    else:
+        stored = 0 if (ck == "offload" and (c.gpu or c.ssd_checkpoints)) else L * 2 * s * b * h
+        total = stored + full_layer
+        desc = ("one layer recomputed" if stored == 0 else "L x 2sbh checkpoints + one layer recomputed")
+    return int(total * scale), desc
+
+
+def compute_items(c: Context, tier: str) -> list[Item]:
+    """Working memory of the compute device: GPU memory, or host memory on a CPU-only job."""
+    job, m, k, E = c.job, c.m, c.k, c.E
+    items: list[Item] = []
+    pre = f"{tier}/compute/" if tier == "host" else "gpu/"
+
+    def add(key, label, nbytes, formula, source, kind="steady"):
+        items.append(Item(pre + key, label, tier, int(nbytes), kind, "", 0, formula, source))
+
+    if tier == "gpu":
+        add("cuda_context", "CUDA context", CUDA_CONTEXT_BYTES, "constant", "typical CUDA 12 context + torch kernels")
+    small = [n for n in c.part.full_numels if n < k.param_persistence_threshold]
+    add("persistent_params", "persistent small params (whole)", sum(small) * E,
+        f"params below stage3_param_persistence_threshold {k.param_persistence_threshold:,} x E",
+        "runtime/zero/parameter_offload.py mark_persistent_parameters (line 317)")
+    layer = m.layer_numel()
+    vocab = m.vocab_size * m.hidden_size
+    live = max(layer, vocab) + min(k.prefetch_bucket_size, layer)
+    add("live_params", "gathered params (current + prefetched)", live * E,
+        f"(max(layer {layer:,}, vocab matrix {vocab:,}) + min(prefetch bucket, layer)) x E",
+        "runtime/zero/partitioned_param_coordinator.py fetch_sub_module prefetch (lines 452-454)")
+    # In backward every gathered parameter gets a full-size gradient until its reduce hook copies it
+    # into the bucket.
+    add("live_param_grads", "gradients of the gathered params", live * E, "= gathered params",
+        "stage3 reduce_ready_partitions_and_remove_grads", kind="transient")
+    if tier == "gpu" and not c.bounded:
+        # Stock's boundary copies: the partition moved to the device and converted to fp32 before the swap-out
+        # (stage3.py 2025-2028, 1453), one reduce bucket's worth at a time.
+        part_bucket = min(-(-c.reduce_bucket_size // c.world), c.ns)
+        per = c.G + (4 if c.G != 4 else 0)
+        add("grad_fp32_copies", "fp32 gradient copies before swap-out", per * part_bucket,
+            f"({c.G} + 4) B x min(reduce_bucket_size / world, Ns) = {part_bucket:,}",
+            "stage3.partition_grads / _offload_grad_partition_at_boundary on the GPU", kind="transient")
+    # The IPG bucket is torch.empty(reduce_bucket_size): reserved in full on a GPU, on the host only
+    # the pages that backward fills are resident.
+    bucket = c.reduce_bucket_size if tier == "gpu" else min(c.reduce_bucket_size, m.num_params)
+    add("reduce_bucket", "gradient reduce bucket", bucket * E,
+        f"reduce_bucket_size {c.reduce_bucket_size:,} elements x E" + ("" if tier == "gpu" else " (touched part)"),
+        "runtime/zero/stage3.py _setup_for_real_optimizer ipg bucket torch.empty (lines 780-784)")
+    act, desc = activation_bytes(c)
+    add("activations", "activations", act, desc, "Korthikanti et al., arXiv 2205.05198 (Table 2), SwiGLU-adjusted")
+    bs = job.micro_batch * job.seq_len
+    if job.fused_cross_entropy:
+        add("logits", "logits (Liger fused linear CE, chunked)", 8 * bs * m.hidden_size,
+            "chunk of ~b*s*h fp32 logits + its grad", "Liger-Kernel FusedLinearCrossEntropy chunking")
+    else:
+        add("logits", "logits + fp32 loss upcast", bs * m.vocab_size * (E + 4),
+            f"b*s {bs:,} x V {m.vocab_size:,} x ({E} + 4) B", "transformers loss/loss_utils.py ForCausalLMLoss logits.float() (line 61)")
+    return items

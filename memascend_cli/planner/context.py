@@ -1,0 +1,190 @@
+"""The derived quantities of one job on one machine for one engine (partitions, sub-groups, knobs, windows) and how
+each engine pins host memory: what every item module reads. Pure: stdlib only."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from memascend_cli.errors import BadInput
+from memascend_cli.models import ModelSpec, numels_roles
+from memascend_cli.planner import zero
+from memascend_cli.planner.job import DTYPE_BYTES, BudgetError, JobSpec, resolve_ranks
+from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, ENGINES, PAGE_BYTES, align_up
+from memascend_cli.units import GiB
+from memascend_cli.versions import parse_version
+
+
+def pow2_bytes(n: int) -> int:
+    """torch's CachingHostAllocator (tensor.pin_memory() on CUDA) rounds a pinned request up to a power of two."""
+    return 0 if n <= 0 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """How ZeRO-3 splits the model on one rank (DeepSpeed 0.19.8 runtime/zero/partition_parameters.py
+    _partition_param line 1778, stage3.py _create_fp16_sub_groups line 1210)."""
+
+    partition_numels: tuple[int, ...]
+    """ceil(numel/world) per parameter, in module order (Init._partition_param pads to world size)."""
+    full_numels: tuple[int, ...]
+    roles: tuple[str, ...]
+    sub_groups: tuple[tuple[int, ...], ...]
+    """Parameter indices per optimizer sub-group (stage3._create_fp16_sub_groups)."""
+
+    sub_group_numels: tuple[int, ...]
+    """Partition elements per sub-group."""
+    _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Derived sums, computed once per (rule, threshold): searches estimate the same partitioning many times."""
+
+    def swappable_groups(self, min_numel: int) -> tuple[int, ...]:
+        """Sub-groups of at least min_numel elements (DeepSpeed swaps only those)."""
+        key = ("groups", min_numel)
+        if key not in self._memo:
+            self._memo[key] = tuple(g for g, n in enumerate(self.sub_group_numels) if n >= min_numel)
+        return self._memo[key]
+
+    def aligned_sum(self, what: str, min_numel: int, elem_bytes: int, align_bytes: int) -> int:
+        """Sum of A(numel x elem_bytes, align) over the swappable partitions ('params') or sub-groups ('groups')."""
+        key = (what, min_numel, elem_bytes, align_bytes)
+        if key not in self._memo:
+            numels = (self.partition_numels if what == "params"
+                      else [self.sub_group_numels[g] for g in self.swappable_groups(min_numel)])
+            # Layers repeat the same shapes: sum over distinct sizes.
+            self._memo[key] = sum(align_up(n * elem_bytes, align_bytes) * k for n, k in Counter(numels).items()
+                                  if n >= min_numel)
+        return self._memo[key]
+
+    @property
+    def ns(self) -> int:
+        return sum(self.partition_numels)
+
+    def sub_group_numel(self, g: int) -> int:
+        return self.sub_group_numels[g]
+
+    @property
+    def largest_sub_group_numel(self) -> int:
+        return max(self.sub_group_numels)
+
+    @property
+    def largest_partition_numel(self) -> int:
+        return max(self.partition_numels)
+
+
+@lru_cache(maxsize=512)
+def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
+    """Partition sizes and optimizer sub-groups, one param group in module order (zero.py's rules)."""
+    full, roles = numels_roles(model)
+    parts = full if world_size <= 1 else tuple(n for n, _ in zero.model_partitions(model, world_size))
+    groups, numels = zero.sub_groups_and_numels(parts, sub_group_size)
+    return Partitioning(parts, full, roles, groups, numels)
+
+
+class Context:
+    """Derived quantities shared by the item functions."""
+
+    def __init__(self, job: JobSpec, hw: HardwareSpec, engine: str):
+        if engine not in ENGINES:
+            raise BadInput(f"unknown engine {engine!r}", "use " + ", ".join(ENGINES))
+        self.engine = engine
+        self.memascend = engine == "memascend"
+        """The memascend engine's techniques; else stock DeepSpeed's code (stock and tuned differ only in knobs)."""
+        self.job, self.hw = job, hw
+        self.config_errors: list[str] = []
+        """Settings the engine would reject at start-up (the item functions add theirs)."""
+        self.k = job.knobs
+        self.m = job.model
+        self.ranks = resolve_ranks(job, hw)
+        self.world = self.ranks * max(1, hw.num_nodes)
+        self.gpu = hw.num_gpus > 0
+        self.ver = parse_version(job.deepspeed_version)
+        self.E = DTYPE_BYTES[job.dtype]
+        self.G = DTYPE_BYTES[job.grad_accum_dtype or job.dtype]
+        self.M = 4  # fp32 master weights and Adam states
+        if engine in ("tuned", "memascend"):
+            # The stock knobs the engine's install() sets on any config (zero.py is the one home).
+            largest = zero.largest_swappable_partition(zero.model_partitions(self.m, self.world), self.k, self.E)
+            self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
+            if job.engine_knob_overrides:
+                self.k = replace(self.k, **dict(job.engine_knob_overrides))
+        self.sub_group_size = self.k.sub_group_size
+        self.reduce_bucket_size = self.k.reduce_bucket_size
+        # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a
+        # pipeline of chunks; it replaces P2, P4, P5, P7 and the init / fp32-copy transients below.
+        self.bounded = self.memascend and job.streaming
+        self.windows = job.windows or zero.EngineWindows(
+            optimizer_chunk_numel=zero.chunk_numel_for(self.k.sub_group_size),
+            checkpoint_offload=job.checkpoint_offload)
+        self.ssd_checkpoints = (self.memascend and job.checkpointing == "offload"
+                                and self.windows.checkpoint_offload == "ssd")
+        self.prefetch_layers = zero.DEFAULT_PREFETCH_LAYERS
+        self.budget = None
+        self.budget_error: BudgetError | None = None
+        if self.bounded:
+            try:
+                self.budget = self._split_budget(job)
+            except BudgetError as exc:  # a config error of this job (searches: "does not fit")
+                self.budget_error = exc
+                self.budget = self._split_budget(replace(job, host_budget_bytes=None))
+            self.windows, self.prefetch_layers = self.budget.windows, self.budget.prefetch_layers
+        if self.budget_error is not None:
+            self.config_errors.append(self.budget_error.message)
+        self.part = partition(self.m, self.world, self.sub_group_size)
+        self.ns = self.part.ns
+        self.lsg = self.part.largest_sub_group_numel
+        iop = max(1, self.k.intra_op_parallelism)
+        self.a_p = AIO_ALIGNED_BYTES * iop // self.E  # param swapper numel alignment
+        self.a_o = AIO_ALIGNED_BYTES * iop // self.M  # optimizer swapper numel alignment
+        self.min_aio_bytes = zero.min_aio_bytes(self.k)
+        self.pin_memory = self.k.pin_memory
+        self.flash = job.flash_attention if job.flash_attention is not None else True
+        key = ("swappable", self.min_aio_bytes, self.E)
+        if key not in self.part._memo:
+            self.part._memo[key] = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
+        self.swappable = self.part._memo[key]
+
+    def _split_budget(self, job: JobSpec) -> zero.BudgetPlan:
+        layer = (job.micro_batch * job.seq_len * self.m.hidden_size * self.E
+                 if job.checkpointing == "offload" else 0)
+        try:
+            return zero.split_budget(
+                job.host_budget_bytes, elem_bytes=self.E, layer_checkpoint_bytes=layer,
+                num_layers=self.m.num_hidden_layers, base=self.windows,
+                param_pool_bytes=lambda k: zero.model_param_pool_plan(self.m, self.k, world_size=self.world,
+                                                                      elem_bytes=self.E, prefetch_layers=k).total_bytes)
+        except zero.BudgetTooSmall as exc:
+            raise BudgetError(f"host budget {exc.budget_bytes / GiB:.2f} GiB is below the {exc.min_bytes / GiB:.2f} GiB "
+                              "memascend needs for this job (parameter pool, one optimizer chunk, gradient and "
+                              "checkpoint slots)", f"give --host-budget {exc.min_bytes / GiB:.2f}GiB or more, or drop "
+                              "it for full overlap") from None
+
+    # how DeepSpeed pins: returns (resident bytes, pinned label, locked bytes)
+    def pin_swap_pool(self, nbytes: int) -> tuple[int, str, int]:
+        """P1/P2/P4: torch pow2 pinning up to 0.19.3, posix_memalign + mlock since 0.19.4 (PR #8212; 0.19.8
+        swap_tensor/utils.py line 191 new_cpu_locked_tensor, ops/csrc/pin_memory/page_alloc.cpp lines 19-24)."""
+        if self.memascend:
+            return self.pin_exact(nbytes)
+        if self.ver >= (0, 19, 4):
+            return nbytes, "mlock", nbytes
+        return self.pin_accel(nbytes, True)
+
+    def pin_exact(self, nbytes: int) -> tuple[int, str, int]:
+        """memascend: page-aligned exact-size buffers, cudaHostRegister'ed on a GPU machine; mlock is
+        best effort (O_DIRECT does not need locked pages), so RLIMIT_MEMLOCK never binds."""
+        return align_up(nbytes, PAGE_BYTES), ("exact, cuda-registered" if self.gpu else "exact"), 0
+
+    def pin_accel(self, nbytes: int, pinned: bool) -> tuple[int, str, int]:
+        """get_accelerator().pin_memory(): torch CachingHostAllocator (pow2) on CUDA; a no-op on the CPU accelerator
+        (accelerator/cpu_accelerator.py line 283); mlock exact with DS_PIN_MEMORY_BACKEND=native (utils/pin_memory.py
+        lines 20-53, selected at line 199; DeepSpeed >= 0.19.8)."""
+        if self.memascend:
+            return self.pin_exact(nbytes)
+        if not pinned:
+            return nbytes, "", 0
+        if self.k.pin_backend == "native" and self.ver >= (0, 19, 8):
+            return nbytes, "mlock", nbytes
+        if not self.gpu:
+            return nbytes, "", 0  # CPU_Accelerator.pin_memory returns the tensor unchanged
+        return pow2_bytes(nbytes), "torch-pow2", 0

@@ -1,0 +1,77 @@
+"""Stock DeepSpeed's glibc heap on a CPU rank: blocks below the mmap threshold stay in the allocator after free, so
+zero.Init, the backward and the checkpointed layers leave memory the optimizer step comes on top of. Pure."""
+
+from __future__ import annotations
+
+from memascend_cli.models import ModelSpec, layer_template
+from memascend_cli.planner.compute import activation_bytes, flush_copies, loss_backward_blocks
+from memascend_cli.planner.context import Context
+from memascend_cli.units import MiB
+
+# glibc's largest mmap threshold on 64-bit (malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX = 4 MiB x sizeof(long)):
+# blocks at least this large are mmapped and returned at free; smaller ones stay in the allocator's arenas.
+GLIBC_MMAP_THRESHOLD_MAX_BYTES = 32 * MiB
+# Heap glibc keeps per checkpointed layer after stock's first forward + backward on a CPU rank, in units of the
+# layer's widest activation block (s x b x I x E) when that block is larger than the heap's holes and below the mmap
+# threshold: fitted by scripts/fit_planner.py on docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json (mallinfo2
+# free-kept heap +3.72 GiB over 32 layers of 22 MiB blocks).
+ACTIVATION_HEAP_BLOCKS_PER_LAYER = 5.4
+
+
+def arena_bytes(nbytes: int) -> int:
+    """`nbytes` if one block of that size comes from glibc's arenas (kept after free), else 0 (mmapped)."""
+    return nbytes if nbytes < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
+
+
+def backward_heap_bytes(c: Context, bucket: int, part_bucket: int) -> int:
+    """The CPU backward's high-water mark of arena (non-mmapped) blocks: what the allocator keeps afterwards.
+    Same moments as the forward/backward item (loss backward, bucket flush), block by block."""
+    job, m, E = c.job, c.m, c.E
+    layer_tensors = layer_template(m)[1]
+    layer = m.layer_numel()
+    layer_heap = sum(arena_bytes(t.numel * E) for t in layer_tensors)
+    vocab = m.vocab_size * m.hidden_size
+    prefetch = min(c.k.prefetch_bucket_size, layer)
+    # gathered params (see compute_items live_params), by block; in a layer's backward their grads too
+    live_heap = (arena_bytes(vocab * E) if vocab > layer else layer_heap) + layer_heap * prefetch // max(1, layer)
+    gathered = 2 * live_heap
+    bs = job.micro_batch * job.seq_len
+    loss = max(sum(arena_bytes(b) for b in moment) for moment in loss_backward_blocks(c))
+    act, _ = activation_bytes(c)
+    widest = bs * max(m.hidden_size, m.intermediate_size) * E  # the largest activation block of a layer
+    act_heap = act if widest < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
+    flush = gathered + act_heap + flush_copies(c) * arena_bytes(E * bucket)
+    # the fp32 copies for swap-out are one block per parameter partition (stock's path: no bounded engine here)
+    parts = c.part.partition_numels
+    small = sum(n for n in parts if n * 4 < GLIBC_MMAP_THRESHOLD_MAX_BYTES)
+    copies = 4 * part_bucket * small // max(1, sum(parts))
+    return copies + max(live_heap + loss, flush)
+
+
+def zero_init_heap_bytes(m: ModelSpec) -> int:
+    """Heap stock DeepSpeed's zero.Init leaves free but kept (glibc mallinfo2 fordblks) on a CPU rank. Pure.
+
+    Each parameter is built full-size in fp32 on the host, partitioned and swapped out (partition_parameters.py
+    Init._post_init_method). The first freed mmapped weight raises glibc's mmap threshold to its size, so the
+    later ones come from the heap, and the small allocations made between them split every freed block: the heap
+    grows by about one layer's largest weights per layer (recorded in docs/bench/micro/zero-init-heap.json:
+    32.5 MiB per bench-llama layer = its three MLP matrices, 28 MiB per SmolLM2 layer; weights of 32 MiB or more
+    stay mmapped). Not every shape fragments this way (Qwen2.5-0.5B keeps ~0.06 GiB at 8 layers)."""
+    layer = layer_template(m)[1]
+    largest = largest_layer_numel(m)
+    return m.num_hidden_layers * sum(arena_bytes(4 * t.numel) for t in layer if t.numel == largest)
+
+
+def largest_layer_numel(m: ModelSpec) -> int:
+    return max(t.numel for t in layer_template(m)[1])
+
+
+def activation_heap_block_bytes(m: ModelSpec, tokens: int, elem_bytes: int) -> int:
+    """A layer's widest activation block (tokens x intermediate x E) when stock's CPU forward/backward strands it in
+    the heap, else 0. Pure. Each checkpointed layer's recomputation frees its blocks while the next layer's input stays
+    live above them; blocks larger than the holes zero.Init left (the layer's largest fp32 weight) cannot reuse them
+    and the heap grows (mallinfo2 in docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json); blocks of 32 MiB or
+    more are mmapped. At seq 256-512 the blocks fit the holes and nothing grows."""
+    block = tokens * m.intermediate_size * elem_bytes
+    hole = arena_bytes(4 * largest_layer_numel(m))
+    return block if hole < block < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0

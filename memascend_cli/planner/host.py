@@ -1,0 +1,325 @@
+"""Host memory per rank: DeepSpeed's NVMe-offload buffers (or memascend's replacements), the runtime, the data and
+the transients of each phase. Pure: stdlib only.
+
+P1..P7 label the host buffers of stock DeepSpeed's NVMe offload (each item's `source` names its DeepSpeed 0.19.8 code):
+P1 the parameter swap pool, P2 the partitioned swap buffer, P3 the parameters kept in DRAM (max_in_cpu), P4 the
+optimizer swap pool, P5 the gradient flat buffer, P6 the partitions too small to swap, P7 the optimizer sub-groups
+too small to swap.
+"""
+
+from __future__ import annotations
+
+from memascend_cli.planner import zero
+from memascend_cli.planner.breakdown import Item
+from memascend_cli.planner.compute import compute_items, flush_copies, loss_backward_blocks
+from memascend_cli.planner.context import Context
+from memascend_cli.planner.heap import (
+    ACTIVATION_HEAP_BLOCKS_PER_LAYER,
+    GLIBC_MMAP_THRESHOLD_MAX_BYTES,
+    activation_heap_block_bytes,
+    backward_heap_bytes,
+    zero_init_heap_bytes,
+)
+from memascend_cli.planner.zero import PAGE_BYTES, align_up
+from memascend_cli.units import GiB, MiB
+
+# Host memory of a rank before any model data: python + torch + deepspeed (+ transformers), as the system sees it
+# (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
+# fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
+# stock and tuned runs measured beyond every other item (medians of 3 repeats), 0.381 and 0.353 GiB. The CUDA value
+# adds the host mappings of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
+RUNTIME_CPU_BYTES = int(0.37 * GiB)
+RUNTIME_CUDA_BYTES = int(2.5 * GiB)
+# What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
+# extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
+# (scripts/fit_planner.py).
+ENGINE_RUNTIME_BYTES = int(0.07 * GiB)
+# A launcher process per node beside the ranks (it imports torch and waits): RssAnon after importing
+# deepspeed.launcher.launch 162 MiB, torch.distributed.run 144 MiB (torch 2.13, DeepSpeed 0.19.8, CPU; re-measured by
+# tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the
+# bench torchrun for more than one rank (1).
+LAUNCHER_PROCESS_BYTES = int(0.15 * GiB)
+
+
+
+def launcher_item(processes: int) -> Item:
+    """The launcher processes of one node (counted once per node, not per rank)."""
+    return Item("host/launcher", f"launcher processes ({processes} per node)", "host",
+                processes * LAUNCHER_PROCESS_BYTES, "node", "", 0, f"{processes} x measured constant (once per node)",
+                "RssAnon of a process that imported deepspeed.launcher.launch / torch.distributed.run")
+
+
+# Arrays a micro-batch of the training data is made of (input ids, labels, attention mask).
+DATA_ARRAYS = 3
+
+
+def host_items(c: Context) -> list[Item]:
+    job, k, E, part = c.job, c.k, c.E, c.part
+    items: list[Item] = []
+    pow2_waste = 0
+
+    def add(key, label, nbytes, *, pinned="", locked=0, kind="steady", formula="", source=""):
+        items.append(Item(key, label, "host", int(nbytes), kind, pinned, int(locked), formula, source))
+
+    def add_pinned(key, label, raw_bytes, pin, *, formula, source):
+        nonlocal pow2_waste
+        resident, how, locked = pin
+        if how == "torch-pow2":  # the rounding is shown as its own line
+            add(key, label, raw_bytes, pinned=how, locked=locked, formula=formula, source=source)
+            pow2_waste += resident - raw_bytes
+        else:  # exact allocations: the item is what is resident (page rounding included)
+            add(key, label, resident, pinned=how, locked=locked, formula=formula, source=source)
+
+    add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")",
+        RUNTIME_CUDA_BYTES if c.gpu else RUNTIME_CPU_BYTES,
+        formula="measured constant per process",
+        source="memascend bench calibration runs (scripts/fit_planner.py)")
+    if c.memascend:
+        add("host/engine_runtime", "memascend engine (native core, io_uring rings, region map)",
+            ENGINE_RUNTIME_BYTES, formula="measured constant per process",
+            source="memascend bench calibration runs (scripts/fit_planner.py): memascend's residual beyond the runtime")
+
+    swappable_parts = [n for n, s in zip(part.partition_numels, c.swappable) if s]
+    largest_swappable = max(swappable_parts, default=0)
+
+    # P1: parameter swap pool.
+    if not c.memascend:
+        buffer_size = max(k.param_buffer_size, largest_swappable) if job.param_buffer_size_auto else k.param_buffer_size
+        if largest_swappable > buffer_size:
+            c.config_errors.append(
+                f"offload_param.buffer_size {buffer_size:,} is below the largest parameter partition "
+                f"{largest_swappable:,} (DeepSpeed: 'More elements ... than buffer size')")
+        raw = k.param_buffer_count * align_up(buffer_size, c.a_p) * E
+        add_pinned("host/param_swap_pool", "P1 parameter swap pool", raw, c.pin_swap_pool(raw),
+                   formula=f"buffer_count {k.param_buffer_count} x A(buffer_size {buffer_size:,}, {c.a_p}) x {E} B",
+                   source="runtime/swap_tensor/partitioned_param_swapper.py _configure_aio (lines 100-125)")
+    else:
+        raw, desc = adaptive_param_pool(c)
+        add_pinned("host/param_swap_pool", "parameter pools (size classes)", raw, c.pin_swap_pool(raw),
+                   formula=desc, source="memascend engine: adaptive buffer pool (MemAscend, arXiv 2505.23254)")
+
+    # Partition elements per rank kept in DRAM: P3 (first max_in_cpu elements, baseline) or none.
+    max_in_cpu = k.max_in_cpu
+    in_cpu = min(max_in_cpu, c.ns)
+    if in_cpu > 0:
+        raw = in_cpu * E
+        add_pinned("host/fp16_cpu_params", "P3 params kept in DRAM (max_in_cpu)", raw, c.pin_accel(raw, c.pin_memory),
+                   formula=f"min(max_in_cpu {max_in_cpu:,}, Ns {c.ns:,}) x {E} B",
+                   source="runtime/zero/stage3.py _create_param_groups_fp16_flat_cpu_memory (line 888)")
+
+    if c.bounded:
+        bounded_items(c, add_pinned)
+    # P2: partitioned swap buffer, only when some sub-group stays on NVMe (params beyond max_in_cpu).
+    if c.ns > max_in_cpu and not c.bounded:
+        # reserve_partitioned_swap_space gets the FULL numels (param.ds_numel) of the largest sub-group.
+        g = max(range(len(part.sub_groups)), key=part.sub_group_numel)
+        raw = sum(align_up(part.full_numels[i], c.a_p) for i in part.sub_groups[g]) * E
+        if c.memascend:  # partition numels (not full), io-aligned, one page-rounded buffer
+            raw = align_up(sum(align_up(part.partition_numels[i], c.a_p) for i in part.sub_groups[g]) * E, PAGE_BYTES)
+        add_pinned("host/partitioned_swap_buffer", "P2 partitioned swap buffer", raw, c.pin_swap_pool(raw),
+                   formula="sum A(numel, a) over the largest sub-group x E",
+                   source="runtime/swap_tensor/partitioned_param_swapper.py reserve_partitioned_swap_space (line 393)")
+
+    # P4: optimizer swap pool, when some sub-group is large enough to swap.
+    # Every chunk of the bounded engine lives on the SSD; DeepSpeed swaps sub-groups of at least min_aio_bytes.
+    swappable_groups = part.swappable_groups(0 if c.bounded else -(-c.min_aio_bytes // c.M))
+    need = zero.optimizer_buffer_count(pipeline_read=k.pipeline_read, pipeline_write=k.pipeline_write)
+    if swappable_groups and not c.bounded:
+        bc_o = k.optimizer_buffer_count
+        if bc_o < need:
+            c.config_errors.append(f"offload_optimizer.buffer_count {bc_o} < {need} needed for Adam with this "
+                                   "pipelining (DeepSpeed: 'ran out of swap buffers')")
+        raw = bc_o * align_up(c.lsg, c.a_o) * c.M
+        if c.memascend:  # exact, page-rounded buffers (zero.memascend_knobs sets bc_o = need)
+            raw = zero.optimizer_pool_bytes(c.lsg, buffer_count=bc_o, intra_op_parallelism=k.intra_op_parallelism)
+        add_pinned("host/optimizer_swap_pool", "P4 optimizer swap pool", raw, c.pin_swap_pool(raw),
+                   formula=f"buffer_count {bc_o} x A(largest sub-group {c.lsg:,}, {c.a_o}) x 4 B",
+                   source="runtime/swap_tensor/optimizer_utils.py line 185-187, utils.py SwapBufferManager (line 180)")
+
+    # P5: gradient flat buffer, full partition size, with any optimizer offload.
+    if not c.bounded:
+        raw = c.ns * c.G
+        add_pinned("host/grad_flat_buffer", "P5 gradient flat buffer", raw, c.pin_accel(raw, c.pin_memory),
+                   formula=f"Ns {c.ns:,} x {c.G} B (grad_accum_dtype)",
+                   source="runtime/zero/stage3.py _setup_for_real_optimizer (lines 791-795)")
+
+    # P6: partitions below min_aio_bytes never swap; each is pinned separately.
+    small = [n for n, s in zip(part.partition_numels, c.swappable) if not s]
+    if small:
+        raw = sum(n * E for n in small)
+        if c.memascend:
+            pin = (sum(align_up(n * E, PAGE_BYTES) for n in small), c.pin_exact(0)[1], 0)
+        else:
+            per = [c.pin_accel(n * E, c.pin_memory) for n in small]
+            pin = (sum(p[0] for p in per), per[0][1], sum(p[2] for p in per))
+        add_pinned("host/small_params", f"P6 small params ({len(small)} partitions < {c.min_aio_bytes // MiB} MiB)",
+                   raw, pin, formula="sum of partitions below min_aio_bytes x E",
+                   source="runtime/zero/partition_parameters.py _partition_param (lines 1820-1823: only swappable partitions go to NVMe)")
+
+    # P7: sub-groups too small to swap keep fp32 master + m + v + fp32 grad in DRAM.
+    n = sum(part.sub_group_numels) - sum(part.sub_group_numels[g] for g in swappable_groups)
+    if n:
+        add("host/small_optimizer_groups", "P7 non-swappable optimizer sub-groups", 16 * n,
+            formula=f"{n:,} elements x 16 B (fp32 master, grad, exp_avg, exp_avg_sq)",
+            source="runtime/zero/stage3.py _create_fp32_partitions (lines 1146-1150: non-swappable sub-groups stay in DRAM)")
+
+    if pow2_waste > 0:
+        add("host/pinned_pow2_waste", "pinned memory power-of-two waste", pow2_waste, pinned="torch-pow2",
+            formula="sum over torch-pinned buffers of 2^ceil(log2 S) - S",
+            source="torch CachingHostAllocator (power-of-two size classes)")
+
+    # Activation checkpoints kept in host DRAM (offloaded gradient checkpointing), per rank.
+    if c.ssd_checkpoints:
+        layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
+        add("host/activation_checkpoints", "activation checkpoint window (to/from the SSD)",
+            c.windows.checkpoint_bytes(layer, c.m.num_hidden_layers),
+            pinned=c.pin_exact(0)[1],
+            formula=f"({c.windows.checkpoint_slots} write slots + 1 read buffer) x b x s x h x {E} B",
+            source="memascend_engine.bounded.CheckpointStash; SSDTrain (arXiv 2408.10013)")
+    elif job.checkpointing == "offload" and c.gpu:
+        m = c.m
+        # One buffer per layer (memascend: page-rounded pinned buffers).
+        per_layer = job.micro_batch * job.seq_len * m.hidden_size * E
+        raw = m.num_hidden_layers * (align_up(per_layer, PAGE_BYTES) if c.memascend else per_layer)
+        add("host/activation_checkpoints", "offloaded activation checkpoints", raw,
+            pinned=c.pin_exact(raw)[1] if c.memascend else "",
+            formula=f"b {job.micro_batch} x s {job.seq_len} x h {m.hidden_size} x L {m.num_hidden_layers} x {E} B",
+            source="Korthikanti et al. 2205.05198 full recomputation 2sbh per layer (16-bit); MemAscend (arXiv 2505.23254) offloaded checkpointing")
+
+    # The data path (engine/data.py): tokens live in a memory-mapped cache whose pages each micro-batch
+    # releases again, so what a rank holds is the micro-batch itself (input ids, labels, attention
+    # mask as int64), independent of the dataset size.
+    data_bytes = DATA_ARRAYS * 8 * job.micro_batch * job.seq_len
+    add("host/data", "data: one micro-batch from the memory-mapped token cache", data_bytes,
+        formula=f"{DATA_ARRAYS} int64 arrays x b {job.micro_batch} x s {job.seq_len} x 8 B",
+        source="engine/data.py Split.batch (pages dropped with MADV_DONTNEED); docs/results.md data path")
+    # The memascend engine fixes the mmap threshold (mallopt) before zero.Init, so it keeps nothing; on a GPU the
+    # weights are built in device memory.
+    zi_heap = zero_init_heap_bytes(c.m) if not c.memascend and not c.gpu and job.zero_init else 0
+    if zi_heap:
+        add("host/zero_init_heap", "zero.Init: freed weights kept in the heap", zi_heap,
+            formula=f"L {c.m.num_hidden_layers} x fp32 bytes of each layer's largest weights (below "
+                    f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB)",
+            source="glibc malloc/malloc.c dynamic mmap threshold; mallinfo2 after zero.Init "
+                   "(benchmarks/zero_init_heap.py)")
+    items.extend(transient_items(c, zi_heap))
+    return items
+
+
+def bounded_items(c: Context, add_pinned) -> None:
+    """The bounded engine's steady windows (memascend_engine.bounded): what DRAM holds instead of P2, P4, P5."""
+    w = c.windows
+    raw = w.optimizer_bytes(c.E)
+    add_pinned("host/optimizer_pipeline", f"optimizer pipeline ({w.optimizer_depth} chunks in flight)", raw,
+               c.pin_exact(raw), formula=f"depth {w.optimizer_depth} x chunk {w.optimizer_chunk_numel:,} x "
+               f"(4 fp32 tensors x 4 B + 2 x {c.E} B staging)",
+               source="memascend_engine.bounded.OptimizerPipeline (MemAscend pipelined optimizer; LoHan)")
+    raw = w.gradient_bytes()
+    add_pinned("host/gradient_window", "gradient staging window (to the SSD)", raw, c.pin_exact(raw),
+               formula=f"{w.gradient_slots} slots x {w.gradient_slot_bytes // MiB} MiB",
+               source="memascend_engine.bounded.GradientStream (Lin et al.: gradients to the SSD at once, 16-bit)")
+
+
+def adaptive_param_pool(c: Context) -> tuple[int, str]:
+    """The engine's size-class pools (zero.param_pool_plan: slots = what the prefetch window holds at once)."""
+    plan = zero.model_param_pool_plan(c.m, c.k, world_size=c.world, elem_bytes=c.E, prefetch_layers=c.prefetch_layers)
+    return plan.total_bytes, "exact slots: " + plan.describe()
+
+
+def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
+    """Host allocations of one phase (kind = init, backward or optimizer); the peak is the steady
+    level plus the largest phase (see Estimate.host_peak_bytes)."""
+    job = c.job
+    out: list[Item] = []
+
+    def add(key, label, nbytes, formula, source, kind):
+        out.append(Item(key, label, "host", int(nbytes), kind, "", 0, formula, source))
+
+    # -- init: initialize_optimizer_states allocates an fp32 gradient buffer of the largest sub-group
+    # (DeepSpeed code neither engine replaces); fast_init=False adds an fp32 sub-group copy.
+    if not c.bounded:  # the bounded engine builds fp32 masters chunk by chunk in its pipeline slots
+        add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
+            f"4 B x largest sub-group {c.lsg:,}", "runtime/zero/stage3.py initialize_optimizer_states (line 1305)", "init")
+    if not job.zero_init:
+        add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
+            f"4 B x N {c.m.num_params:,} per process", "runtime/zero/partition_parameters.py Init (without it every process builds the model)", "init")
+
+    # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
+    # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
+    # A reduce bucket holds full gradients (all ranks' partitions); each rank converts its share of it.
+    bucket = min(c.reduce_bucket_size, c.m.num_params)
+    part_bucket = min(-(-c.reduce_bucket_size // c.world), c.ns)
+    # Stock's CPU backward blocks below the mmap threshold: they first fill zero.Init's free heap, the rest is kept.
+    backward_heap = backward_heap_bytes(c, bucket, part_bucket) if not c.memascend and not c.gpu else 0
+    if not c.bounded and not c.gpu:
+        # On a GPU these copies are made on the device (stage3.py 2025-2028 moves the partition there first) and
+        # reach the host only through the P4 pool: a GPU item (compute_items), no host bytes.
+        add("host/grad_fp32_copies", "backward: fp32 gradient copies for swap-out", 4 * part_bucket,
+            f"4 B x min(reduce_bucket_size / world, Ns) = {part_bucket:,}",
+            "stage3._offload_grad_partition_at_boundary (grad_buffer.to(fp32)); measured by memascend bench", "backward")
+    copies_when_pinning = c.gpu or (c.k.pin_backend == "native" and c.ver >= (0, 19, 8))
+    if not c.bounded and c.pin_memory and not c.memascend and copies_when_pinning:
+        # P5 is torch.zeros(Ns) first, then pin_memory() copies it (stage3.py 791-795): both live at init. torch
+        # pins by copying on CUDA, the native backend by copying into an mlocked block (utils/pin_memory.py pin);
+        # the CPU accelerator without it returns the tensor itself.
+        add("host/grad_buffer_init_copy", "init: gradient buffer before pinning", c.ns * c.G,
+            f"Ns {c.ns:,} x {c.G} B", "stage3._setup_for_real_optimizer torch.zeros + accelerator.pin_memory", "init")
+    elif job.grad_accum_steps > 1:
+        largest = c.part.largest_partition_numel
+        add("host/grad_accumulation_readback", "backward: accumulated gradient read back (one partition)",
+            c.G * largest, f"{c.G} B x largest partition {largest:,}",
+            "memascend_engine.bounded.GradientStream.read (micro-batches after the first)", "backward")
+    if not c.gpu:
+        # CPU-only: the compute working set is host memory too. The reduce bucket and persistent params
+        # stay allocated. Backward has two high moments that never overlap: the loss backward (logits and
+        # their fp32 upcast still live, no layer recomputed yet) and a bucket flush inside a layer's backward
+        # (that layer's recomputed activations plus reduce_scatter_coalesced's torch.cat of the bucket,
+        # coalesced_collectives.py); the logits are freed before the first layer is recomputed.
+        by_key = {i.key.rsplit("/", 1)[-1]: i for i in compute_items(c, tier="host")}
+        for key in ("reduce_bucket", "persistent_params"):
+            out.append(by_key.pop(key))
+        params = by_key["live_params"].bytes
+        gathered = params + by_key["live_param_grads"].bytes
+        # No parameter has a gradient yet while the loss backward runs: only the gathered params count there.
+        loss_bwd = max(sum(moment) for moment in loss_backward_blocks(c))
+        head = params + loss_bwd
+        copies = flush_copies(c)
+        flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
+        working = max(head, flush)
+        # Its blocks below the mmap threshold first fill the heap zero.Init left free (counted there already).
+        reused = min(zero_init_heap, backward_heap, working)
+        add("host/compute/forward_backward", "forward/backward working set", working - reused,
+            f"max(gathered params {params:,} + loss backward {loss_bwd:,} (b*s*V*(E + 8), or b*s*V*(E + 4) + "
+            f"the lm_head gradient), gathered params + their grads {gathered:,} + one layer's activations "
+            f"{by_key['activations'].bytes:,} + {copies} bucket copies {copies * c.E * bucket:,})"
+            + (f" - heap blocks placed in zero.Init's free heap {reused:,}" if reused else ""),
+            "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced "
+            "(torch.cat) + torch ProcessGroupGloo reduce_scatter_tensor (input copy)", "backward")
+
+    # -- optimizer step.
+    if not c.memascend and job.dtype == "fp16":
+        add("host/overflow_check", "fp16 overflow check temporaries", 3 * c.ns,
+            f"3 B x Ns {c.ns:,} (torch.isinf abs copy 2 B + bool 1 B)",
+            "runtime/zero/stage3.py has_overflow(partition_gradients=True) (lines 3009-3018)", "optimizer")
+    if not c.memascend:
+        add("host/first_step_adam", "first optimizer step: Adam states created unpinned", 8 * c.lsg,
+            f"8 B x largest sub-group {c.lsg:,}", "ops/adam/cpu_adam.py step_subgroup zeros_like (lines 202-203)",
+            "optimizer")
+        if not c.gpu:
+            # glibc keeps the freed backward blocks below its mmap threshold in its arenas, so the optimizer step
+            # comes on top; blocks of 32 MiB and more were mmapped and went back at free. The memascend engine
+            # calls malloc_trim after backward.
+            # Backward blocks first reuse what zero.Init left free in the heap (host/zero_init_heap).
+            retained = max(0, backward_heap - zero_init_heap)
+            add("host/allocator_retention", "backward memory kept by the allocator", retained,
+                f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB)"
+                " less the zero.Init heap they reuse",
+                "glibc malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX; memascend bench phase peaks", "retained")
+            block = activation_heap_block_bytes(c.m, job.micro_batch * job.seq_len, c.E) \
+                if job.checkpointing != "none" else 0
+            if block:
+                add("host/activation_heap", "checkpointed layers' blocks stranded in the heap",
+                    int(ACTIVATION_HEAP_BLOCKS_PER_LAYER * block * c.m.num_hidden_layers),
+                    f"{ACTIVATION_HEAP_BLOCKS_PER_LAYER} x L {c.m.num_hidden_layers} x block s*b*I*E {block:,}",
+                    "glibc heap growth, mallinfo2 at phase starts; fitted by scripts/fit_planner.py", "retained")
+    return out

@@ -1,0 +1,96 @@
+"""The training job the planner models (identical for every engine) and its validation. Pure: stdlib only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memascend_cli.errors import BadInput
+from memascend_cli.models import ModelSpec
+from memascend_cli.planner import zero
+from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.planner.zero import ZeroSettings
+from memascend_cli.versions import DEFAULT_DEEPSPEED_VERSION, parse_version
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CHECKPOINTING = ("none", "selective", "full", "offload")
+
+
+class BudgetError(BadInput):
+    """A memascend host budget below what the job needs (a config error in estimates, bad input for the CLI)."""
+
+
+@dataclass(kw_only=True)
+class JobSpec:
+    """The training job, identical for every engine (zero.ENGINES)."""
+
+    model: ModelSpec
+    seq_len: int = 2048
+    micro_batch: int = 1
+    grad_accum_steps: int = 1
+    dtype: str = "bf16"
+    """Model (compute) dtype: bf16, fp16 or fp32."""
+    grad_accum_dtype: str | None = None
+    """None = model dtype (DeepSpeed engine.py default with ZeRO); 'fp32' doubles the grad buffer."""
+    ranks_per_node: int | None = None
+    """Processes per node; None = GPUs per node, or 1 on a CPU-only machine."""
+    checkpointing: str = "offload"
+    """Activation checkpointing: none, selective, full, offload (full, checkpoints kept in host DRAM)."""
+    flash_attention: bool | None = None
+    """None = on: transformers' default SDPA attention runs torch's flash / memory-efficient kernels (CUDA and CPU)
+    for causal batches without a padding mask, so no s^2 scores are materialised; False models eager attention."""
+    fused_cross_entropy: bool = False
+    """Liger-Kernel fused linear cross-entropy (no full logits)."""
+    deepspeed_version: str = DEFAULT_DEEPSPEED_VERSION
+    knobs: ZeroSettings = zero.DEEPSPEED_DEFAULTS
+    """The stock ZeRO settings of the job (memascend_cli/planner/zero.py: resolve); the memascend engine applies
+    zero.memascend_knobs on top, exactly as memascend_engine.install does."""
+    streaming: bool = True
+    """memascend's bounded engine (gradient streaming + optimizer pipeline); False models DeepSpeed's gradient and
+    optimizer path with the engine's other techniques (memascend_engine.EngineOptions.streaming)."""
+    checkpoint_offload: str = "ssd"
+    """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
+    windows: zero.EngineWindows | None = None
+    """memascend's host windows; None = zero.EngineWindows for the job's sub-group size (full overlap)."""
+    host_budget_bytes: int | None = None
+    """memascend's pinned + staging memory per rank (zero.split_budget); None = what full overlap needs."""
+    param_buffer_size_auto: bool = True
+    """offload_param.buffer_size is raised to the largest swapped partition of the model (what a user must write for
+    DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
+    zero_init: bool = True
+    """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
+    engine_knob_overrides: tuple[tuple[str, object], ...] = ()
+    """(ZeroSettings field, value) the engine really ran with instead of what zero.memascend_knobs sets today: for
+    re-planning runs recorded by an older engine (memascend_cli.bench.predict)."""
+    launcher_processes: int = 2
+    """Launcher processes per node beside the ranks: 2 for `memascend train` (DeepSpeed's runner and launch.py)."""
+    checkpoint_copies: int = 1
+    """Checkpoints kept on the SSD (each copies fp32 master + Adam states, 12 B/param)."""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPE_BYTES:
+            raise BadInput(f"unknown dtype {self.dtype!r}", "use bf16, fp16 or fp32")
+        if self.grad_accum_dtype not in (None, *DTYPE_BYTES):
+            raise BadInput(f"unknown grad accumulation dtype {self.grad_accum_dtype!r}", "use bf16, fp16 or fp32")
+        if self.checkpointing not in CHECKPOINTING:
+            raise BadInput(f"unknown checkpointing {self.checkpointing!r}", "use " + ", ".join(CHECKPOINTING))
+        if self.checkpoint_offload not in ("ssd", "dram"):
+            raise BadInput(f"unknown checkpoint offload {self.checkpoint_offload!r}", "use ssd or dram")
+        for name in ("seq_len", "micro_batch", "grad_accum_steps"):
+            if int(getattr(self, name)) < 1:
+                raise BadInput(f"{name.replace('_', '-')} must be at least 1", "give a positive whole number")
+        if self.knobs.pin_backend not in ("torch", "native"):
+            raise BadInput(f"unknown pin backend {self.knobs.pin_backend!r}", "use torch or native")
+        if int(self.knobs.sub_group_size) < 1:
+            raise BadInput("sub-group-size must be at least 1", "give a positive element count such as 2e7")
+        parse_version(self.deepspeed_version)
+
+
+def resolve_ranks(job: JobSpec, hw: HardwareSpec) -> int:
+    if job.ranks_per_node is not None:
+        if job.ranks_per_node < 1:
+            raise BadInput("ranks per node must be at least 1", "give --ranks 1 or more")
+        if hw.num_gpus and job.ranks_per_node > hw.num_gpus:
+            raise BadInput(f"{job.ranks_per_node} ranks per node but the node has {hw.num_gpus} GPUs",
+                           "use at most one rank per GPU")
+        return job.ranks_per_node
+    return hw.num_gpus if hw.num_gpus > 0 else 1

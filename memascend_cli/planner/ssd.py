@@ -1,0 +1,70 @@
+"""The SSD: space per rank and bytes moved per optimizer step. Pure: stdlib only."""
+
+from __future__ import annotations
+
+from memascend_cli.planner.breakdown import Item, SsdTraffic
+from memascend_cli.planner.context import Context
+from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES
+
+def nvme_items(c: Context) -> list[Item]:
+    """SSD bytes per rank: the swapped parameters (E B), fp32 master + Adam moments (12 B) and fp32 gradients (4 B) per
+    element, plus checkpoint copies."""
+    part, E = c.part, c.E
+    align = PAGE_BYTES if c.memascend else AIO_ALIGNED_BYTES * max(1, c.k.intra_op_parallelism)
+    params = part.aligned_sum("params", -(-c.min_aio_bytes // E), E, align)
+    opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 4, align)
+    where = "region extents" if c.memascend else "swap files"
+    items = [
+        Item("nvme/params", f"parameters ({where})", "nvme", params, "steady", "", 0,
+             "sum A(partition x E) over swappable params", "runtime/swap_tensor/partitioned_param_swapper.py"),
+        Item("nvme/optimizer_states", "fp32 master + exp_avg + exp_avg_sq", "nvme", 3 * opt, "steady", "", 0,
+             "3 x 4 B x swappable sub-group elements", "runtime/swap_tensor/optimizer_utils.py"),
+        Item("nvme/gradients", "fp32 gradients", "nvme", opt, "steady", "", 0,
+             "4 B x swappable sub-group elements", "runtime/zero/stage3.py _offload_grad_partition_at_boundary (line 1453)"),
+    ]
+    if c.job.checkpoint_copies:
+        items.append(Item("nvme/checkpoints", f"checkpoint copies ({c.job.checkpoint_copies})", "nvme",
+                          c.job.checkpoint_copies * 3 * opt, "steady", "", 0,
+                          "copies x 12 B/param (optimizer folder without gradients)",
+                          "runtime/engine.py save: copytree of the swap folder without gradients (lines 4946-4948)"))
+    return items
+
+
+PARAM_FETCHES_PER_STEP = {"none": 2, "selective": 2, "full": 3, "offload": 3}
+"""Times each swapped parameter partition is read per micro-batch: forward and backward, plus the recomputed
+forward of activation checkpointing (ZeRO-3 releases a layer's parameters after each module call: stage3
+max_reuse_distance 0, which both engines use with params on NVMe)."""
+
+
+def ssd_traffic(c: Context) -> SsdTraffic:
+    """SSD bytes per optimizer step, steady state (the first step reads no Adam moments).
+
+    Stock DeepSpeed (runtime/zero/stage3.py _offload_grad_partition_at_boundary, optimizer_utils.py): fp32 gradients
+    written and read back (4 + 4 B), fp32 master + exp_avg + exp_avg_sq read and written (12 + 12 B), 16-bit params
+    written back (E B) and fetched for forward, backward (and recompute). The bounded engine writes and reads the
+    gradient once in its training dtype (G + G B) instead (Lin et al., "Memory-Optimized Offloading: Enabling LLM Fine-Tuning on Memory-Constrained Hardware")."""
+    job, part, E, G = c.job, c.part, c.E, c.G
+    ga = job.grad_accum_steps
+    swapped = part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1)  # swapped partition elements
+    opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 1, 1)
+    fetches = PARAM_FETCHES_PER_STEP[job.checkpointing]
+    read = {"params": ga * fetches * E * swapped, "optimizer_states": 12 * opt}
+    write = {"optimizer_states": 12 * opt, "params": E * swapped}
+    if c.bounded:
+        # Each micro-batch writes its gradient; later micro-batches read the running sum back first.
+        read["gradients"] = G * opt * ga
+        write["gradients"] = G * opt * ga
+        grad = f"gradients {G} B x {ga} micro-batch(es) each way"
+    else:
+        read["gradients"] = 4 * opt
+        write["gradients"] = 4 * opt
+        grad = "fp32 gradients 4 B each way"
+    if c.ssd_checkpoints:
+        layer = job.micro_batch * job.seq_len * c.m.hidden_size * E
+        read["activation_checkpoints"] = write["activation_checkpoints"] = ga * c.m.num_hidden_layers * layer
+    n = max(1, c.ns)
+    ckpt = read.get("activation_checkpoints", 0) / n
+    minimum = ((2 * E * swapped + G * opt + 12 * opt) / n + ckpt, (E * swapped + G * opt + 12 * opt) / n + ckpt)
+    return SsdTraffic(read, write, params_per_rank=c.ns,
+                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}",
+                      minimum_per_param=minimum)
