@@ -163,7 +163,11 @@ def plan_command(
                          flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
                          deepspeed_version=deepspeed_version, host_budget_bytes=budget_bytes,
                          checkpoint_offload=checkpoint_offload)
-        return _finish(job, hw, engine, search, details, as_json, default_used=False)
+        # The recipe's job carries the knobs train writes (memascend's); the stock column is DeepSpeed as documented.
+        world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
+        stock_job = replace(job, knobs=zero.resolve("stock", model=spec, world_size=world,
+                                                    elem_bytes=DTYPE_BYTES[job.dtype]))
+        return _finish(job, hw, engine, search, details, as_json, default_used=False, stock_job=stock_job)
     seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
     grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
     checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
@@ -230,18 +234,23 @@ def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accu
     return dataclasses.replace(job, **{k: v for k, v in given.items() if v is not None})
 
 
-def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool) -> None:
+def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool,
+            stock_job=None) -> None:
+    """Estimate, search, print. `stock_job`: the job with stock DeepSpeed's knobs when `job` carries others."""
     from memascend_cli.console import print_json
-    from memascend_cli.planner.memory import estimate_all
+    from memascend_cli.planner.memory import estimate, estimate_all
     from memascend_cli.planner.search import check
     from memascend_cli.planner.search import search as run_search
 
     ests = estimate_all(job, hw)
+    stock_job = stock_job or job
+    if stock_job is not job:
+        ests["stock"] = estimate(stock_job, hw, "stock")
     if ests["memascend"].budget_error is not None:
         raise ests["memascend"].budget_error
     verdicts = {e: check(est, hw) for e, est in ests.items()}
     # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
-    searches = {e: run_search(job, hw, e) for e in ("stock", "memascend")} if search else {}
+    searches = {e: run_search(stock_job if e == "stock" else job, hw, e) for e in ("stock", "memascend")} if search else {}
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
     if as_json:
         print_json(result)

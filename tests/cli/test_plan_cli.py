@@ -161,3 +161,13 @@ def test_70b_on_one_box_fits_with_memascend_only(cli):
     assert d["engines"]["memascend"]["verdict"]["fits"] and not d["engines"]["stock"]["verdict"]["fits"]
     assert d["engines"]["stock"]["verdict"]["binding"] == "dram"
     assert "largest item" in d["engines"]["stock"]["verdict"]["reasons"][0]
+
+
+def test_plan_recipe_labels_each_engine_by_what_it_is(cli):
+    # A recipe's job carries the knobs train writes (memascend's): tuned runs them on stock DeepSpeed, stock
+    # runs DeepSpeed's own defaults.
+    d = json.loads(cli("plan", "tiny-cpu", "--json", "--no-search").stdout)
+    stock, tuned = d["engines"]["stock"], d["engines"]["tuned"]
+    assert stock["engine"] == "stock" and tuned["engine"] == "tuned"
+    assert stock["host_peak_bytes"] > tuned["host_peak_bytes"]
+    assert d["reduction_percent"]["host_peak"] > d["reduction_percent"]["host_peak_vs_tuned"]
