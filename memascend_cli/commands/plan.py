@@ -20,7 +20,7 @@ from memascend_cli.planner.zero import DEEPSPEED_DEFAULTS as _DS
 from memascend_cli.units import GiB, parse_count, parse_size
 from memascend_cli.versions import installed_deepspeed_version, parse_version
 
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2  # 2: engines keyed stock / tuned / memascend (1: baseline / tuned / memascend)
 
 _M = "Model and job"
 _H = "Hardware"

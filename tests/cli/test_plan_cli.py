@@ -11,7 +11,7 @@ def test_plan_json_schema(cli):
     r = cli("plan", "--model", "llama-3.1-8b", "--seq-len", "4096", *FIXED_HW, "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     assert set(doc) >= {"model", "job", "hardware", "engines", "reduction_percent", "verdict"}
     assert set(doc["engines"]) == {"stock", "tuned", "memascend"}
     for engine in ("stock", "tuned", "memascend"):
