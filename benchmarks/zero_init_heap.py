@@ -20,7 +20,7 @@ import platform
 import subprocess
 import sys
 
-GIB = 2**30
+from memascend_cli.units import GiB
 
 
 def child(model: str, layers: int, dtype: str, nvme_dir: str) -> dict:
@@ -84,8 +84,8 @@ def main(argv=None) -> int:
             rec["repeat"] = rep
             rec["predicted_bytes"] = zero_init_heap_bytes(spec)
             cases.append(rec)
-            print(f"{model} L{rec['layers']} {dtype} #{rep}: kept {rec['free_kept_bytes'] / GIB:.3f} GiB, "
-                  f"plan {rec['predicted_bytes'] / GIB:.3f} GiB", file=sys.stderr)
+            print(f"{model} L{rec['layers']} {dtype} #{rep}: kept {rec['free_kept_bytes'] / GiB:.3f} GiB, "
+                  f"plan {rec['predicted_bytes'] / GiB:.3f} GiB", file=sys.stderr)
     doc = {"kind": "zero_init_heap",
            "title": "Heap left free but kept by glibc after stock DeepSpeed's zero.Init (tuned config)",
            "command": "python benchmarks/zero_init_heap.py " + " ".join(f"--case {c}" for c in args.case)

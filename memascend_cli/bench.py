@@ -814,7 +814,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         # The planner's SSD bytes per rank (+ the checkpoint stream), 50% headroom for alignment and metadata.
         act = (est.get("ssd_traffic") or {}).get("write_bytes", {}).get("activation_checkpoints", 0)
         size_bytes = int((est["nvme_bytes_per_rank"] + act) * ranks * 1.5) + (64 << 20)
-        err.print(f"creating region {region} ({size_bytes / 2**30:.1f} GiB)")
+        err.print(f"creating region {region} ({size_bytes / GiB:.1f} GiB)")
         region_info = create_region(region, size_bytes, ranks)
     aio_block, aio_depth = None, None
     if region is not None and os.path.exists(region):

@@ -23,10 +23,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from memascend_cli.bench import recorded_spec, repredict
 from memascend_cli.planner import memory
+from memascend_cli.units import GiB
 
 # Runs whose model data is below this are the runtime's calibration.
 TINY_PARAMS = 20_000_000
-GIB = 1024**3
 
 
 def _item(pred: dict, key: str) -> int:
@@ -59,8 +59,8 @@ def fit(rows: list[dict]) -> dict:
         raise SystemExit("error: no calibration run of a tiny model with stock/tuned and memascend runs\n"
                          "hint: record one with scripts' campaign (memascend bench --model tiny-llama --dtype fp32)")
     runtime = sum(base) / len(base)
-    return {"runtime_cpu_gib": round(runtime / GIB, 2),
-            "engine_runtime_gib": round((sum(eng) / len(eng) - runtime) / GIB, 2),
+    return {"runtime_cpu_gib": round(runtime / GiB, 2),
+            "engine_runtime_gib": round((sum(eng) / len(eng) - runtime) / GiB, 2),
             "runs": rows}
 
 
@@ -89,14 +89,14 @@ def main(argv=None) -> int:
     paths = sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))
     result = fit(residuals(paths))
     result["activation_heap_blocks_per_layer"] = activation_heap_fit(paths)
-    result["memory_py"] = {"runtime_cpu_gib": round(memory.RUNTIME_CPU_BYTES / GIB, 2),
-                           "engine_runtime_gib": round(memory.ENGINE_RUNTIME_BYTES / GIB, 2),
+    result["memory_py"] = {"runtime_cpu_gib": round(memory.RUNTIME_CPU_BYTES / GiB, 2),
+                           "engine_runtime_gib": round(memory.ENGINE_RUNTIME_BYTES / GiB, 2),
                            "activation_heap_blocks_per_layer": memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
     for x in result["runs"]:
-        print(f"{x['file']} {x['run']}: residual {x['residual_bytes'] / GIB:.3f} GiB")
+        print(f"{x['file']} {x['run']}: residual {x['residual_bytes'] / GiB:.3f} GiB")
     print(f"fitted: runtime {result['runtime_cpu_gib']:.2f} GiB, engine runtime {result['engine_runtime_gib']:.2f} GiB;"
           f" memory.py: {result['memory_py']['runtime_cpu_gib']:.2f}, {result['memory_py']['engine_runtime_gib']:.2f}")
     print(f"fitted: activation heap {result['activation_heap_blocks_per_layer']} blocks per layer;"

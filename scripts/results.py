@@ -24,11 +24,12 @@ import json
 import os
 import sys
 
+from memascend_cli.units import GiB
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs")
 BENCH = os.path.join(DOCS, "bench")
 OUT = os.path.join(DOCS, "results.md")
-GiB = 1024**3
 PLANNER_TOLERANCE_PERCENT = 10.0
 
 

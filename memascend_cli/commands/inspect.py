@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.units import GiB
 
 if TYPE_CHECKING:
     # hardware.py pulls in ctypes, mmap and subprocess; `memascend --help` does not need them.
@@ -106,7 +107,7 @@ def _block_table(inv: Inventory):
         table.add_row(
             device,
             dev.type,
-            f"{dev.size_bytes / 1024**3:.1f}",
+            f"{dev.size_bytes / GiB:.1f}",
             _media(dev),
             f"{dev.logical_block_bytes}/{dev.physical_block_bytes}",
             escape(dev.fstype or "-"),
