@@ -250,7 +250,8 @@ def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *,
         raise ests["memascend"].budget_error
     verdicts = {e: check(est, hw) for e, est in ests.items()}
     # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
-    searches = {e: run_search(stock_job if e == "stock" else job, hw, e) for e in ("stock", "memascend")} if search else {}
+    searches = ({e: run_search(stock_job if e == "stock" else job, hw, e) for e in ("stock", "memascend")}
+                if search else {})
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
     if as_json:
         print_json(result)

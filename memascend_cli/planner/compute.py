@@ -101,5 +101,6 @@ def compute_items(c: Context, tier: str) -> list[Item]:
             "chunk of ~b*s*h fp32 logits + its grad", "Liger-Kernel FusedLinearCrossEntropy chunking")
     else:
         add("logits", "logits + fp32 loss upcast", bs * m.vocab_size * (E + 4),
-            f"b*s {bs:,} x V {m.vocab_size:,} x ({E} + 4) B", "transformers loss/loss_utils.py ForCausalLMLoss logits.float() (line 61)")
+            f"b*s {bs:,} x V {m.vocab_size:,} x ({E} + 4) B",
+            "transformers loss/loss_utils.py ForCausalLMLoss logits.float() (line 61)")
     return items

@@ -134,7 +134,7 @@ def host_items(c: Context) -> list[Item]:
             raw = zero.optimizer_pool_bytes(c.lsg, buffer_count=bc_o, intra_op_parallelism=k.intra_op_parallelism)
         add_pinned("host/optimizer_swap_pool", "P4 optimizer swap pool", raw, c.pin_swap_pool(raw),
                    formula=f"buffer_count {bc_o} x A(largest sub-group {c.lsg:,}, {c.a_o}) x 4 B",
-                   source="runtime/swap_tensor/optimizer_utils.py line 185-187, utils.py SwapBufferManager (line 180)")
+                   source="runtime/swap_tensor/optimizer_utils.py lines 185-187, utils.py SwapBufferManager (line 180)")
 
     # P5: gradient flat buffer, full partition size, with any optimizer offload.
     if not c.bounded:
@@ -154,14 +154,16 @@ def host_items(c: Context) -> list[Item]:
             pin = (sum(p[0] for p in per), per[0][1], sum(p[2] for p in per))
         add_pinned("host/small_params", f"P6 small params ({len(small)} partitions < {c.min_aio_bytes // MiB} MiB)",
                    raw, pin, formula="sum of partitions below min_aio_bytes x E",
-                   source="runtime/zero/partition_parameters.py _partition_param (lines 1820-1823: only swappable partitions go to NVMe)")
+                   source="runtime/zero/partition_parameters.py _partition_param (lines 1820-1823: only swappable "
+                          "partitions go to NVMe)")
 
     # P7: sub-groups too small to swap keep fp32 master + m + v + fp32 grad in DRAM.
     n = sum(part.sub_group_numels) - sum(part.sub_group_numels[g] for g in swappable_groups)
     if n:
         add("host/small_optimizer_groups", "P7 non-swappable optimizer sub-groups", 16 * n,
             formula=f"{n:,} elements x 16 B (fp32 master, grad, exp_avg, exp_avg_sq)",
-            source="runtime/zero/stage3.py _create_fp32_partitions (lines 1146-1150: non-swappable sub-groups stay in DRAM)")
+            source="runtime/zero/stage3.py _create_fp32_partitions (lines 1146-1160: non-swappable sub-groups "
+                   "stay in DRAM)")
 
     if pow2_waste > 0:
         add("host/pinned_pow2_waste", "pinned memory power-of-two waste", pow2_waste, pinned="torch-pow2",
@@ -184,7 +186,8 @@ def host_items(c: Context) -> list[Item]:
         add("host/activation_checkpoints", "offloaded activation checkpoints", raw,
             pinned=c.pin_exact(raw)[1] if c.memascend else "",
             formula=f"b {job.micro_batch} x s {job.seq_len} x h {m.hidden_size} x L {m.num_hidden_layers} x {E} B",
-            source="Korthikanti et al. 2205.05198 full recomputation 2sbh per layer (16-bit); MemAscend (arXiv 2505.23254) offloaded checkpointing")
+            source="Korthikanti et al. 2205.05198 full recomputation 2sbh per layer (16-bit); MemAscend "
+                   "(arXiv 2505.23254) offloaded checkpointing")
 
     # The data path (engine/data.py): tokens live in a memory-mapped cache whose pages each micro-batch
     # releases again, so what a rank holds is the micro-batch itself (input ids, labels, attention
@@ -192,7 +195,7 @@ def host_items(c: Context) -> list[Item]:
     data_bytes = DATA_ARRAYS * 8 * job.micro_batch * job.seq_len
     add("host/data", "data: one micro-batch from the memory-mapped token cache", data_bytes,
         formula=f"{DATA_ARRAYS} int64 arrays x b {job.micro_batch} x s {job.seq_len} x 8 B",
-        source="engine/data.py Split.batch (pages dropped with MADV_DONTNEED); docs/results.md data path")
+        source="engine/data.py Split.batch (pages dropped with MADV_DONTNEED)")
     # The memascend engine fixes the mmap threshold (mallopt) before zero.Init, so it keeps nothing; on a GPU the
     # weights are built in device memory.
     zi_heap = zero_init_heap_bytes(c.m) if not c.memascend and not c.gpu and job.zero_init else 0
@@ -239,10 +242,12 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
     # (DeepSpeed code neither engine replaces); fast_init=False adds an fp32 sub-group copy.
     if not c.bounded:  # the bounded engine builds fp32 masters chunk by chunk in its pipeline slots
         add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
-            f"4 B x largest sub-group {c.lsg:,}", "runtime/zero/stage3.py initialize_optimizer_states (line 1305)", "init")
+            f"4 B x largest sub-group {c.lsg:,}", "runtime/zero/stage3.py initialize_optimizer_states (line 1305)",
+            "init")
     if not job.zero_init:
         add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
-            f"4 B x N {c.m.num_params:,} per process", "runtime/zero/partition_parameters.py Init (without it every process builds the model)", "init")
+            f"4 B x N {c.m.num_params:,} per process",
+            "runtime/zero/partition_parameters.py Init (without it every process builds the model)", "init")
 
     # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
     # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).

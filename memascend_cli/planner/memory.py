@@ -39,8 +39,8 @@ from memascend_cli.planner.ssd import nvme_items, ssd_traffic
 from memascend_cli.planner.zero import ENGINES
 
 __all__ = [  # the planner's public names, whatever module holds them
-    "ACTIVATION_HEAP_BLOCKS_PER_LAYER", "DTYPE_BYTES", "ENGINE_RUNTIME_BYTES", "ENGINES", "GLIBC_MMAP_THRESHOLD_MAX_BYTES",
-    "LAUNCHER_PROCESS_BYTES", "RUNTIME_CPU_BYTES", "Estimate", "Item", "JobSpec", "SsdTraffic",
+    "ACTIVATION_HEAP_BLOCKS_PER_LAYER", "DTYPE_BYTES", "ENGINE_RUNTIME_BYTES", "ENGINES",
+    "GLIBC_MMAP_THRESHOLD_MAX_BYTES", "LAUNCHER_PROCESS_BYTES", "RUNTIME_CPU_BYTES", "Estimate", "Item", "JobSpec", "SsdTraffic",
     "activation_heap_block_bytes", "estimate", "estimate_all", "partition", "zero_init_heap_bytes",
 ]
 

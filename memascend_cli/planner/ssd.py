@@ -20,7 +20,8 @@ def nvme_items(c: Context) -> list[Item]:
         Item("nvme/optimizer_states", "fp32 master + exp_avg + exp_avg_sq", "nvme", 3 * opt, "steady", "", 0,
              "3 x 4 B x swappable sub-group elements", "runtime/swap_tensor/optimizer_utils.py"),
         Item("nvme/gradients", "fp32 gradients", "nvme", opt, "steady", "", 0,
-             "4 B x swappable sub-group elements", "runtime/zero/stage3.py _offload_grad_partition_at_boundary (line 1453)"),
+             "4 B x swappable sub-group elements",
+             "runtime/zero/stage3.py _offload_grad_partition_at_boundary (line 1453)"),
     ]
     if c.job.checkpoint_copies:
         items.append(Item("nvme/checkpoints", f"checkpoint copies ({c.job.checkpoint_copies})", "nvme",
@@ -42,7 +43,8 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     Stock DeepSpeed (runtime/zero/stage3.py _offload_grad_partition_at_boundary, optimizer_utils.py): fp32 gradients
     written and read back (4 + 4 B), fp32 master + exp_avg + exp_avg_sq read and written (12 + 12 B), 16-bit params
     written back (E B) and fetched for forward, backward (and recompute). The bounded engine writes and reads the
-    gradient once in its training dtype (G + G B) instead (Lin et al., "Memory-Optimized Offloading: Enabling LLM Fine-Tuning on Memory-Constrained Hardware")."""
+    gradient once in its training dtype (G + G B) instead (Lin et al., "Memory-Optimized Offloading: Enabling LLM
+    Fine-Tuning on Memory-Constrained Hardware")."""
     job, part, E, G = c.job, c.part, c.E, c.G
     ga = job.grad_accum_steps
     swapped = part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1)  # swapped partition elements
