@@ -291,3 +291,20 @@ def test_activation_heap_grows_only_for_blocks_larger_than_the_holes():
     assert item.bytes == int(memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER * 2048 * 2816 * 4 * 8)
     assert "host/activation_heap" not in {i.key for i in estimate(j, CPU, "memascend").items}
     assert "host/activation_heap" not in {i.key for i in estimate(replace(j, seq_len=512), CPU, "stock").items}
+
+
+def test_one_engine_vocabulary():
+    ests = estimate_all(job(), GPU)
+    assert tuple(ests) == zero.ENGINES == ("stock", "tuned", "memascend")
+    assert all(est.engine == name for name, est in ests.items())
+    with pytest.raises(BadInput):
+        estimate(job(), GPU, "baseline")  # the old name is the CLI's alias, not the planner's
+
+
+def test_tuned_is_stock_deepspeed_given_memascends_knobs():
+    j = job()
+    largest = zero.largest_swappable_partition(zero.model_partitions(j.model, 1), j.knobs, 2)
+    given = replace(j, knobs=zero.memascend_knobs(j.knobs, largest_partition_numel=largest))
+    tuned, stock_given = estimate(j, GPU, "tuned"), estimate(given, GPU, "stock")
+    assert [(i.key, i.bytes) for i in tuned.items] == [(i.key, i.bytes) for i in stock_given.items]
+    assert tuned.host_peak_bytes < estimate(j, GPU, "stock").host_peak_bytes
