@@ -1,5 +1,5 @@
 """How much heap stock DeepSpeed's zero.Init leaves free but kept by glibc, per model: the data behind the planner's
-host/zero_init_heap item (memascend_cli/planner/memory.py zero_init_heap_bytes).
+host/zero_init_heap item (memascend_cli/planner/heap.py zero_init_heap_bytes).
 
 Each case builds the model under deepspeed.zero.Init with the bench's tuned-stock config (params and optimizer on
 NVMe, every layer swapped out) in a fresh process and reads glibc's mallinfo2 before and after: free_kept_bytes is
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         return 0
 
     from memascend_cli.models import load_model
-    from memascend_cli.planner.memory import zero_init_heap_bytes
+    from memascend_cli.planner.heap import zero_init_heap_bytes
 
     cases = []
     for case in args.case:

@@ -3,7 +3,7 @@
     python scripts/fit_planner.py          # prints the fitted values and what memory.py holds
     python scripts/fit_planner.py --json
 
-The per-process runtime (python + torch + DeepSpeed, memascend_cli/planner/memory.py RUNTIME_CPU_BYTES) is what
+The per-process runtime (python + torch + DeepSpeed, memascend_cli/planner/host.py RUNTIME_CPU_BYTES) is what
 the runs of a tiny model measure beyond every other modelled item: their model data is a few MiB, so the residual
 is the runtime. The engine runtime (ENGINE_RUNTIME_BYTES) is the memascend run's residual beyond that. Runs of
 larger models are calibration for the rest of the model, not for these constants: their residuals carry the

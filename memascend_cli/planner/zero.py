@@ -1,7 +1,7 @@
 """ZeRO-3 settings, decided once: DeepSpeed's defaults, the stock knobs memascend sets, the partition and
 sub-group rules, the swap-pool sizing, and `resolve`, which turns a job into its effective settings.
 
-Everything that decides a ZeRO number calls this module: the planner (memascend_cli/planner/memory.py),
+Everything that decides a ZeRO number calls this module: the planner (memascend_cli/planner/),
 the DeepSpeed config builder (memascend_cli/deepspeed_config.py), `train`, `bench`, and the engine
 (memascend_engine.runtime applies `memascend_knobs` to a user's config; on a config generated here that
 changes nothing). Pure: stdlib only, no I/O.
