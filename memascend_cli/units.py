@@ -77,11 +77,6 @@ def parse_count(text: str, what: str = "count") -> int:
     return int(value)
 
 
-def gib(nbytes: float) -> float:
-    """Bytes to GiB."""
-    return nbytes / GiB
-
-
 def fmt_bytes(nbytes: float) -> str:
     """Human size with binary units, e.g. '1.50 GiB', '512 KiB'."""
     n = float(nbytes)

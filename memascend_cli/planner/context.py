@@ -89,11 +89,11 @@ class Context:
         if engine not in ENGINES:
             raise BadInput(f"unknown engine {engine!r}", "use " + ", ".join(ENGINES))
         self.engine = engine
+        # The memascend engine's techniques, else stock DeepSpeed's code (stock and tuned differ only in knobs).
         self.memascend = engine == "memascend"
-        """The memascend engine's techniques; else stock DeepSpeed's code (stock and tuned differ only in knobs)."""
         self.job, self.hw = job, hw
+        # Settings the engine would reject at start-up (the item functions add theirs).
         self.config_errors: list[str] = []
-        """Settings the engine would reject at start-up (the item functions add theirs)."""
         self.k = job.knobs
         self.m = job.model
         self.ranks = resolve_ranks(job, hw)

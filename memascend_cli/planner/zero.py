@@ -646,7 +646,6 @@ DEFAULT_GRADIENT_SLOT_BYTES = 8 * MiB
 """Gradient staging window: pieces of reduced gradients on their way to the SSD (4 x 8 MiB)."""
 DEFAULT_CHECKPOINT_SLOTS = 2
 """Layer checkpoints in flight to or from the SSD (one being written or prefetched, one in use)."""
-CHECKPOINT_OFFLOAD = ("ssd", "dram", "off")
 
 
 def chunk_numel_for(sub_group_size: int) -> int:
