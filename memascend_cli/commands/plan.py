@@ -137,7 +137,8 @@ def plan_command(
         engine = "tuned" if recipe_path is not None else "stock"
         warn(f"--engine baseline means {engine} here; say --engine {engine}")
     if engine not in zero.ENGINES:
-        raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", --engine ".join(zero.ENGINES))
+        raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", ".join(zero.ENGINES[:-1])
+                       + " or " + zero.ENGINES[-1])
     if pin_backend not in ("torch", "native"):
         raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
     flash_attn = _on_off(flash_attn, "--flash-attn")
