@@ -29,7 +29,7 @@ from memascend_cli.planner import zero
 from memascend_cli.units import GiB, MiB
 
 JSON_SCHEMA_VERSION = 1
-MODES = ("stock", "tuned", "memascend")
+MODES = zero.ENGINES  # the engine axis, one home: planner/zero.py
 TECHNIQUES = ("streaming", "pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing",
               "malloc_trim", "verify_checksums")
 """The engine's techniques (and its checksum verification, to measure what it costs), each switchable off for the

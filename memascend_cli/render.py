@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memascend_cli.console import out
+from memascend_cli.planner.zero import ENGINES
 from memascend_cli.units import GiB
 
 
@@ -81,7 +82,7 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
     t = ests.get("tuned")
     totals = Table(title="totals (tuned = stock DeepSpeed given memascend's knobs)", title_justify="left")
     totals.add_column("")
-    for col in ("stock", "tuned", "memascend", "vs stock", "vs tuned"):
+    for col in (*ENGINES, "vs stock", "vs tuned"):
         totals.add_column(col, justify="right")
 
     def pct(ref, x):
