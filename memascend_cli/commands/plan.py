@@ -189,10 +189,12 @@ def plan_command(
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
     ranks_total = (ranks or hw.num_gpus or 1) * max(1, hw.num_nodes)
     knobs = zero.resolve("stock", model=spec, world_size=ranks_total, elem_bytes=DTYPE_BYTES[dtype], base=base)
-    for note in zero.knob_notes(base, "memascend", defaults=defaults):  # what the tuned and memascend columns cap
-        warn(note)
     if param_buffer_size:  # an explicit buffer_size is kept as given (too small shows as a config error)
         knobs = replace(knobs, param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size"))
+    given = replace(base, param_buffer_size=knobs.param_buffer_size) if param_buffer_size else base
+    largest = zero.largest_swappable_partition(zero.model_partitions(spec, ranks_total), base, DTYPE_BYTES[dtype])
+    for note in zero.knob_notes(given, "memascend", defaults=defaults, largest_partition_numel=largest or None):
+        warn(note)  # what the tuned and memascend columns cap or ignore
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
                   grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,

@@ -253,15 +253,17 @@ def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = No
     return out
 
 
-def knob_notes(given: ZeroSettings, engine: str, *, defaults: ZeroSettings = DEEPSPEED_DEFAULTS) -> list[str]:
+def knob_notes(given: ZeroSettings, engine: str, *, defaults: ZeroSettings = DEEPSPEED_DEFAULTS,
+               largest_partition_numel: int | None = None) -> list[str]:
     """One line per knob the user gave (a value of `given` other than `defaults`) that `engine` does not run with:
-    tuned and memascend cap sub_group_size and reduce_bucket_size and set the other knobs of `memascend_knobs`; stock
-    runs every knob as given. Pure."""
+    tuned and memascend cap sub_group_size and reduce_bucket_size and set the other knobs of `memascend_knobs`
+    (buffer_size too when `largest_partition_numel` is known); memascend's size-class pools ignore
+    param_buffer_count; stock runs every knob as given. Pure."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
     if engine == "stock":
         return []
-    effective = memascend_knobs(given)
+    effective = memascend_knobs(given, largest_partition_numel=largest_partition_numel)
     caps = {"sub_group_size": MEMASCEND_SUB_GROUP_SIZE, "reduce_bucket_size": MEMASCEND_REDUCE_BUCKET_SIZE}
     notes = []
     for name, (mine, theirs) in given.stock_differences(effective).items():
@@ -271,8 +273,12 @@ def knob_notes(given: ZeroSettings, engine: str, *, defaults: ZeroSettings = DEE
             notes.append(f"{name} {mine:,} is capped to {theirs:,} for tuned and memascend (the largest value "
                          "memascend runs with; stock uses it as given)")
         else:
-            notes.append(f"{name} {mine} is replaced by {theirs} for tuned and memascend (a knob memascend sets; "
-                         "stock uses it as given)")
+            shown = [f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in (mine, theirs)]
+            notes.append(f"{name} {shown[0]} is replaced by {shown[1]} for tuned and memascend (a knob memascend "
+                         "sets; stock uses it as given)")
+    if engine == "memascend" and given.param_buffer_count != defaults.param_buffer_count:
+        notes.append(f"param_buffer_count {given.param_buffer_count} is not used by memascend (its parameter pools "
+                     "are sized per tensor role); stock and tuned use it")
     return notes
 
 

@@ -251,6 +251,16 @@ def test_capped_knobs_the_user_gave_are_reported():
     assert any(n.startswith("optimizer_buffer_count 8 is replaced by 4") for n in notes)
     assert zero.knob_notes(given, "tuned") == notes
     assert zero.knob_notes(given, "stock") == []  # stock runs every knob as given
+    # memascend's pools are sized per tensor role: a buffer count is used by stock and tuned only.
+    pools_given = replace(zero.DEEPSPEED_DEFAULTS, param_buffer_count=8)
+    assert zero.knob_notes(pools_given, "tuned") == []
+    assert zero.knob_notes(pools_given, "memascend") == [
+        "param_buffer_count 8 is not used by memascend (its parameter pools are sized per tensor role); stock and "
+        "tuned use it"]
+    sized = replace(zero.DEEPSPEED_DEFAULTS, param_buffer_size=200_000_000)
+    assert zero.knob_notes(sized, "tuned", largest_partition_numel=136_134_656) == [
+        "param_buffer_size 200,000,000 is replaced by 136,134,656 for tuned and memascend (a knob memascend sets; "
+        "stock uses it as given)"]
     # DeepSpeed's defaults are capped too, but the user gave none of them: nothing to say.
     assert zero.knob_notes(zero.DEEPSPEED_DEFAULTS, "memascend") == []
 
