@@ -22,7 +22,7 @@ import time
 from array import array
 from dataclasses import asdict, dataclass, field
 
-from memascend_cli.deepspeed_config import ELEM_BYTES, adamw, ds_config
+from memascend_cli.run.dsconfig import ELEM_BYTES, adamw, ds_config
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.planner import zero
@@ -584,7 +584,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             s = "…" if spread is None else f"{spread / MiB:.0f} MiB"
             progress.update(task, description=f"{run.name}: settle {waited_s:.0f}s ±{s}")
 
-    from memascend_cli import leftovers
+    from memascend_cli.run import leftovers
 
     swept_before = leftovers.sweep()
     res.shm = {"before_bytes": leftovers.shm_used_bytes(), "segments_before": leftovers.deepspeed_segments(),
@@ -701,7 +701,7 @@ def _tail(path: str, nbytes: int = 1500) -> str:
 def check_nvme_dir(path: str) -> dict:
     """Swap files must go to a real, O_DIRECT-capable file system: on tmpfs 'offloading' keeps data in RAM."""
     from memascend_cli.hardware import path_info
-    from memascend_cli.ssd_safety import RAM_FILESYSTEMS
+    from memascend_cli.ssd.safety import RAM_FILESYSTEMS
 
     os.makedirs(path, exist_ok=True)
     info = path_info(path)
@@ -728,7 +728,7 @@ def engine_available() -> tuple[bool, str]:
 
 def create_region(path: str, size_bytes: int, ranks: int) -> dict:
     """A fresh region file for the memascend runs (region_setup: prepare-ssd's checks and steps, no probe)."""
-    from memascend_cli.region_setup import create_region_file
+    from memascend_cli.ssd.prepare import create_region_file
 
     return create_region_file(path, size_bytes, ranks=ranks, label="memascend-bench").to_dict()
 
@@ -818,8 +818,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         region_info = create_region(region, size_bytes, ranks)
     aio_block, aio_depth = None, None
     if region is not None and os.path.exists(region):
-        from memascend_cli import region as region_mod
-        from memascend_cli.deepspeed_config import region_aio
+        from memascend_cli.ssd import region as region_mod
+        from memascend_cli.run.dsconfig import region_aio
 
         aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
     cfgs = [build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir, ranks=ranks,

@@ -36,7 +36,7 @@ def export_command(
     """
     from memascend_cli.commands.train import _complete_checkpoints
     from memascend_cli.console import err
-    from memascend_cli.rundir import CHECKPOINTS, COMPLETE, DATA_JSON, HF_DIR, RECIPE_JSON
+    from memascend_cli.run.rundir import CHECKPOINTS, COMPLETE, DATA_JSON, HF_DIR, RECIPE_JSON
 
     if not os.path.isdir(run_dir):
         raise BadInput(f"run directory {run_dir} does not exist", "give the output_dir of a `memascend train` run")

@@ -153,7 +153,7 @@ def plan_command(
     zero_init = not no_zero_init
     recipe = None
     if recipe_path is not None:
-        from memascend_cli.recipe import load_recipe
+        from memascend_cli.run.recipe import load_recipe
 
         recipe = load_recipe(recipe_path, {"model": model} if model else None)
         if nodes is None and recipe.num_nodes:
@@ -218,8 +218,8 @@ def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accu
     import os
 
     from memascend_cli.commands.train import _read_region
-    from memascend_cli.recipe import job_spec
-    from memascend_cli.rundir import REGION_FILE
+    from memascend_cli.run.recipe import job_spec
+    from memascend_cli.run.rundir import REGION_FILE
 
     ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
     region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine != "baseline" else None)

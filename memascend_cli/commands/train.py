@@ -14,7 +14,7 @@ import os
 import typer
 
 from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible, SSDNotReady
-from memascend_cli.rundir import CHECKPOINTS, COMPLETE, REGION_FILE, SWAP_DIR
+from memascend_cli.run.rundir import CHECKPOINTS, COMPLETE, REGION_FILE, SWAP_DIR
 from memascend_cli.units import GiB, MiB
 
 _R = "Recipe overrides"
@@ -67,7 +67,7 @@ def train_command(
 
         memascend train recipe.yaml --resume
     """
-    from memascend_cli.recipe import load_recipe, merge, parse_set
+    from memascend_cli.run.recipe import load_recipe, merge, parse_set
 
     overrides = parse_set(set_ or [])
     flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
@@ -156,7 +156,7 @@ def import_gguf_model(recipe):
     import sys
 
     from memascend_cli.console import err
-    from memascend_cli.recipe import cache_home
+    from memascend_cli.run.recipe import cache_home
 
     with err.status(f"importing {os.path.basename(recipe.model)} (once; cached in {cache_home('models')})"):
         p = subprocess.run([sys.executable, "-m", "memascend_engine.gguf_import", recipe.model, "--cache-root",
@@ -180,7 +180,7 @@ def prepare_data(recipe, run_dir: str) -> dict:
     import sys
 
     from memascend_cli.console import err
-    from memascend_cli.rundir import DATA_JSON
+    from memascend_cli.run.rundir import DATA_JSON
 
     os.makedirs(run_dir, exist_ok=True)
     request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
@@ -215,7 +215,7 @@ def _clear_previous_run(run_dir: str) -> None:
     """overwrite_output_dir: delete an earlier run's checkpoints, export and metrics (never anything else)."""
     import shutil
 
-    from memascend_cli.rundir import EXPORT_DIR, METRICS, TENSORBOARD_DIR
+    from memascend_cli.run.rundir import EXPORT_DIR, METRICS, TENSORBOARD_DIR
 
     for name in (CHECKPOINTS, EXPORT_DIR, TENSORBOARD_DIR):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
@@ -226,15 +226,16 @@ def _clear_previous_run(run_dir: str) -> None:
 
 def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: bool) -> Prepared:
     """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch."""
-    from memascend_cli import models, preflight
+    from memascend_cli import models
+    from memascend_cli.run import preflight
     from memascend_cli.commands.plan import installed_deepspeed_version
-    from memascend_cli.deepspeed_config import build_ds_config
+    from memascend_cli.run.dsconfig import build_ds_config
     from memascend_cli.hardware import inventory_to_spec, io_backends, probe
-    from memascend_cli.launch import build_launch, free_port
+    from memascend_cli.run.launch import build_launch, free_port
     from memascend_cli.planner.memory import estimate
     from memascend_cli.planner.search import check
-    from memascend_cli.recipe import job_spec, total_steps
-    from memascend_cli.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
+    from memascend_cli.run.recipe import job_spec, total_steps
+    from memascend_cli.run.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
 
     spec = models.load_model(recipe.model)
     if recipe.model.endswith(".gguf"):
@@ -265,7 +266,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
     node_regions = None
     if len(nodes) > 1 and not baseline:
-        from memascend_cli.hostfile import node_regions as regions_of
+        from memascend_cli.run.hostfile import node_regions as regions_of
 
         node_regions = regions_of(nodes, recipe.region)
     ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
@@ -361,10 +362,10 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
 
 
 def _hostfile_nodes(recipe) -> list:
-    """The hostfile's nodes DeepSpeed will launch on (memascend_cli.hostfile), [] without a hostfile."""
+    """The hostfile's nodes DeepSpeed will launch on (memascend_cli.run.hostfile), [] without a hostfile."""
     if not recipe.hostfile:
         return []
-    from memascend_cli.hostfile import active_nodes, parse_hostfile
+    from memascend_cli.run.hostfile import active_nodes, parse_hostfile
 
     try:
         with open(recipe.hostfile, encoding="utf-8") as f:
@@ -377,7 +378,7 @@ def _hostfile_nodes(recipe) -> list:
 
 def _write_nodes(run_dir: str, nodes: list, node_regions: list[str] | None) -> None:
     """RUN/nodes.json: the nodes in DeepSpeed's node order with their regions (read by engine/node_check.py)."""
-    from memascend_cli.rundir import NODES_JSON
+    from memascend_cli.run.rundir import NODES_JSON
 
     path = os.path.join(run_dir, NODES_JSON)
     if node_regions is None:
@@ -391,9 +392,9 @@ def _write_nodes(run_dir: str, nodes: list, node_regions: list[str] | None) -> N
 
 def _read_region(path: str, ranks: int):
     """(header, None) or (None, one-line reason) for a region the engine is to use."""
-    from memascend_cli import region
-    from memascend_cli.node_preflight import region_fstype
-    from memascend_cli.ssd_safety import is_network_fs
+    from memascend_cli.ssd import region
+    from memascend_cli.run.node_preflight import region_fstype
+    from memascend_cli.ssd.safety import is_network_fs
 
     if not os.path.exists(path):
         return None, f"region {path} does not exist"
@@ -416,15 +417,15 @@ def _read_region(path: str, ranks: int):
 
 def _check_region_owners(path: str, header, ranks: int):
     """A region another job holds fails here, before DeepSpeed starts; stale owners are announced."""
-    from memascend_cli import region_owner
+    from memascend_cli.ssd import owner
     from memascend_cli.console import err
 
     try:
-        busy, notes = region_owner.check_ranks_free(path, header, ranks)
+        busy, notes = owner.check_ranks_free(path, header, ranks)
     except OSError as exc:
         return None, f"cannot check who uses region {path}: {exc.strerror or exc}"
     if busy:
-        raise region_owner.RegionBusy(busy, "wait for that job to end or stop it; a second job needs its own region "
+        raise owner.RegionBusy(busy, "wait for that job to end or stop it; a second job needs its own region "
                                             "(--region, or another --output-dir)")
     for note in notes:
         err.print(f"note: region {path}: {note}", highlight=False)
@@ -490,9 +491,9 @@ def require_engine() -> None:
 
 def launch_and_watch(p: Prepared) -> None:
     from memascend_cli.console import err
-    from memascend_cli.launch import run_launch
-    from memascend_cli.region_setup import create_region_file
-    from memascend_cli.rundir import METRICS
+    from memascend_cli.run.launch import run_launch
+    from memascend_cli.ssd.prepare import create_region_file
+    from memascend_cli.run.rundir import METRICS
 
     if not p.baseline:
         require_engine()

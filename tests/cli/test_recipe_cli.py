@@ -61,7 +61,7 @@ def test_plan_and_train_agree_on_every_job_parameter(tmp_path):
 
 
 def test_plan_defaults_are_trains_defaults(tmp_path):
-    from memascend_cli.recipe import recipe_from_dict
+    from memascend_cli.run.recipe import recipe_from_dict
 
     r = recipe_from_dict({"model": "tiny-llama", "dataset": "d.jsonl"})
     p = run("plan", "--model", "tiny-llama", "--hardware", "cpu-24g", "--json")

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from memascend_cli.launch import RankWatch, _killed_by, build_launch, first_dead, rank_error
-from memascend_cli.recipe import load_recipe, recipe_from_dict
+from memascend_cli.run.launch import RankWatch, _killed_by, build_launch, first_dead, rank_error
+from memascend_cli.run.recipe import load_recipe, recipe_from_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
@@ -85,7 +85,7 @@ def test_rank_watch_sees_a_rank_die_from_its_started_pid(tmp_path):
     import subprocess
     import sys
 
-    from memascend_cli.rundir import started_file
+    from memascend_cli.run.rundir import started_file
 
     run = str(tmp_path)
     os.makedirs(os.path.dirname(started_file(run, 0)))
@@ -173,7 +173,7 @@ def test_unprepared_region_is_refused(cli, tmp_path):
 
 
 def test_region_too_small_is_refused(cli, tmp_path):
-    from memascend_cli.region_setup import create_region_file
+    from memascend_cli.ssd.prepare import create_region_file
 
     small = tmp_path / "small.region"
     create_region_file(str(small), 8 << 20, ranks=1, label="test")
@@ -185,8 +185,8 @@ def test_recipe_module_stays_torch_free():
     import subprocess
     import sys
 
-    code = ("import sys, memascend_cli.commands.train, memascend_cli.launch, memascend_cli.deepspeed_config, "
-            "memascend_cli.preflight; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
+    code = ("import sys, memascend_cli.commands.train, memascend_cli.run.launch, memascend_cli.run.dsconfig, "
+            "memascend_cli.run.preflight; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

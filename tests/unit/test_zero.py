@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from memascend_cli.deepspeed_config import adamw, ds_config
+from memascend_cli.run.dsconfig import adamw, ds_config
 from memascend_cli.models import list_model_presets, load_model
 from memascend_cli.planner import memory, zero
 from memascend_cli.planner import zero as pools

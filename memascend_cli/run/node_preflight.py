@@ -12,7 +12,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from memascend_cli.ssd_safety import RAM_FILESYSTEMS, is_network_fs
+from memascend_cli.ssd.safety import RAM_FILESYSTEMS, is_network_fs
 
 
 @dataclass(kw_only=True)
@@ -32,7 +32,8 @@ class NodeFacts:
 
 def gather_node_facts(region_path: str, local_ranks: int) -> NodeFacts:
     """Look at this node's region (I/O: stat, mount table, header, owner records)."""
-    from memascend_cli import region, region_owner
+    from memascend_cli.ssd import region
+    from memascend_cli.ssd import owner as region_owner
     from memascend_cli.errors import SSDNotReady
 
     f = NodeFacts(host=socket.gethostname(), region=region_path, local_ranks=local_ranks)
@@ -62,7 +63,7 @@ def gather_node_facts(region_path: str, local_ranks: int) -> NodeFacts:
 
 def region_fstype(path: str) -> str | None:
     """The file system holding a region file (None for a block device or when the mount table says nothing)."""
-    from memascend_cli.blockdev import mount_for_path, read_mountinfo
+    from memascend_cli.ssd.blockdev import mount_for_path, read_mountinfo
 
     real = os.path.realpath(path)
     if _is_block(real):

@@ -6,7 +6,7 @@ it into a plan, a DeepSpeed config and a launch, and `memascend plan RECIPE` pla
 (model directory, tokenizer, dataset, region) are resolved against the recipe file's folder, so a
 shipped preset works from any working directory; `output_dir` is resolved against the current
 directory, as LLaMA-Factory and the HF Trainer do. LLaMA-Factory's own SFT keys are translated by
-`memascend_cli.llamafactory` before validation (docs/llama-factory.md).
+`memascend_cli.run.llamafactory` before validation (docs/llama-factory.md).
 
 Pure apart from reading the YAML file: no torch, no DeepSpeed.
 """
@@ -441,7 +441,7 @@ def load_recipe(path: str, overrides: dict | None = None, *, notes: list[str] | 
     Overrides given on the command line are relative to the current directory, like any CLI path.
     `notes` collects what the LLaMA-Factory translation wants the user to know (ignored keys).
     """
-    from memascend_cli import llamafactory
+    from memascend_cli.run import llamafactory
 
     path = resolve_recipe_path(path)
     data = read_yaml(path)
@@ -495,7 +495,7 @@ def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, basel
     "memascend", with the aio block size and queue depth of the region's prepare-ssd probe in `header`);
     `--baseline` runs stock DeepSpeed with the same settings.
     """
-    from memascend_cli.deepspeed_config import ELEM_BYTES, region_aio
+    from memascend_cli.run.dsconfig import ELEM_BYTES, region_aio
     from memascend_cli.planner import zero
     from memascend_cli.planner.memory import JobSpec
 

@@ -152,7 +152,7 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
     out: dict = {}
     notes: list[str] = []
     problems: list[str] = []
-    from memascend_cli.recipe import field_names
+    from memascend_cli.run.recipe import field_names
 
     native_keys = set(field_names())
     for key, value in data.items():
@@ -247,7 +247,7 @@ def _template(value, problems: list[str]):
         return PLAIN_TEMPLATES[v]
     if v == "plain":
         return v
-    from memascend_cli.recipe import looks_like_path
+    from memascend_cli.run.recipe import looks_like_path
 
     if looks_like_path(v):
         return v

@@ -8,7 +8,7 @@ the dict with DeepSpeed's own config classes, and `train --dry-run` prints it wi
 from __future__ import annotations
 
 from memascend_cli.planner import zero
-from memascend_cli.recipe import Recipe
+from memascend_cli.run.recipe import Recipe
 
 ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the model dtype."""
@@ -68,7 +68,7 @@ def region_aio(header) -> tuple[int | None, int | None]:
 
 def scheduler_section(r: Recipe, total_steps: int) -> dict:
     """DeepSpeed's own scheduler for the recipe's schedule (its state goes into our checkpoints)."""
-    from memascend_cli.recipe import warmup_steps
+    from memascend_cli.run.recipe import warmup_steps
 
     s = r.schedule
     warmup = warmup_steps(r, total_steps)

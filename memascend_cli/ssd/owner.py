@@ -36,7 +36,7 @@ import sys
 import zlib
 from dataclasses import dataclass
 
-from memascend_cli import region as region_mod
+from memascend_cli.ssd import region as region_mod
 from memascend_cli.errors import SSDNotReady
 
 OWNER_TABLE_OFFSET_BYTES = 64 * 1024

@@ -11,7 +11,9 @@ import errno
 import os
 from dataclasses import asdict, dataclass
 
-from memascend_cli import __version__, region
+from memascend_cli import __version__
+
+from memascend_cli.ssd import region
 from memascend_cli.errors import SSDNotReady
 from memascend_cli.units import MiB, fmt_bytes
 
@@ -171,7 +173,7 @@ def _apply_one(a: Action, path: str, header: region.RegionHeader, probe_plan, *,
     elif a.op == "probe":
         if not wrote_header:
             raise AssertionError("the probe must run after the header is written")
-        from memascend_cli.ssd_probe import probe_bandwidth
+        from memascend_cli.ssd.probe import probe_bandwidth
 
         try:
             header.probe, note = probe_bandwidth(path, probe_plan, progress=progress)
@@ -188,8 +190,8 @@ def _apply_one(a: Action, path: str, header: region.RegionHeader, probe_plan, *,
 
 
 def checked_facts(target: str, operation: str, force: bool, requested_size_bytes: int | None = None):
-    from memascend_cli.ssd_probe import gather_target_facts
-    from memascend_cli.ssd_safety import assess, refusal_message
+    from memascend_cli.ssd.probe import gather_target_facts
+    from memascend_cli.ssd.safety import assess, refusal_message
 
     facts = gather_target_facts(target, requested_size_bytes=requested_size_bytes)
     verdict = assess(facts, operation=operation, force=force)
@@ -209,7 +211,7 @@ def create_region_file(path: str, size_bytes: int, *, ranks: int, label: str) ->
     """A fresh, unprobed region file of `size_bytes` with `ranks` sub-regions, with prepare-ssd's own safety checks
     and steps (what `train` and `bench` create when no region is given). An existing file at `path` is replaced."""
     if os.path.isfile(path):
-        from memascend_cli.region_owner import require_unused
+        from memascend_cli.ssd.owner import require_unused
 
         require_unused(path)  # a run still using it keeps its region
         os.unlink(path)  # our own file from an earlier run: prepare-ssd would ask before overwriting

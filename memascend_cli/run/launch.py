@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import MemascendError
-from memascend_cli.recipe import Recipe
-from memascend_cli.rundir import (
+from memascend_cli.run.recipe import Recipe
+from memascend_cli.run.rundir import (
     DEEPSPEED_ENV,
     DS_CONFIG,
     ERROR_PREFIX,
@@ -169,7 +169,7 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     """Run the launcher until it exits (see _run_launch) and leave nothing behind: leftovers of finished jobs
     (DeepSpeed's shared-memory allreduce buffers, engine key folders) are swept before the launch, and this job's
     after it, once its processes are gone, also after a failed or killed rank (memascend_cli/leftovers.py)."""
-    from memascend_cli import leftovers
+    from memascend_cli.run import leftovers
     from memascend_cli.console import err
 
     note = leftovers.sweep().note()

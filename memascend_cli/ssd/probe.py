@@ -18,8 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from memascend_cli import region
-from memascend_cli.ssd_safety import Signature, TargetFacts, parse_blkid_export, parse_wipefs_json
+from memascend_cli.ssd import region
+from memascend_cli.ssd.safety import Signature, TargetFacts, parse_blkid_export, parse_wipefs_json
 from memascend_cli.units import KiB, MiB
 
 HEAD_CHECK_BYTES = MiB
@@ -105,7 +105,7 @@ def _same_file(a: str, b: str) -> bool:
 
 def _root_device_knames() -> set[str]:
     """Kernel names of every block device the root file system sits on (slaves, parent disks)."""
-    from memascend_cli.blockdev import mount_for_path, read_mountinfo
+    from memascend_cli.ssd.blockdev import mount_for_path, read_mountinfo
 
     st_dev = os.stat("/").st_dev
     maj_min = f"{os.major(st_dev)}:{os.minor(st_dev)}"
@@ -152,7 +152,7 @@ def _exclusive_open_busy(path: str) -> str | None:
 
 
 def _block_facts(facts: TargetFacts, devices: list | None) -> None:
-    from memascend_cli.blockdev import list_block_devices, read_mountinfo
+    from memascend_cli.ssd.blockdev import list_block_devices, read_mountinfo
 
     if devices is None:
         devices = list_block_devices()
