@@ -89,7 +89,7 @@ def bench_command(
     import os
 
     from memascend_cli import bench as B
-    from memascend_cli.commands.plan import installed_deepspeed_version
+    from memascend_cli.run.prepared import installed_deepspeed_version
     from memascend_cli.console import err, print_json, warn
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.models import load_model

@@ -27,16 +27,6 @@ _K = "DeepSpeed knobs"
 _O = "Output"
 
 
-def installed_deepspeed_version() -> str:
-    """The installed DeepSpeed's version without importing it (import costs ~2 s), else 0.19.8."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("deepspeed")
-    except metadata.PackageNotFoundError:
-        return "0.19.8"
-
-
 def default_model(num_gpus: int) -> str:
     """A model that is a sensible first plan: small on a CPU-only box, 7B with a GPU."""
     return "qwen2.5-7b" if num_gpus > 0 else "qwen2.5-0.5b"
@@ -138,6 +128,7 @@ def plan_command(
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.planner import zero
     from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec, parse_version
+    from memascend_cli.run.prepared import installed_deepspeed_version, recipe_job
 
     if list_models:
         return _list_models(as_json)
@@ -162,16 +153,6 @@ def plan_command(
                           nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name)
-    if recipe is not None:
-        job = recipe_job(recipe, spec, hw, engine=engine, seq_len=seq_len, micro_batch=micro_batch,
-                         grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
-                         flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
-                         deepspeed_version=deepspeed_version, host_budget_bytes=budget_bytes,
-                         checkpoint_offload=checkpoint_offload)
-        return _finish(job, hw, engine, search, details, as_json, default_used=False)
-    seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
-    grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
-    checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
     ds_version = deepspeed_version or installed_deepspeed_version()
     base = zero.version_defaults(parse_version(ds_version))
     base = replace(
@@ -185,6 +166,31 @@ def plan_command(
                             else base.reduce_bucket_size),
         pin_memory=base.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
     )
+    if recipe is not None:
+        given_knobs = [flag for flag, v in (("--sub-group-size", sub_group_size), ("--reduce-bucket-size",
+                       reduce_bucket_size), ("--max-in-cpu", max_in_cpu), ("--param-buffer-size", param_buffer_size),
+                       ("--pin-memory", pin_memory), ("--pipeline", pipeline or None),
+                       ("--param-buffer-count", param_buffer_count if param_buffer_count != _DS.param_buffer_count
+                        else None), ("--optimizer-buffer-count", optimizer_buffer_count
+                                     if optimizer_buffer_count != _DS.optimizer_buffer_count else None))
+                       if v is not None]
+        if given_knobs:
+            from memascend_cli.console import warn
+
+            warn(f"{', '.join(given_knobs)}: applied to this plan as DeepSpeed's settings before memascend's rules; "
+                 "`train` takes no knob flags, so it runs the recipe with DeepSpeed's defaults under the same rules")
+        job = recipe_job(recipe, spec, hw, engine="tuned" if engine == "baseline" else engine, seq_len=seq_len,
+                         micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing,
+                         ranks=ranks, flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
+                         deepspeed_version=ds_version, host_budget_bytes=budget_bytes,
+                         checkpoint_offload=checkpoint_offload, base=base)
+        if param_buffer_size:
+            job = replace(job, knobs=replace(job.knobs, param_buffer_size=parse_count(param_buffer_size,
+                                                                                      "--param-buffer-size")))
+        return _finish(job, hw, engine, search, details, as_json, default_used=False)
+    seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
+    grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
+    checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
     if dtype not in DTYPE_BYTES:
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
     ranks_total = (ranks or hw.num_gpus or 1) * max(1, hw.num_nodes)
@@ -209,33 +215,10 @@ def _on_off(value: str | None, flag: str) -> bool | None:
     raise BadInput(f"{flag} {value!r}: expected on or off", f"e.g. {flag} off")
 
 
-def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
-               flash_attn, liger, grad_accum_dtype, deepspeed_version, host_budget_bytes=None,
-               checkpoint_offload=None):
-    """The JobSpec `train RECIPE` plans (recipe.job_spec, with the recipe's region probe), with the options
-    given on the command line on top."""
-    import dataclasses
-    import os
-
-    from memascend_cli.commands.train import _read_region
-    from memascend_cli.run.recipe import job_spec
-    from memascend_cli.run.rundir import REGION_FILE
-
-    ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
-    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine != "baseline" else None)
-    header = _read_region(region, ranks)[0] if region and os.path.exists(region) else None
-    job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), baseline=engine == "baseline",
-                   deepspeed_version=deepspeed_version or installed_deepspeed_version(), header=header)
-    given = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum_steps": grad_accum, "dtype": dtype,
-             "checkpointing": checkpointing, "flash_attention": flash_attn, "grad_accum_dtype": grad_accum_dtype,
-             "fused_cross_entropy": liger or None, "host_budget_bytes": host_budget_bytes,
-             "checkpoint_offload": checkpoint_offload}
-    return dataclasses.replace(job, **{k: v for k, v in given.items() if v is not None})
-
-
 def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool) -> None:
     from memascend_cli.console import print_json
     from memascend_cli.planner.memory import estimate_all
+    from memascend_cli.run.prepared import job_document
     from memascend_cli.planner.search import check
     from memascend_cli.planner.search import search as run_search
 
@@ -262,6 +245,8 @@ def reduction_percent(baseline_bytes: int, memascend_bytes: int) -> float:
 
 def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: bool = False) -> dict:
     """The --json document (docs/plan-json.md). Pure."""
+    from memascend_cli.run.prepared import job_document
+
     b, m = ests["baseline"], ests["memascend"]
     v = verdicts[engine]
     return {
@@ -279,20 +264,6 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
         },
         "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
                     "line": verdict_line(ests, verdicts, engine, hw)},
-    }
-
-
-def job_document(job, est) -> dict:
-    """The job parameters as `plan --json` and `train --dry-run` print them (so they can be compared)."""
-    return {
-        "model": job.model.name, "num_params": job.model.num_params,
-        "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
-        "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
-        "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
-        "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
-        "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
-        "knobs": job.knobs.to_dict(), "zero_init": job.zero_init,
-        "checkpoint_copies": job.checkpoint_copies,
     }
 
 

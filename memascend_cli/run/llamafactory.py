@@ -143,8 +143,9 @@ def _set(out: dict, dotted: str, value, origin: str, source_key: str) -> None:
     node[leaf] = value
 
 
-def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[dict, list[str]]:
-    """(memascend recipe mapping, notes) for a LLaMA-Factory YAML mapping.
+def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str, native_keys: set[str]) -> tuple[dict, list[str]]:
+    """(memascend recipe mapping, notes) for a LLaMA-Factory YAML mapping; `native_keys`: memascend's own recipe
+    keys (passed through as they are).
 
     Raises:
         BadInput: for every value memascend cannot honour, with the reason.
@@ -152,9 +153,6 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
     out: dict = {}
     notes: list[str] = []
     problems: list[str] = []
-    from memascend_cli.run.recipe import field_names
-
-    native_keys = set(field_names())
     for key, value in data.items():
         if key in REFUSED_KEYS:
             if key == "deepspeed" and value in (None, ""):
@@ -247,7 +245,7 @@ def _template(value, problems: list[str]):
         return PLAIN_TEMPLATES[v]
     if v == "plain":
         return v
-    from memascend_cli.run.recipe import looks_like_path
+    from memascend_cli.userfiles import looks_like_path
 
     if looks_like_path(v):
         return v

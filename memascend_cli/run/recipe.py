@@ -2,7 +2,7 @@
 
 A recipe names the model, tokenizer, dataset and the optimisation knobs; `memascend train` turns
 it into a plan, a DeepSpeed config and a launch, and `memascend plan RECIPE` plans exactly that job
-(`job_spec` below is the one place a recipe becomes a planner JobSpec). Relative paths in the file
+(`memascend_cli.run.prepared.job_spec` is the one place a recipe becomes a planner JobSpec). Relative paths in the file
 (model directory, tokenizer, dataset, region) are resolved against the recipe file's folder, so a
 shipped preset works from any working directory; `output_dir` is resolved against the current
 directory, as LLaMA-Factory and the HF Trainer do. LLaMA-Factory's own SFT keys are translated by
@@ -26,6 +26,7 @@ from memascend_cli.defaults import (
     DEFAULT_SEQ_LEN,
 )
 from memascend_cli.errors import BadInput, did_you_mean
+from memascend_cli.userfiles import looks_like_path
 
 
 class _Strict(BaseModel):
@@ -369,10 +370,6 @@ def resolve_recipe_path(name_or_path: str) -> str:
 _RECIPE_RELATIVE = ("tokenizer", "region", "swap_dir", "hostfile", "template")
 
 
-def looks_like_path(text: str) -> bool:
-    return text.startswith((".", "/", "~")) or os.sep in text or text.endswith((".gguf", ".jinja", ".json"))
-
-
 def _absolutize(data: dict, base_dir: str) -> dict:
     """Resolve the recipe-relative paths of a raw mapping against `base_dir`."""
     out = dict(data)
@@ -447,7 +444,8 @@ def load_recipe(path: str, overrides: dict | None = None, *, notes: list[str] | 
     data = read_yaml(path)
     base_dir = os.path.dirname(os.path.abspath(path))
     if llamafactory.is_llamafactory(data):
-        data, lf_notes = llamafactory.translate(data, recipe_dir=base_dir, cwd=os.getcwd(), origin=path)
+        data, lf_notes = llamafactory.translate(data, recipe_dir=base_dir, cwd=os.getcwd(), origin=path,
+                                                native_keys=set(field_names()))
         if notes is not None:
             notes.extend(lf_notes)
     data = _absolutize(data, base_dir)
@@ -478,37 +476,6 @@ def warmup_steps(r: Recipe, total: int) -> int:
     if r.schedule.warmup_steps:
         return r.schedule.warmup_steps
     return math.ceil(r.schedule.warmup_ratio * total)
-
-
-def checkpointing_mode(r: Recipe, baseline: bool) -> str:
-    """The planner's activation checkpointing for the recipe: offloaded with the memascend engine."""
-    if not r.gradient_checkpointing:
-        return "none"
-    return "full" if baseline else "offload"
-
-
-def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, baseline: bool, deepspeed_version: str,
-             header=None):
-    """The planner JobSpec of a recipe: the single translation `plan RECIPE` and `train RECIPE` share.
-
-    Its knobs are the ZeRO settings train writes into the DeepSpeed config (planner/zero.py resolve
-    "memascend", with the aio block size and queue depth of the region's prepare-ssd probe in `header`);
-    `--baseline` runs stock DeepSpeed with the same settings.
-    """
-    from memascend_cli.run.dsconfig import ELEM_BYTES, region_aio
-    from memascend_cli.planner import zero
-    from memascend_cli.planner.memory import JobSpec
-
-    block_bytes, queue_depth = region_aio(header)
-    settings = zero.resolve("memascend", model=model_spec, world_size=world_size, elem_bytes=ELEM_BYTES[r.precision],
-                            aio_block_size=block_bytes, aio_queue_depth=queue_depth)
-    from memascend_cli.units import parse_size
-
-    budget = parse_size(r.host_budget, "host_budget") if r.host_budget else None
-    return JobSpec(model=model_spec, seq_len=r.seq_len, micro_batch=r.micro_batch, grad_accum_steps=r.grad_accum,
-                   dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, baseline),
-                   deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0,
-                   checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget)
 
 
 def reference_markdown() -> str:

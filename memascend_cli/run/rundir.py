@@ -72,3 +72,11 @@ def exit_file(run_dir: str, rank: int) -> str:
 def error_file(run_dir: str, rank: int) -> str:
     """RUN/logs/error-rank<N>.json."""
     return os.path.join(run_dir, LOG_DIR, f"{ERROR_PREFIX}{rank}.json")
+
+
+def complete_checkpoints(run_dir: str) -> list[str]:
+    """The run's checkpoint folders marked COMPLETE, oldest first (step-NNNNNNN names sort by step)."""
+    d = os.path.join(run_dir, CHECKPOINTS)
+    if not os.path.isdir(d):
+        return []
+    return sorted(n for n in os.listdir(d) if n.startswith("step-") and os.path.exists(os.path.join(d, n, COMPLETE)))

@@ -106,7 +106,7 @@ def test_train_progress_fits_80_columns():
     from rich.console import Console, Group
     from rich.text import Text
 
-    from memascend_cli.commands.train import format_event, format_stats, format_step
+    from memascend_cli.run.live import format_event, format_stats, format_step
     from memascend_cli.console import step_progress
 
     assert len(format_step(BIG_STEP)) <= 80 and len(format_stats(BIG_STEP)) <= 80

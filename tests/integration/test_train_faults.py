@@ -308,7 +308,7 @@ def test_sigkill_of_one_rank_of_two_during_io(tmp_path):
     states = [s["state"] for s in owner.rank_states(region_path, region_mod.read_header(region_path))]
     assert states[1] == "stale" and "in use" not in states, states  # rank 1 died holding it: the kernel let go
     # The next run takes the dead rank's sub-region over (preflight note; the rank prints the takeover).
-    from memascend_cli.commands.train import _check_region_owners
+    from memascend_cli.run.prepared import _check_region_owners
 
     notes = owner.check_ranks_free(region_path, region_mod.read_header(region_path), 2)
     assert notes[0] is None and any("rank 1's sub-region was left by" in n for n in notes[1])

@@ -118,7 +118,8 @@ def test_dry_run_prints_config_and_command(cli, tmp_path):
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     run = str(tmp_path / "run")
-    assert doc["run_dir"] == run and doc["engine"] == "baseline"
+    assert doc["run_dir"] == run and doc["engine"] == "tuned"
+    assert "--baseline means --engine tuned" in res.stderr
     cmd = doc["launch"]["cmd"]
     assert cmd[0].endswith("/deepspeed") and os.path.dirname(cmd[0]) == os.path.dirname(sys.executable)
     assert cmd[1:] == ["--num_gpus", "1", "--master_port", "29500", "--no_local_rank",
@@ -207,3 +208,17 @@ def test_dry_run_writes_the_engine_windows_the_plan_chose(cli, tmp_path):
     with open(tmp_path / "run" / "engine.json") as f:
         chosen = json.load(f)
     assert chosen["checkpoint_offload"] == "dram" and chosen["windows"]["optimizer_depth"] == 3
+
+
+def test_engine_stock_runs_deepspeeds_documented_knobs(cli, tmp_path):
+    """--engine stock: DeepSpeed's defaults (a swap-file run), tuned: memascend's knobs on stock DeepSpeed."""
+    docs = {}
+    for engine in ("stock", "tuned"):
+        res = cli("train", TINY, "--engine", engine, "--dry-run", "--output-dir", str(tmp_path / engine), "--steps", "3")
+        assert res.exit_code == 0, res.stderr
+        docs[engine] = json.loads(res.stdout)
+        assert docs[engine]["engine"] == engine and "--baseline" in docs[engine]["launch"]["cmd"]
+    stock_zero, tuned_zero = (docs[e]["ds_config"]["zero_optimization"] for e in ("stock", "tuned"))
+    assert stock_zero["sub_group_size"] == 1e9 and tuned_zero["sub_group_size"] < stock_zero["sub_group_size"]
+    res = cli("train", TINY, "--engine", "fast", "--dry-run")
+    assert res.exit_code == 2 and "unknown engine 'fast'" in res.stderr
