@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from memascend_cli.bench import sweep_document
+from memascend_cli.bench.document import sweep_document
 
 
 def main(argv=None) -> int:
