@@ -7,11 +7,14 @@ import gzip
 import json
 import os
 
-from memascend_cli.bench.sampling import TIMELINE_BUCKET_S
+from memascend_cli.bench.sampling import bucket_max
 from memascend_cli.units import GiB, MiB
 
 JSON_SCHEMA_VERSION = 2
 """2: the runs' memory timelines live in a side file the summary names (`timeline_file`); 1 had them inline."""
+SIDE_FILE_BUCKET_S = 1.0
+"""The side file keeps the maximum of each 1 s bucket: the shape of a run (the peak itself is in the summary, taken
+from the raw 1 kHz series)."""
 TIMELINE_SUFFIX = ".timeline.json.gz"
 """bench.json -> bench.timeline.json.gz, sweep.json -> sweep.timeline.json.gz: beside the summary."""
 
@@ -105,8 +108,8 @@ def timeline_path(summary_path: str) -> str:
 
 
 def split_timelines(doc: dict) -> tuple[dict, list[dict]]:
-    """(the document without any run's timeline, the timelines as side-file entries) of a point's or a sweep's
-    document. Pure."""
+    """(the document without any run's timeline, the timelines as side-file entries, max per SIDE_FILE_BUCKET_S) of
+    a point's or a sweep's document. Pure."""
     entries: list[dict] = []
 
     def strip(point: dict) -> dict:
@@ -116,7 +119,8 @@ def split_timelines(doc: dict) -> tuple[dict, list[dict]]:
             timeline = r.pop("timeline", None)
             if timeline:
                 entries.append({"layers": point["job"].get("layers"), "seq_len": point["job"]["seq_len"],
-                                "run": r["name"], "points": [list(p) for p in timeline]})
+                                "run": r["name"], "points": [list(p) for p in bucket_max(
+                                    [t for t, _ in timeline], [v for _, v in timeline], 0.0, SIDE_FILE_BUCKET_S)]})
             runs.append(r)
         return {**point, "runs": runs}
 
@@ -131,7 +135,7 @@ def write_document(doc: dict, path: str) -> dict:
     summary, timelines = split_timelines(doc)
     side = timeline_path(path)
     summary["timeline_file"] = os.path.basename(side)
-    payload = {"schema_version": JSON_SCHEMA_VERSION, "bucket_s": TIMELINE_BUCKET_S,
+    payload = {"schema_version": JSON_SCHEMA_VERSION, "bucket_s": SIDE_FILE_BUCKET_S,
                "quantity": "MemTotal - MemAvailable - the run's idle level, bytes, max per bucket; t = seconds since "
                            "the launch at the bucket's start", "timelines": timelines}
     with open(side, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
@@ -150,6 +154,19 @@ def read_timelines(summary_path: str) -> list[dict]:
         return []
     with gzip.open(os.path.join(os.path.dirname(summary_path), name), "rt") as f:
         return json.load(f)["timelines"]
+
+
+def read_document(summary_path: str) -> dict:
+    """The summary at `summary_path` with every run's timeline back in place from its side file (1 s buckets), as
+    write_document takes it: for joining point documents into a sweep (scripts/join_sweep.py)."""
+    with open(summary_path) as f:
+        doc = json.load(f)
+    by_run = {(t["layers"], t["seq_len"], t["run"]): t["points"] for t in read_timelines(summary_path)}
+    doc.pop("timeline_file", None)
+    for point in doc.get("documents") or [doc]:
+        for r in point["runs"]:
+            r["timeline"] = by_run.get((point["job"].get("layers"), point["job"]["seq_len"], r["name"]), [])
+    return doc
 
 
 def ssd_minimum(run: dict) -> tuple[float, float] | None:

@@ -70,8 +70,8 @@ class RunResult:
     sampling: dict = field(default_factory=dict)
     phases: list[dict] = field(default_factory=list)
     timeline: list[tuple[float, int]] = field(default_factory=list)
-    """(seconds since launch, MemTotal - MemAvailable - idle in bytes), max per 1 s bucket (sampling.TIMELINE_BUCKET_S):
-    for the plot and the side file (document.write_document), never inside the summary."""
+    """(seconds since launch, MemTotal - MemAvailable - idle in bytes), max per 10 ms bucket (sampling.TIMELINE_BUCKET_S):
+    for the plot; the side file keeps it per 1 s (document.write_document), the summary never."""
     predicted: dict | None = None
     repeats: list[dict] = field(default_factory=list)
     """With --repeat N > 1: each repeat's peak, max RSS, step time and log in the order run; this run's other

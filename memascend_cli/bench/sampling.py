@@ -23,9 +23,9 @@ when not flat."""
 SAMPLE_INTERVAL_S = 0.0008
 """Target meminfo period: ~1.25 kHz asked so that scheduling jitter still leaves >= 1 kHz."""
 TREE_SAMPLE_INTERVAL_S = 0.05
-TIMELINE_BUCKET_S = 1.0
-"""The timeline side file keeps the maximum of each 1 s bucket (the peak itself is taken from the raw 1 kHz
-series; the timeline only shows its shape)."""
+TIMELINE_BUCKET_S = 0.01
+"""A run's timeline in memory (the plot) keeps the maximum of each 10 ms bucket of the raw 1 kHz series; the side
+file keeps 1 s buckets (document.SIDE_FILE_BUCKET_S)."""
 
 
 def flat_spread(samples: list[tuple[float, int]], window_s: float) -> int | None:

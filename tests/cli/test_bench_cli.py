@@ -208,8 +208,8 @@ def test_meminfo_reader():
 def test_bucket_max_and_sampling_stats():
     ts = [10.000, 10.004, 10.009, 10.012, 10.030]
     vs = [1, 5, 3, 2, 9]
-    assert sampling.bucket_max(ts, vs, 10.0, bucket_s=0.01) == [(0.0, 5), (0.01, 2), (0.03, 9)]
-    assert sampling.bucket_max(ts, vs, 10.0) == [(0.0, 9)]  # the side file's 1 s buckets
+    assert sampling.bucket_max(ts, vs, 10.0) == [(0.0, 5), (0.01, 2), (0.03, 9)]
+    assert sampling.bucket_max(ts, vs, 10.0, bucket_s=document.SIDE_FILE_BUCKET_S) == [(0.0, 9)]
     st = sampling.sampling_stats(ts)
     assert st["samples"] == 5 and st["rate_hz"] == pytest.approx(4 / 0.03, rel=1e-3) and st["max_gap_ms"] == pytest.approx(18.0)
     assert sampling.nearest([(1.0, 10), (2.0, 20)], 1.8) == 20 and sampling.nearest([], 1.0) is None
@@ -280,7 +280,7 @@ def test_summary_names_its_timeline_side_file(tmp_path):
     assert all("timeline" not in r for r in on_disk["runs"]) and doc["runs"][0]["timeline"]  # the plot's copy stays
     got = document.read_timelines(str(tmp_path / "bench.json"))
     assert [(t["layers"], t["seq_len"], t["run"], t["points"]) for t in got] == [
-        (8, 512, "tuned", [[0.0, 0], [0.5, 3 * GiB]]), (8, 512, "memascend", [[0.0, 0], [0.5, 1 * GiB]])]
+        (8, 512, "tuned", [[0.0, 3 * GiB]]), (8, 512, "memascend", [[0.0, 1 * GiB]])]  # max per 1 s
     first = (tmp_path / "bench.timeline.json.gz").read_bytes()
     document.write_document(doc, str(tmp_path / "bench.json"))
     assert (tmp_path / "bench.timeline.json.gz").read_bytes() == first  # same timelines, same bytes
@@ -289,6 +289,8 @@ def test_summary_names_its_timeline_side_file(tmp_path):
     assert sweep["timeline_file"] == "sweep.timeline.json.gz"
     assert all("timeline" not in r for d in sweep["documents"] for r in d["runs"])
     assert [t["seq_len"] for t in document.read_timelines(str(tmp_path / "sweep.json"))] == [512, 512, 2048, 2048]
+    back = document.read_document(str(tmp_path / "sweep.json"))  # what scripts/join_sweep.py joins
+    assert "timeline_file" not in back and back["documents"][1]["runs"][0]["timeline"] == [[0.0, 3 * GiB]]
 
 
 def test_ssd_bytes_reported_next_to_the_placements_minimum():
