@@ -527,7 +527,7 @@ def headline_planner(depth: dict, context: dict, cal: list, val: list) -> list[s
             "Today's `memascend plan` of each recorded run (its exact config, job and techniques) against the measured "
             f"peak: (planned - measured) / measured. Target: within {PLANNER_TOLERANCE_PERCENT:.0f}% on the validation "
             "runs. Every run is listed under \"Planner accuracy: calibration vs validation runs\" below.", "",
-            table(["runs", "engine", "runs", f"within {PLANNER_TOLERANCE_PERCENT:.0f}%", "error range"], rows), ""]
+            table(["set", "engine", "runs", f"within {PLANNER_TOLERANCE_PERCENT:.0f}%", "error range"], rows), ""]
 
 
 def headline_ssd(depth: dict, context: dict) -> list[str]:
@@ -604,6 +604,7 @@ def render() -> str:
     cal = load(os.path.join(BENCH, "calibration", "*.json"))
     val = load(os.path.join(BENCH, "validation", "*.json"))
     parts.append(section_headline(cal, val))
+    details = len(parts)
     parts.append("## Every document in detail\n")
     named = load(os.path.join(BENCH, "*.json")) + cal
     for path, doc in named:
@@ -622,8 +623,15 @@ def render() -> str:
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
     parts.append(section_ds_buffers())
     parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))
+    # The documents' own sections sit one level below "Every document in detail".
+    parts[details + 1:] = [_demote(p) for p in parts[details + 1:]]
     parts.append(section_history())
     return "\n".join(p for p in parts if p).rstrip() + "\n"
+
+
+def _demote(text: str) -> str:
+    """Every markdown heading of `text` one level down."""
+    return "\n".join("#" + line if line.startswith("##") else line for line in text.split("\n"))
 
 
 def main(argv=None) -> int:
