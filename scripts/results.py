@@ -180,7 +180,8 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
            "inside).", "", table(header, rows), "",
            "Per point: seconds per step, and the plan's error on the peak (planned - measured) / measured.", "",
            table(["run"] + header[1:-2], _sweep_rows(doc, _detail_cell)), "",
-           "The same points re-planned with today's planner (memascend_cli.bench.repredict on each run's recorded "
+           "The same points re-planned with today's planner (memascend_cli.bench.configs.repredict on each run's "
+           "recorded "
            "config and job): planned GiB and error.", "",
            table(["run"] + header[1:-2], _sweep_rows(doc, _today_cell)), ""]
     out += _sweep_growth_lines(doc)
@@ -229,7 +230,8 @@ def _finished_runs(runs: list) -> list[tuple[str, dict, dict]]:
 
 
 def _replan(doc: dict, run: dict) -> tuple[int, float]:
-    """Today's plan of a recorded run (memascend_cli.bench.repredict) and its error on the measured peak, in %."""
+    """Today's plan of a recorded run (memascend_cli.bench.configs.repredict) and its error on the measured peak,
+    in %."""
     from memascend_cli.bench.configs import repredict
 
     planned = repredict(doc, run)["node_host_peak_bytes"]

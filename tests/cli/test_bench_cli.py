@@ -102,6 +102,16 @@ def test_run_settings_read_back_from_the_config(spec):
     assert kt.param_buffer_size == spec.largest_tensor_numel
 
 
+def test_the_child_imports_the_run_names_without_the_rest_of_the_bench():
+    """memascend_engine.bench_job imports bench/runs.py for MODES and TECHNIQUES: nothing else of the CLI comes in."""
+    import subprocess
+    import sys
+
+    code = "import sys, memascend_cli.bench.runs; print(*sorted(m for m in sys.modules if m.startswith('memascend')))"
+    r = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert r.stdout.split() == ["memascend_cli", "memascend_cli.bench", "memascend_cli.bench.runs", "memascend_cli.errors"]
+
+
 def test_child_runs_as_a_module_of_the_installed_engine():
     assert runner.child_command(["--x"], 1)[1:] == ["-m", runner.JOB_MODULE, "--x"]
     two = runner.child_command(["--x"], 2)
