@@ -131,9 +131,6 @@ class JobSpec:
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
     zero_init: bool = True
     """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
-    engine_knob_overrides: tuple[tuple[str, object], ...] = ()
-    """(ZeroSettings field, value) the engine really ran with instead of what zero.memascend_knobs sets today: for
-    re-planning runs recorded by an older engine (memascend_cli.bench.predict)."""
     launcher_processes: int = 2
     """Launcher processes per node beside the ranks: 2 for `memascend train` (DeepSpeed's runner and launch.py)."""
     checkpoint_copies: int = 1
@@ -422,8 +419,6 @@ class _Ctx:
             # The stock knobs the engine's install() sets on any config (zero.py is the one home).
             largest = zero.largest_swappable_partition(zero.model_partitions(self.m, self.world), self.k, self.E)
             self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
-            if job.engine_knob_overrides:
-                self.k = replace(self.k, **dict(job.engine_knob_overrides))
         self.sub_group_size = self.k.sub_group_size
         self.reduce_bucket_size = self.k.reduce_bucket_size
         # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a
