@@ -314,18 +314,6 @@ def check_nvme_dir(path: str) -> dict:
     return info.to_dict()
 
 
-def engine_available() -> tuple[bool, str]:
-    """Whether memascend_engine.install exists, asked in a subprocess so this process stays torch-free."""
-    code = ("import sys\ntry:\n import memascend_engine as m\nexcept Exception as e:\n print(repr(e)); sys.exit(3)\n"
-            "sys.exit(0 if callable(getattr(m, 'install', None)) and hasattr(m, 'EngineOptions') else 4)")
-    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
-    if r.returncode == 0:
-        return True, ""
-    if r.returncode == 4:
-        return False, "memascend_engine has no install()/EngineOptions yet (the engine is not implemented in this checkout)"
-    return False, f"memascend_engine cannot be imported: {(r.stdout + r.stderr).strip()[-300:]}"
-
-
 def create_region(path: str, size_bytes: int, ranks: int) -> dict:
     """A fresh region file for the memascend runs (region_setup: prepare-ssd's checks and steps, no probe)."""
     from memascend_cli.ssd.prepare import create_region_file

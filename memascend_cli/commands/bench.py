@@ -90,7 +90,7 @@ def bench_command(
 
     from memascend_cli.bench import document, runner
     from memascend_cli.bench.runs import ACCELERATORS, parse_runs
-    from memascend_cli.run.prepared import installed_deepspeed_version
+    from memascend_cli.run.prepared import engine_available, installed_deepspeed_version
     from memascend_cli.console import err, print_json, warn
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.models import load_model
@@ -127,7 +127,7 @@ def bench_command(
     ds_version = installed_deepspeed_version()
     engine_ok = True
     if any(r.mode == "memascend" for r in run_specs):
-        engine_ok, why = runner.engine_available()
+        engine_ok, why = engine_available()
         if not engine_ok:
             warn(f"memascend runs will fail: {why}")
 

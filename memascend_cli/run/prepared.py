@@ -472,17 +472,22 @@ def _print_checks(checks, quiet: bool) -> None:
             err.print(f"{tag}  {c.message}" + (f" — {c.hint}" if c.hint else ""), highlight=False)
 
 
-def require_engine() -> None:
-    """Fail in one line when the optimized engine cannot be imported; never fall back to stock DeepSpeed.
-
-    Checked in a child interpreter: importing the engine pulls in torch, which this process avoids.
-    """
+def engine_available() -> tuple[bool, str]:
+    """(True, "") when memascend_engine imports, else (False, why); asked in a child interpreter, since importing the
+    engine pulls in torch, which the CLI process avoids."""
     import subprocess
     import sys
 
-    code = "import memascend_engine as m; m.install"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if p.returncode != 0:
-        last = (p.stderr.strip().splitlines() or ["unknown error"])[-1]
-        raise MemascendError(f"the memascend engine is not available in this install ({last})",
+    p = subprocess.run([sys.executable, "-c", "import memascend_engine as m; m.install, m.EngineOptions"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:
+        return True, ""
+    return False, "memascend_engine cannot be imported: " + (p.stderr.strip().splitlines() or ["unknown error"])[-1]
+
+
+def require_engine() -> None:
+    """Fail in one line when the optimized engine cannot be imported; never fall back to stock DeepSpeed."""
+    ok, why = engine_available()
+    if not ok:
+        raise MemascendError(f"the memascend engine is not available in this install ({why})",
                              "run with --engine tuned (or stock) for stock DeepSpeed ZeRO-Infinity")
