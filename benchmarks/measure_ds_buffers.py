@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
     import torch
     from memascend_engine.hf_models import causal_lm_factory
 
-    from memascend_cli.deepspeed_config import adamw, ds_config
+    from memascend_cli.run.dsconfig import adamw, ds_config
     from memascend_cli.models import load_model
     from memascend_cli.planner import zero
 

@@ -27,14 +27,14 @@ def child(model: str, layers: int, dtype: str, nvme_dir: str) -> dict:
     from memascend_engine.procfs import malloc_state, single_rank_defaults, status_kib
 
     single_rank_defaults()
-    from memascend_cli import bench
+    from memascend_cli.bench.configs import build_ds_config
     from memascend_cli.models import load_model
 
     spec = load_model(model)
     if layers:
         spec = spec.scaled(layers)
     os.makedirs(nvme_dir, exist_ok=True)
-    cfg = bench.build_ds_config("tuned", spec, micro_batch=1, dtype=dtype, nvme_dir=nvme_dir, ranks=1)
+    cfg = build_ds_config("tuned", spec, micro_batch=1, dtype=dtype, nvme_dir=nvme_dir, ranks=1)
     os.environ["DS_PIN_MEMORY_BACKEND"] = "native"  # as the bench runs stock and tuned
     import deepspeed
     import torch

@@ -25,7 +25,7 @@ import time
 
 from memascend_engine.procfs import malloc_state, single_rank_defaults, status_kib
 
-from memascend_cli.bench import MODES, TECHNIQUES
+from memascend_cli.bench.runs import MODES, TECHNIQUES
 
 EXIT_ENGINE_MISSING = 3
 

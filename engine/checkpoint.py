@@ -34,7 +34,7 @@ import torch
 from memascend_engine import deepspeed_plugin as plug
 
 from memascend_cli.errors import MemascendError
-from memascend_cli.rundir import COMPLETE
+from memascend_cli.run.rundir import COMPLETE
 
 TRAINER = "trainer.json"
 FORMAT_VERSION = 1

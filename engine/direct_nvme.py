@@ -156,8 +156,8 @@ class RegionStore:
 
     def __init__(self, region_path: str, rank: int, *, queue_depth: int | None = None, num_workers: int | None = None,
                  block_size: int | None = None, backend: str = "auto", verify: bool | None = None):
-        from memascend_cli import region as region_mod
-        from memascend_cli import region_owner
+        from memascend_cli.ssd import region as region_mod
+        from memascend_cli.ssd import owner as region_owner
 
         self.region_path = str(region_path)
         self.header = region_mod.read_header(self.region_path)

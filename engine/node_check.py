@@ -2,7 +2,7 @@
 
 Called on every rank right after deepspeed.init_distributed, before the engine opens the region: this node's region
 is its entry in RUN/nodes.json (multi-node runs; index CROSS_RANK, the node rank DeepSpeed's launcher exports), else
-the recipe's. The node's first local rank runs memascend_cli.node_preflight on it; the verdicts of all ranks are
+the recipe's. The node's first local rank runs memascend_cli.run.node_preflight on it; the verdicts of all ranks are
 gathered, so every rank stops at once with the first failing node's one-line reason instead of waiting in
 DeepSpeed's first collective for a node that never comes.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from memascend_cli import rundir
+from memascend_cli.run import rundir
 from memascend_cli.errors import MemascendError
 
 
@@ -30,7 +30,7 @@ def check_nodes(run_dir: str, recipe_region: str | None, *, local_rank: int) -> 
     """Run the node preflight (collective); returns this node's region or raises MemascendError."""
     import torch.distributed as dist
 
-    from memascend_cli.node_preflight import assess_node, gather_node_facts
+    from memascend_cli.run.node_preflight import assess_node, gather_node_facts
 
     region = node_region(run_dir, recipe_region)
     problem = None

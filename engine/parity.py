@@ -36,7 +36,7 @@ def build_config(args, spec) -> dict:
     """Tuned stock settings (zero.resolve: the config both modes run; the engine's install changes nothing in it)."""
     from dataclasses import replace
 
-    from memascend_cli.deepspeed_config import ELEM_BYTES, adamw, ds_config
+    from memascend_cli.run.dsconfig import ELEM_BYTES, adamw, ds_config
     from memascend_cli.planner import zero
 
     base = replace(zero.DEEPSPEED_DEFAULTS, sub_group_size=int(args.sub_group_size),

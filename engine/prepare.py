@@ -109,7 +109,7 @@ def prepare(recipe, run_dir: str) -> dict:
             if recipe.dataset.packing else "every sample was empty after truncation"
         raise D.DataError(f"{', '.join(os.path.basename(p) for p in recipe.dataset.paths)}: no training sequence of "
                           f"{recipe.seq_len} tokens ({what})")
-    from memascend_cli.rundir import HF_DIR
+    from memascend_cli.run.rundir import HF_DIR
 
     hf_dir = os.path.join(run_dir, HF_DIR)
     write_hf_skeleton(hf_dir, recipe, spec, tok, text)
@@ -123,7 +123,7 @@ def main() -> int:
     from memascend_engine.data import DataError
 
     from memascend_cli.errors import MemascendError
-    from memascend_cli.recipe import recipe_from_json_dict
+    from memascend_cli.run.recipe import recipe_from_json_dict
 
     request = json.load(sys.stdin)
     try:

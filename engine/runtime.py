@@ -11,7 +11,7 @@ from typing import Any
 
 from memascend_engine import EngineOptions
 
-from memascend_cli import leftovers
+from memascend_cli.run import leftovers
 from memascend_cli.planner import zero
 
 log = logging.getLogger("memascend_engine")
@@ -99,7 +99,7 @@ class Installed:
             path = op.get("nvme_path") or oo.get("nvme_path")
             if not path:
                 # Swap paths are only keys with Direct NVMe, but DeepSpeed still rmtree's/makedirs its folders.
-                # Named with the pid: memascend_cli.leftovers sweeps the folder if this process dies without uninstall.
+                # Named with the pid: memascend_cli.run.leftovers sweeps the folder if this process dies without uninstall.
                 path = tempfile.mkdtemp(prefix=f"{leftovers.KEY_DIR_PREFIX}{os.getpid()}-")
                 self._own_key_dir = True
                 for section, on in ((op, self.param_nvme), (oo, self.opt_nvme)):

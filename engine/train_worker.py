@@ -22,7 +22,7 @@ import traceback
 
 from memascend_engine.procfs import status_kib
 
-from memascend_cli import rundir
+from memascend_cli.run import rundir
 
 
 class WorkerError(Exception):
@@ -198,7 +198,7 @@ class Run:
         self.world = _env_int("WORLD_SIZE", 1)
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        from memascend_cli.recipe import recipe_from_json_dict
+        from memascend_cli.run.recipe import recipe_from_json_dict
 
         try:
             with open(rundir.path(self.run_dir, rundir.RECIPE_JSON)) as f:
@@ -224,7 +224,7 @@ class Run:
             raise WorkerError(f"the tokenized data of {self.run_dir} is missing ({exc}); start runs with "
                               "`memascend train`") from None
         train, val = cache.train, cache.validation
-        from memascend_cli.recipe import total_steps
+        from memascend_cli.run.recipe import total_steps
 
         # The same function and inputs as the CLI, which wrote the scheduler's total_num_steps.
         total = total_steps(recipe, len(train), self.world)
@@ -492,14 +492,14 @@ def main(argv=None) -> int:
 
 
 def _write_started(path: str) -> None:
-    # The pid lets the CLI see which rank died first (memascend_cli.launch.RankWatch).
+    # The pid lets the CLI see which rank died first (memascend_cli.run.launch.RankWatch).
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(str(os.getpid()))
 
 
 def write_exit_mark(run_dir: str, rank: int, doc: dict) -> None:
-    """RUN/logs/exit-rank<N>.json: this rank ended on its own terms (memascend_cli.launch tells killed ranks by its
+    """RUN/logs/exit-rank<N>.json: this rank ended on its own terms (memascend_cli.run.launch tells killed ranks by its
     absence)."""
     path = rundir.exit_file(run_dir, rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)

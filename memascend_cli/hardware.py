@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from memascend_cli.blockdev import (
+from memascend_cli.ssd.blockdev import (
     BlockDevice,
     device_for_path,
     find_block_device,
@@ -740,7 +740,7 @@ def apply_region(spec: HardwareSpec, path: str) -> HardwareSpec:
     A region that is corrupt is an error here (the plan would otherwise use a wrong size); a path
     without a region (a swap directory) keeps the file system's free space.
     """
-    from memascend_cli import region
+    from memascend_cli.ssd import region
 
     if os.path.isdir(path) or (os.path.isfile(path) and os.path.getsize(path) < region.HEADER_BYTES):
         return spec

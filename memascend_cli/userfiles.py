@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from memascend_cli.errors import BadInput
@@ -47,3 +48,8 @@ def load_yaml(path: str, *, hint: str = "fix the syntax; every line is `key: val
 def _first_line(exc) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def looks_like_path(text: str) -> bool:
+    """A recipe value that names a file rather than a preset or template name."""
+    return text.startswith((".", "/", "~")) or os.sep in text or text.endswith((".gguf", ".jinja", ".json"))

@@ -21,7 +21,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from memascend_cli.bench import recorded_spec, repredict
+from memascend_cli.bench.configs import recorded_spec, repredict
 from memascend_cli.planner import memory
 from memascend_cli.units import GiB
 

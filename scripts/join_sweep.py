@@ -1,5 +1,6 @@
 """Join `memascend bench` documents of single points (same job but one swept dimension) into one sweep document,
-as `memascend bench --layers A,B,C` writes it (memascend_cli.bench.sweep_document).
+as `memascend bench --layers A,B,C` writes it (memascend_cli.bench.document.sweep_document), with the points'
+memory timelines in the sweep's side file.
 
     python scripts/join_sweep.py --title "..." --out docs/bench/depth-sweep.json OUT1/bench.json OUT2/bench.json ...
 
@@ -10,10 +11,9 @@ point): each document keeps its own meta (command, date); the sweep's meta lists
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from memascend_cli.bench import sweep_document
+from memascend_cli.bench.document import read_document, sweep_document, write_document
 
 
 def main(argv=None) -> int:
@@ -24,8 +24,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     docs = []
     for path in args.documents:
-        with open(path) as f:
-            docs.append(json.load(f))
+        docs.append(read_document(path))
     docs.sort(key=lambda d: (d["job"]["num_params"], d["job"]["seq_len"]))
     result = sweep_document(docs)
     metas = [d.get("meta") or {} for d in docs]
@@ -33,8 +32,7 @@ def main(argv=None) -> int:
                       "host": metas[0].get("host"),
                       "command": " ; ".join(dict.fromkeys(m.get("command", "?") for m in metas))
                       + " ; python scripts/join_sweep.py"}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_document(result, args.out)
     print(f"wrote {args.out}")
     return 0
 

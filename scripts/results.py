@@ -4,8 +4,14 @@
     python scripts/results.py           # rewrite docs/results.md
     python scripts/results.py --check   # exit 1 if docs/results.md is not what the JSON gives (the test runs this)
 
-Sources (all committed):
-  docs/bench/*.json                 `memascend bench` documents and sweeps (meta: command, date, host)
+The page opens with today's headline tables, one per claim (memory vs stock and tuned, flatness in depth and
+context, planner accuracy, SSD bytes per parameter vs the roofline, speed), then every document in detail, then the
+history: documents that left the tree, with the commit that still has them.
+
+Sources (all committed; each `memascend bench` summary names its memory timelines' side file, which is never read
+here):
+  docs/bench/*.json                 `memascend bench` summaries and sweeps (meta: command, date, host)
+  docs/bench/history.json           superseded documents removed from the tree, and the commit that has them
   docs/bench/calibration/*.json     bench runs the planner's constants were fitted on
   docs/bench/validation/*.json      bench runs the planner was NOT fitted on (its error must stay within 10%)
   docs/bench/gpu/*.json             the GPU kit's gpu_bench.json (scripts/gpu_check.sh), when a GPU was lent
@@ -30,12 +36,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs")
 BENCH = os.path.join(DOCS, "bench")
 OUT = os.path.join(DOCS, "results.md")
+HISTORY = os.path.join(BENCH, "history.json")
+# Today's headline documents: the depth and context sweeps of today's engine (tuned and memascend, median of 3) and
+# the stock runs of the depth sweep's points.
+DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-rep3-fp32.json")
+CONTEXT = os.path.join(BENCH, "context-sweep-lt-rep3-fp32.json")
+STOCK_DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-fp32.json")
 PLANNER_TOLERANCE_PERCENT = 10.0
 
 
 def load(pattern: str) -> list[tuple[str, dict]]:
     out = []
     for path in sorted(glob.glob(pattern)):
+        if path == HISTORY:
+            continue
         with open(path) as f:
             out.append((os.path.relpath(path, REPO), json.load(f)))
     return out
@@ -118,7 +132,7 @@ def comparisons(doc: dict) -> list[str]:
 
 
 def section_bench(title: str, path: str, doc: dict) -> str:
-    from memascend_cli.bench import ssd_line
+    from memascend_cli.bench.document import ssd_line
 
     j = doc["job"]
     out = [f"## {title}", "", f"`{(doc.get('meta') or {}).get('command', '?')}`", "",
@@ -167,7 +181,8 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
            "inside).", "", table(header, rows), "",
            "Per point: seconds per step, and the plan's error on the peak (planned - measured) / measured.", "",
            table(["run"] + header[1:-2], _sweep_rows(doc, _detail_cell)), "",
-           "The same points re-planned with today's planner (memascend_cli.bench.repredict on each run's recorded "
+           "The same points re-planned with today's planner (memascend_cli.bench.configs.repredict on each run's "
+           "recorded "
            "config and job): planned GiB and error.", "",
            table(["run"] + header[1:-2], _sweep_rows(doc, _today_cell)), ""]
     out += _sweep_growth_lines(doc)
@@ -216,8 +231,9 @@ def _finished_runs(runs: list) -> list[tuple[str, dict, dict]]:
 
 
 def _replan(doc: dict, run: dict) -> tuple[int, float]:
-    """Today's plan of a recorded run (memascend_cli.bench.repredict) and its error on the measured peak, in %."""
-    from memascend_cli.bench import repredict
+    """Today's plan of a recorded run (memascend_cli.bench.configs.repredict) and its error on the measured peak,
+    in %."""
+    from memascend_cli.bench.configs import repredict
 
     planned = repredict(doc, run)["node_host_peak_bytes"]
     return planned, 100.0 * (planned - run["peak_system_bytes"]) / run["peak_system_bytes"]
@@ -446,6 +462,134 @@ def section_allocator(runs: list) -> str:
                       table(["setting", "point", "peak GiB", "tree RSS GiB", "s/step", "raw"], rows), ""]) + "\n"
 
 
+def _source(path: str, doc: dict) -> str:
+    """Where a headline's numbers come from: the document, its command and its machine and date."""
+    first = doc["documents"][0] if doc.get("kind") == "sweep" else doc
+    return (f"`{os.path.relpath(path, REPO)}`: `{(doc.get('meta') or {}).get('command', '?')}`. "
+            f"{machine_line(first)}")
+
+
+def _point(d: dict) -> str:
+    return f"L{d['job']['layers']} s{d['job']['seq_len']}"
+
+
+def _run(d: dict, name: str) -> dict | None:
+    return next((r for r in d["runs"] if r["name"] == name and r["ok"]), None)
+
+
+def _less(x: dict | None, ref: dict | None) -> str:
+    if not x or not ref:
+        return "-"
+    return f"{100.0 * (1 - x['peak_system_bytes'] / ref['peak_system_bytes']):.1f}%"
+
+
+def headline_memory(depth: dict, stock: dict) -> list[str]:
+    stock_by = {_point(d): _run(d, "stock") for d in stock["documents"]}
+    rows = []
+    for d in depth["documents"]:
+        s, t, m = stock_by.get(_point(d)), _run(d, "tuned"), _run(d, "memascend")
+        rows.append([f"{_point(d)} ({d['job']['num_params'] / 1e6:.0f}M)", gib(s and s["peak_system_bytes"]),
+                     gib(t and t["peak_system_bytes"]), gib(m and m["peak_system_bytes"]), _less(m, s), _less(m, t)])
+    return ["### Memory: memascend against stock and tuned DeepSpeed", "",
+            "Peak system memory (GiB), bench-llama-136m, fp32, seq 2048. Tuned and memascend in one sitting (median of "
+            "3 repeats); stock DeepSpeed as its docs configure it in an earlier sitting.", "",
+            table(["point", "stock", "tuned", "memascend", "memascend less than stock", "memascend less than tuned"],
+                  rows), "", f"- {_source(DEPTH, depth)}", f"- {_source(STOCK_DEPTH, stock)}", ""]
+
+
+def headline_flatness(title: str, path: str, doc: dict) -> list[str]:
+    pts = doc["points"]
+    rows = []
+    for name, s in doc["series"].items():
+        by = {(q["layers"], q["seq_len"]): q for q in s["points"]}
+        rows.append([name] + [gib(by[(p["layers"], p["seq_len"])]["peak_system_bytes"])
+                              if (p["layers"], p["seq_len"]) in by else "-" for p in pts]
+                    + [gib(s["spread_bytes"]), "-" if s["gib_per_billion_params"] is None
+                       else f"{s['gib_per_billion_params']:.2f}"])
+    header = ["run"] + [f"L{p['layers']} s{p['seq_len']} ({p['num_params'] / 1e6:.0f}M)" for p in pts] + \
+        ["spread GiB", "GiB / B params"]
+    return [f"### {title}", "", "Peak system memory (GiB) per point, median of 3 repeats.", "", table(header, rows), "",
+            f"- {_source(path, doc)}", ""]
+
+
+def headline_planner(depth: dict, context: dict, cal: list, val: list) -> list[str]:
+    sets = [("depth sweep (today's runs)", [(DEPTH, d, r) for d in depth["documents"] for r in d["runs"] if r["ok"]]),
+            ("context sweep (today's runs)", [(CONTEXT, d, r) for d in context["documents"] for r in d["runs"]
+                                              if r["ok"]]),
+            ("calibration runs (fitted on)", _finished_runs(cal)),
+            ("validation runs (not fitted on)", _finished_runs(val))]
+    rows = []
+    for title, runs in sets:
+        for engine in ("stock", "tuned", "memascend"):
+            errs = [_replan(d, r)[1] for _, d, r in runs if r["mode"] == engine]
+            if errs:
+                within = sum(1 for e in errs if abs(e) <= PLANNER_TOLERANCE_PERCENT)
+                rows.append([title, engine, str(len(errs)), f"{within} of {len(errs)}",
+                             f"{pct(min(errs))} .. {pct(max(errs))}"])
+    return ["### Planner accuracy", "",
+            "Today's `memascend plan` of each recorded run (its exact config, job and techniques) against the measured "
+            f"peak: (planned - measured) / measured. Target: within {PLANNER_TOLERANCE_PERCENT:.0f}% on the validation "
+            "runs. Every run is listed under \"Planner accuracy: calibration vs validation runs\" below.", "",
+            table(["set", "engine", "runs", f"within {PLANNER_TOLERANCE_PERCENT:.0f}%", "error range"], rows), ""]
+
+
+def headline_ssd(depth: dict, context: dict) -> list[str]:
+    from memascend_cli.bench.document import ssd_minimum
+
+    rows = []
+    for label, doc in (("depth", depth), ("context", context)):
+        for d in doc["documents"]:
+            for r in d["runs"]:
+                bpp, low = r.get("ssd_bytes_per_param"), ssd_minimum(r)
+                if r["ok"] and bpp and low:
+                    rows.append([f"{label} {_point(d)}", r["name"], f"{bpp['read']:.1f} / {bpp['write']:.1f}",
+                                 f"{low[0]:.1f} / {low[1]:.1f}",
+                                 f"{pct(100.0 * (bpp['read'] - low[0]) / low[0]) if low[0] else '-'} / "
+                                 f"{pct(100.0 * (bpp['write'] - low[1]) / low[1]) if low[1] else '-'}"])
+    return ["### SSD bytes per parameter against the roofline", "",
+            "A steady step's block I/O (rank 0's /proc/self/io) over the rank's parameters, next to the minimum for "
+            "the run's placement (the plan's roofline for its config, memory.SsdTraffic.minimum_per_param).", "",
+            table(["point", "run", "measured read / write", "minimum read / write", "excess read / write"], rows),
+            "", f"- {_source(DEPTH, depth)}", f"- {_source(CONTEXT, context)}", ""]
+
+
+def headline_speed(depth: dict, context: dict) -> list[str]:
+    rows = []
+    for label, doc in (("depth", depth), ("context", context)):
+        for d in doc["documents"]:
+            t, m = _run(d, "tuned"), _run(d, "memascend")
+            if t and m and t["seconds_per_step"] and m["seconds_per_step"]:
+                rows.append([f"{label} {_point(d)}", f"{t['seconds_per_step']:.1f}", f"{m['seconds_per_step']:.1f}",
+                             pct(100.0 * (m["seconds_per_step"] / t["seconds_per_step"] - 1))])
+    return ["### Speed: seconds per step, memascend against tuned", "",
+            "Mean of the steps after the first, of the repeat with the median peak; the runs of the two tables above "
+            "(2 cores shared with other jobs: a few % is noise).", "",
+            table(["point", "tuned s/step", "memascend s/step", "change"], rows), "",
+            f"- {_source(DEPTH, depth)}", f"- {_source(CONTEXT, context)}", ""]
+
+
+def section_headline(cal: list, val: list) -> str:
+    depth, context, stock = load_one(DEPTH), load_one(CONTEXT), load_one(STOCK_DEPTH)
+    out = ["## Today's headline", ""]
+    out += headline_memory(depth, stock)
+    out += headline_flatness("Flatness in depth: 8, 16, 32 layers at seq 2048", DEPTH, depth)
+    out += headline_flatness("Flatness in context: seq 512, 2048, 8192 at 8 layers", CONTEXT, context)
+    out += headline_planner(depth, context, cal, val)
+    out += headline_ssd(depth, context)
+    out += headline_speed(depth, context)
+    return "\n".join(out) + "\n"
+
+
+def section_history() -> str:
+    doc = load_one(HISTORY)
+    if not doc:
+        return ""
+    out = ["## Appendix: history", "",
+           "Superseded sweep variants that left the tree; `git show COMMIT:PATH` prints each document.", ""]
+    out += [f"- `{h['path']}` ({h['date']}, commit `{h['commit']}`): {h['title']}" for h in doc["removed"]]
+    return "\n".join(out) + "\n"
+
+
 def render() -> str:
     parts = ["# Results\n\n"
              "Generated by `python scripts/results.py` from the raw JSON under `docs/` (do not edit by hand). Unless a "
@@ -460,12 +604,16 @@ def render() -> str:
              "parameters are never re-read.\n"]
     # Top-level documents and the calibration runs are results in their own right (validation runs are summarised
     # in the planner section).
-    named = load(os.path.join(BENCH, "*.json")) + load(os.path.join(BENCH, "calibration", "*.json"))
+    cal = load(os.path.join(BENCH, "calibration", "*.json"))
+    val = load(os.path.join(BENCH, "validation", "*.json"))
+    parts.append(section_headline(cal, val))
+    details = len(parts)
+    parts.append("## Every document in detail\n")
+    named = load(os.path.join(BENCH, "*.json")) + cal
     for path, doc in named:
         title = (doc.get("meta") or {}).get("title") or os.path.splitext(os.path.basename(path))[0]
         parts.append(section_sweep(title, path, doc) if doc.get("kind") == "sweep" else section_bench(title, path, doc))
-    parts.append(section_planner(load(os.path.join(BENCH, "calibration", "*.json")),
-                                 load(os.path.join(BENCH, "validation", "*.json"))))
+    parts.append(section_planner(cal, val))
     parts.append(section_allocator(load(os.path.join(BENCH, "allocator", "*.json"))))
     parts.append(section_gpu(load(os.path.join(BENCH, "gpu", "*.json"))))
     parts.append(section_generic("memascend train", load(os.path.join(BENCH, "train", "*.json")),
@@ -478,7 +626,15 @@ def render() -> str:
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
     parts.append(section_ds_buffers())
     parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))
+    # The documents' own sections sit one level below "Every document in detail".
+    parts[details + 1:] = [_demote(p) for p in parts[details + 1:]]
+    parts.append(section_history())
     return "\n".join(p for p in parts if p).rstrip() + "\n"
+
+
+def _demote(text: str) -> str:
+    """Every markdown heading of `text` one level down."""
+    return "\n".join("#" + line if line.startswith("##") else line for line in text.split("\n"))
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """`memascend bench`: the same job with stock DeepSpeed, tuned stock DeepSpeed and memascend, side by side.
 
 Thin: parse options -> checks (nvme dir, engine) -> for every point of the sweep (layers x sequence length): a
-region, one child per run (memascend_cli.bench.run_one), the planner's prediction per run, JSON + PNG; then the
+region, one child per run (memascend_cli.bench.runner), the planner's prediction per run, JSON + PNG; then the
 sweep summary (flatness, GiB per billion parameters). Exit codes: 0 every run finished, 1 a run failed (the outputs
 are still written), 2 bad input.
 """
@@ -64,9 +64,10 @@ def bench_command(
                                "kept in the JSON.", rich_help_panel=_R),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
-    out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, bench.png, run logs; a "
-                                "sweep writes one folder per point and sweep.json).", rich_help_panel=_O),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table.",
+    out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, its memory timelines in "
+                                "bench.timeline.json.gz, bench.png, run logs; a sweep writes one folder per point and "
+                                "sweep.json).", rich_help_panel=_O),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON summary instead of the table.",
                                  rich_help_panel=_O),
     title: str = typer.Option(None, "--title", help="A title recorded in the JSON (docs/results.md uses it).",
                               rich_help_panel=_O, show_default=False),
@@ -85,11 +86,12 @@ def bench_command(
 
         memascend bench --ranks 2 --ablation --out /mnt/nvme/bench
     """
-    import json
     import os
 
-    from memascend_cli import bench as B
-    from memascend_cli.commands.plan import installed_deepspeed_version
+    from memascend_cli.bench import document, runner
+    from memascend_cli.bench.runs import ACCELERATORS, parse_runs
+    from memascend_cli.run.prepared import engine_available
+    from memascend_cli.versions import installed_deepspeed_version
     from memascend_cli.console import err, print_json, warn
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.models import load_model
@@ -105,17 +107,17 @@ def bench_command(
         raise BadInput(f"unknown checkpointing {checkpointing!r}", "use full or none")
     if dtype not in ("bf16", "fp16", "fp32"):
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
-    if accelerator not in B.ACCELERATORS:
-        raise BadInput(f"unknown accelerator {accelerator!r}", "use " + ", ".join(B.ACCELERATORS))
+    if accelerator not in ACCELERATORS:
+        raise BadInput(f"unknown accelerator {accelerator!r}", "use " + ", ".join(ACCELERATORS))
     budget_bytes = parse_size(host_budget, "--host-budget") if host_budget else None
-    run_specs = B.parse_runs(runs, ablation)
+    run_specs = parse_runs(runs, ablation)
     base_spec = load_model(model)
     depths = _int_list(layers, "--layers") if layers else [base_spec.num_hidden_layers]
     points = [(L, s) for L in depths for s in seq_lens]
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     nvme_dir = os.path.abspath(nvme_dir or os.path.join(out_dir, "swap"))
-    nvme_info = B.check_nvme_dir(nvme_dir)
+    nvme_info = runner.check_nvme_dir(nvme_dir)
     hw = resolve_hardware(None, None)
     if accelerator == "auto":
         accelerator = "cuda" if hw.num_gpus > 0 else "cpu"
@@ -126,7 +128,7 @@ def bench_command(
     ds_version = installed_deepspeed_version()
     engine_ok = True
     if any(r.mode == "memascend" for r in run_specs):
-        engine_ok, why = B.engine_available()
+        engine_ok, why = engine_available()
         if not engine_ok:
             warn(f"memascend runs will fail: {why}")
 
@@ -143,30 +145,28 @@ def bench_command(
         spec = base_spec if L == base_spec.num_hidden_layers else base_spec.scaled(L)
         point_dir = out_dir if len(points) == 1 else os.path.join(out_dir, f"layers{L}-seq{s}")
         os.makedirs(point_dir, exist_ok=True)
-        point = B.Point(model=model, spec=spec, layers=L if layers else None, seq_len=s, micro_batch=micro_batch,
+        point = runner.Point(model=model, spec=spec, layers=L if layers else None, seq_len=s, micro_batch=micro_batch,
                         steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                         host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
-        doc = B.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
+        doc = runner.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
                           region=region, engine_ok=engine_ok, settle_cap_s=settle_cap, repeat=repeat)
         doc["meta"] = meta
         png_path = os.path.join(point_dir, "bench.png")
-        problem = B.write_plot(doc, png_path)
+        problem = document.write_plot(doc, png_path)
         if problem:
             doc["notes"].append(problem)
-        with open(os.path.join(point_dir, "bench.json"), "w") as f:
-            json.dump(doc, f, indent=1)
+        summary = document.write_document(doc, os.path.join(point_dir, "bench.json"))
         docs.append(doc)
         all_ok = all_ok and all(r["ok"] for r in doc["runs"])
         if not as_json:
-            B.render_table(doc)
-    result = docs[0]
+            document.render_table(doc)
+    result = summary
     if len(points) > 1:
-        result = B.sweep_document(docs)
-        result["meta"] = meta
-        with open(os.path.join(out_dir, "sweep.json"), "w") as f:
-            json.dump(result, f, indent=1)
+        sweep = document.sweep_document(docs)
+        sweep["meta"] = meta
+        result = document.write_document(sweep, os.path.join(out_dir, "sweep.json"))
         if not as_json:
-            B.render_sweep(result)
+            document.render_sweep(result)
     if as_json:
         print_json(result)
     else:

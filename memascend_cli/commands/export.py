@@ -34,13 +34,12 @@ def export_command(
 
         memascend export runs/smollm2-sft -o /models/smollm2-ft --precision fp32
     """
-    from memascend_cli.commands.train import _complete_checkpoints
     from memascend_cli.console import err
-    from memascend_cli.rundir import CHECKPOINTS, COMPLETE, DATA_JSON, HF_DIR, RECIPE_JSON
+    from memascend_cli.run.rundir import CHECKPOINTS, COMPLETE, DATA_JSON, HF_DIR, RECIPE_JSON, complete_checkpoints
 
     if not os.path.isdir(run_dir):
         raise BadInput(f"run directory {run_dir} does not exist", "give the output_dir of a `memascend train` run")
-    done = _complete_checkpoints(run_dir)
+    done = complete_checkpoints(run_dir)
     if not done:
         raise BadInput(f"{run_dir} has no complete checkpoint", "train with checkpoint_every, or let a run finish")
     if checkpoint is None:

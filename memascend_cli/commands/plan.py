@@ -130,6 +130,7 @@ def plan_command(
     from memascend_cli.planner import zero
     from memascend_cli.console import warn
     from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec
+    from memascend_cli.run.prepared import recipe_job
 
     if list_models:
         return _list_models(as_json)
@@ -149,7 +150,7 @@ def plan_command(
     zero_init = not no_zero_init
     recipe = None
     if recipe_path is not None:
-        from memascend_cli.recipe import load_recipe
+        from memascend_cli.run.recipe import load_recipe
 
         recipe = load_recipe(recipe_path, {"model": model} if model else None)
         if nodes is None and recipe.num_nodes:
@@ -158,20 +159,6 @@ def plan_command(
                           nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name)
-    if recipe is not None:
-        job = recipe_job(recipe, spec, hw, engine=engine, seq_len=seq_len, micro_batch=micro_batch,
-                         grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
-                         flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
-                         deepspeed_version=deepspeed_version, host_budget_bytes=budget_bytes,
-                         checkpoint_offload=checkpoint_offload)
-        # The recipe's job carries the knobs train writes (memascend's); the stock column is DeepSpeed as documented.
-        world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
-        stock_job = replace(job, knobs=zero.resolve("stock", model=spec, world_size=world,
-                                                    elem_bytes=DTYPE_BYTES[job.dtype]))
-        return _finish(job, hw, engine, search, details, as_json, default_used=False, stock_job=stock_job)
-    seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
-    grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
-    checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
     ds_version = deepspeed_version or installed_deepspeed_version()
     defaults = zero.version_defaults(parse_version(ds_version))
     base = replace(
@@ -185,22 +172,62 @@ def plan_command(
                             else defaults.reduce_bucket_size),
         pin_memory=defaults.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
     )
+    if recipe is not None:
+        given_knobs = [flag for flag, v in (("--sub-group-size", sub_group_size), ("--reduce-bucket-size",
+                       reduce_bucket_size), ("--max-in-cpu", max_in_cpu), ("--param-buffer-size", param_buffer_size),
+                       ("--pin-memory", pin_memory), ("--pipeline", pipeline or None),
+                       ("--param-buffer-count", param_buffer_count if param_buffer_count != _DS.param_buffer_count
+                        else None), ("--optimizer-buffer-count", optimizer_buffer_count
+                                     if optimizer_buffer_count != _DS.optimizer_buffer_count else None))
+                       if v is not None]
+        if given_knobs:
+            warn(f"{', '.join(given_knobs)}: applied to this plan as DeepSpeed's settings before memascend's rules; "
+                 "`train` takes no knob flags, so it runs the recipe with DeepSpeed's defaults under the same rules")
+        job = recipe_job(recipe, spec, hw, engine=engine, seq_len=seq_len,
+                         micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing,
+                         ranks=ranks, flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
+                         deepspeed_version=ds_version, host_budget_bytes=budget_bytes,
+                         checkpoint_offload=checkpoint_offload, base=base)
+        world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
+        stock_knobs = zero.resolve("stock", model=spec, world_size=world, elem_bytes=DTYPE_BYTES[job.dtype], base=base)
+        if param_buffer_size:
+            explicit = parse_count(param_buffer_size, "--param-buffer-size")
+            job = replace(job, knobs=replace(job.knobs, param_buffer_size=explicit))
+            stock_knobs = replace(stock_knobs, param_buffer_size=explicit)
+        _warn_capped(base, defaults, spec, world, DTYPE_BYTES[job.dtype], stock_knobs, param_buffer_size)
+        # The job carries the knobs train writes for `engine` (memascend's unless stock); the stock column is
+        # DeepSpeed as documented, with the knob flags.
+        stock_job = replace(job, knobs=stock_knobs) if engine != "stock" else None
+        return _finish(job, hw, engine, search, details, as_json, default_used=False, stock_job=stock_job)
+    seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
+    grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
+    checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
     if dtype not in DTYPE_BYTES:
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
     ranks_total = (ranks or hw.num_gpus or 1) * max(1, hw.num_nodes)
     knobs = zero.resolve("stock", model=spec, world_size=ranks_total, elem_bytes=DTYPE_BYTES[dtype], base=base)
     if param_buffer_size:  # an explicit buffer_size is kept as given (too small shows as a config error)
         knobs = replace(knobs, param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size"))
-    given = replace(base, param_buffer_size=knobs.param_buffer_size) if param_buffer_size else base
-    largest = zero.largest_swappable_partition(zero.model_partitions(spec, ranks_total), base, DTYPE_BYTES[dtype])
-    for note in zero.knob_notes(given, "memascend", defaults=defaults, largest_partition_numel=largest or None):
-        warn(note)  # what the tuned and memascend columns cap or ignore
+    _warn_capped(base, defaults, spec, ranks_total, DTYPE_BYTES[dtype], knobs, param_buffer_size)
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
                   grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
                   zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
                   checkpoint_offload=checkpoint_offload or "ssd")
     return _finish(job, hw, engine, search, details, as_json, default_used=model is None)
+
+
+def _warn_capped(base, defaults, spec, world: int, elem_bytes: int, stock_knobs, param_buffer_size) -> None:
+    """A warning per knob flag that the tuned and memascend columns cap or ignore (planner/zero.py knob_notes)."""
+    from dataclasses import replace
+
+    from memascend_cli.console import warn
+    from memascend_cli.planner import zero
+
+    given = replace(base, param_buffer_size=stock_knobs.param_buffer_size) if param_buffer_size else base
+    largest = zero.largest_swappable_partition(zero.model_partitions(spec, world), base, elem_bytes)
+    for note in zero.knob_notes(given, "memascend", defaults=defaults, largest_partition_numel=largest or None):
+        warn(note)
 
 
 def _on_off(value: str | None, flag: str) -> bool | None:
@@ -211,30 +238,6 @@ def _on_off(value: str | None, flag: str) -> bool | None:
     if value.lower() in ("off", "false", "no", "0"):
         return False
     raise BadInput(f"{flag} {value!r}: expected on or off", f"e.g. {flag} off")
-
-
-def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
-               flash_attn, liger, grad_accum_dtype, deepspeed_version, host_budget_bytes=None,
-               checkpoint_offload=None):
-    """The JobSpec `train RECIPE` plans (recipe.job_spec, with the recipe's region probe), with the options
-    given on the command line on top."""
-    import dataclasses
-    import os
-
-    from memascend_cli.commands.train import _read_region
-    from memascend_cli.recipe import job_spec
-    from memascend_cli.rundir import REGION_FILE
-
-    ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
-    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine == "memascend" else None)
-    header = _read_region(region, ranks)[0] if region and os.path.exists(region) else None
-    job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), baseline=engine != "memascend",
-                   deepspeed_version=deepspeed_version or installed_deepspeed_version(), header=header)
-    given = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum_steps": grad_accum, "dtype": dtype,
-             "checkpointing": checkpointing, "flash_attention": flash_attn, "grad_accum_dtype": grad_accum_dtype,
-             "fused_cross_entropy": liger or None, "host_budget_bytes": host_budget_bytes,
-             "checkpoint_offload": checkpoint_offload}
-    return dataclasses.replace(job, **{k: v for k, v in given.items() if v is not None})
 
 
 def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool,
@@ -272,6 +275,8 @@ def reduction_percent(baseline_bytes: int, memascend_bytes: int) -> float:
 
 def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: bool = False) -> dict:
     """The --json document (docs/plan-json.md). Pure."""
+    from memascend_cli.run.prepared import job_document
+
     b, m = ests["stock"], ests["memascend"]
     v = verdicts[engine]
     return {
@@ -289,20 +294,6 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
         },
         "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
                     "line": verdict_line(ests, verdicts, engine, hw)},
-    }
-
-
-def job_document(job, est) -> dict:
-    """The job parameters as `plan --json` and `train --dry-run` print them (so they can be compared)."""
-    return {
-        "model": job.model.name, "num_params": job.model.num_params,
-        "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
-        "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
-        "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
-        "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
-        "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
-        "knobs": job.knobs.to_dict(), "zero_init": job.zero_init,
-        "checkpoint_copies": job.checkpoint_copies,
     }
 
 

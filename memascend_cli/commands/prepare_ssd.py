@@ -13,9 +13,11 @@ import sys
 
 import typer
 
-from memascend_cli import __version__, region
+from memascend_cli import __version__
+
+from memascend_cli.ssd import region
 from memascend_cli.errors import BadInput
-from memascend_cli.region_setup import Action, apply_actions, build_actions, checked_facts
+from memascend_cli.ssd.prepare import Action, apply_actions, build_actions, checked_facts
 from memascend_cli.units import fmt_bytes, parse_size
 
 _EXAMPLES = """
@@ -220,7 +222,7 @@ def _info_mode(target: str, json_out: bool) -> None:
         raise region.RegionCorrupt(f"{target}: {exc.message}", field=exc.field, byte_start=exc.byte_start, byte_end=exc.byte_end, hint=exc.hint) from None
     except region.NoRegion:
         raise region.NoRegion(f"{target} holds no memascend region", f"create one with `memascend prepare-ssd {target}`") from None
-    from memascend_cli import region_owner
+    from memascend_cli.ssd import owner as region_owner
 
     owners = region_owner.rank_states(target, header)
     if json_out:
@@ -249,7 +251,7 @@ def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: 
 
     if not os.path.exists(target):
         raise BadInput(f"{target} does not exist", "`memascend prepare-ssd --list` shows devices")
-    from memascend_cli.region_owner import require_unused
+    from memascend_cli.ssd.owner import require_unused
 
     require_unused(target)
     facts, _ = checked_facts(target, "wipe", force)
@@ -297,7 +299,7 @@ def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, 
     if not is_block and not os.path.exists(target) and size_bytes is None:
         raise BadInput(f"creating the region file {target} needs --size", f"e.g. `memascend prepare-ssd {target} --size 200GiB`")
     if os.path.exists(target):
-        from memascend_cli.region_owner import require_unused
+        from memascend_cli.ssd.owner import require_unused
 
         require_unused(target)  # never re-create a region under a running job, even with --force
     facts, _ = checked_facts(target, "prepare", force, size_bytes)
@@ -311,7 +313,7 @@ def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, 
     )
     probe_plan = None
     if probe_mib is not None:
-        from memascend_cli.ssd_probe import plan_probe
+        from memascend_cli.ssd.probe import plan_probe
 
         probe_plan = plan_probe(header, probe_mib)
     actions = build_actions(facts, header, probe_plan)
@@ -337,10 +339,10 @@ def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, 
 
 
 def _list_mode(json_out: bool) -> None:
-    from memascend_cli.blockdev import list_block_devices
+    from memascend_cli.ssd.blockdev import list_block_devices
     from memascend_cli.console import out, print_json
-    from memascend_cli.ssd_probe import gather_target_facts
-    from memascend_cli.ssd_safety import assess
+    from memascend_cli.ssd.probe import gather_target_facts
+    from memascend_cli.ssd.safety import assess
 
     rows = []
     devices = list_block_devices()

@@ -107,8 +107,6 @@ class Context:
             # The stock knobs the engine's install() sets on any config (zero.py is the one home).
             largest = zero.largest_swappable_partition(zero.model_partitions(self.m, self.world), self.k, self.E)
             self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
-            if job.engine_knob_overrides:
-                self.k = replace(self.k, **dict(job.engine_knob_overrides))
         self.sub_group_size = self.k.sub_group_size
         self.reduce_bucket_size = self.k.reduce_bucket_size
         # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a

@@ -58,9 +58,6 @@ class JobSpec:
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
     zero_init: bool = True
     """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
-    engine_knob_overrides: tuple[tuple[str, object], ...] = ()
-    """(ZeroSettings field, value) the engine really ran with instead of what zero.memascend_knobs sets today: for
-    re-planning runs recorded by an older engine (memascend_cli.bench.predict)."""
     launcher_processes: int = 2
     """Launcher processes per node beside the ranks: 2 for `memascend train` (DeepSpeed's runner and launch.py)."""
     checkpoint_copies: int = 1

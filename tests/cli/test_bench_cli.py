@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from memascend_cli import bench as B
+from memascend_cli.bench import configs, document, runner, sampling
+from memascend_cli.bench import runs as R
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.models import load_model
@@ -22,7 +23,7 @@ def spec():
 
 
 def test_stock_config_is_the_documented_default(spec):
-    cfg = B.build_ds_config("stock", spec, micro_batch=2, dtype="bf16", nvme_dir="/x", ranks=1)
+    cfg = configs.build_ds_config("stock", spec, micro_batch=2, dtype="bf16", nvme_dir="/x", ranks=1)
     z = cfg["zero_optimization"]
     assert z["stage"] == 3 and z["sub_group_size"] == 10**9 and z["reduce_bucket_size"] == 5 * 10**8
     p, o = z["offload_param"], z["offload_optimizer"]
@@ -36,12 +37,12 @@ def test_stock_config_is_the_documented_default(spec):
 
 def test_buffer_size_grows_to_the_largest_partition():
     big = load_model("qwen2.5-7b")  # embedding 152064 x 3584 = 545M elements > 1e8
-    cfg = B.build_ds_config("stock", big, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=2)
+    cfg = configs.build_ds_config("stock", big, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=2)
     assert cfg["zero_optimization"]["offload_param"]["buffer_size"] == -(-big.largest_tensor_numel // 2)
 
 
 def test_tuned_config_is_stock_with_memascends_knobs(spec):
-    cfg = B.build_ds_config("tuned", spec, micro_batch=1, dtype="fp16", nvme_dir="/x", ranks=1)
+    cfg = configs.build_ds_config("tuned", spec, micro_batch=1, dtype="fp16", nvme_dir="/x", ranks=1)
     z = cfg["zero_optimization"]
     assert z["offload_param"]["max_in_cpu"] == 0
     assert z["offload_param"]["buffer_size"] == spec.largest_tensor_numel
@@ -60,51 +61,61 @@ def test_tuned_and_memascend_runs_differ_in_no_stock_knob(spec, dtype, ranks):
     import copy
 
     kw = {"micro_batch": 1, "dtype": dtype, "nvme_dir": "/x", "ranks": ranks}
-    tuned, mem = B.build_ds_config("tuned", spec, **kw), B.build_ds_config("memascend", spec, **kw)
+    tuned, mem = configs.build_ds_config("tuned", spec, **kw), configs.build_ds_config("memascend", spec, **kw)
     assert tuned == mem
-    assert B.run_settings("tuned", tuned).stock_differences(B.run_settings("memascend", mem)) == {}
-    engine_env = B.child_env("memascend", mem, {})
-    assert B.child_env("tuned", tuned, {}) == {k: v for k, v in engine_env.items() if k not in ENGINE_ENV}
+    assert configs.run_settings("tuned", tuned).stock_differences(configs.run_settings("memascend", mem)) == {}
+    engine_env = configs.child_env("memascend", mem, {})
+    assert configs.child_env("tuned", tuned, {}) == {k: v for k, v in engine_env.items() if k not in ENGINE_ENV}
     assert ENGINE_ENV.items() <= engine_env.items()
-    s = B.run_settings("memascend", mem)
+    s = configs.run_settings("memascend", mem)
     after = copy.deepcopy(mem)
     assert zero.write_into_ds_config(after, zero.memascend_knobs(s, largest_partition_numel=-(
         -spec.largest_tensor_numel // ranks))) == {}
     assert after == mem
-    assert B.checkpointing_impl("tuned") == B.checkpointing_impl("memascend") == "memascend"
-    assert B.checkpointing_impl("stock") == "hf"
+    assert configs.checkpointing_impl("tuned") == configs.checkpointing_impl("memascend") == "memascend"
+    assert configs.checkpointing_impl("stock") == "hf"
 
 
 def test_bad_mode_and_dtype(spec):
     with pytest.raises(BadInput):
-        B.build_ds_config("fast", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
+        configs.build_ds_config("fast", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
     with pytest.raises(BadInput):
-        B.build_ds_config("stock", spec, micro_batch=1, dtype="int8", nvme_dir="/x", ranks=1)
+        configs.build_ds_config("stock", spec, micro_batch=1, dtype="int8", nvme_dir="/x", ranks=1)
 
 
 def test_child_env_sets_the_pin_backend_and_accelerator(spec):
-    cfg = B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
+    cfg = configs.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
     base = {"PATH": "/bin", "DS_PIN_MEMORY_BACKEND": "native"}
-    assert "DS_PIN_MEMORY_BACKEND" not in B.child_env("stock", cfg, base)
-    assert B.child_env("tuned", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
-    assert B.child_env("memascend", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
-    assert B.child_env("stock", cfg, {})["DS_ACCELERATOR"] == "cpu"
-    assert B.child_env("stock", cfg, {}, accelerator="cuda")["DS_ACCELERATOR"] == "cuda"
+    assert "DS_PIN_MEMORY_BACKEND" not in configs.child_env("stock", cfg, base)
+    assert configs.child_env("tuned", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
+    assert configs.child_env("memascend", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
+    assert configs.child_env("stock", cfg, {})["DS_ACCELERATOR"] == "cpu"
+    assert configs.child_env("stock", cfg, {}, accelerator="cuda")["DS_ACCELERATOR"] == "cuda"
 
 
 def test_run_settings_read_back_from_the_config(spec):
-    stock = B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
-    tuned = B.build_ds_config("tuned", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
-    ks, kt = B.run_settings("stock", stock), B.run_settings("tuned", tuned)
+    stock = configs.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
+    tuned = configs.build_ds_config("tuned", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
+    ks, kt = configs.run_settings("stock", stock), configs.run_settings("tuned", tuned)
     assert (ks.max_in_cpu, ks.pin_backend, ks.sub_group_size, ks.param_buffer_size) == (10**9, "torch", 10**9, 10**8)
     assert (kt.max_in_cpu, kt.pin_backend, kt.sub_group_size) == (0, "native", zero.MEMASCEND_SUB_GROUP_SIZE)
     assert kt.param_buffer_size == spec.largest_tensor_numel
 
 
+def test_the_child_imports_the_run_names_without_the_rest_of_the_bench():
+    """memascend_engine.bench_job imports bench/runs.py for MODES and TECHNIQUES: nothing else of the CLI comes in."""
+    import subprocess
+    import sys
+
+    code = "import sys, memascend_cli.bench.runs; print(*sorted(m for m in sys.modules if m.startswith('memascend')))"
+    r = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert r.stdout.split() == ["memascend_cli", "memascend_cli.bench", "memascend_cli.bench.runs", "memascend_cli.errors"]
+
+
 def test_child_runs_as_a_module_of_the_installed_engine():
-    assert B.child_command(["--x"], 1)[1:] == ["-m", B.JOB_MODULE, "--x"]
-    two = B.child_command(["--x"], 2)
-    assert two[1:3] == ["-m", "torch.distributed.run"] and two[-3:] == ["-m", B.JOB_MODULE, "--x"]
+    assert runner.child_command(["--x"], 1)[1:] == ["-m", runner.JOB_MODULE, "--x"]
+    two = runner.child_command(["--x"], 2)
+    assert two[1:3] == ["-m", "torch.distributed.run"] and two[-3:] == ["-m", runner.JOB_MODULE, "--x"]
 
 
 def test_predictions_order(spec):
@@ -113,46 +124,38 @@ def test_predictions_order(spec):
     hw = HardwareSpec(name="t", dram_gib=24, cpu_cores=2)
     kw = {"seq_len": 512, "micro_batch": 1, "dtype": "bf16", "ranks": 1, "checkpointing": "full", "hw": hw,
           "deepspeed_version": "0.19.8"}
-    p = {m: B.predict(m, B.build_ds_config(m, spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1), spec, **kw)
-         for m in B.MODES}
+    p = {m: configs.predict(m, configs.build_ds_config(m, spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1), spec, **kw)
+         for m in R.MODES}
     assert p["stock"]["engine"] == p["tuned"]["engine"] == "stock" and p["memascend"]["engine"] == "memascend"
     # Only the order against stock is a property of the configs; memascend vs tuned is what the bench measures.
     assert p["tuned"]["node_host_peak_bytes"] < p["stock"]["node_host_peak_bytes"]
     assert p["memascend"]["node_host_peak_bytes"] < p["stock"]["node_host_peak_bytes"]
     assert {"key", "kind", "bytes"} == set(p["stock"]["host_items"][0])
-    two = B.predict("stock", B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=2),
+    two = configs.predict("stock", configs.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=2),
                     spec, **{**kw, "ranks": 2})
     # two ranks plus torchrun's launcher process, once per node
     assert two["node_host_peak_bytes"] == 2 * two["host_peak_bytes_per_rank"] + memory.LAUNCHER_PROCESS_BYTES
-    one = B.predict("stock", B.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1),
+    one = configs.predict("stock", configs.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1),
                     spec, **kw)
     assert one["node_host_peak_bytes"] == one["host_peak_bytes_per_rank"]  # one rank runs without a launcher
 
 
 def test_runs_execute_smallest_planned_peak_first():
     # stock, tuned, memascend as listed; memascend first, stock last; ties keep the listed order
-    assert B.execution_order([8 * GiB, 3 * GiB, 1 * GiB]) == [2, 1, 0]
-    assert B.execution_order([2 * GiB, 2 * GiB, 1 * GiB]) == [2, 0, 1]
-    assert B.execution_order([]) == []
-
-
-def test_legacy_runs_keep_the_reduce_path_they_ran_with(spec):
-    cfg = B.build_ds_config("memascend", spec, micro_batch=1, dtype="fp32", nvme_dir="/x", ranks=1)
-    assert cfg["zero_optimization"]["reduce_scatter"] is False and B.legacy_engine_knobs("memascend", cfg) == ()
-    del cfg["zero_optimization"]["reduce_scatter"]  # a run recorded before the engine set the knob
-    assert B.legacy_engine_knobs("memascend", cfg) == (("reduce_scatter", True),)
-    assert B.legacy_engine_knobs("tuned", cfg) == ()  # tuned's config carries what it ran with
+    assert runner.execution_order([8 * GiB, 3 * GiB, 1 * GiB]) == [2, 1, 0]
+    assert runner.execution_order([2 * GiB, 2 * GiB, 1 * GiB]) == [2, 0, 1]
+    assert runner.execution_order([]) == []
 
 
 def test_parse_runs():
-    assert [r.name for r in B.parse_runs("stock, tuned", False)] == ["stock", "tuned"]
-    runs = B.parse_runs("memascend", True)
-    assert len(runs) == 2 + len(B.TECHNIQUES)
-    assert runs[1] == B.RunSpec("tuned", "tuned")  # the "knobs only" row
-    assert runs[2] == B.RunSpec(f"memascend-no-{B.TECHNIQUES[0]}", "memascend", (B.TECHNIQUES[0],))
+    assert [r.name for r in R.parse_runs("stock, tuned", False)] == ["stock", "tuned"]
+    runs = R.parse_runs("memascend", True)
+    assert len(runs) == 2 + len(R.TECHNIQUES)
+    assert runs[1] == R.RunSpec("tuned", "tuned")  # the "knobs only" row
+    assert runs[2] == R.RunSpec(f"memascend-no-{R.TECHNIQUES[0]}", "memascend", (R.TECHNIQUES[0],))
     for bad in ("", "stock,fast", "stock,stock"):
         with pytest.raises(BadInput):
-            B.parse_runs(bad, False)
+            R.parse_runs(bad, False)
 
 
 # --- settling -----------------------------------------------------------------------------------
@@ -170,10 +173,10 @@ class FakeClock:
 
 
 def test_flat_spread_needs_a_full_window():
-    assert B.flat_spread([(0.0, 5), (3.0, 5)], 6.0) is None
-    assert B.flat_spread([(0.0, 5), (3.0, 9), (6.0, 7)], 6.0) == 4
+    assert sampling.flat_spread([(0.0, 5), (3.0, 5)], 6.0) is None
+    assert sampling.flat_spread([(0.0, 5), (3.0, 9), (6.0, 7)], 6.0) == 4
     # Only the last window counts.
-    assert B.flat_spread([(0.0, 100), (1.0, 7), (7.0, 8)], 6.0) == 1
+    assert sampling.flat_spread([(0.0, 100), (1.0, 7), (7.0, 8)], 6.0) == 1
 
 
 def test_settle_waits_for_a_decaying_level():
@@ -183,8 +186,8 @@ def test_settle_waits_for_a_decaying_level():
     def read():
         return int(2 * GiB + 900 * MiB * 2.718 ** (-clock.t / 10) + (MiB if int(clock.t * 4) % 2 else 0))
 
-    r = B.settle(read, clock=clock, sleep=clock.sleep, interval_s=0.25, cap_s=200)
-    assert r.flat and r.spread_bytes <= B.SETTLE_TOLERANCE_BYTES
+    r = sampling.settle(read, clock=clock, sleep=clock.sleep, interval_s=0.25, cap_s=200)
+    assert r.flat and r.spread_bytes <= sampling.SETTLE_TOLERANCE_BYTES
     # 900 MiB x e^(-t/10) must fall to a slope of < 8 MiB per 6 s: t ~ 40 s.
     assert 30 < r.waited_s < 60
     assert abs(r.idle_bytes - 2 * GiB) < 16 * MiB
@@ -192,19 +195,19 @@ def test_settle_waits_for_a_decaying_level():
 
 def test_settle_gives_up_at_the_cap():
     clock = FakeClock()
-    r = B.settle(lambda: int(clock.t * 10 * MiB), clock=clock, sleep=clock.sleep, cap_s=20)
+    r = sampling.settle(lambda: int(clock.t * 10 * MiB), clock=clock, sleep=clock.sleep, cap_s=20)
     assert not r.flat and 20 <= r.waited_s < 21
-    assert r.spread_bytes > B.SETTLE_TOLERANCE_BYTES
+    assert r.spread_bytes > sampling.SETTLE_TOLERANCE_BYTES
 
 
 def test_settle_is_quick_when_idle():
     clock = FakeClock()
-    r = B.settle(lambda: 3 * GiB, clock=clock, sleep=clock.sleep)
-    assert r.flat and r.idle_bytes == 3 * GiB and r.waited_s == pytest.approx(B.SETTLE_WINDOW_S, abs=0.3)
+    r = sampling.settle(lambda: 3 * GiB, clock=clock, sleep=clock.sleep)
+    assert r.flat and r.idle_bytes == 3 * GiB and r.waited_s == pytest.approx(sampling.SETTLE_WINDOW_S, abs=0.3)
 
 
 def test_meminfo_reader():
-    rd = B.MeminfoReader()
+    rd = sampling.MeminfoReader()
     try:
         used = rd.used_bytes()
         assert 0 < used < rd.total_bytes
@@ -215,10 +218,11 @@ def test_meminfo_reader():
 def test_bucket_max_and_sampling_stats():
     ts = [10.000, 10.004, 10.009, 10.012, 10.030]
     vs = [1, 5, 3, 2, 9]
-    assert B.bucket_max(ts, vs, 10.0) == [(0.0, 5), (0.01, 2), (0.03, 9)]
-    st = B.sampling_stats(ts)
+    assert sampling.bucket_max(ts, vs, 10.0) == [(0.0, 5), (0.01, 2), (0.03, 9)]
+    assert sampling.bucket_max(ts, vs, 10.0, bucket_s=document.SIDE_FILE_BUCKET_S) == [(0.0, 9)]
+    st = sampling.sampling_stats(ts)
     assert st["samples"] == 5 and st["rate_hz"] == pytest.approx(4 / 0.03, rel=1e-3) and st["max_gap_ms"] == pytest.approx(18.0)
-    assert B.nearest([(1.0, 10), (2.0, 20)], 1.8) == 20 and B.nearest([], 1.0) is None
+    assert sampling.nearest([(1.0, 10), (2.0, 20)], 1.8) == 20 and sampling.nearest([], 1.0) is None
 
 
 # --- events, document, table -------------------------------------------------------------------
@@ -233,17 +237,17 @@ def test_summarize_events_two_ranks():
     steps = [{"event": "step", "step": i, "loss": 7.0 - i, "seconds": s} for i, s in ((1, 4.0), (2, 2.0), (3, 3.0))]
     ev = {0: [{"event": "phase", "name": "zero_init", "t_mono": 1.0}, *steps, _final(0, 10, 20, 5, 6)],
           1: [_final(1, 1, 2, 3, 4)]}
-    s = B.summarize_events(ev, micro_batch=2, seq_len=100, ranks=2)
+    s = runner.summarize_events(ev, micro_batch=2, seq_len=100, ranks=2)
     assert s["seconds_per_step"] == pytest.approx(2.5) and s["first_step_seconds"] == 4.0
     assert s["tokens_per_s"] == pytest.approx(2 * 100 * 2 / 2.5)
     assert (s["ssd_read_bytes"], s["ssd_written_bytes"], s["ssd_read_bytes_steps"]) == (11, 22, 8)
     assert s["losses"] == [6.0, 5.0, 4.0] and s["errors"] == [] and "engine_stats" not in s
     # A rank that died leaves no final line: no SSD totals rather than half of them.
-    assert "ssd_read_bytes" not in B.summarize_events({0: ev[0], 1: []}, micro_batch=2, seq_len=100, ranks=2)
+    assert "ssd_read_bytes" not in runner.summarize_events({0: ev[0], 1: []}, micro_batch=2, seq_len=100, ranks=2)
 
 
 def _result(name, mode, peak, sps, pred=None):
-    r = B.RunResult(name=name, mode=mode, disabled=[], ok=True, peak_system_bytes=peak, ru_maxrss_bytes=peak // 2,
+    r = runner.RunResult(name=name, mode=mode, disabled=[], ok=True, peak_system_bytes=peak, ru_maxrss_bytes=peak // 2,
                     max_tree_rss_bytes=peak // 2, seconds_per_step=sps, tokens_per_s=512 / sps,
                     ssd_read_bytes=int(2e9), ssd_written_bytes=int(3e9), settle={"waited_s": 7.0, "flat": True,
                     "spread_bytes": MiB}, sampling={"rate_hz": 1100.0, "max_gap_ms": 3.0}, timeline=[(0.0, 0), (0.5, peak)])
@@ -254,24 +258,49 @@ def _result(name, mode, peak, sps, pred=None):
 
 def test_document_and_table_shape(tmp_path):
     runs = [_result("stock", "stock", 4 * GiB, 2.0, pred=int(3.6 * GiB)), _result("tuned", "tuned", 3 * GiB, 2.2),
-            B.RunResult(name="memascend", mode="memascend", disabled=[], ok=False, error="engine missing")]
+            runner.RunResult(name="memascend", mode="memascend", disabled=[], ok=False, error="engine missing")]
     job = {"model": "m", "num_params": 1, "seq_len": 512, "micro_batch": 1, "steps": 2, "dtype": "bf16", "ranks": 1}
-    doc = B.build_document(job=job, hardware={"name": "local"}, runs=runs, notes=["n"])
+    doc = document.build_document(job=job, hardware={"name": "local"}, runs=runs, notes=["n"])
     doc = json.loads(json.dumps(doc))  # JSON-serialisable as written to bench.json
-    assert doc["schema_version"] == B.JSON_SCHEMA_VERSION
+    assert doc["schema_version"] == document.JSON_SCHEMA_VERSION
     assert [r["name"] for r in doc["runs"]] == ["stock", "tuned", "memascend"]
     assert doc["runs"][0]["prediction_error_percent"] == pytest.approx(-10.0)
     assert doc["vs_stock"] == {"tuned": {"peak_reduction_percent": 25.0, "step_time_change_percent": 10.0}}
     assert doc["vs_tuned"] == {"stock": {"peak_reduction_percent": pytest.approx(-33.33),
                                          "step_time_change_percent": pytest.approx(-9.09)}}
-    rows = B.table_rows(doc)
-    assert all(len(row) == len(B.TABLE_COLUMNS) for row in rows)
+    rows = document.table_rows(doc)
+    assert all(len(row) == len(document.TABLE_COLUMNS) for row in rows)
     assert rows[0] == ("stock", "4.00", "2.00", "2.00", "-", "3.60", "-10.0%")
     assert rows[2][0] == "memascend (failed)" and rows[2][1] == "-"
-    B.render_table(doc)  # must not raise on failed runs
-    problem = B.write_plot(doc, str(tmp_path / "p.png"))
+    document.render_table(doc)  # must not raise on failed runs
+    problem = document.write_plot(doc, str(tmp_path / "p.png"))
     if problem is None:
         assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_names_its_timeline_side_file(tmp_path):
+    """bench.json holds no timeline; bench.timeline.json.gz beside it holds every run's, and so does a sweep's."""
+    runs = [_result("tuned", "tuned", 3 * GiB, 2.2), _result("memascend", "memascend", 1 * GiB, 2.0)]
+    job = {"model": "m", "layers": 8, "num_params": 1, "seq_len": 512, "micro_batch": 1, "steps": 2, "dtype": "bf16",
+           "ranks": 1}
+    doc = document.build_document(job=job, hardware={}, runs=runs, notes=[])
+    summary = document.write_document(doc, str(tmp_path / "bench.json"))
+    on_disk = json.loads((tmp_path / "bench.json").read_text())
+    assert on_disk == summary and summary["timeline_file"] == "bench.timeline.json.gz"
+    assert all("timeline" not in r for r in on_disk["runs"]) and doc["runs"][0]["timeline"]  # the plot's copy stays
+    got = document.read_timelines(str(tmp_path / "bench.json"))
+    assert [(t["layers"], t["seq_len"], t["run"], t["points"]) for t in got] == [
+        (8, 512, "tuned", [[0.0, 3 * GiB]]), (8, 512, "memascend", [[0.0, 1 * GiB]])]  # max per 1 s
+    first = (tmp_path / "bench.timeline.json.gz").read_bytes()
+    document.write_document(doc, str(tmp_path / "bench.json"))
+    assert (tmp_path / "bench.timeline.json.gz").read_bytes() == first  # same timelines, same bytes
+    sweep = document.write_document(document.sweep_document([doc, {**doc, "job": {**job, "seq_len": 2048}}]),
+                                    str(tmp_path / "sweep.json"))
+    assert sweep["timeline_file"] == "sweep.timeline.json.gz"
+    assert all("timeline" not in r for d in sweep["documents"] for r in d["runs"])
+    assert [t["seq_len"] for t in document.read_timelines(str(tmp_path / "sweep.json"))] == [512, 512, 2048, 2048]
+    back = document.read_document(str(tmp_path / "sweep.json"))  # what scripts/join_sweep.py joins
+    assert "timeline_file" not in back and back["documents"][1]["runs"][0]["timeline"] == [[0.0, 3 * GiB]]
 
 
 def test_ssd_bytes_reported_next_to_the_placements_minimum():
@@ -279,12 +308,12 @@ def test_ssd_bytes_reported_next_to_the_placements_minimum():
     run = {"name": "memascend", "ssd_bytes_per_param": {"read": 23.0, "write": 20.1},
            "predicted": {"ssd_traffic": {"minimum_read_bytes_per_param": 24.1,
                                          "minimum_write_bytes_per_param": 20.1}}}
-    assert B.ssd_minimum(run) == (24.1, 20.1)
-    assert B.ssd_line(run) == ("memascend: SSD 23.0 / 20.1 B/param read / write per step, minimum for its placement "
+    assert document.ssd_minimum(run) == (24.1, 20.1)
+    assert document.ssd_line(run) == ("memascend: SSD 23.0 / 20.1 B/param read / write per step, minimum for its placement "
                                "24.1 / 20.1 (-4.6% / +0.0%)")
     # runs recorded before the roofline existed, or without SSD counters, print nothing
-    assert B.ssd_line({**run, "predicted": {"ssd_traffic": {}}}) is None
-    assert B.ssd_line({**run, "ssd_bytes_per_param": None}) is None
+    assert document.ssd_line({**run, "predicted": {"ssd_traffic": {}}}) is None
+    assert document.ssd_line({**run, "ssd_bytes_per_param": None}) is None
 
 
 # --- the command's checks (nothing is launched) ---------------------------------------------------
@@ -292,18 +321,18 @@ def test_ssd_bytes_reported_next_to_the_placements_minimum():
 
 def test_repeats_report_the_median_peak_and_keep_every_repeat():
     def rep(peak, ok=True, log="x"):
-        return B.RunResult(name="tuned", mode="tuned", disabled=[], ok=ok, peak_system_bytes=peak, log_path=log)
+        return runner.RunResult(name="tuned", mode="tuned", disabled=[], ok=ok, peak_system_bytes=peak, log_path=log)
 
     one = rep(5 * GiB)
-    assert B.median_run([one]) is one and one.repeats == []  # a single run is recorded as before
+    assert runner.median_run([one]) is one and one.repeats == []  # a single run is recorded as before
     runs = [rep(6 * GiB, log="a"), rep(4 * GiB, log="b"), rep(5 * GiB, log="c")]
-    chosen = B.median_run(runs)
+    chosen = runner.median_run(runs)
     assert chosen.log_path == "c" and chosen.peak_system_bytes == 5 * GiB
     assert [r["peak_system_bytes"] for r in chosen.repeats] == [6 * GiB, 4 * GiB, 5 * GiB]  # in the order run
-    assert B.median_run([rep(6 * GiB, log="a"), rep(4 * GiB, log="b")]).log_path == "b"  # the lower middle
-    failed = B.median_run([rep(4 * GiB), rep(None, ok=False, log="dead"), rep(5 * GiB)])
+    assert runner.median_run([rep(6 * GiB, log="a"), rep(4 * GiB, log="b")]).log_path == "b"  # the lower middle
+    failed = runner.median_run([rep(4 * GiB), rep(None, ok=False, log="dead"), rep(5 * GiB)])
     assert failed.log_path == "dead" and not failed.ok and len(failed.repeats) == 3  # a failure is never hidden
-    assert B.median_run(runs).to_dict()["repeats"][0]["log_path"] == "a"
+    assert runner.median_run(runs).to_dict()["repeats"][0]["log_path"] == "a"
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -331,25 +360,25 @@ def test_sweep_document_flatness_and_slope():
         runs = [_result(n, n, int(p * GiB), 2.0) for n, p in peaks.items()]
         job = {"model": "m", "layers": layers, "num_params": params, "seq_len": 2048, "micro_batch": 1, "steps": 2,
                "dtype": "bf16", "ranks": 1}
-        return json.loads(json.dumps(B.build_document(job=job, hardware={}, runs=runs, notes=[])))
+        return json.loads(json.dumps(document.build_document(job=job, hardware={}, runs=runs, notes=[])))
 
     docs = [doc(8, int(1e9), {"tuned": 2.0, "memascend": 1.0}), doc(16, int(2e9), {"tuned": 3.0, "memascend": 1.1}),
             doc(32, int(4e9), {"tuned": 5.0, "memascend": 1.1})]
-    sweep = B.sweep_document(docs)
+    sweep = document.sweep_document(docs)
     assert [p["layers"] for p in sweep["points"]] == [8, 16, 32]
     assert sweep["series"]["tuned"]["gib_per_billion_params"] == pytest.approx(1.0)
     assert sweep["series"]["memascend"]["spread_bytes"] == int(1.1 * GiB) - int(1.0 * GiB)
     assert abs(sweep["series"]["memascend"]["gib_per_billion_params"]) < 0.05
-    B.render_sweep(sweep)
+    document.render_sweep(sweep)
 
 
 def test_runs_may_name_single_ablation_runs():
-    runs = B.parse_runs("memascend,memascend-no-verify_checksums", ablation=False)
-    assert runs == [B.RunSpec("memascend", "memascend"),
-                    B.RunSpec("memascend-no-verify_checksums", "memascend", ("verify_checksums",))]
+    runs = R.parse_runs("memascend,memascend-no-verify_checksums", ablation=False)
+    assert runs == [R.RunSpec("memascend", "memascend"),
+                    R.RunSpec("memascend-no-verify_checksums", "memascend", ("verify_checksums",))]
     # --ablation adds the rest, never the named one twice.
-    full = B.parse_runs("memascend,memascend-no-streaming", ablation=True)
+    full = R.parse_runs("memascend,memascend-no-streaming", ablation=True)
     assert [r.name for r in full].count("memascend-no-streaming") == 1
-    assert len(full) == 3 + len(B.TECHNIQUES) - 1
-    with pytest.raises(B.BadInput, match="unknown run"):
-        B.parse_runs("memascend-no-magic", ablation=False)
+    assert len(full) == 3 + len(R.TECHNIQUES) - 1
+    with pytest.raises(BadInput, match="unknown run"):
+        R.parse_runs("memascend-no-magic", ablation=False)

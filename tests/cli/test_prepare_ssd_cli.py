@@ -15,7 +15,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from memascend_cli import region
+from memascend_cli.ssd import region
 from memascend_cli.app import app, main
 
 MiB = 1024**2
@@ -43,7 +43,7 @@ def region_path(tmp_path):
 
 
 def _fstype(path: str) -> str:
-    from memascend_cli.blockdev import mount_for_path, read_mountinfo
+    from memascend_cli.ssd.blockdev import mount_for_path, read_mountinfo
 
     m = mount_for_path(os.path.realpath(path), read_mountinfo())
     return m.fstype if m else "unknown"
@@ -243,7 +243,7 @@ def test_registered_in_app_help():
 
 
 def test_command_module_imports_no_torch():
-    code = "import sys, memascend_cli.commands.prepare_ssd, memascend_cli.region, memascend_cli.ssd_probe, memascend_cli.ssd_safety; print('torch' in sys.modules)"
+    code = "import sys, memascend_cli.commands.prepare_ssd, memascend_cli.ssd.region, memascend_cli.ssd.probe, memascend_cli.ssd.safety; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 

@@ -61,7 +61,7 @@ def test_plan_and_train_agree_on_every_job_parameter(tmp_path):
 
 
 def test_plan_defaults_are_trains_defaults(tmp_path):
-    from memascend_cli.recipe import recipe_from_dict
+    from memascend_cli.run.recipe import recipe_from_dict
 
     r = recipe_from_dict({"model": "tiny-llama", "dataset": "d.jsonl"})
     p = run("plan", "--model", "tiny-llama", "--hardware", "cpu-24g", "--json")
@@ -106,7 +106,7 @@ def test_train_progress_fits_80_columns():
     from rich.console import Console, Group
     from rich.text import Text
 
-    from memascend_cli.commands.train import format_event, format_stats, format_step
+    from memascend_cli.run.live import format_event, format_stats, format_step
     from memascend_cli.console import step_progress
 
     assert len(format_step(BIG_STEP)) <= 80 and len(format_stats(BIG_STEP)) <= 80

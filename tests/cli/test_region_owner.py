@@ -16,13 +16,15 @@ import time
 
 import pytest
 
-from memascend_cli import region, region_owner
+from memascend_cli.ssd import region
+
+from memascend_cli.ssd import owner as region_owner
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from memascend_cli import region_owner
+    from memascend_cli.ssd import owner as region_owner
     lease = region_owner.acquire(sys.argv[1], int(sys.argv[2]))
     print("held", flush=True)
     time.sleep(120)

@@ -193,7 +193,7 @@ def test_two_ranks_each_in_their_own_subregion(tmp_path, stock):
                            "--steps", str(STEPS), "--region", region, "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    from memascend_cli import region as region_mod
+    from memascend_cli.ssd import region as region_mod
 
     header = region_mod.read_header(region)
     results = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from memascend_engine import native
 
-from memascend_cli import region as region_mod
+from memascend_cli.ssd import region as region_mod
 
 OK, WHY = native.available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"native extension unavailable: {WHY}")

@@ -18,7 +18,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from memascend_cli import region
+from memascend_cli.ssd import region
 from memascend_cli.app import main
 
 MiB = 1024**2
@@ -278,7 +278,7 @@ def _native_skip_reason() -> str | None:
 
 @pytest.mark.parametrize("prefer_native", [False, True], ids=["python-odirect", "native"])
 def test_probe_touches_only_its_range(tmp_path, prefer_native):
-    from memascend_cli import ssd_probe
+    from memascend_cli.ssd import probe as ssd_probe
 
     if prefer_native and (why := _native_skip_reason()):
         pytest.skip(f"native I/O core unavailable: {why}")
@@ -300,7 +300,7 @@ def test_probe_touches_only_its_range(tmp_path, prefer_native):
 
 
 def test_probe_plan_clamps_to_the_data_area():
-    from memascend_cli import ssd_probe
+    from memascend_cli.ssd import probe as ssd_probe
 
     header = region.new_header(capacity_bytes=3 * MiB, num_ranks=1)
     plan = ssd_probe.plan_probe(header, probe_mib=256)

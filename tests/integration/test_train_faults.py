@@ -247,7 +247,7 @@ def test_region_truncated_under_a_running_job(reference, tmp_path):
     _need_root()
     run = str(tmp_path / "run")
     region_path = _prepare(str(tmp_path / "cut.region"))
-    from memascend_cli import region as region_mod
+    from memascend_cli.ssd import region as region_mod
 
     data_start = region_mod.read_header(region_path).data_start_bytes
     p = run_until((TINY, "--output-dir", run, *COMMON, "--region", region_path), run,
@@ -302,14 +302,14 @@ def test_sigkill_of_one_rank_of_two_during_io(tmp_path):
     assert re.match(r"error: rank 1 was killed( by SIGKILL)? \(out of memory\?\)", errors[0]), errors
     assert _complete_checkpoints(run)[0] == "step-0000002"
     _verify_checkpoint(run, 2, ranks=2)
-    from memascend_cli import region as region_mod
-    from memascend_cli import region_owner
+    from memascend_cli.ssd import region as region_mod
+    from memascend_cli.ssd import owner
 
-    states = [s["state"] for s in region_owner.rank_states(region_path, region_mod.read_header(region_path))]
+    states = [s["state"] for s in owner.rank_states(region_path, region_mod.read_header(region_path))]
     assert states[1] == "stale" and "in use" not in states, states  # rank 1 died holding it: the kernel let go
     # The next run takes the dead rank's sub-region over (preflight note; the rank prints the takeover).
-    from memascend_cli.commands.train import _check_region_owners
+    from memascend_cli.run.prepared import _check_region_owners
 
-    notes = region_owner.check_ranks_free(region_path, region_mod.read_header(region_path), 2)
+    notes = owner.check_ranks_free(region_path, region_mod.read_header(region_path), 2)
     assert notes[0] is None and any("rank 1's sub-region was left by" in n for n in notes[1])
     assert _check_region_owners(region_path, region_mod.read_header(region_path), 2)[1] is None

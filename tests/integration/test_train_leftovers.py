@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from memascend_cli import leftovers
+from memascend_cli.run import leftovers
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("deepspeed")
@@ -52,7 +52,7 @@ def _rank_pids(run: str) -> dict[int, int]:
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this machine")
 def test_killed_rank_leaves_no_shared_memory_and_live_segments_are_kept(tmp_path):
-    from memascend_cli.launch import free_port
+    from memascend_cli.run.launch import free_port
 
     port = free_port()
     stale_port, live_port = free_port(), free_port()

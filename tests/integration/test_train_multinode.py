@@ -101,7 +101,7 @@ def _losses(run: str) -> dict[int, float]:
 
 
 def test_two_nodes_each_with_its_own_region(ssh_env, tmp_path):
-    from memascend_cli import region
+    from memascend_cli.ssd import region
 
     regions = [_prepare(str(tmp_path / f"node{i}.region")) for i in (0, 1)]
     hostfile = tmp_path / "hostfile"

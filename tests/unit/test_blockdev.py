@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from memascend_cli import blockdev
-from memascend_cli.blockdev import (
+from memascend_cli.ssd import blockdev
+from memascend_cli.ssd.blockdev import (
     device_for_path,
     find_block_device,
     list_block_devices,

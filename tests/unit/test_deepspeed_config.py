@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from memascend_cli.deepspeed_config import build_ds_config, region_aio
+from memascend_cli.run.dsconfig import build_ds_config, region_aio
 from memascend_cli.models import load_preset
 from memascend_cli.planner import zero
-from memascend_cli.recipe import recipe_from_dict
-from memascend_cli.region import ProbeResult, new_header
+from memascend_cli.run.recipe import recipe_from_dict
+from memascend_cli.ssd.region import ProbeResult, new_header
 
 TINY = load_preset("tiny-llama")
 

@@ -75,7 +75,7 @@ def test_thp_mode_and_capability_helpers():
 # O_DIRECT and path probes (real I/O on this machine).
 
 def _fstype_of(path: str) -> str | None:
-    from memascend_cli.blockdev import mount_for_path, read_mountinfo
+    from memascend_cli.ssd.blockdev import mount_for_path, read_mountinfo
 
     entry = mount_for_path(os.path.realpath(path), read_mountinfo())
     return entry.fstype if entry else None
@@ -176,7 +176,7 @@ def loop_4kn(tmp_path):
 
 @pytest.mark.root
 def test_path_info_on_loop_device_reads_only(loop_4kn):
-    from memascend_cli.blockdev import find_block_device
+    from memascend_cli.ssd.blockdev import find_block_device
 
     dev = find_block_device(loop_4kn)
     assert dev is not None and dev.type == "loop" and dev.logical_block_bytes == 4096

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from memascend_cli.launch import RankWatch, _killed_by, build_launch, first_dead, rank_error
-from memascend_cli.recipe import load_recipe, recipe_from_dict
+from memascend_cli.run.launch import RankWatch, _killed_by, build_launch, first_dead, rank_error
+from memascend_cli.run.recipe import load_recipe, recipe_from_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
@@ -85,7 +85,7 @@ def test_rank_watch_sees_a_rank_die_from_its_started_pid(tmp_path):
     import subprocess
     import sys
 
-    from memascend_cli.rundir import started_file
+    from memascend_cli.run.rundir import started_file
 
     run = str(tmp_path)
     os.makedirs(os.path.dirname(started_file(run, 0)))
@@ -118,7 +118,8 @@ def test_dry_run_prints_config_and_command(cli, tmp_path):
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     run = str(tmp_path / "run")
-    assert doc["run_dir"] == run and doc["engine"] == "baseline"
+    assert doc["run_dir"] == run and doc["engine"] == "tuned"
+    assert "--baseline means --engine tuned" in res.stderr
     cmd = doc["launch"]["cmd"]
     assert cmd[0].endswith("/deepspeed") and os.path.dirname(cmd[0]) == os.path.dirname(sys.executable)
     assert cmd[1:] == ["--num_gpus", "1", "--master_port", "29500", "--no_local_rank",
@@ -173,7 +174,7 @@ def test_unprepared_region_is_refused(cli, tmp_path):
 
 
 def test_region_too_small_is_refused(cli, tmp_path):
-    from memascend_cli.region_setup import create_region_file
+    from memascend_cli.ssd.prepare import create_region_file
 
     small = tmp_path / "small.region"
     create_region_file(str(small), 8 << 20, ranks=1, label="test")
@@ -185,8 +186,8 @@ def test_recipe_module_stays_torch_free():
     import subprocess
     import sys
 
-    code = ("import sys, memascend_cli.commands.train, memascend_cli.launch, memascend_cli.deepspeed_config, "
-            "memascend_cli.preflight; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
+    code = ("import sys, memascend_cli.commands.train, memascend_cli.run.launch, memascend_cli.run.dsconfig, "
+            "memascend_cli.run.preflight; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -207,3 +208,17 @@ def test_dry_run_writes_the_engine_windows_the_plan_chose(cli, tmp_path):
     with open(tmp_path / "run" / "engine.json") as f:
         chosen = json.load(f)
     assert chosen["checkpoint_offload"] == "dram" and chosen["windows"]["optimizer_depth"] == 3
+
+
+def test_engine_stock_runs_deepspeeds_documented_knobs(cli, tmp_path):
+    """--engine stock: DeepSpeed's defaults (a swap-file run), tuned: memascend's knobs on stock DeepSpeed."""
+    docs = {}
+    for engine in ("stock", "tuned"):
+        res = cli("train", TINY, "--engine", engine, "--dry-run", "--output-dir", str(tmp_path / engine), "--steps", "3")
+        assert res.exit_code == 0, res.stderr
+        docs[engine] = json.loads(res.stdout)
+        assert docs[engine]["engine"] == engine and "--baseline" in docs[engine]["launch"]["cmd"]
+    stock_zero, tuned_zero = (docs[e]["ds_config"]["zero_optimization"] for e in ("stock", "tuned"))
+    assert stock_zero["sub_group_size"] == 1e9 and tuned_zero["sub_group_size"] < stock_zero["sub_group_size"]
+    res = cli("train", TINY, "--engine", "fast", "--dry-run")
+    assert res.exit_code == 2 and "unknown engine 'fast'" in res.stderr

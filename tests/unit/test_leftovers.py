@@ -1,4 +1,4 @@
-"""memascend_cli.leftovers: DeepSpeed's shared-memory segments and engine key folders, swept only when nobody holds
+"""memascend_cli.run.leftovers: DeepSpeed's shared-memory segments and engine key folders, swept only when nobody holds
 them. Real files and real processes (a child holds a segment open and mapped, as a DeepSpeed rank does)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from memascend_cli import leftovers
+from memascend_cli.run import leftovers
 
 UID = os.getuid()
 

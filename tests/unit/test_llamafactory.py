@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from memascend_cli import llamafactory as LF
+from memascend_cli.run import llamafactory as LF
 from memascend_cli.errors import BadInput
-from memascend_cli.recipe import load_recipe
+from memascend_cli.run.recipe import load_recipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ASSETS = os.path.join(REPO, "tests", "assets", "llamafactory")

@@ -12,13 +12,13 @@ import sys
 import pytest
 
 from memascend_cli.errors import BadInput
-from memascend_cli.hostfile import HostEntry, active_nodes, node_regions, parse_hostfile
-from memascend_cli.launch import build_launch
-from memascend_cli.node_preflight import NodeFacts, assess_node, gather_node_facts
-from memascend_cli.preflight import Facts, assess
-from memascend_cli.recipe import recipe_from_dict
-from memascend_cli.ssd_safety import TargetFacts, is_network_fs
-from memascend_cli.ssd_safety import assess as assess_target
+from memascend_cli.run.hostfile import HostEntry, active_nodes, node_regions, parse_hostfile
+from memascend_cli.run.launch import build_launch
+from memascend_cli.run.node_preflight import NodeFacts, assess_node, gather_node_facts
+from memascend_cli.run.preflight import Facts, assess
+from memascend_cli.run.recipe import recipe_from_dict
+from memascend_cli.ssd.safety import TargetFacts, is_network_fs
+from memascend_cli.ssd.safety import assess as assess_target
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")

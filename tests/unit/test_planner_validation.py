@@ -2,7 +2,7 @@
 
 docs/bench/validation/*.json are `memascend bench` documents of models, dtypes and rank counts other than the
 calibration runs (docs/bench/calibration/*.json) the planner's constants come from. Each run is re-planned with
-today's planner from its recorded config, job and techniques (memascend_cli.bench.repredict).
+today's planner from its recorded config, job and techniques (memascend_cli.bench.configs.repredict).
 """
 
 import glob
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from memascend_cli import bench
+from memascend_cli.bench import configs as bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 0.10

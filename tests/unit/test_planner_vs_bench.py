@@ -2,7 +2,7 @@
 
 tests/assets/bench_measured.json holds the stock, tuned-stock and memascend runs of `memascend bench`
 on bench-llama-136m (CPU-only, docs/results.md); the planner is fed the exact DeepSpeed config each
-run used (read back by memascend_cli.bench.planner_knobs).
+run used (read back by memascend_cli.bench.configs.run_settings).
 """
 
 import json
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from memascend_cli import bench
+from memascend_cli.bench import configs as bench
 from memascend_cli.models import load_model
 from memascend_cli.planner.spec import HardwareSpec
 

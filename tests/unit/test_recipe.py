@@ -7,7 +7,7 @@ import os
 import pytest
 
 from memascend_cli.errors import BadInput
-from memascend_cli.recipe import load_recipe, merge, parse_set, recipe_from_dict, total_steps
+from memascend_cli.run.recipe import load_recipe, merge, parse_set, recipe_from_dict, total_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
@@ -95,10 +95,10 @@ def test_total_steps_from_epochs():
 
 
 def test_docs_recipes_md_is_generated_from_the_models():
-    from memascend_cli.recipe import reference_markdown
+    from memascend_cli.run.recipe import reference_markdown
 
     with open(os.path.join(REPO, "docs", "recipes.md"), encoding="utf-8") as f:
-        assert f.read() == reference_markdown(), "regenerate: python -c 'from memascend_cli.recipe import " \
+        assert f.read() == reference_markdown(), "regenerate: python -c 'from memascend_cli.run.recipe import " \
             "reference_markdown; open(\"docs/recipes.md\", \"w\").write(reference_markdown())'"
 
 

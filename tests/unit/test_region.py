@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from memascend_cli import region
+from memascend_cli.ssd import region
 from memascend_cli.errors import BadInput, SSDNotReady
-from memascend_cli.region import (
+from memascend_cli.ssd.region import (
     HEADER_BYTES,
     ExtentAllocator,
     NoRegion,

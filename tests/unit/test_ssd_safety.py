@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from memascend_cli.ssd_safety import Signature, TargetFacts, assess, parse_blkid_export, parse_wipefs_json, refusal_message
+from memascend_cli.ssd.safety import Signature, TargetFacts, assess, parse_blkid_export, parse_wipefs_json, refusal_message
 
 GiB = 1024**3
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from memascend_cli.deepspeed_config import adamw, ds_config
+from memascend_cli.run.dsconfig import adamw, ds_config
 from memascend_cli.models import list_model_presets, load_model
 from memascend_cli.planner import memory, zero
 from memascend_cli.planner import zero as pools
@@ -275,3 +275,9 @@ def test_resolve_collects_the_notes_of_the_knobs_it_caps():
                      "memascend (the largest value memascend runs with; stock uses it as given)"]
     zero.resolve("stock", model=spec, world_size=1, elem_bytes=2, base=base, notes=notes)
     assert len(notes) == 1
+
+
+def test_the_bench_runs_the_engines():
+    from memascend_cli.bench.runs import MODES  # kept free of the planner for the child process
+
+    assert MODES == zero.ENGINES

@@ -1,0 +1,141 @@
+"""Each run's DeepSpeed config and child environment, and the planner's prediction of the run. Pure."""
+
+from __future__ import annotations
+
+import json
+
+from memascend_cli.bench.runs import MODES
+from memascend_cli.run.dsconfig import ELEM_BYTES, adamw, ds_config
+from memascend_cli.defaults import ENGINE_ENV
+from memascend_cli.errors import BadInput
+from memascend_cli.planner import zero
+
+
+def resolve_settings(mode: str, spec, *, dtype: str, ranks: int, aio_block_size: int | None = None,
+                     aio_queue_depth: int | None = None) -> zero.ZeroSettings:
+    """The ZeRO settings of one run (zero.resolve: tuned and memascend get the same stock knobs). Pure."""
+    if mode not in MODES:
+        raise BadInput(f"unknown mode {mode!r}", "modes are " + ", ".join(MODES))
+    if dtype not in ELEM_BYTES:
+        raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
+    return zero.resolve(mode, model=spec, world_size=ranks, elem_bytes=ELEM_BYTES[dtype],
+                        aio_block_size=aio_block_size, aio_queue_depth=aio_queue_depth)
+
+
+def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: str, ranks: int, lr: float = 1e-4,
+                    aio_block_size: int | None = None, aio_queue_depth: int | None = None) -> dict:
+    """The DeepSpeed config of one run. Pure.
+
+    stock: what a user writes from DeepSpeed's docs for ZeRO-Infinity (params + optimizer on NVMe), every knob at
+      its default except buffer_size, raised to fit the largest partition.
+    tuned: stock DeepSpeed given every stock knob memascend sets (zero.memascend_knobs), the same aio settings and
+      (child_env) the same exact-size native pinning.
+    memascend: byte-for-byte the tuned config; the engine's install() finds nothing to change in it.
+    """
+    s = resolve_settings(mode, spec, dtype=dtype, ranks=ranks, aio_block_size=aio_block_size,
+                         aio_queue_depth=aio_queue_depth)
+    return ds_config(s, nvme_path=nvme_dir, micro_batch=micro_batch, precision=dtype, optimizer=adamw(lr))
+
+
+def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> dict:
+    """Environment of a run's child: the accelerator, the settings' environment (DS_PIN_MEMORY_BACKEND: native
+    for tuned and memascend, DeepSpeed's default torch allocator for stock) and, for memascend, the engine's allocator
+    environment (defaults.ENGINE_ENV)."""
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"
+    if accelerator == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    elif accelerator == "cuda":
+        env["DS_ACCELERATOR"] = "cuda"
+    env.pop("DS_PIN_MEMORY_BACKEND", None)
+    settings = zero.from_ds_config(cfg, {"DS_PIN_MEMORY_BACKEND": "native" if mode != "stock" else "torch"})
+    env.update(settings.env())
+    if mode == "memascend":
+        env.update(ENGINE_ENV)
+    return env
+
+
+def run_settings(mode: str, cfg: dict) -> zero.ZeroSettings:
+    """The settings a run's child really gets (read back from its config and environment, so plan and run cannot
+    drift). Pure."""
+    return zero.from_ds_config(cfg, child_env(mode, cfg, {}))
+
+
+def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:
+    """Which activation checkpointing a run uses when it checkpoints: `hf` (transformers' non-reentrant, what a stock
+    user writes) for stock; memascend's checkpoint function for tuned and memascend (`memascend`, with the engine's
+    exact pinned host buffers on a GPU) so tuned stock and memascend run the same implementation."""
+    return "hf" if mode == "stock" else "memascend"
+
+
+def bench_launcher_processes(ranks: int) -> int:
+    """Launcher processes beside the ranks (see child_command): none for one rank, torchrun for more."""
+    return 0 if ranks == 1 else 1
+
+
+def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
+            checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
+            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None) -> dict:
+    """memascend plan's estimate for one run: node peak plus the host items (for recalibration). `disabled`: the
+    memascend techniques switched off (ablation runs)."""
+    from memascend_cli.planner.memory import JobSpec, estimate
+
+    offloaded = checkpointing_impl(mode) == "memascend" and (mode != "memascend"
+                                                             or "offload_checkpointing" not in disabled)
+    ck = "none" if checkpointing != "full" else ("offload" if offloaded else "full")
+    job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks_per_node=ranks,
+                  checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
+                  checkpoint_copies=0, streaming="streaming" not in disabled,
+                  checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
+                  host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
+                  launcher_processes=bench_launcher_processes(ranks))
+    est = estimate(job, hw, "memascend" if mode == "memascend" else "stock")  # stock code with the run's own knobs
+    return {
+        "engine": est.engine,
+        "node_host_peak_bytes": est.node_host_peak_bytes,
+        "host_peak_bytes_per_rank": est.host_peak_bytes,
+        "host_steady_bytes_per_rank": est.host_steady_bytes,
+        "gpu_peak_bytes": est.gpu_peak_bytes if hw.num_gpus else None,
+        "nvme_bytes_per_rank": est.nvme_bytes,
+        "host_items": [{"key": i.key, "kind": i.kind, "bytes": i.bytes} for i in est.items if i.tier == "host"],
+        "config_errors": list(est.config_errors),
+        "ssd_traffic": est.traffic.to_dict() if est.traffic else None,
+        "host_budget": est.budget.to_dict() if est.budget else None,
+    }
+
+
+def engine_args(predicted: dict) -> list[str]:
+    """The memascend child's window arguments: the planner's split of the host budget, so plan and run agree."""
+    b = predicted.get("host_budget")
+    if not b:
+        return []
+    return ["--engine-windows", json.dumps(b["windows"]), "--prefetch-layers", str(b["prefetch_layers"])]
+
+
+def recorded_spec(job: dict):
+    """The model a recorded bench job ran: its preset, scaled to the job's layer count. Pure."""
+    from memascend_cli.models import load_model
+
+    spec = load_model(job["model"])
+    if job.get("layers") and job["layers"] != spec.num_hidden_layers:
+        spec = spec.scaled(job["layers"])
+    return spec
+
+
+def repredict(doc: dict, run: dict) -> dict:
+    """Today's planner on a recorded run: its exact config, job, techniques and machine (CPU-only unless the run
+    used CUDA). Pure: what scripts/results.py and the planner-validation test compare with the measured peak."""
+    from memascend_cli.planner.spec import HardwareSpec
+
+    j = doc["job"]
+    spec = recorded_spec(j)
+    hw_doc = doc.get("hardware") or {}
+    cuda = j.get("accelerator") == "cuda"
+    hw = HardwareSpec(name=hw_doc.get("name", "recorded"), dram_gib=float(hw_doc.get("dram_gib", 24.0)),
+                      num_gpus=int(hw_doc.get("num_gpus", 0)) if cuda else 0,
+                      gpu_mem_gib=float(hw_doc.get("gpu_mem_gib", 0.0)) if cuda else 0.0,
+                      cpu_cores=int(hw_doc.get("cpu_cores", 1)))
+    return predict(run["mode"], run["config"], spec, seq_len=j["seq_len"], micro_batch=j["micro_batch"],
+                   dtype=j["dtype"], ranks=j["ranks"], checkpointing=j["checkpointing"], hw=hw,
+                   deepspeed_version=j["deepspeed_version"], disabled=tuple(run.get("disabled") or ()),
+                   host_budget_bytes=j.get("host_budget_bytes"))

@@ -1,0 +1,435 @@
+"""One run of the bench: settle, launch the child (memascend_engine.bench_job) with os.wait4, sample until it
+exits, collect its events; and the points of a sweep, each a set of runs, repeated on request."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from memascend_cli.bench.configs import build_ds_config, checkpointing_impl, child_env, engine_args, predict
+from memascend_cli.bench.document import build_document
+from memascend_cli.bench.runs import RunSpec
+from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSampler, TreeSampler, bucket_max,
+                                          drop_caches, nearest, others_rss_bytes, sampling_stats, settle)
+from memascend_cli.defaults import ENGINE_ENV
+from memascend_cli.errors import BadInput
+from memascend_cli.run.launch import free_port
+from memascend_cli.units import GiB, MiB
+
+JOB_MODULE = "memascend_engine.bench_job"
+"""The child of every run (`python -m memascend_engine.bench_job`): works from an installed wheel."""
+
+
+@dataclass
+class RunResult:
+    name: str
+    mode: str
+    disabled: list[str]
+    ok: bool
+    error: str | None = None
+    idle_bytes: int = 0
+    settle: dict = field(default_factory=dict)
+    peak_system_bytes: int | None = None
+    """max(MemTotal - MemAvailable) over the child's life minus the settled idle level."""
+    peak_at_s: float | None = None
+    peak_phase: str | None = None
+    ru_maxrss_bytes: int | None = None
+    max_tree_rss_bytes: int | None = None
+    per_process_max_rss: list[dict] = field(default_factory=list)
+    others_rss_span_bytes: int | None = None
+    others_rss_change_at_peak_bytes: int | None = None
+    peak_system_minus_others_bytes: int | None = None
+    """peak_system_bytes less the change of other processes' RSS from idle to the peak (shared machines)."""
+    seconds_per_step: float | None = None
+    first_step_seconds: float | None = None
+    tokens_per_s: float | None = None
+    losses: list[float] = field(default_factory=list)
+    ssd_read_bytes: int | None = None
+    ssd_written_bytes: int | None = None
+    ssd_read_bytes_per_step: float | None = None
+    """Rank 0's /proc/self/io read_bytes of a steady step (steps 2..N)."""
+    ssd_write_bytes_per_step: float | None = None
+    ssd_read_bytes_steps: int | None = None
+    ssd_written_bytes_steps: int | None = None
+    engine_stats: list[dict] | None = None
+    swap_bytes_on_disk: int | None = None
+    peak_gpu_bytes: int | None = None
+    """torch.cuda.max_memory_allocated of rank 0 (CUDA runs)."""
+    peak_gpu_reserved_bytes: int | None = None
+    pinned_bytes: int | None = None
+    """Pinned host bytes at the end of rank 0's run: torch's CUDA host allocator peak + VmLck (stock, tuned), the
+    engine's own pinned buffers (memascend)."""
+    wall_s: float | None = None
+    shm: dict = field(default_factory=dict)
+    """/dev/shm around the run: used bytes and DeepSpeed's allreduce segments before and after, and the leftovers
+    swept before the launch and after the exit (memascend_cli/leftovers.py); a clean run ends where it started."""
+    sampling: dict = field(default_factory=dict)
+    phases: list[dict] = field(default_factory=list)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds since launch, MemTotal - MemAvailable - idle in bytes), max per 10 ms bucket (sampling.TIMELINE_BUCKET_S):
+    for the plot; the side file keeps it per 1 s (document.write_document), the summary never."""
+    predicted: dict | None = None
+    repeats: list[dict] = field(default_factory=list)
+    """With --repeat N > 1: each repeat's peak, max RSS, step time and log in the order run; this run's other
+    fields are those of the repeat with the median peak (median_run)."""
+    config: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    log_path: str = ""
+
+    @property
+    def prediction_error_percent(self) -> float | None:
+        if not self.predicted or not self.peak_system_bytes:
+            return None
+        return 100.0 * (self.predicted["node_host_peak_bytes"] - self.peak_system_bytes) / self.peak_system_bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["prediction_error_percent"] = (round(self.prediction_error_percent, 2)
+                                         if self.prediction_error_percent is not None else None)
+        return d
+
+
+def read_events(path: str) -> list[dict]:
+    """The child's JSON lines (a partial last line while the child writes is skipped)."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int, seq_len: int, ranks: int) -> dict:
+    """Step timing from rank 0; SSD bytes summed over ranks. Pure."""
+    ev0 = events_by_rank.get(0, [])
+    steps = [e for e in ev0 if e.get("event") == "step"]
+    finals = [next((e for e in evs if e.get("event") == "final"), None) for evs in events_by_rank.values()]
+    finals = [f for f in finals if f is not None]
+    errors = [e["message"] for evs in events_by_rank.values() for e in evs if e.get("event") == "error"]
+    out: dict = {"losses": [s["loss"] for s in steps], "errors": errors}
+    if steps:
+        # Step 1 also records the parameter trace and creates the Adam states: report it apart.
+        timed = steps[1:] if len(steps) > 1 else steps
+        sps = sum(s["seconds"] for s in timed) / len(timed)
+        out.update(seconds_per_step=sps, first_step_seconds=steps[0]["seconds"],
+                   tokens_per_s=micro_batch * seq_len * ranks / sps)
+        # SSD bytes of a steady step (rank 0; the first step reads no Adam moments and records the trace).
+        with_io = [s for s in timed if "io" in s]
+        if with_io:
+            out.update(ssd_read_bytes_per_step=sum(s["io"]["read_bytes"] for s in with_io) / len(with_io),
+                       ssd_write_bytes_per_step=sum(s["io"]["write_bytes"] for s in with_io) / len(with_io))
+    if finals and len(finals) == len(events_by_rank):
+        out.update(
+            ssd_read_bytes=sum(f["io"]["read_bytes"] for f in finals),
+            ssd_written_bytes=sum(f["io"]["write_bytes"] for f in finals),
+            ssd_read_bytes_steps=sum(f["io_steps"]["read_bytes"] for f in finals),
+            ssd_written_bytes_steps=sum(f["io_steps"]["write_bytes"] for f in finals),
+            swap_bytes_on_disk=max(f.get("swap_bytes_on_disk", 0) for f in finals),
+        )
+        first = next((f for f in finals if f.get("rank") == 0), finals[0])
+        for k in ("peak_gpu_bytes", "peak_gpu_reserved_bytes", "pinned_bytes"):
+            if first.get(k) is not None:
+                out[k] = first[k]
+        stats = [f["engine_stats"] for f in finals if f.get("engine_stats") is not None]
+        if stats:
+            out["engine_stats"] = stats
+    out["phases"] = [e for e in ev0 if e.get("event") == "phase"]
+    return out
+
+
+def child_command(args: list[str], ranks: int) -> list[str]:
+    """One rank: `python -m memascend_engine.bench_job`. More: torchrun (python -m torch.distributed.run -m ...)."""
+    if ranks == 1:
+        return [sys.executable, "-m", JOB_MODULE, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--nnodes", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", JOB_MODULE, *args]
+
+
+def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
+            micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
+            settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None
+            ) -> RunResult:
+    """Settle, launch the child, sample until it exits, collect its events."""
+    import shutil
+
+    res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg)
+    run_dir = os.path.join(out_dir, "runs", run.name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    shutil.rmtree(nvme_dir, ignore_errors=True)  # stale swap files would be read back as data
+    os.makedirs(nvme_dir)
+    cfg_path = os.path.join(run_dir, "ds_config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    events_prefix = os.path.join(run_dir, "events")
+    args = [*job_args, "--mode", run.mode, "--ds-config", cfg_path, "--events", events_prefix,
+            "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled)]
+    for t in run.disabled:
+        args += ["--disable", t]
+    args += list(extra_args or [])
+    if region is not None:
+        args += ["--region", region]
+    env = child_env(run.mode, cfg, os.environ, accelerator=accelerator)
+    res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
+                                   "MEMASCEND_VERIFY_CHECKSUMS", *ENGINE_ENV) if k in env}
+    task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
+
+    def tick(waited_s, spread):
+        if progress is not None:
+            s = "…" if spread is None else f"{spread / MiB:.0f} MiB"
+            progress.update(task, description=f"{run.name}: settle {waited_s:.0f}s ±{s}")
+
+    from memascend_cli.run import leftovers
+
+    swept_before = leftovers.sweep()
+    res.shm = {"before_bytes": leftovers.shm_used_bytes(), "segments_before": leftovers.deepspeed_segments(),
+               "swept_before": swept_before.to_dict()}
+    reader = MeminfoReader()
+    try:
+        dropped = drop_caches()
+        st = settle(reader.used_bytes, on_tick=tick, cap_s=settle_cap_s, dropped_caches=dropped)
+        res.idle_bytes = st.idle_bytes
+        res.settle = asdict(st)
+        others_at_idle = others_rss_bytes({os.getpid()})
+        cmd = child_command(args, ranks)
+        res.log_path = os.path.join(run_dir, "child.log")
+        sampler = MemSampler(reader)
+        # A 0.2 ms GIL switch interval (default 5 ms) keeps the psutil sweeps of the tree sampler from
+        # holding the sampler thread off for tens of milliseconds.
+        switch_s = sys.getswitchinterval()
+        sys.setswitchinterval(0.0002)
+        sampler.start()
+        t_launch = time.monotonic()
+        with open(res.log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        tree = TreeSampler(proc.pid)
+        tree.start()
+        status, rusage = 0, None
+        rank0_events = f"{events_prefix}-rank0.jsonl"
+        try:
+            while True:
+                pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    break
+                if progress is not None:
+                    evs = read_events(rank0_events)
+                    done = sum(1 for e in evs if e.get("event") == "step")
+                    phase = next((e["name"] for e in reversed(evs) if e.get("event") == "phase"), "starting")
+                    progress.update(task, completed=done, description=f"{run.name}: {phase}")
+                time.sleep(0.2)
+        except BaseException:
+            proc.kill()
+            os.wait4(proc.pid, 0)
+            raise
+        finally:
+            proc.returncode = -1  # reaped by wait4 above: keep Popen from waiting on a pid it no longer owns
+            t_end = time.monotonic()
+            sampler.stop()
+            tree.stop()
+            sys.setswitchinterval(switch_s)
+    finally:
+        reader.close()
+    res.wall_s = t_end - t_launch
+    swept_after = leftovers.sweep()
+    res.shm.update(after_bytes=leftovers.shm_used_bytes(), segments_after=leftovers.deepspeed_segments(),
+                   swept_after=swept_after.to_dict())
+    code = os.waitstatus_to_exitcode(status)
+    res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None
+    res.max_tree_rss_bytes = tree.max_tree_rss_bytes
+    res.per_process_max_rss = sorted(({"pid": p, "cmd": n, "max_rss_bytes": b}
+                                      for p, (n, b) in tree.per_process_max_rss_bytes.items()),
+                                     key=lambda d: -d["max_rss_bytes"])[:8]
+    if tree.others_rss_bytes:
+        vals = [v for _, v in tree.others_rss_bytes]
+        res.others_rss_span_bytes = max(vals) - min(vals)
+    ts, used = sampler.t_s, sampler.used_bytes
+    res.sampling = sampling_stats(ts)
+    in_run = [(t, u) for t, u in zip(ts, used) if t_launch <= t <= t_end]
+    if in_run:
+        t_pk, u_pk = max(in_run, key=lambda x: x[1])
+        res.peak_system_bytes = u_pk - res.idle_bytes
+        res.peak_at_s = round(t_pk - t_launch, 3)
+        at_peak = nearest(tree.others_rss_bytes, t_pk)
+        if at_peak is not None:
+            # Cross-check for a shared machine: take out how much the other processes' RSS moved between
+            # the idle reading and the moment of the peak (1 Hz, RSS only: a gauge, not a correction).
+            res.others_rss_change_at_peak_bytes = at_peak - others_at_idle
+            res.peak_system_minus_others_bytes = res.peak_system_bytes - res.others_rss_change_at_peak_bytes
+    res.timeline = [(t, v - res.idle_bytes) for t, v in bucket_max(ts, used, t_launch)]
+    events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
+    summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks)
+    for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes_per_step",
+              "ssd_write_bytes_per_step", "ssd_read_bytes", "ssd_written_bytes",
+              "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
+              "peak_gpu_reserved_bytes", "pinned_bytes"):
+        if k in summary:
+            setattr(res, k, summary[k])
+    res.phases = [{"name": p["name"], "at_s": round(p["t_mono"] - t_launch, 3),
+                   **{k: p[k] for k in ("rss_anon_bytes", "malloc") if k in p}} for p in summary["phases"]]
+    if res.peak_at_s is not None:
+        res.peak_phase = next((p["name"] for p in reversed(res.phases) if p["at_s"] <= res.peak_at_s), "startup")
+    if code == 0 and len(res.losses) == steps:
+        res.ok = True
+    else:
+        res.error = "; ".join(summary["errors"]) or f"exit status {code}; last lines of {res.log_path}:\n" + _tail(res.log_path)
+    if progress is not None:
+        progress.update(task, completed=len(res.losses),
+                        description=f"{run.name}: {'done' if res.ok else '[red]failed[/red]'}")
+    shutil.rmtree(nvme_dir, ignore_errors=True)
+    return res
+
+
+def _tail(path: str, nbytes: int = 1500) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def check_nvme_dir(path: str) -> dict:
+    """Swap files must go to a real, O_DIRECT-capable file system: on tmpfs 'offloading' keeps data in RAM."""
+    from memascend_cli.hardware import path_info
+    from memascend_cli.ssd.safety import RAM_FILESYSTEMS
+
+    os.makedirs(path, exist_ok=True)
+    info = path_info(path)
+    if info.fstype in RAM_FILESYSTEMS:
+        raise BadInput(f"--nvme-dir {path} is on {info.fstype}, which keeps file data in RAM",
+                       "point --nvme-dir at a directory on an SSD file system (ext4, xfs)")
+    if info.o_direct_ok is False:
+        raise BadInput(f"--nvme-dir {path} ({info.fstype}) does not support O_DIRECT: {info.o_direct_reason}",
+                       "DeepSpeed's swapper needs O_DIRECT; use a directory on ext4 or xfs")
+    return info.to_dict()
+
+
+def create_region(path: str, size_bytes: int, ranks: int) -> dict:
+    """A fresh region file for the memascend runs (region_setup: prepare-ssd's checks and steps, no probe)."""
+    from memascend_cli.ssd.prepare import create_region_file
+
+    return create_region_file(path, size_bytes, ranks=ranks, label="memascend-bench").to_dict()
+
+
+@dataclass
+class Point:
+    """One job of the bench (a point of a depth / context sweep)."""
+
+    model: str
+    spec: object
+    layers: int | None
+    """Decoder layers when the depth was set (the child scales the model), else None."""
+    seq_len: int
+    micro_batch: int
+    steps: int
+    dtype: str
+    seed: int
+    checkpointing: str
+    ranks: int
+    host_budget_bytes: int | None
+    accelerator: str
+    hw: object
+    deepspeed_version: str
+
+    def job_args(self) -> list[str]:
+        args = ["--model", self.model, "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
+                "--steps", str(self.steps), "--dtype", self.dtype, "--seed", str(self.seed), "--checkpointing",
+                self.checkpointing]
+        return args + (["--layers", str(self.layers)] if self.layers else [])
+
+    def predict(self, mode: str, cfg: dict, disabled: tuple[str, ...] = ()) -> dict:
+        return predict(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
+                       ranks=self.ranks, checkpointing=self.checkpointing, hw=self.hw,
+                       deepspeed_version=self.deepspeed_version, disabled=disabled,
+                       host_budget_bytes=self.host_budget_bytes)
+
+
+
+def median_run(repeats: list[RunResult]) -> RunResult:
+    """The repeat that stands for a run measured `len(repeats)` times: a failed one if any failed (it is reported),
+    else the one with the median peak (the lower of the two middle ones for an even count), with every repeat's
+    numbers in its `repeats`. Pure."""
+    if len(repeats) == 1:
+        return repeats[0]
+    failed = [r for r in repeats if not r.ok or r.peak_system_bytes is None]
+    chosen = failed[0] if failed else sorted(repeats, key=lambda r: r.peak_system_bytes)[(len(repeats) - 1) // 2]
+    chosen.repeats = [{"peak_system_bytes": r.peak_system_bytes, "ru_maxrss_bytes": r.ru_maxrss_bytes,
+                       "idle_bytes": r.idle_bytes, "peak_phase": r.peak_phase, "seconds_per_step": r.seconds_per_step,
+                       "ok": r.ok, "log_path": r.log_path} for r in repeats]
+    return chosen
+
+
+def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
+              region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1) -> dict:
+    """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
+    document (median_run stands for the repeats of a run)."""
+    from memascend_cli.console import err, step_progress
+
+    notes: list[str] = [
+        ("peak system memory is machine-wide (MemTotal - MemAvailable): other processes' allocations during a run "
+         "count too; others_rss_change_at_peak_bytes / peak_system_minus_others_bytes gauge that, and ru_maxrss / "
+         "tree RSS are per process"),
+    ]
+    if os.geteuid() != 0:
+        notes.append("not root: the page cache was not dropped before the runs, so the idle level is less stable")
+    spec, ranks = p.spec, p.ranks
+    region_info = None
+    if engine_ok and region is None and any(r.mode == "memascend" for r in run_specs):
+        region = os.path.join(out_dir, "bench.region")
+        est = p.predict("memascend", build_ds_config("memascend", spec, micro_batch=p.micro_batch, dtype=p.dtype,
+                                                     nvme_dir=nvme_dir, ranks=ranks))
+        # The planner's SSD bytes per rank (+ the checkpoint stream), 50% headroom for alignment and metadata.
+        act = (est.get("ssd_traffic") or {}).get("write_bytes", {}).get("activation_checkpoints", 0)
+        size_bytes = int((est["nvme_bytes_per_rank"] + act) * ranks * 1.5) + (64 << 20)
+        err.print(f"creating region {region} ({size_bytes / GiB:.1f} GiB)")
+        region_info = create_region(region, size_bytes, ranks)
+    aio_block, aio_depth = None, None
+    if region is not None and os.path.exists(region):
+        from memascend_cli.ssd import region as region_mod
+        from memascend_cli.run.dsconfig import region_aio
+
+        aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
+    cfgs = [build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir, ranks=ranks,
+                            aio_block_size=aio_block, aio_queue_depth=aio_depth) for run in run_specs]
+    predictions = [p.predict(run.mode, cfg, run.disabled) for run, cfg in zip(run_specs, cfgs)]
+    measured: list[list[RunResult]] = [[] for _ in run_specs]
+    with step_progress(err) as progress:
+        # A run's repeats follow each other: smallest planned peak first also across repeats (see execution_order).
+        for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
+            run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
+            for k in range(repeat):
+                res = run_one(run, job_args=p.job_args(), cfg=cfg,
+                              out_dir=out_dir if repeat == 1 else os.path.join(out_dir, f"repeat{k + 1}"),
+                              nvme_dir=nvme_dir, ranks=ranks, micro_batch=p.micro_batch, seq_len=p.seq_len,
+                              steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
+                              settle_cap_s=settle_cap_s, accelerator=p.accelerator,
+                              extra_args=engine_args(predicted) if run.mode == "memascend" else None)
+                res.predicted = predicted
+                measured[i].append(res)
+    results = [median_run(rs) for rs in measured]
+    if repeat > 1:
+        notes.append(f"each run is the repeat with the median peak of {repeat}, taken one after another in one "
+                     "sitting; runs[].repeats lists every repeat")
+    job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
+           "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
+           "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,
+           "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
+           "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info}
+    return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)
+
+
+def execution_order(planned_peak_bytes: list[int]) -> list[int]:
+    """Indices of the runs, smallest planned peak first. Memory a run frees can take minutes to show up as available
+    again (a VM's free-page reporting: ~32 MiB/s here), which inflates the next run's idle level and so shrinks its
+    measured peak; a smaller run after a larger one would be measured short by a larger share. Pure."""
+    return sorted(range(len(planned_peak_bytes)), key=lambda i: (planned_peak_bytes[i], i))

@@ -1,0 +1,56 @@
+"""Which runs a bench measures: the engines and the memascend techniques an ablation switches off. Pure.
+
+The child (memascend_engine.bench_job) imports this module for MODES and TECHNIQUES, so it stays free of
+the rest of the bench and of anything heavier than memascend_cli.errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memascend_cli.errors import BadInput
+
+MODES = ("stock", "tuned", "memascend")  # zero.ENGINES (tests/unit/test_zero.py); the child imports no planner
+TECHNIQUES = ("streaming", "pinned", "adaptive_pool", "fused_overflow", "direct_nvme", "offload_checkpointing",
+              "malloc_trim", "verify_checksums")
+"""The engine's techniques (and its checksum verification, to measure what it costs), each switchable off for the
+ablation (memascend_engine.EngineOptions fields)."""
+ABLATION_PREFIX = "memascend-no-"
+"""Run name of memascend with one technique off: memascend-no-<technique>."""
+ACCELERATORS = ("auto", "cpu", "cuda")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# What to run (pure)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One measured run: a mode and, for memascend ablations, the techniques switched off."""
+
+    name: str
+    mode: str
+    disabled: tuple[str, ...] = ()
+
+
+def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
+    """'stock,tuned,memascend' (+ one memascend run per technique disabled with --ablation)."""
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise BadInput("--runs is empty", "give e.g. --runs stock,tuned,memascend")
+    ablated = {f"{ABLATION_PREFIX}{t}": t for t in TECHNIQUES}
+    bad = [n for n in names if n not in MODES and n not in ablated]
+    if bad:
+        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES) + f", or {ABLATION_PREFIX}X with X one "
+                       "of " + ", ".join(TECHNIQUES))
+    if len(set(names)) != len(names):
+        raise BadInput("--runs names a run twice", "list each of " + ", ".join(MODES) + " at most once")
+    runs = [RunSpec(n, "memascend", (ablated[n],)) if n in ablated else RunSpec(n, n) for n in names]
+    if ablation:
+        # The ablation separates config from technique: tuned is "stock + memascend's knobs only", and each
+        # memascend-no-X run differs from full memascend in X alone.
+        if "tuned" not in names:
+            runs.append(RunSpec("tuned", "tuned"))
+        runs += [RunSpec(n, "memascend", (t,)) for n, t in ablated.items() if n not in names]
+    return runs

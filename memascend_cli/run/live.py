@@ -1,0 +1,120 @@
+"""The live view of a running `memascend train` on stderr, fed by the run's metrics.jsonl: a Rich progress bar
+with ETA and a line of figures (loss, lr, tokens/s, host memory, SSD traffic), events above it; one plain line per
+record when stderr is not a terminal. Everything fits 80 columns."""
+
+from __future__ import annotations
+
+import json
+
+
+class LiveView:
+    """The live view on stderr, fed by metrics.jsonl: on a terminal a progress bar (steps, elapsed, ETA)
+    with a line of figures under it, events printed above it; otherwise one plain line per record.
+    Everything fits 80 columns."""
+
+    def __init__(self, path: str, start_offset: int = 0):
+        self.path, self.offset = path, start_offset
+        self.last: dict | None = None
+        self.events: list[dict] = []
+        self.live = None
+        self.progress = None
+        self.task = None
+        self.buffer = ""
+
+    def __enter__(self):
+        from memascend_cli.console import err
+
+        if err.is_terminal:
+            from rich.console import Group
+            from rich.live import Live
+            from rich.text import Text
+
+            from memascend_cli.console import step_progress
+
+            self.progress = step_progress(err)
+            self.task = self.progress.add_task("train", total=None)
+            self.stats = Text("starting the ranks", style="dim")
+            self.live = Live(Group(self.progress, self.stats), console=err, refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+        return False
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except OSError:
+            return
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            self._show(rec)
+
+    def _show(self, rec: dict) -> None:
+        from memascend_cli.console import err
+
+        kind = rec.get("event")
+        if kind in ("start", "resumed") and self.progress is not None:
+            total = rec.get("total_steps")
+            self.progress.update(self.task, total=total, completed=rec.get("step", 0))
+            self.progress.reset(self.task, total=total, completed=rec.get("step", 0))
+            self.stats.plain = "first step (DeepSpeed warms up)"
+        if kind == "step":
+            self.last = rec
+            if self.progress is not None:
+                self.progress.update(self.task, completed=rec["step"], total=rec.get("total_steps"))
+                self.stats.plain = format_stats(rec)
+            else:
+                err.print(format_step(rec), highlight=False)
+            return
+        if kind in ("checkpoint", "eval", "export", "stopped"):
+            self.events.append(rec)
+            (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False)
+
+    def summary(self) -> None:
+        self.poll()
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 10_000 else f"{x:,.0f}"
+
+
+def format_stats(r: dict, sep: str = "  ") -> str:
+    """The figures under the bar: loss, lr, tokens/s, host memory (node), SSD GB/s read/written."""
+    lr = f"{r['lr']:.1e}".replace("e-0", "e-").replace("e+0", "e")
+    return sep.join((f"loss {r['loss']:.4f}", f"lr {lr}", f"{_rate(r['tokens_per_s'])} tok/s",
+                     f"host {r['host_rss_gib']:.1f} GiB", f"SSD {_gbps(r['ssd_read_gbps'])}/{_gbps(r['ssd_write_gbps'])} GB/s"))
+
+
+def _gbps(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def format_step(r: dict) -> str:
+    """One plain line per step when stderr is not a terminal (logs, CI): `step/total figures`, 80 columns."""
+    return f"{r['step']}/{r.get('total_steps', '?')} " + format_stats(r, " ")
+
+
+def format_event(e: dict) -> str:
+    kind = e.get("event")
+    if kind == "checkpoint":
+        return f"checkpoint: step {e['step']} -> {e['path']}"
+    if kind == "export":
+        return f"exported: {e['path']}"
+    if kind == "eval":
+        return f"validation loss at step {e['step']}: {e['loss']:.4f}"
+    if kind == "stopped":
+        return f"stopped at step {e['step']}; resume with --resume"
+    return json.dumps(e)

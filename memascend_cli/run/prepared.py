@@ -1,0 +1,479 @@
+"""Run setup, shared by `plan RECIPE`, `train` and `bench`: a recipe becomes a typed, checked run.
+
+recipe -> planner JobSpec (`job_spec`, the one translation plan and train share) -> region and node sizing ->
+preflight -> the run directory's config files (`prepare_run`, no launch). Torch-free: data preparation and GGUF
+import run in child processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING
+
+from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible, SSDNotReady
+from memascend_cli.run.rundir import CHECKPOINTS, REGION_FILE, SWAP_DIR, complete_checkpoints
+from memascend_cli.units import GiB, MiB
+from memascend_cli.versions import installed_deepspeed_version
+
+if TYPE_CHECKING:
+    from memascend_cli.run.recipe import Recipe
+
+REGION_HEADROOM = 1.25
+"""A created region file is the plan's SSD bytes x this, for extents lost to alignment and holes."""
+
+
+def checkpointing_mode(r: Recipe, engine: str) -> str:
+    """The planner's activation checkpointing for the recipe: offloaded with the memascend engine."""
+    if not r.gradient_checkpointing:
+        return "none"
+    return "offload" if engine == "memascend" else "full"
+
+
+def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, engine: str, deepspeed_version: str,
+             header=None, base=None):
+    """The planner JobSpec of a recipe: the single translation `plan RECIPE` and `train RECIPE` share.
+
+    Its knobs are the ZeRO settings train writes into the DeepSpeed config: memascend and tuned stock get
+    planner/zero.py resolve("memascend") (with the aio block size and queue depth of the region's prepare-ssd
+    probe in `header`), stock gets DeepSpeed's defaults as its docs configure them. `base`: the stock settings to
+    start from (plan's knob flags), default DeepSpeed's.
+    """
+    from memascend_cli.planner import zero
+    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec
+    from memascend_cli.run.dsconfig import region_aio
+    from memascend_cli.units import parse_size
+
+    block_bytes, queue_depth = region_aio(header)
+    settings = zero.resolve("stock" if engine == "stock" else "memascend", model=model_spec, world_size=world_size,
+                            elem_bytes=DTYPE_BYTES[r.precision], base=base, aio_block_size=block_bytes,
+                            aio_queue_depth=queue_depth)
+    budget = parse_size(r.host_budget, "host_budget") if r.host_budget else None
+    return JobSpec(model=model_spec, seq_len=r.seq_len, micro_batch=r.micro_batch, grad_accum_steps=r.grad_accum,
+                   dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, engine),
+                   deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0,
+                   checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget)
+
+
+def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
+               flash_attn, liger, grad_accum_dtype, deepspeed_version, host_budget_bytes=None,
+               checkpoint_offload=None, base=None):
+    """The JobSpec `train RECIPE` plans (job_spec, with the recipe's region probe), with the options
+    given on the command line on top."""
+    import dataclasses
+
+    ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
+    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine == "memascend" else None)
+    header = read_region(region, ranks)[0] if region and os.path.exists(region) else None
+    job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), engine=engine,
+                   deepspeed_version=deepspeed_version or installed_deepspeed_version(), header=header, base=base)
+    given = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum_steps": grad_accum, "dtype": dtype,
+             "checkpointing": checkpointing, "flash_attention": flash_attn, "grad_accum_dtype": grad_accum_dtype,
+             "fused_cross_entropy": liger or None, "host_budget_bytes": host_budget_bytes,
+             "checkpoint_offload": checkpoint_offload}
+    return dataclasses.replace(job, **{k: v for k, v in given.items() if v is not None})
+
+
+def job_document(job, est) -> dict:
+    """The job parameters as `plan --json` and `train --dry-run` print them (so they can be compared)."""
+    return {
+        "model": job.model.name, "num_params": job.model.num_params,
+        "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
+        "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
+        "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
+        "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
+        "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
+        "knobs": job.knobs.to_dict(), "zero_init": job.zero_init,
+        "checkpoint_copies": job.checkpoint_copies,
+    }
+
+
+# --- preparing a train run ----------------------------------------------------------------------------------
+
+
+class Prepared:
+    """Everything decided before the launch (kept together for --dry-run and the launch)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def dry_run_document(self) -> dict:
+        return {
+            "run_dir": self.run_dir,
+            "engine": self.engine,
+            "plan": self.plan_summary,
+            "preflight": [{"name": c.name, "ok": c.ok, "message": c.message, "hint": c.hint} for c in self.checks],
+            "region": self.region_note,
+            "data": self.data,
+            "total_steps": self.total_steps,
+            "ds_config": self.ds_config,
+            "launch": self.spec.to_dict(),
+        }
+
+
+def _check_model_source(name: str) -> None:
+    """A model directory must hold safetensors weights (a preset builds random weights)."""
+    if not os.path.isdir(name):
+        return
+    files = os.listdir(name)
+    if not any(f.endswith(".safetensors") for f in files):
+        hint = "convert the weights to safetensors, or use a preset name for random weights"
+        if any(f.endswith(".gguf") for f in files):
+            hint = "give the .gguf file itself as model (it is converted once), or `memascend import-gguf FILE DIR`"
+        raise BadInput(f"model directory {name} has no *.safetensors weights", hint)
+
+
+def _check_data_paths(recipe) -> None:
+    for path in recipe.dataset.paths:
+        if not os.path.isfile(path):
+            raise BadInput(f"dataset file {path} does not exist", "fix dataset.path in the recipe")
+    tok = recipe.tokenizer or (recipe.model if os.path.isdir(recipe.model) else None)
+    if tok is None:
+        raise BadInput(f"model {recipe.model} is a preset and the recipe names no tokenizer",
+                       "set `tokenizer:` to a tokenizer directory or a tokenizer.json")
+    if not os.path.exists(tok):
+        raise BadInput(f"tokenizer {tok} does not exist", "set `tokenizer:` to a tokenizer directory or a tokenizer.json")
+    if "tensorboard" in recipe.report_to:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise BadInput("report_to includes tensorboard but the tensorboard package is not installed",
+                           "pip install tensorboard, or set report_to: jsonl")
+
+
+def import_gguf_model(recipe):
+    """A recipe whose model is a .gguf file, with the model replaced by its imported (cached) directory."""
+    import subprocess
+    import sys
+
+    from memascend_cli.console import err
+    from memascend_cli.run.recipe import cache_home
+
+    with err.status(f"importing {os.path.basename(recipe.model)} (once; cached in {cache_home('models')})"):
+        p = subprocess.run([sys.executable, "-m", "memascend_engine.gguf_import", recipe.model, "--cache-root",
+                            cache_home("models")], capture_output=True, text=True)
+    if p.returncode != 0:
+        last = next((l for l in reversed(p.stderr.splitlines()) if l.startswith("error:")), None) or \
+            (p.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise BadInput(f"cannot import {recipe.model}: {last.removeprefix('error: ')}",
+                       "check the file; `memascend import-gguf FILE DIR` shows the full error")
+    out = p.stdout.strip().splitlines()[-1]
+    updates = {"model": out}
+    if recipe.tokenizer is None or recipe.tokenizer == recipe.model:
+        updates["tokenizer"] = out
+    return recipe.model_copy(update=updates)
+
+
+def prepare_data(recipe, run_dir: str) -> dict:
+    """Tokenize the dataset (or reuse its cache) and write the export skeleton, in a child process
+    (transformers imports torch); its summary is also written to run_dir/data.json for the ranks."""
+    import subprocess
+    import sys
+
+    from memascend_cli.console import err
+    from memascend_cli.run.rundir import DATA_JSON
+
+    os.makedirs(run_dir, exist_ok=True)
+    request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
+    with err.status("preparing the data (tokenized once, then cached)") as status:
+        proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.prepare"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdin.write(request)
+        proc.stdin.close()
+        errors = []
+        for line in proc.stderr:
+            line = line.rstrip()
+            if line.startswith("tokenizing:"):
+                status.update(line)
+            elif line:
+                errors.append(line)
+        out = proc.stdout.read()
+        proc.wait()
+    if proc.returncode != 0:
+        message = next((l for l in reversed(errors) if l.startswith("error:")), None)
+        if message is not None and proc.returncode == 3:
+            raise BadInput(message.removeprefix("error: "), "fix the dataset, the tokenizer or `template:` in the "
+                           "recipe")
+        raise MemascendError(f"preparing the data failed ({(errors or ['no output'])[-1]})",
+                             "run `python -m memascend_engine.prepare` by hand to see the traceback")
+    summary = json.loads(out.strip().splitlines()[-1])
+    with open(os.path.join(run_dir, DATA_JSON), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def _clear_previous_run(run_dir: str) -> None:
+    """overwrite_output_dir: delete an earlier run's checkpoints, export and metrics (never anything else)."""
+    import shutil
+
+    from memascend_cli.run.rundir import EXPORT_DIR, METRICS, TENSORBOARD_DIR
+
+    for name in (CHECKPOINTS, EXPORT_DIR, TENSORBOARD_DIR):
+        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+    for name in (METRICS,):
+        if os.path.exists(os.path.join(run_dir, name)):
+            os.unlink(os.path.join(run_dir, name))
+
+
+def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool) -> Prepared:
+    """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch."""
+    from memascend_cli import models
+    from memascend_cli.run import preflight
+    from memascend_cli.run.dsconfig import build_ds_config
+    from memascend_cli.hardware import inventory_to_spec, io_backends, probe
+    from memascend_cli.run.launch import build_launch, free_port
+    from memascend_cli.planner.memory import estimate
+    from memascend_cli.planner.search import check
+    from memascend_cli.run.recipe import total_steps
+    from memascend_cli.run.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
+
+    spec = models.load_model(recipe.model)
+    if recipe.model.endswith(".gguf"):
+        recipe = import_gguf_model(recipe)
+    _check_model_source(recipe.model)
+    _check_data_paths(recipe)
+    run_dir = recipe.output_dir
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise BadInput(f"output_dir {run_dir} exists and is not a directory", "choose another --output-dir")
+    done = complete_checkpoints(run_dir)
+    if resume and not done:
+        raise BadInput(f"--resume: no complete checkpoint in {os.path.join(run_dir, CHECKPOINTS)}",
+                       "drop --resume to start from scratch, or check --output-dir")
+    if not resume and done and not dry_run:
+        if not recipe.overwrite_output_dir:
+            raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
+                           "add --resume to continue it, choose another --output-dir, or set overwrite_output_dir")
+        _clear_previous_run(run_dir)
+
+    inv = probe(None)
+    hw = inventory_to_spec(inv)
+    nodes = _hostfile_nodes(recipe)
+    if recipe.num_nodes or nodes:
+        import dataclasses
+
+        hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
+    # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
+    # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
+    node_regions = None
+    if len(nodes) > 1 and not baseline:
+        from memascend_cli.run.hostfile import node_regions as regions_of
+
+        node_regions = regions_of(nodes, recipe.region)
+    ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
+    world_size = ranks * max(1, hw.num_nodes)
+    baseline = engine != "memascend"  # stock DeepSpeed runs, with its swap folder instead of a region
+
+    # The region's prepare-ssd probe sets the aio block size and queue depth.
+    header, region_error, region_rank_bytes = None, None, None
+    if node_regions is not None:
+        pass  # checked on each node (the launch node may not even be one of them)
+    elif recipe.region:
+        header, region_error = read_region(recipe.region, ranks)
+    elif not baseline and os.path.exists(os.path.join(run_dir, REGION_FILE)):
+        header, region_error = read_region(os.path.join(run_dir, REGION_FILE), ranks)
+    if header is not None:
+        region_rank_bytes = min(r.size_bytes for r in header.ranks)
+    # One set of ZeRO settings for memascend and tuned (stock DeepSpeed given memascend's knobs), and the same job
+    # `plan RECIPE` computes (job_spec).
+    job = job_spec(recipe, spec, ranks=ranks, world_size=world_size, engine=engine,
+                   deepspeed_version=installed_deepspeed_version(), header=header)
+    settings = job.knobs
+    est = estimate(job, hw, engine)
+    if est.budget_error is not None:
+        raise est.budget_error
+    verdict = check(est, hw)
+    if not verdict.fits and not force:
+        raise PlanInfeasible(f"the job does not fit with {engine}: " + "; ".join(verdict.reasons),
+                             f"see `memascend plan --model {recipe.model} --seq-len {recipe.seq_len} --micro-batch "
+                             f"{recipe.micro_batch}`; lower seq_len/micro_batch, or launch anyway with --force")
+    nvme_bytes_per_rank = est.nvme_bytes
+
+    # Where the SSD data goes: the given region, a region file created in the run directory, or (--baseline)
+    # stock DeepSpeed's swap folder.
+    swap_dir = recipe.swap_dir or os.path.join(run_dir, SWAP_DIR)
+    region_path, region_note = recipe.region, None
+    if not baseline and not recipe.region and node_regions is None:
+        region_path = os.path.join(run_dir, REGION_FILE)
+        if not os.path.exists(region_path):
+            size = _region_file_bytes(recipe, nvme_bytes_per_rank * ranks)
+            region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
+            region_rank_bytes = size // ranks
+    facts = preflight.Facts(
+        dram_available_bytes=int(inv.dram_available_gib * GiB), host_peak_bytes=est.node_host_peak_bytes,
+        memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
+        locked_bytes=est.locked_bytes, baseline=baseline, region_path=region_path, region_error=region_error,
+        region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
+        swap_dir=swap_dir if baseline else None, num_ranks=ranks, io_backends=io_backends(), num_gpus=hw.num_gpus,
+        output_dir=run_dir, output_free_bytes=preflight.free_bytes(run_dir),
+        checkpoint_bytes=_checkpoint_bytes(spec.num_params, recipe), node_regions=node_regions,
+    )
+    if baseline:
+        facts.swap_free_bytes = preflight.free_bytes(swap_dir)
+        facts.swap_o_direct_ok, facts.swap_o_direct_reason = _o_direct(swap_dir)
+    checks = preflight.assess(facts)
+    _print_checks(checks, quiet=dry_run)
+    stop = preflight.blocking(checks, force)
+    if stop:
+        first = stop[0]
+        cls = SSDNotReady if first.name in ("region", "swap_dir") else MemascendError
+        raise cls(first.message, first.hint or None)
+
+    # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
+    data = prepare_data(recipe, run_dir)
+    total = total_steps(recipe, data["train_sequences"], world_size)
+    ds_config = build_ds_config(recipe, settings, swap_dir=swap_dir, world_size=world_size, total_steps=total)
+    os.makedirs(run_dir, exist_ok=True)
+    resolved = recipe.to_dict()
+    resolved["region"] = region_path if not baseline else recipe.region
+    with open(os.path.join(run_dir, DS_CONFIG), "w") as f:
+        json.dump(ds_config, f, indent=2)
+    with open(os.path.join(run_dir, RECIPE_JSON), "w") as f:
+        json.dump(resolved, f, indent=2)
+    # The engine's windows as the planner split the host budget (the worker builds EngineOptions from them).
+    engine_options = {"checkpoint_offload": recipe.checkpoint_offload}
+    if est.budget is not None:
+        engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
+    with open(os.path.join(run_dir, ENGINE_JSON), "w") as f:
+        json.dump(engine_options, f, indent=2)
+    _write_nodes(run_dir, nodes, node_regions)
+    passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
+    launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
+                          resume=resume, extra_env=passthrough,
+                          master_port=recipe.master_port or free_port())
+    plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
+                    "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": nvme_bytes_per_rank,
+                    "world_size": world_size, "zero_settings": settings.to_dict(),
+                    "host_budget": est.budget.to_dict() if est.budget else None}
+    return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, baseline=baseline, resume=resume, ds_config=ds_config,
+                    spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
+                    region_path=region_path, ranks=ranks, data=data, total_steps=total)
+
+
+def _hostfile_nodes(recipe) -> list:
+    """The hostfile's nodes DeepSpeed will launch on (memascend_cli.run.hostfile), [] without a hostfile."""
+    if not recipe.hostfile:
+        return []
+    from memascend_cli.run.hostfile import active_nodes, parse_hostfile
+
+    try:
+        with open(recipe.hostfile, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read hostfile {recipe.hostfile}: {getattr(exc, 'strerror', None) or exc}",
+                       "fix `hostfile` in the recipe") from None
+    return active_nodes(parse_hostfile(text, recipe.hostfile), recipe.num_nodes)
+
+
+def _write_nodes(run_dir: str, nodes: list, node_regions: list[str] | None) -> None:
+    """RUN/nodes.json: the nodes in DeepSpeed's node order with their regions (read by engine/node_check.py)."""
+    from memascend_cli.run.rundir import NODES_JSON
+
+    path = os.path.join(run_dir, NODES_JSON)
+    if node_regions is None:
+        if os.path.exists(path):
+            os.unlink(path)
+        return
+    doc = {"nodes": [{**n.to_dict(), "region": r} for n, r in zip(nodes, node_regions)]}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
+def read_region(path: str, ranks: int):
+    """(header, None) or (None, one-line reason) for a region the engine is to use."""
+    from memascend_cli.ssd import region
+    from memascend_cli.run.node_preflight import region_fstype
+    from memascend_cli.ssd.safety import is_network_fs
+
+    if not os.path.exists(path):
+        return None, f"region {path} does not exist"
+    fstype = region_fstype(path)
+    if is_network_fs(fstype):
+        return None, (f"region {path} is on {fstype}, a network file system; a region must be on a node-local SSD "
+                      "(a device, or a file on ext4/xfs)")
+    try:
+        header = region.read_header(path)
+    except region.NoRegion:
+        return None, f"{path} holds no memascend region (not prepared)"
+    except SSDNotReady as exc:
+        return None, f"{path}: {exc.message}"
+    except OSError as exc:
+        return None, f"cannot read the region header of {path}: {exc.strerror or exc}"
+    if len(header.ranks) < ranks:
+        return None, f"region {path} has {len(header.ranks)} rank sub-region(s), the job runs {ranks} rank(s)"
+    return _check_region_owners(path, header, ranks)
+
+
+def _check_region_owners(path: str, header, ranks: int):
+    """A region another job holds fails here, before DeepSpeed starts; stale owners are announced."""
+    from memascend_cli.ssd import owner
+    from memascend_cli.console import err
+
+    try:
+        busy, notes = owner.check_ranks_free(path, header, ranks)
+    except OSError as exc:
+        return None, f"cannot check who uses region {path}: {exc.strerror or exc}"
+    if busy:
+        raise owner.RegionBusy(busy, "wait for that job to end or stop it; a second job needs its own region "
+                                            "(--region, or another --output-dir)")
+    for note in notes:
+        err.print(f"note: region {path}: {note}", highlight=False)
+    return header, None
+
+
+def _region_file_bytes(recipe, nvme_bytes: int) -> int:
+    from memascend_cli.units import parse_size
+
+    if recipe.region_size:
+        return parse_size(recipe.region_size, "region_size")
+    # Data area + the 1 MiB header area, rounded up to whole MiB.
+    return -(-int(nvme_bytes * REGION_HEADROOM + 64 * MiB) // MiB) * MiB
+
+
+def _checkpoint_bytes(num_params: int, recipe) -> int:
+    # Per kept checkpoint: fp32 master + exp_avg + exp_avg_sq (12 B/param); one more is in flight
+    # while the oldest is deleted; the export holds one copy of the weights.
+    export = num_params * (4 if recipe.precision == "fp32" else 2) if recipe.export else 0
+    return 12 * num_params * (recipe.keep_checkpoints + 1) + export
+
+
+def _o_direct(path: str) -> tuple[bool | None, str]:
+    from memascend_cli.hardware import path_info
+
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    info = path_info(p)
+    return info.o_direct_ok, info.o_direct_reason
+
+
+def _print_checks(checks, quiet: bool) -> None:
+    from memascend_cli.console import err
+
+    for c in checks:
+        if c.ok:
+            if not quiet:
+                err.print(f"[green]ok[/green]    {c.message}", highlight=False)
+        else:
+            tag = "[red]fail[/red]" if c.fatal else "[yellow]warn[/yellow]"
+            err.print(f"{tag}  {c.message}" + (f" — {c.hint}" if c.hint else ""), highlight=False)
+
+
+def engine_available() -> tuple[bool, str]:
+    """(True, "") when memascend_engine imports, else (False, why); asked in a child interpreter, since importing the
+    engine pulls in torch, which the CLI process avoids."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", "import memascend_engine as m; m.install, m.EngineOptions"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:
+        return True, ""
+    return False, "memascend_engine cannot be imported: " + (p.stderr.strip().splitlines() or ["unknown error"])[-1]
+
+
+def require_engine() -> None:
+    """Fail in one line when the optimized engine cannot be imported; never fall back to stock DeepSpeed."""
+    ok, why = engine_available()
+    if not ok:
+        raise MemascendError(f"the memascend engine is not available in this install ({why})",
+                             "run with --engine tuned (or stock) for stock DeepSpeed ZeRO-Infinity")

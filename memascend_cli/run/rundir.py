@@ -1,0 +1,82 @@
+"""The run-directory contract of `memascend train`: every file name the CLI and the per-rank worker share.
+
+    RUN/recipe.json                 the resolved recipe (written by the CLI)
+    RUN/ds_config.json              the DeepSpeed config `train --dry-run` prints (written by the CLI)
+    RUN/ds_config.effective.json    the config DeepSpeed really received (written by rank 0 after install)
+    RUN/engine.json                 memascend EngineOptions the plan chose (host-budget windows, checkpoint offload)
+    RUN/metrics.jsonl               one JSON record per step / eval / checkpoint (rank 0)
+    RUN/STOP                        ask every rank to finish its step, checkpoint and exit 0
+    RUN/logs/                       per-rank logs; error-rank<N>.json holds a failing rank's one-line reason
+    RUN/checkpoints/step-NNNNNNN/   complete checkpoints (COMPLETE marker written last)
+    RUN/data.json                   the prepared data: tokenized cache folder, sequence counts (written by the CLI)
+    RUN/hf/                         config, generation config, tokenizer files and params.json of the export
+    RUN/tensorboard/                TensorBoard event files (report_to: tensorboard)
+    RUN/export/                     the Hugging Face export
+    RUN/swap/                       DeepSpeed's nvme_path (swap files with --baseline; only keys with the engine)
+    RUN/region.bin                  the region file created when the recipe names no region
+    RUN/nodes.json                  multi-node runs: each node's host, ranks and region, in DeepSpeed's node order
+    RUN/.deepspeed_env              multi-node runs: variables DeepSpeed's launcher exports to every node
+
+Pure constants and path helpers (stdlib only); imported by the CLI and by memascend_engine.train_worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+RECIPE_JSON = "recipe.json"
+DS_CONFIG = "ds_config.json"
+EFFECTIVE_DS_CONFIG = "ds_config.effective.json"
+ENGINE_JSON = "engine.json"
+METRICS = "metrics.jsonl"
+STOP_FILE = "STOP"
+LOG_DIR = "logs"
+CHECKPOINTS = "checkpoints"
+COMPLETE = "COMPLETE"
+EXPORT_DIR = "export"
+DATA_JSON = "data.json"
+"""The prepared data's summary (engine/prepare.py): the cache folder the ranks memory-map, sequence counts."""
+HF_DIR = "hf"
+"""Everything of the Hugging Face export but the weights (engine/prepare.py writes it before the launch)."""
+TENSORBOARD_DIR = "tensorboard"
+SWAP_DIR = "swap"
+REGION_FILE = "region.bin"
+NODES_JSON = "nodes.json"
+DEEPSPEED_ENV = ".deepspeed_env"
+"""Read by DeepSpeed's multi-node runner from its working directory (runner.py DEEPSPEED_ENVIRONMENT_PATHS '.'),
+which `memascend train` sets to the run directory."""
+ERROR_PREFIX = "error-rank"
+"""logs/error-rank<N>.json: the one-line reason a rank failed (read by the CLI)."""
+STARTED_PREFIX = "started-rank"
+"""logs/started-rank<N>: the rank's worker began (written first thing; holds its pid)."""
+EXIT_PREFIX = "exit-rank"
+"""logs/exit-rank<N>.json: the rank ended on its own terms ({"code": N} or {"sigterm": true}, the launcher stopping
+the survivors of a dead rank). A rank of a failed launch without one died of a signal it could not catch."""
+
+
+def path(run_dir: str, name: str) -> str:
+    """RUN/name."""
+    return os.path.join(run_dir, name)
+
+
+def started_file(run_dir: str, rank: int) -> str:
+    """RUN/logs/started-rank<N>."""
+    return os.path.join(run_dir, LOG_DIR, f"{STARTED_PREFIX}{rank}")
+
+
+def exit_file(run_dir: str, rank: int) -> str:
+    """RUN/logs/exit-rank<N>.json."""
+    return os.path.join(run_dir, LOG_DIR, f"{EXIT_PREFIX}{rank}.json")
+
+
+def error_file(run_dir: str, rank: int) -> str:
+    """RUN/logs/error-rank<N>.json."""
+    return os.path.join(run_dir, LOG_DIR, f"{ERROR_PREFIX}{rank}.json")
+
+
+def complete_checkpoints(run_dir: str) -> list[str]:
+    """The run's checkpoint folders marked COMPLETE, oldest first (step-NNNNNNN names sort by step)."""
+    d = os.path.join(run_dir, CHECKPOINTS)
+    if not os.path.isdir(d):
+        return []
+    return sorted(n for n in os.listdir(d) if n.startswith("step-") and os.path.exists(os.path.join(d, n, COMPLETE)))

@@ -1,0 +1,128 @@
+"""The layering rules of docs/architecture.md, read from the code's own imports (function-level imports count:
+they run too; imports under `if TYPE_CHECKING:` do not)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGES = {"memascend_cli": "memascend_cli", "memascend_engine": "engine", "memascend_presets": "presets"}
+MAX_LINES = 800
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for name, folder in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [name, *(p for p in rel.parts if p != "__init__")]
+            mods[".".join(parts)] = path
+    return mods
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(name: str, path: pathlib.Path, mods: dict) -> set[str]:
+    """The project modules `name` imports, at any depth of its code."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def visit(node):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in mods)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in mods else target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in found if m in mods and m != name}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_the_graph_sees_function_level_imports(graph):
+    # commands import their machinery inside the command function (fast --help): the graph must see it
+    assert "memascend_cli.run.prepared" in graph["memascend_cli.commands.train"]
+
+
+def test_no_import_cycles(graph):
+    assert _cycles(graph) == []
+
+
+def test_a_command_imports_no_other_command(graph):
+    commands = {m for m in graph if m.startswith("memascend_cli.commands.")}
+    offenders = {c: sorted(graph[c] & commands) for c in commands if graph[c] & commands}
+    assert offenders == {}
+
+
+def test_the_cli_side_never_imports_the_engine_at_module_level():
+    """`memascend --help` and `plan` stay torch-free: the engine is only imported inside functions."""
+    for path in (ROOT / "memascend_cli").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                bad = [n for n in names if n.split(".")[0] in ("torch", "deepspeed", "memascend_engine")]
+                assert not bad, f"{path.relative_to(ROOT)} imports {bad} at module level"
+
+
+def test_no_source_file_over_800_lines():
+    sources = [p for folder in ("memascend_cli", "engine", "csrc", "scripts", "benchmarks", "presets")
+               for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".cpp", ".h", ".sh")]
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
