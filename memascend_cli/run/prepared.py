@@ -245,6 +245,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
                            "add --resume to continue it, choose another --output-dir, or set overwrite_output_dir")
         _clear_previous_run(run_dir)
 
+    baseline = engine != "memascend"  # stock DeepSpeed runs, with its swap folder instead of a region
     inv = probe(None)
     hw = inventory_to_spec(inv)
     nodes = _hostfile_nodes(recipe)
@@ -261,7 +262,6 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         node_regions = regions_of(nodes, recipe.region)
     ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
     world_size = ranks * max(1, hw.num_nodes)
-    baseline = engine != "memascend"  # stock DeepSpeed runs, with its swap folder instead of a region
 
     # The region's prepare-ssd probe sets the aio block size and queue depth.
     header, region_error, region_rank_bytes = None, None, None
