@@ -15,7 +15,7 @@ import typer
 
 from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible, SSDNotReady
 from memascend_cli.rundir import CHECKPOINTS, COMPLETE, REGION_FILE, SWAP_DIR
-from memascend_cli.units import GiB, MiB
+from memascend_cli.units import GiB, MiB, fmt_bytes
 
 _R = "Recipe overrides"
 _M = "Mode"
@@ -35,6 +35,10 @@ def train_command(
                                 "directory.", rich_help_panel=_M),
     force: bool = typer.Option(False, "--force", help="Launch even when the planner or the DRAM/memlock preflight "
                                "says it does not fit.", rich_help_panel=_M),
+    dram_cap: str = typer.Option(None, "--dram-cap", help="Run as if this node had only this much DRAM, e.g. 6GiB: "
+                                 "the plan and preflight use it, and the ranks run in one memory cgroup of that size "
+                                 "(needs root); an OOM kill in it reports `does not fit` (exit 1).",
+                                 rich_help_panel=_M, show_default=False),
     output_dir: str = typer.Option(None, "--output-dir", "-o", help="Run directory (recipe key output_dir).",
                                    rich_help_panel=_R, show_default=False),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps (recipe key steps).", rich_help_panel=_R,
@@ -66,8 +70,17 @@ def train_command(
         memascend train recipe.yaml --dry-run
 
         memascend train recipe.yaml --resume
+
+        memascend train recipe.yaml --dram-cap 6GiB
     """
     from memascend_cli.recipe import load_recipe, merge, parse_set
+    from memascend_cli.units import parse_size
+
+    dram_cap_bytes = parse_size(dram_cap, "--dram-cap") if dram_cap else None
+    if dram_cap_bytes is not None:
+        from memascend_cli.cgroup import check_available
+
+        check_available()
 
     overrides = parse_set(set_ or [])
     flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
@@ -80,7 +93,8 @@ def train_command(
 
         for note in notes:
             err.print(f"[dim]note: {note}[/dim]", highlight=False)
-    prepared = prepare_run(recipe, baseline=baseline, resume=resume, force=force, dry_run=dry_run)
+    prepared = prepare_run(recipe, baseline=baseline, resume=resume, force=force, dry_run=dry_run,
+                           dram_cap_bytes=dram_cap_bytes)
     if dry_run:
         from memascend_cli.console import err, print_json
 
@@ -110,6 +124,7 @@ class Prepared:
             "total_steps": self.total_steps,
             "ds_config": self.ds_config,
             "launch": self.spec.to_dict(),
+            "dram_cap_bytes": self.dram_cap_bytes,
         }
 
 
@@ -224,8 +239,12 @@ def _clear_previous_run(run_dir: str) -> None:
             os.unlink(os.path.join(run_dir, name))
 
 
-def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: bool) -> Prepared:
-    """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch."""
+def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: bool,
+                dram_cap_bytes: int | None = None) -> Prepared:
+    """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch.
+
+    dram_cap_bytes: --dram-cap; the plan and the preflight see a node with that much DRAM, all of it usable (the OS
+    and other processes are outside the run's cgroup)."""
     from memascend_cli import models, preflight
     from memascend_cli.commands.plan import installed_deepspeed_version
     from memascend_cli.deepspeed_config import build_ds_config
@@ -257,9 +276,14 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     inv = probe(None)
     hw = inventory_to_spec(inv)
     nodes = _hostfile_nodes(recipe)
-    if recipe.num_nodes or nodes:
-        import dataclasses
+    import dataclasses
 
+    if dram_cap_bytes is not None:
+        if len(nodes) > 1 or (recipe.num_nodes or 1) > 1:
+            raise BadInput("--dram-cap caps the processes of this node only, and this run spans nodes",
+                           "drop --dram-cap, or run on one node")
+        hw = dataclasses.replace(hw, dram_gib=dram_cap_bytes / GiB, os_reserve_gib=0.0)
+    if recipe.num_nodes or nodes:
         hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
     # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
     # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
@@ -307,8 +331,11 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
             size = _region_file_bytes(recipe, nvme_bytes_per_rank * ranks)
             region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
             region_rank_bytes = size // ranks
+    dram_available_bytes = int(inv.dram_available_gib * GiB)
+    if dram_cap_bytes is not None:
+        dram_available_bytes = min(dram_available_bytes, dram_cap_bytes)
     facts = preflight.Facts(
-        dram_available_bytes=int(inv.dram_available_gib * GiB), host_peak_bytes=est.node_host_peak_bytes,
+        dram_available_bytes=dram_available_bytes, host_peak_bytes=est.node_host_peak_bytes,
         memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
         locked_bytes=est.locked_bytes, baseline=baseline, region_path=region_path, region_error=region_error,
         region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
@@ -346,6 +373,8 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         json.dump(engine_options, f, indent=2)
     _write_nodes(run_dir, nodes, node_regions)
     passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
+    if not recipe.hostfile:  # other nodes have their own PATH (and .deepspeed_env would carry this one there)
+        passthrough.update(_toolchain_path())
     launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
                           resume=resume, extra_env=passthrough,
                           master_port=recipe.master_port or free_port())
@@ -357,7 +386,21 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
                     "host_budget": est.budget.to_dict() if est.budget else None}
     return Prepared(recipe=recipe, run_dir=run_dir, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
-                    region_path=region_path, ranks=ranks, data=data, total_steps=total)
+                    region_path=region_path, ranks=ranks, data=data, total_steps=total,
+                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every)
+
+
+def _toolchain_path() -> dict[str, str]:
+    """PATH with this venv's bin first, when it is not: DeepSpeed's JIT ops (prebuilt by scripts/bootstrap.sh) are
+    checked by `ninja` from PATH at every load, and another ninja takes the build as stale and rebuilds it
+    (torch/utils/cpp_extension.py _run_ninja_build), minutes of compiling inside the run (and its --dram-cap)."""
+    import sys
+
+    venv_bin = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] == venv_bin:
+        return {}
+    return {"PATH": venv_bin + os.pathsep + path}
 
 
 def _hostfile_nodes(recipe) -> list:
@@ -504,11 +547,56 @@ def launch_and_watch(p: Prepared) -> None:
     view = LiveView(metrics_path, start_offset=os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0)
     err.print(f"launching {p.spec.num_ranks} rank(s) ({'stock DeepSpeed' if p.baseline else 'memascend engine'}); "
               f"logs in {p.spec.log_dir}", highlight=False)
-    try:
-        with view:
-            run_launch(p.spec, on_poll=view.poll)
-    finally:
-        view.summary()
+    if p.dram_cap_bytes is None:
+        try:
+            with view:
+                run_launch(p.spec, on_poll=view.poll)
+        finally:
+            view.summary()
+        return
+    from memascend_cli.cgroup import MemoryCap
+
+    with MemoryCap(p.dram_cap_bytes, label="train") as cap:
+        try:
+            with view:
+                run_launch(p.spec, on_poll=view.poll, preexec_fn=cap.join)
+        except MemascendError:
+            view.summary()  # the records up to the kill
+            # Where the kernel counts no OOM kills, a failed run that reached the cap counts as one.
+            result = cap.result(sigkilled=True)
+            if result.oom_killed:
+                raise PlanInfeasible(f"does not fit: OOM-killed {oom_point(view.latest, p.log_every)} under "
+                                     f"--dram-cap {fmt_bytes(p.dram_cap_bytes)}",
+                                     f"its memory cgroup peaked at {_peak(result)}; give it more DRAM or lower "
+                                     f"seq_len / micro_batch (`memascend plan` estimates the need); logs in "
+                                     f"{p.spec.log_dir}") from None
+            raise
+        finally:
+            view.summary()
+        result = cap.result()
+    err.print(f"--dram-cap {fmt_bytes(p.dram_cap_bytes)}: the run's memory cgroup peaked at {_peak(result)} (its "
+              "processes' memory plus the page cache charged to them)"
+              + ("" if cap.swap_limited else "; swap was not limited (the kernel does not account it)"),
+              highlight=False)
+
+
+def _peak(result) -> str:
+    return "an unknown amount (the kernel keeps no peak)" if result.peak_bytes is None else fmt_bytes(result.peak_bytes)
+
+
+def oom_point(latest: dict | None, log_every: int) -> str:
+    """Where a run stood when it was killed, from the last metrics.jsonl record of this launch: "at step k (phase)".
+    Records follow what they report: a step's after its optimizer step, a checkpoint's after the save."""
+    if latest is None:
+        return "before step 1 (setup: building the model, DeepSpeed initialize)"
+    kind, step, total = latest.get("event"), latest.get("step", 0), latest.get("total_steps")
+    if kind in ("export", "done", "stopped"):
+        return f"after step {step} (finishing)"
+    if total is not None and step >= total:
+        return f"after the last step, {step} (final checkpoint, validation or export)"
+    if kind == "step" and log_every > 1:
+        return f"at step {step + 1} to {step + log_every} (training; steps are logged every {log_every})"
+    return f"at step {step + 1} (training)"
 
 
 class LiveView:
@@ -519,6 +607,8 @@ class LiveView:
     def __init__(self, path: str, start_offset: int = 0):
         self.path, self.offset = path, start_offset
         self.last: dict | None = None
+        self.latest: dict | None = None
+        """The last record of any kind (where a killed run stood)."""
         self.events: list[dict] = []
         self.live = None
         self.progress = None
@@ -570,6 +660,7 @@ class LiveView:
         from memascend_cli.console import err
 
         kind = rec.get("event")
+        self.latest = {**rec, "total_steps": rec.get("total_steps", (self.latest or {}).get("total_steps"))}
         if kind in ("start", "resumed") and self.progress is not None:
             total = rec.get("total_steps")
             self.progress.update(self.task, total=total, completed=rec.get("step", 0))
