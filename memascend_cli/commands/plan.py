@@ -12,6 +12,7 @@ from memascend_cli.defaults import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRADIENT_CHECKPOINTING,
     DEFAULT_MICRO_BATCH,
+    DEFAULT_OUTPUT_DIR,
     DEFAULT_PRECISION,
     DEFAULT_SEQ_LEN,
 )
@@ -158,8 +159,16 @@ def plan_command(
         recipe = load_recipe(recipe_path, {"model": model} if model else None)
         if nodes is None and recipe.num_nodes:
             nodes = recipe.num_nodes
-    hw = resolve_hardware(hardware, nvme_path, dram=dram, gpu_mem=gpu_mem, gpus=gpus, nodes=nodes,
-                          nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
+    # Without --nvme-path: the SSD space where `train` would put the data (the recipe's region or run directory).
+    import os
+
+    from memascend_cli.rundir import ssd_location
+
+    run_dir = recipe.output_dir if recipe is not None else os.path.abspath(DEFAULT_OUTPUT_DIR)
+    where = ssd_location(run_dir, region=recipe.region if recipe else None, swap_dir=recipe.swap_dir if recipe else None,
+                         baseline=engine == "baseline")
+    hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
+                          nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name)
     if recipe is not None:
