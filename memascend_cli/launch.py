@@ -75,6 +75,17 @@ def deepspeed_launcher(python_executable: str | None = None) -> str:
     return candidate
 
 
+def toolchain_env() -> dict[str, str]:
+    """PATH with this venv's bin first, when it is not: DeepSpeed's JIT ops (prebuilt by scripts/bootstrap.sh) are
+    checked by `ninja` from PATH at every load, and another ninja takes the build as stale and rebuilds it
+    (torch/utils/cpp_extension.py _run_ninja_build): minutes of compiling inside the run, and inside its DRAM cap."""
+    venv_bin = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] == venv_bin:
+        return {}
+    return {"PATH": venv_bin + os.pathsep + path}
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (the kernel's pick), for rank 0's rendezvous."""
     import socket

@@ -249,7 +249,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     from memascend_cli.commands.plan import installed_deepspeed_version
     from memascend_cli.deepspeed_config import build_ds_config
     from memascend_cli.hardware import inventory_to_spec, io_backends, probe
-    from memascend_cli.launch import build_launch, free_port
+    from memascend_cli.launch import build_launch, free_port, toolchain_env
     from memascend_cli.planner.memory import estimate
     from memascend_cli.planner.search import check
     from memascend_cli.recipe import job_spec, total_steps
@@ -374,7 +374,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
     _write_nodes(run_dir, nodes, node_regions)
     passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
     if not recipe.hostfile:  # other nodes have their own PATH (and .deepspeed_env would carry this one there)
-        passthrough.update(_toolchain_path())
+        passthrough.update(toolchain_env())
     launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
                           resume=resume, extra_env=passthrough,
                           master_port=recipe.master_port or free_port())
@@ -389,18 +389,6 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
                     region_path=region_path, ranks=ranks, data=data, total_steps=total,
                     dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every)
 
-
-def _toolchain_path() -> dict[str, str]:
-    """PATH with this venv's bin first, when it is not: DeepSpeed's JIT ops (prebuilt by scripts/bootstrap.sh) are
-    checked by `ninja` from PATH at every load, and another ninja takes the build as stale and rebuilds it
-    (torch/utils/cpp_extension.py _run_ninja_build), minutes of compiling inside the run (and its --dram-cap)."""
-    import sys
-
-    venv_bin = os.path.dirname(sys.executable)
-    path = os.environ.get("PATH", "")
-    if path.split(os.pathsep)[0] == venv_bin:
-        return {}
-    return {"PATH": venv_bin + os.pathsep + path}
 
 
 def _hostfile_nodes(recipe) -> list:

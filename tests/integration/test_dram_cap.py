@@ -80,6 +80,17 @@ def test_without_root_the_cap_names_what_is_missing():
     assert "root" in hint
 
 
+def test_a_unified_hierarchy_without_the_memory_controller_is_named():
+    # This machine's (and CI's) v2 hierarchy is empty: the memory controller is bound to v1. Choosing it anyway must
+    # fail on the real file system in one line, not create an uncapped cgroup.
+    v2 = next((m for m in cgroup.cgroup_mounts(cgroup._read(cgroup.MOUNTINFO) or "") if m.version == 2), None)
+    if v2 is None or "memory" in (cgroup._read(os.path.join(v2.mount_point, "cgroup.controllers")) or "").split():
+        pytest.skip("needs a cgroup2 mount without the memory controller (a v1 machine with an empty unified tree)")
+    h = cgroup.Hierarchy(version=2, mount_point=v2.mount_point, own_dir=v2.mount_point)
+    with pytest.raises(cgroup.CapUnavailable, match="cannot enable the memory controller"):
+        cgroup.choose_parent(h)
+
+
 @pytest.mark.slow
 def test_train_under_a_cap_too_small_is_reported_as_oom_killed(tmp_path):
     pytest.importorskip("deepspeed")

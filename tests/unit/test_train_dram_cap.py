@@ -26,3 +26,15 @@ def test_a_bad_cap_is_bad_input(cli):
     for value, words in (("6", "has no unit"), ("0GiB", "must be positive"), ("lots", "cannot read")):
         res = cli("train", TINY, "--dry-run", "--dram-cap", value)
         assert res.exit_code == 2 and words in res.stderr and "--dram-cap" in res.stderr
+
+
+def test_the_ranks_get_this_venvs_ninja_first(monkeypatch):
+    import sys
+
+    from memascend_cli.launch import toolchain_env
+
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin")
+    env = toolchain_env()
+    assert env["PATH"] == os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin"
+    monkeypatch.setenv("PATH", env["PATH"])
+    assert toolchain_env() == {}  # already first: the launch environment stays as the user's
