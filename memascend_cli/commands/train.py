@@ -282,7 +282,14 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
         if len(nodes) > 1 or (recipe.num_nodes or 1) > 1:
             raise BadInput("--dram-cap caps the processes of this node only, and this run spans nodes",
                            "drop --dram-cap, or run on one node")
-        hw = dataclasses.replace(hw, dram_gib=dram_cap_bytes / GiB, os_reserve_gib=0.0)
+        if dram_cap_bytes < hw.usable_dram_gib * GiB:
+            hw = dataclasses.replace(hw, dram_gib=dram_cap_bytes / GiB, os_reserve_gib=0.0)
+        else:
+            from memascend_cli.console import err
+
+            err.print(f"note: --dram-cap {dram_cap_bytes / GiB:.2f} GiB is not below the {hw.usable_dram_gib:.1f} GiB "
+                      "this node has for a job: the plan uses the node's, the cgroup still records the peak",
+                      highlight=False)
     if recipe.num_nodes or nodes:
         hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
     # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every

@@ -3,6 +3,7 @@ has the memory controller), a child allocating past it OOM-killed and reported, 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +90,21 @@ def test_a_unified_hierarchy_without_the_memory_controller_is_named():
     h = cgroup.Hierarchy(version=2, mount_point=v2.mount_point, own_dir=v2.mount_point)
     with pytest.raises(cgroup.CapUnavailable, match="cannot enable the memory controller"):
         cgroup.choose_parent(h)
+
+
+def test_the_plan_and_preflight_see_the_cap(tmp_path):
+    def dry_run(cap):
+        return subprocess.run([sys.executable, "-m", "memascend_cli", "train", TINY, "--dram-cap", cap, "--dry-run",
+                               "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+
+    small = dry_run("400MiB")
+    assert small.returncode == 1 and "does not fit" in small.stderr and "0.4 GiB usable" in small.stderr
+    fits = dry_run("4GiB")
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    doc = json.loads(fits.stdout)
+    assert doc["dram_cap_bytes"] == 4 << 30
+    (dram,) = [c for c in doc["preflight"] if c["name"] == "dram"]
+    assert dram["ok"] and dram["message"].endswith(", 4.0 GiB available")
 
 
 @pytest.mark.slow
