@@ -31,9 +31,11 @@ def _root_and_cgroups():
         pytest.skip(f"no usable memory cgroup here: {exc.message}")
 
 
-def ours() -> list[str]:
+def ours(pid: int | None = None) -> list[str]:
+    """The cgroups process `pid` (default: this one) made and left behind."""
     parent = cgroup.check_available()
-    return [n for n in os.listdir(parent) if n.startswith(cgroup.NAME_PREFIX) and cgroup.stale_owner(n) == os.getpid()]
+    pid = os.getpid() if pid is None else pid
+    return [n for n in os.listdir(parent) if n.startswith(cgroup.NAME_PREFIX) and cgroup.stale_owner(n) == pid]
 
 
 def capped_python(cap_bytes: int, mib: int):
@@ -113,11 +115,15 @@ def test_train_under_a_cap_too_small_is_reported_as_oom_killed(tmp_path):
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
     # The plan refuses a job above the cap; --force launches it anyway to find out.
-    p = subprocess.run([sys.executable, "-m", "memascend_cli", "train", TINY, "--dram-cap", "400MiB", "--force",
-                        "--steps", "2", "--output-dir", str(tmp_path / "run")], capture_output=True, text=True,
-                       env=env, timeout=900)
-    assert p.returncode == 1, p.stderr[-3000:]
-    error = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
-    assert error and error[0].startswith("error: does not fit: OOM-killed "), p.stderr[-3000:]
+    p = subprocess.Popen([sys.executable, "-m", "memascend_cli", "train", TINY, "--dram-cap", "400MiB", "--force",
+                          "--steps", "2", "--output-dir", str(tmp_path / "run")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    _, stderr = p.communicate(timeout=900)
+    assert p.returncode == 1, stderr[-3000:]
+    error = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert error and error[0].startswith("error: does not fit: OOM-killed "), stderr[-3000:]
     assert "--dram-cap 400.00 MiB" in error[0]
-    assert ours() == []
+    assert ours(p.pid) == []  # the run's cgroup is gone
+    # The next capped run on the machine is unaffected.
+    again, result = capped_python(512 * MiB, 100)
+    assert again.returncode == 0 and not result.oom_killed
