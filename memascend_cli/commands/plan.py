@@ -306,15 +306,18 @@ def job_document(job, est) -> dict:
 
 
 def verdict_line(ests, verdicts, engine: str, hw) -> str:
+    from memascend_cli.planner.search import RESOURCE_NAMES
+
     b, m = verdicts["baseline"], verdicts["memascend"]
     est = ests[engine]
     head = (f"fits with memascend ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)"
             if engine == "memascend" else
             f"fits with stock DeepSpeed ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)")
     if not verdicts[engine].fits:
-        head = f"does not fit with {engine}: " + "; ".join(verdicts[engine].reasons)
+        head = (f"does not fit with {engine} ({RESOURCE_NAMES[verdicts[engine].binding]} binds): "
+                + "; ".join(verdicts[engine].reasons))
     if engine == "memascend" and m.fits and not b.fits:
-        head += "; stock DeepSpeed does not fit (" + b.binding + ")"
+        head += "; stock DeepSpeed does not fit (" + RESOURCE_NAMES[b.binding] + ")"
     elif engine == "memascend" and m.fits and b.fits:
         head += "; stock DeepSpeed fits too"
     return head

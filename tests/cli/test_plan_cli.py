@@ -165,7 +165,8 @@ def test_ssd_space_where_the_region_would_be_is_checked(cli, tmp_path, monkeypat
     assert r.exit_code == 1 and not doc["verdict"]["fits"] and doc["verdict"]["binding"] == "nvme_space"
     text = cli("plan", "--model", "qwen2.5-72b")
     assert text.exit_code == 1 and "✓" not in text.stdout
-    assert f"free at {tmp_path}" in " ".join(text.stdout.split())
+    verdict = " ".join(text.stdout.split())
+    assert "does not fit with memascend (SSD space binds)" in verdict and f"free at {tmp_path}" in verdict
     # A recipe's region location counts: the folder its run directory would be created in.
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"model: tiny-llama\ndataset: d.jsonl\noutput_dir: {tmp_path / 'new' / 'run'}\n")
