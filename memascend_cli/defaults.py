@@ -11,6 +11,8 @@ DEFAULT_GRAD_ACCUM = 1
 """Micro-batches per optimizer step."""
 DEFAULT_PRECISION = "bf16"
 """Model/compute dtype."""
+DEFAULT_OUTPUT_DIR = "runs/memascend"
+"""Run directory, relative to the current directory; `train` creates the SSD region file in it by default."""
 DEFAULT_GRADIENT_CHECKPOINTING = True
 """Recompute activations in backward (the memascend engine offloads the checkpoints to host memory);
 LLaMA-Factory checkpoints by default too. The planner calls it `offload` (`full` on stock DeepSpeed)."""

@@ -711,7 +711,8 @@ def require_existing_path(path: str, flag: str = "--nvme-path") -> None:
         )
 
 
-def resolve_hardware(hardware: str | None, nvme_path: str | None, **overrides) -> HardwareSpec:
+def resolve_hardware(hardware: str | None, nvme_path: str | None, *, default_nvme_path: str | None = None,
+                     **overrides) -> HardwareSpec:
     """The HardwareSpec a plan uses: a profile (`--hardware`) or this machine, then overrides.
 
     With a profile, `nvme_path` is recorded but not probed: the profile describes another machine.
@@ -719,6 +720,9 @@ def resolve_hardware(hardware: str | None, nvme_path: str | None, **overrides) -
     Args:
         hardware: a profile name or .yaml path; None probes this machine.
         nvme_path: where swap data goes; must exist when probing this machine.
+        default_nvme_path: where the run puts its SSD data when `nvme_path` is None (e.g. the region file `train`
+            creates in the run directory): probed if it exists, else the free space of the file system it would be
+            created on (nvme_path then names the folder checked).
         **overrides: keyword arguments of apply_overrides (dram, gpu_mem, gpus, ...).
     """
     if hardware is not None:
@@ -726,12 +730,26 @@ def resolve_hardware(hardware: str | None, nvme_path: str | None, **overrides) -
         if nvme_path is not None:
             spec = dataclasses.replace(spec, nvme_path=nvme_path)
     else:
+        if nvme_path is None and default_nvme_path is not None and os.path.exists(default_nvme_path):
+            nvme_path = default_nvme_path
         if nvme_path is not None:
             require_existing_path(nvme_path)
         spec = inventory_to_spec(probe(nvme_path))
         if nvme_path is not None:
             spec = apply_region(spec, nvme_path)
+        elif default_nvme_path is not None:
+            checked, free_bytes = free_space_at(default_nvme_path)
+            spec = dataclasses.replace(spec, nvme_path=checked, nvme_free_gib=round(free_bytes / GiB, 2))
     return apply_overrides(spec, **overrides)
+
+
+def free_space_at(path: str) -> tuple[str, int]:
+    """(the nearest existing folder at or above `path`, the bytes a non-root user may still write there)."""
+    folder = os.path.abspath(path)
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    vfs = os.statvfs(folder)
+    return folder, vfs.f_bavail * vfs.f_frsize
 
 
 def apply_region(spec: HardwareSpec, path: str) -> HardwareSpec:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from memascend_cli.console import out
 from memascend_cli.planner.zero import ENGINES
+from memascend_cli.planner.search import GRID_END, RESOURCE_NAMES
 from memascend_cli.units import GiB
 
 
@@ -64,7 +66,9 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
     gpu = f"{hw['num_gpus']} x {hw['gpu_name'] or 'GPU'} {hw['gpu_mem_gib']:.0f} GiB" if hw["num_gpus"] else \
         "no GPU (CPU-only: DeepSpeed on the CPU accelerator)"
     memlock = "unlimited" if hw["can_lock_unlimited"] or hw["memlock_limit_gib"] is None else f"{hw['memlock_limit_gib']:.3f} GiB"
-    nvme = "unknown" if hw["nvme_free_gib"] is None else f"{hw['nvme_free_gib']:,.0f} GiB free"
+    nvme = "unknown (not checked)" if hw["nvme_free_gib"] is None else f"{hw['nvme_free_gib']:,.0f} GiB free"
+    if hw["nvme_free_gib"] is not None and hw.get("nvme_path"):
+        nvme += f" at {hw['nvme_path']}"
     if hw.get("nvme_read_gbps"):
         nvme += f", {hw['nvme_read_gbps']:.1f} GB/s read"
     out.print(f"[bold]machine[/bold] {hw['name']} ({hw['source']}): {hw['dram_gib']:.1f} GiB DRAM "
@@ -119,19 +123,20 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
                 _formulas(tier, ests)
     engines = result["engines"]
     if "search" in engines["stock"]:
-        s = Table(title=f"what fits on this machine (seq {job['seq_len']:,}, micro-batch {job['micro_batch']} held fixed)",
-                  title_justify="left")
+        s = Table(title=f"what fits on this machine (seq {job['seq_len']:,}, micro-batch {job['micro_batch']} held fixed; "
+                        "\\[what binds])", title_justify="left")
         s.add_column("")
         s.add_column("stock DeepSpeed", justify="right")
         s.add_column("memascend", justify="right")
 
         def fmt(e, key, params_key=None):
-            v = engines[e]["search"][key]
+            v, binding = engines[e]["search"][key], engines[e]["search"]["binding"][key]
+            bound = f" [{RESOURCE_NAMES[binding]}]"
             if v is None:
-                return "does not fit"
-            if params_key:
-                return f"{v} ({engines[e]['search'][params_key] / 1e9:.2f}B)"
-            return f"{v:,}"
+                return escape("does not fit" + bound)
+            text = f"{v} ({engines[e]['search'][params_key] / 1e9:.2f}B)" if params_key else f"{v:,}"
+            # The grid's end fits: the real maximum is at least that.
+            return escape(("at least " if binding == GRID_END and key != "largest_preset" else "") + text + bound)
 
         s.add_row("largest micro-batch", fmt("stock", "max_micro_batch"), fmt("memascend", "max_micro_batch"))
         s.add_row("longest context (tokens)", fmt("stock", "max_seq_len"), fmt("memascend", "max_seq_len"))
@@ -139,7 +144,6 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
                   fmt("memascend", "largest_preset", "largest_preset_params"))
         s.add_row("deepest scaled model (layers)", fmt("stock", "max_layers", "max_layers_params"),
                   fmt("memascend", "max_layers", "max_layers_params"))
-        s.add_row("binding resource", engines["stock"]["verdict"]["binding"], engines["memascend"]["verdict"]["binding"])
         out.print(s)
     if m.traffic is not None:
         r, w = m.traffic.per_param()

@@ -64,12 +64,22 @@ case "$mode" in
     export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_ext}"
     # One PATH for the whole run: pip's ninja and Debian's treat each other's build dirs as stale.
     export PATH="$PWD/$VENV/bin:$PATH"
-    if "$VENV/bin/python" -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys; sys.exit(0 if B().is_compatible() else 1)" 2>/dev/null; then
-      log "prebuilding DeepSpeed ops (async_io, cpu_adam) into $TORCH_EXTENSIONS_DIR (first time ~5 min)"
-      "$VENV/bin/python" -c "from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder; AsyncIOBuilder().load(); CPUAdamBuilder().load()" >/dev/null
-    else
-      log "DeepSpeed async_io is not buildable here (libaio-dev missing?): stock-DeepSpeed tests will skip"
-    fi
+    # Every JIT op a run loads, built here once with this PATH's compiler and ninja, so no run compiles (a run under
+    # `--dram-cap` would have the compiler OOM-killed in its cap): cpu_adam (DeepSpeedCPUAdam), async_io and the
+    # pin_memory op its load() builds first (the NVMe swappers), and on the CPU accelerator deepspeed_shm_comm, which
+    # init_distributed builds (deepspeed/comm/torch.py build_shm_op; None where the accelerator has no such op).
+    log "prebuilding DeepSpeed ops (cpu_adam, async_io, pin_memory, shm_comm) into $TORCH_EXTENSIONS_DIR (first time ~5 min)"
+    "$VENV/bin/python" - >/dev/null <<'PY'
+from deepspeed.comm.torch import build_shm_op
+from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
+
+CPUAdamBuilder().load()
+build_shm_op()
+if AsyncIOBuilder().is_compatible():
+    AsyncIOBuilder().load()
+PY
+    "$VENV/bin/python" -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys; sys.exit(0 if B().is_compatible() else 1)" 2>/dev/null \
+      || log "DeepSpeed async_io is not buildable here (libaio-dev missing?): stock-DeepSpeed tests will skip"
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   *)

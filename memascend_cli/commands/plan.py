@@ -12,6 +12,7 @@ from memascend_cli.defaults import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRADIENT_CHECKPOINTING,
     DEFAULT_MICRO_BATCH,
+    DEFAULT_OUTPUT_DIR,
     DEFAULT_PRECISION,
     DEFAULT_SEQ_LEN,
 )
@@ -155,8 +156,16 @@ def plan_command(
         recipe = load_recipe(recipe_path, {"model": model} if model else None)
         if nodes is None and recipe.num_nodes:
             nodes = recipe.num_nodes
-    hw = resolve_hardware(hardware, nvme_path, dram=dram, gpu_mem=gpu_mem, gpus=gpus, nodes=nodes,
-                          nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
+    # Without --nvme-path: the SSD space where `train` would put the data (the recipe's region or run directory).
+    import os
+
+    from memascend_cli.run.rundir import ssd_location
+
+    run_dir = recipe.output_dir if recipe is not None else os.path.abspath(DEFAULT_OUTPUT_DIR)
+    where = ssd_location(run_dir, region=recipe.region if recipe else None, swap_dir=recipe.swap_dir if recipe else None,
+                         baseline=engine != "memascend")
+    hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
+                          nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name)
     ds_version = deepspeed_version or installed_deepspeed_version()
@@ -298,14 +307,17 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
 
 
 def verdict_line(ests, verdicts, engine: str, hw) -> str:
+    from memascend_cli.planner.search import RESOURCE_NAMES
+
     b, m = verdicts["stock"], verdicts["memascend"]
     est = ests[engine]
     who = {"stock": "stock DeepSpeed", "tuned": "tuned stock DeepSpeed", "memascend": "memascend"}[engine]
     head = f"fits with {who} ({est.node_host_peak_bytes / GiB:.1f} of {hw.usable_dram_gib:.1f} GiB host memory)"
     if not verdicts[engine].fits:
-        head = f"does not fit with {engine}: " + "; ".join(verdicts[engine].reasons)
+        head = (f"does not fit with {engine} ({RESOURCE_NAMES[verdicts[engine].binding]} binds): "
+                + "; ".join(verdicts[engine].reasons))
     if engine == "memascend" and m.fits and not b.fits:
-        head += "; stock DeepSpeed does not fit (" + b.binding + ")"
+        head += "; stock DeepSpeed does not fit (" + RESOURCE_NAMES[b.binding] + ")"
     elif engine == "memascend" and m.fits and b.fits:
         head += "; stock DeepSpeed fits too"
     return head

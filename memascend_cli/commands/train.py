@@ -12,8 +12,9 @@ import os
 
 import typer
 
-from memascend_cli.errors import BadInput
+from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible
 from memascend_cli.planner.zero import ENGINES
+from memascend_cli.units import fmt_bytes
 
 _R = "Recipe overrides"
 _M = "Mode"
@@ -34,6 +35,10 @@ def train_command(
                                 "directory.", rich_help_panel=_M),
     force: bool = typer.Option(False, "--force", help="Launch even when the planner or the DRAM/memlock preflight "
                                "says it does not fit.", rich_help_panel=_M),
+    dram_cap: str = typer.Option(None, "--dram-cap", help="Run as if this node had only this much DRAM, e.g. 6GiB: "
+                                 "the plan and preflight use it, and the ranks run in one memory cgroup of that size "
+                                 "(needs root); an OOM kill in it reports `does not fit` (exit 1).",
+                                 rich_help_panel=_M, show_default=False),
     output_dir: str = typer.Option(None, "--output-dir", "-o", help="Run directory (recipe key output_dir).",
                                    rich_help_panel=_R, show_default=False),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps (recipe key steps).", rich_help_panel=_R,
@@ -65,11 +70,19 @@ def train_command(
         memascend train recipe.yaml --dry-run
 
         memascend train recipe.yaml --resume
+
+        memascend train recipe.yaml --dram-cap 6GiB
     """
     from memascend_cli.console import err
     from memascend_cli.run.prepared import prepare_run
     from memascend_cli.run.recipe import load_recipe, merge, parse_set
+    from memascend_cli.units import parse_size
 
+    dram_cap_bytes = parse_size(dram_cap, "--dram-cap") if dram_cap else None
+    if dram_cap_bytes is not None:
+        from memascend_cli.run.cgroup import check_available
+
+        check_available()
     if engine not in ENGINES:
         raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", ".join(ENGINES))
     if baseline:
@@ -87,7 +100,8 @@ def train_command(
     if notes:
         for note in notes:
             err.print(f"[dim]note: {note}[/dim]", highlight=False)
-    prepared = prepare_run(recipe, engine=engine, resume=resume, force=force, dry_run=dry_run)
+    prepared = prepare_run(recipe, engine=engine, resume=resume, force=force, dry_run=dry_run,
+                           dram_cap_bytes=dram_cap_bytes)
     if dry_run:
         from memascend_cli.console import print_json
 
@@ -119,8 +133,53 @@ def launch_and_watch(p) -> None:
     view = LiveView(metrics_path, start_offset=os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0)
     what = "memascend engine" if p.engine == "memascend" else f"{p.engine} stock DeepSpeed"
     err.print(f"launching {p.spec.num_ranks} rank(s) ({what}); logs in {p.spec.log_dir}", highlight=False)
-    try:
-        with view:
-            run_launch(p.spec, on_poll=view.poll)
-    finally:
-        view.summary()
+    if p.dram_cap_bytes is None:
+        try:
+            with view:
+                run_launch(p.spec, on_poll=view.poll)
+        finally:
+            view.summary()
+        return
+    from memascend_cli.run.cgroup import MemoryCap
+
+    with MemoryCap(p.dram_cap_bytes, label="train") as cap:
+        try:
+            with view:
+                run_launch(p.spec, on_poll=view.poll, preexec_fn=cap.join)
+        except MemascendError:
+            view.summary()  # the records up to the kill
+            # Where the kernel counts no OOM kills, a failed run that reached the cap counts as one.
+            result = cap.result(sigkilled=True)
+            if result.oom_killed:
+                raise PlanInfeasible(f"does not fit: OOM-killed {oom_point(view.latest, p.log_every)} under "
+                                     f"--dram-cap {fmt_bytes(p.dram_cap_bytes)}",
+                                     f"its memory cgroup peaked at {_peak(result)}; give it more DRAM or lower "
+                                     f"seq_len / micro_batch (`memascend plan` estimates the need); logs in "
+                                     f"{p.spec.log_dir}") from None
+            raise
+        finally:
+            view.summary()
+        result = cap.result()
+    err.print(f"--dram-cap {fmt_bytes(p.dram_cap_bytes)}: the run's memory cgroup peaked at {_peak(result)} (its "
+              "processes' memory plus the page cache charged to them)"
+              + ("" if cap.swap_limited else "; swap was not limited (the kernel does not account it)"),
+              highlight=False)
+
+
+def _peak(result) -> str:
+    return "an unknown amount (the kernel keeps no peak)" if result.peak_bytes is None else fmt_bytes(result.peak_bytes)
+
+
+def oom_point(latest: dict | None, log_every: int) -> str:
+    """Where a run stood when it was killed, from the last metrics.jsonl record of this launch: "at step k (phase)".
+    Records follow what they report: a step's after its optimizer step, a checkpoint's after the save."""
+    if latest is None:
+        return "before step 1 (setup: building the model, DeepSpeed initialize)"
+    kind, step, total = latest.get("event"), latest.get("step", 0), latest.get("total_steps")
+    if kind in ("export", "done", "stopped"):
+        return f"after step {step} (finishing)"
+    if total is not None and step >= total:
+        return f"after the last step, {step} (final checkpoint, validation or export)"
+    if kind == "step" and log_every > 1:
+        return f"at step {step + 1} to {step + log_every} (training; steps are logged every {log_every})"
+    return f"at step {step + 1} (training)"

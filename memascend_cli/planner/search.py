@@ -10,6 +10,11 @@ from memascend_cli.planner.spec import HardwareSpec
 from memascend_cli.units import GiB
 
 RESOURCES = ("config", "dram", "gpu_memory", "nvme_space", "memlock")
+GRID_END = "grid_end"
+"""A search's binding 'resource' when its largest value is the end of the grid searched: the job may fit beyond."""
+RESOURCE_NAMES = {"config": "config", "dram": "DRAM", "gpu_memory": "GPU memory", "nvme_space": "SSD space",
+                  "memlock": "memlock", GRID_END: "grid end"}
+"""How the plan prints each binding resource."""
 
 
 @dataclass
@@ -50,7 +55,8 @@ def check(est: Estimate, hw: HardwareSpec) -> Verdict:
     if hw.nvme_free_gib is not None:
         util["nvme_space"] = est.node_nvme_bytes / (hw.nvme_free_gib * GiB) if hw.nvme_free_gib > 0 else float("inf")
         if util["nvme_space"] > 1:
-            reasons.append(f"needs {est.node_nvme_bytes / GiB:.1f} GiB on the SSD, {hw.nvme_free_gib:.1f} GiB free")
+            where = f" at {hw.nvme_path}" if hw.nvme_path else ""
+            reasons.append(f"needs {est.node_nvme_bytes / GiB:.1f} GiB on the SSD, {hw.nvme_free_gib:.1f} GiB free{where}")
     if not hw.can_lock_unlimited and hw.memlock_limit_gib is not None:
         limit = hw.memlock_limit_gib * GiB
         util["memlock"] = est.locked_bytes / limit if limit > 0 else (float("inf") if est.locked_bytes else 0.0)
@@ -59,10 +65,6 @@ def check(est: Estimate, hw: HardwareSpec) -> Verdict:
                            f"{hw.memlock_limit_gib:.3f} GiB")
     binding = max(util, key=util.get)
     return Verdict(fits=not reasons, binding=binding, utilisation=util, reasons=reasons)
-
-
-def fits(job: JobSpec, hw: HardwareSpec, engine: str) -> bool:
-    return check(estimate(job, hw, engine), hw).fits
 
 
 def _largest_int(ok, lo: int, hi: int, start: int | None = None) -> int | None:
@@ -90,32 +92,47 @@ def _largest_int(ok, lo: int, hi: int, start: int | None = None) -> int | None:
     return good
 
 
-def max_micro_batch(job: JobSpec, hw: HardwareSpec, engine: str, limit: int = 65536) -> int | None:
-    """Largest micro-batch at the job's sequence length that fits (None: not even 1)."""
-    return _largest_int(lambda b: fits(replace(job, micro_batch=b), hw, engine), 1, limit, start=job.micro_batch)
+def _largest_bound(verdict_at, lo: int, hi: int, start: int) -> tuple[int | None, str]:
+    """(largest x in [lo, hi] whose verdict fits, what binds there): the resource the next grid point runs out of,
+    GRID_END when x is the grid's end, or what already fails at lo when nothing fits."""
+    n = _largest_int(lambda x: verdict_at(x).fits, lo, hi, start=start)
+    if n is None:
+        return None, verdict_at(lo).binding
+    return n, GRID_END if n == hi else verdict_at(n + 1).binding
 
 
-def max_seq_len(job: JobSpec, hw: HardwareSpec, engine: str, granule: int = 256, limit_tokens: int = 1 << 24) -> int | None:
-    """Longest sequence (a multiple of `granule`) at the job's micro-batch that fits."""
-    n = _largest_int(lambda k: fits(replace(job, seq_len=k * granule), hw, engine), 1, limit_tokens // granule,
-                     start=max(1, job.seq_len // granule))
-    return None if n is None else n * granule
+def max_micro_batch(job: JobSpec, hw: HardwareSpec, engine: str, limit: int = 65536) -> tuple[int | None, str]:
+    """Largest micro-batch at the job's sequence length that fits (None: not even 1), and what binds it."""
+    return _largest_bound(lambda b: check(estimate(replace(job, micro_batch=b), hw, engine), hw), 1, limit,
+                          start=job.micro_batch)
 
 
-def max_layers(job: JobSpec, hw: HardwareSpec, engine: str, limit: int = 2048) -> ModelSpec | None:
-    """The deepest version of the job's architecture that fits (scaled architecture search)."""
-    n = _largest_int(lambda L: fits(replace(job, model=job.model.scaled(L)), hw, engine), 1, limit,
-                     start=job.model.num_hidden_layers)
-    return None if n is None else job.model.scaled(n)
+def max_seq_len(job: JobSpec, hw: HardwareSpec, engine: str, granule: int = 256,
+                limit_tokens: int = 1 << 24) -> tuple[int | None, str]:
+    """Longest sequence (a multiple of `granule`) at the job's micro-batch that fits, and what binds it."""
+    n, binding = _largest_bound(lambda k: check(estimate(replace(job, seq_len=k * granule), hw, engine), hw), 1,
+                                limit_tokens // granule, start=max(1, job.seq_len // granule))
+    return (None if n is None else n * granule), binding
 
 
-def largest_family_member(job: JobSpec, hw: HardwareSpec, engine: str) -> ModelSpec | None:
-    """The largest preset of the job's model family that fits."""
-    best = None
+def max_layers(job: JobSpec, hw: HardwareSpec, engine: str, limit: int = 2048) -> tuple[ModelSpec | None, str]:
+    """The deepest version of the job's architecture that fits (scaled architecture search), and what binds it."""
+    n, binding = _largest_bound(lambda L: check(estimate(replace(job, model=job.model.scaled(L)), hw, engine), hw),
+                                1, limit, start=job.model.num_hidden_layers)
+    return (None if n is None else job.model.scaled(n)), binding
+
+
+def largest_family_member(job: JobSpec, hw: HardwareSpec, engine: str) -> tuple[ModelSpec | None, str]:
+    """The largest preset of the job's model family that fits, and what binds: the next larger preset's resource,
+    GRID_END when the family's largest fits."""
+    best, binding = None, GRID_END
     for m in family_members(job.model):
-        if fits(replace(job, model=m), hw, engine):
-            best = m
-    return best
+        v = check(estimate(replace(job, model=m), hw, engine), hw)
+        if v.fits:
+            best, binding = m, GRID_END
+        elif binding == GRID_END:
+            binding = v.binding
+    return best, binding
 
 
 @dataclass
@@ -127,20 +144,27 @@ class SearchResult:
     largest_preset_params: int | None
     max_layers: int | None
     max_layers_params: int | None
+    binding: dict[str, str]
+    """What binds each search (max_micro_batch, max_seq_len, largest_preset, max_layers): one of RESOURCES, or
+    GRID_END where the value is the end of the grid searched (a lower bound: "at least")."""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
 def search(job: JobSpec, hw: HardwareSpec, engine: str) -> SearchResult:
-    fam = largest_family_member(job, hw, engine)
-    deep = max_layers(job, hw, engine)
+    fam, fam_binding = largest_family_member(job, hw, engine)
+    deep, deep_binding = max_layers(job, hw, engine)
+    batch, batch_binding = max_micro_batch(job, hw, engine)
+    seq, seq_binding = max_seq_len(job, hw, engine)
     return SearchResult(
         engine=engine,
-        max_micro_batch=max_micro_batch(job, hw, engine),
-        max_seq_len=max_seq_len(job, hw, engine),
+        max_micro_batch=batch,
+        max_seq_len=seq,
         largest_preset=fam.name if fam else None,
         largest_preset_params=fam.num_params if fam else None,
         max_layers=deep.num_hidden_layers if deep else None,
         max_layers_params=deep.num_params if deep else None,
+        binding={"max_micro_batch": batch_binding, "max_seq_len": seq_binding, "largest_preset": fam_binding,
+                 "max_layers": deep_binding},
     )

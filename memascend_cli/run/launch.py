@@ -75,6 +75,17 @@ def deepspeed_launcher(python_executable: str | None = None) -> str:
     return candidate
 
 
+def toolchain_env() -> dict[str, str]:
+    """PATH with this venv's bin first, when it is not: DeepSpeed's JIT ops (prebuilt by scripts/bootstrap.sh) are
+    checked by `ninja` from PATH at every load, and another ninja takes the build as stale and rebuilds it
+    (torch/utils/cpp_extension.py _run_ninja_build): minutes of compiling inside the run, and inside its DRAM cap."""
+    venv_bin = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] == venv_bin:
+        return {}
+    return {"PATH": venv_bin + os.pathsep + path}
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (the kernel's pick), for rank 0's rendezvous."""
     import socket
@@ -166,7 +177,7 @@ def clear_stale_state(run_dir: str) -> None:
                 os.unlink(os.path.join(log_dir, n))
 
 
-def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
+def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, preexec_fn=None) -> int:
     """Run the launcher until it exits (see _run_launch) and leave nothing behind: leftovers of finished jobs
     (DeepSpeed's shared-memory allreduce buffers, engine key folders) are swept before the launch, and this job's
     after it, once its processes are gone, also after a failed or killed rank (memascend_cli/leftovers.py)."""
@@ -177,12 +188,12 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     if note:
         err.print(f"note: {note}", highlight=False)
     try:
-        return _run_launch(spec, on_poll=on_poll, poll_s=poll_s)
+        return _run_launch(spec, on_poll=on_poll, poll_s=poll_s, preexec_fn=preexec_fn)
     finally:
         leftovers.sweep()
 
 
-def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
+def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, preexec_fn=None) -> int:
     """Run the launcher until it exits; returns 0, or raises MemascendError naming the failing rank.
 
     The launcher runs in its own session so a terminal Ctrl-C reaches only us: DeepSpeed's
@@ -193,6 +204,7 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     Args:
         spec: from build_launch.
         on_poll: called every poll_s seconds while the run is alive (the live display).
+        preexec_fn: run in the launcher's process before exec (--dram-cap: join the run's memory cgroup).
     """
     os.makedirs(spec.log_dir, exist_ok=True)
     clear_stale_state(spec.run_dir)
@@ -224,7 +236,7 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5) -> int:
     with open(launcher_log, "ab") as log:
         try:
             proc = subprocess.Popen(spec.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=spec.run_dir)
+                                    cwd=spec.run_dir, preexec_fn=preexec_fn)
         except FileNotFoundError:
             raise MemascendError(f"DeepSpeed launcher {spec.cmd[0]} not found",
                                  "install the training extras: pip install 'memascend[train]'") from None

@@ -15,6 +15,8 @@ class LiveView:
     def __init__(self, path: str, start_offset: int = 0):
         self.path, self.offset = path, start_offset
         self.last: dict | None = None
+        self.latest: dict | None = None
+        """The last record of any kind (where a killed run stood)."""
         self.events: list[dict] = []
         self.live = None
         self.progress = None
@@ -66,6 +68,7 @@ class LiveView:
         from memascend_cli.console import err
 
         kind = rec.get("event")
+        self.latest = {**rec, "total_steps": rec.get("total_steps", (self.latest or {}).get("total_steps"))}
         if kind in ("start", "resumed") and self.progress is not None:
             total = rec.get("total_steps")
             self.progress.update(self.task, total=total, completed=rec.get("step", 0))

@@ -108,6 +108,7 @@ class Prepared:
             "total_steps": self.total_steps,
             "ds_config": self.ds_config,
             "launch": self.spec.to_dict(),
+            "dram_cap_bytes": self.dram_cap_bytes,
         }
 
 
@@ -215,13 +216,17 @@ def _clear_previous_run(run_dir: str) -> None:
             os.unlink(os.path.join(run_dir, name))
 
 
-def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool) -> Prepared:
-    """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch."""
+def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool,
+                dram_cap_bytes: int | None = None) -> Prepared:
+    """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch.
+
+    dram_cap_bytes: --dram-cap; the plan and the preflight see a node with that much DRAM, all of it usable (the OS
+    and other processes are outside the run's cgroup)."""
     from memascend_cli import models
     from memascend_cli.run import preflight
     from memascend_cli.run.dsconfig import build_ds_config
     from memascend_cli.hardware import inventory_to_spec, io_backends, probe
-    from memascend_cli.run.launch import build_launch, free_port
+    from memascend_cli.run.launch import build_launch, free_port, toolchain_env
     from memascend_cli.planner.memory import estimate
     from memascend_cli.planner.search import check
     from memascend_cli.run.recipe import total_steps
@@ -249,9 +254,21 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     inv = probe(None)
     hw = inventory_to_spec(inv)
     nodes = _hostfile_nodes(recipe)
-    if recipe.num_nodes or nodes:
-        import dataclasses
+    import dataclasses
 
+    if dram_cap_bytes is not None:
+        if len(nodes) > 1 or (recipe.num_nodes or 1) > 1:
+            raise BadInput("--dram-cap caps the processes of this node only, and this run spans nodes",
+                           "drop --dram-cap, or run on one node")
+        if dram_cap_bytes < hw.usable_dram_gib * GiB:
+            hw = dataclasses.replace(hw, dram_gib=dram_cap_bytes / GiB, os_reserve_gib=0.0)
+        else:
+            from memascend_cli.console import err
+
+            err.print(f"note: --dram-cap {dram_cap_bytes / GiB:.2f} GiB is not below the {hw.usable_dram_gib:.1f} GiB "
+                      "this node has for a job: the plan uses the node's, the cgroup still records the peak",
+                      highlight=False)
+    if recipe.num_nodes or nodes:
         hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
     # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
     # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
@@ -298,8 +315,11 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
             size = _region_file_bytes(recipe, nvme_bytes_per_rank * ranks)
             region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
             region_rank_bytes = size // ranks
+    dram_available_bytes = int(inv.dram_available_gib * GiB)
+    if dram_cap_bytes is not None:
+        dram_available_bytes = min(dram_available_bytes, dram_cap_bytes)
     facts = preflight.Facts(
-        dram_available_bytes=int(inv.dram_available_gib * GiB), host_peak_bytes=est.node_host_peak_bytes,
+        dram_available_bytes=dram_available_bytes, host_peak_bytes=est.node_host_peak_bytes,
         memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
         locked_bytes=est.locked_bytes, baseline=baseline, region_path=region_path, region_error=region_error,
         region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
@@ -337,6 +357,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         json.dump(engine_options, f, indent=2)
     _write_nodes(run_dir, nodes, node_regions)
     passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
+    if not recipe.hostfile:  # other nodes have their own PATH (and .deepspeed_env would carry this one there)
+        passthrough.update(toolchain_env())
     launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
                           resume=resume, extra_env=passthrough,
                           master_port=recipe.master_port or free_port())
@@ -346,7 +368,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
                     "host_budget": est.budget.to_dict() if est.budget else None}
     return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
-                    region_path=region_path, ranks=ranks, data=data, total_steps=total)
+                    region_path=region_path, ranks=ranks, data=data, total_steps=total,
+                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every)
 
 
 def _hostfile_nodes(recipe) -> list:

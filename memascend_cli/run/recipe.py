@@ -22,6 +22,7 @@ from memascend_cli.defaults import (
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRADIENT_CHECKPOINTING,
     DEFAULT_MICRO_BATCH,
+    DEFAULT_OUTPUT_DIR,
     DEFAULT_PRECISION,
     DEFAULT_SEQ_LEN,
 )
@@ -97,7 +98,7 @@ class Recipe(_Strict):
     """Tokenizer directory (AutoTokenizer) or a tokenizer.json file; None = the model directory."""
     template: str | None = None
     """Chat template: None = the tokenizer's own; chatml, llama3 or plain (built in); or a .jinja file."""
-    output_dir: str = "runs/memascend"
+    output_dir: str = DEFAULT_OUTPUT_DIR
     """Run directory: config, metrics, checkpoints, export and (by default) the SSD region file."""
     seq_len: int = Field(DEFAULT_SEQ_LEN, ge=1)
     """Tokens per sequence (longer samples are cut)."""

@@ -59,6 +59,14 @@ def path(run_dir: str, name: str) -> str:
     return os.path.join(run_dir, name)
 
 
+def ssd_location(run_dir: str, *, region: str | None, swap_dir: str | None, baseline: bool) -> str:
+    """Where a run's SSD data goes: stock DeepSpeed's swap folder (swap_dir, else RUN/swap) with --baseline, else
+    the given region, else the region file `train` creates in the run directory."""
+    if baseline:
+        return swap_dir or os.path.join(run_dir, SWAP_DIR)
+    return region or os.path.join(run_dir, REGION_FILE)
+
+
 def started_file(run_dir: str, rank: int) -> str:
     """RUN/logs/started-rank<N>."""
     return os.path.join(run_dir, LOG_DIR, f"{STARTED_PREFIX}{rank}")

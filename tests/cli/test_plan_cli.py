@@ -172,3 +172,50 @@ def test_plan_recipe_labels_each_engine_by_what_it_is(cli):
     assert stock["engine"] == "stock" and tuned["engine"] == "tuned"
     assert stock["host_peak_bytes"] > tuned["host_peak_bytes"]
     assert d["reduction_percent"]["host_peak"] > d["reduction_percent"]["host_peak_vs_tuned"]
+
+
+def test_ssd_space_where_the_region_would_be_is_checked(cli, tmp_path, monkeypatch):
+    # No --nvme-path: train's default region file (runs/memascend/region.bin under the current directory) does not
+    # exist yet, so the free space of the folder it would be created in is what the plan checks.
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    vfs = os.statvfs(tmp_path)
+    free_gib = vfs.f_bavail * vfs.f_frsize / 2**30
+    r = cli("plan", "--model", "qwen2.5-72b", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["hardware"]["nvme_path"] == str(tmp_path)
+    assert doc["hardware"]["nvme_free_gib"] == pytest.approx(free_gib, abs=0.5)
+    need_gib = doc["engines"]["memascend"]["node_nvme_bytes"] / 2**30
+    if free_gib >= need_gib:
+        pytest.skip(f"{tmp_path} has {free_gib:.0f} GiB free, enough for qwen2.5-72b's {need_gib:.0f} GiB")
+    # 13 GiB of host memory fit this machine; 2 TB of SSD data do not.
+    assert r.exit_code == 1 and not doc["verdict"]["fits"] and doc["verdict"]["binding"] == "nvme_space"
+    text = cli("plan", "--model", "qwen2.5-72b")
+    assert text.exit_code == 1 and "✓" not in text.stdout
+    verdict = " ".join(text.stdout.split())
+    assert "does not fit with memascend (SSD space binds)" in verdict and f"free at {tmp_path}" in verdict
+    # A recipe's region location counts: the folder its run directory would be created in.
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: tiny-llama\ndataset: d.jsonl\noutput_dir: {tmp_path / 'new' / 'run'}\n")
+    assert json.loads(cli("plan", str(recipe), "--json", "--no-search").stdout)["hardware"]["nvme_path"] == \
+        str(tmp_path)
+
+
+def test_each_largest_line_names_what_binds_and_the_grid_end_is_at_least(cli, monkeypatch):
+    from memascend_cli.console import out
+
+    monkeypatch.setattr(out, "width", 160)  # one line per row
+    args = ("plan", "--model", "tiny-llama", "--hardware", "h100-80g-512g", "--nvme-free", "1000TB")
+    doc = json.loads(cli(*args, "--json").stdout)
+    search = doc["engines"]["memascend"]["search"]
+    assert search["max_layers"] == 2048 and search["binding"]["max_layers"] == "grid_end"
+    assert set(search["binding"]) == {"max_micro_batch", "max_seq_len", "largest_preset", "max_layers"}
+    rows = [line for line in cli(*args).stdout.splitlines() if line.count("│") == 4]
+
+    def row(label):
+        return next(line for line in rows if line.split("│")[1].strip().startswith(label))
+
+    assert "at least 2048 (5.37B) [grid end]" in row("deepest scaled model")
+    for label in ("largest micro-batch", "longest context", "largest preset in family"):
+        assert row(label).count("[") == 2, row(label)  # stock's and memascend's binding resource

@@ -139,7 +139,7 @@ def test_more_dram_never_lowers_a_maximum(engine, model):
     prev = None
     for dram in (16, 24, 32, 48, 64, 96, 128, 256, 512):
         hw = replace(GPU, dram_gib=dram, gpu_mem_gib=80)
-        cur = (max_micro_batch(j, hw, engine) or 0, max_seq_len(j, hw, engine) or 0)
+        cur = (max_micro_batch(j, hw, engine)[0] or 0, max_seq_len(j, hw, engine)[0] or 0)
         if prev:
             assert cur[0] >= prev[0] and cur[1] >= prev[1]
         prev = cur

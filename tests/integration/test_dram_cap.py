@@ -1,0 +1,129 @@
+"""`--dram-cap` for real, as root: a memory cgroup on this machine (v1 here and on CI, v2 where the unified hierarchy
+has the memory controller), a child allocating past it OOM-killed and reported, the cgroup gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from memascend_cli.run import cgroup
+
+pytestmark = pytest.mark.root
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
+MiB = 1024**2
+# Allocates `n` MiB in 10 MiB pieces (touched: bytearray zero-fills), then says so.
+ALLOCATE = "import sys\nb = [bytearray(10 << 20) for _ in range(int(sys.argv[1]) // 10)]\nprint('allocated')"
+
+
+@pytest.fixture(autouse=True)
+def _root_and_cgroups():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create memory cgroups")
+    try:
+        cgroup.check_available()
+    except cgroup.CapUnavailable as exc:
+        pytest.skip(f"no usable memory cgroup here: {exc.message}")
+
+
+def ours(pid: int | None = None) -> list[str]:
+    """The cgroups process `pid` (default: this one) made and left behind."""
+    parent = cgroup.check_available()
+    pid = os.getpid() if pid is None else pid
+    return [n for n in os.listdir(parent) if n.startswith(cgroup.NAME_PREFIX) and cgroup.stale_owner(n) == pid]
+
+
+def capped_python(cap_bytes: int, mib: int):
+    with cgroup.MemoryCap(cap_bytes, label="test") as cap:
+        assert os.path.isdir(cap.path)
+        p = subprocess.run([sys.executable, "-c", ALLOCATE, str(mib)], preexec_fn=cap.join, capture_output=True,
+                           text=True)
+        result = cap.result(sigkilled=p.returncode == -9)
+    return p, result
+
+
+def test_a_child_past_its_cap_is_oom_killed_and_the_next_run_is_unaffected():
+    p, result = capped_python(128 * MiB, 400)
+    assert p.returncode == -9 and "allocated" not in p.stdout
+    assert result.oom_killed and result.peak_bytes is not None and result.peak_bytes <= 128 * MiB
+    assert ours() == []  # the cgroup was removed
+    # The same allocation under a cap that holds it, right after.
+    p, result = capped_python(512 * MiB, 100)
+    assert p.returncode == 0 and "allocated" in p.stdout
+    assert not result.oom_killed and result.oom_kills in (0, None) and 100 * MiB <= result.peak_bytes < 512 * MiB
+    assert ours() == []
+
+
+def test_grandchildren_are_capped_and_killed_with_the_cgroup():
+    # The child starts a grandchild that outlives it; leaving the context kills it and removes the cgroup.
+    script = ("import subprocess, sys\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], stdout=subprocess.DEVNULL,\n"
+              "                 stderr=subprocess.DEVNULL)\n"
+              f"subprocess.run([sys.executable, '-c', {ALLOCATE!r}, '400'])\n")
+    with cgroup.MemoryCap(128 * MiB, label="test") as cap:
+        p = subprocess.run([sys.executable, "-c", script], preexec_fn=cap.join, capture_output=True, text=True)
+        assert p.returncode == 0  # the child survived; its allocating grandchild did not
+        assert cap.result().oom_killed
+        assert len(cgroup._procs(cap.path)) == 1  # the sleeper
+    assert ours() == []
+
+
+def test_without_root_the_cap_names_what_is_missing():
+    # An unprivileged user may not read this interpreter's files (a pyenv under /root): import, then drop root.
+    code = ("import os\nfrom memascend_cli.run import cgroup\nos.setgid(65534); os.setuid(65534)\n"
+            "try:\n    cgroup.check_available()\nexcept cgroup.CapUnavailable as e:\n    print(e.message); print(e.hint)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    message, hint = p.stdout.splitlines()
+    assert message.startswith("no permission to create a memory cgroup in ") and "(not root)" in message
+    assert "root" in hint
+
+
+def test_a_unified_hierarchy_without_the_memory_controller_is_named():
+    # This machine's (and CI's) v2 hierarchy is empty: the memory controller is bound to v1. Choosing it anyway must
+    # fail on the real file system in one line, not create an uncapped cgroup.
+    v2 = next((m for m in cgroup.cgroup_mounts(cgroup._read(cgroup.MOUNTINFO) or "") if m.version == 2), None)
+    if v2 is None or "memory" in (cgroup._read(os.path.join(v2.mount_point, "cgroup.controllers")) or "").split():
+        pytest.skip("needs a cgroup2 mount without the memory controller (a v1 machine with an empty unified tree)")
+    h = cgroup.Hierarchy(version=2, mount_point=v2.mount_point, own_dir=v2.mount_point)
+    with pytest.raises(cgroup.CapUnavailable, match="cannot enable the memory controller"):
+        cgroup.choose_parent(h)
+
+
+def test_the_plan_and_preflight_see_the_cap(tmp_path):
+    def dry_run(cap):
+        return subprocess.run([sys.executable, "-m", "memascend_cli", "train", TINY, "--dram-cap", cap, "--dry-run",
+                               "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+
+    small = dry_run("400MiB")
+    assert small.returncode == 1 and "does not fit" in small.stderr and "0.4 GiB usable" in small.stderr
+    fits = dry_run("4GiB")
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    doc = json.loads(fits.stdout)
+    assert doc["dram_cap_bytes"] == 4 << 30
+    (dram,) = [c for c in doc["preflight"] if c["name"] == "dram"]
+    assert dram["ok"] and dram["message"].endswith(", 4.0 GiB available")
+
+
+@pytest.mark.slow
+def test_train_under_a_cap_too_small_is_reported_as_oom_killed(tmp_path):
+    pytest.importorskip("deepspeed")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
+    # The plan refuses a job above the cap; --force launches it anyway to find out.
+    p = subprocess.Popen([sys.executable, "-m", "memascend_cli", "train", TINY, "--dram-cap", "400MiB", "--force",
+                          "--steps", "2", "--output-dir", str(tmp_path / "run")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    _, stderr = p.communicate(timeout=900)
+    assert p.returncode == 1, stderr[-3000:]
+    error = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert error and error[0].startswith("error: does not fit: OOM-killed "), stderr[-3000:]
+    assert "--dram-cap 400.00 MiB" in error[0]
+    assert ours(p.pid) == []  # the run's cgroup is gone
+    # The next capped run on the machine is unaffected.
+    again, result = capped_python(512 * MiB, 100)
+    assert again.returncode == 0 and not result.oom_killed

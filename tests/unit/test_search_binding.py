@@ -1,0 +1,55 @@
+"""What binds each "largest" search: the resource the next grid point runs out of, or the grid's end; and where the
+plan looks for SSD space."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from memascend_cli.hardware import free_space_at
+from memascend_cli.models import load_preset
+from memascend_cli.planner.memory import JobSpec
+from memascend_cli.planner.search import GRID_END, Verdict, _largest_bound, largest_family_member, max_layers, search
+from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.run.rundir import ssd_location
+
+CPU = HardwareSpec(name="cpu", dram_gib=24, nvme_free_gib=80)
+
+
+def verdicts(limit_by: dict[str, int]):
+    """x fits while x <= every limit; the first limit passed binds."""
+    def at(x):
+        over = [r for r, lim in limit_by.items() if x > lim]
+        return Verdict(fits=not over, binding=over[0] if over else "dram", utilisation={}, reasons=over)
+    return at
+
+
+def test_the_next_grid_point_names_the_binding_resource():
+    assert _largest_bound(verdicts({"nvme_space": 37, "dram": 90}), 1, 100, start=4) == (37, "nvme_space")
+    assert _largest_bound(verdicts({"dram": 12}), 1, 100, start=50) == (12, "dram")
+    assert _largest_bound(verdicts({"dram": 1000}), 1, 100, start=4) == (100, GRID_END)
+    assert _largest_bound(verdicts({"memlock": 0}), 1, 100, start=4) == (None, "memlock")
+
+
+def test_ssd_space_binds_a_deep_model_on_a_small_disk():
+    job = JobSpec(model=load_preset("qwen2.5-0.5b"), seq_len=1024, micro_batch=1)
+    small_disk, big_disk = max_layers(job, CPU, "memascend"), max_layers(job, replace(CPU, nvme_free_gib=1e6),
+                                                                        "memascend")
+    assert small_disk[1] == "nvme_space" and big_disk[1] != "nvme_space"
+    assert small_disk[0].num_hidden_layers < big_disk[0].num_hidden_layers
+    model, binding = largest_family_member(job, CPU, "memascend")
+    assert model is not None and binding == "nvme_space"  # the next larger Qwen2.5 needs more SSD than 80 GiB
+    assert set(search(job, CPU, "memascend").binding.values()) <= {"dram", "nvme_space", GRID_END}
+
+
+def test_where_the_ssd_data_go():
+    assert ssd_location("/r", region=None, swap_dir=None, baseline=False) == "/r/region.bin"
+    assert ssd_location("/r", region="/dev/nvme1n1", swap_dir=None, baseline=False) == "/dev/nvme1n1"
+    assert ssd_location("/r", region="/dev/nvme1n1", swap_dir=None, baseline=True) == "/r/swap"
+    assert ssd_location("/r", region=None, swap_dir="/scratch/swap", baseline=True) == "/scratch/swap"
+
+
+def test_free_space_of_the_folder_a_path_would_be_created_in(tmp_path):
+    folder, free = free_space_at(str(tmp_path / "runs" / "memascend" / "region.bin"))
+    vfs = os.statvfs(tmp_path)
+    assert folder == str(tmp_path) and abs(free - vfs.f_bavail * vfs.f_frsize) < 1 << 30
