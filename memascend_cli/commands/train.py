@@ -3,7 +3,8 @@
 Thin: recipe (+ overrides) -> planner gate -> preflight -> ds_config.json + recipe.json in the run
 directory -> `--dry-run` prints them and the launch command -> else DeepSpeed's launcher runs
 `memascend_engine.train_worker` on every rank while a live display tails metrics.jsonl.
-Exit codes: 0 done (or stopped cleanly), 1 does not fit / a rank failed, 2 bad input.
+Exit codes: 0 done (or stopped by Ctrl-C), 1 does not fit / a rank failed, 2 bad input, 75 stopped by SIGTERM, SIGHUP
+or --stop-after with a complete checkpoint (errors.EXIT_STOPPED).
 """
 
 from __future__ import annotations
@@ -49,13 +50,22 @@ def train_command(
                                show_default=False),
     set_: list[str] = typer.Option(None, "--set", help="Any recipe key: --set dataset.packing=false --set "
                                    "schedule.warmup_steps=10 (repeatable).", rich_help_panel=_R, show_default=False),
+    stop_after: str = typer.Option(None, "--stop-after", metavar="TIME", help="Stop cleanly (checkpoint, exit 75) "
+                                   "this long after the start: 3h50m, 90m, 600s.", rich_help_panel=_M,
+                                   show_default=False),
+    stop_grace: str = typer.Option(None, "--stop-grace", metavar="TIME", help="After a stop request (SIGTERM, SIGHUP, "
+                                   "Ctrl-C, --stop-after), stop at once if the step and its checkpoint take longer "
+                                   "[default: 25s, inside Slurm's 30 s KillWait].", rich_help_panel=_M,
+                                   show_default=False),
 ) -> None:
     """Fine-tune a model with params and optimizer states on an SSD, using the plan's DeepSpeed config.
 
     Runs the planner (refuses a job that does not fit unless --force), checks the machine, writes
     `ds_config.json` and `recipe.json` into the run directory and launches DeepSpeed's own
-    launcher (one process per GPU; CPU ranks over gloo without a GPU). Ctrl-C stops after the
-    current step with a checkpoint; `--resume` continues from it.
+    launcher (one process per GPU; CPU ranks over gloo without a GPU). Ctrl-C, SIGTERM, SIGHUP and
+    --stop-after stop after the current step with a checkpoint (exit 75, or 0 for Ctrl-C); a second
+    signal or --stop-grace stops at once; `--resume` continues from the newest complete checkpoint.
+    No process of the job outlives the command.
 
     Examples:
 
@@ -67,8 +77,14 @@ def train_command(
 
         memascend train recipe.yaml --resume
     """
+    import time
+
+    from memascend_cli.launch import DEFAULT_STOP_GRACE_S, StopPolicy
     from memascend_cli.recipe import load_recipe, merge, parse_set
 
+    started = time.monotonic()
+    policy = StopPolicy(grace_s=parse_duration_s(stop_grace, "--stop-grace") if stop_grace else DEFAULT_STOP_GRACE_S,
+                        stop_at=started + parse_duration_s(stop_after, "--stop-after") if stop_after else None)
     overrides = parse_set(set_ or [])
     flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
              "model": model, "region": region}
@@ -87,7 +103,20 @@ def train_command(
         print_json(prepared.dry_run_document())
         err.print(f"dry run: wrote {prepared.spec.ds_config_path}; nothing was started")
         return
-    launch_and_watch(prepared)
+    code = launch_and_watch(prepared, policy)
+    if code:
+        raise typer.Exit(code)
+
+
+def parse_duration_s(text: str, what: str) -> float:
+    """Seconds in `3h50m`, `90m`, `600s`, `1h`, `45` (seconds). Pure."""
+    import re
+
+    m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or m is None or not any(m.groups()):
+        raise BadInput(f"{what} {text!r} is not a duration", "write it like 3h50m, 90m, 600s or 45")
+    h, mi, sec = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + sec
 
 
 # --- preparing ----------------------------------------------------------------------------------
@@ -488,7 +517,7 @@ def require_engine() -> None:
                              "run with --baseline for stock DeepSpeed ZeRO-Infinity")
 
 
-def launch_and_watch(p: Prepared) -> None:
+def launch_and_watch(p: Prepared, policy=None) -> int:
     from memascend_cli.console import err
     from memascend_cli.launch import run_launch
     from memascend_cli.region_setup import create_region_file
@@ -506,7 +535,7 @@ def launch_and_watch(p: Prepared) -> None:
               f"logs in {p.spec.log_dir}", highlight=False)
     try:
         with view:
-            run_launch(p.spec, on_poll=view.poll)
+            return run_launch(p.spec, on_poll=view.poll, policy=policy)
     finally:
         view.summary()
 
@@ -583,7 +612,7 @@ class LiveView:
             else:
                 err.print(format_step(rec), highlight=False)
             return
-        if kind in ("checkpoint", "eval", "export", "stopped"):
+        if kind in ("checkpoint", "eval", "export"):  # a stop: run_launch's line names its checkpoint
             self.events.append(rec)
             (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False)
 
@@ -619,6 +648,4 @@ def format_event(e: dict) -> str:
         return f"exported: {e['path']}"
     if kind == "eval":
         return f"validation loss at step {e['step']}: {e['loss']:.4f}"
-    if kind == "stopped":
-        return f"stopped at step {e['step']}; resume with --resume"
     return json.dumps(e)
