@@ -219,7 +219,7 @@ class StopState:
         if self.first_at is None:
             self.first_at = now
             return "graceful"
-        self.at_once = f"a second stop request ({reason})"
+        self.at_once = f"a second stop request: {reason}"
         return "at once"
 
     def tick(self, now: float) -> str:

@@ -7,7 +7,8 @@ Afterwards no DeepSpeed launcher or rank of the run is left within 10 s, DeepSpe
 gone, and the region is free for the next `memascend train` at once. SIGTERM and SIGHUP stop cleanly: exit 75 and one
 line naming the complete checkpoint; `--resume` from it gives the uninterrupted run's fp32 losses bit for bit.
 
-Slow: 6 launches of up to 6 steps and 3 dry runs. Helpers from test_train_cpu and test_train_leftovers.
+A second SIGTERM stops at once (exit 1, one error line) with no partial checkpoint under a final name.
+Slow: 7 launches of up to 6 steps and 3 dry runs (about 5 min on the shared 2-core VM). Helpers from test_train_cpu and test_train_leftovers.
 """
 
 from __future__ import annotations
@@ -138,3 +139,19 @@ def test_sigterm_checkpoints_exits_75_and_resume_is_exact(tmp_path):
     # The next run takes the same region at once (its lock went with the ranks) and ends where the reference did.
     memascend(TINY, "--output-dir", run, *COMMON, "--resume")
     assert losses(run) == losses(reference)
+
+
+def test_a_second_sigterm_stops_at_once_without_a_partial_checkpoint(tmp_path):
+    run, port = str(tmp_path / "run"), free_port()
+    proc = _start(run, port)
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 1, _cli_log(run)[-3000:]
+    _assert_job_gone(run, port)
+    errors = [line for line in _cli_log(run).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "stopped at once (a second stop request: SIGTERM)" in errors[0], errors
+    ck = os.path.join(run, "checkpoints")
+    names = os.listdir(ck) if os.path.isdir(ck) else []
+    # A checkpoint cut short keeps its temporary name; nothing under a final name lacks its COMPLETE marker.
+    assert all(os.path.isfile(os.path.join(ck, n, "COMPLETE")) for n in names if n.startswith("step-")), names

@@ -79,7 +79,7 @@ def test_stop_requests_grace_and_stop_after():
 
     s = StopState(StopPolicy(grace_s=10))
     s.request("SIGTERM", 0.0)
-    assert s.request("SIGHUP", 1.0) == "at once" and s.at_once == "a second stop request (SIGHUP)"
+    assert s.request("SIGHUP", 1.0) == "at once" and s.at_once == "a second stop request: SIGHUP"
 
     s = StopState(StopPolicy(grace_s=10, stop_at=50.0))
     assert s.tick(49.0) == "none" and s.tick(50.0) == "graceful" and s.reasons == ["--stop-after"]
