@@ -234,9 +234,10 @@ class StopState:
         return "none"
 
     @property
-    def interactive(self) -> bool:
-        """Only Ctrl-C asked: the user at the terminal, who gets exit 0 for a clean stop (scripts get EXIT_STOPPED)."""
-        return bool(self.reasons) and all(r == "Ctrl-C" for r in self.reasons)
+    def external(self) -> bool:
+        """Something other than Ctrl-C asked (SIGTERM, SIGHUP, --stop-after: a scheduler, a script): a clean stop exits
+        EXIT_STOPPED; after Ctrl-C, a STOP file written by hand or a stop hook it exits 0."""
+        return any(r != "Ctrl-C" for r in self.reasons)
 
 
 SIGNAL_REASONS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
@@ -331,7 +332,7 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: 
         why = f" ({', '.join(dict.fromkeys(state.reasons))})" if state.reasons else ""
         _say(f"stopped at step {step}{why}: checkpoint {checkpoint} is complete; continue with "
              "`memascend train RECIPE --resume`")
-        return 0 if state.interactive else EXIT_STOPPED
+        return EXIT_STOPPED if state.external else 0
     if code == 0:
         return 0
     if state.at_once is not None:

@@ -75,7 +75,7 @@ def test_stop_requests_grace_and_stop_after():
     assert s.request("SIGTERM", 100.0) == "graceful" and s.at_once is None
     assert s.tick(109.0) == "none"
     assert s.tick(110.0) == "at once" and "grace of 10 s" in s.at_once
-    assert s.request("SIGTERM", 111.0) == "none" and not s.interactive
+    assert s.request("SIGTERM", 111.0) == "none" and s.external
 
     s = StopState(StopPolicy(grace_s=10))
     s.request("SIGTERM", 0.0)
@@ -83,11 +83,12 @@ def test_stop_requests_grace_and_stop_after():
 
     s = StopState(StopPolicy(grace_s=10, stop_at=50.0))
     assert s.tick(49.0) == "none" and s.tick(50.0) == "graceful" and s.reasons == ["--stop-after"]
-    assert not s.interactive
+    assert s.external
 
     s = StopState(StopPolicy())
+    assert not s.external  # the ranks stopped on their own (a STOP file, a stop hook): exit 0
     s.request("Ctrl-C", 0.0)
-    assert s.interactive  # exit 0 for the user at the terminal
+    assert not s.external  # exit 0 for the user at the terminal
 
 
 def test_stopped_marks_need_every_rank_stopped_at_one_checkpoint(tmp_path):
