@@ -6,8 +6,9 @@ Reads RUN/recipe.json and RUN/ds_config.json; builds the tokenizer, the dataset 
 (Hugging Face safetensors loaded into the zero.Init-partitioned model, or a preset with random
 weights); installs the memascend engine unless --baseline; trains with metrics in RUN/metrics.jsonl,
 resumable checkpoints in RUN/checkpoints/ and a final Hugging Face export in RUN/export/.
-A stop request (RUN/STOP or SIGINT) finishes the step, checkpoints and exits 0. Expected failures
-write RUN/logs/error-rank<N>.json (one line for the CLI) and exit 1.
+A stop request (RUN/STOP, SIGINT, or SIGTERM under the CLI's lifeline) finishes the step, checkpoints and exits 0;
+the exit mark names the checkpoint. The rank ends at once when the CLI is gone (memascend_cli/lifeline.py). Expected
+failures write RUN/logs/error-rank<N>.json (one line for the CLI) and exit 1.
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ class Run:
         self.args = args
         self.run_dir = os.path.abspath(args.run_dir)
         self.stop_requested = False
+        self.stopped: dict = {}
+        """{"stopped": step, "checkpoint": path} once the run stopped on a request (for the exit mark)."""
+        self.watched = False
+        """True when the CLI's lifeline is watched: the CLI is there to escalate a stop, so SIGTERM is a stop request."""
 
     def metrics(self, record: dict) -> None:
         self.reporter(record)
@@ -305,6 +310,12 @@ class Run:
         return chosen
 
     def _on_sigterm(self, signum, frame):
+        if self.watched:
+            # systemd and Slurm's scancel signal every process of the job, and DeepSpeed's launcher passes its own
+            # SIGTERM on (deepspeed/launcher/launch.py sigkill_handler): finish the step and checkpoint. Stopping at
+            # once is the CLI's part (a second signal or its grace: SIGKILL); the launcher SIGKILLs after 30 s.
+            self.stop_requested = True
+            return
         # The launcher terminates the survivors when a rank dies: the mark tells the CLI this rank did not die first.
         try:
             write_exit_mark(self.run_dir, self.rank, {"sigterm": True})
@@ -440,7 +451,8 @@ class Run:
                     # Fault injection: die like an OOM kill right after a checkpoint completed.
                     os.kill(os.getpid(), signal.SIGKILL)
             if stop:
-                self.metrics({"event": "stopped", "step": step})
+                self.metrics({"event": "stopped", "step": step, "path": path})
+                self.stopped = {"stopped": step, "checkpoint": path}
                 return
         del last_saved
         vl = self.evaluate(engine, val)
@@ -481,13 +493,16 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
     run = Run(args)
+    from memascend_cli.run import lifeline
+
+    run.watched = lifeline.watch()  # before anything slow: a rank started after the CLI died ends here
     rank = _env_int("RANK", 0)
     _write_started(rundir.started_file(run.run_dir, rank))
     code = 1  # also when a BaseException escapes: Python reports it and exits 1
     try:
         code = _main(run, rank)
     finally:
-        write_exit_mark(run.run_dir, rank, {"code": code})
+        write_exit_mark(run.run_dir, rank, {"code": code, **run.stopped})
     return code
 
 

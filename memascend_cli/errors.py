@@ -9,6 +9,9 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
+EXIT_STOPPED = 75
+"""`train`: stopped early by SIGTERM, SIGHUP or --stop-after, with a complete checkpoint to --resume from
+(sysexits.h EX_TEMPFAIL: a temporary failure, to be retried; a scheduler script can requeue on it)."""
 
 EXIT_CODES_HELP = "Exit codes: 0 success (plan: the job fits), 1 does not fit or the operation failed, 2 bad input."
 """The line every command's --help ends with."""

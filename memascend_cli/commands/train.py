@@ -3,7 +3,8 @@
 Thin: recipe (+ overrides) -> planner gate -> preflight -> ds_config.json + recipe.json in the run
 directory -> `--dry-run` prints them and the launch command -> else DeepSpeed's launcher runs
 `memascend_engine.train_worker` on every rank while a live display tails metrics.jsonl.
-Exit codes: 0 done (or stopped cleanly), 1 does not fit / a rank failed, 2 bad input.
+Exit codes: 0 done (or stopped by Ctrl-C), 1 does not fit / a rank failed, 2 bad input, 75 stopped by SIGTERM, SIGHUP
+or --stop-after with a complete checkpoint (errors.EXIT_STOPPED).
 """
 
 from __future__ import annotations
@@ -53,13 +54,22 @@ def train_command(
                                show_default=False),
     set_: list[str] = typer.Option(None, "--set", help="Any recipe key: --set dataset.packing=false --set "
                                    "schedule.warmup_steps=10 (repeatable).", rich_help_panel=_R, show_default=False),
+    stop_after: str = typer.Option(None, "--stop-after", metavar="TIME", help="Stop cleanly (checkpoint, exit 75) "
+                                   "this long after the start: 3h50m, 90m, 600s.", rich_help_panel=_M,
+                                   show_default=False),
+    stop_grace: str = typer.Option(None, "--stop-grace", metavar="TIME", help="After a stop request (SIGTERM, SIGHUP, "
+                                   "Ctrl-C, --stop-after), stop at once if the step and its checkpoint take longer "
+                                   "[default: 25s, inside Slurm's 30 s KillWait].", rich_help_panel=_M,
+                                   show_default=False),
 ) -> None:
     """Fine-tune a model with params and optimizer states on an SSD, using the plan's DeepSpeed config.
 
     Runs the planner (refuses a job that does not fit unless --force), checks the machine, writes
     `ds_config.json` and `recipe.json` into the run directory and launches DeepSpeed's own
-    launcher (one process per GPU; CPU ranks over gloo without a GPU). Ctrl-C stops after the
-    current step with a checkpoint; `--resume` continues from it.
+    launcher (one process per GPU; CPU ranks over gloo without a GPU). Ctrl-C, SIGTERM, SIGHUP and
+    --stop-after stop after the current step with a checkpoint (exit 75, or 0 for Ctrl-C); a second
+    signal or --stop-grace stops at once; `--resume` continues from the newest complete checkpoint.
+    No process of the job outlives the command.
 
     Examples:
 
@@ -73,11 +83,17 @@ def train_command(
 
         memascend train recipe.yaml --dram-cap 6GiB
     """
+    import time
+
     from memascend_cli.console import err
+    from memascend_cli.run.launch import DEFAULT_STOP_GRACE_S, StopPolicy
     from memascend_cli.run.prepared import prepare_run
     from memascend_cli.run.recipe import load_recipe, merge, parse_set
     from memascend_cli.units import parse_size
 
+    started = time.monotonic()
+    policy = StopPolicy(grace_s=parse_duration_s(stop_grace, "--stop-grace") if stop_grace else DEFAULT_STOP_GRACE_S,
+                        stop_at=started + parse_duration_s(stop_after, "--stop-after") if stop_after else None)
     dram_cap_bytes = parse_size(dram_cap, "--dram-cap") if dram_cap else None
     if dram_cap_bytes is not None:
         from memascend_cli.run.cgroup import check_available
@@ -108,14 +124,28 @@ def train_command(
         print_json(prepared.dry_run_document())
         err.print(f"dry run: wrote {prepared.spec.ds_config_path}; nothing was started")
         return
-    launch_and_watch(prepared)
+    code = launch_and_watch(prepared, policy)
+    if code:
+        raise typer.Exit(code)
+
+
+def parse_duration_s(text: str, what: str) -> float:
+    """Seconds in `3h50m`, `90m`, `600s`, `1h`, `45` (seconds). Pure."""
+    import re
+
+    m = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or m is None or not any(m.groups()):
+        raise BadInput(f"{what} {text!r} is not a duration", "write it like 3h50m, 90m, 600s or 45")
+    h, mi, sec = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + sec
 
 
 # --- launching ----------------------------------------------------------------------------------
 
 
-def launch_and_watch(p) -> None:
-    """Create the region file if the plan asked for one, launch the ranks and show them until they end."""
+def launch_and_watch(p, policy=None) -> int:
+    """Create the region file if the plan asked for one, launch the ranks and show them until they end; the exit
+    code (0, or EXIT_STOPPED)."""
     from memascend_cli.console import err
     from memascend_cli.run.launch import run_launch
     from memascend_cli.run.live import LiveView
@@ -136,16 +166,15 @@ def launch_and_watch(p) -> None:
     if p.dram_cap_bytes is None:
         try:
             with view:
-                run_launch(p.spec, on_poll=view.poll)
+                return run_launch(p.spec, on_poll=view.poll, policy=policy)
         finally:
             view.summary()
-        return
     from memascend_cli.run.cgroup import MemoryCap
 
     with MemoryCap(p.dram_cap_bytes, label="train") as cap:
         try:
             with view:
-                run_launch(p.spec, on_poll=view.poll, preexec_fn=cap.join)
+                code = run_launch(p.spec, on_poll=view.poll, policy=policy, preexec_fn=cap.join)
         except MemascendError:
             view.summary()  # the records up to the kill
             # Where the kernel counts no OOM kills, a failed run that reached the cap counts as one.
@@ -164,6 +193,7 @@ def launch_and_watch(p) -> None:
               "processes' memory plus the page cache charged to them)"
               + ("" if cap.swap_limited else "; swap was not limited (the kernel does not account it)"),
               highlight=False)
+    return code
 
 
 def _peak(result) -> str:

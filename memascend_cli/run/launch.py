@@ -1,8 +1,9 @@
 """Launch a training run through DeepSpeed's own launcher: a pure builder and a small executor.
 
 `build_launch` returns the exact argv and environment (`train --dry-run` prints them, tests
-assert them); `run_launch` runs them, turns Ctrl-C into a clean stop (the workers save a
-checkpoint and exit 0) and a failing rank into one `error:` line naming its log.
+assert them); `run_launch` runs them, turns Ctrl-C, SIGTERM, SIGHUP and --stop-after into a clean
+stop (the workers save a checkpoint and exit), a failing rank into one `error:` line naming its log,
+and ends every process of the job when it ends itself (memascend_cli/lifeline.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from memascend_cli.defaults import ENGINE_ENV
-from memascend_cli.errors import MemascendError
+from memascend_cli.errors import EXIT_STOPPED, MemascendError
 from memascend_cli.run.recipe import Recipe
 from memascend_cli.run.rundir import (
     DEEPSPEED_ENV,
@@ -177,7 +178,8 @@ def clear_stale_state(run_dir: str) -> None:
                 os.unlink(os.path.join(log_dir, n))
 
 
-def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, preexec_fn=None) -> int:
+def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: StopPolicy | None = None,
+               preexec_fn=None) -> int:
     """Run the launcher until it exits (see _run_launch) and leave nothing behind: leftovers of finished jobs
     (DeepSpeed's shared-memory allreduce buffers, engine key folders) are swept before the launch, and this job's
     after it, once its processes are gone, also after a failed or killed rank (memascend_cli/leftovers.py)."""
@@ -188,62 +190,156 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, preexec_f
     if note:
         err.print(f"note: {note}", highlight=False)
     try:
-        return _run_launch(spec, on_poll=on_poll, poll_s=poll_s, preexec_fn=preexec_fn)
+        return _run_launch(spec, on_poll=on_poll, poll_s=poll_s, policy=policy or StopPolicy(), preexec_fn=preexec_fn)
     finally:
         leftovers.sweep()
 
 
-def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, preexec_fn=None) -> int:
-    """Run the launcher until it exits; returns 0, or raises MemascendError naming the failing rank.
+DEFAULT_STOP_GRACE_S = 25.0
+"""From the first stop request to the stop at once: under Slurm's default KillWait (30 s between a job's SIGTERM and
+its SIGKILL), so the CLI itself ends the ranks and sweeps /dev/shm before SIGKILL comes."""
+MULTI_NODE_KILL_WAIT_S = 5.0
+"""Stop at once, multi-node: how long DeepSpeed's runner gets for its pdsh kill command before its session is
+SIGKILLed."""
 
-    The launcher runs in its own session so a terminal Ctrl-C reaches only us: DeepSpeed's
-    launcher would otherwise SIGTERM the workers mid-step. The first Ctrl-C asks the workers
-    (through the run directory's STOP file) to finish the step, checkpoint and exit 0; a second
-    one terminates the launcher's process group.
+
+@dataclass(kw_only=True, slots=True)
+class StopPolicy:
+    grace_s: float = DEFAULT_STOP_GRACE_S
+    """A stop request not finished after this many seconds stops at once."""
+    stop_at: float | None = None
+    """time.monotonic() at which to request a stop (--stop-after), None for none."""
+
+
+@dataclass(slots=True)
+class StopState:
+    """The stop requests of one launch. Pure: signal handlers and the poll loop call it with the time.
+
+    The first request (Ctrl-C, SIGTERM, SIGHUP, --stop-after) asks the ranks to finish the step, checkpoint and exit;
+    a second signal, or the policy's grace running out, stops at once."""
+
+    policy: StopPolicy
+    reasons: list[str] = field(default_factory=list)
+    first_at: float | None = None
+    at_once: str | None = None
+    """Why the run was stopped at once, None while it was not."""
+
+    def request(self, reason: str, now: float) -> str:
+        """'graceful' for the first request, 'at once' for a later one (or 'none' when it is already stopped)."""
+        if self.at_once is not None:
+            return "none"
+        self.reasons.append(reason)
+        if self.first_at is None:
+            self.first_at = now
+            return "graceful"
+        self.at_once = f"a second stop request: {reason}"
+        return "at once"
+
+    def tick(self, now: float) -> str:
+        """What the poll loop does at `now`: 'graceful' (--stop-after reached), 'at once' (grace over) or 'none'."""
+        if self.first_at is None:
+            if self.policy.stop_at is not None and now >= self.policy.stop_at:
+                return self.request("--stop-after", now)
+            return "none"
+        if self.at_once is None and now - self.first_at >= self.policy.grace_s:
+            self.at_once = f"the stop grace of {self.policy.grace_s:g} s ran out"
+            return "at once"
+        return "none"
+
+    @property
+    def external(self) -> bool:
+        """Something other than Ctrl-C asked (SIGTERM, SIGHUP, --stop-after: a scheduler, a script): a clean stop exits
+        EXIT_STOPPED; after Ctrl-C, a STOP file written by hand or a stop hook it exits 0."""
+        return any(r != "Ctrl-C" for r in self.reasons)
+
+
+SIGNAL_REASONS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+
+
+def _launcher_preexec(*steps):
+    """One preexec_fn running each given one in order (None: skipped)."""
+    steps = [s for s in steps if s is not None]
+
+    def preexec() -> None:
+        for step in steps:
+            step()
+
+    return preexec
+
+
+def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: StopPolicy, preexec_fn=None) -> int:
+    """Run the launcher until its processes are gone; returns 0 (done, or stopped by Ctrl-C), EXIT_STOPPED (stopped
+    by SIGTERM, SIGHUP or --stop-after with a complete checkpoint), or raises MemascendError naming the failing rank.
+
+    The launcher runs in its own session so a terminal Ctrl-C reaches only us: DeepSpeed's launcher would otherwise
+    SIGTERM the workers mid-step. A stop request (see StopState) reaches the ranks through the run directory's STOP
+    file; stopping at once SIGKILLs the launcher's session. The launcher dies with this process (PR_SET_PDEATHSIG) and
+    the ranks watch this process's lifeline (memascend_cli/lifeline.py), so no rank outlives the CLI.
 
     Args:
         spec: from build_launch.
         on_poll: called every poll_s seconds while the run is alive (the live display).
+        policy: the stop grace and --stop-after.
         preexec_fn: run in the launcher's process before exec (--dram-cap: join the run's memory cgroup).
     """
+    from memascend_cli.run import lifeline
+
     os.makedirs(spec.log_dir, exist_ok=True)
     clear_stale_state(spec.run_dir)
+    token = lifeline.token()
     if spec.deepspeed_env:
-        # The user's MEMASCEND_* switches (e.g. MEMASCEND_VERIFY_CHECKSUMS) reach the other nodes too.
-        variables = {**{k: v for k, v in os.environ.items() if k.startswith("MEMASCEND_")}, **spec.deepspeed_env}
+        # The user's MEMASCEND_* switches (e.g. MEMASCEND_VERIFY_CHECKSUMS) reach the other nodes too; the lifeline
+        # is watched only by the ranks on this machine (its boot id).
+        variables = {**{k: v for k, v in os.environ.items() if k.startswith("MEMASCEND_")}, **spec.deepspeed_env,
+                     lifeline.ENV: token}
         with open(os.path.join(spec.run_dir, DEEPSPEED_ENV), "w") as f:
             f.writelines(f"{k}={v}\n" for k, v in sorted(variables.items()))
     launcher_log = os.path.join(spec.log_dir, "launcher.log")
-    env = {**os.environ, **spec.env}
-    stop_requests = 0
+    env = {**os.environ, **spec.env, lifeline.ENV: token}
+    state = StopState(policy)
+    kill_at: list[float] = []
 
-    def on_sigint(signum, frame):
-        nonlocal stop_requests
-        stop_requests += 1
-        if stop_requests == 1:
+    def stop(action: str, reason: str) -> None:
+        if action == "graceful":
             with open(os.path.join(spec.run_dir, STOP_FILE), "w") as f:
-                f.write("stop requested by Ctrl-C\n")
-            from memascend_cli.console import err
+                f.write(f"stop requested by {reason}\n")
+            _say(f"[yellow]stopping ({reason}):[/yellow] finishing the current step and saving a checkpoint "
+                 f"(a second signal, or {policy.grace_s:g} s from now, stops at once)")
+        elif action == "at once":
+            _say(f"[red]stopping at once:[/red] {state.at_once}")
+            if spec.deepspeed_env and not kill_at:
+                # The multi-node runner ends the other nodes' launchers on SIGTERM (pdsh kill command); then SIGKILL.
+                _signal_group(proc.pid, signal.SIGTERM, leader_only=True)
+                kill_at.append(time.monotonic() + MULTI_NODE_KILL_WAIT_S)
+            else:
+                _signal_group(proc.pid, signal.SIGKILL)
 
-            err.print("[yellow]stopping:[/yellow] finishing the current step and saving a checkpoint "
-                      "(Ctrl-C again to kill)")
-        else:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    def on_signal(signum, frame):
+        if signum == signal.SIGHUP:
+            _detach_from_hung_up_terminal()
+        reason = SIGNAL_REASONS[signal.Signals(signum)]
+        stop(state.request(reason, time.monotonic()), reason)
 
     with open(launcher_log, "ab") as log:
         try:
             proc = subprocess.Popen(spec.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=spec.run_dir, preexec_fn=preexec_fn)
+                                    cwd=spec.run_dir,
+                                    preexec_fn=_launcher_preexec(lifeline.die_with_parent(), preexec_fn))
         except FileNotFoundError:
             raise MemascendError(f"DeepSpeed launcher {spec.cmd[0]} not found",
                                  "install the training extras: pip install 'memascend[train]'") from None
-        previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+        previous = {s: signal.signal(s, on_signal) for s in SIGNAL_REASONS} if _main_thread() else {}
         watch = RankWatch(spec.run_dir, spec.num_ranks)
         try:
-            while proc.poll() is None:
+            # Until the whole session is gone: under systemd or Slurm's scancel every process gets SIGTERM, the
+            # single-node runner dies of it at once, and the ranks still finish their step and checkpoint.
+            while proc.poll() is None or _group_members(proc.pid):
+                now = time.monotonic()
+                action = state.tick(now)
+                if action != "none":
+                    stop(action, "--stop-after")
+                if kill_at and now >= kill_at[0]:
+                    _signal_group(proc.pid, signal.SIGKILL)
                 watch.poll()
                 if on_poll is not None:
                     on_poll()
@@ -252,17 +348,27 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, preexec_
             if on_poll is not None:
                 on_poll()
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             _wait_group_gone(proc.pid)
     code = proc.returncode
+    stopped = stopped_marks(spec.run_dir, spec.num_ranks)
+    if stopped is not None:  # also when the grace ran out just after the ranks' checkpoint completed
+        step, checkpoint = stopped
+        why = f" ({', '.join(dict.fromkeys(state.reasons))})" if state.reasons else ""
+        _say(f"stopped at step {step}{why}: checkpoint {checkpoint} is complete; continue with "
+             "`memascend train RECIPE --resume`")
+        return EXIT_STOPPED if state.external else 0
     if code == 0:
         return 0
+    if state.at_once is not None:
+        raise MemascendError(f"training stopped at once ({state.at_once}); a checkpoint being written is not used, "
+                             "the newest complete checkpoint is intact", "continue with `memascend train RECIPE --resume`")
     # DeepSpeed's launcher exits with a dead rank's return code (-9 -> 247).
     killed = _killed_by(code)
     found = rank_error(spec.run_dir)
-    silent = first_dead(_silent_ranks(spec), watch.dead_at_poll) if stop_requests <= 1 else []
-    if silent or (killed and found is None and stop_requests <= 1):
+    silent = first_dead(_silent_ranks(spec), watch.dead_at_poll)
+    if silent or (killed and found is None):
         # A killed rank writes nothing; the others then fail on the broken collective, and their error files only
         # echo the cause. The launcher's status is the first dead rank it polled, not always the killed one.
         who = ("rank " + ", ".join(map(str, silent))) if silent else "a rank"
@@ -272,10 +378,53 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, preexec_
     if found is not None:
         message, log_path, hint = found
         raise MemascendError(message, f"{hint}; full log: {log_path}" if hint else f"full log: {log_path}")
-    if stop_requests > 1:
-        raise MemascendError("training killed by a second Ctrl-C; the newest complete checkpoint is intact",
-                             "continue with `memascend train RECIPE --resume`")
     raise MemascendError(f"the DeepSpeed launcher exited with status {code}", f"see {launcher_log} and {spec.log_dir}")
+
+
+def stopped_marks(run_dir: str, num_ranks: int) -> tuple[int, str] | None:
+    """(step, checkpoint) when every rank of this node ended with a stop and its checkpoint (its exit mark says so),
+    else None."""
+    found = set()
+    for rank in range(num_ranks):
+        try:
+            with open(exit_file(run_dir, rank), encoding="utf-8") as f:
+                mark = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if mark.get("code") != 0 or "stopped" not in mark:
+            return None
+        found.add((mark["stopped"], mark["checkpoint"]))
+    return found.pop() if len(found) == 1 else None
+
+
+def _say(text: str) -> None:
+    """A status line on stderr; a terminal that hung up (SIGHUP) must not end the stop."""
+    from memascend_cli.console import err
+
+    try:
+        err.print(text, highlight=False, soft_wrap=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _detach_from_hung_up_terminal() -> None:
+    """After SIGHUP, writes to the terminal fail (EIO): point stdout/stderr that were a terminal at /dev/null so the
+    stop can still finish."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        if os.isatty(fd):
+            os.dup2(null, fd)
+    os.close(null)
+
+
+def _signal_group(pgid: int, sig: int, *, leader_only: bool = False) -> None:
+    try:
+        if leader_only:
+            os.kill(pgid, sig)
+        else:
+            os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _group_members(pgid: int) -> list[int]:

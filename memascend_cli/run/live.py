@@ -82,7 +82,7 @@ class LiveView:
             else:
                 err.print(format_step(rec), highlight=False)
             return
-        if kind in ("checkpoint", "eval", "export", "stopped"):
+        if kind in ("checkpoint", "eval", "export"):  # a stop: run_launch's line names its checkpoint
             self.events.append(rec)
             (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False)
 
@@ -118,6 +118,4 @@ def format_event(e: dict) -> str:
         return f"exported: {e['path']}"
     if kind == "eval":
         return f"validation loss at step {e['step']}: {e['loss']:.4f}"
-    if kind == "stopped":
-        return f"stopped at step {e['step']}; resume with --resume"
     return json.dumps(e)

@@ -172,13 +172,16 @@ def prepare_data(recipe, run_dir: str) -> dict:
     import sys
 
     from memascend_cli.console import err
+    from memascend_cli.run.lifeline import die_with_parent
     from memascend_cli.run.rundir import DATA_JSON
 
     os.makedirs(run_dir, exist_ok=True)
     request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
     with err.status("preparing the data (tokenized once, then cached)") as status:
+        # Tokenizing a large dataset takes a while: it ends with the CLI (run/lifeline.py).
         proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.prepare"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=die_with_parent())
         proc.stdin.write(request)
         proc.stdin.close()
         errors = []
