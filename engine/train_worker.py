@@ -155,6 +155,16 @@ class Reporter:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(log_dir=rundir.path(run_dir, rundir.TENSORBOARD_DIR))
+        self.wandb = None
+        if rank == 0 and "wandb" in report_to:
+            try:
+                import wandb
+            except ImportError:
+                print("memascend: report_to wandb skipped: the wandb package is not installed", file=sys.stderr)
+            else:
+                # Project and mode from WANDB_PROJECT / WANDB_MODE as the HF Trainer leaves them (offline works).
+                self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "memascend"), dir=run_dir,
+                                        name=os.path.basename(os.path.normpath(run_dir)))
 
     def __call__(self, record: dict) -> None:
         if self.rank != 0:
@@ -162,9 +172,13 @@ class Reporter:
         record = {"time": round(time.time(), 3), **record}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        kind, step = record.get("event"), record.get("step", 0)
+        if self.wandb is not None and kind in ("step", "eval"):
+            prefix = "train" if kind == "step" else "eval"
+            self.wandb.log({f"{prefix}/{k}": v for k, v in record.items() if isinstance(v, (int, float))
+                            and k not in ("step", "time")}, step=step)
         if self.tb is None:
             return
-        kind, step = record.get("event"), record.get("step", 0)
         if kind == "step":
             for key in ("loss", "lr", "tokens_per_s", "s_per_step", "host_rss_gib", "host_peak_gib", "ssd_read_gbps",
                         "ssd_write_gbps"):
@@ -177,6 +191,8 @@ class Reporter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 # --- the run ------------------------------------------------------------------------------------
