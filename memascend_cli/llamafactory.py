@@ -411,8 +411,18 @@ def dataset_from_info(names: str, dataset_dir: str, *, recipe_dir: str, cwd: str
         if remote and not entry.get("file_name"):
             raise BadInput(f"dataset {name!r} is remote ({remote[0]}); memascend reads local files only",
                            f"download it and add \"file_name\" to its entry in {info_path}")
-        if entry.get("ranking"):
-            raise BadInput(f"dataset {name!r} is a preference (ranking) dataset", "memascend trains on SFT data only")
+        columns_given = dict(entry.get("columns") or {})
+        if entry.get("ranking") or {"chosen", "rejected"} & set(columns_given):
+            raise BadInput(f"dataset {name!r} is a preference (ranking) dataset: training on it needs DPO/ORPO/SimPO "
+                           "(a chosen and a rejected answer per prompt)", "memascend trains on SFT data only")
+        if "kto_tag" in columns_given:
+            raise BadInput(f"dataset {name!r} is a KTO dataset (column {columns_given['kto_tag']!r} marks undesirable "
+                           "answers, which SFT would learn like the desirable ones)", "memascend trains on SFT data only")
+        media = sorted({"images", "videos", "audios"} & set(columns_given))
+        if media:
+            raise BadInput(f"dataset {name!r} has {' and '.join(media)} (column {columns_given[media[0]]!r}): "
+                           "memascend trains text-only language models, and the <image>/<video> placeholders would "
+                           "train as text", "use a text-only dataset")
         fmt = entry.get("formatting", "alpaca")
         if fmt not in ("alpaca", "sharegpt"):
             raise BadInput(f"dataset {name!r}: formatting {fmt!r} is not supported", "use alpaca or sharegpt")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -181,3 +182,29 @@ def test_report_to_loggers_never_refused(tmp_path, monkeypatch):
         assert r.report_to == ["jsonl", "wandb"]
     assert any(n.startswith("report_to: 'swanlab' skipped") for n in notes)
     assert any(n.startswith("report_to: 'mlflow' skipped") for n in notes)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}},
+     ["has images (column 'images')", "text-only", "<image>"]),
+    ({"formatting": "sharegpt", "columns": {"messages": "messages", "videos": "videos"}}, ["has videos"]),
+    ({"formatting": "sharegpt", "columns": {"messages": "messages", "kto_tag": "label"}},
+     ["KTO dataset (column 'label' marks undesirable answers"]),
+    ({"formatting": "sharegpt", "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"}},
+     ["preference (ranking) dataset", "DPO"]),
+])
+def test_datasets_that_would_change_meaning_are_refused(tmp_path, entry, words):
+    (tmp_path / "d.json").write_text("[]")
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"x": {"file_name": "d.json", **entry}}))
+    with pytest.raises(BadInput) as e:
+        LF.dataset_from_info("x", str(tmp_path), recipe_dir=str(tmp_path), cwd=str(tmp_path))
+    for w in words:
+        assert w in e.value.message
+
+
+def test_tools_column_is_carried_to_the_dataset(tmp_path):
+    (tmp_path / "d.json").write_text("[]")
+    entry = {"file_name": "d.json", "formatting": "sharegpt", "columns": {"messages": "conversations", "tools": "tools"}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"glaive_toolcall_en_demo": entry}))
+    ds = LF.dataset_from_info("glaive_toolcall_en_demo", str(tmp_path), recipe_dir=str(tmp_path), cwd=str(tmp_path))
+    assert ds["columns"] == {"messages": "conversations", "tools": "tools"}
