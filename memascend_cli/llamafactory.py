@@ -158,11 +158,11 @@ METHOD_PREFIXES = {
 }
 
 
-def method_refusal(key: str) -> str | None:
-    """Why a LLaMA-Factory method or multimodal key cannot be honoured, or None for other keys."""
-    for prefix, (method, reason) in METHOD_PREFIXES.items():
+def method_of(key: str) -> tuple[str, str] | None:
+    """(method, reason) of a LLaMA-Factory method or multimodal key, or None for other keys."""
+    for prefix, found in METHOD_PREFIXES.items():
         if key == prefix or (prefix.endswith("_") and key.startswith(prefix)):
-            return f"{key}: {method} is not supported ({reason})"
+            return found
     return None
 
 
@@ -224,6 +224,7 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
 
     native_keys = set(field_names())
     steps_win = isinstance(data.get("max_steps"), int) and data["max_steps"] > 0
+    methods: dict[tuple[str, str], list[str]] = {}  # one line per method, naming its keys
     for key, value in data.items():
         if key in REPLACED:
             if value not in (None, ""):
@@ -232,10 +233,10 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
         if key in REFUSED_KEYS:
             problems.append(f"{key}: {REFUSED_KEYS[key]}")
             continue
-        refusal = method_refusal(str(key))
-        if refusal is not None:
+        found = method_of(str(key))
+        if found is not None:
             if value not in (None, False):
-                problems.append(refusal)
+                methods.setdefault(found, []).append(str(key))
             continue
         if key == "num_train_epochs" and steps_win:
             if value is not None:
@@ -275,6 +276,7 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str) -> tuple[di
             guess = did_you_mean(str(key), sorted(set(MAPPED) | set(COMBINED) | set(IGNORED) | native_keys),
                                  cutoff=0.75)
             problems.append(f"unknown key {key!r}" + (f" (did you mean {guess!r}?)" if guess else ""))
+    problems += [f"{', '.join(keys)}: {method} is not supported ({reason})" for (method, reason), keys in methods.items()]
     # Local model and tokenizer paths are relative to the current directory in LLaMA-Factory.
     for key in ("model", "tokenizer"):
         value = out.get(key)

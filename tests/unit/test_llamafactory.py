@@ -122,7 +122,7 @@ def test_method_keys_get_no_misleading_suggestion(tmp_path, monkeypatch):
         load_recipe(lf_recipe(tmp_path, "use_galore: true\ngalore_target: all\napollo_target: all\n"))
     m = e.value.message
     assert "did you mean" not in m and "lora_target" not in m
-    assert "galore_target: GaLore" in m and "apollo_target: APOLLO" in m
+    assert "use_galore, galore_target: GaLore is not supported" in m and "apollo_target: APOLLO" in m
     # A method switched off is no method.
     assert load_recipe(lf_recipe(tmp_path, "use_galore: false\n")).model == "tiny-llama"
 
