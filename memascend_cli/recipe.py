@@ -397,6 +397,11 @@ def _absolutize(data: dict, base_dir: str) -> dict:
 
         if os.path.exists(candidate) or hub_id_hint(model) is None:
             out["model"] = candidate
+        else:
+            from memascend_cli.hub import cached_snapshot
+
+            # A hub id in the local Hugging Face cache: its snapshot folder, as from_pretrained finds it offline.
+            out["model"] = cached_snapshot(model) or model
     ds = out.get("dataset")
     if isinstance(ds, (str, list)):
         ds = {"path": ds}

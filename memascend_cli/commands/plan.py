@@ -161,7 +161,7 @@ def plan_command(
     hw = resolve_hardware(hardware, nvme_path, dram=dram, gpu_mem=gpu_mem, gpus=gpus, nodes=nodes,
                           nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
-    spec = models.load_model(model_name)
+    spec = models.load_model(model_name, weights=False)  # a hub id plans from its config.json or preset
     if recipe is not None:
         job = recipe_job(recipe, spec, hw, engine=engine, seq_len=seq_len, micro_batch=micro_batch,
                          grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
