@@ -33,7 +33,8 @@ import numpy as np
 
 IGNORE_INDEX = -100
 """Label of tokens that do not count in the loss (prompt tokens, padding); transformers' convention."""
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
+"""3: tool calls and tool results rendered as such (function_call / observation turns), dropped samples by reason."""
 META = "meta.json"
 
 
@@ -129,8 +130,11 @@ def count_records(paths: list[str], max_samples: int | None = None) -> int:
 
 # --- records -> conversations or text --------------------------------------------------------------
 
+# Tool results are "tool" turns and function calls assistant turns with `tool_calls`, as chat templates expect them
+# (LLaMA-Factory's observation / function_call roles); a template renders them with the record's `tools` schemas.
+_FUNCTION_CALL = "function_call"
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "system": "system", "gpt": "assistant", "assistant": "assistant",
-                   "observation": "user", "function_call": "assistant", "tool": "user"}
+                   "observation": "tool", "function_call": _FUNCTION_CALL, "tool": "tool"}
 
 
 @dataclass
@@ -185,7 +189,7 @@ def to_messages(rec, where: str, fmt: Format) -> list[dict]:
     content_tag = fmt.tags.get("content_tag", "content" if openai else "value")
     roles = dict(_SHAREGPT_ROLES)
     for tag, role in (("user_tag", "user"), ("assistant_tag", "assistant"), ("system_tag", "system"),
-                      ("observation_tag", "user"), ("function_tag", "assistant")):
+                      ("observation_tag", "tool"), ("function_tag", _FUNCTION_CALL)):
         if tag in fmt.tags:
             roles[fmt.tags[tag]] = role
     conv = rec.get(key)
@@ -199,10 +203,46 @@ def to_messages(rec, where: str, fmt: Format) -> list[dict]:
         if not isinstance(turn, dict) or not isinstance(turn.get(content_tag), str) or turn.get(role_tag) not in roles:
             raise DataError(f"{where}: {key}[{j}] needs {role_tag!r} ({'/'.join(sorted(roles))}) and a string "
                             f"{content_tag!r}")
-        msgs.append({"role": roles[turn[role_tag]], "content": turn[content_tag]})
+        role = roles[turn[role_tag]]
+        msgs.append(_tool_call(turn[content_tag], f"{where}: {key}[{j}]") if role == _FUNCTION_CALL
+                    else {"role": role, "content": turn[content_tag]})
     if not any(m["role"] == "assistant" for m in msgs):
         raise DataError(f"{where}: conversation has no assistant turn to learn from")
     return msgs
+
+
+def _tool_call(content: str, where: str) -> dict:
+    """An assistant turn calling tools, from LLaMA-Factory's function_call content: JSON {name, arguments} or a list
+    of them."""
+    try:
+        calls = json.loads(content)
+    except ValueError:
+        calls = None
+    calls = calls if isinstance(calls, list) else [calls]
+    if not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
+        raise DataError(f"{where}: a function_call turn must be JSON {{\"name\": ..., \"arguments\": ...}} (or a list "
+                        "of them)")
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}}
+                           for c in calls]}
+
+
+def record_tools(rec, where: str, fmt: Format) -> list | None:
+    """The record's tool schemas (dataset_info's `tools` column: a JSON string or a list), or None."""
+    key = fmt.columns.get("tools")
+    value = rec.get(key) if key and isinstance(rec, dict) else None
+    if value in (None, "", "[]"):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise DataError(f"{where}: {key!r} must hold the tools' JSON schemas") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise DataError(f"{where}: {key!r} must hold the tools' JSON schemas (a list of objects)")
+    return value or None
 
 
 def to_text(rec, where: str, fmt: Format) -> str:
@@ -314,41 +354,53 @@ class Encoder:
         self.lead = special_lead(tok)
         self.eos_id = tok.eos_token_id
 
-    def _render(self, messages, *, generation_prompt: bool) -> str:
+    def _render(self, messages, *, generation_prompt: bool, tools: list | None = None) -> str:
         try:
-            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
-                                                chat_template=self.template)
+            return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                add_generation_prompt=generation_prompt, chat_template=self.template)
         except Exception as exc:  # noqa: BLE001 - jinja raises TemplateError and friends
             raise DataError(f"chat template {self.template_name}: {str(exc).splitlines()[0]}") from None
 
-    def segments(self, messages: list[dict], where: str) -> list[tuple[str, bool]]:
+    def segments(self, messages: list[dict], where: str, tools: list | None = None) -> list[tuple[str, bool]]:
         """The rendered conversation as (text, trained) pieces: assistant turns (with their end-of-turn
-        marker) are trained, everything else (system, user, the template's role headers) is not."""
+        marker, tool calls included) are trained, everything else (system, user, tool results, the template's role
+        headers) is not. With `tools`, the template must render them (else the schemas would be lost silently)."""
         if self.template is None:
             raise DataError(f"{where}: chat data needs a chat template and the tokenizer has none; set `template:` "
                             f"to {', '.join(BUILTIN_TEMPLATES)} or a .jinja file")
+        if tools and self._render(messages[:1], generation_prompt=False, tools=tools) == \
+                self._render(messages[:1], generation_prompt=False):
+            raise DataError(f"{where}: chat template {self.template_name} does not render the record's tools, so the "
+                            "function schemas would be lost; use a template that renders `tools` (the model's own, "
+                            "e.g. Qwen2.5 or Llama 3.1) or remove the tools column from dataset_info.json")
         out: list[tuple[str, bool]] = []
         done = ""
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            prompt = self._render(messages[:i], generation_prompt=True)
-            full = self._render(messages[:i + 1], generation_prompt=False)
+            prompt = self._render(messages[:i], generation_prompt=True, tools=tools)
+            full = self._render(messages[:i + 1], generation_prompt=False, tools=tools)
             if not prompt.startswith(done) or not full.startswith(prompt):
                 raise DataError(f"{where}: chat template {self.template_name} does not render the conversation "
                                 "turn by turn (an earlier turn changes when a later one is added); set `template:` "
                                 "to chatml, llama3, plain or a .jinja file")
+            lost = [c["function"]["name"] for c in m.get("tool_calls") or [] if c["function"]["name"] not in full]
+            lost += [t["content"][:40] for t in messages[:i] if t["role"] == "tool" and t["content"].strip() not in full]
+            if lost:
+                raise DataError(f"{where}: chat template {self.template_name} drops tool calls or tool results "
+                                f"({', '.join(map(repr, lost))}), so they would not be trained as such; use a template "
+                                "that renders tool_calls and tool turns (the model's own, e.g. Qwen2.5 or Llama 3.1)")
             if len(prompt) > len(done):
                 out.append((prompt[len(done):], False))
             out.append((full[len(prompt):], True))
             done = full
-        rest = self._render(messages, generation_prompt=False)
+        rest = self._render(messages, generation_prompt=False, tools=tools)
         if len(rest) > len(done):
             out.append((rest[len(done):], False))
         return out
 
-    def encode_chat(self, messages: list[dict], where: str) -> tuple[list[int], list[int]]:
-        segs = self.segments(messages, where)
+    def encode_chat(self, messages: list[dict], where: str, tools: list | None = None) -> tuple[list[int], list[int]]:
+        segs = self.segments(messages, where, tools)
         enc = self.tok([s for s, _ in segs], add_special_tokens=False)["input_ids"]
         ids: list[int] = list(self.lead) if self.template_name == "plain" else []
         mask: list[int] = [0] * len(ids)
@@ -431,13 +483,14 @@ class _SplitWriter:
         self.loss_tokens = 0
         self.samples = 0
         self.dropped = 0
+        self.dropped_reasons: dict[str, int] = {}
 
     def add(self, ids: list[int], mask: list[int]) -> None:
         if not self.packing:
             ids, mask = ids[:self.seq_len], mask[:self.seq_len]
             if not any(mask[1:]):
                 # Nothing left to learn after truncation (the label of the first token is never used).
-                self.dropped += 1
+                self.drop(f"no trained token in the first {self.seq_len} tokens (seq_len)")
                 return
             np.array([self.num_tokens], dtype=np.int64).tofile(self.offsets)
         np.asarray(ids, dtype=self.dtype).tofile(self.tokens)
@@ -445,6 +498,10 @@ class _SplitWriter:
         self.num_tokens += len(ids)
         self.loss_tokens += int(sum(mask))
         self.samples += 1
+
+    def drop(self, reason: str) -> None:
+        self.dropped += 1
+        self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
 
     def close(self) -> dict:
         if self.offsets is not None:
@@ -454,7 +511,7 @@ class _SplitWriter:
         self.mask.close()
         rows = self.num_tokens // self.seq_len if self.packing else self.samples
         return {"rows": rows, "tokens": self.num_tokens, "loss_tokens": self.loss_tokens, "samples": self.samples,
-                "dropped_samples": self.dropped}
+                "dropped_samples": self.dropped, "dropped_reasons": dict(self.dropped_reasons)}
 
 
 def validation_count(fraction: float, total: int) -> int:
@@ -496,7 +553,7 @@ def build_cache(spec: PrepSpec, tok, template_name: str, template_text: str | No
             if spec.format == "text":
                 ids, mask = enc.encode_text(to_text(rec, where, fmt))
             else:
-                ids, mask = enc.encode_chat(to_messages(rec, where, fmt), where)
+                ids, mask = enc.encode_chat(to_messages(rec, where, fmt), where, record_tools(rec, where, fmt))
             # Validation samples: the first n_val of a seeded permutation of the sample indices.
             split = "validation" if n_val and permute(i, total, val_seed) < n_val else "train"
             writers[split].add(ids, mask)

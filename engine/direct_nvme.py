@@ -30,7 +30,7 @@ until their first write. ``verify=False`` (``EngineOptions.verify_checksums`` /
 ``MEMASCEND_VERIFY_CHECKSUMS=0``) skips the checksums, for benchmarking only.
 
 Ownership: opening a store takes the rank's sub-region lock and owner record
-(memascend_cli/region_owner.py); :meth:`RegionStore.close` releases them, and the kernel drops the
+(memascend_cli/ssd/owner.py); :meth:`RegionStore.close` releases them, and the kernel drops the
 lock if the process dies.
 """
 

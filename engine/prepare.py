@@ -104,6 +104,12 @@ def prepare(recipe, run_dir: str) -> dict:
     folder, meta = D.build_cache(D.PrepSpec.from_recipe(recipe), tok, name, text, cache_root=root,
                                  overwrite=recipe.dataset.overwrite_cache, progress=progress)
     train = meta["splits"]["train"]
+    dropped: dict[str, int] = {}
+    for split in meta["splits"].values():
+        for reason, n in split.get("dropped_reasons", {}).items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    for reason, n in dropped.items():
+        print(f"data: {n:,} of {meta['samples']:,} samples dropped: {reason}", file=sys.stderr, flush=True)
     if train["rows"] == 0:
         what = "too little data for one packed sequence; lower seq_len or set dataset.packing: false" \
             if recipe.dataset.packing else "every sample was empty after truncation"
@@ -116,7 +122,8 @@ def prepare(recipe, run_dir: str) -> dict:
     return {"cache_dir": folder, "hf_dir": hf_dir, "template": name, "vocab_size": len(tok),
             "train_sequences": train["rows"], "validation_sequences": meta["splits"]["validation"]["rows"],
             "train_tokens": train["tokens"], "train_loss_tokens": train["loss_tokens"], "samples": meta["samples"],
-            "dropped_samples": train["dropped_samples"] + meta["splits"]["validation"]["dropped_samples"]}
+            "dropped_samples": train["dropped_samples"] + meta["splits"]["validation"]["dropped_samples"],
+            "dropped_reasons": dropped}
 
 
 def main() -> int:

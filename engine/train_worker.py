@@ -7,7 +7,7 @@ Reads RUN/recipe.json and RUN/ds_config.json; builds the tokenizer, the dataset 
 weights); installs the memascend engine unless --baseline; trains with metrics in RUN/metrics.jsonl,
 resumable checkpoints in RUN/checkpoints/ and a final Hugging Face export in RUN/export/.
 A stop request (RUN/STOP, SIGINT, or SIGTERM under the CLI's lifeline) finishes the step, checkpoints and exits 0;
-the exit mark names the checkpoint. The rank ends at once when the CLI is gone (memascend_cli/lifeline.py). Expected
+the exit mark names the checkpoint. The rank ends at once when the CLI is gone (memascend_cli/run/lifeline.py). Expected
 failures write RUN/logs/error-rank<N>.json (one line for the CLI) and exit 1.
 """
 
@@ -156,6 +156,16 @@ class Reporter:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(log_dir=rundir.path(run_dir, rundir.TENSORBOARD_DIR))
+        self.wandb = None
+        if rank == 0 and "wandb" in report_to:
+            try:
+                import wandb
+            except ImportError:
+                print("memascend: report_to wandb skipped: the wandb package is not installed", file=sys.stderr)
+            else:
+                # Project and mode from WANDB_PROJECT / WANDB_MODE as the HF Trainer leaves them (offline works).
+                self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "memascend"), dir=run_dir,
+                                        name=os.path.basename(os.path.normpath(run_dir)))
 
     def __call__(self, record: dict) -> None:
         if self.rank != 0:
@@ -163,9 +173,13 @@ class Reporter:
         record = {"time": round(time.time(), 3), **record}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        kind, step = record.get("event"), record.get("step", 0)
+        if self.wandb is not None and kind in ("step", "eval"):
+            prefix = "train" if kind == "step" else "eval"
+            self.wandb.log({f"{prefix}/{k}": v for k, v in record.items() if isinstance(v, (int, float))
+                            and k not in ("step", "time")}, step=step)
         if self.tb is None:
             return
-        kind, step = record.get("event"), record.get("step", 0)
         if kind == "step":
             for key in ("loss", "lr", "tokens_per_s", "s_per_step", "host_rss_gib", "host_peak_gib", "ssd_read_gbps",
                         "ssd_write_gbps"):
@@ -178,6 +192,8 @@ class Reporter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 # --- the run ------------------------------------------------------------------------------------

@@ -367,14 +367,22 @@ def load_gguf(path: str) -> ModelSpec:
 
 
 def hub_id_hint(text: str) -> str | None:
-    """The hint for a Hugging Face hub id (org/name) given where a local model is expected."""
-    import re
+    """The hint for a Hugging Face hub id (org/name) that is neither a local path nor in the local cache."""
+    from memascend_cli import hub
 
-    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) and not os.path.exists(text):
-        local = "models/" + text.split("/")[1]
-        return (f"{text} looks like a Hugging Face hub id; memascend reads local files only: "
-                f"`huggingface-cli download {text} --local-dir {local}`, then give {local}")
-    return None
+    if not hub.looks_like_hub_id(text):
+        return None
+    local = "models/" + text.split("/")[1]
+    preset = hub.preset_for(text, preset_sources())
+    return (f"{text} looks like a Hugging Face hub id and is not in the local cache ({hub.hub_cache_dir()}); "
+            f"`huggingface-cli download {text} --local-dir {local}`, then give {local}; planning needs only its "
+            f"config.json (`huggingface-cli download {text} config.json --local-dir {local}`)"
+            + (f"; `plan` uses the preset {preset} (same architecture)" if preset else ""))
+
+
+def preset_sources() -> dict[str, str]:
+    """{preset name: its `source` (the config.json URL it was taken from)}."""
+    return {name: str(load_preset(name).source or "") for name in _preset_texts()}
 
 
 PACKAGE_PREFIX = "package:"
@@ -398,9 +406,12 @@ def resolve_package_file(ref: str) -> str:
     return path
 
 
-def load_model(name_or_path: str) -> ModelSpec:
+def load_model(name_or_path: str, *, weights: bool = True) -> ModelSpec:
     """Resolve --model: a preset name, a YAML spec file, a config.json, a model directory, a .gguf file,
-    or package:MODULE/FILE."""
+    package:MODULE/FILE, or a hub id found in the local Hugging Face cache (as `from_pretrained` finds it offline).
+
+    `weights=False` (planning): a hub id that is not cached but is the source of a shipped preset (or an instruct
+    variant of it) plans with that preset; training needs the model itself."""
     p = str(name_or_path)
     if p.startswith(PACKAGE_PREFIX):
         p = resolve_package_file(p)
@@ -417,9 +428,17 @@ def load_model(name_or_path: str) -> ModelSpec:
         if not isinstance(data, dict):
             raise BadInput(f"{p}: expected a mapping of keys", "see presets/models/*.yaml for the format")
         return _from_mapping(data, name=os.path.basename(p).rsplit(".", 1)[0], origin=p, strict=True)
-    hub = hub_id_hint(p)
-    if hub is not None:
-        raise BadInput(f"{p}: no such model directory", hub)
+    hint = hub_id_hint(p)
+    if hint is not None:
+        from memascend_cli import hub
+
+        snapshot = hub.cached_snapshot(p)
+        if snapshot is not None:
+            return load_config_json(snapshot)
+        preset = None if weights else hub.preset_for(p, preset_sources())
+        if preset is not None:
+            return load_preset(preset)
+        raise BadInput(f"{p}: no such model directory", hint)
     if os.sep in p or p.startswith("."):
         raise BadInput(f"{p}: no such model directory",
                        "give a directory with config.json and *.safetensors, a .gguf file, or a preset name "

@@ -66,7 +66,7 @@ class RunResult:
     wall_s: float | None = None
     shm: dict = field(default_factory=dict)
     """/dev/shm around the run: used bytes and DeepSpeed's allreduce segments before and after, and the leftovers
-    swept before the launch and after the exit (memascend_cli/leftovers.py); a clean run ends where it started."""
+    swept before the launch and after the exit (memascend_cli/run/leftovers.py); a clean run ends where it started."""
     sampling: dict = field(default_factory=dict)
     phases: list[dict] = field(default_factory=list)
     timeline: list[tuple[float, int]] = field(default_factory=list)

@@ -167,7 +167,7 @@ def plan_command(
     hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
                           nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
-    spec = models.load_model(model_name)
+    spec = models.load_model(model_name, weights=False)  # a hub id plans from its config.json or preset
     ds_version = deepspeed_version or installed_deepspeed_version()
     defaults = zero.version_defaults(parse_version(ds_version))
     base = replace(

@@ -2,7 +2,7 @@
 sub-group rules, the swap-pool sizing, and `resolve`, which turns a job into its effective settings.
 
 Everything that decides a ZeRO number calls this module: the planner (memascend_cli/planner/),
-the DeepSpeed config builder (memascend_cli/deepspeed_config.py), `train`, `bench`, and the engine
+the DeepSpeed config builder (memascend_cli/run/dsconfig.py), `train`, `bench`, and the engine
 (memascend_engine.runtime applies `memascend_knobs` to a user's config; on a config generated here that
 changes nothing). Pure: stdlib only, no I/O.
 

@@ -3,7 +3,7 @@
 `build_launch` returns the exact argv and environment (`train --dry-run` prints them, tests
 assert them); `run_launch` runs them, turns Ctrl-C, SIGTERM, SIGHUP and --stop-after into a clean
 stop (the workers save a checkpoint and exit), a failing rank into one `error:` line naming its log,
-and ends every process of the job when it ends itself (memascend_cli/lifeline.py).
+and ends every process of the job when it ends itself (memascend_cli/run/lifeline.py).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: S
                preexec_fn=None) -> int:
     """Run the launcher until it exits (see _run_launch) and leave nothing behind: leftovers of finished jobs
     (DeepSpeed's shared-memory allreduce buffers, engine key folders) are swept before the launch, and this job's
-    after it, once its processes are gone, also after a failed or killed rank (memascend_cli/leftovers.py)."""
+    after it, once its processes are gone, also after a failed or killed rank (memascend_cli/run/leftovers.py)."""
     from memascend_cli.run import leftovers
     from memascend_cli.console import err
 
@@ -274,7 +274,7 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: 
     The launcher runs in its own session so a terminal Ctrl-C reaches only us: DeepSpeed's launcher would otherwise
     SIGTERM the workers mid-step. A stop request (see StopState) reaches the ranks through the run directory's STOP
     file; stopping at once SIGKILLs the launcher's session. The launcher dies with this process (PR_SET_PDEATHSIG) and
-    the ranks watch this process's lifeline (memascend_cli/lifeline.py), so no rank outlives the CLI.
+    the ranks watch this process's lifeline (memascend_cli/run/lifeline.py), so no rank outlives the CLI.
 
     Args:
         spec: from build_launch.

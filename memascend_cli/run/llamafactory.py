@@ -106,15 +106,82 @@ RESTRICTED = {
                           "DeepSpeed's schedulers cover cosine, linear and constant (with warm-up)"),
 }
 
+# Accepted and replaced by memascend's own value (with a one-line note).
+REPLACED = {
+    "deepspeed": "replaced by memascend's DeepSpeed config (ZeRO-3, params and optimizer on the SSD, from the plan)",
+}
+
 REFUSED_KEYS = {
-    "deepspeed": "memascend generates the DeepSpeed config (ZeRO-3, params and optimizer on the SSD) from the plan; "
-                 "delete the `deepspeed:` line",
     "adapter_name_or_path": "adapters are not supported (full fine-tuning only)",
     "eval_dataset": "a separate validation dataset is not supported; use val_size",
     "quantization_bit": "quantized training (QLoRA) is not supported",
     "use_unsloth": "unsloth is not used",
     "fsdp": "memascend uses DeepSpeed ZeRO-3, not FSDP",
 }
+
+# LLaMA-Factory's training methods other than plain AdamW full fine-tuning: each key refused with its method's reason
+# (never a "did you mean" guess: galore_target is not lora_target). Prefix -> (method, reason).
+_OPTIMIZER_REASON = ("memascend's engine streams DeepSpeed's CPU AdamW states through the SSD; other optimizers are "
+                     "not implemented there")
+METHOD_PREFIXES = {
+    "galore_": ("GaLore", _OPTIMIZER_REASON),
+    "use_galore": ("GaLore", _OPTIMIZER_REASON),
+    "apollo_": ("APOLLO", _OPTIMIZER_REASON),
+    "use_apollo": ("APOLLO", _OPTIMIZER_REASON),
+    "badam_": ("BAdam", "BAdam trains one block of layers at a time with its own optimizer; memascend's engine "
+                        "updates all parameters with AdamW"),
+    "use_badam": ("BAdam", "BAdam trains one block of layers at a time with its own optimizer; memascend's engine "
+                           "updates all parameters with AdamW"),
+    "use_adam_mini": ("Adam-mini", _OPTIMIZER_REASON),
+    "use_muon": ("Muon", _OPTIMIZER_REASON),
+    "use_dft_loss": ("DFT", "memascend trains with the plain token cross-entropy; DFT/EAFT/ASFT reweight the loss"),
+    "use_eaft_loss": ("EAFT", "memascend trains with the plain token cross-entropy; DFT/EAFT/ASFT reweight the loss"),
+    "eaft_": ("EAFT", "memascend trains with the plain token cross-entropy; DFT/EAFT/ASFT reweight the loss"),
+    "use_asft_loss": ("ASFT", "memascend trains with the plain token cross-entropy; DFT/EAFT/ASFT reweight the loss"),
+    "asft_": ("ASFT", "memascend trains with the plain token cross-entropy; DFT/EAFT/ASFT reweight the loss"),
+    "mixture_of_depths": ("MoD", "mixture-of-depths changes the model's architecture; memascend trains the model as "
+                                 "it is"),
+    "fp8": ("fp8", "memascend trains in bf16, fp16 or fp32"),
+    "fp8_": ("fp8", "memascend trains in bf16, fp16 or fp32"),
+    "use_llama_pro": ("LLaMA Pro", "LLaMA Pro trains expanded blocks only (a freeze method); memascend does full "
+                                   "fine-tuning"),
+    "pissa_": ("PiSSA", "PiSSA is a LoRA initialisation; memascend does full fine-tuning"),
+    "loraplus_": ("LoRA+", "LoRA+ is a LoRA method; memascend does full fine-tuning"),
+    "oft_": ("OFT", "OFT is an adapter method; memascend does full fine-tuning"),
+    "image_": ("multimodal", "memascend trains text-only language models"),
+    "video_": ("multimodal", "memascend trains text-only language models"),
+    "audio_": ("multimodal", "memascend trains text-only language models"),
+    "freeze_vision_tower": ("multimodal", "memascend trains text-only language models"),
+    "freeze_multi_modal_projector": ("multimodal", "memascend trains text-only language models"),
+    "freeze_language_model": ("multimodal", "memascend trains text-only language models"),
+    "use_audio_in_video": ("multimodal", "memascend trains text-only language models"),
+}
+
+
+def method_of(key: str) -> tuple[str, str] | None:
+    """(method, reason) of a LLaMA-Factory method or multimodal key, or None for other keys."""
+    for prefix, found in METHOD_PREFIXES.items():
+        if key == prefix or (prefix.endswith("_") and key.startswith(prefix)):
+            return found
+    return None
+
+
+# Every template name LLaMA-Factory registers (src/llamafactory/data/template.py register_template(name=...), at
+# commit ff6d4d12 of August 2026). Those not in TOKENIZER_TEMPLATES / PLAIN_TEMPLATES use the tokenizer's own chat
+# template, with a note that LLaMA-Factory's rendering is not reproduced.
+LLAMAFACTORY_TEMPLATES = frozenset("""
+custom alpaca bailing bailing_v2 breeze chatglm3 chatml chatml_de cohere cpm4 dbrx deepseek deepseek3 deepseekr1 hy3
+deepseekcoder default dots_ocr empty ernie ernie_nothink ernie_vl exaone falcon falcon_h1 fewshot gemma gemma2 gemma3
+gemma3n gemma4 gemma4n glm4 glm4_moe glm4v glm4_5v glm_ocr glm4_7 glmz1 gpt_oss granite3 granite3_vision granite4
+index hunyuan hunyuan_small hy_dense_1_8b hy_dense_7b intern2 intern_vl intern_s1 keye_vl kimi_vl lfm2 lfm2_vl llama2
+llama2_zh llama3 llama4 mllama moonlight moss_vl llava llava_next llava_next_llama3 llava_next_mistral llava_next_qwen
+llava_next_yi llava_next_video llava_next_video_mistral llava_next_video_yi mimo mimo_v2 mimo_vl minicpm_v
+minicpm_v_4_6 minicpm_o minimax1 minimax2 ministral mistral mistral_small ministral3 olmo openchat openchat-3.6
+opencoder paligemma paligemma_chat phi phi_small phi4 phi4_mini pixtral qwen qwen3 qwen3_nothink qwen2_audio
+qwen2_omni qwen3_omni qwen3_omni_nothink qwen2_vl qwen3_vl qwen3_vl_nothink qwen3_5 qwen3_5_nothink qwen3_6 sailor
+seed_coder seed_oss smollm smollm2 solar starchat telechat2 vicuna video_llava xuanyuan yi yi_vl youtu youtu_vl yuan
+zephyr aeva
+""".split())
 
 # LLaMA-Factory template names whose official chat template the model's tokenizer carries; memascend
 # uses the tokenizer's own template for them (LLaMA-Factory's templates reproduce the official ones).
@@ -123,7 +190,8 @@ TOKENIZER_TEMPLATES = {"default", "qwen", "qwen2_vl", "qwen3", "llama2", "llama3
                        "smollm", "smollm2", "zephyr", "vicuna", "granite3", "olmo", "cohere", "glm4", "baichuan2"}
 PLAIN_TEMPLATES = {"empty": "plain", "alpaca": "plain"}
 
-LF_ONLY_KEYS = set(MAPPED) | set(COMBINED) | set(IGNORED) | set(RESTRICTED) | set(REFUSED_KEYS) | {"do_predict"}
+LF_ONLY_KEYS = set(MAPPED) | set(COMBINED) | set(IGNORED) | set(RESTRICTED) | set(REFUSED_KEYS) | set(REPLACED)
+LF_ONLY_KEYS |= {"do_predict"}
 LF_ONLY_KEYS -= {"template", "output_dir", "seed", "report_to", "weight_decay", "max_grad_norm",
                  "overwrite_output_dir", "dataset"}
 
@@ -153,11 +221,24 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str, native_keys
     out: dict = {}
     notes: list[str] = []
     problems: list[str] = []
+    steps_win = isinstance(data.get("max_steps"), int) and data["max_steps"] > 0
+    methods: dict[tuple[str, str], list[str]] = {}  # one line per method, naming its keys
     for key, value in data.items():
+        if key in REPLACED:
+            if value not in (None, ""):
+                notes.append(f"{key}: {value} {REPLACED[key]}")
+            continue
         if key in REFUSED_KEYS:
-            if key == "deepspeed" and value in (None, ""):
-                continue
             problems.append(f"{key}: {REFUSED_KEYS[key]}")
+            continue
+        found = method_of(str(key))
+        if found is not None:
+            if value not in (None, False):
+                methods.setdefault(found, []).append(str(key))
+            continue
+        if key == "num_train_epochs" and steps_win:
+            if value is not None:
+                notes.append(f"num_train_epochs: ignored (max_steps {data['max_steps']} wins, as in LLaMA-Factory)")
             continue
         if key in RESTRICTED:
             allowed, reason = RESTRICTED[key]
@@ -173,11 +254,11 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str, native_keys
             if key == "max_steps" and isinstance(value, int) and value <= 0:
                 continue  # the HF Trainer's -1: train by epochs
             if key == "template":
-                value = _template(value, problems)
+                value = _template(value, problems, notes)
             if key == "lr_scheduler_type" and value == "constant_with_warmup":
                 value = "constant"
             if key == "report_to":
-                value = _report_to(value, problems)
+                value = _report_to(value, notes)
             if key == "save_steps" and isinstance(value, float) and value < 1:
                 problems.append("save_steps: a fraction of the run is not supported; give a step count")
                 continue
@@ -193,6 +274,7 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str, native_keys
             guess = did_you_mean(str(key), sorted(set(MAPPED) | set(COMBINED) | set(IGNORED) | native_keys),
                                  cutoff=0.75)
             problems.append(f"unknown key {key!r}" + (f" (did you mean {guess!r}?)" if guess else ""))
+    problems += [f"{', '.join(keys)}: {method} is not supported ({reason})" for (method, reason), keys in methods.items()]
     # Local model and tokenizer paths are relative to the current directory in LLaMA-Factory.
     for key in ("model", "tokenizer"):
         value = out.get(key)
@@ -237,7 +319,7 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str, native_keys
     return out, notes
 
 
-def _template(value, problems: list[str]):
+def _template(value, problems: list[str], notes: list[str]):
     v = str(value)
     if v in TOKENIZER_TEMPLATES:
         return None  # the tokenizer's own chat template
@@ -245,28 +327,44 @@ def _template(value, problems: list[str]):
         return PLAIN_TEMPLATES[v]
     if v == "plain":
         return v
+    if v in LLAMAFACTORY_TEMPLATES:
+        notes.append(f"template: {v!r} rendered with the tokenizer's own chat template (LLaMA-Factory's {v} "
+                     "rendering is not reproduced; give a .jinja file to use another)")
+        return None
     from memascend_cli.userfiles import looks_like_path
 
     if looks_like_path(v):
         return v
-    problems.append(f"template: {v!r} is not known to memascend (use the tokenizer's own chat template by "
-                    f"leaving it out, or one of {', '.join(sorted(TOKENIZER_TEMPLATES))})")
+    guess = did_you_mean(v, sorted(LLAMAFACTORY_TEMPLATES))
+    problems.append(f"template: {v!r} is not a LLaMA-Factory template" + (f" (did you mean {guess!r}?)" if guess else "")
+                    + "; leave it out to use the tokenizer's own chat template, or give a .jinja file")
     return None
 
 
-def _report_to(value, problems: list[str]) -> list[str]:
+REPORTERS = ("tensorboard", "wandb")
+"""Sinks memascend writes besides metrics.jsonl (engine/train_worker.py Reporter)."""
+
+
+def _report_to(value, notes: list[str]) -> list[str]:
+    """LLaMA-Factory's report_to: a sink memascend writes is used when its package is installed; anything else is a
+    note (metrics.jsonl is always written), never a refusal."""
+    import importlib.util
+
     items = value if isinstance(value, list) else [s.strip() for s in str(value).split(",")]
     out = []
     for item in items:
-        if item in ("none", "jsonl"):
+        if item in ("none", "jsonl", None, ""):
             continue
-        if item == "tensorboard":
-            out.append(item)
-        elif item == "all":
-            out.append("tensorboard")
-        else:
-            problems.append(f"report_to: {item!r} is not supported (tensorboard or none; metrics.jsonl is always "
-                            "written, and nothing leaves the machine)")
+        names = ["tensorboard"] if item == "all" else [item]
+        for name in names:
+            if name in REPORTERS and importlib.util.find_spec(name) is not None:
+                out.append(name)
+            elif name in REPORTERS:
+                notes.append(f"report_to: {name!r} skipped: the {name} package is not installed (pip install {name}); "
+                             "metrics go to metrics.jsonl")
+            else:
+                notes.append(f"report_to: {name!r} skipped: memascend writes metrics.jsonl, TensorBoard and "
+                             f"wandb, not {name}")
     return ["jsonl", *out]
 
 
@@ -313,8 +411,18 @@ def dataset_from_info(names: str, dataset_dir: str, *, recipe_dir: str, cwd: str
         if remote and not entry.get("file_name"):
             raise BadInput(f"dataset {name!r} is remote ({remote[0]}); memascend reads local files only",
                            f"download it and add \"file_name\" to its entry in {info_path}")
-        if entry.get("ranking"):
-            raise BadInput(f"dataset {name!r} is a preference (ranking) dataset", "memascend trains on SFT data only")
+        columns_given = dict(entry.get("columns") or {})
+        if entry.get("ranking") or {"chosen", "rejected"} & set(columns_given):
+            raise BadInput(f"dataset {name!r} is a preference (ranking) dataset: training on it needs DPO/ORPO/SimPO "
+                           "(a chosen and a rejected answer per prompt)", "memascend trains on SFT data only")
+        if "kto_tag" in columns_given:
+            raise BadInput(f"dataset {name!r} is a KTO dataset (column {columns_given['kto_tag']!r} marks undesirable "
+                           "answers, which SFT would learn like the desirable ones)", "memascend trains on SFT data only")
+        media = sorted({"images", "videos", "audios"} & set(columns_given))
+        if media:
+            raise BadInput(f"dataset {name!r} has {' and '.join(media)} (column {columns_given[media[0]]!r}): "
+                           "memascend trains text-only language models, and the <image>/<video> placeholders would "
+                           "train as text", "use a text-only dataset")
         fmt = entry.get("formatting", "alpaca")
         if fmt not in ("alpaca", "sharegpt"):
             raise BadInput(f"dataset {name!r}: formatting {fmt!r} is not supported", "use alpaca or sharegpt")

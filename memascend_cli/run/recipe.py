@@ -148,9 +148,9 @@ class Recipe(_Strict):
     """Newest complete checkpoints kept; older ones are deleted after a new one completes."""
     export: bool = True
     """Write a Hugging Face model directory (weights, config, tokenizer, generation config) to output_dir/export."""
-    report_to: list[Literal["jsonl", "tensorboard"]] = Field(default_factory=lambda: ["jsonl", "tensorboard"])
-    """Metrics sinks: jsonl (output_dir/metrics.jsonl, always written: the live view reads it) and
-    tensorboard (event files in output_dir/tensorboard)."""
+    report_to: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl", "tensorboard"])
+    """Metrics sinks: jsonl (output_dir/metrics.jsonl, always written: the live view reads it), tensorboard (event
+    files in output_dir/tensorboard) and wandb (Weights & Biases; WANDB_MODE=offline keeps it on the machine)."""
     overwrite_output_dir: bool = False
     """Start afresh in an output_dir that holds an earlier run (its checkpoints and export are deleted)."""
     ranks: int | None = Field(None, ge=1)
@@ -395,6 +395,11 @@ def _absolutize(data: dict, base_dir: str) -> dict:
 
         if os.path.exists(candidate) or hub_id_hint(model) is None:
             out["model"] = candidate
+        else:
+            from memascend_cli.hub import cached_snapshot
+
+            # A hub id in the local Hugging Face cache: its snapshot folder, as from_pretrained finds it offline.
+            out["model"] = cached_snapshot(model) or model
     ds = out.get("dataset")
     if isinstance(ds, (str, list)):
         ds = {"path": ds}
@@ -454,6 +459,11 @@ def load_recipe(path: str, overrides: dict | None = None, *, notes: list[str] | 
         data = merge(data, _absolutize(overrides, os.getcwd()))
     if isinstance(data.get("output_dir"), str):
         data["output_dir"] = os.path.abspath(os.path.expanduser(data["output_dir"]))
+    if data.get("steps") is not None and data.get("epochs") is not None:
+        # As in the HF Trainer and LLaMA-Factory (max_steps overrides num_train_epochs): short test runs set both.
+        if notes is not None:
+            notes.append(f"epochs: ignored (steps {data['steps']} wins)")
+        data.pop("epochs")
     return recipe_from_dict(data, origin=path)
 
 
@@ -502,7 +512,7 @@ def reference_markdown() -> str:
 
     head = ["| key | type | default | meaning |", "|---|---|---|---|"]
     parts = ["# Recipe keys", "",
-             "Generated from `memascend_cli/recipe.py` (pydantic models; unknown keys are refused with a close "
+             "Generated from `memascend_cli/run/recipe.py` (pydantic models; unknown keys are refused with a close "
              "suggestion). Paths are relative to the recipe file, `output_dir` to the current directory. "
              "LLaMA-Factory's keys are translated first: docs/llama-factory.md.", "",
              *head, *rows(Recipe, ""), "", "## dataset", "", "`dataset: file.jsonl` is short for "

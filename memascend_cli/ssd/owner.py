@@ -10,7 +10,7 @@ never leaves a lock behind (fcntl(2), "Open file description locks"). The lock i
 every memascend opener takes it; other programs are kept out by `prepare-ssd`'s safety checks.
 
 Owner record: one OWNER_SLOT_BYTES block per rank in the region's reserved area (see
-memascend_cli/region.py, format version 2), at OWNER_TABLE_OFFSET_BYTES + rank * OWNER_SLOT_BYTES:
+memascend_cli/ssd/region.py, format version 2), at OWNER_TABLE_OFFSET_BYTES + rank * OWNER_SLOT_BYTES:
 
     0..7    magic b"MAOWNER1"
     8..11   u32 record version (1)

@@ -5,7 +5,7 @@ A memascend region is a raw block device, a partition or a preallocated file lai
     bytes 0 .. HEADER_BYTES-1        the header block (this module's codec)
     bytes HEADER_BYTES .. data_start  reserved (1 MiB total); from format version 2 it holds the owner
                                       table at 64 KiB: one 4 KiB owner record per rank
-                                      (memascend_cli/region_owner.py), zero otherwise
+                                      (memascend_cli/ssd/owner.py), zero otherwise
     bytes data_start .. capacity      data area, split into one sub-region per rank
 
 Format versions: 1 = no owner records (written by memascend before region ownership; still read,

@@ -1,4 +1,4 @@
-"""The lifeline (memascend_cli/lifeline.py) and the stop policy of a launch (memascend_cli/launch.py StopState)."""
+"""The lifeline (memascend_cli/run/lifeline.py) and the stop policy of a launch (memascend_cli/run/launch.py StopState)."""
 
 from __future__ import annotations
 

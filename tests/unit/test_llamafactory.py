@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -58,15 +59,22 @@ def test_sharegpt_entry_brings_its_columns(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("line, words", [
     ("finetuning_type: lora", ["finetuning_type: 'lora' is not supported", "LoRA"]),
-    ("deepspeed: examples/deepspeed/ds_z3_config.json", ["memascend generates the DeepSpeed config",
-                                                          "delete the `deepspeed:` line"]),
     ("stage: dpo", ["stage: 'dpo' is not supported"]),
-    ("report_to: wandb", ["report_to: 'wandb' is not supported"]),
+    ("galore_target: all", ["galore_target: GaLore is not supported", "AdamW"]),
+    ("use_apollo: true", ["use_apollo: APOLLO is not supported"]),
+    ("use_badam: true", ["BAdam is not supported"]),
+    ("use_adam_mini: true", ["Adam-mini is not supported"]),
+    ("use_muon: true", ["Muon is not supported"]),
+    ("use_dft_loss: true", ["DFT is not supported", "cross-entropy"]),
+    ("mixture_of_depths: convert", ["MoD is not supported"]),
+    ("fp8: true", ["fp8 is not supported"]),
+    ("image_max_pixels: 262144", ["multimodal is not supported", "text-only"]),
     ("lr_scheduler_type: polynomial", ["lr_scheduler_type: 'polynomial'"]),
     ("dataset: remote_demo", ["remote", "file_name"]),
     ("dataset: dpo_demo", ["preference"]),
     ("dataset: alpaca_dem", ["not in", "did you mean 'alpaca_demo'"]),
-    ("template: mystery", ["template: 'mystery' is not known"]),
+    ("template: mystery", ["template: 'mystery' is not a LLaMA-Factory template", ".jinja"]),
+    ("template: qwen3_nothnk", ["did you mean 'qwen3_nothink'?"]),
     ("eval_dataset: alpaca_demo", ["use val_size"]),
 ])
 def test_refusals_say_why(tmp_path, monkeypatch, line, words):
@@ -94,10 +102,11 @@ def test_precision_defaults_to_fp32_like_llamafactory(tmp_path, monkeypatch):
 
 
 def test_docs_list_every_key():
-    """docs/llama-factory.md is the human-readable copy of the tables in memascend_cli/llamafactory.py."""
+    """docs/llama-factory.md is the human-readable copy of the tables in memascend_cli/run/llamafactory.py."""
     doc = open(os.path.join(REPO, "docs", "llama-factory.md")).read()
     keys = set(re.findall(r"^\| `([a-z_0-9]+)`", doc, flags=re.M))
-    tables = set(LF.MAPPED) | set(LF.COMBINED) | set(LF.IGNORED) | set(LF.RESTRICTED) | set(LF.REFUSED_KEYS)
+    tables = (set(LF.MAPPED) | set(LF.COMBINED) | set(LF.IGNORED) | set(LF.RESTRICTED) | set(LF.REFUSED_KEYS)
+              | set(LF.REPLACED))
     assert tables <= keys, sorted(tables - keys)
 
 
@@ -105,3 +114,97 @@ def test_dataset_dir_falls_back_to_the_recipe_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no data/ here: the recipe's own folder holds it
     r = load_recipe(EXAMPLE)
     assert r.dataset.path == os.path.join(ASSETS, "data", "alpaca_demo.json")
+
+
+def test_method_keys_get_no_misleading_suggestion(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)
+    with pytest.raises(BadInput) as e:
+        load_recipe(lf_recipe(tmp_path, "use_galore: true\ngalore_target: all\napollo_target: all\n"))
+    m = e.value.message
+    assert "did you mean" not in m and "lora_target" not in m
+    assert "use_galore, galore_target: GaLore is not supported" in m and "apollo_target: APOLLO" in m
+    # A method switched off is no method.
+    assert load_recipe(lf_recipe(tmp_path, "use_galore: false\n")).model == "tiny-llama"
+
+
+def test_deepspeed_line_is_replaced_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)
+    notes: list[str] = []
+    load_recipe(lf_recipe(tmp_path, "deepspeed: examples/deepspeed/ds_z3_config.json\n"), notes=notes)
+    assert notes.count("deepspeed: examples/deepspeed/ds_z3_config.json replaced by memascend's DeepSpeed config "
+                       "(ZeRO-3, params and optimizer on the SSD, from the plan)") == 1
+
+
+def test_max_steps_wins_over_epochs(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)
+    notes: list[str] = []
+    r = load_recipe(lf_recipe(tmp_path, "max_steps: 5\n"), notes=notes)
+    assert (r.steps, r.epochs) == (5, None)
+    assert "num_train_epochs: ignored (max_steps 5 wins, as in LLaMA-Factory)" in notes
+    # max_steps: -1 is the HF Trainer's "train by epochs".
+    assert load_recipe(lf_recipe(tmp_path, "max_steps: -1\n")).epochs == 1.0
+    # --set steps=N on a recipe with epochs: steps wins too.
+    notes = []
+    r = load_recipe(lf_recipe(tmp_path), {"steps": 3}, notes=notes)
+    assert (r.steps, r.epochs) == (3, None) and "epochs: ignored (steps 3 wins)" in notes
+
+
+@pytest.mark.parametrize("name", sorted(LF.LLAMAFACTORY_TEMPLATES))
+def test_every_llamafactory_template_resolves(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(ASSETS)
+    notes: list[str] = []
+    r = load_recipe(lf_recipe(tmp_path, f"template: {name}\n", drop=("template",)), notes=notes)
+    if name in LF.TOKENIZER_TEMPLATES:
+        assert r.template is None and not any(n.startswith("template:") for n in notes)
+    elif name in LF.PLAIN_TEMPLATES:
+        assert r.template == "plain"
+    else:
+        assert r.template is None
+        assert f"template: {name!r} rendered with the tokenizer's own chat template" in " ".join(notes)
+
+
+def test_known_template_tables_are_llamafactory_names():
+    # baichuan2 is a name LLaMA-Factory dropped in 2025 (commit 5cccaeec8); older recipes still use it.
+    assert set(LF.TOKENIZER_TEMPLATES) | set(LF.PLAIN_TEMPLATES) <= LF.LLAMAFACTORY_TEMPLATES | {"baichuan2"}
+    assert {"qwen3_nothink", "qwen3_vl_nothink", "moss_vl"} <= LF.LLAMAFACTORY_TEMPLATES
+
+
+def test_report_to_loggers_never_refused(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.chdir(ASSETS)
+    notes: list[str] = []
+    r = load_recipe(lf_recipe(tmp_path, "report_to: [wandb, swanlab, mlflow]\n", drop=("report_to",)), notes=notes)
+    if importlib.util.find_spec("wandb") is None:
+        assert r.report_to == ["jsonl"]
+        assert any(n.startswith("report_to: 'wandb' skipped: the wandb package is not installed") for n in notes)
+    else:
+        assert r.report_to == ["jsonl", "wandb"]
+    assert any(n.startswith("report_to: 'swanlab' skipped") for n in notes)
+    assert any(n.startswith("report_to: 'mlflow' skipped") for n in notes)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}},
+     ["has images (column 'images')", "text-only", "<image>"]),
+    ({"formatting": "sharegpt", "columns": {"messages": "messages", "videos": "videos"}}, ["has videos"]),
+    ({"formatting": "sharegpt", "columns": {"messages": "messages", "kto_tag": "label"}},
+     ["KTO dataset (column 'label' marks undesirable answers"]),
+    ({"formatting": "sharegpt", "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"}},
+     ["preference (ranking) dataset", "DPO"]),
+])
+def test_datasets_that_would_change_meaning_are_refused(tmp_path, entry, words):
+    (tmp_path / "d.json").write_text("[]")
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"x": {"file_name": "d.json", **entry}}))
+    with pytest.raises(BadInput) as e:
+        LF.dataset_from_info("x", str(tmp_path), recipe_dir=str(tmp_path), cwd=str(tmp_path))
+    for w in words:
+        assert w in e.value.message
+
+
+def test_tools_column_is_carried_to_the_dataset(tmp_path):
+    (tmp_path / "d.json").write_text("[]")
+    entry = {"file_name": "d.json", "formatting": "sharegpt", "columns": {"messages": "conversations", "tools": "tools"}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"glaive_toolcall_en_demo": entry}))
+    ds = LF.dataset_from_info("glaive_toolcall_en_demo", str(tmp_path), recipe_dir=str(tmp_path), cwd=str(tmp_path))
+    assert ds["columns"] == {"messages": "conversations", "tools": "tools"}

@@ -1,4 +1,4 @@
-"""Region header codec, geometry and extent allocator (memascend_cli/region.py)."""
+"""Region header codec, geometry and extent allocator (memascend_cli/ssd/region.py)."""
 
 from __future__ import annotations
 

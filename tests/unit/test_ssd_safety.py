@@ -1,4 +1,4 @@
-"""The pure safety rules of prepare-ssd (memascend_cli/ssd_safety.py), on hand-written facts."""
+"""The pure safety rules of prepare-ssd (memascend_cli/ssd/safety.py), on hand-written facts."""
 
 from __future__ import annotations
 

@@ -1,0 +1,63 @@
+"""A plain Hugging Face Trainer script with `memascend_engine.install()` (run by test_hf_trainer_install.py).
+
+usage: hf_trainer_job.py before|after CONFIG.json REGION NVME_PATH OUT.json
+
+`before` / `after`: install() is called before or after TrainingArguments. The model is a tiny random Llama built from
+a config (no download); the data are random token ids. Writes the handle's stats, the losses and the files found
+under NVME_PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+import memascend_engine
+
+STEPS = 3
+SEQ = 32
+
+
+class Losses(TrainerCallback):
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+
+def main() -> None:
+    order, config_path, region, nvme_path, out = sys.argv[1:6]
+    with open(config_path) as f:
+        ds_config = json.load(f)
+    for name in ("offload_param", "offload_optimizer"):
+        if ds_config["zero_optimization"].get(name, {}).get("device") == "nvme":
+            ds_config["zero_optimization"][name]["nvme_path"] = nvme_path
+    handle = memascend_engine.install(ds_config, region=region) if order == "before" else None
+    args = TrainingArguments(output_dir=os.path.join(os.path.dirname(out), "trainer-out"), deepspeed=ds_config,
+                             max_steps=STEPS, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
+                             save_strategy="no", report_to=[], use_cpu=True, bf16=True, disable_tqdm=True)
+    if order == "after":
+        handle = memascend_engine.install(ds_config, region=region)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                         num_attention_heads=8, num_key_value_heads=8, vocab_size=1024))
+    ids = torch.randint(0, 1024, (16, SEQ))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    losses = Losses()
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[losses]).train()
+    stats = handle.stats()
+    files = [os.path.join(d, n) for d, _, names in os.walk(nvme_path) for n in names]
+    with open(out, "w") as f:
+        json.dump({"stats": stats, "losses": losses.losses, "files": files,
+                   "trainer_config": args.hf_deepspeed_config.config}, f, default=str)
+    handle.uninstall()
+
+
+if __name__ == "__main__":
+    main()
