@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from memascend_cli.errors import BadInput
 from memascend_cli.models import ModelSpec, layer_template, numels_roles
-from memascend_cli.planner import zero
+from memascend_cli.planner import measured, zero
 from memascend_cli.planner.spec import HardwareSpec
 from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, ZeroSettings
 
@@ -518,10 +518,11 @@ def _host_items(c: _Ctx) -> list[Item]:
         else:  # exact allocations: the item is what is resident (page rounding included)
             add(key, label, resident, pinned=how, locked=locked, formula=formula, source=source)
 
-    add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")",
-        RUNTIME_CUDA_BYTES if c.gpu else RUNTIME_CPU_BYTES,
-        formula="measured constant per process",
-        source="memascend bench calibration runs (scripts/fit_planner.py); deepspeed-notes §3.1 R_rt")
+    calibration = "memascend bench calibration runs (scripts/fit_planner.py); deepspeed-notes §3.1 R_rt"
+    runtime, runtime_source = (measured.constant("host_runtime_bytes", RUNTIME_CUDA_BYTES, calibration) if c.gpu
+                               else (RUNTIME_CPU_BYTES, calibration))
+    add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")", runtime,
+        formula="measured constant per process", source=runtime_source)
     if c.engine == "memascend":
         add("host/engine_runtime", "memascend engine (native core, io_uring rings, region map)",
             ENGINE_RUNTIME_BYTES, formula="measured constant per process",

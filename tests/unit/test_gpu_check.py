@@ -322,3 +322,30 @@ def test_the_calls_fit_the_device_tool():
     r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "plan"], capture_output=True, text=True,
                        timeout=60, check=False)
     assert r.returncode == 0 and r.stdout.strip() == text.strip()
+
+
+def test_the_plan_takes_the_measured_cuda_runtime_when_given(tmp_path, monkeypatch):
+    from memascend_cli.errors import BadInput
+    from memascend_cli.models import load_preset
+    from memascend_cli.planner import measured
+    from memascend_cli.planner.memory import RUNTIME_CUDA_BYTES, JobSpec, estimate
+    from memascend_cli.planner.spec import HardwareSpec
+
+    gpu = HardwareSpec(name="gpu", dram_gib=128, num_gpus=1, gpu_mem_gib=80, nvme_free_gib=2000)
+    cpu = HardwareSpec(name="cpu", dram_gib=24)
+    job = JobSpec(model=load_preset("qwen2.5-0.5b"))
+    monkeypatch.delenv(measured.ENV, raising=False)
+    typical = estimate(job, gpu, "memascend").item("host/runtime")
+    assert os.path.isfile(measured.PACKAGED) or typical.bytes == RUNTIME_CUDA_BYTES
+    doc = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "measured_at": "2026-11-25T06:00:00Z",
+           "host_runtime_bytes": 1_234_567_890, "cuda_context_gpu_bytes": 700_000_000}
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    monkeypatch.setenv(measured.ENV, str(tmp_path / "c.json"))
+    item = estimate(job, gpu, "memascend").item("host/runtime")
+    assert item.bytes == 1_234_567_890 and "measured on NVIDIA H100 80GB HBM3" in item.source
+    assert str(tmp_path / "c.json") in item.source
+    assert estimate(job, cpu, "memascend").item("host/runtime").bytes != 1_234_567_890  # CPU keeps its constant
+    (tmp_path / "bad.json").write_text(json.dumps({"host_runtime_bytes": 1}))
+    monkeypatch.setenv(measured.ENV, str(tmp_path / "bad.json"))
+    with pytest.raises(BadInput, match="has no cuda_context_gpu_bytes"):
+        estimate(job, gpu, "memascend")
