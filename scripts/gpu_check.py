@@ -163,9 +163,9 @@ def main_run(args: argparse.Namespace) -> int:
     results: dict = {}
     possible = kit.facts.get("phases_possible") or list(PHASES)
     for phase in [p for p in PHASES if p in phases]:
-        if phase in NEEDS_SETUP and "setup" in phases and results.get("setup") is False:
-            kit.log(f"{phase}: not run, the setup failed (see above)")
-            continue
+        if results.get("setup") is False:
+            kit.log(f"{phase} and what follows: not run, the setup failed (its errors are above)")
+            break
         if phase not in possible and not args.dry_run:
             kit.log(f"{phase}: not run, this machine cannot ({'; '.join(kit.facts.get('limits', []))})")
             continue

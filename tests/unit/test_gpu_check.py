@@ -349,3 +349,20 @@ def test_the_plan_takes_the_measured_cuda_runtime_when_given(tmp_path, monkeypat
     monkeypatch.setenv(measured.ENV, str(tmp_path / "bad.json"))
     with pytest.raises(BadInput, match="has no cuda_context_gpu_bytes"):
         estimate(job, gpu, "memascend")
+
+
+def test_a_failed_setup_stops_the_kit_and_still_writes_its_json_and_log(tmp_path):
+    """Not a dry run: the stand-in .deb files are no ar archives, so setup breaks at the libaio unpack; nothing
+    after it runs, and the summary (with the traceback) and the log are in the output folder all the same."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPT), "run", "--phases", "setup,probe,constants,bench", "--carry",
+                        str(_fake_carry(tmp_path / "carry")), "--work", str(tmp_path / "work"), "--out", str(out),
+                        "--models", "qwen2.5-0.5b", "--budget-s", "200"],
+                       capture_output=True, text=True, timeout=300, cwd=str(REPO), check=False)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert summary["phases"] == {"setup": False} and not summary["ok"]
+    assert [s["name"] for s in summary["steps"]] == ["venv", "pip-install"]
+    assert "not an ar archive" in summary["crashes"]["setup"] and "host" in summary["facts"]
+    log = (out / "gpu_check.log").read_text()
+    assert "setup crashed" in log and "probe and what follows: not run, the setup failed" in log
