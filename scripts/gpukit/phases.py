@@ -14,7 +14,7 @@ import subprocess
 
 from gpukit.kit import Kit, StepRecord, base_site_dirs, extract_deb
 from gpukit.pure import (BUILD_REQUIREMENTS, DEEPSPEED_VERSION, GVISOR_KERNEL, PYTHON_TARGET, REPO, VALIDATE_MODEL,
-                         VALIDATE_TEST, GiB, compiler_errors, parse_junit)
+                         VALIDATE_TEST, GiB, MiB, compiler_errors, parse_dd_gbps, parse_junit)
 
 SCRIPTS = os.path.join(REPO, "scripts")
 
@@ -256,7 +256,8 @@ def phase_probe(kit: Kit) -> bool:
 # -- the CUDA runtime constants ------------------------------------------------------------------------------------
 
 CONSTANTS_FILE = "cuda_constants.json"
-"""In $OUT; `MEMASCEND_CUDA_CONSTANTS=<it> memascend plan ...` takes the planner's CUDA constants from it."""
+"""In $OUT; `MEMASCEND_CUDA_CONSTANTS=<it> memascend plan ...` (memascend_cli/planner/measured.py ENV) takes the
+planner's CUDA constants from it."""
 
 
 def phase_constants(kit: Kit) -> bool:
@@ -266,6 +267,9 @@ def phase_constants(kit: Kit) -> bool:
     if not kit.dry_run and r.status == "ok":
         with open(out) as f:
             kit.summary["cuda_constants"] = json.load(f)
+        # The bench's predictions in this call then hold the measured runtime, not the planner's typical value.
+        kit.env["MEMASCEND_CUDA_CONSTANTS"] = out
+        kit.log(f"later steps plan with MEMASCEND_CUDA_CONSTANTS={out}")
     return r.status in ("ok", "dry-run")
 
 
