@@ -156,7 +156,8 @@ def main_run(args: argparse.Namespace) -> int:
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
-        print("hint: bash scripts/gpu_check.sh carry builds .gpu_carry/ on a machine that reaches PyPI", file=sys.stderr)
+        print("hint: bash scripts/gpu_check.sh carry builds .gpu_carry/ on a machine that reaches PyPI",
+              file=sys.stderr)
         if not args.dry_run:
             write_summary(kit, {}, t0, problems=problems)
         return 2
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "call":
         call = call_by_number(args.call)
         rest = [*call.args, "--budget-s", str(call.budget_s), "--python", args.python, "--carry", args.carry,
-                "--work", args.work, *(["--out", args.out] if args.out else []), *(["--dry-run"] if args.dry_run else [])]
+                "--work", args.work, *(["--out", args.out] if args.out else []),
+                *(["--dry-run"] if args.dry_run else [])]
         r = argparse.ArgumentParser()
         add_run_options(r)
         run_args = r.parse_args(rest)

@@ -249,7 +249,8 @@ def write_plots(out_dir: str, docs: dict, rows: list[dict]) -> str | None:
             for r in doc.get("runs", []):
                 if r.get("timeline"):
                     ax.plot([p[0] for p in r["timeline"]], [p[1] / GiB for p in r["timeline"]], linewidth=0.8,
-                            color=RUN_COLORS.get(r["name"]), label=f"{r['name']} (peak {(r.get('peak_system_bytes') or 0) / GiB:.2f} GiB)")
+                            color=RUN_COLORS.get(r["name"]),
+                            label=f"{r['name']} (peak {(r.get('peak_system_bytes') or 0) / GiB:.2f} GiB)")
         ax.set_xlabel("seconds since launch")
         ax.set_ylabel("MemTotal - MemAvailable - idle (GiB)")
         ax.set_title(f"{m}: system memory over time")

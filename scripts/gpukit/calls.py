@@ -63,12 +63,13 @@ CALLS = (
          work_s=40 + 3 * 140 + 30,
          outputs=("log", "gpu_check.log", "gpu_check.json", "cuda_constants.json", "gpu_bench.json", "gpu_bench.png",
                   "bench_llama-3.2-1b.png")),
-    Call(4, "setup + probe + context sweep qwen2.5-0.5b (" + ", ".join(f"{s // 1024}K" for s in SWEEP_SEQ_LENS)
+    Call(4, "setup + probe + CUDA constants + context sweep qwen2.5-0.5b ("
+         + ", ".join(f"{s // 1024}K" for s in SWEEP_SEQ_LENS)
          + ") per engine until it fails or the time ends, next to the plan's largest context",
-         ("--phases", "setup,probe,sweep", "--models", "qwen2.5-0.5b", "--runs", RUNS,
+         ("--phases", "setup,probe,constants,sweep", "--models", "qwen2.5-0.5b", "--runs", RUNS,
           "--sweep-seq-lens", ",".join(map(str, SWEEP_SEQ_LENS))),
          work_s=30 + 3 * len(SWEEP_SEQ_LENS) * 120,
-         outputs=("log", "gpu_check.log", "gpu_check.json", "gpu_sweep.json")),
+         outputs=("log", "gpu_check.log", "gpu_check.json", "cuda_constants.json", "gpu_sweep.json")),
 )
 
 
