@@ -223,6 +223,7 @@ def run(args, rank: int, ev: Events) -> int:
     ev.phase("finish")
     io_end = proc_io()
     nvme_dir = cfg["zero_optimization"]["offload_param"].get("nvme_path")
+    gpu_free, gpu_total = torch.cuda.mem_get_info() if on_cuda else (0, 0)
     final = {
         "rank": rank,
         "world_size": world,
@@ -243,9 +244,13 @@ def run(args, rank: int, ev: Events) -> int:
         "accelerator": acc.device_name(),
         "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()) if on_cuda else None,
         "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()) if on_cuda else None,
+        # What the plan's GPU figure holds beside torch's pool (gpu/cuda_context): device memory in use that torch's
+        # caching allocator does not own (context, kernels, cuBLAS workspace, NCCL buffers).
+        "gpu_context_bytes": gpu_total - gpu_free - int(torch.cuda.memory_reserved()) if on_cuda else None,
         # Pinned host bytes: torch's CUDA host allocator plus mlocked memory (stock/tuned), the engine's own buffers.
+        # Host stats have no per-pool level: "allocated_bytes.peak" (torch/cuda/memory.py host_memory_stats).
         "pinned_bytes": (handle.stats()["pinned_bytes"] if handle is not None else
-                         (int(torch.cuda.host_memory_stats().get("allocated_bytes.all.peak", 0)) if on_cuda else 0)
+                         (int(torch.cuda.host_memory_stats().get("allocated_bytes.peak", 0)) if on_cuda else 0)
                          + status_kib("VmLck") * 1024),
     }
     if handle is not None:

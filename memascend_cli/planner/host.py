@@ -9,7 +9,7 @@ too small to swap.
 
 from __future__ import annotations
 
-from memascend_cli.planner import zero
+from memascend_cli.planner import measured, zero
 from memascend_cli.planner.breakdown import Item
 from memascend_cli.planner.compute import compute_items, flush_copies, loss_backward_blocks
 from memascend_cli.planner.context import Context
@@ -70,10 +70,11 @@ def host_items(c: Context) -> list[Item]:
         else:  # exact allocations: the item is what is resident (page rounding included)
             add(key, label, resident, pinned=how, locked=locked, formula=formula, source=source)
 
-    add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")",
-        RUNTIME_CUDA_BYTES if c.gpu else RUNTIME_CPU_BYTES,
-        formula="measured constant per process",
-        source="memascend bench calibration runs (scripts/fit_planner.py)")
+    calibration = "memascend bench calibration runs (scripts/fit_planner.py)"
+    runtime, runtime_source = (measured.constant("host_runtime_bytes", RUNTIME_CUDA_BYTES, calibration) if c.gpu
+                               else (RUNTIME_CPU_BYTES, calibration))
+    add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")", runtime,
+        formula="measured constant per process", source=runtime_source)
     if c.memascend:
         add("host/engine_runtime", "memascend engine (native core, io_uring rings, region map)",
             ENGINE_RUNTIME_BYTES, formula="measured constant per process",

@@ -1,0 +1,42 @@
+"""CUDA runtime constants measured on a GPU machine (scripts/gpukit/cuda_constants.py writes them as
+cuda_constants.json), used by the plan instead of its typical values when given.
+
+Given: the file named by $MEMASCEND_CUDA_CONSTANTS. Present: cuda_constants.json beside this module (a measured
+file committed with the package). Neither: the plan keeps its typical values and says so in the items' sources.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+from memascend_cli.errors import BadInput
+
+ENV = "MEMASCEND_CUDA_CONSTANTS"
+PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_constants.json")
+KEYS = {"host_runtime_bytes": "host runtime", "cuda_context_gpu_bytes": "CUDA context"}
+
+
+@functools.cache
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BadInput(f"cannot read the measured CUDA constants {path}: {exc}",
+                       f"unset {ENV} or point it at the cuda_constants.json a GPU kit call wrote") from None
+    missing = [k for k in KEYS if not isinstance(doc.get(k), int)]
+    if missing:
+        raise BadInput(f"{path} has no {', '.join(missing)}", "use a cuda_constants.json written by the GPU kit")
+    return doc
+
+
+def constant(key: str, typical: int, typical_source: str) -> tuple[int, str]:
+    """(bytes, source) of a CUDA constant: the measured one when a file is given or present, else `typical`."""
+    path = os.environ.get(ENV) or (PACKAGED if os.path.isfile(PACKAGED) else None)
+    if not path:
+        return typical, typical_source
+    doc = _load(path)
+    return int(doc[key]), (f"measured on {doc.get('device', 'a GPU')} (torch {doc.get('torch', '?')}, "
+                           f"{doc.get('measured_at', '?')}) by the GPU kit: {path}")
