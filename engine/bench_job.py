@@ -98,6 +98,9 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
+    from memascend_cli.run import lifeline
+
+    lifeline.watch()  # ends with the `memascend bench` that started it, whatever ends that
     args = parse_args(argv)
     # Single-process defaults; torchrun sets these for multi-rank runs.
     single_rank_defaults()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,6 +79,9 @@ class RunResult:
     fields are those of the repeat with the median peak (median_run)."""
     config: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    cgroup: dict | None = None
+    """With --dram-cap: the run's memory cgroup (limit, its own peak incl. page cache charged to it, OOM kills)."""
+    oom_killed: bool = False
     log_path: str = ""
 
     @property
@@ -156,10 +160,15 @@ def child_command(args: list[str], ranks: int) -> list[str]:
 
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
-            settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None
-            ) -> RunResult:
-    """Settle, launch the child, sample until it exits, collect its events."""
+            settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None,
+            dram_cap_bytes: int | None = None) -> RunResult:
+    """Settle, launch the child (in a memory cgroup of dram_cap_bytes if given), sample until it exits, collect its
+    events. The child dies with this process (run/lifeline.py)."""
     import shutil
+    from contextlib import ExitStack
+
+    from memascend_cli.run import lifeline
+    from memascend_cli.run.cgroup import MemoryCap
 
     res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg)
     run_dir = os.path.join(out_dir, "runs", run.name)
@@ -178,7 +187,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     args += list(extra_args or [])
     if region is not None:
         args += ["--region", region]
-    env = child_env(run.mode, cfg, os.environ, accelerator=accelerator)
+    env = {**child_env(run.mode, cfg, os.environ, accelerator=accelerator), lifeline.ENV: lifeline.token()}
     res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
                                    "MEMASCEND_VERIFY_CHECKSUMS", *ENGINE_ENV) if k in env}
     task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
@@ -194,6 +203,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     res.shm = {"before_bytes": leftovers.shm_used_bytes(), "segments_before": leftovers.deepspeed_segments(),
                "swept_before": swept_before.to_dict()}
     reader = MeminfoReader()
+    stack = ExitStack()
+    cap = stack.enter_context(MemoryCap(dram_cap_bytes, label=f"bench-{run.name}")) if dram_cap_bytes else None
     try:
         dropped = drop_caches()
         st = settle(reader.used_bytes, on_tick=tick, cap_s=settle_cap_s, dropped_caches=dropped)
@@ -210,7 +221,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         sampler.start()
         t_launch = time.monotonic()
         with open(res.log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                                    preexec_fn=lifeline.die_with_parent(then=cap.join if cap else None))
         tree = TreeSampler(proc.pid)
         tree.start()
         status, rusage = 0, None
@@ -236,8 +248,12 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             sampler.stop()
             tree.stop()
             sys.setswitchinterval(switch_s)
+        if cap is not None:
+            cg = cap.result(sigkilled=os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL)
+            res.cgroup, res.oom_killed = {"limit_bytes": dram_cap_bytes, **cg.to_dict()}, cg.oom_killed
     finally:
         reader.close()
+        stack.close()  # kills what is left in the cgroup and removes it
     res.wall_s = t_end - t_launch
     swept_after = leftovers.sweep()
     res.shm.update(after_bytes=leftovers.shm_used_bytes(), segments_after=leftovers.deepspeed_segments(),
@@ -279,6 +295,9 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         res.peak_phase = next((p["name"] for p in reversed(res.phases) if p["at_s"] <= res.peak_at_s), "startup")
     if code == 0 and len(res.losses) == steps:
         res.ok = True
+    elif res.oom_killed:
+        phase = next((e["name"] for e in reversed(events.get(0, [])) if e.get("event") == "phase"), "startup")
+        res.error = f"does not fit: OOM-killed at step {len(res.losses) + 1} ({phase}) under the DRAM cap"
     else:
         res.error = "; ".join(summary["errors"]) or f"exit status {code}; last lines of {res.log_path}:\n" + _tail(res.log_path)
     if progress is not None:
@@ -370,7 +389,8 @@ def median_run(repeats: list[RunResult]) -> RunResult:
 
 
 def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
-              region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1) -> dict:
+              region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1,
+              dram_cap_bytes: int | None = None) -> dict:
     """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
     document (median_run stands for the repeats of a run)."""
     from memascend_cli.console import err, step_progress
@@ -380,6 +400,10 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
          "count too; others_rss_change_at_peak_bytes / peak_system_minus_others_bytes gauge that, and ru_maxrss / "
          "tree RSS are per process"),
     ]
+    if dram_cap_bytes:
+        notes.append(f"every run in its own memory cgroup of {dram_cap_bytes / GiB:.2f} GiB (swap off where the kernel "
+                     "accounts it): its peak counts the processes' memory plus the page cache charged to them "
+                     "(stock's swap-file writes; the region's O_DIRECT I/O bypasses the page cache)")
     if os.geteuid() != 0:
         notes.append("not root: the page cache was not dropped before the runs, so the idle level is less stable")
     spec, ranks = p.spec, p.ranks
@@ -413,7 +437,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               nvme_dir=nvme_dir, ranks=ranks, micro_batch=p.micro_batch, seq_len=p.seq_len,
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
                               settle_cap_s=settle_cap_s, accelerator=p.accelerator,
-                              extra_args=engine_args(predicted) if run.mode == "memascend" else None)
+                              extra_args=engine_args(predicted) if run.mode == "memascend" else None,
+                              dram_cap_bytes=dram_cap_bytes)
                 res.predicted = predicted
                 measured[i].append(res)
     results = [median_run(rs) for rs in measured]
@@ -424,7 +449,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
            "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
            "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,
            "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
-           "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info}
+           "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info,
+           "dram_cap_bytes": dram_cap_bytes}
     return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)
 
 

@@ -62,6 +62,9 @@ def bench_command(
     repeat: int = typer.Option(1, "--repeat", help="Runs of each engine, one after another in one sitting; the "
                                "table and JSON report the repeat with the median peak, every repeat's peak is "
                                "kept in the JSON.", rich_help_panel=_R),
+    dram_cap: str = typer.Option(None, "--dram-cap", help="Run every engine in its own memory cgroup of this size, "
+                                 "e.g. 6GiB (needs root): a run OOM-killed in it reads `does not fit` and the others "
+                                 "still run.", rich_help_panel=_R, show_default=False),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
     out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, its memory timelines in "
@@ -110,6 +113,11 @@ def bench_command(
     if accelerator not in ACCELERATORS:
         raise BadInput(f"unknown accelerator {accelerator!r}", "use " + ", ".join(ACCELERATORS))
     budget_bytes = parse_size(host_budget, "--host-budget") if host_budget else None
+    dram_cap_bytes = parse_size(dram_cap, "--dram-cap") if dram_cap else None
+    if dram_cap_bytes is not None:
+        from memascend_cli.run.cgroup import check_available
+
+        check_available()
     run_specs = parse_runs(runs, ablation)
     base_spec = load_model(model)
     depths = _int_list(layers, "--layers") if layers else [base_spec.num_hidden_layers]
@@ -149,7 +157,8 @@ def bench_command(
                         steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                         host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
         doc = runner.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
-                          region=region, engine_ok=engine_ok, settle_cap_s=settle_cap, repeat=repeat)
+                          region=region, engine_ok=engine_ok, settle_cap_s=settle_cap, repeat=repeat,
+                          dram_cap_bytes=dram_cap_bytes)
         doc["meta"] = meta
         png_path = os.path.join(point_dir, "bench.png")
         problem = document.write_plot(doc, png_path)

@@ -256,17 +256,6 @@ class StopState:
 SIGNAL_REASONS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
 
-def _launcher_preexec(*steps):
-    """One preexec_fn running each given one in order (None: skipped)."""
-    steps = [s for s in steps if s is not None]
-
-    def preexec() -> None:
-        for step in steps:
-            step()
-
-    return preexec
-
-
 def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: StopPolicy, preexec_fn=None) -> int:
     """Run the launcher until its processes are gone; returns 0 (done, or stopped by Ctrl-C), EXIT_STOPPED (stopped
     by SIGTERM, SIGHUP or --stop-after with a complete checkpoint), or raises MemascendError naming the failing rank.
@@ -324,7 +313,7 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: 
         try:
             proc = subprocess.Popen(spec.cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     cwd=spec.run_dir,
-                                    preexec_fn=_launcher_preexec(lifeline.die_with_parent(), preexec_fn))
+                                    preexec_fn=lifeline.die_with_parent(then=preexec_fn))
         except FileNotFoundError:
             raise MemascendError(f"DeepSpeed launcher {spec.cmd[0]} not found",
                                  "install the training extras: pip install 'memascend[train]'") from None

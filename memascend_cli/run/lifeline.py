@@ -68,8 +68,9 @@ def parse(text: str) -> tuple[str, int, int, int] | None:
     return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
 
 
-def die_with_parent(sig: int = signal.SIGTERM):
-    """A preexec_fn for subprocess.Popen: the child gets `sig` when this process (its forking thread) ends.
+def die_with_parent(sig: int = signal.SIGTERM, then=None):
+    """A preexec_fn for subprocess.Popen: the child gets `sig` when this process (its forking thread) ends; `then`,
+    another preexec_fn, runs after (e.g. joining a memory cgroup).
 
     SIGTERM, not SIGKILL: DeepSpeed's multi-node runner handles it by ending the other nodes' launchers over pdsh
     (deepspeed/launcher/runner.py, sigkill_handler and PDSHRunner's kill command); the single-node runner has no
@@ -84,6 +85,8 @@ def die_with_parent(sig: int = signal.SIGTERM):
         prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl: nobody would send the signal
             os.kill(os.getpid(), sig)
+        if then is not None:
+            then()
 
     return preexec
 

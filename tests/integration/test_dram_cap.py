@@ -127,3 +127,21 @@ def test_train_under_a_cap_too_small_is_reported_as_oom_killed(tmp_path):
     # The next capped run on the machine is unaffected.
     again, result = capped_python(512 * MiB, 100)
     assert again.returncode == 0 and not result.oom_killed
+
+
+@pytest.mark.slow
+def test_bench_runs_each_engine_under_the_cap_and_reports_an_oom_kill(tmp_path):
+    """`bench --dram-cap`: each engine in its own cgroup; a run the cap kills reads `does not fit` with the step and
+    phase, the other engines still run, the cgroup's own peak is recorded and nothing is left behind."""
+    out = tmp_path / "b"
+    cmd = [sys.executable, "-m", "memascend_cli", "bench", "--model", "tiny-llama", "--seq-len", "128", "--steps", "2",
+           "--dtype", "fp32", "--runs", "stock,memascend", "--dram-cap", "200MiB", "--settle-cap", "5", "--out", str(out),
+           "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 1, p.stderr[-3000:]  # a run failed: the cap is below the runtime alone (~0.4 GiB)
+    doc = json.loads(p.stdout)
+    assert doc["job"]["dram_cap_bytes"] == 200 * MiB and {r["name"] for r in doc["runs"]} == {"memascend", "stock"}
+    for run in doc["runs"]:
+        assert run["oom_killed"] and run["error"].startswith("does not fit: OOM-killed at step 1 ("), run["error"]
+        assert run["cgroup"]["limit_bytes"] == 200 * MiB and run["cgroup"]["oom_killed"]
+    assert ours() == []
