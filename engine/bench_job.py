@@ -154,7 +154,7 @@ def run(args, rank: int, ev: Events) -> int:
     if args.dtype == "fp16" and not acc.is_fp16_supported():
         # DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16; the kernels are slow but correct, which is
         # what a memory measurement of the fp16 path (loss scaling, overflow check) needs.
-        from memascend_engine import deepspeed_plugin as plug
+        from memascend_engine.deepspeed import probes as plug
 
         plug.allow_cpu_fp16()
     device = acc.current_device_name()  # DeepSpeed does not move inputs: batches go to the compute device
@@ -195,7 +195,7 @@ def run(args, rank: int, ev: Events) -> int:
         elif handle is not None and "offload_checkpointing" not in args.disable:
             handle.enable_offloaded_checkpointing(model)  # the same function with the engine's exact pinned buffers
         else:
-            from memascend_engine import checkpointing
+            from memascend_engine import activation_checkpointing as checkpointing
 
             checkpointing.enable(model, None)
     ev.phase("initialize")

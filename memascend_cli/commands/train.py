@@ -185,7 +185,7 @@ def prepare_data(recipe, run_dir: str) -> dict:
     os.makedirs(run_dir, exist_ok=True)
     request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
     with err.status("preparing the data (tokenized once, then cached)") as status:
-        proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.prepare"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.tokenize_job"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc.stdin.write(request)
         proc.stdin.close()
@@ -204,7 +204,7 @@ def prepare_data(recipe, run_dir: str) -> dict:
             raise BadInput(message.removeprefix("error: "), "fix the dataset, the tokenizer or `template:` in the "
                            "recipe")
         raise MemascendError(f"preparing the data failed ({(errors or ['no output'])[-1]})",
-                             "run `python -m memascend_engine.prepare` by hand to see the traceback")
+                             "run `python -m memascend_engine.tokenize_job` by hand to see the traceback")
     summary = json.loads(out.strip().splitlines()[-1])
     with open(os.path.join(run_dir, DATA_JSON), "w") as f:
         json.dump(summary, f, indent=2)
@@ -262,7 +262,7 @@ def prepare_run(recipe, *, baseline: bool, resume: bool, force: bool, dry_run: b
 
         hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
     # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
-    # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
+    # node), checked on its node when the run starts (engine/cluster_preflight.py); no region file in the shared run dir.
     node_regions = None
     if len(nodes) > 1 and not baseline:
         from memascend_cli.hostfile import node_regions as regions_of
@@ -376,7 +376,7 @@ def _hostfile_nodes(recipe) -> list:
 
 
 def _write_nodes(run_dir: str, nodes: list, node_regions: list[str] | None) -> None:
-    """RUN/nodes.json: the nodes in DeepSpeed's node order with their regions (read by engine/node_check.py)."""
+    """RUN/nodes.json: the nodes in DeepSpeed's node order with their regions (read by engine/cluster_preflight.py)."""
     from memascend_cli.rundir import NODES_JSON
 
     path = os.path.join(run_dir, NODES_JSON)
