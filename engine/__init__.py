@@ -1,6 +1,6 @@
-"""The MemAscend offload engine. **The folder `engine/` is installed and imported as `memascend_engine`** (pyproject.toml
-`[tool.setuptools.package-dir]`: a bare `engine` package would collide in site-packages), so
-`memascend_engine.deepspeed.stage3` is the file `engine/deepspeed/stage3.py`. Imports torch lazily.
+"""The MemAscend offload engine. **The folder `engine/` is installed and imported as `memascend_engine`**
+(pyproject.toml `[tool.setuptools.package-dir]`: a bare `engine` package would collide in site-packages), so
+`memascend_engine.ds_internals.stage3` is the file `engine/ds_internals/stage3.py`. Imports torch lazily.
 
 One call, made after ``deepspeed.init_distributed`` and before ``deepspeed.zero.Init`` /
 ``deepspeed.initialize``, plugs the MemAscend techniques into an unmodified DeepSpeed::
@@ -16,7 +16,7 @@ One call, made after ``deepspeed.init_distributed`` and before ``deepspeed.zero.
 
 Every technique can be switched off on its own through :class:`EngineOptions` (for ablations).
 
-Layout: runtime.py (install, the Installed handle); options.py (EngineOptions); deepspeed/ (**every** access to
+Layout: runtime.py (install, the Installed handle); options.py (EngineOptions); ds_internals/ (**every** access to
 DeepSpeed internals: patches, private attributes, internal imports, each version-checked); bounded.py, direct_nvme.py,
 pinned.py, native.py (the techniques, DeepSpeed-free); activation_checkpointing.py; run_checkpoint.py and
 checkpoint_integrity.py (memascend's resumable checkpoints); train_worker.py, bench_job.py, tokenize_job.py,

@@ -154,7 +154,7 @@ def run(args, rank: int, ev: Events) -> int:
     if args.dtype == "fp16" and not acc.is_fp16_supported():
         # DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16; the kernels are slow but correct, which is
         # what a memory measurement of the fp16 path (loss scaling, overflow check) needs.
-        from memascend_engine.deepspeed import probes as plug
+        from memascend_engine.ds_internals import probes as plug
 
         plug.allow_cpu_fp16()
     device = acc.current_device_name()  # DeepSpeed does not move inputs: batches go to the compute device

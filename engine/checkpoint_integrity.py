@@ -1,7 +1,7 @@
 """Checksummed files of a checkpoint: CRC-32C (the native core's), verification, directory fsync.
 
 Shared by memascend's run checkpoints (memascend_engine.run_checkpoint) and the optimizer files written into
-DeepSpeed's checkpoint layout (memascend_engine.deepspeed.checkpoint_files).
+DeepSpeed's checkpoint layout (memascend_engine.ds_internals.checkpoint_files).
 """
 
 from __future__ import annotations

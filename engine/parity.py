@@ -108,7 +108,7 @@ def main(argv=None) -> dict:
         raise SystemExit("--nvme-dir is required for --mode stock")
     cfg = build_config(args, spec)
     if args.force_cpu_fp16:
-        from memascend_engine.deepspeed import probes
+        from memascend_engine.ds_internals import probes
 
         probes.allow_cpu_fp16()
     if args.initial_scale_power is not None and "fp16" in cfg:
@@ -162,7 +162,7 @@ def main(argv=None) -> dict:
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if args.overflow_probe and step == 0:
-            from memascend_engine.deepspeed import probes
+            from memascend_engine.ds_internals import probes
 
             probe = probes.overflow_probe(engine)
         engine.step()

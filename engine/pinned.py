@@ -17,7 +17,7 @@ never have to free explicitly (``free`` only exists for DeepSpeed's ``free_cpu_l
 A CUDA-registered buffer first synchronises the device it was registered on (``AlignedBuffer.close``
 in csrc/buffers.cpp): a ``non_blocking`` copy still queued on any stream would otherwise read or
 write pages already handed back to the kernel. That wait is why buffers that come and go per step
-are pooled by their users (``deepspeed.swapper.OverflowBuffers``, ``activation_checkpointing._HostStash``)
+are pooled by their users (``ds_internals.swapper.OverflowBuffers``, ``activation_checkpointing._HostStash``)
 rather than freed.
 """
 

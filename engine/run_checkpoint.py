@@ -39,7 +39,7 @@ from memascend_engine.checkpoint_integrity import (
     fsync_dir,
     verify_file,
 )
-from memascend_engine.deepspeed import optimizer_state as ds_state
+from memascend_engine.ds_internals import optimizer_state as ds_state
 
 from memascend_cli.errors import MemascendError
 from memascend_cli.rundir import COMPLETE

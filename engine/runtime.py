@@ -163,9 +163,9 @@ class Installed:
 
     # -- wiring --------------------------------------------------------------------------------
     def _install(self) -> None:
-        from memascend_engine.deepspeed import aio, context, patches, pinning, stage3
-        from memascend_engine.deepspeed.checkpoint_api import patch_checkpoint_api
-        from memascend_engine.deepspeed.version import check_version
+        from memascend_engine.ds_internals import aio, context, patches, pinning, stage3
+        from memascend_engine.ds_internals.checkpoint_api import patch_checkpoint_api
+        from memascend_engine.ds_internals.version import check_version
         from memascend_engine.pinned import PinnedAllocator
 
         check_version()
@@ -222,7 +222,7 @@ class Installed:
     # -- public API ----------------------------------------------------------------------------
     def stats(self) -> dict:
         """Traffic through the region, pinned/pool bytes and technique counters of this rank."""
-        from memascend_engine.deepspeed import stage3
+        from memascend_engine.ds_internals import stage3
 
         d: dict[str, Any] = {"rank": self.rank, "region": self.region,
                              "options": {k: (v.to_dict() if hasattr(v, "to_dict") else v)
@@ -274,7 +274,7 @@ class Installed:
         if not self.options.offload_checkpointing:
             return
         from memascend_engine import activation_checkpointing
-        from memascend_engine.deepspeed.allocator import LAYER_TRIM_MMAP_THRESHOLD_BYTES
+        from memascend_engine.ds_internals.allocator import LAYER_TRIM_MMAP_THRESHOLD_BYTES
 
         stash = None
         if self.options.checkpoint_offload == "ssd" and self.store is not None:

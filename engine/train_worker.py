@@ -222,7 +222,7 @@ class Run:
 
         import deepspeed
         import torch
-        from memascend_engine.deepspeed.version import check_version
+        from memascend_engine.ds_internals.version import check_version
 
         try:  # stock runs too: their checkpoints and resume read the optimizer's internals
             check_version()
@@ -407,7 +407,8 @@ class Run:
             io1 = io_bytes()
             rss_kib, hwm_kib = status_kib("VmRSS"), status_kib("VmHWM")
             loss_sum, tok_sum, rss_sum, hwm_sum, rd, wr = self._all_sum(
-                [sum(losses) / len(losses), tokens, rss_kib, hwm_kib, io1["read_bytes"] - io0["read_bytes"], io1["write_bytes"] - io0["write_bytes"]])
+                [sum(losses) / len(losses), tokens, rss_kib, hwm_kib, io1["read_bytes"] - io0["read_bytes"],
+                 io1["write_bytes"] - io0["write_bytes"]])
             tokens_seen += int(tok_sum)
             if step % r.log_every == 0 or step == total:
                 window = time.time() - t_last

@@ -477,14 +477,11 @@ def require_engine() -> None:
 
     Checked in a child interpreter: importing the engine pulls in torch, which this process avoids.
     """
-    import subprocess
-    import sys
+    from memascend_cli.engine_probe import engine_available
 
-    code = "import memascend_engine as m; m.install"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if p.returncode != 0:
-        last = (p.stderr.strip().splitlines() or ["unknown error"])[-1]
-        raise MemascendError(f"the memascend engine is not available in this install ({last})",
+    ok, why = engine_available()
+    if not ok:
+        raise MemascendError(f"the memascend engine is not available in this install ({why})",
                              "run with --baseline for stock DeepSpeed ZeRO-Infinity")
 
 

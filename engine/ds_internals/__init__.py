@@ -18,4 +18,7 @@ Plug-in points, each reversible by :meth:`patches.Patches.restore`:
 context.py holds what the patched classes share with the installed engine, allocator.py the glibc heap policy,
 optimizer_state.py the reads and writes of optimizer state, probes.py the parity script's probes. DeepSpeed is imported
 only inside functions, so importing any of these modules stays cheap.
+
+Not named ``deepspeed``: DeepSpeed's launcher runs scripts by path (``deepspeed engine/parity.py``), which puts
+engine/ first on sys.path, where a ``deepspeed`` folder would shadow DeepSpeed itself.
 """

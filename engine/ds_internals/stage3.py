@@ -3,12 +3,12 @@ optimizer-side techniques, the patch that installs it, and the pool sizes the en
 
 from __future__ import annotations
 
-from memascend_engine.deepspeed.bounded_stage3 import BoundedStage3Mixin
-from memascend_engine.deepspeed.checkpoint_api import DeepSpeedApiMixin
-from memascend_engine.deepspeed.context import PluginContext
-from memascend_engine.deepspeed.patches import Patches
-from memascend_engine.deepspeed.swapper import adaptive_param_swapper_class
-from memascend_engine.deepspeed.version import check_version
+from memascend_engine.ds_internals.bounded_stage3 import BoundedStage3Mixin
+from memascend_engine.ds_internals.checkpoint_api import DeepSpeedApiMixin
+from memascend_engine.ds_internals.context import PluginContext
+from memascend_engine.ds_internals.patches import Patches
+from memascend_engine.ds_internals.swapper import adaptive_param_swapper_class
+from memascend_engine.ds_internals.version import check_version
 
 
 def stage3_optimizer_class(ctx: PluginContext):

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from memascend_engine.deepspeed.context import PluginContext
-from memascend_engine.deepspeed.pinning import plain_allocator
+from memascend_engine.ds_internals.context import PluginContext
+from memascend_engine.ds_internals.pinning import plain_allocator
 
 
 def BoundedStage3Mixin(ctx: PluginContext):

@@ -3,8 +3,8 @@ and the overflow check on a real gradient."""
 
 from __future__ import annotations
 
-from memascend_engine.deepspeed.optimizer_state import zero3_optimizer
-from memascend_engine.deepspeed.version import check_version
+from memascend_engine.ds_internals.optimizer_state import zero3_optimizer
+from memascend_engine.ds_internals.version import check_version
 
 
 def allow_cpu_fp16() -> None:

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from memascend_engine.deepspeed.context import PluginContext
-from memascend_engine.deepspeed.version import check_version
+from memascend_engine.ds_internals.context import PluginContext
+from memascend_engine.ds_internals.version import check_version
 
 log = logging.getLogger("memascend_engine")
 

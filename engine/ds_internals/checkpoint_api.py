@@ -3,10 +3,10 @@ tensor-fragment accessors (deepspeed.utils.safe_get_full_fp32_param & co.)."""
 
 from __future__ import annotations
 
-from memascend_engine.deepspeed.context import PluginContext
-from memascend_engine.deepspeed.optimizer_state import ADAM_STATES, EngineRef, OptimizerStateAccess, prime_cpu_adam
-from memascend_engine.deepspeed.patches import Patches
-from memascend_engine.deepspeed.version import check_version
+from memascend_engine.ds_internals.context import PluginContext
+from memascend_engine.ds_internals.optimizer_state import ADAM_STATES, EngineRef, OptimizerStateAccess, prime_cpu_adam
+from memascend_engine.ds_internals.patches import Patches
+from memascend_engine.ds_internals.version import check_version
 
 from memascend_cli.errors import MemascendError
 
@@ -27,7 +27,7 @@ def DeepSpeedApiMixin(ctx: PluginContext):
     * save: DeepSpeed writes optim_states.pt (loss scaler, step counts, learning rates) and copies the optimizer swap
       folder, which holds no state with Direct NVMe (engine.py save_checkpoint); the epilogue then writes every
       sub-group's fp32 master and Adam moments from the region into that copy, in DeepSpeed's file names
-      (memascend_engine.deepspeed.checkpoint_files), before DeepSpeed writes `latest`. ``state_dict()`` outside save_checkpoint
+      (checkpoint_files), before DeepSpeed writes `latest`. ``state_dict()`` outside save_checkpoint
       is refused while the optimizer is on NVMe (it would leave the region's state out).
     * load: DeepSpeed's in-memory ZeRO-3 branch hands this rank's optim_states.pt to ``load_state_dict``, which restores
       the loss scaler and hyperparameters, writes the files back into the region with their checksums checked and
@@ -44,7 +44,7 @@ def DeepSpeedApiMixin(ctx: PluginContext):
     from deepspeed import comm as dist
     from deepspeed.checkpoint.constants import LOSS_SCALER, OPTIMIZER_STATE_DICT
     from memascend_engine import bounded
-    from memascend_engine.deepspeed import checkpoint_files
+    from memascend_engine.ds_internals import checkpoint_files
 
     class Mixin:
         _ma_api = True

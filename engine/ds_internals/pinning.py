@@ -8,8 +8,8 @@ page-aligned buffers of exactly the requested size instead.
 
 from __future__ import annotations
 
-from memascend_engine.deepspeed.patches import Patches
-from memascend_engine.deepspeed.version import check_version
+from memascend_engine.ds_internals.patches import Patches
+from memascend_engine.ds_internals.version import check_version
 
 
 def patch_accelerator(patches: Patches, allocator) -> None:

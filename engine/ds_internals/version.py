@@ -1,8 +1,8 @@
 """The DeepSpeed versions this subpackage's patches and private-attribute reads were written against.
 
-Every entry point of memascend_engine.deepspeed that touches DeepSpeed calls :func:`check_version` first, so the engine
-path (install), stock runs that save or resume memascend checkpoints (optimizer_state) and the probes all refuse an
-untested DeepSpeed with one message instead of failing somewhere inside it.
+Every entry point of memascend_engine.ds_internals that touches DeepSpeed calls :func:`check_version` first, so the
+engine path (install), stock runs that save or resume memascend checkpoints (optimizer_state) and the probes all
+refuse an untested DeepSpeed with one message instead of failing somewhere inside it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memascend_engine.deepspeed.allocator import MMAP_THRESHOLD_BYTES, GlibcHeap
+from memascend_engine.ds_internals.allocator import MMAP_THRESHOLD_BYTES, GlibcHeap
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The allocator policy: glibc's mmap threshold fixed and the heap trimmed where the planner assumes no retention.
 
-Used through :class:`memascend_engine.deepspeed.context.PluginContext` (trim_heap, fix_mmap_threshold).
+Used through :class:`memascend_engine.ds_internals.context.PluginContext` (trim_heap, fix_mmap_threshold).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ pipelined_optimizer_swapper.py); replacing that global is the whole plug-in poin
 
 from __future__ import annotations
 
-from memascend_engine.deepspeed.patches import Patches
-from memascend_engine.deepspeed.version import check_version
+from memascend_engine.ds_internals.patches import Patches
+from memascend_engine.ds_internals.version import check_version
 
 SWAPPER_MODULES = (
     "deepspeed.runtime.swap_tensor.partitioned_param_swapper",

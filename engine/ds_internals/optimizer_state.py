@@ -8,7 +8,7 @@ op (deepspeed/ops/adam/cpu_adam.py ds_opt_adam, opt_id); :func:`zero3_optimizer`
 
 from __future__ import annotations
 
-from memascend_engine.deepspeed.version import check_version
+from memascend_engine.ds_internals.version import check_version
 
 
 def zero3_optimizer(engine):
