@@ -2,7 +2,7 @@
 """Fused non-finite scan vs `torch.isinf(x).any() or torch.isnan(x).any()` on CPU.
 
 For each dtype: wall time (median of --repeats) and extra peak memory of one call, measured as
-VmHWM - VmRSS after resetting the peak with `echo 5 > /proc/self/clear_refs` (platform-notes 9).
+VmHWM - VmRSS after resetting the peak with `echo 5 > /proc/self/clear_refs` (proc(5), Linux >= 4.0).
 The data is finite by default (both sides must read every element: the worst case for the scan,
 and what a healthy training step looks like); --special puts an inf/nan at first/middle/last.
 
@@ -17,6 +17,8 @@ import statistics
 import sys
 import time
 
+from memascend_engine.procfs import status_kib
+
 
 def parse_count(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -24,21 +26,13 @@ def parse_count(text: str) -> int:
     return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
 
 
-def status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
 def peak_delta_mib(fn):
     """(result, extra peak MiB over the RSS at call time) for one call of fn."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM (and ru_maxrss) to the current RSS
-    base = status_kib("VmRSS:")
+    base = status_kib("VmRSS")
     result = fn()
-    return result, (status_kib("VmHWM:") - base) / 1024
+    return result, (status_kib("VmHWM") - base) / 1024
 
 
 def main() -> int:

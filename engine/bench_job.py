@@ -23,7 +23,7 @@ import resource
 import sys
 import time
 
-from memascend_engine.procfs import malloc_state, single_rank_defaults, status_kib
+from memascend_engine.procfs import io_bytes, malloc_state, single_rank_defaults, status_kib
 
 from memascend_cli.bench.runs import MODES, TECHNIQUES
 
@@ -45,17 +45,6 @@ class Events:
         # State at the phase boundary: anonymous RSS and what glibc's arenas hold free, so a recorded run shows
         # how much of its peak is allocator retention rather than live tensors.
         self.emit("phase", name=name, rss_anon_bytes=status_kib("RssAnon") * 1024, malloc=malloc_state())
-
-
-def proc_io() -> dict:
-    """read_bytes / write_bytes of this process: bytes that really went to or came from the block layer."""
-    out = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            k, v = line.split(":")
-            if k in ("read_bytes", "write_bytes"):
-                out[k] = int(v)
-    return out
 
 
 def io_delta(a: dict, b: dict) -> dict:
@@ -84,7 +73,7 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpointing", default="full", choices=["full", "none"])
     ap.add_argument("--checkpointing-impl", default="hf", choices=["hf", "memascend"],
-                    help="hf: transformers' non-reentrant checkpointing; memascend: memascend_engine.checkpointing")
+                    help="hf: transformers' non-reentrant checkpointing; memascend: memascend_engine.activation_checkpointing")
     ap.add_argument("--ds-config", required=True, help="DeepSpeed config JSON written by the parent")
     ap.add_argument("--events", required=True, help="prefix of the per-rank JSON-lines files")
     ap.add_argument("--region", default=None, help="memascend region file or device (memascend mode)")
@@ -131,15 +120,7 @@ def run(args, rank: int, ev: Events) -> int:
             ev.emit("error", message=f"memascend mode: cannot import memascend_engine ({exc})")
             print(f"error: cannot import memascend_engine: {exc}", file=sys.stderr)
             return EXIT_ENGINE_MISSING
-        install = getattr(memascend_engine, "install", None)
-        options_cls = getattr(memascend_engine, "EngineOptions", None)
-        if install is None or options_cls is None:
-            msg = ("memascend mode: memascend_engine has no install()/EngineOptions yet - the engine is not "
-                   "implemented in this checkout, so there is nothing to measure")
-            ev.emit("error", message=msg)
-            print("error: " + msg, file=sys.stderr)
-            return EXIT_ENGINE_MISSING
-        engine_api = (install, options_cls)
+        engine_api = (memascend_engine.install, memascend_engine.EngineOptions)
 
     ev.phase("import")
     import deepspeed
@@ -157,9 +138,9 @@ def run(args, rank: int, ev: Events) -> int:
     if args.dtype == "fp16" and not acc.is_fp16_supported():
         # DeepSpeed's CPU accelerator refuses fp16 without oneDNN fp16; the kernels are slow but correct, which is
         # what a memory measurement of the fp16 path (loss scaling, overflow check) needs.
-        from memascend_engine import deepspeed_plugin as plug
+        from memascend_engine.ds_internals import probes
 
-        plug.allow_cpu_fp16()
+        probes.allow_cpu_fp16()
     device = acc.current_device_name()  # DeepSpeed does not move inputs: batches go to the compute device
     world = int(os.environ["WORLD_SIZE"])
     spec = load_model(args.model)
@@ -184,7 +165,7 @@ def run(args, rank: int, ev: Events) -> int:
         handle = install(cfg, region=args.region, model_spec=spec, options=opts,
                          rank=int(os.environ.get("LOCAL_RANK", rank)))
 
-    io_start = proc_io()
+    io_start = io_bytes()
     ev.phase("zero_init")
     torch.manual_seed(args.seed)
     # No dtype= here: Init._set_dtype turns an explicit torch.float32 into bf16 on a CPU without fp16
@@ -198,13 +179,13 @@ def run(args, rank: int, ev: Events) -> int:
         elif handle is not None and "offload_checkpointing" not in args.disable:
             handle.enable_offloaded_checkpointing(model)  # the same function with the engine's exact pinned buffers
         else:
-            from memascend_engine import checkpointing
+            from memascend_engine import activation_checkpointing as checkpointing
 
             checkpointing.enable(model, None)
     ev.phase("initialize")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     model.train()
-    io_init_done = proc_io()
+    io_init_done = io_bytes()
     vmlck_after_init_kib = status_kib("VmLck")
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
@@ -219,12 +200,12 @@ def run(args, rank: int, ev: Events) -> int:
         ev.phase(f"step{step}_optimizer")
         engine.step()
         dt = time.perf_counter() - t0
-        io_now = proc_io()
+        io_now = io_bytes()
         ev.emit("step", step=step, loss=float(loss.detach()), seconds=dt, io=io_delta(io_prev, io_now),
                 tokens_per_s=args.micro_batch * args.seq_len * world / dt)
         io_prev = io_now
     ev.phase("finish")
-    io_end = proc_io()
+    io_end = io_bytes()
     nvme_dir = cfg["zero_optimization"]["offload_param"].get("nvme_path")
     gpu_free, gpu_total = torch.cuda.mem_get_info() if on_cuda else (0, 0)
     final = {

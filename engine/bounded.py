@@ -1,6 +1,6 @@
 """memascend's bounded host memory: the SSD holds the model state, DRAM is a staging window.
 
-Three pieces, none of which touches DeepSpeed (engine/deepspeed_plugin.py wires them into ZeRO-3):
+Three pieces, none of which touches DeepSpeed (engine/ds_internals/bounded_stage3.py wires them into ZeRO-3):
 
 * :class:`GradientStream` - every reduced gradient partition leaves the compute device through a ring of
   ``gradient_slots`` aligned host buffers straight to its own extent in the region, in the training dtype (bf16/fp16:
@@ -10,7 +10,7 @@ Three pieces, none of which touches DeepSpeed (engine/deepspeed_plugin.py wires 
   i+1 and the write-back of chunk i-1 are in flight while chunk i is updated. Each slot holds the fp32 master,
   exp_avg, exp_avg_sq and fp32 gradient of one chunk plus a 16-bit staging buffer (gradient reads, parameter
   write-back in the model dtype).
-* :class:`CheckpointStash` (engine/checkpointing.py uses it) - activation checkpoints written to the region through
+* :class:`CheckpointStash` (activation_checkpointing.py uses it) - activation checkpoints written to the region through
   ``checkpoint_slots`` buffers and prefetched in backward order.
 
 Keys are region extents of the rank's RegionStore (engine/direct_nvme.py), so every byte goes through the same
@@ -502,7 +502,3 @@ class CheckpointStash:
     def host_bytes(self) -> int:
         return (sum(r.total_bytes for r in self._writes.values())
                 + sum(b.numel() for b in self._reads.values()))
-
-    @property
-    def live_checkpoints(self) -> int:
-        return len(self._order)

@@ -3,7 +3,8 @@
 DeepSpeed's swappers name every swapped tensor by a file path
 (``.../zero_stage_3/bfloat16params/rank0/12_param.tensor.swp``, ``.../optimizer/rank0/exp_avg-3_5.tensor.swp``,
 ``..._gradient_<offset>_<length>.tensor.swp``) and move bytes through an ``aio_handle``
-(deepspeed-notes §6.1). :class:`DirectNvmeHandle` is a duck-typed ``aio_handle``: the path is only
+(deepspeed/ops/csrc/aio/py_lib/deepspeed_py_io_handle.cpp, the op behind ops/op_builder/async_io.py).
+:class:`DirectNvmeHandle` is a duck-typed ``aio_handle``: the path is only
 a key; the first write of a key allocates an aligned extent in this rank's sub-region of the
 region (``ExtentAllocator``) and every transfer goes to ``extent.offset + file_offset`` through the
 native O_DIRECT engine. No file is created, opened or stat'ed per request.

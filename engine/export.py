@@ -8,11 +8,11 @@ then dropped. Two sources use the same writer:
 
 * `export_model` - the live ZeRO-3 model at the end of training (every rank gathers each parameter
   in turn, rank 0 writes it);
-* `export_checkpoint` - the fp32 master partitions of a saved checkpoint (engine/checkpoint.py
+* `export_checkpoint` - the fp32 master partitions of a saved checkpoint (engine/run_checkpoint.py
   layout), re-assembled per tensor from the ranks' files with numpy only: no torch, no DeepSpeed.
 
 The output folder gets the run's config.json, generation_config.json and tokenizer files (with the
-chat template) from RUN/hf/ (engine/prepare.py), and is renamed into place only when complete.
+chat template) from RUN/hf/ (engine/tokenize_job.py), and is renamed into place only when complete.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ def build_config(args, spec) -> dict:
     from memascend_cli.run.dsconfig import ELEM_BYTES, adamw, ds_config
     from memascend_cli.planner import zero
 
-    base = replace(zero.DEEPSPEED_DEFAULTS, sub_group_size=int(args.sub_group_size),
-                   reduce_bucket_size=int(args.reduce_bucket_size))
+    given = {"sub_group_size": args.sub_group_size, "reduce_bucket_size": args.reduce_bucket_size}
+    base = replace(zero.DEEPSPEED_DEFAULTS, **{k: int(v) for k, v in given.items() if v is not None})
     settings = zero.resolve("tuned", model=spec, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                             elem_bytes=ELEM_BYTES[args.dtype], base=base)
     return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, precision=args.dtype,
@@ -56,8 +56,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--sub-group-size", type=float, default=1e9, help="capped by memascend's knobs (zero.py)")
-    ap.add_argument("--reduce-bucket-size", type=float, default=5e8, help="capped by memascend's knobs (zero.py)")
+    ap.add_argument("--sub-group-size", type=float, default=None,
+                    help="default: DeepSpeed's (zero.DEEPSPEED_DEFAULTS); capped by memascend's knobs (zero.py)")
+    ap.add_argument("--reduce-bucket-size", type=float, default=None,
+                    help="default: DeepSpeed's (zero.DEEPSPEED_DEFAULTS); capped by memascend's knobs (zero.py)")
     ap.add_argument("--nvme-dir", default=None, help="swap folder (stock) / key folder (engine; default: temp)")
     ap.add_argument("--region", default=None, help="memascend region (engine mode with direct_nvme)")
     ap.add_argument("--off", action="append", default=[], help="EngineOptions field to switch off (repeatable)")
@@ -106,9 +108,9 @@ def main(argv=None) -> dict:
         raise SystemExit("--nvme-dir is required for --mode stock")
     cfg = build_config(args, spec)
     if args.force_cpu_fp16:
-        from memascend_engine import deepspeed_plugin as plug
+        from memascend_engine.ds_internals import probes
 
-        plug.allow_cpu_fp16()
+        probes.allow_cpu_fp16()
     if args.initial_scale_power is not None and "fp16" in cfg:
         cfg["fp16"]["initial_scale_power"] = args.initial_scale_power
     if args.param_buffer_size is not None:
@@ -160,9 +162,9 @@ def main(argv=None) -> dict:
         loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if args.overflow_probe and step == 0:
-            from memascend_engine import deepspeed_plugin as plug
+            from memascend_engine.ds_internals import probes
 
-            probe = plug.overflow_probe(engine)
+            probe = probes.overflow_probe(engine)
         engine.step()
         losses.append(float(loss))
         loss_scales.append(float(engine.optimizer.loss_scale))

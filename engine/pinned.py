@@ -1,7 +1,8 @@
 """Alignment-free pinned allocation on top of the native core's ``AlignedBuffer``.
 
 PyTorch's CachingHostAllocator rounds every pinned request up to a power of two (up to 2x the
-bytes, deepspeed-notes §4); DeepSpeed's own mlock allocator is exact but not CUDA-registered, so
+bytes; torch/include/ATen/core/CachingHostAllocator.h, PowerOf2Ceil); DeepSpeed's own mlock allocator
+(ops/csrc/aio/py_lib/deepspeed_pin_tensor.h) is exact but not CUDA-registered, so
 ``is_pinned()`` is False and H2D/D2H copies from it are staged and blocking. Here every buffer is
 one anonymous mmap of exactly ``align_up(nbytes, page)`` bytes that is
 
@@ -16,7 +17,7 @@ never have to free explicitly (``free`` only exists for DeepSpeed's ``free_cpu_l
 A CUDA-registered buffer first synchronises the device it was registered on (``AlignedBuffer.close``
 in csrc/buffers.cpp): a ``non_blocking`` copy still queued on any stream would otherwise read or
 write pages already handed back to the kernel. That wait is why buffers that come and go per step
-are pooled by their users (``deepspeed_plugin.OverflowBuffers``, ``checkpointing._HostStash``)
+are pooled by their users (``ds_internals.swapper.OverflowBuffers``, ``activation_checkpointing._HostStash``)
 rather than freed.
 """
 

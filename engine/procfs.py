@@ -1,4 +1,5 @@
-"""Process helpers shared by the training worker, the parity script and the benchmark jobs (no torch)."""
+"""Process helpers shared by the training worker, the parity script and the benchmark jobs (no torch): the one home of
+the /proc/self/status and /proc/self/io readers."""
 
 import ctypes
 import functools
@@ -12,6 +13,21 @@ def status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def io_bytes() -> dict[str, int]:
+    """read_bytes / write_bytes of /proc/self/io: bytes this process really moved to or from the block layer (O_DIRECT
+    swap traffic included, page-cache hits not); zeros where the kernel has no I/O accounting (proc(5))."""
+    out = {"read_bytes": 0, "write_bytes": 0}
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in out:
+                    out[key] = int(value)
+    except OSError:
+        pass
+    return out
 
 
 def single_rank_defaults() -> None:

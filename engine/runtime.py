@@ -10,7 +10,8 @@ import tempfile
 import warnings
 from typing import Any
 
-from memascend_engine import EngineOptions, trainer_config
+from memascend_engine import trainer_config
+from memascend_engine.options import EngineOptions
 
 from memascend_cli.run import leftovers
 from memascend_cli.planner import zero
@@ -223,17 +224,19 @@ class Installed:
 
     # -- wiring --------------------------------------------------------------------------------
     def _install(self) -> None:
-        from memascend_engine import deepspeed_plugin as plug
+        from memascend_engine.ds_internals import aio, context, patches, pinning, stage3
+        from memascend_engine.ds_internals.checkpoint_api import patch_checkpoint_api
+        from memascend_engine.ds_internals.version import check_version
         from memascend_engine.pinned import PinnedAllocator
 
-        plug.check_version()
+        check_version()
         o = self.options
         self._rewrite_config()
         # Unpinned still means page-aligned exact-size buffers: O_DIRECT needs aligned memory.
         self.allocator = PinnedAllocator(lock=o.pinned, cuda_register=None if o.pinned else False)
-        self.patches = plug.Patches()
+        self.patches = patches.Patches()
         use_direct = o.direct_nvme and (self.param_nvme or self.opt_nvme)
-        self.ctx = plug.PluginContext(
+        self.ctx = context.PluginContext(
             fused_overflow=o.fused_overflow, malloc_trim=o.malloc_trim,
             adam_in_place=o.adam_in_place and use_direct and self.opt_nvme,
             pool_plan_factory=self._param_plan if (o.adaptive_pool and self.param_nvme) else None,
@@ -249,16 +252,16 @@ class Installed:
 
                 self.store = RegionStore(self.region, self.rank, verify=o.verify_checksums and verify_from_env())
                 self.ctx.declare_zero = self.store.declare_zero
-                plug.patch_aio_builders(self.patches, DirectNvmeBuilder(self.store, self.allocator))
+                aio.patch_aio_builders(self.patches, DirectNvmeBuilder(self.store, self.allocator))
                 if o.streaming and self.opt_nvme:
                     self.ctx.store = self.store
                     self.ctx.windows = self.windows()
             elif o.pinned and self.allocator.cuda_register:
-                plug.patch_aio_builders(self.patches, plug.pinning_aio_builder(self.allocator))
+                aio.patch_aio_builders(self.patches, aio.pinning_aio_builder(self.allocator))
             if o.pinned:
-                plug.patch_accelerator(self.patches, self.allocator)
-            plug.patch_stage3(self.patches, self.ctx, adaptive_pool=self.ctx.pool_plan_factory is not None)
-            plug.patch_checkpoint_api(self.patches)
+                pinning.patch_accelerator(self.patches, self.allocator)
+            stage3.patch_stage3(self.patches, self.ctx, adaptive_pool=self.ctx.pool_plan_factory is not None)
+            patch_checkpoint_api(self.patches)
             import deepspeed
 
             self.patches.set(deepspeed, "initialize", self._initialize_hook(deepspeed.initialize))
@@ -283,7 +286,7 @@ class Installed:
     # -- public API ----------------------------------------------------------------------------
     def stats(self) -> dict:
         """Traffic through the region, pinned/pool bytes and technique counters of this rank."""
-        from memascend_engine import deepspeed_plugin as plug
+        from memascend_engine.ds_internals import stage3
 
         d: dict[str, Any] = {"rank": self.rank, "region": self.region,
                              "options": {k: (v.to_dict() if hasattr(v, "to_dict") else v)
@@ -297,9 +300,9 @@ class Installed:
         alloc = self.allocator.snapshot() if self.allocator is not None else {}
         d["pinned_bytes"] = alloc.get("live_bytes", 0)
         d["pinned"] = alloc
-        param_pool = sum(getattr(sw, "pool_bytes", 0) for sw in (self.ctx.param_swappers if self.ctx else []))
-        opt_pool = plug.optimizer_pool_bytes(self.ctx) if self.ctx else 0
-        p2 = plug.partitioned_swap_buffer_bytes(self.ctx) if self.ctx else 0
+        param_pool = stage3.param_pool_bytes(self.ctx) if self.ctx else 0
+        opt_pool = stage3.optimizer_pool_bytes(self.ctx) if self.ctx else 0
+        p2 = stage3.partitioned_swap_buffer_bytes(self.ctx) if self.ctx else 0
         d["param_pool_bytes"] = param_pool
         d["optimizer_pool_bytes"] = opt_pool
         d["partitioned_swap_buffer_bytes"] = p2
@@ -317,11 +320,9 @@ class Installed:
             from dataclasses import asdict
 
             d["bounded_io"] = asdict(self.ctx.io)
-            opt = next((o for o in self.ctx.optimizers if getattr(o, "_ma_bounded", False)), None)
-            if opt is not None:
-                d["bounded"] = {"gradient_window_bytes": opt._ma_stream.host_bytes,
-                                "optimizer_window_bytes": opt._ma_pipeline.host_bytes,
-                                "chunks": len(opt._ma_chunks), "windows": self.ctx.windows.to_dict()}
+            bounded = stage3.bounded_stats(self.ctx)
+            if bounded is not None:
+                d["bounded"] = bounded
         d["fused_kernels"] = list(self.fused_kernels_applied)
         return d
 
@@ -336,8 +337,8 @@ class Installed:
         """Wrap every decoder layer of a transformers model (no-op when the option is off)."""
         if not self.options.offload_checkpointing:
             return
-        from memascend_engine import checkpointing
-        from memascend_engine import deepspeed_plugin as plug
+        from memascend_engine import activation_checkpointing
+        from memascend_engine.ds_internals.allocator import LAYER_TRIM_MMAP_THRESHOLD_BYTES
 
         stash = None
         if self.options.checkpoint_offload == "ssd" and self.store is not None:
@@ -346,11 +347,11 @@ class Installed:
             self.ctx.io = self.ctx.io or IOCounters()
             stash = CheckpointStash(self.store, self.allocator, self.windows().checkpoint_slots, self.ctx.io)
         after_layer = None
-        if self.options.malloc_trim and self.ctx.fix_mmap_threshold(plug.LAYER_TRIM_MMAP_THRESHOLD_BYTES):
+        if self.options.malloc_trim and self.ctx.fix_mmap_threshold(LAYER_TRIM_MMAP_THRESHOLD_BYTES):
             # zero.Init is over (the model exists): from here on each layer's temporaries are reused within the
-            # layer and trimmed after it, instead of mmapped one by one (deepspeed_plugin.LAYER_TRIM_...).
+            # layer and trimmed after it, instead of mmapped one by one (allocator.LAYER_TRIM_MMAP_THRESHOLD_BYTES).
             after_layer = functools.partial(self.ctx.trim_heap, "layer_trims")
-        self.checkpointer = checkpointing.enable(model, self.allocator, stash, after_layer)
+        self.checkpointer = activation_checkpointing.enable(model, self.allocator, stash, after_layer)
 
     def apply_fused_kernels(self, model_type: str) -> list[str]:
         """Liger-Kernel for ``model_type`` when it is installed and CUDA is usable (call before the

@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 
-from memascend_engine.procfs import status_kib
+from memascend_engine.procfs import io_bytes, status_kib
 
 from memascend_cli.run import rundir
 
@@ -31,16 +31,6 @@ class WorkerError(Exception):
 
 
 # --- small helpers ------------------------------------------------------------------------------
-
-
-def proc_io_bytes() -> tuple[int, int]:
-    """(read_bytes, write_bytes) that really hit storage (O_DIRECT swap traffic included)."""
-    try:
-        with open("/proc/self/io") as f:
-            vals = dict(line.split(":") for line in f.read().splitlines() if ":" in line)
-        return int(vals.get("read_bytes", 0)), int(vals.get("write_bytes", 0))
-    except OSError:
-        return 0, 0
 
 
 def _env_int(name: str, default: int) -> int:
@@ -253,7 +243,12 @@ class Run:
 
         import deepspeed
         import torch
+        from memascend_engine.ds_internals.version import check_version
 
+        try:  # stock runs too: their checkpoints and resume read the optimizer's internals
+            check_version()
+        except RuntimeError as exc:
+            raise WorkerError(str(exc)) from None
         deepspeed.init_distributed(dist_backend="gloo" if os.environ.get("DS_ACCELERATOR") == "cpu" else None)
         from deepspeed.accelerator import get_accelerator
 
@@ -262,7 +257,7 @@ class Run:
             get_accelerator().set_device(self.local_rank)
         installed = None
         if not self.args.baseline:
-            from memascend_engine.node_check import check_nodes
+            from memascend_engine.cluster_preflight import check_nodes
 
             self.region = check_nodes(self.run_dir, recipe.region, local_rank=self.local_rank)
             installed = self._install_engine(ds_config, spec)
@@ -273,7 +268,7 @@ class Run:
             model = make_model()
         resume_dir = None
         if self.args.resume:
-            from memascend_engine.checkpoint import latest_complete
+            from memascend_engine.run_checkpoint import latest_complete
 
             resume_dir = latest_complete(rundir.path(self.run_dir, rundir.CHECKPOINTS))
             if resume_dir is None:
@@ -402,7 +397,7 @@ class Run:
 
     def train_loop(self, engine, model, train, val, total, resume_dir, installed) -> None:
         import torch
-        from memascend_engine import checkpoint as C
+        from memascend_engine import run_checkpoint as C
         from memascend_engine.data import micro_batch_rows
 
         r = self.recipe
@@ -418,7 +413,7 @@ class Run:
                           "train_sequences": len(train), "validation_sequences": len(val) if val else 0})
         root = rundir.path(self.run_dir, rundir.CHECKPOINTS)
         last_saved = step
-        io0 = proc_io_bytes()
+        io0 = io_bytes()
         t_last = time.time()
         while step < total:
             t0 = time.time()
@@ -436,10 +431,11 @@ class Run:
                 tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
             step += 1
             elapsed = time.time() - t0
-            io1 = proc_io_bytes()
+            io1 = io_bytes()
             rss_kib, hwm_kib = status_kib("VmRSS"), status_kib("VmHWM")
             loss_sum, tok_sum, rss_sum, hwm_sum, rd, wr = self._all_sum(
-                [sum(losses) / len(losses), tokens, rss_kib, hwm_kib, io1[0] - io0[0], io1[1] - io0[1]])
+                [sum(losses) / len(losses), tokens, rss_kib, hwm_kib, io1["read_bytes"] - io0["read_bytes"],
+                 io1["write_bytes"] - io0["write_bytes"]])
             tokens_seen += int(tok_sum)
             if step % r.log_every == 0 or step == total:
                 window = time.time() - t_last

@@ -1,7 +1,7 @@
 """The node part of `train`'s preflight: run on every node, before training starts.
 
 A region is node-local, so the launch node cannot check the other nodes' regions. The first local rank of every node
-gathers this node's facts (gather_node_facts) and assess_node turns them into problems (pure); engine/node_check.py
+gathers this node's facts (gather_node_facts) and assess_node turns them into problems (pure); engine/cluster_preflight.py
 runs it through DeepSpeed's launcher and stops every rank at once with the first node's problem. The launch node runs
 the same check on its own region before launching a single-node run (commands/train.py).
 """

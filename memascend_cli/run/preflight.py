@@ -65,7 +65,7 @@ class Facts:
     checkpoint_bytes: int = 0
     """Planned bytes of checkpoints kept plus the export."""
     node_regions: list[str] | None = None
-    """Multi-node runs: each node's region, checked on its own node when the run starts (engine/node_check.py)."""
+    """Multi-node runs: each node's region, checked on its own node when the run starts (engine/cluster_preflight.py)."""
 
 
 def assess(f: Facts) -> list[Check]:

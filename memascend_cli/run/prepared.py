@@ -179,7 +179,7 @@ def prepare_data(recipe, run_dir: str) -> dict:
     request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
     with err.status("preparing the data (tokenized once, then cached)") as status:
         # Tokenizing a large dataset takes a while: it ends with the CLI (run/lifeline.py).
-        proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.prepare"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.tokenize_job"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=die_with_parent())
         proc.stdin.write(request)
@@ -199,7 +199,7 @@ def prepare_data(recipe, run_dir: str) -> dict:
             raise BadInput(message.removeprefix("error: "), "fix the dataset, the tokenizer or `template:` in the "
                            "recipe")
         raise MemascendError(f"preparing the data failed ({(errors or ['no output'])[-1]})",
-                             "run `python -m memascend_engine.prepare` by hand to see the traceback")
+                             "run `python -m memascend_engine.tokenize_job` by hand to see the traceback")
     summary = json.loads(out.strip().splitlines()[-1])
     with open(os.path.join(run_dir, DATA_JSON), "w") as f:
         json.dump(summary, f, indent=2)

@@ -1,4 +1,4 @@
-"""Offloaded gradient checkpointing (engine/checkpointing.py) on a plain transformers Llama."""
+"""Offloaded gradient checkpointing (engine/activation_checkpointing.py) on a plain transformers Llama."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _grads(model, x):
 
 
 def test_recompute_gives_identical_loss_and_gradients():
-    from memascend_engine.checkpointing import enable
+    from memascend_engine.activation_checkpointing import enable
     from memascend_engine.pinned import PinnedAllocator
 
     make = _tiny_llama()
@@ -46,7 +46,7 @@ def test_recompute_gives_identical_loss_and_gradients():
 
 
 def test_rejects_models_without_checkpointing_support():
-    from memascend_engine.checkpointing import enable
+    from memascend_engine.activation_checkpointing import enable
 
     with pytest.raises(ValueError, match="does not support gradient checkpointing"):
         enable(torch.nn.Linear(2, 2), None)
@@ -56,7 +56,7 @@ def test_rejects_models_without_checkpointing_support():
 def test_layer_inputs_live_in_pinned_host_memory_on_cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from memascend_engine.checkpointing import enable
+    from memascend_engine.activation_checkpointing import enable
     from memascend_engine.pinned import PinnedAllocator
 
     make = _tiny_llama()

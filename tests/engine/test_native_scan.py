@@ -168,10 +168,7 @@ def test_no_allocation_proportional_to_n() -> None:
         """
         import json, torch
         from memascend_engine import native
-        def kib(key):
-            for line in open("/proc/self/status"):
-                if line.startswith(key):
-                    return int(line.split()[1])
+        from memascend_engine.procfs import status_kib as kib
         torch.set_num_threads(2)
         x = torch.zeros(64 << 20, dtype=torch.float16)
         x[-1] = float("inf")
@@ -182,9 +179,9 @@ def test_no_allocation_proportional_to_n() -> None:
                     f.write("5")
             except OSError as e:
                 return None
-            base = kib("VmRSS:")
+            base = kib("VmRSS")
             r = fn()
-            return kib("VmHWM:") - base, r
+            return kib("VmHWM") - base, r
         scan = measure(lambda: native.has_nonfinite_tensor(x, 2))
         ref = measure(lambda: bool(torch.isinf(x).any() or torch.isnan(x).any()))
         print(json.dumps({"scan": scan, "torch": ref}))

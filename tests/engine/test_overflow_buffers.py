@@ -1,5 +1,5 @@
-"""deepspeed_plugin.OverflowBuffers: the adaptive parameter pool's overflow buffers are kept and reused
-(best fit) instead of allocated, registered and freed on every fetch."""
+"""memascend_engine.ds_internals.swapper.OverflowBuffers: the adaptive parameter pool's overflow buffers are kept and
+reused (best fit) instead of allocated, registered and freed on every fetch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memascend_engine.deepspeed_plugin import OverflowBuffers, PluginContext
+from memascend_engine.ds_internals.context import PluginContext
+from memascend_engine.ds_internals.swapper import OverflowBuffers
 from memascend_engine.pinned import PinnedAllocator
 
 

@@ -58,7 +58,7 @@ def _complete_checkpoints(run: str) -> list[str]:
 
 
 def _verify_checkpoint(run: str, step: int, ranks: int = 1) -> None:
-    from memascend_engine import checkpoint as C
+    from memascend_engine import run_checkpoint as C
 
     folder = os.path.join(run, "checkpoints", C.step_dirname(step))
     for r in range(ranks):
@@ -185,7 +185,7 @@ def test_faultfs_fault_stops_the_run_with_a_named_error(reference, fuse_region, 
 
 def _damaged_checkpoint_is_refused(run: str) -> None:
     """A byte changed in a checkpoint after it was written: resume's verification names the file."""
-    from memascend_engine import checkpoint as C
+    from memascend_engine import run_checkpoint as C
 
     folder = os.path.join(run, "checkpoints", C.step_dirname(2))
     for name, recorded_in in (("rank-00000.bin", "rank-00000.json"), ("trainer.json", "COMPLETE")):

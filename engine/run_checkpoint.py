@@ -1,7 +1,7 @@
 """Exactly resumable checkpoints of a ZeRO-3 run whose optimizer states live on the SSD.
 
 Stock DeepSpeed's save/load with offload_optimizer=nvme does not resume exactly (its own
-test_nvme_checkpointing fails for every optimizer-on-NVMe case; deepspeed-notes §11), so the
+tests/unit/runtime/zero/test_nvme_checkpointing.py fails for every optimizer-on-NVMe case), so the
 state is saved here, from the optimizer itself:
 
 * per optimizer sub-group: the fp32 master partition, Adam exp_avg / exp_avg_sq and the step,
@@ -31,7 +31,15 @@ import shutil
 
 import numpy as np
 import torch
-from memascend_engine import deepspeed_plugin as plug
+from memascend_engine.checkpoint_integrity import (
+    CORRUPT_HINT,
+    CheckpointCorrupt,
+    crc32c,
+    file_crc32c,
+    fsync_dir,
+    verify_file,
+)
+from memascend_engine.ds_internals import optimizer_state as ds_state
 
 from memascend_cli.errors import MemascendError
 from memascend_cli.run.rundir import COMPLETE
@@ -40,48 +48,8 @@ TRAINER = "trainer.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointCorrupt(MemascendError):
-    """A checkpoint file does not match the checksum recorded when it was written."""
-
-
 class CheckpointWriteError(MemascendError):
     """Writing a checkpoint failed (e.g. the disk is full); the previous complete one is intact."""
-
-
-def _crc32c(data, crc: int = 0) -> int:
-    from memascend_engine import native
-
-    return native.crc32c(data, crc)
-
-
-def _file_crc32c(path: str) -> tuple[int, int]:
-    """(CRC-32C, size in bytes) of a file, read in 8 MiB blocks."""
-    crc, n = 0, 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(8 << 20)
-        view = memoryview(buf)
-        while True:
-            got = f.readinto(buf)
-            if not got:
-                break
-            crc = _crc32c(view[:got], crc)
-            n += got
-    return crc, n
-
-
-def _verify_file(path: str, crc: int, nbytes: int, recorded_in: str) -> None:
-    try:
-        got, size = _file_crc32c(path)
-    except FileNotFoundError:
-        raise CheckpointCorrupt(f"checkpoint file {path} is missing ({recorded_in} lists it)",
-                                _CORRUPT_HINT.format(folder=os.path.dirname(path))) from None
-    if (got, size) != (crc, nbytes):
-        raise CheckpointCorrupt(
-            f"checkpoint file {path} is damaged: {size} B with crc32c 0x{got:08x}, {recorded_in} recorded "
-            f"{nbytes} B with crc32c 0x{crc:08x}", _CORRUPT_HINT.format(folder=os.path.dirname(path)))
-
-
-_CORRUPT_HINT = "move {folder} aside and resume from the previous checkpoint (`memascend train RECIPE --resume`)"
 
 
 def step_dirname(step: int) -> str:
@@ -96,22 +64,6 @@ def latest_complete(root: str) -> str | None:
             if n.startswith("step-") and os.path.isfile(os.path.join(root, n, COMPLETE))
             and os.path.isfile(os.path.join(root, n, TRAINER))]
     return os.path.join(root, max(done)) if done else None
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -141,7 +93,7 @@ def _set_rng_state(data: dict) -> None:
 
 def save_rank_state(engine, folder: str, rank: int) -> None:
     """Write this rank's optimizer partitions into `folder` (rank-R.bin + rank-R.json, fsynced)."""
-    access = plug.OptimizerStateAccess(engine)
+    access = ds_state.OptimizerStateAccess(engine)
     groups = []
     offset = 0
     bin_path = os.path.join(folder, f"rank-{rank:05d}.bin")
@@ -151,12 +103,12 @@ def save_rank_state(engine, folder: str, rank: int) -> None:
             # Read as step() does; the SSD copy is untouched.
             step, tensors = access.read(i)
             entry = {"numel": access.numel(i), "step": step, "tensors": {}}
-            for name in ("fp32", *plug.ADAM_STATES):
+            for name in ("fp32", *ds_state.ADAM_STATES):
                 if name not in tensors:
                     continue
                 arr = tensors[name].detach().to(torch.float32).contiguous().numpy()
                 f.write(memoryview(arr).cast("B"))  # not arr.tofile: its OSError has no errno (disk full)
-                bin_crc = _crc32c(arr, bin_crc)
+                bin_crc = crc32c(arr, bin_crc)
                 entry["tensors"][name] = {"offset_bytes": offset, "numel": int(arr.size)}
                 offset += arr.nbytes
             groups.append(entry)
@@ -166,8 +118,8 @@ def save_rank_state(engine, folder: str, rank: int) -> None:
         "format_version": FORMAT_VERSION,
         "rank": rank,
         "groups": groups,
-        "lrs": plug.optimizer_lrs(engine),
-        "loss_scaler": plug.loss_scaler_state(engine),
+        "lrs": ds_state.optimizer_lrs(engine),
+        "loss_scaler": ds_state.loss_scaler_state(engine),
         "rng": _rng_state(),
         "bin": {"bytes": offset, "crc32c": bin_crc},
     }
@@ -197,10 +149,10 @@ def save(engine, root: str, step: int, trainer_state: dict, *, rank: int, world_
     if rank == 0:
         state = {"format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
                  "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-                 "engine": plug.engine_counters(engine),
+                 "engine": ds_state.engine_counters(engine),
                  **trainer_state}
         _write_json(os.path.join(tmp, TRAINER), state)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if os.environ.get("MEMASCEND_FAULT_KILL_DURING_CHECKPOINT") == str(step):
             # Fault injection for tests: die with every file but the marker written.
             import signal
@@ -210,14 +162,14 @@ def save(engine, root: str, step: int, trainer_state: dict, *, rank: int, world_
         names = [TRAINER] + [f"rank-{r:05d}.json" for r in range(world_size)]
         files = {}
         for n in names:
-            crc, nbytes = _file_crc32c(os.path.join(tmp, n))
+            crc, nbytes = file_crc32c(os.path.join(tmp, n))
             files[n] = {"bytes": nbytes, "crc32c": crc}
         _write_json(os.path.join(tmp, COMPLETE), {"step": step, "files": files})
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         prune(root, keep)
     barrier()
     return final
@@ -242,12 +194,12 @@ def verify(folder: str, rank: int) -> None:
     for n in (TRAINER, rank_json):
         if n not in files:
             raise CheckpointCorrupt(f"checkpoint {folder}: COMPLETE lists no checksum for {n}",
-                                    _CORRUPT_HINT.format(folder=folder))
-        _verify_file(os.path.join(folder, n), files[n]["crc32c"], files[n]["bytes"], f"{folder}/{COMPLETE}")
+                                    CORRUPT_HINT.format(folder=folder))
+        verify_file(os.path.join(folder, n), files[n]["crc32c"], files[n]["bytes"], f"{folder}/{COMPLETE}")
     with open(os.path.join(folder, rank_json), encoding="utf-8") as f:
         b = json.load(f).get("bin")
     if b is not None:
-        _verify_file(os.path.join(folder, f"rank-{rank:05d}.bin"), b["crc32c"], b["bytes"], f"{folder}/{rank_json}")
+        verify_file(os.path.join(folder, f"rank-{rank:05d}.bin"), b["crc32c"], b["bytes"], f"{folder}/{rank_json}")
 
 
 def prune(root: str, keep: int) -> None:
@@ -277,7 +229,7 @@ def load(engine, folder: str, *, rank: int, world_size: int) -> dict:
         raise ValueError(f"checkpoint {folder} was written by {state['world_size']} rank(s), this run has {world_size}")
     with open(os.path.join(folder, f"rank-{rank:05d}.json"), encoding="utf-8") as f:
         manifest = json.load(f)
-    access = plug.OptimizerStateAccess(engine)
+    access = ds_state.OptimizerStateAccess(engine)
     if len(manifest["groups"]) != access.num_groups:
         raise ValueError(f"checkpoint {folder} has {len(manifest['groups'])} optimizer groups, the run has "
                          f"{access.num_groups} (different sub_group_size, model or engine?)")
@@ -292,14 +244,14 @@ def load(engine, folder: str, *, rank: int, world_size: int) -> dict:
         if entry["numel"] != numel:
             raise ValueError(f"checkpoint {folder}: optimizer group {i} has {entry['numel']} elements, the run {numel}")
         access.write(i, entry["step"], {name: array(meta) for name, meta in entry["tensors"].items()})
-    plug.set_optimizer_lrs(engine, manifest["lrs"])
-    plug.set_loss_scaler_state(engine, manifest.get("loss_scaler", {}))
+    ds_state.set_optimizer_lrs(engine, manifest["lrs"])
+    ds_state.set_loss_scaler_state(engine, manifest.get("loss_scaler", {}))
     if engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-    plug.set_engine_counters(engine, state["engine"])
+    ds_state.set_engine_counters(engine, state["engine"])
     steps = [e["step"] for e in manifest["groups"] if e["step"] is not None]
     if steps:
-        plug.prime_cpu_adam(engine, max(steps))
-    plug.invalidate_secondary_tensors(engine)
+        ds_state.prime_cpu_adam(engine, max(steps))
+    ds_state.invalidate_secondary_tensors(engine)
     _set_rng_state(manifest["rng"])
     return state

@@ -1,6 +1,6 @@
-"""The data and export preparation of a run, in a child process of `memascend train` (before the launch).
+"""Run preparation before the launch, in a child process of `memascend train`: tokenize the dataset, write RUN/hf/.
 
-    echo '{"recipe": {...}, "run_dir": "..."}' | python -m memascend_engine.prepare
+    echo '{"recipe": {...}, "run_dir": "..."}' | python -m memascend_engine.tokenize_job
 
 transformers (AutoTokenizer, chat templates) imports torch, which the CLI process never does, so
 this runs as a child. It

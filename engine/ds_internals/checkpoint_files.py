@@ -5,12 +5,12 @@ counts, learning rates) into ``<tag>/zero_pp_rank_R_mp_rank_00_optim_states.pt``
 ``<tag>/offloaded_tensors/rank<R>/`` (engine.py save_checkpoint): per sub-group ``<ds_id>.tensor.swp`` (fp32 master),
 ``exp_avg-<ds_id>.tensor.swp`` and ``exp_avg_sq-<ds_id>.tensor.swp``, raw fp32 padded to DeepSpeed's I/O alignment
 (optimizer_utils.py OptimizerStateSwapInfo / SwapTensorContext). With memascend's engine the state lives in region
-extents, not in that folder, so the plugin (deepspeed_plugin._DeepSpeedApiMixin) writes exactly those files from the
+extents, not in that folder, so checkpoint_api.DeepSpeedApiMixin writes exactly those files from the
 region here, plus ``memascend-offloaded.json``: per sub-group its numel, step and each file's size and CRC-32C. Loading
 verifies the checksums first, then writes the state back into the region (and the model-dtype parameters derived from
 the masters). A folder without the manifest (stock DeepSpeed wrote it, or it is incomplete) is refused.
 
-``access`` is deepspeed_plugin.OptimizerStateAccess: groups (memascend's chunks or DeepSpeed's sub-groups) with
+``access`` is optimizer_state.OptimizerStateAccess: groups (memascend's chunks or DeepSpeed's sub-groups) with
 ``read(i)``, ``write(i, step, tensors)``, ``numel(i)``, ``subgroup_of(i) -> (sub-group, element offset)`` and
 ``subgroups() -> [(ds_id, numel)]``.
 """
@@ -22,7 +22,7 @@ import json
 import os
 
 import torch
-from memascend_engine.checkpoint import CheckpointCorrupt, _crc32c, _fsync_dir, _verify_file
+from memascend_engine.checkpoint_integrity import CheckpointCorrupt, crc32c, fsync_dir, verify_file
 
 MANIFEST = "memascend-offloaded.json"
 FORMAT_VERSION = 1
@@ -47,7 +47,7 @@ class _SubgroupWriter:
         for name, f in self.files.items():
             arr = tensors[name].detach().to(torch.float32).contiguous().numpy()
             f.write(memoryview(arr).cast("B"))
-            self.crc[name] = _crc32c(arr, self.crc[name])
+            self.crc[name] = crc32c(arr, self.crc[name])
             n = arr.size
         self.written += int(n or 0)
 
@@ -60,7 +60,7 @@ class _SubgroupWriter:
             if pad:
                 zeros = bytes(4 * pad)
                 f.write(zeros)
-                self.crc[name] = _crc32c(zeros, self.crc[name])
+                self.crc[name] = crc32c(zeros, self.crc[name])
             f.flush()
             os.fsync(f.fileno())
             f.close()
@@ -99,7 +99,7 @@ def export_rank(access, folder: str, *, numel_alignment: int) -> dict:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(folder)
+    fsync_dir(folder)
     return manifest
 
 
@@ -135,7 +135,7 @@ def import_rank(access, folder: str) -> list[int | None]:
             raise CheckpointCorrupt(f"checkpoint {folder}: no fp32 master of sub-group {entry['ds_id']}",
                                     "the checkpoint is incomplete; use an earlier one")
         for meta in entry["files"].values():
-            _verify_file(os.path.join(folder, meta["name"]), meta["crc32c"], meta["bytes"],
+            verify_file(os.path.join(folder, meta["name"]), meta["crc32c"], meta["bytes"],
                          os.path.join(folder, MANIFEST))
     with contextlib.ExitStack() as stack:
         handles: dict[str, int] = {}

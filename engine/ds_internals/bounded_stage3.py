@@ -1,0 +1,268 @@
+"""The bounded engine inside ZeRO-3: gradient streaming and the chunked optimizer pipeline
+(memascend_engine.bounded) wired into DeepSpeed's stage-3 optimizer."""
+
+from __future__ import annotations
+
+from memascend_engine.ds_internals.context import PluginContext
+from memascend_engine.ds_internals.pinning import plain_allocator
+
+
+def BoundedStage3Mixin(ctx: PluginContext):
+    """Gradient streaming and the chunked optimizer pipeline (memascend_engine.bounded) inside ZeRO-3.
+
+    Active when ctx.windows is set, a region store is open, the optimizer is DeepSpeedCPUAdam on NVMe with fp32
+    master weights, and no ZenFlow / Muon / partial offload / torch-autocast path is in use; otherwise every method
+    falls through to DeepSpeed's. What it replaces, each mirroring DeepSpeed 0.19.8's arithmetic so per-step losses
+    equal the stock path (runtime/zero/stage3.py line numbers):
+
+    * _configure_tensor_swapping (839): no OptimizerSwapper and no swap pool; the pipeline's slots are the pool;
+    * _setup_for_real_optimizer (761): fp32 placeholders per sub-group, no gradient flat buffer (P5), no
+      initialize_optimizer_states gradient buffer; fp32 masters created chunk by chunk on the SSD;
+    * partition_grads (2006): each reduced partition to the SSD in the gradient dtype, its norm (1446) and fp16
+      overflow scan taken as it streams; micro-batches accumulate by reading the partition back;
+    * step (2873): DeepSpeed's overflow / norm / loss-scale logic, then the pipeline over chunks with the same
+      unscale-and-clip (2979) and the same DeepSpeedCPUAdam op calls (ops/adam/cpu_adam.py step) per chunk.
+    """
+    import torch
+    from deepspeed import comm as dist
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
+    from deepspeed.runtime.zero import stage3
+    from memascend_engine import bounded, native
+
+    from memascend_cli.planner import zero
+
+    class _SwapperFacade:
+        """What DeepSpeed's remaining stage-3 code asks of an optimizer swapper when the pipeline owns the state."""
+
+        swap_folder: str = ""
+        """DeepSpeed's optimizer swap folder (empty: engine.save_checkpoint copies it, then checkpoint_api.DeepSpeedApiMixin
+        writes the state into the copy)."""
+
+        def is_swappable_tensor(self, tensor=None, numel=None):
+            return True  # every sub-group lives on the SSD (chunks of the pipeline)
+
+        def init_timers(self):
+            pass
+
+        def log_timers(self):
+            pass
+
+        def pre_backward(self):
+            pass
+
+        def post_backward(self):
+            pass
+
+        def purge_state(self):
+            raise RuntimeError("memascend's bounded engine keeps optimizer states in its region; DeepSpeed's "
+                               "load_checkpoint cannot restore them: use memascend_engine.run_checkpoint (memascend train)")
+
+    class Mixin:
+        def _ma_eligible(self) -> bool:
+            return (ctx.windows is not None and ctx.store is not None and isinstance(self.optimizer, DeepSpeedCPUAdam)
+                    and not getattr(self, "zenflow", False) and not getattr(self, "use_muon", False)
+                    and getattr(self, "partial_offload", 1.0) == 1.0
+                    and self.master_weights_and_grads_dtype == torch.float32
+                    and not getattr(self, "torch_autocast_gradscaler", None))
+
+        # -- construction -------------------------------------------------------------------------------
+        def _configure_tensor_swapping(self, offload_optimizer_config, aio_config):
+            self._ma_bounded = self._ma_eligible()
+            if not self._ma_bounded:
+                return super()._configure_tensor_swapping(offload_optimizer_config, aio_config)
+            self.optimizer_swapper = _SwapperFacade()
+            self.optimizer_swapper.swap_folder = _optimizer_swap_folder(offload_optimizer_config.nvme_path)
+            self.optimizer_swapper.numel_alignment = _io_numel_alignment(aio_config, 4)
+
+        def _setup_for_real_optimizer(self):
+            if not getattr(self, "_ma_bounded", False):
+                return super()._setup_for_real_optimizer()
+            for i, _ in enumerate(self.fp16_partitioned_groups_flat):
+                ids = self.fp16_partitioned_groups_flat_id[i]
+                placeholder = torch.empty(0, dtype=self.master_weights_and_grads_dtype)
+                placeholder.ds_id = f"{ids[0]}_{ids[-1]}"
+                placeholder.requires_grad = True
+                self.fp32_partitioned_groups_flat.append(placeholder)
+            for param_group in self.optimizer.param_groups:
+                param_group["params"] = []
+            if self.contiguous_gradients:
+                for dtype, bucket in self.ipg_buckets.items():
+                    bucket.buffer = torch.empty(self.reduce_bucket_size, dtype=dtype,
+                                                device=get_accelerator().current_device_name())
+            self.grad_partitions_flat_buffer = None
+            self._DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition = {}
+            ctx.io = ctx.io or bounded.IOCounters()
+            self._ma_stream = bounded.GradientStream(ctx.store, ctx.pinned_allocator or plain_allocator(),
+                                                     ctx.windows, ctx.io)
+            parts = [[int(p.ds_numel) for p in group] for group in self.fp16_partitioned_groups]
+            self._ma_chunks = zero.optimizer_chunks(parts, ctx.windows.optimizer_chunk_numel)
+            grad_keys = [[bounded.GradientStream.key(p.ds_id) for p in group] for group in self.fp16_groups]
+            self._ma_pipeline = bounded.OptimizerPipeline(
+                ctx.store, ctx.pinned_allocator or plain_allocator(), ctx.windows, self._ma_chunks,
+                self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
+                counters=ctx.io, grad_written=self._ma_stream.written,
+                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/")
+            self._ma_overflow_local = False
+            dist.barrier()
+            self._ma_pipeline.initialize()
+            dist.barrier()
+
+        def _ma_targets(self):
+            """targets[g][j](): where parameter j of sub-group g lives now (DeepSpeed can fetch or release it)."""
+            out = []
+            for g, group in enumerate(self.fp16_groups):
+                row = []
+                for j, param in enumerate(group):
+                    row.append(self._ma_target_fn(param, self.fp16_partitioned_groups[g][j]))
+                out.append(row)
+            return out
+
+        def _ma_target_fn(self, param, partitioned):
+            def resolve() -> bounded.ParamTarget:
+                # As _partitioned_params_swap_out (stage3.py 1271): an available partition is updated in memory,
+                # any other one on the SSD.
+                if partitioned.status == PartitionedParamStatus.AVAILABLE or param.nvme_swapper is None:
+                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data)
+                path = param.nvme_swapper.get_path(param, must_exist=True)
+                return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
+            return resolve
+
+        # -- backward: gradient streaming ----------------------------------------------------------------
+        def partition_grads(self, params_to_release, grad_partitions):
+            if not getattr(self, "_ma_bounded", False):
+                return super().partition_grads(params_to_release, grad_partitions)
+            boundary = self.is_gradient_accumulation_boundary()
+            for param, grad_partition in zip(params_to_release, grad_partitions):
+                contains_real_data = param.partition_numel() * self._get_param_partition_rank(param) < param.ds_numel
+                if not contains_real_data:
+                    param.grad = None
+                    continue
+                self._offload_boundary_param_ids.add(param.ds_id)
+                key = bounded.GradientStream.key(param.ds_id)
+                dtype = self.gradient_accumulation_dtype
+                if self.micro_step_id == 0:
+                    grad = grad_partition.to(dtype)  # stock: grad_buffer.copy_(grad_partition)
+                else:
+                    grad = self._ma_stream.read(key, grad_partition.numel(), dtype, grad_partition.device)
+                    grad.add_(grad_partition.to(dtype).view(grad.shape))
+                if boundary:
+                    self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
+                    if self.dtype == torch.float16:
+                        self._ma_overflow_local |= self._ma_nonfinite(grad)
+                self._ma_stream.write(key, grad)
+                if not get_accelerator().is_synchronized_device() and param.grad is not None:
+                    param.grad.record_stream(get_accelerator().current_stream())
+                param.grad = None
+            return []
+
+        def _ma_nonfinite(self, grad) -> bool:
+            if grad.device.type == "cpu" and ctx.fused_overflow and grad.dtype in scan_dtypes_:
+                ctx.counters["overflow_scans"] += 1
+                ctx.counters["overflow_scan_bytes"] += grad.numel() * grad.element_size()
+                return bool(native.has_nonfinite_tensor(grad.contiguous()))
+            return bool((~torch.isfinite(grad)).any().item())  # one partition: a bounded temporary
+
+        def _ma_has_overflow(self) -> bool:
+            flag = torch.tensor([int(self._ma_overflow_local)], dtype=torch.uint8,
+                                device=get_accelerator().current_device_name())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+            self._model_parallel_all_reduce(tensor=flag, op=dist.ReduceOp.MAX)
+            return bool(flag[0].item())
+
+        def finalize_gradient_accumulation_boundary(self):
+            if not getattr(self, "_ma_bounded", False):
+                return super().finalize_gradient_accumulation_boundary()
+            # Unmanaged gradient accumulation (managed_gradient_accumulation=False): step() is the boundary. The
+            # accumulated partitions are on the SSD already; take the boundary work partition_grads skipped (norm,
+            # fp16 overflow scan) for the parameters reduced in this window (stage3.py
+            # _finalize_offload_gradient_accumulation).
+            self.set_gradient_accumulation_boundary(True)
+            self._ma_stream.flush()
+            dtype = self.gradient_accumulation_dtype
+            elem = torch.tensor([], dtype=dtype).element_size()
+            for group in self.fp16_groups:
+                for param in group:
+                    key = bounded.GradientStream.key(param.ds_id)
+                    if param.ds_id not in self._offload_boundary_param_ids or key not in self._ma_stream.written:
+                        continue
+                    grad = self._ma_stream.read(key, self._ma_stream.written[key] // elem, dtype,
+                                                get_accelerator().current_device_name())
+                    self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
+                    if self.dtype == torch.float16:
+                        self._ma_overflow_local |= self._ma_nonfinite(grad)
+
+        # -- the step ---------------------------------------------------------------------------------------
+        def step(self, closure=None):
+            if not getattr(self, "_ma_bounded", False):
+                return super().step(closure)
+            self._ma_stream.flush()
+            self._pre_step()
+            self._partition_all_parameters()
+            try:
+                # DeepSpeed's own overflow, norm and loss-scale logic (stage3.py 2881-2896).
+                self._overflow_check_and_loss_scale_update(update_scale=False)
+                scaled_global_grad_norm = None
+                if not self.overflow:
+                    scaled_global_grad_norm = stage3.combine_grad_norm_groups(self._get_norm_groups())
+                    if stage3.is_invalid_grad_norm(scaled_global_grad_norm):
+                        self.overflow = True
+                if self._loss_scale_update_and_overflow_cleanup():
+                    return
+            finally:
+                self._ma_overflow_local = False
+            self._global_grad_norm = scaled_global_grad_norm / self.loss_scale
+            combined_scale = self.loss_scale
+            if self.clip_grad > 0.:
+                clip = ((scaled_global_grad_norm / self.loss_scale) + 1e-6) / self.clip_grad
+                clip = torch.clamp(clip, min=1.0)
+                combined_scale = clip * self.loss_scale
+            inv_scale = 1. / combined_scale
+            inner = self.optimizer
+
+            def compute(ci, chunk, slot):
+                g = chunk.sub_group
+                n = chunk.numel
+                state = inner.state.setdefault(self.fp32_partitioned_groups_flat[g], {})
+                group = inner.param_groups[self.sub_group_to_group_id[g]]
+                beta1, beta2 = group["betas"]
+                # The Adam op keeps beta^t as a running product and leaves it as it is when called again with the
+                # same step (ops/csrc/includes/cpu_adam.h IncrementStep), so a sub-group's later chunks see the
+                # bias correction its first chunk set, as stock's one call per sub-group did.
+                if chunk.index == 0:
+                    if len(state) == 0:
+                        state["step"] = 0
+                    state["step"] += 1
+                grad = slot.grad.narrow(0, 0, n)
+                grad.mul_(inv_scale)
+                inner.ds_opt_adam.adam_update(inner.opt_id, state["step"], group["lr"], beta1, beta2, group["eps"],
+                                              group["weight_decay"], group["bias_correction"],
+                                              slot.master.narrow(0, 0, n), grad, slot.exp_avg.narrow(0, 0, n),
+                                              slot.exp_avg_sq.narrow(0, 0, n))
+
+            self._ma_pipeline.run(compute)
+            self._post_step(set())
+
+    scan_dtypes_ = (torch.float16, torch.bfloat16, torch.float32)
+    return Mixin
+
+
+def _optimizer_swap_folder(nvme_path) -> str:
+    """DeepSpeed's optimizer swap folder of this rank (stage3.py _configure_tensor_swapping, optimizer_utils.py
+    OptimizerSwapper.__init__), created as DeepSpeed does."""
+    import os
+
+    from deepspeed import comm as dist
+
+    folder = os.path.join(str(nvme_path), "zero_stage_3", "optimizer", f"rank{dist.get_rank()}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _io_numel_alignment(aio_config, elem_bytes: int) -> int:
+    """DeepSpeed's swap-file length granularity in elements (AIO_ALIGNED_BYTES x intra_op_parallelism)."""
+    from deepspeed.runtime.swap_tensor.constants import AIO_INTRA_OP_PARALLELISM
+    from deepspeed.runtime.swap_tensor.utils import AIO_ALIGNED_BYTES
+
+    return AIO_ALIGNED_BYTES * int(aio_config[AIO_INTRA_OP_PARALLELISM]) // elem_bytes

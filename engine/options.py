@@ -1,0 +1,54 @@
+"""EngineOptions: which techniques memascend_engine.install plugs in (re-exported by the package)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memascend_cli.planner.zero import DEFAULT_PIPELINE_DEPTH, DEFAULT_PREFETCH_LAYERS
+
+
+@dataclass(kw_only=True)
+class EngineOptions:
+    """Which techniques :func:`install` plugs in (all on by default)."""
+
+    pinned: bool = True
+    """Exact-size page-aligned pinned allocation at every DeepSpeed pin site (mlocked on CPU,
+    cudaHostRegistered on CUDA); off: DeepSpeed's own pinning."""
+    adaptive_pool: bool = True
+    """Size-class parameter pools from the model inventory (memascend_cli.planner.zero.param_pool_plan);
+    off: DeepSpeed's ``buffer_count x buffer_size`` pool. The stock knobs memascend sets (sub-group size,
+    reduce bucket, max_in_cpu, ...) do not depend on this switch: they are config, not technique."""
+    fused_overflow: bool = True
+    """The ZeRO-3 overflow check uses the native one-pass scan (no per-element temporaries)."""
+    direct_nvme: bool = True
+    """Swap I/O goes to extents of a `memascend prepare-ssd` region; off: one file per tensor."""
+    offload_checkpointing: bool = True
+    """`Installed.enable_offloaded_checkpointing` wraps decoder layers; off: it does nothing."""
+    malloc_trim: bool = True
+    """The allocator policy: large allocations (>= 1 MiB) always mmapped, so freed tensors go back to the OS at once
+    (glibc's dynamic mmap threshold otherwise keeps them in the heap), and malloc_trim after backward (the planner
+    assumes no allocator retention). Once the engine's checkpointing wraps the layers, the threshold is 32 MiB and the
+    heap is trimmed after every layer instead: the layer reuses its own freed blocks, and nothing outlives it."""
+    fused_kernels: bool = True
+    """Liger-Kernel / FlashAttention when installed on a GPU machine (`Installed.apply_fused_kernels`)."""
+    adam_in_place: bool = True
+    """Create CPU-Adam's states directly in the pinned swap buffers (needs direct_nvme)."""
+    prefetch_layers: int = DEFAULT_PREFETCH_LAYERS
+    """Decoder layers whose parameter partitions the adaptive pool holds at once."""
+    streaming: bool = True
+    """Bounded host memory (engine/bounded.py): reduced gradients stream to the SSD in the training dtype (no
+    full-size gradient buffer in DRAM) and the optimizer step runs as a pipeline of sub-group chunks (no pool sized
+    by the largest tensor). Needs direct_nvme and DeepSpeedCPUAdam; off: DeepSpeed's gradient and optimizer path."""
+    pipeline_depth: int = DEFAULT_PIPELINE_DEPTH
+    """Optimizer chunks in flight (one read, one updated, one written back)."""
+    checkpoint_offload: str = "ssd"
+    """Where offloaded activation checkpoints go: ssd (a bounded window of the region), dram (one pinned buffer
+    per layer)."""
+    windows: Any = None
+    """memascend_cli.planner.zero.EngineWindows from a host budget (zero.split_budget, what `memascend train` and
+    `bench` pass); None: the full-overlap windows for the config's sub-group size, pipeline_depth and
+    checkpoint_offload."""
+    verify_checksums: bool = True
+    """CRC-32C of every region extent written, checked on every read (direct_nvme). Off, or
+    MEMASCEND_VERIFY_CHECKSUMS=0: no checksums; for benchmarking the cost only."""
