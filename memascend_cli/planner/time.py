@@ -43,6 +43,11 @@ the mean of measured / modelled s/step over the six runs of docs/bench/depth-swe
 memascend, 8/16/32 layers; tests/unit/test_time_validation.py checks it against the other documents). Used only for documents recorded on that machine: `plan` on another CPU takes
 `--cpu-gflops` or the probe `memascend inspect` caches."""
 
+CPU_ACHIEVED_FRACTION = 1.0
+"""A DeepSpeed step's fp32 GFLOP/s over the `memascend inspect` matmul probe's. 1.0: on the dev VM the step's large
+matmuls ran at CPU_CALIBRATED_GFLOPS while the probe, on the same VM shared with other jobs, read 73-109 GFLOP/s; a
+fraction cannot be fitted on a shared machine, so the probe is taken at face value (likely pessimistic there)."""
+
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
 
 
@@ -189,7 +194,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
                "PCIe": pcie if device.gpu else None}
     # Binding: the resource whose busy time is the largest share of the step.
     known = {k: v for k, v in seconds.items() if v is not None}
-    binding = max(known, key=lambda k: known[k]) if known else "unknown"
+    binding = max(known, key=lambda k: known[k]) if compute is not None else "unknown"
     step = None if compute is None else fb + opt
     return StepTime(engine, seconds, step, tokens_per_step, binding, overlap, unknown)
 
@@ -230,3 +235,14 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             pipelined_optimizer=bool(job.knobs and (job.knobs.pipeline_read or job.knobs.pipeline_write)),
             grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype])
     return out
+
+
+def time_document(times: dict[str, StepTime], device: Device, *, read_gbps: float | None, write_gbps: float | None,
+                  tokens: int | None) -> dict:
+    """The plan's `time` JSON key (docs/plan-json.md). Pure."""
+    return {
+        "device": {"name": device.name, "gflops": None if device.flops_per_s is None else
+                   round(device.flops_per_s / 1e9, 1), "source": device.source, "gpu": device.gpu},
+        "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps,
+        "engines": {e: t.to_dict(tokens) for e, t in times.items()},
+    }
