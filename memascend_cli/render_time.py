@@ -35,8 +35,17 @@ def render_time(doc: dict, tokens: int | None) -> None:
     out.print(t)
     if dev["gflops"] is None:
         out.print(f"[dim]note: compute rate {dev['source']}[/dim]")
-    elif not bw:
-        out.print("[dim]note: SSD bandwidth unknown (not counted): give --nvme-read-gbps / --nvme-write-gbps or "
+    elif len(bw) < 2:
+        out.print("[dim]note: SSD bandwidth unknown (not counted) for what has none above: give --nvme-read-gbps / --nvme-write-gbps or "
                   "--nvme-path a region made by `memascend prepare-ssd`[/dim]")
+    if doc.get("fastest"):
+        f = Table(title="most tokens/s that fits in memory (context held)", title_justify="left")
+        for c in ("", "micro-batch", "grad-accum", "s/step", "tok/s", "binds"):
+            f.add_column(c, justify="left" if c in ("", "binds") else "right", no_wrap=True)
+        for e, b in doc["fastest"].items():
+            f.add_row(e, *(("does not fit", "", "", "", "") if b is None else
+                           (str(b["micro_batch"]), str(b["grad_accum"]), _s(b["seconds_per_step"]),
+                            _s(b["tokens_per_s"]), b["binding"])))
+        out.print(f)
     if tokens:
         out.print(f"[dim]hours: for {tokens:,} tokens; compute rate from {dev['source']}[/dim]", highlight=False)

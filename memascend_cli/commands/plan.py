@@ -237,7 +237,7 @@ def _tokens(text: str | None) -> int | None:
         raise BadInput(f"--tokens {text!r}: expected a positive count", "e.g. --tokens 50M") from None
 
 
-def _time(job, hw, ests, timing: dict) -> dict:
+def _time(job, hw, ests, timing: dict, search: bool) -> dict:
     """The time model's document for the plan (planner.time), with the compute device resolved."""
     from memascend_cli.compute_probe import plan_device
     from memascend_cli.hardware import _cpu_model, _read_text
@@ -247,8 +247,11 @@ def _time(job, hw, ests, timing: dict) -> dict:
                          cpu_model=_cpu_model(_read_text("/proc/cpuinfo")) if hw.name == "local" else None)
     times = tm.engine_times(job, ests, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
                             cpu_cores=hw.cpu_cores)
-    return tm.time_document(times, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
-                            tokens=timing["tokens"])
+    doc = tm.time_document(times, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
+                           tokens=timing["tokens"])
+    if search:
+        doc["fastest"] = tm.fastest(job, hw, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps)
+    return doc
 
 
 def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool,
@@ -266,7 +269,7 @@ def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *,
     # The searches compare stock as documented with memascend (tuned is in the totals; a third search costs ~0.3 s).
     searches = {e: run_search(job, hw, e) for e in ("baseline", "memascend")} if search else {}
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
-    result["time"] = _time(job, hw, ests, timing)
+    result["time"] = _time(job, hw, ests, timing, search)
     if as_json:
         print_json(result)
     else:

@@ -246,3 +246,46 @@ def time_document(times: dict[str, StepTime], device: Device, *, read_gbps: floa
         "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps,
         "engines": {e: t.to_dict(tokens) for e, t in times.items()},
     }
+
+
+SEARCH_MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+SEARCH_GRAD_ACCUM = (1, 2, 4, 8, 16)
+SEARCH_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def fastest(job, hw, device: Device, *, read_gbps: float | None, write_gbps: float | None,
+            vary_context: bool = False) -> dict[str, dict | None]:
+    """Per engine, the micro-batch x gradient accumulation (x context, with `vary_context`: powers of two up to the
+    model's max_position_embeddings) with the most tokens/s among those that fit in memory (search.check). None
+    where the compute rate is unknown or nothing fits. Pure."""
+    from dataclasses import replace
+
+    from memascend_cli.planner.memory import estimate_all
+    from memascend_cli.planner.search import check
+
+    if device.flops_per_s is None:
+        return {}
+    limit = job.model.max_position_embeddings or max(SEARCH_SEQ_LENS)
+    seqs = sorted({job.seq_len} | ({s for s in SEARCH_SEQ_LENS if s <= limit} if vary_context else set()))
+    best: dict[str, dict | None] = {}
+    for seq in seqs:
+        for mb in SEARCH_MICRO_BATCHES:
+            any_fit = False
+            for ga in SEARCH_GRAD_ACCUM:
+                cand = replace(job, seq_len=seq, micro_batch=mb, grad_accum_steps=ga)
+                ests = estimate_all(cand, hw)
+                fits = {ENGINE_NAMES.get(k, k): check(e, hw).fits for k, e in ests.items()}
+                times = engine_times(cand, ests, device, read_gbps=read_gbps, write_gbps=write_gbps,
+                                     cpu_cores=hw.cpu_cores)
+                for e, t in times.items():
+                    best.setdefault(e, None)
+                    if not fits.get(e) or t.tokens_per_s is None:
+                        continue
+                    any_fit = True
+                    if best[e] is None or t.tokens_per_s > best[e]["tokens_per_s"] * 1.001:
+                        best[e] = {"micro_batch": mb, "grad_accum": ga, "seq_len": seq,
+                                   "tokens_per_s": round(t.tokens_per_s, 4), "seconds_per_step": round(t.step_s, 4),
+                                   "binding": t.binding}
+            if not any_fit:
+                break  # a larger micro-batch needs more memory still
+    return best
