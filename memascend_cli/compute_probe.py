@@ -1,5 +1,5 @@
 """The compute device a plan's time model uses: a GPU from planner.time's table, or this CPU measured by a short
-matmul probe (`memascend inspect` runs it and caches the result, so `plan` need not re-probe)."""
+matmul probe (`memascend inspect --cpu-probe` runs it and caches the result, so `plan` need not re-probe)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from memascend_cli.planner import time as tm
 
 PROBE_N = 2048
-"""Square matmul side: 17 GFLOP per multiply, large enough for the BLAS kernels' steady state; ~1 s in all on 2 cores."""
+"""Square matmul side: 17 GFLOP per multiply, enough for the BLAS kernels' steady state; ~1 s in all on 2 cores."""
 
 # Run in a child so that the CLI process never imports torch; best of 5 after a warm-up.
 _PROBE_SRC = """
@@ -77,6 +77,6 @@ def plan_device(hw, dtype: str, *, cpu_gflops: float | None = None, gpu_tflops: 
         key = "fp32_gflops" if dtype == "fp32" else "bf16_gflops"
         if found and found.get(key):
             return tm.cpu_device(found[key] * tm.CPU_ACHIEVED_FRACTION,
-                                 f"`memascend inspect` matmul probe {found[key]:g} GFLOP/s x "
+                                 f"`memascend inspect --cpu-probe` {found[key]:g} GFLOP/s x "
                                  f"{tm.CPU_ACHIEVED_FRACTION}")
-    return tm.cpu_device(None, "unknown: run `memascend inspect` (CPU matmul probe) or give --cpu-gflops")
+    return tm.cpu_device(None, "unknown: run `memascend inspect --cpu-probe` or give --cpu-gflops")

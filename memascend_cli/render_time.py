@@ -17,7 +17,8 @@ def render_time(doc: dict, tokens: int | None) -> None:
     """One row per engine: each resource's busy seconds per step, s/step, tokens/s, what binds and, with --tokens,
     the hours. Fits 80 columns."""
     dev = doc["device"]
-    rate = "unknown" if dev["gflops"] is None else f"{dev['gflops']:,.0f} GFLOP/s"
+    rate = "unknown" if dev["gflops"] is None else (f"{dev['gflops'] / 1e3:,.0f} TFLOP/s" if dev["gpu"] else
+                                                    f"{dev['gflops']:,.0f} GFLOP/s")
     bw = [f"{k} {doc[f'ssd_{k}_gbps']:g} GB/s" for k in ("read", "write") if doc[f"ssd_{k}_gbps"]]
     t = Table(title=f"time per step ({dev['name']} {rate}; SSD {', '.join(bw) or 'bandwidth unknown'})",
               title_justify="left")
@@ -36,8 +37,8 @@ def render_time(doc: dict, tokens: int | None) -> None:
     if dev["gflops"] is None:
         out.print(f"[dim]note: compute rate {dev['source']}[/dim]")
     elif len(bw) < 2:
-        out.print("[dim]note: SSD bandwidth unknown (not counted) for what has none above: give --nvme-read-gbps / --nvme-write-gbps or "
-                  "--nvme-path a region made by `memascend prepare-ssd`[/dim]")
+        out.print("[dim]note: an SSD bandwidth not shown above is unknown (not counted): give --nvme-read-gbps / "
+                  "--nvme-write-gbps or --nvme-path a region made by `memascend prepare-ssd`[/dim]")
     if doc.get("fastest"):
         f = Table(title="most tokens/s that fits in memory (context held)", title_justify="left")
         for c in ("", "micro-batch", "grad-accum", "s/step", "tok/s", "binds"):

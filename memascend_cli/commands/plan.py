@@ -78,7 +78,8 @@ def plan_command(
     nvme_write_gbps: str = typer.Option(None, "--nvme-write-gbps", help="SSD write bandwidth, GB/s.",
                                         rich_help_panel=_H),
     cpu_gflops: float = typer.Option(None, "--cpu-gflops", help="CPU matmul GFLOP/s for a CPU-only job's time "
-                                     "(default: `memascend inspect`'s cached probe of this machine).",
+                                     "(default: `memascend inspect --cpu-probe`'s cached measurement of this "
+                                     "machine).",
                                      rich_help_panel=_H, show_default=False),
     gpu_tflops: float = typer.Option(None, "--gpu-tflops", help="Achieved GPU TFLOP/s (default: the GPU's dense "
                                      "bf16 datasheet peak x 0.45).", rich_help_panel=_H, show_default=False),

@@ -37,16 +37,11 @@ CPU_ADAM_ELEMS_PER_S_PER_CORE = 0.84e9
 AMD EPYC VM, 32 Mi elements, best of 3 steps (memascend's dev machine, 2026-11-25). Adam streams 28 B per element
 through memory, so it scales with cores until DRAM bandwidth binds."""
 
-CPU_CALIBRATED_GFLOPS = 159.5
-"""fp32 GFLOP/s a DeepSpeed step achieves on the 2-core AMD EPYC VM the committed bench documents were recorded on:
-the mean of measured / modelled s/step over the six runs of docs/bench/depth-sweep-seq2048-rep3-fp32.json (tuned and
-memascend, 8/16/32 layers; tests/unit/test_time_validation.py checks it against the other documents). Used only for documents recorded on that machine: `plan` on another CPU takes
-`--cpu-gflops` or the probe `memascend inspect` caches."""
-
 CPU_ACHIEVED_FRACTION = 1.0
-"""A DeepSpeed step's fp32 GFLOP/s over the `memascend inspect` matmul probe's. 1.0: on the dev VM the step's large
-matmuls ran at CPU_CALIBRATED_GFLOPS while the probe, on the same VM shared with other jobs, read 73-109 GFLOP/s; a
-fraction cannot be fitted on a shared machine, so the probe is taken at face value (likely pessimistic there)."""
+"""A DeepSpeed step's fp32 GFLOP/s over the `memascend inspect --cpu-probe` matmul probe's. 1.0: on the dev VM the
+committed bench documents come from, their steps ran at 159.5 GFLOP/s (tests/unit/test_time_validation.py) while the
+probe, on the same VM shared with other jobs, read 73-119 GFLOP/s; a fraction cannot be fitted on a shared machine,
+so the probe is taken at face value (pessimistic there)."""
 
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
 

@@ -1,6 +1,6 @@
 """`memascend plan`'s step time on bench runs it was not fitted on: within 15% of the measured s/step.
 
-The CPU's achieved GFLOP/s (planner.time.CPU_CALIBRATED_GFLOPS) is the only fitted number, on
+The CPU's achieved GFLOP/s (CPU_CALIBRATED_GFLOPS) is the only fitted number, on
 docs/bench/depth-sweep-seq2048-rep3-fp32.json; every other committed bench document of the same machine is
 validation. The documents carry no SSD bandwidth (their regions were made with --no-probe), so the SSD terms are
 unknown here and the model is compute + CPU Adam.
@@ -18,6 +18,9 @@ from memascend_cli.planner import time as tm
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CALIBRATION = "depth-sweep-seq2048-rep3-fp32.json"
 TOLERANCE = 0.15
+CPU_CALIBRATED_GFLOPS = 159.5
+"""fp32 GFLOP/s a DeepSpeed step achieved on the 2-core AMD EPYC VM the documents were recorded on: the mean of
+measured / modelled s/step over the six runs of the calibration document (tuned and memascend at 8/16/32 layers)."""
 
 # Runs the model misses by more than TOLERANCE today (strict: one that comes within it fails until taken off).
 # - every run at seq <= 512 (and tiny-llama's bf16/fp16 runs, 3.3 s of which is DeepSpeed's CPU 16-bit path): the
@@ -41,7 +44,7 @@ def _docs():
                 yield os.path.basename(path), doc
 
 
-def predicted_s(doc: dict, run: dict, gflops: float = tm.CPU_CALIBRATED_GFLOPS) -> float:
+def predicted_s(doc: dict, run: dict, gflops: float = CPU_CALIBRATED_GFLOPS) -> float:
     j = doc["job"]
     spec = configs.recorded_spec(j)
     st = configs.repredict(doc, run)["ssd_traffic"]
@@ -85,7 +88,7 @@ def test_calibration_constant_is_the_fit():
     assert len(runs) == 6
     ratios = [r["seconds_per_step"] / predicted_s(d, r, 1.0) for d, r in runs]
     fitted = 1.0 / (sum(ratios) / len(ratios))
-    assert abs(fitted - tm.CPU_CALIBRATED_GFLOPS) < 0.5, fitted
+    assert abs(fitted - CPU_CALIBRATED_GFLOPS) < 0.5, fitted
 
 
 def test_validation_covers_all_three_engines_within_tolerance():
