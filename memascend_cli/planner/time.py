@@ -138,10 +138,10 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     """The step time of `engine` (stock, tuned or memascend) for one rank.
 
     Phases and overlap:
-    - forward + backward: the matmuls overlap the parameter fetches (DeepSpeed's prefetch of the next sub-modules,
-      runtime/zero/partitioned_param_coordinator.py fetch_sub_module), the gradient and checkpoint writes and the
-      host<->device copies; the phase takes the longest of them. On DeepSpeed's CPU accelerator the matmuls and the
-      optimizer share the same cores, so nothing overlaps the optimizer step.
+    - forward + backward: on a GPU the matmuls overlap the parameter fetches (DeepSpeed's prefetch of the next
+      sub-modules, runtime/zero/partitioned_param_coordinator.py fetch_sub_module), the gradient and checkpoint
+      writes and the host<->device copies; the phase takes the longest of them. On DeepSpeed's CPU accelerator
+      they add up (see below).
     - optimizer: stock DeepSpeed swaps each sub-group in, steps it and swaps it out in turn
       (runtime/zero/stage3.py _optimizer_states_and_gradient_swap_in, step) unless pipeline_read / pipeline_write
       are set (runtime/swap_tensor/pipelined_optimizer_swapper.py swap_in/out_optimizer_state: async_swap_in /
@@ -176,8 +176,11 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         fb = max(z(compute), fb_io, z(pcie))
         overlap = "forward/backward: max(compute, SSD, PCIe)"
     else:
-        fb = max(z(compute), fb_io)
-        overlap = "forward/backward: max(compute, SSD)"
+        # DeepSpeed's CPU accelerator: the parameter fetches block the module that needs them (the bench documents'
+        # forward and backward phases grow by the fetch time, not by max(compute, I/O)), and the aio/io_uring
+        # completions run on the cores that do the matmuls.
+        fb = z(compute) + fb_io
+        overlap = "forward/backward: compute + SSD (CPU accelerator)"
     if bounded or pipelined_optimizer:
         opt = max(op_io, adam)
         overlap += "; optimizer: max(SSD, Adam)"
@@ -218,14 +221,18 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
         if est.traffic is None:
             continue
         name = ENGINE_NAMES.get(key, key)
+        # The ranks of a node share its drives, and on a CPU-only node its cores.
+        ranks = max(1, est.ranks_per_node)
+        dev = device if device.gpu or device.flops_per_s is None else \
+            Device(device.name, device.flops_per_s / ranks, device.source, False)
         rank_tokens = job.micro_batch * job.seq_len * ga
         flops = step_flops(job.model, tokens=rank_tokens, seq_len=job.seq_len, checkpointing=job.checkpointing)
         out[name] = step_time(
-            name, flops=flops, traffic=est.traffic, device=device,
-            read_bytes_per_s=read_gbps * 1e9 if read_gbps else None,
-            write_bytes_per_s=write_gbps * 1e9 if write_gbps else None,
+            name, flops=flops, traffic=est.traffic, device=dev,
+            read_bytes_per_s=read_gbps * 1e9 / ranks if read_gbps else None,
+            write_bytes_per_s=write_gbps * 1e9 / ranks if write_gbps else None,
             optimizer_elems=est.traffic.params_per_rank,
-            cpu_cores=max(1, cpu_cores // max(1, est.ranks_per_node)),
+            cpu_cores=max(1, cpu_cores // ranks),
             tokens_per_step=rank_tokens * est.world_size,
             pipelined_optimizer=bool(job.knobs and (job.knobs.pipeline_read or job.knobs.pipeline_write)),
             grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype])

@@ -56,11 +56,17 @@ def _step(engine, traffic, *, gflops=1.0, pipelined=False, gpu=False):
 
 def test_ssd_bound_step_binds_on_the_ssd_and_memascend_overlaps_its_optimizer():
     tr = _traffic(params=3e9, states=12e9, grads=4e9)
-    stock, mem = _step("stock", tr, gflops=100), _step("memascend", tr, gflops=100)
+    stock, mem = _step("stock", tr, gflops=100, gpu=True), _step("memascend", tr, gflops=100, gpu=True)
     assert stock.binding in ("SSD read", "SSD write")
     # Optimizer I/O: 16 GB read + 13 GB written, Adam 0 s: both take the I/O time; forward/backward max(0.1, 3 + 4)
     assert stock.step_s == pytest.approx(7 + 16 + 13)
     assert mem.step_s == pytest.approx(stock.step_s)
+
+
+def test_cpu_accelerator_adds_fetches_to_compute():
+    tr = _traffic(params=3e9)
+    cpu = _step("tuned", tr, gflops=1.0)
+    assert cpu.step_s == pytest.approx(10 + 3 + 1)  # compute + parameter reads + parameter write-back
 
 
 def test_stock_optimizer_is_serial_unless_pipelined():
