@@ -48,5 +48,5 @@ def render_time(doc: dict, tokens: int | None) -> None:
                            (str(b["micro_batch"]), str(b["grad_accum"]), _s(b["seconds_per_step"]),
                             _s(b["tokens_per_s"]), b["binding"])))
         out.print(f)
-    if tokens:
+    if tokens and dev["gflops"] is not None:
         out.print(f"[dim]hours: for {tokens:,} tokens; compute rate from {dev['source']}[/dim]", highlight=False)

@@ -39,7 +39,7 @@ through memory, so it scales with cores until DRAM bandwidth binds."""
 
 CPU_ACHIEVED_FRACTION = 1.0
 """A DeepSpeed step's fp32 GFLOP/s over the `memascend inspect --cpu-probe` matmul probe's. 1.0: on the dev VM the
-committed bench documents come from, their steps ran at 159.5 GFLOP/s (tests/unit/test_time_validation.py) while the
+committed bench documents come from, their steps ran at 177.4 GFLOP/s (tests/unit/test_time_validation.py) while the
 probe, on the same VM shared with other jobs, read 73-119 GFLOP/s; a fraction cannot be fitted on a shared machine,
 so the probe is taken at face value (pessimistic there)."""
 
