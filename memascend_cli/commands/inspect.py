@@ -234,6 +234,9 @@ def inspect_command(
         None, "--nvme-path", help="Swap location to check: a directory, region file or block device.",
         rich_help_panel="Hardware",
     ),
+    cpu_probe: bool = typer.Option(False, "--cpu-probe", help="Measure this CPU's matmul GFLOP/s (fp32, bf16; "
+                                   "a few seconds, needs torch) and cache it for `memascend plan`'s time model "
+                                   "(off by default: inspect stays under a second).", rich_help_panel="Hardware"),
     json_out: bool = typer.Option(False, "--json", help="Print the inventory as JSON.", rich_help_panel="Output"),
 ) -> None:
     """Show what this machine offers for SSD-offloaded training.
@@ -256,11 +259,21 @@ def inspect_command(
     if nvme_path is not None:
         require_existing_path(nvme_path)
     inv = probe(nvme_path)
+    from memascend_cli.compute_probe import cached_cpu, probe_cpu
+
+    matmul = probe_cpu(inv.cpu_model, inv.cpu_cores) if cpu_probe else cached_cpu(inv.cpu_model, inv.cpu_cores)
     if json_out:
-        print_json(inv.to_dict())
+        print_json({**inv.to_dict(), "cpu_matmul": matmul})
         return
     for part in render_inventory(inv):
         out.print(part)
+    if matmul:
+        out.print(f"CPU matmul ({'measured now' if cpu_probe else 'cached'}; `memascend plan` uses it): "
+                  f"{matmul['fp32_gflops']:,.1f} GFLOP/s fp32, {matmul['bf16_gflops']:,.1f} bf16 on "
+                  f"{matmul['threads']} threads", highlight=False)
+    else:
+        out.print("CPU matmul: " + ("not measured (torch missing or the probe failed)" if cpu_probe else
+                                    "not measured: `memascend inspect --cpu-probe`"), highlight=False)
     if inv.path is not None and inv.path.o_direct_ok is False:
         from rich.markup import escape
 

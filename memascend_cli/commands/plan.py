@@ -77,6 +77,14 @@ def plan_command(
     nodes: int = typer.Option(None, "--nodes", help="Machines.", rich_help_panel=_H),
     nvme_free: str = typer.Option(None, "--nvme-free", help="Free SSD space per node, e.g. 2TB.", rich_help_panel=_H),
     nvme_read_gbps: str = typer.Option(None, "--nvme-read-gbps", help="SSD read bandwidth, GB/s.", rich_help_panel=_H),
+    nvme_write_gbps: str = typer.Option(None, "--nvme-write-gbps", help="SSD write bandwidth, GB/s.",
+                                        rich_help_panel=_H),
+    cpu_gflops: float = typer.Option(None, "--cpu-gflops", help="CPU matmul GFLOP/s for a CPU-only job's time "
+                                     "(default: `memascend inspect --cpu-probe`'s cached measurement of this "
+                                     "machine).",
+                                     rich_help_panel=_H, show_default=False),
+    gpu_tflops: float = typer.Option(None, "--gpu-tflops", help="Achieved GPU TFLOP/s (default: the GPU's dense "
+                                     "bf16 datasheet peak x 0.45).", rich_help_panel=_H, show_default=False),
     memlock: str = typer.Option(None, "--memlock", help="RLIMIT_MEMLOCK per process, e.g. 64GiB or unlimited.",
                                 rich_help_panel=_H),
     deepspeed_version: str = typer.Option(None, "--deepspeed-version", help="Stock DeepSpeed to model (default: "
@@ -111,6 +119,8 @@ def plan_command(
                                 "model that fit.", rich_help_panel=_O),
     details: bool = typer.Option(False, "--details", help="Show each item's formula and source.", rich_help_panel=_O),
     list_models: bool = typer.Option(False, "--list-models", help="List model presets and exit.", rich_help_panel=_O),
+    tokens: str = typer.Option(None, "--tokens", help="Tokens to train on, e.g. 50M: the plan says how many hours.",
+                               rich_help_panel=_O, show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (schema: docs/plan-json.md).",
                                  rich_help_panel=_O),
 ) -> None:
@@ -165,7 +175,9 @@ def plan_command(
     where = ssd_location(run_dir, region=recipe.region if recipe else None, swap_dir=recipe.swap_dir if recipe else None,
                          baseline=engine != "memascend")
     hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
-                          nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps, memlock=memlock)
+                          nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps,
+                          nvme_write_gbps=nvme_write_gbps, memlock=memlock)
+    timing = {"tokens": _tokens(tokens), "cpu_gflops": cpu_gflops, "gpu_tflops": gpu_tflops}
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name, weights=False)  # a hub id plans from its config.json or preset
     ds_version = deepspeed_version or installed_deepspeed_version()
@@ -207,7 +219,8 @@ def plan_command(
         # The job carries the knobs train writes for `engine` (memascend's unless stock); the stock column is
         # DeepSpeed as documented, with the knob flags.
         stock_job = replace(job, knobs=stock_knobs) if engine != "stock" else None
-        return _finish(job, hw, engine, search, details, as_json, default_used=False, stock_job=stock_job)
+        return _finish(job, hw, engine, search, details, as_json, default_used=False, stock_job=stock_job,
+                       timing=timing)
     seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
     grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
     checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
@@ -223,7 +236,7 @@ def plan_command(
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
                   zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
                   checkpoint_offload=checkpoint_offload or "ssd")
-    return _finish(job, hw, engine, search, details, as_json, default_used=model is None)
+    return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing)
 
 
 def _warn_capped(base, defaults, spec, world: int, elem_bytes: int, stock_knobs, param_buffer_size) -> None:
@@ -249,8 +262,36 @@ def _on_off(value: str | None, flag: str) -> bool | None:
     raise BadInput(f"{flag} {value!r}: expected on or off", f"e.g. {flag} off")
 
 
+def _tokens(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from memascend_cli.planner.time import parse_tokens
+
+    try:
+        return parse_tokens(text)
+    except ValueError:
+        raise BadInput(f"--tokens {text!r}: expected a positive count", "e.g. --tokens 50M") from None
+
+
+def _time(job, hw, ests, timing: dict, search: bool) -> dict:
+    """The time model's document for the plan (planner.time), with the compute device resolved."""
+    from memascend_cli.compute_probe import plan_device
+    from memascend_cli.hardware import _cpu_model, _read_text
+    from memascend_cli.planner import time as tm
+
+    device = plan_device(hw, job.dtype, cpu_gflops=timing["cpu_gflops"], gpu_tflops=timing["gpu_tflops"],
+                         cpu_model=_cpu_model(_read_text("/proc/cpuinfo")) if hw.name == "local" else None)
+    times = tm.engine_times(job, ests, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
+                            cpu_cores=hw.cpu_cores)
+    doc = tm.time_document(times, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
+                           tokens=timing["tokens"])
+    if search:
+        doc["fastest"] = tm.fastest(job, hw, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps)
+    return doc
+
+
 def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool,
-            stock_job=None) -> None:
+            timing: dict, stock_job=None) -> None:
     """Estimate, search, print. `stock_job`: the job with stock DeepSpeed's knobs when `job` carries others."""
     from memascend_cli.console import print_json
     from memascend_cli.planner.memory import estimate, estimate_all
@@ -268,12 +309,15 @@ def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *,
     searches = ({e: run_search(stock_job if e == "stock" else job, hw, e) for e in ("stock", "memascend")}
                 if search else {})
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
+    result["time"] = _time(job, hw, ests, timing, search)
     if as_json:
         print_json(result)
     else:
         from memascend_cli.render import render_plan
+        from memascend_cli.render_time import render_time
 
         render_plan(result, ests, details=details)
+        render_time(result["time"], timing["tokens"])
     if not verdicts[engine].fits:
         raise typer.Exit(EXIT_FAIL)
 

@@ -1,0 +1,293 @@
+"""How long one optimizer step takes per engine, and what binds it. Pure: no I/O, no probing.
+
+A roofline per phase: each resource's time is its work divided by its rate, and the engine's overlap rules say which
+times add and which run concurrently (the phase takes the longest of those). The SSD bytes come from the memory
+model's SsdTraffic (planner.memory.ssd_traffic), never recomputed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GPU_BF16_DENSE_TFLOPS = {
+    # Dense (no sparsity) bf16 tensor-core peaks, from each vendor datasheet; matched as substrings of the GPU name.
+    "H200": 989.0,        # NVIDIA H200 Tensor Core GPU datasheet (SXM): 1,979 TFLOPS with sparsity
+    "H100 PCIe": 756.0,   # NVIDIA H100 Tensor Core GPU datasheet (PCIe): 1,513 with sparsity
+    "H100": 989.0,        # NVIDIA H100 Tensor Core GPU datasheet (SXM): 1,979 with sparsity
+    "A100": 312.0,        # NVIDIA A100 Tensor Core GPU datasheet: bf16 312 TFLOPS (624 with sparsity)
+    "L40S": 362.0,        # NVIDIA L40S datasheet: bf16 362.05 TFLOPS (733 with sparsity)
+    "RTX 4090": 165.2,    # NVIDIA Ada Lovelace architecture whitepaper, appendix A: bf16, fp32 accumulate
+    "A10": 125.0,         # NVIDIA A10 datasheet: bf16 125 TFLOPS (250 with sparsity)
+    "L4": 121.0,          # NVIDIA L4 datasheet: bf16 121 TFLOPS (242 with sparsity)
+}
+
+GPU_ACHIEVED_FRACTION = 0.45
+"""Model FLOPs utilisation of a well-fed dense transformer step: Narayanan et al. 2021 (Megatron-LM, SC'21) report 52%
+of A100 peak, Chowdhery et al. 2022 (PaLM) 46% MFU; 0.45 leaves room for the smaller matmuls of fine-tuning."""
+
+PCIE_GBPS = {
+    # Host<->device GB/s per direction: the PCIe generation's x16 rate (PCI-SIG: Gen4 31.5, Gen5 63 GB/s) x 0.8 for
+    # protocol overhead. H100 SXM / H200 hosts are Gen5; the rest Gen4.
+    "H200": 50.0, "H100": 50.0, "A100": 25.0, "L40S": 25.0, "RTX 4090": 25.0, "A10": 25.0, "L4": 25.0,
+}
+DEFAULT_PCIE_GBPS = 25.0
+
+CPU_ADAM_ELEMS_PER_S_PER_CORE = 0.84e9
+"""DeepSpeedCPUAdam (deepspeed/ops/adam/cpu_adam.py, AVX-512 build) on fp32: 1.68e9 elements/s over 2 threads of an
+AMD EPYC VM, 32 Mi elements, best of 3 steps (memascend's dev machine, 2026-11-25). Adam streams 28 B per element
+through memory, so it scales with cores until DRAM bandwidth binds."""
+
+CPU_ACHIEVED_FRACTION = 1.0
+"""A DeepSpeed step's fp32 GFLOP/s over the `memascend inspect --cpu-probe` matmul probe's. 1.0: on the dev VM the
+committed bench documents come from, their steps ran at 177.4 GFLOP/s (tests/unit/test_time_validation.py) while the
+probe, on the same VM shared with other jobs, read 73-119 GFLOP/s; a fraction cannot be fitted on a shared machine,
+so the probe is taken at face value (pessimistic there)."""
+
+RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the model's matmuls run and how fast."""
+
+    name: str
+    flops_per_s: float | None
+    """Achieved FLOP/s per rank; None = unknown (no GPU in the table and no CPU measurement)."""
+    source: str
+    gpu: bool
+    pcie_bytes_per_s: float | None = None
+
+
+def gpu_device(gpu_name: str | None, *, measured_tflops: float | None = None) -> Device:
+    """A GPU's achieved bf16 throughput: measured when given, else the table's dense peak x GPU_ACHIEVED_FRACTION."""
+    key = next((k for k in GPU_BF16_DENSE_TFLOPS if gpu_name and k.lower() in gpu_name.lower()), None)
+    pcie = 1e9 * PCIE_GBPS.get(key, DEFAULT_PCIE_GBPS) if key else 1e9 * DEFAULT_PCIE_GBPS
+    if measured_tflops:
+        return Device(gpu_name or "GPU", measured_tflops * 1e12, "measured", True, pcie)
+    if key is None:
+        return Device(gpu_name or "GPU", None, "not in the GPU table (give a measurement)", True, pcie)
+    return Device(gpu_name, GPU_BF16_DENSE_TFLOPS[key] * GPU_ACHIEVED_FRACTION * 1e12,
+                  f"{key} datasheet {GPU_BF16_DENSE_TFLOPS[key]:g} TFLOPS x {GPU_ACHIEVED_FRACTION}", True, pcie)
+
+
+def cpu_device(gflops: float | None, source: str) -> Device:
+    """The CPU as the compute device (DeepSpeed's CPU accelerator): its measured GFLOP/s, or unknown."""
+    return Device("CPU", gflops * 1e9 if gflops else None, source, False)
+
+
+def step_flops(model, *, tokens: int, seq_len: int, checkpointing: str) -> float:
+    """FLOPs of one rank's step over `tokens` tokens of sequences of `seq_len`.
+
+    Forward per token: 2 N (matmul parameters: the input embedding is a lookup, a tied LM head is a matmul) plus
+    2 n_layer n_ctx d_attn for attention scores and values (Kaplan et al. 2020, table 1); backward twice the forward
+    (ibid., C = 6N per token). Full activation recomputation adds one forward (Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", section 5: 4F instead of 3F); selective recomputation
+    only the attention core (ibid., section 4)."""
+    n_matmul = model.num_params - (0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size)
+    d_attn = model.num_attention_heads * model.head_dim_
+    attention = 2.0 * model.num_hidden_layers * seq_len * d_attn
+    forward = (2.0 * n_matmul + attention) * tokens
+    recompute = {"none": 0.0, "selective": attention * tokens}.get(checkpointing, forward)
+    return 3.0 * forward + recompute
+
+
+@dataclass
+class StepTime:
+    """One engine's step, resource by resource (seconds) and as the overlap rules combine them."""
+
+    engine: str
+    seconds: dict[str, float | None]
+    """Each resource's busy time per step; None = its rate is unknown."""
+    step_s: float | None
+    tokens_per_step: int
+    binding: str
+    overlap: str
+    unknown: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return None if not self.step_s else self.tokens_per_step / self.step_s
+
+    def hours_for(self, tokens: int) -> float | None:
+        t = self.tokens_per_s
+        return None if not t else tokens / t / 3600.0
+
+    def to_dict(self, tokens: int | None = None) -> dict:
+        d = {"seconds_per_step": _r(self.step_s), "tokens_per_step": self.tokens_per_step,
+             "tokens_per_s": _r(self.tokens_per_s), "binding": self.binding, "overlap": self.overlap,
+             "resource_seconds": {k: _r(v) for k, v in self.seconds.items()}, "unknown": list(self.unknown)}
+        if tokens:
+            d["tokens"] = tokens
+            d["hours"] = _r(self.hours_for(tokens))
+        return d
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _div(work: float, rate: float | None) -> float | None:
+    if not work:
+        return 0.0
+    return None if not rate else work / rate
+
+
+def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_per_s: float | None,
+              write_bytes_per_s: float | None, optimizer_elems: int, cpu_cores: int, tokens_per_step: int,
+              pipelined_optimizer: bool = False, grad_accum: int = 1, elem_bytes: int = 2) -> StepTime:
+    """The step time of `engine` (stock, tuned or memascend) for one rank.
+
+    Phases and overlap:
+    - forward + backward: on a GPU the matmuls overlap the parameter fetches (DeepSpeed's prefetch of the next
+      sub-modules, runtime/zero/partitioned_param_coordinator.py fetch_sub_module), the gradient and checkpoint
+      writes and the host<->device copies; the phase takes the longest of them. On DeepSpeed's CPU accelerator
+      they add up (see below).
+    - optimizer: stock DeepSpeed swaps each sub-group in, steps it and swaps it out in turn
+      (runtime/zero/stage3.py _optimizer_states_and_gradient_swap_in, step) unless pipeline_read / pipeline_write
+      are set (runtime/swap_tensor/pipelined_optimizer_swapper.py swap_in/out_optimizer_state: async_swap_in /
+      async_swap_out), which overlap the reads and writes of neighbouring sub-groups with Adam. memascend's
+      optimizer (engine/bounded.py) keeps three chunk slots in flight: the next chunk's read ahead and the last
+      chunk's write behind the current chunk's Adam. Reads and writes share one drive, so overlapped I/O takes
+      read + write time.
+    """
+    rd, wr = dict(traffic.read_bytes), dict(traffic.write_bytes)
+    bounded = engine == "memascend"
+    ga = max(1, grad_accum)
+    grad_rd_bwd = rd.get("gradients", 0) * (ga - 1) // ga if bounded else 0
+    fb_read = rd.get("params", 0) + rd.get("activation_checkpoints", 0) + grad_rd_bwd
+    fb_write = wr.get("activation_checkpoints", 0) + wr.get("gradients", 0)
+    opt_read = rd.get("optimizer_states", 0) + rd.get("gradients", 0) - grad_rd_bwd
+    opt_write = wr.get("optimizer_states", 0) + wr.get("params", 0)
+
+    compute = _div(flops, device.flops_per_s)
+    fb_r, fb_w = _div(fb_read, read_bytes_per_s), _div(fb_write, write_bytes_per_s)
+    op_r, op_w = _div(opt_read, read_bytes_per_s), _div(opt_write, write_bytes_per_s)
+    adam = optimizer_elems / (CPU_ADAM_ELEMS_PER_S_PER_CORE * max(1, cpu_cores))
+    # Host<->device: parameters up for every fetch, gradients down once per micro-batch (GPU only).
+    pcie = _div(fb_read + elem_bytes * optimizer_elems * ga, device.pcie_bytes_per_s) if device.gpu else 0.0
+    unknown = [name for name, v in (("compute", compute), ("SSD read", op_r), ("SSD write", op_w)) if v is None]
+
+    def z(x):
+        return x or 0.0
+
+    fb_io = z(fb_r) + z(fb_w)
+    op_io = z(op_r) + z(op_w)
+    if device.gpu:
+        fb = max(z(compute), fb_io, z(pcie))
+        overlap = "forward/backward: max(compute, SSD, PCIe)"
+    else:
+        # DeepSpeed's CPU accelerator: the parameter fetches block the module that needs them (the bench documents'
+        # forward and backward phases grow by the fetch time, not by max(compute, I/O)), and the aio/io_uring
+        # completions run on the cores that do the matmuls.
+        fb = z(compute) + fb_io
+        overlap = "forward/backward: compute + SSD (CPU accelerator)"
+    if bounded or pipelined_optimizer:
+        opt = max(op_io, adam)
+        overlap += "; optimizer: max(SSD, Adam)"
+    else:
+        opt = op_io + adam
+        overlap += "; optimizer: SSD read + Adam + SSD write"
+    seconds = {"compute": compute, "SSD read": None if fb_r is None or op_r is None else fb_r + op_r,
+               "SSD write": None if fb_w is None or op_w is None else fb_w + op_w, "CPU Adam": adam,
+               "PCIe": pcie if device.gpu else None}
+    # Binding: the resource whose busy time is the largest share of the step.
+    known = {k: v for k, v in seconds.items() if v is not None}
+    binding = max(known, key=lambda k: known[k]) if compute is not None else "unknown"
+    step = None if compute is None else fb + opt
+    return StepTime(engine, seconds, step, tokens_per_step, binding, overlap, unknown)
+
+
+def parse_tokens(text: str) -> int:
+    """'50M', '2B', '1.5e9', '300000' -> a token count. Raises ValueError."""
+    t = text.strip().upper().replace("_", "").replace(",", "")
+    mult = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(t[-1:], 1)
+    value = float(t[:-1] if t[-1:] in "KMBGT" else t) * mult
+    if value <= 0:
+        raise ValueError(text)
+    return int(value)
+
+
+ENGINE_NAMES = {"baseline": "stock", "stock": "stock", "tuned": "tuned", "memascend": "memascend"}
+
+
+def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, write_gbps: float | None,
+                 cpu_cores: int) -> dict[str, StepTime]:
+    """Each engine's StepTime for `job`, from the memory model's estimates (`estimate_all`). Pure."""
+    from memascend_cli.planner.memory import DTYPE_BYTES
+
+    ga = max(1, job.grad_accum_steps)
+    out = {}
+    for key, est in ests.items():
+        if est.traffic is None:
+            continue
+        name = ENGINE_NAMES.get(key, key)
+        # The ranks of a node share its drives, and on a CPU-only node its cores.
+        ranks = max(1, est.ranks_per_node)
+        dev = device if device.gpu or device.flops_per_s is None else \
+            Device(device.name, device.flops_per_s / ranks, device.source, False)
+        rank_tokens = job.micro_batch * job.seq_len * ga
+        flops = step_flops(job.model, tokens=rank_tokens, seq_len=job.seq_len, checkpointing=job.checkpointing)
+        out[name] = step_time(
+            name, flops=flops, traffic=est.traffic, device=dev,
+            read_bytes_per_s=read_gbps * 1e9 / ranks if read_gbps else None,
+            write_bytes_per_s=write_gbps * 1e9 / ranks if write_gbps else None,
+            optimizer_elems=est.traffic.params_per_rank,
+            cpu_cores=max(1, cpu_cores // ranks),
+            tokens_per_step=rank_tokens * est.world_size,
+            pipelined_optimizer=bool(job.knobs and (job.knobs.pipeline_read or job.knobs.pipeline_write)),
+            grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype])
+    return out
+
+
+def time_document(times: dict[str, StepTime], device: Device, *, read_gbps: float | None, write_gbps: float | None,
+                  tokens: int | None) -> dict:
+    """The plan's `time` JSON key (docs/plan-json.md). Pure."""
+    return {
+        "device": {"name": device.name, "gflops": None if device.flops_per_s is None else
+                   round(device.flops_per_s / 1e9, 1), "source": device.source, "gpu": device.gpu},
+        "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps,
+        "engines": {e: t.to_dict(tokens) for e, t in times.items()},
+    }
+
+
+SEARCH_MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+SEARCH_GRAD_ACCUM = (1, 2, 4, 8, 16)
+SEARCH_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def fastest(job, hw, device: Device, *, read_gbps: float | None, write_gbps: float | None,
+            vary_context: bool = False) -> dict[str, dict | None]:
+    """Per engine, the micro-batch x gradient accumulation (x context, with `vary_context`: powers of two up to the
+    model's max_position_embeddings) with the most tokens/s among those that fit in memory (search.check). None
+    where the compute rate is unknown or nothing fits. Pure."""
+    from dataclasses import replace
+
+    from memascend_cli.planner.memory import estimate_all
+    from memascend_cli.planner.search import check
+
+    if device.flops_per_s is None:
+        return {}
+    limit = job.model.max_position_embeddings or max(SEARCH_SEQ_LENS)
+    seqs = sorted({job.seq_len} | ({s for s in SEARCH_SEQ_LENS if s <= limit} if vary_context else set()))
+    best: dict[str, dict | None] = {}
+    for seq in seqs:
+        for mb in SEARCH_MICRO_BATCHES:
+            any_fit = False
+            for ga in SEARCH_GRAD_ACCUM:
+                cand = replace(job, seq_len=seq, micro_batch=mb, grad_accum_steps=ga)
+                ests = estimate_all(cand, hw)
+                fits = {ENGINE_NAMES.get(k, k): check(e, hw).fits for k, e in ests.items()}
+                times = engine_times(cand, ests, device, read_gbps=read_gbps, write_gbps=write_gbps,
+                                     cpu_cores=hw.cpu_cores)
+                for e, t in times.items():
+                    best.setdefault(e, None)
+                    if not fits.get(e) or t.tokens_per_s is None:
+                        continue
+                    any_fit = True
+                    if best[e] is None or t.tokens_per_s > best[e]["tokens_per_s"] * 1.001:
+                        best[e] = {"micro_batch": mb, "grad_accum": ga, "seq_len": seq,
+                                   "tokens_per_s": round(t.tokens_per_s, 4), "seconds_per_step": round(t.step_s, 4),
+                                   "binding": t.binding}
+            if not any_fit:
+                break  # a larger micro-batch needs more memory still
+    return best

@@ -1,0 +1,138 @@
+"""planner.time: FLOPs, devices, overlap rules and the binding resource (pure)."""
+
+import pytest
+
+from memascend_cli.models import load_model
+from memascend_cli.planner import time as tm
+from memascend_cli.planner.memory import SsdTraffic
+
+
+def _traffic(params=0, states=0, grads=0, ckpt=0):
+    rd = {"params": params, "optimizer_states": states, "gradients": grads}
+    wr = {"params": params // 3, "optimizer_states": states, "gradients": grads}
+    if ckpt:
+        rd["activation_checkpoints"] = wr["activation_checkpoints"] = ckpt
+    return SsdTraffic(rd, wr, params_per_rank=1)
+
+
+def test_flops_are_6n_plus_attention_and_recompute_adds_a_forward():
+    m = load_model("qwen2.5-0.5b")
+    n = m.num_params - (0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size)
+    attn = 2 * m.num_hidden_layers * 1024 * m.num_attention_heads * m.head_dim_
+    none = tm.step_flops(m, tokens=1024, seq_len=1024, checkpointing="none")
+    assert none == pytest.approx(3 * (2 * n + attn) * 1024)
+    assert tm.step_flops(m, tokens=1024, seq_len=1024, checkpointing="full") == pytest.approx(none * 4 / 3)
+    assert tm.step_flops(m, tokens=1024, seq_len=1024, checkpointing="offload") == pytest.approx(none * 4 / 3)
+    sel = tm.step_flops(m, tokens=1024, seq_len=1024, checkpointing="selective")
+    assert none < sel < none * 4 / 3
+
+
+def test_tied_lm_head_counts_as_a_matmul():
+    m = load_model("qwen2.5-0.5b")
+    assert m.tie_word_embeddings
+    f = tm.step_flops(m, tokens=1, seq_len=1, checkpointing="none")
+    assert f >= 6 * m.num_params
+
+
+@pytest.mark.parametrize("name,key", [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+                                      ("NVIDIA H200", "H200"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+                                      ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA L40S", "L40S")])
+def test_gpu_table_matches_names(name, key):
+    d = tm.gpu_device(name)
+    assert d.flops_per_s == pytest.approx(tm.GPU_BF16_DENSE_TFLOPS[key] * tm.GPU_ACHIEVED_FRACTION * 1e12)
+    assert d.gpu and d.pcie_bytes_per_s
+
+
+def test_measured_gpu_replaces_the_table_and_unknown_gpu_is_unknown():
+    assert tm.gpu_device("NVIDIA H100", measured_tflops=400).flops_per_s == 400e12
+    assert tm.gpu_device("Some Accelerator").flops_per_s is None
+
+
+def _step(engine, traffic, *, gflops=1.0, pipelined=False, gpu=False):
+    dev = tm.gpu_device("H100", measured_tflops=gflops / 1e3) if gpu else tm.cpu_device(gflops, "test")
+    return tm.step_time(engine, flops=10e9, traffic=traffic, device=dev, read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+                        optimizer_elems=0, cpu_cores=1, tokens_per_step=100, pipelined_optimizer=pipelined)
+
+
+def test_ssd_bound_step_binds_on_the_ssd_and_memascend_overlaps_its_optimizer():
+    tr = _traffic(params=3e9, states=12e9, grads=4e9)
+    stock, mem = _step("stock", tr, gflops=100, gpu=True), _step("memascend", tr, gflops=100, gpu=True)
+    assert stock.binding in ("SSD read", "SSD write")
+    # Optimizer I/O: 16 GB read + 13 GB written, Adam 0 s: both take the I/O time; forward/backward max(0.1, 3 + 4)
+    assert stock.step_s == pytest.approx(7 + 16 + 13)
+    assert mem.step_s == pytest.approx(stock.step_s)
+
+
+def test_cpu_accelerator_adds_fetches_to_compute():
+    tr = _traffic(params=3e9)
+    cpu = _step("tuned", tr, gflops=1.0)
+    assert cpu.step_s == pytest.approx(10 + 3 + 1)  # compute + parameter reads + parameter write-back
+
+
+def test_stock_optimizer_is_serial_unless_pipelined():
+    tr = _traffic(states=1e9)
+    kw = dict(flops=0, traffic=tr, device=tm.cpu_device(1.0, "t"), read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+              optimizer_elems=int(3 * tm.CPU_ADAM_ELEMS_PER_S_PER_CORE), cpu_cores=1, tokens_per_step=1)
+    serial = tm.step_time("stock", **kw)
+    piped = tm.step_time("stock", pipelined_optimizer=True, **kw)
+    bounded = tm.step_time("memascend", **kw)
+    assert serial.step_s == pytest.approx(1 + 3 + 1)
+    assert piped.step_s == pytest.approx(3) == bounded.step_s
+    assert serial.binding == "CPU Adam"
+
+
+def test_compute_bound_step_and_hours():
+    t = _step("tuned", _traffic(params=1e6, states=1e6), gflops=1.0)
+    assert t.binding == "compute"
+    assert t.tokens_per_s == pytest.approx(100 / t.step_s)
+    assert t.hours_for(3600 * 100) == pytest.approx(t.step_s)
+
+
+def test_unknown_rates_are_reported_not_guessed():
+    t = tm.step_time("stock", flops=1e9, traffic=_traffic(states=1e9), device=tm.cpu_device(None, "?"),
+                     read_bytes_per_s=None, write_bytes_per_s=None, optimizer_elems=1, cpu_cores=1,
+                     tokens_per_step=1)
+    assert t.step_s is None and t.binding == "unknown"
+    assert {"compute", "SSD read", "SSD write"} <= set(t.unknown)
+
+
+def test_gpu_step_counts_pcie():
+    t = _step("stock", _traffic(params=3e9), gflops=1e6, gpu=True)
+    assert t.seconds["PCIe"] > 0
+
+
+@pytest.mark.parametrize("text,n", [("50M", 50_000_000), ("2B", 2_000_000_000), ("1.5e6", 1_500_000),
+                                    ("300_000", 300_000), ("10k", 10_000)])
+def test_parse_tokens(text, n):
+    assert tm.parse_tokens(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-5M", "0"])
+def test_parse_tokens_rejects(text):
+    with pytest.raises(ValueError):
+        tm.parse_tokens(text)
+
+
+def test_fastest_fits_and_beats_micro_batch_1_where_the_ssd_binds():
+    from memascend_cli.hardware import apply_overrides, load_hardware_profile
+    from memascend_cli.planner import zero
+    from memascend_cli.planner.memory import JobSpec, estimate_all
+    from memascend_cli.planner.search import check
+
+    hw = apply_overrides(load_hardware_profile("rtx4090-128g"), nvme_read_gbps="7", nvme_write_gbps="5")
+    m = load_model("qwen2.5-7b")
+    job = JobSpec(model=m, seq_len=4096, micro_batch=1, dtype="bf16", deepspeed_version="0.19.8",
+                  knobs=zero.resolve("stock", model=m, world_size=1, elem_bytes=2), checkpointing="offload")
+    dev = tm.gpu_device(hw.gpu_name)
+    base = tm.engine_times(job, estimate_all(job, hw), dev, read_gbps=7, write_gbps=5, cpu_cores=hw.cpu_cores)
+    best = tm.fastest(job, hw, dev, read_gbps=7, write_gbps=5)
+    assert base["memascend"].binding.startswith("SSD")
+    for e, b in best.items():
+        assert b["tokens_per_s"] > 2 * base[e].tokens_per_s
+        from dataclasses import replace
+
+        cand = replace(job, micro_batch=b["micro_batch"], grad_accum_steps=b["grad_accum"])
+        key = {"stock": "baseline"}.get(e, e)
+        ests = estimate_all(cand, hw)
+        assert check(ests.get(key) or ests[e], hw).fits
+    assert tm.fastest(job, hw, tm.gpu_device("unknown accelerator"), read_gbps=7, write_gbps=5) == {}

@@ -1,0 +1,119 @@
+"""`memascend plan`'s step time on bench runs it was not fitted on: within 15% of the measured s/step.
+
+The CPU's achieved GFLOP/s (CPU_CALIBRATED_GFLOPS) is the only fitted number, on
+docs/bench/depth-sweep-seq2048-rep3-fp32.json; every other committed bench document of the same machine is
+validation. The documents record no SSD bandwidth (their regions were made with --no-probe): READ_GBPS / WRITE_GBPS
+are the disk's, measured afterwards by `memascend prepare-ssd`'s probe, not fitted."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from memascend_cli.bench import configs
+from memascend_cli.planner import time as tm
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CALIBRATION = "depth-sweep-seq2048-rep3-fp32.json"
+TOLERANCE = 0.15
+READ_GBPS, WRITE_GBPS = 3.751, 6.584
+"""The VM disk under /var/tmp (where the documents' regions and swap directories were), as `memascend prepare-ssd`'s
+bandwidth probe measured it on 2026-11-25 (2 GiB region file, best of 6 block size x queue depth settings)."""
+CPU_CALIBRATED_GFLOPS = 177.4
+"""fp32 GFLOP/s a DeepSpeed step achieved on the 2-core AMD EPYC VM the documents were recorded on: the mean of
+measured / modelled s/step over the six runs of the calibration document (tuned and memascend at 8/16/32 layers)."""
+
+# Runs the model misses by more than TOLERANCE today (strict: one that comes within it fails until taken off):
+# - documents recorded before 2026-11-24T04:00 (OTHER_VM_BEFORE) ran on the earlier AVX2 VM (see
+#   test_planner_validation.py), 31-61% slower than this model of the AVX-512 VM; the calibrated rate is not theirs;
+# - tiny-llama bf16 / fp16: 3.3 s per step of DeepSpeed's CPU 16-bit path for a 6M model, not in the model (-97%);
+# - seq 256 with one rank (tiny-llama fp32, SmolLM2-360M 32 layers, Qwen2.5-0.5B 8 layers): 15-40% short, and
+#   two ranks 30-43% short: a per-layer, per-step cost (hooks, fetch latency, gloo) that long contexts hide and that
+#   the model has no term for.
+OTHER_VM_BEFORE = "2026-11-24T04:00"
+KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-llama-fp16.json:2:128",
+                                           "tiny-llama-fp32.json:2:256", "qwen2.5-0.5b-8l-fp32.json:8:256",
+                                           "bench-llama-136m-2ranks-fp32.json:8:256")
+                for run in ("stock", "tuned", "memascend")} | {"smollm2-360m-fp32.json:32:256:stock",
+                                                               "smollm2-360m-fp32.json:32:256:memascend"}
+
+
+def _date(doc: dict) -> str:
+    return (doc.get("meta") or {}).get("date") or doc["job"]["region_header"]["created_at"]
+
+
+def _docs():
+    for path in sorted(glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"), recursive=True)):
+        with open(path) as f:
+            d = json.load(f)
+        for doc in d.get("documents") or [d]:
+            if "runs" in doc:
+                yield os.path.basename(path), doc
+
+
+def predicted_s(doc: dict, run: dict, gflops: float = CPU_CALIBRATED_GFLOPS) -> float:
+    j = doc["job"]
+    spec = configs.recorded_spec(j)
+    st = configs.repredict(doc, run)["ssd_traffic"]
+
+    class Traffic:
+        read_bytes, write_bytes = st["read_bytes"], st["write_bytes"]
+
+    elems = round(st["read_bytes_per_step"] / st["read_bytes_per_param"])
+    rank_tokens = j["micro_batch"] * j["seq_len"]
+    flops = tm.step_flops(spec, tokens=rank_tokens, seq_len=j["seq_len"], checkpointing=j["checkpointing"])
+    ranks = j["ranks"]  # sharing the VM's cores and disk, as planner.time.engine_times divides them
+    t = tm.step_time(run["mode"], flops=flops, traffic=Traffic, device=tm.cpu_device(gflops / ranks, "calibrated"),
+                     read_bytes_per_s=READ_GBPS * 1e9 / ranks, write_bytes_per_s=WRITE_GBPS * 1e9 / ranks,
+                     optimizer_elems=elems,
+                     cpu_cores=max(1, doc["hardware"]["cpu_cores"] // j["ranks"]),
+                     tokens_per_step=rank_tokens * j["ranks"])
+    return t.step_s
+
+
+def _params(calibration: bool):
+    out = []
+    for name, doc in _docs():
+        if (name == CALIBRATION) != calibration or doc["job"].get("accelerator", "cpu") != "cpu":
+            continue
+        j = doc["job"]
+        for r in doc["runs"]:
+            if not r["ok"] or r.get("disabled"):
+                continue
+            rid = f"{name}:{j['layers']}:{j['seq_len']}:{r['name']}"
+            miss = rid in KNOWN_MISSES or _date(doc) < OTHER_VM_BEFORE
+            marks = [pytest.mark.xfail(strict=True, reason="time model error above 15% (KNOWN_MISSES)")] \
+                if miss and not calibration else []
+            out.append(pytest.param(doc, r, id=rid, marks=marks))
+    return out
+
+
+VALIDATION = _params(False)
+
+
+def test_calibration_constant_is_the_fit():
+    """CPU_CALIBRATED_GFLOPS zeroes the mean relative error on the calibration document's six runs, to 0.5 GFLOP/s
+    (bisection: the SSD terms make s/step affine, not proportional, in 1 / GFLOP/s)."""
+    runs = [(p.values[0], p.values[1]) for p in _params(True)]
+    assert len(runs) == 6
+
+    def mean_error(gflops):
+        return sum(predicted_s(d, r, gflops) / r["seconds_per_step"] - 1 for d, r in runs) / len(runs)
+
+    lo, hi = 10.0, 10_000.0
+    while hi - lo > 0.05:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_error(mid) > 0 else (lo, mid)
+    assert abs(lo - CPU_CALIBRATED_GFLOPS) < 0.5, lo
+
+
+def test_validation_covers_all_three_engines_within_tolerance():
+    ok = {p.values[1]["mode"] for p in VALIDATION if not p.marks}
+    assert {"tuned", "memascend"} <= ok
+
+
+@pytest.mark.parametrize("doc,run", VALIDATION)
+def test_step_time_within_15_percent(doc, run):
+    measured = run["seconds_per_step"]
+    assert abs(predicted_s(doc, run) - measured) <= TOLERANCE * measured, (predicted_s(doc, run), measured)
