@@ -428,6 +428,31 @@ def section_parity_repeat(path: str) -> str:
         ("Failing tests: " + ", ".join(f"`{t}`" for t in failing)) if failing else "No run failed.", ""]) + "\n"
 
 
+def section_soak(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+    fds, shm = doc["fds_first_last"] or [[None], [None]], doc["shm_bytes_before_first_last_after"]
+    rss = doc["rss_gib_first_last"] or [None, None]
+    mib = lambda b: "?" if b is None else f"{b / 2**20:.1f} MiB"  # noqa: E731
+    rows = [["steps (checkpoint every, kept)", f"{doc['steps']} ({doc['checkpoint_every']}, {doc['keep']})"],
+            ["exit status", str(doc["exit"])],
+            [f"host RSS per rank, slope after step {doc['warmup_steps']}",
+             f"{doc['rss_slope_mib_per_100_steps']:+.3f} MiB per 100 steps"],
+            ["host RSS per rank after warm-up / at the end", f"{rss[0]:.3f} / {rss[1]:.3f} GiB"],
+            ["checkpoints: most seen at once / at the end", f"{doc['max_checkpoints_seen']} / {doc['checkpoints_at_end']}"],
+            ["open descriptors per rank: first checkpoint / end", f"{fds[0]} / {fds[1]}"],
+            ["/dev/shm used: before / first checkpoint / end / after", " / ".join(mib(b) for b in shm)],
+            ["job's DeepSpeed /dev/shm segments: most during / after", " / ".join(map(str, doc["job_segments_max_during_at_end"]))]]
+    return "\n".join([
+        "## Long run: memascend train stays flat", "",
+        f"`{doc['command']}` on {doc['host']}, {doc['date']}: the tiny-cpu recipe through the real CLI (memascend "
+        "engine, region file in the run directory); host memory per rank from metrics.jsonl every step (slope: least "
+        "squares after warm-up; the bar is below 1 MiB per 100 steps), descriptors, /dev/shm and checkpoints sampled "
+        f"every second. Raw data: `{os.path.relpath(path, REPO)}`.", "",
+        table(["", "value"], rows), ""]) + "\n"
+
+
 def section_generic(title: str, runs: list, intro: str) -> str:
     if not runs:
         return ""
@@ -623,6 +648,7 @@ def render() -> str:
     parts.append(section_smollm2(os.path.join(DOCS, "raw", "smollm2-sft.json")))
     parts.append(section_data_path(os.path.join(DOCS, "raw", "data-path-memory.json")))
     parts.append(section_parity_repeat(os.path.join(DOCS, "raw", "parity-repeat.json")))
+    parts.append(section_soak(os.path.join(DOCS, "raw", "soak-train.json")))
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
     parts.append(section_ds_buffers())
     parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))

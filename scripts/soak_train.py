@@ -128,7 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--output-dir", default="runs/soak")
     ap.add_argument("--json", help="also write the summary here")
     a = ap.parse_args(argv)
-    summary = soak(a.steps, a.checkpoint_every, a.keep, os.path.abspath(a.output_dir), a.sample_s, a.ranks)
+    summary = {"command": "python scripts/soak_train.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": os.uname().nodename,
+               **soak(a.steps, a.checkpoint_every, a.keep, os.path.abspath(a.output_dir), a.sample_s, a.ranks)}
     text = json.dumps(summary, indent=1)
     print(text)
     if a.json:
