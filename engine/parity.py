@@ -36,13 +36,14 @@ def build_config(args, spec) -> dict:
     """Tuned stock settings (zero.resolve: the config both modes run; the engine's install changes nothing in it)."""
     from dataclasses import replace
 
-    from memascend_cli.run.dsconfig import ELEM_BYTES, adamw, ds_config
+    from memascend_cli.planner.job import DTYPE_BYTES
+    from memascend_cli.run.dsconfig import adamw, ds_config
     from memascend_cli.planner import zero
 
     given = {"sub_group_size": args.sub_group_size, "reduce_bucket_size": args.reduce_bucket_size}
     base = replace(zero.DEEPSPEED_DEFAULTS, **{k: int(v) for k, v in given.items() if v is not None})
     settings = zero.resolve("tuned", model=spec, world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                            elem_bytes=ELEM_BYTES[args.dtype], base=base)
+                            elem_bytes=DTYPE_BYTES[args.dtype], base=base)
     return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, precision=args.dtype,
                      optimizer=adamw(args.lr))
 

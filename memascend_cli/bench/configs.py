@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from memascend_cli.bench.runs import MODES
-from memascend_cli.run.dsconfig import ELEM_BYTES, adamw, ds_config
+from memascend_cli.planner.job import DTYPE_BYTES
+from memascend_cli.run.dsconfig import adamw, ds_config
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.planner import zero
@@ -16,9 +17,9 @@ def resolve_settings(mode: str, spec, *, dtype: str, ranks: int, aio_block_size:
     """The ZeRO settings of one run (zero.resolve: tuned and memascend get the same stock knobs). Pure."""
     if mode not in MODES:
         raise BadInput(f"unknown mode {mode!r}", "modes are " + ", ".join(MODES))
-    if dtype not in ELEM_BYTES:
+    if dtype not in DTYPE_BYTES:
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
-    return zero.resolve(mode, model=spec, world_size=ranks, elem_bytes=ELEM_BYTES[dtype],
+    return zero.resolve(mode, model=spec, world_size=ranks, elem_bytes=DTYPE_BYTES[dtype],
                         aio_block_size=aio_block_size, aio_queue_depth=aio_queue_depth)
 
 

@@ -8,10 +8,8 @@ the dict with DeepSpeed's own config classes, and `train --dry-run` prints it wi
 from __future__ import annotations
 
 from memascend_cli.planner import zero
+from memascend_cli.planner.job import DTYPE_BYTES
 from memascend_cli.run.recipe import Recipe
-
-ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-"""Bytes per element of the model dtype."""
 
 
 def ds_config(settings: zero.ZeroSettings, *, nvme_path: str, micro_batch: int, precision: str,
@@ -29,7 +27,7 @@ def ds_config(settings: zero.ZeroSettings, *, nvme_path: str, micro_batch: int, 
         optimizer / scheduler: DeepSpeed's `optimizer` and `scheduler` sections.
         gradient_clipping: global gradient-norm clip (None: DeepSpeed's default, no clipping).
     """
-    if precision not in ELEM_BYTES:
+    if precision not in DTYPE_BYTES:
         raise ValueError(f"unknown precision {precision!r}")
     cfg: dict = {"train_micro_batch_size_per_gpu": int(micro_batch), "gradient_accumulation_steps": int(grad_accum)}
     if world_size is not None:
