@@ -432,7 +432,10 @@ def section_soak(path: str) -> str:
     doc = load_one(path)
     if doc is None:
         return ""
-    fds, shm = doc["fds_first_last"] or [[None], [None]], doc["shm_bytes_before_first_last_after"]
+    # Older documents kept the first and the last sample; newer ones the floor of the first and last third.
+    floor = "fds_floor_first_last_third" in doc
+    fds = doc.get("fds_floor_first_last_third") or doc.get("fds_first_last") or [[None], [None]]
+    shm = doc["shm_bytes_before_first_last_after"]
     rss = doc["rss_gib_first_last"] or [None, None]
     mib = lambda b: "?" if b is None else f"{b / 2**20:.1f} MiB"  # noqa: E731
     rows = [["steps (checkpoint every, kept)", f"{doc['steps']} ({doc['checkpoint_every']}, {doc['keep']})"],
@@ -441,7 +444,8 @@ def section_soak(path: str) -> str:
              f"{doc['rss_slope_mib_per_100_steps']:+.3f} MiB per 100 steps"],
             ["host RSS per rank after warm-up / at the end", f"{rss[0]:.3f} / {rss[1]:.3f} GiB"],
             ["checkpoints: most seen at once / at the end", f"{doc['max_checkpoints_seen']} / {doc['checkpoints_at_end']}"],
-            ["open descriptors per rank: first checkpoint / end", f"{fds[0]} / {fds[1]}"],
+            ["open descriptors per rank: " + ("fewest in first / last third" if floor else "first checkpoint / end"),
+             f"{fds[0]} / {fds[1]}"],
             ["/dev/shm used: before / first checkpoint / end / after", " / ".join(mib(b) for b in shm)],
             ["job's DeepSpeed /dev/shm segments: most during / after", " / ".join(map(str, doc["job_segments_max_during_at_end"]))]]
     return "\n".join([

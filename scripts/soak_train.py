@@ -71,6 +71,15 @@ def _fds(pid: int) -> int | None:
         return None
 
 
+def _steady_fds(samples: list[dict]) -> list[list[int]] | None:
+    """Per rank, the fewest descriptors open in the first and in the last third of the samples. A sample can land
+    while a checkpoint file is open (one more, for a moment); a leak raises the floor, so the floors are compared."""
+    if not samples:
+        return None
+    window = max(1, len(samples) // 3)
+    return [[min(col) for col in zip(*(s["fds"] for s in part))] for part in (samples[:window], samples[-window:])]
+
+
 def _checkpoints(run: str) -> int:
     ck = os.path.join(run, "checkpoints")
     return sum(1 for n in os.listdir(ck) if n.startswith("step-")) if os.path.isdir(ck) else 0
@@ -111,7 +120,7 @@ def soak(steps: int, checkpoint_every: int, keep: int, run: str, sample_s: float
             "rss_gib_first_last": [points[warmup][1], points[-1][1]] if len(points) > warmup else None,
             "max_checkpoints_seen": max((s["checkpoints"] for s in samples), default=0),
             "checkpoints_at_end": _checkpoints(run),
-            "fds_first_last": [samples[0]["fds"], samples[-1]["fds"]] if samples else None,
+            "fds_floor_first_last_third": _steady_fds(samples),
             "shm_bytes_before_first_last_after": [shm_before, samples[0]["shm_bytes"] if samples else None,
                                                   samples[-1]["shm_bytes"] if samples else None, shm_used_bytes()],
             "job_segments_max_during_at_end": [max((s["job_segments"] for s in samples), default=0), job_segments()],

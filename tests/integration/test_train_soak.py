@@ -35,7 +35,7 @@ def test_short_soak_keeps_the_limit_and_leaks_nothing(tmp_path):
     summary = _soak_module().soak(40, 5, 2, str(tmp_path / "run"), sample_s=0.5)
     assert summary["exit"] == 0, summary
     assert summary["checkpoints_at_end"] == 2 and summary["max_checkpoints_seen"] <= 3, summary  # + one renamed in
-    first, last = summary["fds_first_last"]
+    first, last = summary["fds_floor_first_last_third"]
     assert last <= first, summary
     during, after = summary["job_segments_max_during_at_end"]  # /dev/shm as a whole moves with other users' jobs
     assert summary["samples"] > 5 and during <= 1 and after == 0, summary
