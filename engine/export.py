@@ -12,7 +12,9 @@ then dropped. Two sources use the same writer:
   layout), re-assembled per tensor from the ranks' files with numpy only: no torch, no DeepSpeed.
 
 The output folder gets the run's config.json, generation_config.json and tokenizer files (with the
-chat template) from RUN/hf/ (engine/tokenize_job.py), and is renamed into place only when complete.
+chat template) from RUN/hf/ (engine/tokenize_job.py), and is renamed into place only when complete; with
+`merge` (the final model of a LLaMA-Factory recipe, written into the run directory itself) its files are moved in
+beside the run's own, config.json last.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import shutil
 import struct
 
 import numpy as np
+
+from memascend_cli.run.rundir import FINAL_MODEL_TMP, MODEL_CONFIG, is_weight_file
 
 SHARD_BYTES = 2 * 1024**3
 """Largest safetensors file (bytes); a bigger single tensor gets a file of its own."""
@@ -138,17 +142,32 @@ def _copy_skeleton(hf_dir: str, out: str) -> None:
             shutil.copy2(os.path.join(hf_dir, name), os.path.join(out, name))
 
 
-def _begin(out_dir: str) -> str:
-    tmp = out_dir.rstrip("/") + ".tmp"
+def _begin(out_dir: str, merge: bool) -> str:
+    tmp = os.path.join(out_dir, FINAL_MODEL_TMP) if merge else out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     return tmp
 
 
-def _commit(tmp: str, out_dir: str) -> str:
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.rename(tmp, out_dir)
+def _commit(tmp: str, out_dir: str, merge: bool) -> str:
+    if not merge:
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+        return out_dir
+    # Beside other files: the previous config.json goes first and the new one comes last, so a folder caught in
+    # between holds no config.json (from_pretrained refuses it) rather than old and new weights mixed; weight files
+    # the new model does not have (another shard count) are removed, as save_pretrained does.
+    new = set(os.listdir(tmp))
+    config = os.path.join(out_dir, MODEL_CONFIG)
+    if os.path.exists(config):
+        os.unlink(config)
+    for name in os.listdir(out_dir):
+        if is_weight_file(name) and name not in new:
+            os.unlink(os.path.join(out_dir, name))
+    for name in sorted(new - {MODEL_CONFIG}) + [MODEL_CONFIG]:
+        os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    os.rmdir(tmp)
     return out_dir
 
 
@@ -161,8 +180,12 @@ def write_params_file(model, hf_dir: str) -> None:
     os.replace(tmp, os.path.join(hf_dir, PARAMS_FILE))
 
 
-def export_model(model, out_dir: str, hf_dir: str, rank: int, precision: str, shard_bytes: int = SHARD_BYTES) -> str:
-    """Collective: gather each parameter of the ZeRO-3 model in turn; rank 0 streams it into the export."""
+def export_model(model, out_dir: str, hf_dir: str, rank: int, precision: str, shard_bytes: int = SHARD_BYTES, *,
+                 merge: bool = False) -> str:
+    """Collective: gather each parameter of the ZeRO-3 model in turn; rank 0 streams it into the export.
+
+    merge: out_dir holds other files (the run directory): the model's files join them instead of replacing the
+    folder."""
     import deepspeed
     import torch
 
@@ -170,7 +193,7 @@ def export_model(model, out_dir: str, hf_dir: str, rank: int, precision: str, sh
     params = list(model.named_parameters())
     writer = tmp = None
     if rank == 0:
-        tmp = _begin(out_dir)
+        tmp = _begin(out_dir, merge)
         entries = [(n, tuple(getattr(p, "ds_shape", p.shape)), dtype) for n, p in params]
         writer = ShardedSafetensorsWriter(tmp, entries, shard_bytes)
     torch_dtype = getattr(torch, dtype)
@@ -184,12 +207,13 @@ def export_model(model, out_dir: str, hf_dir: str, rank: int, precision: str, sh
         return out_dir
     writer.close()
     _copy_skeleton(hf_dir, tmp)
-    return _commit(tmp, out_dir)
+    return _commit(tmp, out_dir, merge)
 
 
 def export_checkpoint(checkpoint_dir: str, hf_dir: str, out_dir: str, precision: str,
-                      shard_bytes: int = SHARD_BYTES) -> str:
-    """Re-assemble the fp32 master weights of a checkpoint and stream them into an HF export (numpy only)."""
+                      shard_bytes: int = SHARD_BYTES, *, merge: bool = False) -> str:
+    """Re-assemble the fp32 master weights of a checkpoint and stream them into an HF export (numpy only); merge as
+    in export_model."""
     try:
         with open(os.path.join(hf_dir, PARAMS_FILE), encoding="utf-8") as f:
             params = [(n, tuple(s)) for n, s in json.load(f)]
@@ -227,7 +251,7 @@ def export_checkpoint(checkpoint_dir: str, hf_dir: str, out_dir: str, precision:
         return np.concatenate(out) if len(out) != 1 else out[0]
 
     dtype = PRECISION_DTYPE[precision]
-    tmp = _begin(out_dir)
+    tmp = _begin(out_dir, merge)
     writer = ShardedSafetensorsWriter(tmp, [(n, s, dtype) for n, s in params], shard_bytes)
     offset = 0
     for (name, shape), p in zip(params, part):
@@ -237,4 +261,4 @@ def export_checkpoint(checkpoint_dir: str, hf_dir: str, out_dir: str, precision:
         del full
     writer.close()
     _copy_skeleton(hf_dir, tmp)
-    return _commit(tmp, out_dir)
+    return _commit(tmp, out_dir, merge)

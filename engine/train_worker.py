@@ -5,7 +5,8 @@
 Reads RUN/recipe.json and RUN/ds_config.json; builds the tokenizer, the dataset and the model
 (Hugging Face safetensors loaded into the zero.Init-partitioned model, or a preset with random
 weights); installs the memascend engine unless --baseline; trains with metrics in RUN/metrics.jsonl,
-resumable checkpoints in RUN/checkpoints/ and a final Hugging Face export in RUN/export/.
+resumable checkpoints in RUN/checkpoints/ and the final model, a Hugging Face folder, in RUN/export/ (in RUN
+itself for a LLaMA-Factory recipe: rundir.final_model_dir).
 A stop request (RUN/STOP, SIGINT, or SIGTERM under the CLI's lifeline) finishes the step, checkpoints and exits 0;
 the exit mark names the checkpoint. The rank ends at once when the CLI is gone (memascend_cli/run/lifeline.py). Expected
 failures write RUN/logs/error-rank<N>.json (one line for the CLI) and exit 1.
@@ -474,7 +475,8 @@ class Run:
             from memascend_engine.export import export_model
 
             engine.empty_partition_cache()
-            out = export_model(model, rundir.path(self.run_dir, rundir.EXPORT_DIR), self.hf_dir, self.rank, r.precision)
+            out = export_model(model, rundir.final_model_dir(self.run_dir, in_output_dir=r.export_in_output_dir),
+                               self.hf_dir, self.rank, r.precision, merge=r.export_in_output_dir)
             if self.rank == 0:
                 self.metrics({"event": "export", "step": step, "path": out})
         self.metrics({"event": "done", "step": step})

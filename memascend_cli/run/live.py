@@ -84,7 +84,9 @@ class LiveView:
             return
         if kind in ("checkpoint", "eval", "export"):  # a stop: run_launch's line names its checkpoint
             self.events.append(rec)
-            (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False)
+            # soft_wrap: a path stays on one line, to be copied.
+            (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False,
+                                                                        soft_wrap=True)
 
     def summary(self) -> None:
         self.poll()
@@ -115,7 +117,7 @@ def format_event(e: dict) -> str:
     if kind == "checkpoint":
         return f"checkpoint: step {e['step']} -> {e['path']}"
     if kind == "export":
-        return f"exported: {e['path']}"
+        return f"final model: {e['path']} (from_pretrained loads it)"
     if kind == "eval":
         return f"validation loss at step {e['step']}: {e['loss']:.4f}"
     return json.dumps(e)

@@ -293,6 +293,8 @@ def translate(data: dict, *, recipe_dir: str, cwd: str, origin: str, native_keys
         out["gradient_checkpointing"] = False
     if data.get("eval_strategy") == "no":
         out["eval_every"] = 0
+    # The final model goes where LLaMA-Factory's trainer.save_model puts it (output_dir), for its inference recipes.
+    out.setdefault("export_in_output_dir", True)
     stage = data.get("stage", "sft")
     native_dataset = isinstance(data.get("dataset"), (dict, list)) or (
         isinstance(data.get("dataset"), str) and str(data["dataset"]).endswith(DATA_SUFFIXES))

@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible, SSDNotReady
-from memascend_cli.run.rundir import CHECKPOINTS, REGION_FILE, SWAP_DIR, complete_checkpoints
+from memascend_cli.run.rundir import CHECKPOINTS, REGION_FILE, SWAP_DIR, complete_checkpoints, final_model_dir
 from memascend_cli.units import GiB, MiB
 from memascend_cli.versions import installed_deepspeed_version
 
@@ -206,17 +206,49 @@ def prepare_data(recipe, run_dir: str) -> dict:
     return summary
 
 
-def _clear_previous_run(run_dir: str) -> None:
-    """overwrite_output_dir: delete an earlier run's checkpoints, export and metrics (never anything else)."""
+def _clear_previous_run(run_dir: str, final_dir: str) -> None:
+    """overwrite_output_dir: delete an earlier run's checkpoints, metrics and final model (never anything else: in
+    the run directory itself, only its config.json and weight files)."""
     import shutil
 
-    from memascend_cli.run.rundir import EXPORT_DIR, METRICS, TENSORBOARD_DIR
+    from memascend_cli.run.rundir import METRICS, MODEL_CONFIG, TENSORBOARD_DIR, is_weight_file
 
-    for name in (CHECKPOINTS, EXPORT_DIR, TENSORBOARD_DIR):
+    for name in (CHECKPOINTS, TENSORBOARD_DIR):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
-    for name in (METRICS,):
-        if os.path.exists(os.path.join(run_dir, name)):
+    if final_dir != run_dir:
+        shutil.rmtree(final_dir, ignore_errors=True)
+    doomed = [METRICS]
+    if final_dir == run_dir and os.path.isdir(run_dir):
+        doomed += [n for n in os.listdir(run_dir) if n == MODEL_CONFIG or is_weight_file(n)]
+    for name in doomed:
+        if os.path.isfile(os.path.join(run_dir, name)):
             os.unlink(os.path.join(run_dir, name))
+
+
+def _check_output_dir(recipe, run_dir: str, final_dir: str, done: list[str], *, resume: bool, dry_run: bool) -> None:
+    """What an output_dir may already hold: refused, or cleared with overwrite_output_dir."""
+    if final_dir == run_dir:
+        for what, source in (("model", recipe.model), ("tokenizer", recipe.tokenizer)):
+            if source and os.path.isdir(source) and os.path.realpath(source) == os.path.realpath(run_dir):
+                raise BadInput(f"output_dir {run_dir} is the {what} directory: the final model is written into "
+                               "output_dir and would replace it", "choose another output_dir")
+    if resume or dry_run:
+        return
+    if done:
+        if not recipe.overwrite_output_dir:
+            raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
+                           "add --resume to continue it, choose another --output-dir, or set overwrite_output_dir")
+    else:
+        from memascend_cli.run.rundir import previous_model
+
+        found = previous_model(os.listdir(final_dir)) if os.path.isdir(final_dir) else None
+        if found is None:
+            return
+        if not recipe.overwrite_output_dir:
+            # As LLaMA-Factory (hparams/parser.py get_train_args): a model without checkpoints needs overwrite_output_dir.
+            raise BadInput(f"{final_dir} already holds a trained model ({found})",
+                           "set overwrite_output_dir: true to replace it, or choose another --output-dir")
+    _clear_previous_run(run_dir, final_dir)
 
 
 def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool,
@@ -247,11 +279,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     if resume and not done:
         raise BadInput(f"--resume: no complete checkpoint in {os.path.join(run_dir, CHECKPOINTS)}",
                        "drop --resume to start from scratch, or check --output-dir")
-    if not resume and done and not dry_run:
-        if not recipe.overwrite_output_dir:
-            raise BadInput(f"{run_dir} already holds checkpoints ({done[-1]})",
-                           "add --resume to continue it, choose another --output-dir, or set overwrite_output_dir")
-        _clear_previous_run(run_dir)
+    _check_output_dir(recipe, run_dir, final_model_dir(run_dir, in_output_dir=recipe.export_in_output_dir), done,
+                      resume=resume, dry_run=dry_run)
 
     baseline = engine != "memascend"  # stock DeepSpeed runs, with its swap folder instead of a region
     inv = probe(None)

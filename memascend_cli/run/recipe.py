@@ -99,7 +99,8 @@ class Recipe(_Strict):
     template: str | None = None
     """Chat template: None = the tokenizer's own; chatml, llama3 or plain (built in); or a .jinja file."""
     output_dir: str = DEFAULT_OUTPUT_DIR
-    """Run directory: config, metrics, checkpoints, export and (by default) the SSD region file."""
+    """Run directory: config, metrics, checkpoints, the final model (in export/, or here with export_in_output_dir)
+    and (by default) the SSD region file."""
     seq_len: int = Field(DEFAULT_SEQ_LEN, ge=1)
     """Tokens per sequence (longer samples are cut)."""
     micro_batch: int = Field(DEFAULT_MICRO_BATCH, ge=1)
@@ -147,12 +148,17 @@ class Recipe(_Strict):
     keep_checkpoints: int = Field(2, ge=1)
     """Newest complete checkpoints kept; older ones are deleted after a new one completes."""
     export: bool = True
-    """Write a Hugging Face model directory (weights, config, tokenizer, generation config) to output_dir/export."""
+    """Write the final model, a Hugging Face model directory (weights, config, tokenizer with the chat template,
+    generation config), to output_dir/export (or output_dir itself, see export_in_output_dir)."""
+    export_in_output_dir: bool = False
+    """Write the final model into output_dir itself, beside the run's files, as LLaMA-Factory and the HF Trainer do
+    (set for every LLaMA-Factory recipe, so its inference recipes and from_pretrained(output_dir) find it)."""
     report_to: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl", "tensorboard"])
     """Metrics sinks: jsonl (output_dir/metrics.jsonl, always written: the live view reads it), tensorboard (event
     files in output_dir/tensorboard) and wandb (Weights & Biases; WANDB_MODE=offline keeps it on the machine)."""
     overwrite_output_dir: bool = False
-    """Start afresh in an output_dir that holds an earlier run (its checkpoints and export are deleted)."""
+    """Start afresh in an output_dir that holds an earlier run or model (its checkpoints, metrics and final model are
+    deleted); without it such an output_dir is refused (--resume continues the run)."""
     ranks: int | None = Field(None, ge=1)
     """Processes per node; None = one per GPU, or 1 on a CPU-only machine (more CPU ranks use gloo)."""
     hostfile: str | None = None

@@ -11,7 +11,9 @@
     RUN/data.json                   the prepared data: tokenized cache folder, sequence counts (written by the CLI)
     RUN/hf/                         config, generation config, tokenizer files and params.json of the export
     RUN/tensorboard/                TensorBoard event files (report_to: tensorboard)
-    RUN/export/                     the Hugging Face export
+    RUN/export/                     the final model (Hugging Face folder) of a memascend recipe; a LLaMA-Factory
+                                    recipe's final model is RUN itself, as LLaMA-Factory writes it (final_model_dir)
+    RUN/export-step-NNNNNNN/        `memascend export RUN --checkpoint N` (checkpoint_export_dir)
     RUN/swap/                       DeepSpeed's nvme_path (swap files with --baseline; only keys with the engine)
     RUN/region.bin                  the region file created when the recipe names no region
     RUN/nodes.json                  multi-node runs: each node's host, ranks and region, in DeepSpeed's node order
@@ -23,6 +25,7 @@ Pure constants and path helpers (stdlib only); imported by the CLI and by memasc
 from __future__ import annotations
 
 import os
+import re
 
 RECIPE_JSON = "recipe.json"
 DS_CONFIG = "ds_config.json"
@@ -34,6 +37,7 @@ LOG_DIR = "logs"
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
 EXPORT_DIR = "export"
+"""The final model's folder in the run directory of a memascend recipe (see final_model_dir)."""
 DATA_JSON = "data.json"
 """The prepared data's summary (engine/tokenize_job.py): the cache folder the ranks memory-map, sequence counts."""
 HF_DIR = "hf"
@@ -88,3 +92,39 @@ def complete_checkpoints(run_dir: str) -> list[str]:
     if not os.path.isdir(d):
         return []
     return sorted(n for n in os.listdir(d) if n.startswith("step-") and os.path.exists(os.path.join(d, n, COMPLETE)))
+
+
+# --- the final model ------------------------------------------------------------------------------
+
+FINAL_MODEL_TMP = ".final-model.tmp"
+"""A final model written into the run directory is assembled here first (engine/export.py)."""
+MODEL_CONFIG = "config.json"
+"""Written last into a final model folder: a model without it is incomplete (from_pretrained refuses it)."""
+PREVIOUS_MODEL_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                        "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
+"""Files that mark a trained model in an output_dir: LLaMA-Factory's CHECKPOINT_NAMES (extras/constants.py), which
+its hparams/parser.py get_train_args refuses to train over without overwrite_output_dir."""
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def final_model_dir(run_dir: str, *, in_output_dir: bool) -> str:
+    """Where `memascend train` writes the final model: the run directory itself for a recipe with
+    export_in_output_dir (every LLaMA-Factory recipe: LLaMA-Factory's and the HF Trainer's save_model write to
+    output_dir, where their inference recipes and from_pretrained(output_dir) look), else RUN/export."""
+    return run_dir if in_output_dir else os.path.join(run_dir, EXPORT_DIR)
+
+
+def checkpoint_export_dir(run_dir: str, checkpoint: str) -> str:
+    """`memascend export`'s default folder for checkpoint step-NNNNNNN: RUN/export-step-NNNNNNN."""
+    return os.path.join(run_dir, f"export-{checkpoint}")
+
+
+def is_weight_file(name: str) -> bool:
+    """A safetensors weight file or index of the names the export writes (model.safetensors,
+    model-00001-of-00003.safetensors, model.safetensors.index.json)."""
+    return name in ("model.safetensors", "model.safetensors.index.json") or _SHARD.fullmatch(name) is not None
+
+
+def previous_model(names: list[str]) -> str | None:
+    """The first file of a trained model among a folder's file names (PREVIOUS_MODEL_NAMES), else None."""
+    return next((n for n in PREVIOUS_MODEL_NAMES if n in names), None)

@@ -208,3 +208,11 @@ def test_tools_column_is_carried_to_the_dataset(tmp_path):
     (tmp_path / "dataset_info.json").write_text(json.dumps({"glaive_toolcall_en_demo": entry}))
     ds = LF.dataset_from_info("glaive_toolcall_en_demo", str(tmp_path), recipe_dir=str(tmp_path), cwd=str(tmp_path))
     assert ds["columns"] == {"messages": "conversations", "tools": "tools"}
+
+
+def test_final_model_goes_to_output_dir_as_in_llamafactory(tmp_path, monkeypatch):
+    monkeypatch.chdir(ASSETS)
+    assert load_recipe(lf_recipe(tmp_path)).export_in_output_dir is True
+    # memascend's own key still decides when given.
+    assert load_recipe(lf_recipe(tmp_path, "export_in_output_dir: false\n")).export_in_output_dir is False
+    assert load_recipe("tiny-cpu").export_in_output_dir is False
