@@ -44,7 +44,9 @@ def collect(run: str) -> dict:
     records = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
     steps = [r for r in records if r["event"] == "step"]
     evals = [{"step": r["step"], "loss": r["loss"]} for r in records if r["event"] == "eval"]
-    export = os.path.join(run, "export")
+    from memascend_cli.run.rundir import final_model_dir
+
+    export = final_model_dir(run, in_output_dir=recipe.get("export_in_output_dir", False))
     from transformers import AutoTokenizer, GenerationConfig
 
     from memascend_engine.data import hf_validation_loss

@@ -36,7 +36,7 @@ def export_command(
 
         memascend export runs/smollm2-sft -o /models/smollm2-ft --precision fp32
 
-        memascend export saves/qwen3-4b/full/sft --checkpoint 500 -o saves/qwen3-4b/full/sft
+        memascend export saves/qwen3-4b/sft --checkpoint 500 -o saves/qwen3-4b/sft
     """
     from memascend_cli.console import err
     from memascend_cli.run.rundir import (CHECKPOINTS, COMPLETE, DATA_JSON, HF_DIR, MODEL_CONFIG, RECIPE_JSON,

@@ -40,7 +40,8 @@ def train_command(
                                  "the plan and preflight use it, and the ranks run in one memory cgroup of that size "
                                  "(needs root); an OOM kill in it reports `does not fit` (exit 1).",
                                  rich_help_panel=_M, show_default=False),
-    output_dir: str = typer.Option(None, "--output-dir", "-o", help="Run directory (recipe key output_dir).",
+    output_dir: str = typer.Option(None, "--output-dir", "-o", help="Run directory (recipe key output_dir); the "
+                                   "final model goes to its export/ folder, or into it for a LLaMA-Factory recipe.",
                                    rich_help_panel=_R, show_default=False),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps (recipe key steps).", rich_help_panel=_R,
                               show_default=False),
@@ -69,7 +70,8 @@ def train_command(
     launcher (one process per GPU; CPU ranks over gloo without a GPU). Ctrl-C, SIGTERM, SIGHUP and
     --stop-after stop after the current step with a checkpoint (exit 75, or 0 for Ctrl-C); a second
     signal or --stop-grace stops at once; `--resume` continues from the newest complete checkpoint.
-    No process of the job outlives the command.
+    No process of the job outlives the command. The final model, a Hugging Face folder, goes to
+    RUN/export, or into RUN itself for a LLaMA-Factory recipe (where LLaMA-Factory writes it).
 
     Examples:
 

@@ -110,3 +110,15 @@ def test_output_dir_may_not_be_the_model_directory(tmp_path):
     # Its export/ folder is no danger to it.
     with pytest.raises(BadInput, match="already holds checkpoints"):
         _check_output_dir(recipe(model=model), model, model + "/export", ["step-0000001"], resume=False, dry_run=False)
+
+
+def test_export_never_replaces_a_folder_that_is_not_a_model(tmp_path):
+    from memascend_cli.commands.export import export_command
+
+    run = tmp_path / "saves" / "sft"
+    _files(str(run / "checkpoints" / "step-0000005"), ["COMPLETE"])
+    (run / "recipe.json").write_text('{"precision": "bf16"}')
+    for out in (tmp_path, tmp_path / "saves"):  # parents of the run: replacing them would delete it
+        with pytest.raises(BadInput, match="exists and is not a model folder") as e:
+            export_command(str(run), checkpoint=None, out=str(out), precision=None)
+        assert str(run) in e.value.hint
