@@ -27,7 +27,7 @@ import struct
 
 import numpy as np
 
-from memascend_cli.run.rundir import FINAL_MODEL_TMP, MODEL_CONFIG, is_weight_file
+from memascend_cli.run.rundir import FINAL_MODEL_TMP, MODEL_CONFIG, is_model_file
 
 SHARD_BYTES = 2 * 1024**3
 """Largest safetensors file (bytes); a bigger single tensor gets a file of its own."""
@@ -156,14 +156,14 @@ def _commit(tmp: str, out_dir: str, merge: bool) -> str:
         os.rename(tmp, out_dir)
         return out_dir
     # Beside other files: the previous config.json goes first and the new one comes last, so a folder caught in
-    # between holds no config.json (from_pretrained refuses it) rather than old and new weights mixed; weight files
-    # the new model does not have (another shard count) are removed, as save_pretrained does.
+    # between holds no config.json (from_pretrained refuses it) rather than old and new weights mixed; files of the
+    # previous model the new one does not have (another shard count, a chat template) are removed.
     new = set(os.listdir(tmp))
     config = os.path.join(out_dir, MODEL_CONFIG)
     if os.path.exists(config):
         os.unlink(config)
     for name in os.listdir(out_dir):
-        if is_weight_file(name) and name not in new:
+        if is_model_file(name) and name not in new:
             os.unlink(os.path.join(out_dir, name))
     for name in sorted(new - {MODEL_CONFIG}) + [MODEL_CONFIG]:
         os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))

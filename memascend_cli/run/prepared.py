@@ -208,10 +208,10 @@ def prepare_data(recipe, run_dir: str) -> dict:
 
 def _clear_previous_run(run_dir: str, final_dir: str) -> None:
     """overwrite_output_dir: delete an earlier run's checkpoints, metrics and final model (never anything else: in
-    the run directory itself, only its config.json and weight files)."""
+    the run directory itself, only the model's config, weights and chat template files)."""
     import shutil
 
-    from memascend_cli.run.rundir import METRICS, MODEL_CONFIG, TENSORBOARD_DIR, is_weight_file
+    from memascend_cli.run.rundir import METRICS, TENSORBOARD_DIR, is_model_file
 
     for name in (CHECKPOINTS, TENSORBOARD_DIR):
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
@@ -219,7 +219,7 @@ def _clear_previous_run(run_dir: str, final_dir: str) -> None:
         shutil.rmtree(final_dir, ignore_errors=True)
     doomed = [METRICS]
     if final_dir == run_dir and os.path.isdir(run_dir):
-        doomed += [n for n in os.listdir(run_dir) if n == MODEL_CONFIG or is_weight_file(n)]
+        doomed += [n for n in os.listdir(run_dir) if is_model_file(n)]
     for name in doomed:
         if os.path.isfile(os.path.join(run_dir, name)):
             os.unlink(os.path.join(run_dir, name))

@@ -119,10 +119,17 @@ def checkpoint_export_dir(run_dir: str, checkpoint: str) -> str:
     return os.path.join(run_dir, f"export-{checkpoint}")
 
 
-def is_weight_file(name: str) -> bool:
-    """A safetensors weight file or index of the names the export writes (model.safetensors,
-    model-00001-of-00003.safetensors, model.safetensors.index.json)."""
-    return name in ("model.safetensors", "model.safetensors.index.json") or _SHARD.fullmatch(name) is not None
+_OPTIONAL_MODEL_FILES = ("generation_config.json", "chat_template.jinja", "chat_template.json")
+"""Files of a final model that a new one may lack; transformers reads a chat_template file before
+tokenizer_config.json's template, so a stale one would win."""
+
+
+def is_model_file(name: str) -> bool:
+    """A file of a final model that the next one replaces, or removes when it has none of that name: config.json,
+    the optional files above, the safetensors weights and index the export writes (model.safetensors,
+    model-00001-of-00003.safetensors, model.safetensors.index.json). The tokenizer files are always rewritten."""
+    return (name in (MODEL_CONFIG, "model.safetensors", "model.safetensors.index.json", *_OPTIONAL_MODEL_FILES)
+            or _SHARD.fullmatch(name) is not None)
 
 
 def previous_model(names: list[str]) -> str | None:

@@ -21,12 +21,13 @@ def test_final_model_dir_rule():
     assert rundir.checkpoint_export_dir("/r", "step-0000020") == "/r/export-step-0000020"
 
 
-@pytest.mark.parametrize("name, weight", [("model.safetensors", True), ("model.safetensors.index.json", True),
-                                          ("model-00002-of-00003.safetensors", True), ("config.json", False),
-                                          ("model-2-of-3.safetensors", False), ("metrics.jsonl", False),
-                                          ("tokenizer.json", False), ("region.bin", False)])
-def test_weight_files(name, weight):
-    assert rundir.is_weight_file(name) is weight
+@pytest.mark.parametrize("name, model", [("model.safetensors", True), ("model.safetensors.index.json", True),
+                                         ("model-00002-of-00003.safetensors", True), ("config.json", True),
+                                         ("chat_template.jinja", True), ("generation_config.json", True),
+                                         ("model-2-of-3.safetensors", False), ("metrics.jsonl", False),
+                                         ("tokenizer.json", False), ("region.bin", False), ("recipe.json", False)])
+def test_model_files(name, model):
+    assert rundir.is_model_file(name) is model
 
 
 def test_previous_model_uses_llamafactorys_names():
@@ -45,14 +46,15 @@ def _files(folder, names):
 def test_merge_into_the_run_directory_keeps_the_runs_files(tmp_path):
     run = str(tmp_path)
     _files(run, ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                 "model.safetensors.index.json", "metrics.jsonl", "recipe.json", "tokenizer.json"])
+                 "model.safetensors.index.json", "metrics.jsonl", "recipe.json", "tokenizer.json",
+                 "chat_template.jinja"])
     _files(os.path.join(run, "checkpoints", "step-0000005"), ["COMPLETE"])
     tmp = _begin(run, merge=True)
     assert tmp == os.path.join(run, rundir.FINAL_MODEL_TMP)
-    _files(tmp, ["config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"])
+    _files(tmp, ["config.json", "model.safetensors", "tokenizer.json"])  # this model has no chat template
     assert _commit(tmp, run, merge=True) == run
-    assert sorted(os.listdir(run)) == ["chat_template.jinja", "checkpoints", "config.json", "metrics.jsonl",
-                                       "model.safetensors", "recipe.json", "tokenizer.json"]
+    assert sorted(os.listdir(run)) == ["checkpoints", "config.json", "metrics.jsonl", "model.safetensors",
+                                       "recipe.json", "tokenizer.json"]
     assert os.listdir(os.path.join(run, "checkpoints")) == ["step-0000005"]
 
 
@@ -72,7 +74,8 @@ def recipe(**kw):
 def test_a_model_without_checkpoints_needs_overwrite_output_dir(tmp_path):
     """As LLaMA-Factory's get_train_args: a trained model in output_dir, no checkpoint to resume -> refused."""
     run = str(tmp_path)
-    _files(run, ["config.json", "model.safetensors", "tokenizer.json", "recipe.json", "metrics.jsonl"])
+    _files(run, ["config.json", "model.safetensors", "tokenizer.json", "recipe.json", "metrics.jsonl",
+                 "generation_config.json"])
     with pytest.raises(BadInput) as e:
         _check_output_dir(recipe(), run, run, [], resume=False, dry_run=False)
     assert e.value.message == f"{run} already holds a trained model (model.safetensors)"
