@@ -100,6 +100,8 @@ class Prepared:
     def dry_run_document(self) -> dict:
         return {
             "run_dir": self.run_dir,
+            "final_model_dir": (final_model_dir(self.run_dir, in_output_dir=self.recipe.export_in_output_dir)
+                                if self.recipe.export else None),
             "engine": self.engine,
             "plan": self.plan_summary,
             "preflight": [{"name": c.name, "ok": c.ok, "message": c.message, "hint": c.hint} for c in self.checks],

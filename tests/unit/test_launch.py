@@ -118,7 +118,7 @@ def test_dry_run_prints_config_and_command(cli, tmp_path):
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     run = str(tmp_path / "run")
-    assert doc["run_dir"] == run and doc["engine"] == "tuned"
+    assert doc["run_dir"] == run and doc["engine"] == "tuned" and doc["final_model_dir"] == run + "/export"
     assert "--baseline means --engine tuned" in res.stderr
     cmd = doc["launch"]["cmd"]
     assert cmd[0].endswith("/deepspeed") and os.path.dirname(cmd[0]) == os.path.dirname(sys.executable)
