@@ -247,7 +247,7 @@ def _check_output_dir(recipe, run_dir: str, final_dir: str, done: list[str], *, 
         if found is None:
             return
         if not recipe.overwrite_output_dir:
-            # As LLaMA-Factory (hparams/parser.py get_train_args): a model without checkpoints needs overwrite_output_dir.
+            # As LLaMA-Factory's hparams/parser.py get_train_args: a model and no checkpoint need overwrite_output_dir.
             raise BadInput(f"{final_dir} already holds a trained model ({found})",
                            "set overwrite_output_dir: true to replace it, or choose another --output-dir")
     _clear_previous_run(run_dir, final_dir)

@@ -87,7 +87,8 @@ def test_llamafactory_full_sft_recipe_runs_unchanged(tmp_path):
     messages = [{"role": "user", "content": "Reverse the word.\nriver"}]
     assert tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
         "<|im_start|>user\nReverse the word.\nriver<|im_end|>\n<|im_start|>assistant\n"
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)["input_ids"]
     assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
     # `memascend export` of the last checkpoint into output_dir itself: the same weights, the run's files kept.
     import torch
