@@ -487,6 +487,11 @@ def _cpu_model(cpuinfo: str | None) -> str | None:
     return platform.processor() or None
 
 
+def local_cpu_model() -> str | None:
+    """This machine's CPU model name (/proc/cpuinfo), without the rest of the probe."""
+    return _cpu_model(_read_text("/proc/cpuinfo"))
+
+
 def _memlock_limit(value: int) -> int | None:
     return None if value == resource.RLIM_INFINITY else value
 
@@ -511,7 +516,7 @@ def probe(nvme_path: str | None = None) -> Inventory:
         hugepage_size_kib=meminfo.get("Hugepagesize", 0) // 1024,
         thp_mode=_thp_mode(_read_text(THP_ENABLED)),
         cpu_cores=cpu_cores,
-        cpu_model=_cpu_model(_read_text("/proc/cpuinfo")),
+        cpu_model=local_cpu_model(),
         gpus=probe_gpus(),
         block_devices=list_block_devices(),
         path=path_info(nvme_path) if nvme_path is not None else None,

@@ -276,11 +276,11 @@ def _tokens(text: str | None) -> int | None:
 def _time(job, hw, ests, timing: dict, search: bool) -> dict:
     """The time model's document for the plan (planner.time), with the compute device resolved."""
     from memascend_cli.compute_probe import plan_device
-    from memascend_cli.hardware import _cpu_model, _read_text
+    from memascend_cli.hardware import local_cpu_model
     from memascend_cli.planner import time as tm
 
     device = plan_device(hw, job.dtype, cpu_gflops=timing["cpu_gflops"], gpu_tflops=timing["gpu_tflops"],
-                         cpu_model=_cpu_model(_read_text("/proc/cpuinfo")) if hw.name == "local" else None)
+                         cpu_model=local_cpu_model() if hw.name == "local" else None)
     times = tm.engine_times(job, ests, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
                             cpu_cores=hw.cpu_cores)
     doc = tm.time_document(times, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
