@@ -8,9 +8,9 @@ exception escaping main (a traceback). Side effects stay in a fresh temporary di
 directory too): prepare-ssd only ever gets targets there, /dev/null or a /dev path that does not exist, and real
 writes only of small regions without the bandwidth probe; train always runs with --dry-run.
 
-Fast suite: FAST_EXAMPLES cases per property. The `slow` suite runs SLOW_EXAMPLES_PER_COMMAND (2,000) per command,
-split evenly over its properties: plan (arguments, model files), prepare-ssd (arguments), train (arguments, recipe
-files).
+Default run: FAST_EXAMPLES cases per property. The `long` tests (scripts/record_tests.py --long, recorded in
+docs/results.md) run SLOW_EXAMPLES_PER_COMMAND (2,000) per command, split evenly over its properties: plan
+(arguments, model files), prepare-ssd (arguments), train (arguments, recipe files).
 """
 
 from __future__ import annotations
@@ -332,6 +332,7 @@ def _command(name: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("name", list(CASES))
 def test_fuzzed_inputs_never_crash_2000_cases_per_command(name):
     strategy, case = CASES[name]
