@@ -194,3 +194,7 @@ def _at_exit() -> None:
                       zero_stage=trainer_config.zero_stage(handle.ds_config),
                       offload=trainer_config.offload_devices(handle.ds_config))
     _write(**fields)
+    if handle in _ours:
+        # Releases the region's lock and owner record (else the next job reads a stale owner) and removes the key
+        # folder install() made; the program's DeepSpeed engine does no more I/O at exit.
+        handle.uninstall()
