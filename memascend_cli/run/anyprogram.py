@@ -171,12 +171,13 @@ def run_program(cmd: list[str], env: dict[str, str], *, policy) -> tuple[int, li
 
     The session keeps a terminal's Ctrl-C away from the program: the CLI forwards it (and SIGTERM; SIGHUP as
     SIGTERM) to the whole process group once, and SIGKILLs the group on a second request or when policy.grace_s
-    runs out. The first process dies with the CLI (PR_SET_PDEATHSIG) and every Python process of the program watches
-    the CLI's lifeline (the hook starts it), so nothing outlives the CLI. What the program leaves in its session when
-    its first process exits gets SIGTERM, then SIGKILL after LEFTOVER_GRACE_S.
+    runs out. Every Python process of the program watches the CLI's lifeline (the hook starts it) and SIGKILLs the
+    whole session once the CLI is gone, so nothing outlives the CLI. No PR_SET_PDEATHSIG here (unlike train's
+    launcher): a program that exits on that SIGTERM before its lifeline fires would leave its other processes
+    behind. What the program leaves in its session when its first process exits gets SIGTERM, then SIGKILL after
+    LEFTOVER_GRACE_S.
     """
     from memascend_cli.errors import BadInput
-    from memascend_cli.run import lifeline
     from memascend_cli.run.launch import (
         SIGNAL_REASONS,
         StopState,
@@ -205,7 +206,7 @@ def run_program(cmd: list[str], env: dict[str, str], *, policy) -> tuple[int, li
             signal_group(proc.pid, signal.SIGKILL)
 
     try:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lifeline.die_with_parent())
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     except (FileNotFoundError, PermissionError) as exc:
         raise BadInput(f"cannot run {cmd[0]}: {exc.strerror}", "check the command after --") from None
     previous = {s: signal.signal(s, on_signal) for s in SIGNAL_REASONS} if main_thread() else {}
