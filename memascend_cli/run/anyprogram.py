@@ -60,11 +60,13 @@ def hook_dir() -> str:
 
 def build_env(base: dict[str, str], *, hook: str, status_dir: str, region: str | None, model: str | None,
               lifeline_token: str) -> dict[str, str]:
-    """The program's environment: `base` with the hook first on PYTHONPATH, its settings, and the CLI's lifeline
-    (memascend_cli/run/lifeline.py; the hook starts the watch in every Python process). Pure."""
+    """The program's environment: `base` with the hook first on PYTHONPATH, its settings, the CLI's lifeline
+    (memascend_cli/run/lifeline.py; the hook starts the watch in every Python process) and the engine ranks'
+    variables (defaults.ENGINE_ENV) where `base` does not set them. Pure."""
+    from memascend_cli.defaults import ENGINE_ENV
     from memascend_cli.run import lifeline
 
-    env = dict(base)
+    env = {**ENGINE_ENV, **base}
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook]
     env["PYTHONPATH"] = os.pathsep.join([hook, *rest])
     env[ENV] = json.dumps({"region": region, "model": model, "status_dir": status_dir})

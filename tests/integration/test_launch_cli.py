@@ -75,7 +75,7 @@ def test_hf_trainer_script_run_with_python(tmp_path):
                            str(nvme), str(out), region=make_region(tmp_path, "512MiB"), env=env)
     assert proc.returncode == 0, proc.stderr[-6000:]
     r = _engaged_rank(records)
-    assert f"rank 0: engine engaged, region read" in proc.stderr
+    assert "rank 0: engine engaged, region read" in proc.stderr
     result = json.loads(out.read_text())
     assert len(result["losses"]) == 3 and result["files"] == []
     # memascend's knobs reached the config the Trainer gave DeepSpeed.

@@ -36,6 +36,9 @@ def test_build_env_puts_the_hook_first_once_and_keeps_the_rest():
     assert env["HOME"] == "/h" and base["PYTHONPATH"] == "/a:/hook::/b"
     assert anyprogram.parse_env(env) == {"region": "/r", "model": "tiny", "status_dir": "/run/status"}
     assert env[lifeline.ENV] == "b:1:2:3"
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"  # defaults.ENGINE_ENV, as train's engine ranks get it
+    assert anyprogram.build_env({"THP_MEM_ALLOC_ENABLE": "0"}, hook="/h", status_dir="/s", region=None, model=None,
+                                lifeline_token="t")["THP_MEM_ALLOC_ENABLE"] == "0"
     assert anyprogram.build_env({}, hook="/hook", status_dir="/s", region=None, model=None,
                                 lifeline_token="t")["PYTHONPATH"] == "/hook"
 
@@ -139,4 +142,6 @@ def test_bad_input_is_one_line(tmp_path):
     assert p.returncode == 2 and p.stderr.splitlines()[0] == "error: command 'no-such-program-here' not found"
     p = _cli("--region", str(tmp_path / "none"), "--", "true")
     assert p.returncode == 1 and "error: region" in p.stderr and "does not exist" in p.stderr
+    p = _cli("--model", "no-such-model-anywhere", "--", "true")
+    assert p.returncode == 2 and p.stderr.startswith("error: ")
     assert "Traceback" not in p.stderr
