@@ -147,14 +147,14 @@ def summarize(records: list[dict]) -> list[tuple[str, str]]:
     if engaged or any(r.get("state") == FAILED for r in records):
         return lines
     missing = [r for r in records if r.get("state") == NO_ENGINE]
-    if any(r.get("state") == IMPORTED for r in records):
-        lines.append(("warn", "the engine never engaged: the program imported DeepSpeed but never called "
-                              "deepspeed.zero.Init or deepspeed.initialize"))
-    elif missing:
+    if missing:  # first: a launcher in memascend's Python can import DeepSpeed while the ranks run in another
         pythons = ", ".join(sorted({r.get("python", "?") for r in missing}))
         lines.append(("warn", f"the engine never engaged: the program's Python ({pythons}) cannot import "
                               f"memascend_engine ({missing[0].get('error')}); run the program with the Python "
                               "memascend is installed in, or install memascend[train] into its environment"))
+    elif any(r.get("state") == IMPORTED for r in records):
+        lines.append(("warn", "the engine never engaged: the program imported DeepSpeed but never called "
+                              "deepspeed.zero.Init or deepspeed.initialize"))
     else:
         lines.append(("warn", "the engine never engaged: no Python process of the program imported DeepSpeed (or "
                               "its interpreter ignores PYTHONPATH: python -E, -I or -S)"))

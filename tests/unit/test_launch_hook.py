@@ -93,7 +93,8 @@ def test_summary_of_a_failed_install():
 @pytest.mark.parametrize("records, why", [
     ([], "no Python process of the program imported DeepSpeed"),
     ([{"pid": 1, "rank": None, "state": "imported"}], "never called deepspeed.zero.Init or deepspeed.initialize"),
-    ([{"pid": 1, "state": "no_engine", "python": "/other/venv/bin/python", "error": "ModuleNotFoundError: x"}],
+    ([{"pid": 1, "rank": None, "state": "imported"},
+      {"pid": 2, "state": "no_engine", "python": "/other/venv/bin/python", "error": "ModuleNotFoundError: x"}],
      "the program's Python (/other/venv/bin/python) cannot import memascend_engine (ModuleNotFoundError: x)"),
 ])
 def test_summary_says_why_the_engine_never_engaged(records, why):
