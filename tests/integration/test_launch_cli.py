@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -193,3 +194,37 @@ def test_nothing_outlives_a_killed_cli(tmp_path):
     cli.kill()
     cli.wait()
     assert _gone(pids), "the program's processes outlived the CLI"
+
+
+@pytest.mark.skipif(shutil.which("llamafactory-cli") is None, reason="LLaMA-Factory is not installed (not a memascend "
+                    "dependency; its pins want their own venv, see README 'Any program, unmodified')")
+def test_llamafactory_cli_train_recipe(tmp_path):
+    """`llamafactory-cli train RECIPE` with LLaMA-Factory's own ZeRO-3 CPU-offload config ("auto" values): the engine
+    installs in the rank torchrun starts and moves the offload to the region. The recipe is tests/assets/llamafactory's
+    with its `deepspeed:` line back, 3 steps, no eval, and `use_cpu` (this CPU machine)."""
+    from tests.integration.test_llamafactory_cpu import ASSETS, tiny_model_dir
+
+    work = tmp_path / "lf"
+    shutil.copytree(ASSETS, work)
+    shutil.copy(HERE.parent / "assets" / "hf" / "llamafactory_ds_z3_offload_config.json", work / "ds_z3.json")
+    text = (work / "tiny_full_sft.yaml").read_text()
+    for old, new in (("MODEL_DIR", tiny_model_dir(str(tmp_path / "tiny-instruct"))), ("OUTPUT_DIR", "saves/sft"),
+                     ("trust_remote_code: true", "trust_remote_code: true\ndeepspeed: ds_z3.json"),
+                     ("num_train_epochs: 1.0", "max_steps: 3"), ("bf16: true", "bf16: true\nuse_cpu: true"),
+                     ("preprocessing_num_workers: 16", "preprocessing_num_workers: 1"),
+                     ("dataloader_num_workers: 4", "dataloader_num_workers: 0"),
+                     ("val_size: 0.1", "val_size: 0.0"), ("eval_strategy: steps", "eval_strategy: 'no'")):
+        assert old in text
+        text = text.replace(old, new)
+    (work / "recipe.yaml").write_text(text)
+    run_dir = tmp_path / "run"
+    env = _env(FORCE_TORCHRUN="1", NPROC_PER_NODE="1", DISABLE_VERSION_CHECK="1")
+    # Its own venv first: LLaMA-Factory starts `torchrun` from PATH, which must be the Python that has llamafactory.
+    env["PATH"] = os.path.dirname(shutil.which("llamafactory-cli")) + os.pathsep + env["PATH"]
+    proc = subprocess.run([sys.executable, "-m", "memascend_cli", "launch", "--run-dir", str(run_dir), "--region",
+                           make_region(tmp_path, "512MiB"), "--", "llamafactory-cli", "train", "recipe.yaml"],
+                          env=env, cwd=work, capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "moved to NVMe (the region)" in proc.stderr
+    _engaged_rank([json.loads(p.read_text()) for p in (run_dir / "status").glob("*.json")])
+    assert (work / "saves" / "sft" / "model.safetensors").exists()
