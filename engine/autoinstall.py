@@ -97,6 +97,24 @@ def _active():
     return runtime.active()
 
 
+def _installed() -> bool:
+    """True once the engine is installed in this process; an installation the program made itself is recorded."""
+    handle = _active()
+    if handle is None:
+        return False
+    if handle not in _ours and not _record.get("by_program"):
+        _write(**_describe(handle), by_program=True)
+    return True
+
+
+def _describe(handle) -> dict:
+    from memascend_engine import trainer_config
+
+    return dict(state=anyprogram.ENGAGED, region=handle.region, nvme=bool(handle.param_nvme or handle.opt_nvme),
+                zero_stage=trainer_config.zero_stage(handle.ds_config),
+                offload=trainer_config.offload_devices(handle.ds_config))
+
+
 def _as_dict(config):
     """A config dict for a path or base64 string, read as deepspeed.initialize reads it (load_ds_config); dicts as
     they are."""
@@ -110,7 +128,6 @@ def _as_dict(config):
 def _engage(config: dict) -> None:
     """install() with this config (rewritten in place), once per process; records the outcome."""
     import memascend_engine
-    from memascend_engine import trainer_config
 
     region = _settings.get("region")
     try:
@@ -120,9 +137,7 @@ def _engage(config: dict) -> None:
         _write(state=anyprogram.FAILED, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
         raise
     _ours.append(handle)
-    _write(state=anyprogram.ENGAGED, region=region, nvme=bool(handle.param_nvme or handle.opt_nvme),
-           zero_stage=trainer_config.zero_stage(handle.ds_config),
-           offload=trainer_config.offload_devices(handle.ds_config))
+    _write(**_describe(handle))
 
 
 def _wrap_initialize(ds) -> None:
@@ -131,7 +146,7 @@ def _wrap_initialize(ds) -> None:
 
     @functools.wraps(original)
     def initialize(*args, **kwargs):
-        if _active() is not None:
+        if _installed():
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         a = bound.arguments
@@ -163,7 +178,7 @@ def _wrap_zero_init(init_class) -> None:
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
-        if _active() is not None:
+        if _installed():
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         a = bound.arguments
@@ -187,12 +202,7 @@ def _at_exit() -> None:
     fields = dict(bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"],
                   swap_files=stats["swap_files_created"])
     if handle not in _ours:  # the program called install() itself
-        from memascend_engine import trainer_config
-
-        fields.update(state=anyprogram.ENGAGED, by_program=True, region=handle.region,
-                      nvme=bool(handle.param_nvme or handle.opt_nvme),
-                      zero_stage=trainer_config.zero_stage(handle.ds_config),
-                      offload=trainer_config.offload_devices(handle.ds_config))
+        fields.update(_describe(handle), by_program=True)
     _write(**fields)
     if handle in _ours:
         # Releases the region's lock and owner record (else the next job reads a stale owner) and removes the key

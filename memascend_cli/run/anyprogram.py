@@ -131,6 +131,9 @@ def summarize(records: list[dict]) -> list[tuple[str, str]]:
             lines.append(("warn", f"{who}: engine installed, but its DeepSpeed config offloads nothing to NVMe (ZeRO "
                                   f"stage {r.get('zero_stage')}, offload {r.get('offload') or 'none'}): nothing went "
                                   "to the SSD; use ZeRO-3, and the engine moves the offload to the region"))
+        elif "bytes_read" not in r and r.get("by_program"):
+            lines.append(("ok", f"{who}: engine installed by the program itself (memascend_engine.install()); its "
+                                "handle's stats() has the region traffic"))
         elif "bytes_read" not in r:
             lines.append(("warn", f"{who}: engine engaged; no I/O totals (the process did not exit normally)"))
         elif r["bytes_read"] + r["bytes_written"] == 0 and r.get("region"):

@@ -75,6 +75,7 @@ def test_hf_trainer_script_run_with_python(tmp_path):
     proc, records = launch(tmp_path, "python", str(HERE / "hf_trainer_job.py"), "plain", str(HF_CONFIG), "-",
                            str(nvme), str(out), region=make_region(tmp_path, "512MiB"), env=env)
     assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "memascend_engine.install()" not in proc.stderr
     r = _engaged_rank(records)
     assert "rank 0: engine engaged, region read" in proc.stderr
     result = json.loads(out.read_text())
@@ -83,6 +84,17 @@ def test_hf_trainer_script_run_with_python(tmp_path):
     zo = result["trainer_config"]["zero_optimization"]
     assert zo["offload_param"]["max_in_cpu"] == 0 and zo["stage3_max_reuse_distance"] == 0
     assert r["offload"] == {"offload_param": "nvme", "offload_optimizer": "nvme"}
+
+
+def test_a_script_that_installs_the_engine_itself_is_left_alone(tmp_path):
+    region = make_region(tmp_path, "512MiB")
+    env = _env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    proc, records = launch(tmp_path, "python", str(HERE / "hf_trainer_job.py"), "before", str(HF_CONFIG), region,
+                           str(tmp_path / "nvme"), str(tmp_path / "out.json"), region=region, env=env)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert [(r["state"], r.get("by_program")) for r in records] == [("engaged", True)]
+    assert "rank 0: engine installed by the program itself" in proc.stderr
+    assert json.loads((tmp_path / "out.json").read_text())["stats"]["bytes_read"] > 0
 
 
 def test_deepspeed_launcher_with_a_config_path(tmp_path):

@@ -85,6 +85,15 @@ def test_summary_says_when_nothing_reaches_the_ssd():
     assert level == "warn" and "did not exit normally" in text
 
 
+def test_summary_of_an_install_the_program_made_itself():
+    engaged = _engaged(0, by_program=True)
+    assert anyprogram.summarize([engaged])[0] == ("ok", "rank 0: engine engaged, region read 3.00 MiB, written "
+                                                        "5.00 MiB, 0 swap files")
+    del engaged["bytes_read"]  # it called uninstall() before exit
+    (level, text), = anyprogram.summarize([engaged])
+    assert level == "ok" and "installed by the program itself" in text
+
+
 def test_summary_of_a_failed_install():
     lines = anyprogram.summarize([{"pid": 5, "rank": 0, "state": "failed", "error": "SSDNotReady: too small"}])
     assert lines == [("error", "rank 0: installing the engine failed: SSDNotReady: too small")]
