@@ -193,8 +193,8 @@ def _wrap_zero_init(init_class) -> None:
 
 
 def _at_exit() -> None:
-    if "memascend_engine.runtime" not in sys.modules:  # never installed (a launcher process)
-        return
+    if "memascend_engine.runtime" not in sys.modules or _record.get("pid") != os.getpid():
+        return  # never installed (a launcher process), or a fork of the process that installed (the record is not its)
     handle = _active()
     if handle is None:
         return

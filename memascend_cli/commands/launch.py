@@ -70,7 +70,8 @@ def launch_command(
         _check_region(region)
     else:
         err.print("note: no --region: the engine runs without Direct NVMe (DeepSpeed's swap files under the config's "
-                  "nvme_path); prepare one with `memascend prepare-ssd`", highlight=False)
+                  "nvme_path); prepare one with `memascend prepare-ssd`", highlight=False,
+                  soft_wrap=True)
     require_engine()
     hook = anyprogram.hook_dir()
     keep = run_dir is not None
@@ -83,7 +84,7 @@ def launch_command(
                                lifeline_token=lifeline.token())
     note = leftovers.sweep().note()
     if note:
-        err.print(f"note: {note}", highlight=False)
+        err.print(f"note: {note}", highlight=False, soft_wrap=True)
     try:
         code, stops = anyprogram.run_program(command, env, policy=StopPolicy(
             grace_s=DEFAULT_STOP_GRACE_S if stop_grace_s is None else stop_grace_s))
@@ -96,7 +97,7 @@ def launch_command(
             shutil.rmtree(run_dir, ignore_errors=True)
     if stops:
         err.print(f"stopped ({', '.join(dict.fromkeys(stops))}); the program exited with status {code}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_STOPPED)
     if code:
         err.print(f"the program exited with status {code}", highlight=False)
