@@ -97,10 +97,7 @@ def test_a_script_that_installs_the_engine_itself_is_left_alone(tmp_path):
     assert json.loads((tmp_path / "out.json").read_text())["stats"]["bytes_read"] > 0
 
 
-def test_deepspeed_launcher_with_a_config_path(tmp_path):
-    """ds_plain_job.py through DeepSpeed's own launcher: the config reaches zero.Init and deepspeed.initialize as a
-    path (`--deepspeed_config`); the engine installs at zero.Init, the launcher processes only import DeepSpeed."""
-    nvme = tmp_path / "nvme"
+def _plain_config(tmp_path: Path, nvme: Path) -> Path:
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
               "zero_optimization": {"stage": 3,
@@ -108,15 +105,35 @@ def test_deepspeed_launcher_with_a_config_path(tmp_path):
                                     "offload_optimizer": {"device": "nvme", "nvme_path": str(nvme),
                                                           "pin_memory": True}}}
     (tmp_path / "ds.json").write_text(json.dumps(config))
-    out = tmp_path / "out.json"
+    return tmp_path / "ds.json"
+
+
+def test_deepspeed_launcher_with_a_config_path(tmp_path):
+    """ds_plain_job.py through DeepSpeed's own launcher: the config reaches zero.Init and deepspeed.initialize as a
+    path (`--deepspeed_config`); the engine installs at zero.Init, the launcher processes only import DeepSpeed."""
+    nvme, out = tmp_path / "nvme", tmp_path / "out.json"
     proc, records = launch(tmp_path, "deepspeed", "--num_gpus", "1", "--master_port", str(_free_port()),
                            str(HERE / "ds_plain_job.py"), "--deepspeed", "--deepspeed_config",
-                           str(tmp_path / "ds.json"), "--out", str(out), region=make_region(tmp_path, "256MiB"))
+                           str(_plain_config(tmp_path, nvme)), "--out", str(out),
+                           region=make_region(tmp_path, "256MiB"))
     assert proc.returncode == 0, proc.stderr[-6000:]
     _engaged_rank(records)
     assert {r["state"] for r in records if r["rank"] is None} == {"imported"}  # runner.py and launch.py
     assert len(json.loads(out.read_text())["losses"]) == 3
     assert _files(nvme) == []
+
+
+def test_without_a_region_the_engine_uses_deepspeeds_swap_files(tmp_path):
+    nvme = tmp_path / "nvme"
+    proc, records = launch(tmp_path, "deepspeed", "--num_gpus", "1", "--master_port", str(_free_port()),
+                           str(HERE / "ds_plain_job.py"), "--deepspeed", "--deepspeed_config",
+                           str(_plain_config(tmp_path, nvme)), "--out", str(tmp_path / "out.json"))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "note: no --region: the engine runs without Direct NVMe" in proc.stderr
+    r, = [r for r in records if r["state"] == "engaged"]
+    assert r["region"] is None and r["swap_files"] > 0 and len(_files(nvme)) == r["swap_files"]
+    assert f"rank 0: engine engaged without a region (no Direct NVMe): {r['swap_files']} DeepSpeed swap files" \
+        in proc.stderr
 
 
 def test_accelerate_launch_with_deepspeed(tmp_path):
