@@ -108,16 +108,22 @@ def _plain_config(tmp_path: Path, nvme: Path) -> Path:
     return tmp_path / "ds.json"
 
 
-def test_deepspeed_launcher_with_a_config_path(tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_deepspeed_launcher_with_a_config_path(tmp_path, ranks):
     """ds_plain_job.py through DeepSpeed's own launcher: the config reaches zero.Init and deepspeed.initialize as a
-    path (`--deepspeed_config`); the engine installs at zero.Init, the launcher processes only import DeepSpeed."""
+    path (`--deepspeed_config`); the engine installs at zero.Init, each rank in its own sub-region of the region, and
+    the launcher processes only import DeepSpeed."""
     nvme, out = tmp_path / "nvme", tmp_path / "out.json"
-    proc, records = launch(tmp_path, "deepspeed", "--num_gpus", "1", "--master_port", str(_free_port()),
+    proc, records = launch(tmp_path, "deepspeed", "--num_gpus", str(ranks), "--master_port", str(_free_port()),
                            str(HERE / "ds_plain_job.py"), "--deepspeed", "--deepspeed_config",
                            str(_plain_config(tmp_path, nvme)), "--out", str(out),
-                           region=make_region(tmp_path, "256MiB"))
+                           region=make_region(tmp_path, "256MiB", ranks=ranks))
     assert proc.returncode == 0, proc.stderr[-6000:]
-    _engaged_rank(records)
+    engaged = [r for r in records if r["state"] == "engaged"]
+    assert sorted(r["rank"] for r in engaged) == list(range(ranks))
+    for r in engaged:
+        assert r["nvme"] and r["bytes_read"] > 0 and r["bytes_written"] > 0 and r["swap_files"] == 0
+        assert f"rank {r['rank']}: engine engaged, region read" in proc.stderr
     assert {r["state"] for r in records if r["rank"] is None} == {"imported"}  # runner.py and launch.py
     assert len(json.loads(out.read_text())["losses"]) == 3
     assert _files(nvme) == []
