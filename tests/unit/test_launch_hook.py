@@ -155,3 +155,19 @@ def test_bad_input_is_one_line(tmp_path):
     p = _cli("--model", "no-such-model-anywhere", "--", "true")
     assert p.returncode == 2 and p.stderr.startswith("error: ")
     assert "Traceback" not in p.stderr
+
+
+def test_a_region_another_job_holds_is_refused_before_the_program_starts(tmp_path):
+    """Any of its rank sub-regions (the program's rank count is unknown before it starts)."""
+    from tests.cli.test_region_owner import _holder, _prepare
+
+    path = _prepare(tmp_path, ranks=2)
+    holder = _holder(path, 1)
+    try:
+        p = _cli("--region", path, "--", "touch", str(tmp_path / "started"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert p.returncode == 1, p.stderr
+    assert f"error: region {path}: rank 1's sub-region is in use by pid {holder.pid}" in p.stderr
+    assert not (tmp_path / "started").exists()
