@@ -405,6 +405,11 @@ def _cuda() -> bool:
         return False
 
 
+def active() -> Installed | None:
+    """The installation live in this process, None when there is none."""
+    return _active
+
+
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,
             rank: int | None = None) -> Installed:
     """Plug the engine into DeepSpeed; rewrites ``ds_config`` in place (see ``Installed.config_changes``).

@@ -55,6 +55,7 @@ def _register_optional() -> None:
     for module_name, command_name, func_name in (
         ("memascend_cli.commands.prepare_ssd", "prepare-ssd", "prepare_ssd_command"),
         ("memascend_cli.commands.train", "train", "train_command"),
+        ("memascend_cli.commands.launch", "launch", "launch_command"),
         ("memascend_cli.commands.bench", "bench", "bench_command"),
         ("memascend_cli.commands.export", "export", "export_command"),
         ("memascend_cli.commands.import_gguf", "import-gguf", "import_gguf_command"),

@@ -292,20 +292,20 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: 
         if action == "graceful":
             with open(os.path.join(spec.run_dir, STOP_FILE), "w") as f:
                 f.write(f"stop requested by {reason}\n")
-            _say(f"[yellow]stopping ({reason}):[/yellow] finishing the current step and saving a checkpoint "
+            say(f"[yellow]stopping ({reason}):[/yellow] finishing the current step and saving a checkpoint "
                  f"(a second signal, or {policy.grace_s:g} s from now, stops at once)")
         elif action == "at once":
-            _say(f"[red]stopping at once:[/red] {state.at_once}")
+            say(f"[red]stopping at once:[/red] {state.at_once}")
             if spec.deepspeed_env and not kill_at:
                 # The multi-node runner ends the other nodes' launchers on SIGTERM (pdsh kill command); then SIGKILL.
-                _signal_group(proc.pid, signal.SIGTERM, leader_only=True)
+                signal_group(proc.pid, signal.SIGTERM, leader_only=True)
                 kill_at.append(time.monotonic() + MULTI_NODE_KILL_WAIT_S)
             else:
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
 
     def on_signal(signum, frame):
         if signum == signal.SIGHUP:
-            _detach_from_hung_up_terminal()
+            detach_from_hung_up_terminal()
         reason = SIGNAL_REASONS[signal.Signals(signum)]
         stop(state.request(reason, time.monotonic()), reason)
 
@@ -317,18 +317,18 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: 
         except FileNotFoundError:
             raise MemascendError(f"DeepSpeed launcher {spec.cmd[0]} not found",
                                  "install the training extras: pip install 'memascend[train]'") from None
-        previous = {s: signal.signal(s, on_signal) for s in SIGNAL_REASONS} if _main_thread() else {}
+        previous = {s: signal.signal(s, on_signal) for s in SIGNAL_REASONS} if main_thread() else {}
         watch = RankWatch(spec.run_dir, spec.num_ranks)
         try:
             # Until the whole session is gone: under systemd or Slurm's scancel every process gets SIGTERM, the
             # single-node runner dies of it at once, and the ranks still finish their step and checkpoint.
-            while proc.poll() is None or _group_members(proc.pid):
+            while proc.poll() is None or group_members(proc.pid):
                 now = time.monotonic()
                 action = state.tick(now)
                 if action != "none":
                     stop(action, "--stop-after")
                 if kill_at and now >= kill_at[0]:
-                    _signal_group(proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
                 watch.poll()
                 if on_poll is not None:
                     on_poll()
@@ -339,13 +339,13 @@ def _run_launch(spec: LaunchSpec, *, on_poll=None, poll_s: float = 0.5, policy: 
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            _wait_group_gone(proc.pid)
+            wait_group_gone(proc.pid)
     code = proc.returncode
     stopped = stopped_marks(spec.run_dir, spec.num_ranks)
     if stopped is not None:  # also when the grace ran out just after the ranks' checkpoint completed
         step, checkpoint = stopped
         why = f" ({', '.join(dict.fromkeys(state.reasons))})" if state.reasons else ""
-        _say(f"stopped at step {step}{why}: checkpoint {checkpoint} is complete; continue with "
+        say(f"stopped at step {step}{why}: checkpoint {checkpoint} is complete; continue with "
              "`memascend train RECIPE --resume`")
         return EXIT_STOPPED if state.external else 0
     if code == 0:
@@ -386,7 +386,7 @@ def stopped_marks(run_dir: str, num_ranks: int) -> tuple[int, str] | None:
     return found.pop() if len(found) == 1 else None
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
     """A status line on stderr; a terminal that hung up (SIGHUP) must not end the stop."""
     from memascend_cli.console import err
 
@@ -396,7 +396,7 @@ def _say(text: str) -> None:
         pass
 
 
-def _detach_from_hung_up_terminal() -> None:
+def detach_from_hung_up_terminal() -> None:
     """After SIGHUP, writes to the terminal fail (EIO): point stdout/stderr that were a terminal at /dev/null so the
     stop can still finish."""
     null = os.open(os.devnull, os.O_WRONLY)
@@ -406,7 +406,7 @@ def _detach_from_hung_up_terminal() -> None:
     os.close(null)
 
 
-def _signal_group(pgid: int, sig: int, *, leader_only: bool = False) -> None:
+def signal_group(pgid: int, sig: int, *, leader_only: bool = False) -> None:
     try:
         if leader_only:
             os.kill(pgid, sig)
@@ -416,7 +416,7 @@ def _signal_group(pgid: int, sig: int, *, leader_only: bool = False) -> None:
         pass
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group `pgid`, from /proc/<pid>/stat."""
     out = []
     for name in os.listdir("/proc"):
@@ -437,13 +437,13 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
 
 
-def _wait_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
+def wait_group_gone(pgid: int, timeout_s: float = 15.0) -> None:
     """Wait until no process of the launcher's session is left (ranks outliving a killed launcher), so what they
     hold can be swept; SIGKILL them after timeout_s."""
     deadline = time.monotonic() + timeout_s
-    while _group_members(pgid):
+    while group_members(pgid):
         if time.monotonic() > deadline:
-            for pid in _group_members(pgid):
+            for pid in group_members(pgid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -517,7 +517,7 @@ def _killed_by(code: int) -> str | None:
     return None
 
 
-def _main_thread() -> bool:
+def main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()

@@ -1,8 +1,9 @@
 """A plain Hugging Face Trainer script with `memascend_engine.install()` (run by test_hf_trainer_install.py).
 
-usage: hf_trainer_job.py before|after CONFIG.json REGION NVME_PATH OUT.json
+usage: hf_trainer_job.py before|after|plain CONFIG.json REGION NVME_PATH OUT.json
 
-`before` / `after`: install() is called before or after TrainingArguments. The model is a tiny random Llama built from
+`before` / `after`: install() is called before or after TrainingArguments; `plain`: never (the script as its user
+wrote it, run by `memascend launch` in test_launch_cli.py; REGION is not used). The model is a tiny random Llama built from
 a config (no download); the data are random token ids. Writes the handle's stats, the losses and the files found
 under NVME_PATH.
 """
@@ -51,12 +52,13 @@ def main() -> None:
     data = [{"input_ids": row, "labels": row} for row in ids]
     losses = Losses()
     Trainer(model=model, args=args, train_dataset=data, callbacks=[losses]).train()
-    stats = handle.stats()
+    stats = handle.stats() if handle is not None else None
     files = [os.path.join(d, n) for d, _, names in os.walk(nvme_path) for n in names]
     with open(out, "w") as f:
         json.dump({"stats": stats, "losses": losses.losses, "files": files,
                    "trainer_config": args.hf_deepspeed_config.config}, f, default=str)
-    handle.uninstall()
+    if handle is not None:
+        handle.uninstall()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,210 @@
+"""The engine in a program that never calls `install()`: what `memascend launch`'s start-up hook runs in every Python
+process of the program (engine/launch_hook/sitecustomize.py; the CLI side is memascend_cli/run/anyprogram.py).
+
+`start()` waits for `import deepspeed` (a finder on sys.meta_path; nothing is imported before the program does) and
+then wraps `deepspeed.initialize` and `deepspeed.zero.Init`: the first of them that the program calls installs the
+engine with the config it passes (a path, or `args.deepspeed_config`, is read and passed on as the dict install()
+rewrote), then runs the call. zero.Init comes first under the HF Trainer (from_pretrained with ZeRO-3), and the
+parameters it partitions already go through the engine's swapper. A program that calls install() itself is left
+alone. Each process that imports DeepSpeed leaves a record (anyprogram.write_record): imported, engaged (with the
+region traffic at exit) or failed.
+
+Stdlib only until the program imports DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.util
+import inspect
+import os
+import sys
+
+from memascend_cli.run import anyprogram, lifeline
+
+_settings: dict = {}
+_record: dict = {}
+_ours: list = []
+"""The Installed handle this hook made (empty until then)."""
+
+
+def start(env=os.environ) -> bool:
+    """In a process started by `memascend launch`: watch the CLI's lifeline and install the engine once DeepSpeed is
+    imported. False (nothing done) elsewhere."""
+    cfg = anyprogram.parse_env(env)
+    if cfg is None:
+        return False
+    _settings.update(cfg)
+    lifeline.watch(env)
+    if "deepspeed" in sys.modules:
+        _on_import(sys.modules["deepspeed"])
+    else:
+        sys.meta_path.insert(0, _DeepSpeedImport())
+    return True
+
+
+class _DeepSpeedImport:
+    """A meta path finder that lets the real finder load `deepspeed` and wraps the program's entry points right after
+    the package has run (and before the importer sees it). It stays until the import happens: transformers and
+    accelerate ask importlib.util.find_spec("deepspeed") first, which returns a spec without importing."""
+
+    def __init__(self):
+        self.busy = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "deepspeed" or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)  # the finders after this one
+        finally:
+            self.busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_wrap(module):
+            exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _on_import(module)
+
+        spec.loader.exec_module = exec_then_wrap  # this spec's own loader instance
+        return spec
+
+
+def _write(**fields) -> None:
+    _record.update(fields)
+    try:
+        anyprogram.write_record(_settings["status_dir"], _record)
+    except OSError:  # the CLI's temporary run folder is gone: it no longer reads records
+        pass
+
+
+def _on_import(ds) -> None:
+    rank = os.environ.get("RANK")
+    _record.update(pid=os.getpid(), rank=int(rank) if rank and rank.isdigit() else None, argv=sys.argv[:3])
+    _write(state=anyprogram.IMPORTED)
+    _wrap_initialize(ds)
+    _wrap_zero_init(ds.zero.Init)
+    atexit.register(_at_exit)
+
+
+def _active():
+    from memascend_engine import runtime
+
+    return runtime.active()
+
+
+def _installed() -> bool:
+    """True once the engine is installed in this process; an installation the program made itself is recorded."""
+    handle = _active()
+    if handle is None:
+        return False
+    if handle not in _ours and not _record.get("by_program"):
+        _write(**_describe(handle), by_program=True)
+    return True
+
+
+def _describe(handle) -> dict:
+    from memascend_engine import trainer_config
+
+    return dict(state=anyprogram.ENGAGED, region=handle.region, nvme=bool(handle.param_nvme or handle.opt_nvme),
+                zero_stage=trainer_config.zero_stage(handle.ds_config),
+                offload=trainer_config.offload_devices(handle.ds_config))
+
+
+def _as_dict(config):
+    """A config dict for a path or base64 string, read as deepspeed.initialize reads it (load_ds_config); dicts as
+    they are."""
+    if config is None or isinstance(config, dict):
+        return config
+    from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
+
+    return load_ds_config(config)
+
+
+def _engage(config: dict) -> None:
+    """install() with this config (rewritten in place), once per process; records the outcome."""
+    import memascend_engine
+
+    region = _settings.get("region")
+    try:
+        handle = memascend_engine.install(config, region=region, model_spec=_settings.get("model"),
+                                          options=memascend_engine.EngineOptions(direct_nvme=bool(region)))
+    except Exception as exc:
+        _write(state=anyprogram.FAILED, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        raise
+    _ours.append(handle)
+    _write(**_describe(handle))
+
+
+def _wrap_initialize(ds) -> None:
+    original = ds.initialize
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def initialize(*args, **kwargs):
+        if _installed():
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        a = bound.arguments
+        config = a.get("config") if a.get("config") is not None else a.get("config_params")
+        cli_args = a.get("args")
+        if config is None and getattr(cli_args, "deepspeed_config", None) is not None:
+            # deepspeed.initialize refuses a config given both ways (deepspeed/__init__.py, "Not sure how to
+            # proceed"): the program's argparse namespace is copied with the path taken out.
+            import copy
+
+            config, cli_args = cli_args.deepspeed_config, copy.copy(cli_args)
+            cli_args.deepspeed_config = None
+            a["args"] = cli_args
+        config = _as_dict(config)
+        if config is None:
+            return original(*args, **kwargs)  # DeepSpeed's own error for a call without a config
+        a.pop("config_params", None)
+        a["config"] = config
+        _engage(config)
+        # The module attribute is now install()'s hook around this function: it rewrites the config DeepSpeed gets.
+        return ds.initialize(*bound.args, **bound.kwargs)
+
+    ds.initialize = initialize
+
+
+def _wrap_zero_init(init_class) -> None:
+    original = init_class.__init__
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        if _installed():
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        a = bound.arguments
+        key = "config_dict_or_path" if a.get("config_dict_or_path") is not None else "config"
+        if a.get("enabled", True) is False or a.get(key) is None:
+            return original(self, *args, **kwargs)
+        a[key] = _as_dict(a[key])
+        _engage(a[key])
+        return original(*bound.args, **bound.kwargs)
+
+    init_class.__init__ = __init__
+
+
+def _at_exit() -> None:
+    if "memascend_engine.runtime" not in sys.modules or _record.get("pid") != os.getpid():
+        return  # never installed (a launcher process), or a fork of the process that installed (the record is not its)
+    handle = _active()
+    if handle is None:
+        return
+    stats = handle.stats()
+    fields = dict(bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"],
+                  swap_files=stats["swap_files_created"])
+    if handle not in _ours:  # the program called install() itself
+        fields.update(_describe(handle), by_program=True)
+    _write(**fields)
+    if handle in _ours:
+        # Releases the region's lock and owner record (else the next job reads a stale owner) and removes the key
+        # folder install() made; the program's DeepSpeed engine does no more I/O at exit.
+        handle.uninstall()
