@@ -87,6 +87,7 @@ def test_tiny_bench_from_an_installed_wheel(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # which repeat stands for the run: tests/unit/test_bench_repeats.py in the default run
 def test_repeated_runs_report_the_median_and_keep_every_repeat(tmp_path):
     require_async_io()
     out = tmp_path / "bench"

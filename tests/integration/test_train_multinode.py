@@ -57,7 +57,10 @@ def ssh_env(tmp_path_factory):
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n"
         f"PidFile {d}/sshd.pid\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\n")
+        "KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\n"
+        # A node set up like this one (scripts/bootstrap.sh) has the venv first on PATH: Debian's ninja would take
+        # the prebuilt DeepSpeed ops as stale and rebuild them (and the next local run would rebuild them back).
+        f"SetEnv PATH={os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin\n")
     (d / "ssh_config").write_text(
         f"Host *\n  Port {port}\n  IdentityFile {d}/id\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
         f"  UserKnownHostsFile {d}/known_hosts\n  AddressFamily inet\n  LogLevel ERROR\n")
