@@ -428,6 +428,23 @@ def section_parity_repeat(path: str) -> str:
         ("Failing tests: " + ", ".join(f"`{t}`" for t in failing)) if failing else "No run failed.", ""]) + "\n"
 
 
+def section_long_tests(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+    (run,) = doc["runs"]
+    failed = set(run["failed"])
+    rows = [[f"`{name.split('.')[-1]}`", "failed" if name in failed else "passed", f"{seconds:.0f}"]
+            for name, seconds in sorted(run["test_seconds"].items(), key=lambda kv: -kv[1])]
+    return "\n".join([
+        "## Long tests (outside the default run)", "",
+        f"`{doc['command']}` on {doc['host']}, {doc['date']}: the tests marked `long` (pyproject.toml), which the "
+        "README's test command leaves out for time; each has a shorter form in the default run. "
+        f"Exit {run['exit_code']}: {run['passed']} passed, {len(failed)} failed, {run['skipped']} skipped in "
+        f"{run['seconds']:.0f} s. Raw data: `{os.path.relpath(path, REPO)}`.", "",
+        table(["test", "result", "seconds"], rows), ""]) + "\n"
+
+
 def section_soak(path: str) -> str:
     doc = load_one(path)
     if doc is None:
@@ -654,6 +671,7 @@ def render() -> str:
     parts.append(section_data_path(os.path.join(DOCS, "raw", "data-path-memory.json")))
     parts.append(section_parity_repeat(os.path.join(DOCS, "raw", "parity-repeat.json")))
     parts.append(section_soak(os.path.join(DOCS, "raw", "soak-train.json")))
+    parts.append(section_long_tests(os.path.join(DOCS, "raw", "long-tests.json")))
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
     parts.append(section_ds_buffers())
     parts.append(section_checksums(load(os.path.join(DOCS, "checksum-bench", "*.json"))))
