@@ -291,6 +291,15 @@ def _err_on(planned, measured) -> str:
     return "-" if not planned or not measured else pct(100.0 * (planned - measured) / measured)
 
 
+def _cap_plan_error(r: dict, planned, cap_bytes) -> str:
+    """The plan's error on both peaks; for an OOM-killed run (its peak cut at the cap) whether the plan saw it coming."""
+    if r.get("oom_killed"):
+        if not planned or not cap_bytes:
+            return "-"
+        return "plan above the cap: as measured" if planned > cap_bytes else "**plan below the cap: wrong**"
+    return f"{_err_on(planned, r['peak_system_bytes'])} / {_err_on(planned, (r.get('cgroup') or {}).get('peak_bytes'))}"
+
+
 def capped_rows(doc: dict) -> list[list[str]]:
     """One row per engine of a `bench --dram-cap` document, in CAP_HEADER order. Pure."""
     rows = []
@@ -298,17 +307,18 @@ def capped_rows(doc: dict) -> list[list[str]]:
         cg = r.get("cgroup") or {}
         pred = (r.get("predicted") or {}).get("node_host_peak_bytes")
         read, write, bpp = r.get("ssd_read_bytes_per_step"), r.get("ssd_write_bytes_per_step"), r.get("ssd_bytes_per_param")
+        first = r.get("first_step_seconds")
         rows.append([r["name"], _cap_outcome(r), gib(cg.get("peak_bytes")), gib(r["peak_system_bytes"]),
                      gib(r.get("peak_system_minus_others_bytes")), gib(r["ru_maxrss_bytes"]),
-                     r.get("peak_phase") or "-", gib(pred),
-                     f"{_err_on(pred, r['peak_system_bytes'])} / {_err_on(pred, cg.get('peak_bytes'))}",
-                     "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f}",
+                     r.get("peak_phase") or "-", gib(pred), _cap_plan_error(r, pred, doc["job"].get("dram_cap_bytes")),
+                     "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f}"
+                     + ("" if first is None else f" (step 1: {first:.1f})"),
                      "-" if read is None else f"{gib(read)} / {gib(write)} ({bpp['read']:.1f} / {bpp['write']:.1f})"])
     return rows
 
 
 CAP_HEADER = ["engine", "result", "cgroup peak GiB", "system peak GiB", "system peak less others' RSS change GiB",
-              "ru_maxrss GiB", "peak in phase", "plan GiB", "plan error on system / cgroup peak", "s/step",
+              "ru_maxrss GiB", "peak in phase", "plan GiB", "plan error on system / cgroup peak", "s/step after step 1",
               "SSD GiB per step read / write (B/param)"]
 
 
@@ -326,8 +336,10 @@ def section_capped(runs: list) -> str:
            "(the libraries and the token cache they read after the page cache was dropped, stock's swap-file I/O; the "
            "region's O_DIRECT I/O bypasses it); other processes on the machine do not move it. The system peak is "
            "MemTotal - MemAvailable less the settled idle level, which other processes do move (the next column takes "
-           "their RSS change out, a 1 Hz gauge). The plan's error is (planned - measured) / measured. An OOM kill is "
-           "read from the cgroup's own counter (`memory.oom_control` oom_kill / `memory.events`).", ""]
+           "their RSS change out, a 1 Hz gauge). The plan's error is (planned - measured) / measured; an OOM-killed "
+           "run's peak is cut at the cap, so its row says whether the plan put it above the cap. An OOM kill is read "
+           "from the cgroup's own counter (`memory.oom_control` oom_kill / `memory.events`). Step 1 also records the "
+           "parameter trace and creates the Adam states; later steps read and write them.", ""]
     for path, doc in runs:
         j, meta = doc["job"], doc.get("meta") or {}
         cap = j["dram_cap_bytes"]

@@ -36,9 +36,12 @@ def _capped_run(name: str, *, ok: bool, cgroup_peak_gib: float, system_peak_gib:
 
 def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_both_peaks():
     results = _results_module()
-    doc = {"runs": [_capped_run("memascend", ok=True, cgroup_peak_gib=5.0, system_peak_gib=4.0, planned_gib=5.5),
+    doc = {"job": {"dram_cap_bytes": 12 << 30}, "runs": [_capped_run("memascend", ok=True, cgroup_peak_gib=5.0, system_peak_gib=4.0, planned_gib=5.5),
                     _capped_run("tuned", ok=False, cgroup_peak_gib=12.0, system_peak_gib=11.0, planned_gib=20.5)]}
     mem, tuned = results.capped_rows(doc)
     assert len(mem) == len(results.CAP_HEADER)
     assert mem[1] == "ran 2 steps" and mem[2] == "5.00" and mem[3] == "4.00" and mem[8] == "+37.5% / +10.0%"
     assert tuned[1] == "**does not fit: OOM-killed at step 1 (initialize)**" and tuned[9] == "-"
+    assert tuned[8] == "plan above the cap: as measured"
+    doc["runs"][1]["predicted"]["node_host_peak_bytes"] = 11 << 30
+    assert results.capped_rows(doc)[1][8] == "**plan below the cap: wrong**"
