@@ -292,7 +292,8 @@ def _err_on(planned, measured) -> str:
 
 
 def _cap_plan_error(r: dict, planned, cap_bytes) -> str:
-    """The plan's error on both peaks; for an OOM-killed run (its peak cut at the cap) whether the plan saw it coming."""
+    """The plan's error on both peaks; for an OOM-killed run (its peak cut at the cap), whether the plan put it above
+    the cap."""
     if r.get("oom_killed"):
         if not planned or not cap_bytes:
             return "-"
@@ -306,7 +307,8 @@ def capped_rows(doc: dict) -> list[list[str]]:
     for r in doc["runs"]:
         cg = r.get("cgroup") or {}
         pred = (r.get("predicted") or {}).get("node_host_peak_bytes")
-        read, write, bpp = r.get("ssd_read_bytes_per_step"), r.get("ssd_write_bytes_per_step"), r.get("ssd_bytes_per_param")
+        read, write = r.get("ssd_read_bytes_per_step"), r.get("ssd_write_bytes_per_step")
+        bpp = r.get("ssd_bytes_per_param")
         first = r.get("first_step_seconds")
         rows.append([r["name"], _cap_outcome(r), gib(cg.get("peak_bytes")), gib(r["peak_system_bytes"]),
                      gib(r.get("peak_system_minus_others_bytes")), gib(r["ru_maxrss_bytes"]),

@@ -24,8 +24,9 @@ def _results_module():
 
 def _capped_run(name: str, *, ok: bool, cgroup_peak_gib: float, system_peak_gib: float, planned_gib: float) -> dict:
     GiB = 1 << 30
-    run = {"name": name, "ok": ok, "losses": [11.0, 10.9] if ok else [], "peak_system_bytes": int(system_peak_gib * GiB),
-           "peak_system_minus_others_bytes": None, "ru_maxrss_bytes": None, "peak_phase": "initialize",
+    run = {"name": name, "ok": ok, "losses": [11.0, 10.9] if ok else [],
+           "peak_system_bytes": int(system_peak_gib * GiB), "peak_system_minus_others_bytes": None,
+           "ru_maxrss_bytes": None, "peak_phase": "initialize",
            "predicted": {"node_host_peak_bytes": int(planned_gib * GiB)}, "seconds_per_step": 95.0 if ok else None,
            "ssd_read_bytes_per_step": None, "ssd_write_bytes_per_step": None, "ssd_bytes_per_param": None,
            "oom_killed": not ok, "cgroup": {"version": 1, "peak_bytes": int(cgroup_peak_gib * GiB)}}
@@ -36,7 +37,8 @@ def _capped_run(name: str, *, ok: bool, cgroup_peak_gib: float, system_peak_gib:
 
 def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_both_peaks():
     results = _results_module()
-    doc = {"job": {"dram_cap_bytes": 12 << 30}, "runs": [_capped_run("memascend", ok=True, cgroup_peak_gib=5.0, system_peak_gib=4.0, planned_gib=5.5),
+    doc = {"job": {"dram_cap_bytes": 12 << 30},
+           "runs": [_capped_run("memascend", ok=True, cgroup_peak_gib=5.0, system_peak_gib=4.0, planned_gib=5.5),
                     _capped_run("tuned", ok=False, cgroup_peak_gib=12.0, system_peak_gib=11.0, planned_gib=20.5)]}
     mem, tuned = results.capped_rows(doc)
     assert len(mem) == len(results.CAP_HEADER)

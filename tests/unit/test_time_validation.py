@@ -40,7 +40,8 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                            "bench-llama-136m-2ranks-fp32.json:8:256")
                 for run in ("stock", "tuned", "memascend")} | {"smollm2-360m-fp32.json:32:256:stock",
                                                                "smollm2-360m-fp32.json:32:256:memascend",
-                                                               "llama-3.2-1b-fp32-seq1024-cap12gib.json:16:1024:memascend"}
+                                                               "llama-3.2-1b-fp32-seq1024-cap12gib.json:16:1024:"
+                                                               "memascend"}
 
 
 def _date(doc: dict) -> str:
