@@ -14,6 +14,7 @@ here):
   docs/bench/history.json           superseded documents removed from the tree, and the commit that has them
   docs/bench/calibration/*.json     bench runs the planner's constants were fitted on
   docs/bench/validation/*.json      bench runs the planner was NOT fitted on (its error must stay within 10%)
+  docs/bench/capped/*.json          `memascend bench --dram-cap` runs at billion-parameter scale
   docs/bench/gpu/*.json             the GPU kit's gpu_bench.json (scripts/gpu_check.sh), when a GPU was lent
   docs/bench/train/*.json           `memascend train` runs (metrics summaries)
   docs/bench/plans/*.json           `memascend plan --json` outputs
@@ -42,6 +43,7 @@ HISTORY = os.path.join(BENCH, "history.json")
 DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-rep3-fp32.json")
 CONTEXT = os.path.join(BENCH, "context-sweep-lt-rep3-fp32.json")
 STOCK_DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-fp32.json")
+CAPPED = os.path.join(BENCH, "capped")
 PLANNER_TOLERANCE_PERCENT = 10.0
 
 
@@ -273,6 +275,87 @@ def section_planner(cal: list, val: list) -> str:
                 if rows else "(none recorded)", ""]
         if rows:
             out += [f"{within} of {len(rows)} {title} runs within {PLANNER_TOLERANCE_PERCENT:.0f}%.", ""]
+    return "\n".join(out) + "\n"
+
+
+def _cap_outcome(r: dict) -> str:
+    """How a capped run ended: its steps, or the bench's own `does not fit: OOM-killed at step k (phase)`."""
+    if r["ok"]:
+        return f"ran {len(r['losses'])} steps"
+    if r.get("oom_killed"):
+        return "**" + r["error"].replace(" under the DRAM cap", "") + "**"
+    return "failed: " + (r.get("error") or "?").splitlines()[0]
+
+
+def _err_on(planned, measured) -> str:
+    return "-" if not planned or not measured else pct(100.0 * (planned - measured) / measured)
+
+
+def _cap_plan_error(r: dict, planned, cap_bytes) -> str:
+    """The plan's error on both peaks; for an OOM-killed run (its peak cut at the cap), whether the plan put it above
+    the cap."""
+    if r.get("oom_killed"):
+        if not planned or not cap_bytes:
+            return "-"
+        return "plan above the cap: as measured" if planned > cap_bytes else "**plan below the cap: wrong**"
+    return f"{_err_on(planned, r['peak_system_bytes'])} / {_err_on(planned, (r.get('cgroup') or {}).get('peak_bytes'))}"
+
+
+def capped_rows(doc: dict) -> list[list[str]]:
+    """One row per engine of a `bench --dram-cap` document, in CAP_HEADER order. Pure."""
+    rows = []
+    for r in doc["runs"]:
+        cg = r.get("cgroup") or {}
+        pred = (r.get("predicted") or {}).get("node_host_peak_bytes")
+        read, write = r.get("ssd_read_bytes_per_step"), r.get("ssd_write_bytes_per_step")
+        bpp = r.get("ssd_bytes_per_param")
+        first = r.get("first_step_seconds")
+        rows.append([r["name"], _cap_outcome(r), gib(cg.get("peak_bytes")), gib(r["peak_system_bytes"]),
+                     gib(r.get("peak_system_minus_others_bytes")), gib(r["ru_maxrss_bytes"]),
+                     r.get("peak_phase") or "-", gib(pred), _cap_plan_error(r, pred, doc["job"].get("dram_cap_bytes")),
+                     "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f}"
+                     + ("" if first is None else f" (step 1: {first:.1f})"),
+                     "-" if read is None else f"{gib(read)} / {gib(write)} ({bpp['read']:.1f} / {bpp['write']:.1f})"])
+    return rows
+
+
+CAP_HEADER = ["engine", "result", "cgroup peak GiB", "system peak GiB", "system peak less others' RSS change GiB",
+              "ru_maxrss GiB", "peak in phase", "plan GiB", "plan error on system / cgroup peak", "s/step after step 1",
+              "SSD GiB per step read / write (B/param)"]
+
+
+def section_capped(runs: list) -> str:
+    """`memascend bench --dram-cap` documents: each engine in its own memory cgroup, as a user's DRAM would hold it."""
+    from memascend_cli.bench.document import ssd_line
+
+    if not runs:
+        return ""
+    out = ["## Billion-scale under a DRAM cap", "",
+           "`memascend bench --dram-cap`: every engine's process tree runs in its own memory cgroup of the cap (v1 "
+           "`memory.limit_in_bytes` with `memory.memsw.limit_in_bytes` on this machine, v2 `memory.max` with no swap "
+           "elsewhere), one engine after another in one sitting. The cgroup peak is the cgroup's own high-water mark "
+           "(`memory.max_usage_in_bytes` / `memory.peak`): the processes' memory plus the page cache charged to them "
+           "(the libraries and the token cache they read after the page cache was dropped, stock's swap-file I/O; the "
+           "region's O_DIRECT I/O bypasses it); other processes on the machine do not move it. The system peak is "
+           "MemTotal - MemAvailable less the settled idle level, which other processes do move (the next column takes "
+           "their RSS change out, a 1 Hz gauge). The plan's error is (planned - measured) / measured; an OOM-killed "
+           "run's peak is cut at the cap, so its row says whether the plan put it above the cap. An OOM kill is read "
+           "from the cgroup's own counter (`memory.oom_control` oom_kill / `memory.events`). Step 1 also records the "
+           "parameter trace and creates the Adam states; later steps read and write them.", ""]
+    for path, doc in runs:
+        j, meta = doc["job"], doc.get("meta") or {}
+        cap = j["dram_cap_bytes"]
+        versions = sorted({(r.get("cgroup") or {}).get("version") for r in doc["runs"]} - {None})
+        out += [f"### {meta.get('title') or os.path.splitext(os.path.basename(path))[0]}", "",
+                f"`{meta.get('command', '?')}`", "",
+                f"{j['model']} ({j['num_params']:,} params, {j['layers']} layers, random weights), seq {j['seq_len']}, "
+                f"micro-batch {j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s), "
+                f"checkpointing {j['checkpointing']}; DRAM cap {cap / GiB:.2f} GiB per engine (cgroup v"
+                f"{'/'.join(map(str, versions)) or '?'}); region and swap files on {j.get('nvme_dir_fstype') or '?'}. "
+                f"{machine_line(doc)} Host `{meta.get('host', '?')}`. Raw: `{path}` (memory timelines in its side "
+                "file).", "", table(CAP_HEADER, capped_rows(doc)), ""]
+        out += [f"- {line}" for line in filter(None, map(ssd_line, doc["runs"]))]
+        out.append("")
     return "\n".join(out) + "\n"
 
 
@@ -654,6 +737,7 @@ def render() -> str:
     cal = load(os.path.join(BENCH, "calibration", "*.json"))
     val = load(os.path.join(BENCH, "validation", "*.json"))
     parts.append(section_headline(cal, val))
+    parts.append(section_capped(load(os.path.join(CAPPED, "*.json"))))
     details = len(parts)
     parts.append("## Every document in detail\n")
     named = load(os.path.join(BENCH, "*.json")) + cal

@@ -11,3 +11,39 @@ def test_results_md_is_what_the_raw_json_gives():
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "results.py"), "--check"], capture_output=True,
                        text=True, check=False)
     assert r.returncode == 0, r.stderr
+
+
+def _results_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results", os.path.join(REPO, "scripts", "results.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _capped_run(name: str, *, ok: bool, cgroup_peak_gib: float, system_peak_gib: float, planned_gib: float) -> dict:
+    GiB = 1 << 30
+    run = {"name": name, "ok": ok, "losses": [11.0, 10.9] if ok else [],
+           "peak_system_bytes": int(system_peak_gib * GiB), "peak_system_minus_others_bytes": None,
+           "ru_maxrss_bytes": None, "peak_phase": "initialize",
+           "predicted": {"node_host_peak_bytes": int(planned_gib * GiB)}, "seconds_per_step": 95.0 if ok else None,
+           "ssd_read_bytes_per_step": None, "ssd_write_bytes_per_step": None, "ssd_bytes_per_param": None,
+           "oom_killed": not ok, "cgroup": {"version": 1, "peak_bytes": int(cgroup_peak_gib * GiB)}}
+    if not ok:
+        run["error"] = "does not fit: OOM-killed at step 1 (initialize) under the DRAM cap"
+    return run
+
+
+def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_both_peaks():
+    results = _results_module()
+    doc = {"job": {"dram_cap_bytes": 12 << 30},
+           "runs": [_capped_run("memascend", ok=True, cgroup_peak_gib=5.0, system_peak_gib=4.0, planned_gib=5.5),
+                    _capped_run("tuned", ok=False, cgroup_peak_gib=12.0, system_peak_gib=11.0, planned_gib=20.5)]}
+    mem, tuned = results.capped_rows(doc)
+    assert len(mem) == len(results.CAP_HEADER)
+    assert mem[1] == "ran 2 steps" and mem[2] == "5.00" and mem[3] == "4.00" and mem[8] == "+37.5% / +10.0%"
+    assert tuned[1] == "**does not fit: OOM-killed at step 1 (initialize)**" and tuned[9] == "-"
+    assert tuned[8] == "plan above the cap: as measured"
+    doc["runs"][1]["predicted"]["node_host_peak_bytes"] = 11 << 30
+    assert results.capped_rows(doc)[1][8] == "**plan below the cap: wrong**"
