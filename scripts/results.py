@@ -528,6 +528,33 @@ def section_long_tests(path: str) -> str:
         table(["test", "result", "seconds"], rows), ""]) + "\n"
 
 
+def section_llamafactory_examples(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+
+    def outcome(step: dict) -> str:
+        if step["traceback"]:
+            return "**traceback**"
+        return "ok" if step["exit"] in (0, 1) else f"refused (exit {step['exit']})"
+
+    rows, passed = [], 0
+    for r in doc["examples"]:
+        plan, dry = r["plan"], r["dry_run"]
+        passed += outcome(plan) == outcome(dry) == "ok"
+        said = (dry["error"] or plan["error"] or "").removeprefix("error: ")
+        rows.append([f"`{r['example']}`", outcome(plan), outcome(dry), said.replace("|", "\\|")])
+    return "\n".join([
+        "## LLaMA-Factory's own examples", "",
+        f"`{doc['command']}` on {doc['host']}, {doc['date']}, LLaMA-Factory at commit "
+        f"`{doc['llamafactory_commit'][:12]}`: every full-parameter SFT / pre-training example (examples/v1 is the "
+        "other trainer's format) with only `model_name_or_path` changed to a local tiny Llama, run from a folder "
+        "holding LLaMA-Factory's `data/`. `plan` exits 0 or 1 (fits or not) and `train --dry-run` 0 when it would "
+        f"train; a refusal is one `error:` line with a hint. {passed} of {len(rows)} pass both; the rest are refused "
+        f"with the reason shown. Raw data: `{os.path.relpath(path, REPO)}`.", "",
+        table(["example", "plan", "train --dry-run", "what memascend says"], rows), ""]) + "\n"
+
+
 def section_soak(path: str) -> str:
     doc = load_one(path)
     if doc is None:
@@ -754,6 +781,7 @@ def render() -> str:
     parts.append(section_smollm2(os.path.join(DOCS, "raw", "smollm2-sft.json")))
     parts.append(section_data_path(os.path.join(DOCS, "raw", "data-path-memory.json")))
     parts.append(section_parity_repeat(os.path.join(DOCS, "raw", "parity-repeat.json")))
+    parts.append(section_llamafactory_examples(os.path.join(DOCS, "raw", "llamafactory-examples.json")))
     parts.append(section_soak(os.path.join(DOCS, "raw", "soak-train.json")))
     parts.append(section_long_tests(os.path.join(DOCS, "raw", "long-tests.json")))
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))

@@ -7,6 +7,7 @@ Slow: one DeepSpeed launch of 5 optimizer steps of a tiny random Llama (~20 s on
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,25 +22,16 @@ pytest.importorskip("transformers")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ASSETS = os.path.join(REPO, "tests", "assets", "llamafactory")
-TOKENIZER_JSON = os.path.join(REPO, "presets", "train", "data", "tokenizer.json")
 
 
 def tiny_model_dir(path: str) -> str:
-    """A local Hugging Face model directory (random tiny Llama, safetensors, a tokenizer with a chat template)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from memascend_cli.models import load_preset
-    from memascend_engine.data import BUILTIN_TEMPLATES, load_tokenizer
-    from memascend_engine.hf_models import to_hf_config
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(to_hf_config(load_preset("tiny-llama")))
-    model.save_pretrained(path, safe_serialization=True)
-    tok = load_tokenizer(TOKENIZER_JSON)
-    tok.chat_template = BUILTIN_TEMPLATES["chatml"]
-    tok.save_pretrained(path)
-    return path
+    """A local Hugging Face model directory (random tiny Llama, a tokenizer with a chat template): the model that
+    scripts/llamafactory_examples.py puts in every LLaMA-Factory example."""
+    spec = importlib.util.spec_from_file_location("llamafactory_examples",
+                                                  os.path.join(REPO, "scripts", "llamafactory_examples.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.tiny_model_dir(path)
 
 
 def test_llamafactory_full_sft_recipe_runs_unchanged(tmp_path):
