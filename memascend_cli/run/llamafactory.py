@@ -84,6 +84,9 @@ IGNORED = {
     "lora_target": "LoRA settings have no effect with finetuning_type: full",
     "do_eval": "validation runs when val_size is set",
     "streaming": "only false; the tokenized cache is memory-mapped, so data never has to fit in memory",
+    "use_v1_kernels": "LLaMA-Factory's fused-kernel plugins; memascend runs the model's own modules",
+    "use_reentrant_gc": "activation checkpointing is memascend's own (checkpointing: full or offload)",
+    "gradient_checkpointing_kwargs": "activation checkpointing is memascend's own (checkpointing: full or offload)",
 }
 
 # key -> (accepted values, reason when another value is given)
@@ -123,6 +126,8 @@ REFUSED_KEYS = {
 # (never a "did you mean" guess: galore_target is not lora_target). Prefix -> (method, reason).
 _OPTIMIZER_REASON = ("memascend's engine streams DeepSpeed's CPU AdamW states through the SSD; other optimizers are "
                      "not implemented there")
+_MEGATRON_REASON = ("memascend shards with DeepSpeed ZeRO-3 (data parallel, parameters and optimizer on the SSD), not "
+                    "Megatron's tensor, pipeline or expert parallelism")
 METHOD_PREFIXES = {
     "galore_": ("GaLore", _OPTIMIZER_REASON),
     "use_galore": ("GaLore", _OPTIMIZER_REASON),
@@ -155,6 +160,20 @@ METHOD_PREFIXES = {
     "freeze_multi_modal_projector": ("multimodal", "memascend trains text-only language models"),
     "freeze_language_model": ("multimodal", "memascend trains text-only language models"),
     "use_audio_in_video": ("multimodal", "memascend trains text-only language models"),
+    "fsdp_": ("FSDP", "memascend uses DeepSpeed ZeRO-3, not FSDP"),
+    # LLaMA-Factory's Megatron-Core backend (examples/megatron/).
+    "tensor_model_parallel_size": ("Megatron-Core", _MEGATRON_REASON),
+    "pipeline_model_parallel_size": ("Megatron-Core", _MEGATRON_REASON),
+    "expert_model_parallel_size": ("Megatron-Core", _MEGATRON_REASON),
+    "sequence_parallel": ("Megatron-Core", _MEGATRON_REASON),
+    "use_distributed_optimizer": ("Megatron-Core", _MEGATRON_REASON),
+    "overlap_param_gather": ("Megatron-Core", _MEGATRON_REASON),
+    "overlap_grad_reduce": ("Megatron-Core", _MEGATRON_REASON),
+    "moe_grouped_gemm": ("Megatron-Core", _MEGATRON_REASON),
+    "moe_token_dispatcher_type": ("Megatron-Core", _MEGATRON_REASON),
+    "recompute_granularity": ("Megatron-Core", _MEGATRON_REASON),
+    "bias_activation_fusion": ("Megatron-Core", _MEGATRON_REASON),
+    "apply_rope_fusion": ("Megatron-Core", _MEGATRON_REASON),
 }
 
 
