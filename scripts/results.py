@@ -370,6 +370,7 @@ def _script(name: str):
 
     spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "benchmarks", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -410,6 +411,27 @@ def section_data_path(path: str) -> str:
         "before it (/proc/self/status); \"cache pages mapped\" is the largest resident size of the cache's mappings "
         f"in /proc/self/smaps. Raw data: `{rel}`.", "",
         _script("data_path_memory").table(doc), ""]) + "\n"
+
+
+def section_user_scripts(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+    rel = os.path.relpath(path, REPO)
+    return "\n".join([
+        "## Plan accuracy on user scripts", "",
+        f"`{doc['command']}` on {doc['host']} ({doc['machine']['cpus']} CPUs, {doc['machine']['dram_gib']} GiB), "
+        f"{doc['date']}. Validation only: {doc['use']}. Plain user scripts, no memascend CLI in the loop, one CPU "
+        "process each, a random-weight transformers Llama of "
+        f"{doc['model']['num_hidden_layers']} layers, hidden {doc['model']['hidden_size']}, vocab "
+        f"{doc['model']['vocab_size']}, bf16, seq 512, micro-batch 2, 3 steps: `ds` is DeepSpeed's own API "
+        "(benchmarks/ds_llama_script.py, ZeRO-3 NVMe offload with DeepSpeed's default knobs, zero.Init; the memascend "
+        "run calls `memascend_engine.install()` first), `hf` the HF Trainer with the HF docs' ZeRO-3 NVMe config "
+        "(`\"auto\"` values; tests/integration/hf_trainer_job.py, install() before TrainingArguments). Stock and "
+        "memascend run the same script with the same config. Plan = `memascend plan --model DIR --json` for the same "
+        "job, one rank's host peak (a `python script.py` has no launcher process). Plan error = (plan - measured) / "
+        f"measured. Raw data: `{rel}`.", "",
+        _script("user_script_bench").table(doc), ""]) + "\n"
 
 
 def section_parity_repeat(path: str) -> str:
@@ -652,6 +674,7 @@ def render() -> str:
                                  "Outputs of `memascend plan --json`."))
     parts.append(section_smollm2(os.path.join(DOCS, "raw", "smollm2-sft.json")))
     parts.append(section_data_path(os.path.join(DOCS, "raw", "data-path-memory.json")))
+    parts.append(section_user_scripts(os.path.join(DOCS, "raw", "user-script-bench.json")))
     parts.append(section_parity_repeat(os.path.join(DOCS, "raw", "parity-repeat.json")))
     parts.append(section_soak(os.path.join(DOCS, "raw", "soak-train.json")))
     parts.append(section_micro(load(os.path.join(BENCH, "micro", "*.json"))))
