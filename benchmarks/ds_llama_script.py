@@ -6,7 +6,8 @@ calls `memascend_engine.install(config, region=...)` first, as issue 23's user d
 usage: python ds_llama_script.py --model-dir DIR --nvme-path DIR --out OUT.json
            [--region REGION] [--seq-len 512] [--micro-batch 2] [--steps 3] [--checkpointing]
 
-Writes the losses, /proc/self/status at the end (VmHWM, VmRSS, RssAnon, RssFile, VmLck) and the engine's stats.
+Writes the losses, /proc/self/status at the end (VmHWM, VmRSS, RssAnon, RssFile, VmLck), the high-water mark and
+anonymous RSS after each phase (where a peak happens) and the engine's stats.
 """
 
 from __future__ import annotations
@@ -63,19 +64,31 @@ def main() -> None:
     deepspeed.init_distributed()
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(args.model_dir)
+    phases = []
+
+    def mark(name: str) -> None:
+        s = status_kib()
+        phases.append({"phase": name, "hwm_kib": s["VmHWM"], "rss_anon_kib": s["RssAnon"]})
+
+    mark("imports")
     with deepspeed.zero.Init(config_dict_or_path=cfg):
         model = LlamaForCausalLM(config)
+    mark("zero.Init")
     if args.checkpointing:
         model.gradient_checkpointing_enable()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    mark("initialize")
     losses = []
-    for _ in range(args.steps):
+    for k in range(args.steps):
         ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq_len))
         loss = engine(input_ids=ids, labels=ids).loss
+        mark(f"forward {k}")
         engine.backward(loss)
+        mark(f"backward {k}")
         engine.step()
+        mark(f"step {k}")
         losses.append(float(loss))
-    result = {"losses": losses, "status_kib": status_kib(),
+    result = {"losses": losses, "status_kib": status_kib(), "phases": phases,
               "stats": handle.stats() if handle is not None else None,
               "swap_files": sum(len(n) for _, _, n in os.walk(args.nvme_path))}
     with open(args.out, "w") as f:

@@ -239,6 +239,7 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
             res["error"] = f.read().decode(errors="replace")
     stats = script_out.get("stats") or {}
     res["script_report"] = {"losses": script_out.get("losses"), "status_kib": script_out.get("status_kib"),
+                            "phases": script_out.get("phases"),
                             "vm_hwm_kib": script_out.get("vm_hwm_kib"),
                             "swap_files": script_out.get("swap_files", len(script_out.get("files") or [])),
                             "engine": {k: stats.get(k) for k in ("bytes_read", "bytes_written", "pinned_bytes",
