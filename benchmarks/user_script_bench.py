@@ -131,14 +131,17 @@ def rows(doc: dict) -> list[list[str]]:
     """One table row per run: engine, script, checkpointing, measured peaks, plan, errors. Pure."""
     out = []
     for r in doc["runs"]:
+        others = r.get("others_rss_change_at_peak_bytes")
         out.append([r["engine"], r["script"], "full" if r["checkpointing"] else "none",
                     _gib(r.get("peak_system_bytes")), _gib(r.get("ru_maxrss_bytes")),
+                    "?" if others is None else f"{others / GiB:+.2f}",
                     _gib(r["plan"]["host_peak_bytes"]), _pct(r.get("error_percent")),
                     _pct(r.get("error_percent_ru_maxrss")), "yes" if r.get("ok") else "no: " + str(r.get("error"))])
     return out
 
 
-HEADER = ["engine", "script", "checkpointing", "peak system GiB", "ru_maxrss GiB", "plan GiB", "plan error",
+HEADER = ["engine", "script", "checkpointing", "peak system GiB", "ru_maxrss GiB", "others' RSS change at peak GiB",
+          "plan GiB", "plan error",
           "plan error vs ru_maxrss", "ok"]
 
 
@@ -151,6 +154,14 @@ def ratios(doc: dict) -> list[tuple[str, float | None]]:
         ok = s and m and s.get("ok") and m.get("ok") and s.get("peak_system_bytes")
         out.append((job, round(m["peak_system_bytes"] / s["peak_system_bytes"], 3) if ok else None))
     return out
+
+
+def merge_runs(kept: list[dict], new: list[dict]) -> list[dict]:
+    """`kept` without the jobs `new` measured again, then `new`, in JOBS order. Pure."""
+    again = {r["job"] for r in new}
+    order = {j.name: i for i, j in enumerate(JOBS)}
+    return sorted([r for r in kept if r["job"] not in again] + new,
+                  key=lambda r: (order.get(r["job"], len(order)), ENGINES.index(r["engine"])))
 
 
 def table(doc: dict) -> str:
@@ -181,12 +192,13 @@ def script_env(base: dict) -> dict:
 
 def measure(cmd: list[str], env: dict, log_path: str) -> dict:
     """Settle, run `cmd`, sample host memory until it exits (the bench's sampler threads)."""
-    from memascend_cli.bench.sampling import (MeminfoReader, MemSampler, TreeSampler, drop_caches, sampling_stats,
-                                              settle)
+    from memascend_cli.bench.sampling import (MeminfoReader, MemSampler, TreeSampler, drop_caches, nearest,
+                                              others_rss_bytes, sampling_stats, settle)
 
     reader = MeminfoReader()
     try:
         st = settle(reader.used_bytes, dropped_caches=drop_caches())
+        others_at_idle = others_rss_bytes({os.getpid()})
         sampler = MemSampler(reader)
         switch_s = sys.getswitchinterval()
         sys.setswitchinterval(0.0002)  # as the bench: keep the tree sampler from holding the meminfo thread off
@@ -206,10 +218,16 @@ def measure(cmd: list[str], env: dict, log_path: str) -> dict:
             sys.setswitchinterval(switch_s)
     finally:
         reader.close()
-    used = [u for t, u in zip(sampler.t_s, sampler.used_bytes) if t0 <= t <= t1]
+    used = [(t, u) for t, u in zip(sampler.t_s, sampler.used_bytes) if t0 <= t <= t1]
+    t_pk, u_pk = max(used, key=lambda x: x[1]) if used else (None, None)
+    at_peak = nearest(tree.others_rss_bytes, t_pk) if used else None
     return {"exit_code": os.waitstatus_to_exitcode(status), "wall_s": round(t1 - t0, 1),
             "idle_bytes": st.idle_bytes, "settle": {"waited_s": round(st.waited_s, 1), "flat": st.flat},
-            "peak_system_bytes": (max(used) - st.idle_bytes) if used else None,
+            "peak_system_bytes": (u_pk - st.idle_bytes) if used else None,
+            "peak_at_s": round(t_pk - t0, 2) if used else None,
+            # The bench's cross-check for a shared machine: how much other processes' RSS moved from idle to the
+            # peak (1 Hz, a gauge, not a correction).
+            "others_rss_change_at_peak_bytes": None if at_peak is None else at_peak - others_at_idle,
             "ru_maxrss_bytes": rusage.ru_maxrss * 1024, "max_tree_rss_bytes": tree.max_tree_rss_bytes,
             "sampling": sampling_stats(sampler.t_s)}
 
@@ -257,6 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", default=",".join(j.name for j in JOBS), help="comma-separated job names")
     ap.add_argument("--work", default=None, help="scratch folder on the SSD (default: a temporary one under /var/tmp)")
+    ap.add_argument("--update", action="store_true", help="keep the runs of the other jobs in an existing --out "
+                    "(each job's stock / memascend pair is one sitting; the document lists its sittings)")
     args = ap.parse_args(argv)
     from memascend_cli.bench.runner import create_region
 
@@ -278,9 +298,13 @@ def main(argv=None) -> int:
             r = runs[-1]
             print(f"  ok={r['ok']} peak {_gib(r['peak_system_bytes'])} GiB, ru_maxrss {_gib(r['ru_maxrss_bytes'])} "
                   f"GiB, plan {_gib(r['plan']['host_peak_bytes'])} GiB ({_pct(r['error_percent'])})", flush=True)
+    sitting = {"command": "python benchmarks/user_script_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jobs": [j.name for j in jobs]}
+    old = json.load(open(args.out)) if args.update and os.path.exists(args.out) else {"runs": [], "sittings": []}
+    runs = merge_runs(old["runs"], runs)
+    sittings = [s for s in old["sittings"] if set(s["jobs"]) - set(sitting["jobs"])] + [sitting]
     doc = {"title": "Plan accuracy on user scripts", "use": "validation (never an input of scripts/fit_planner.py)",
-           "command": "python benchmarks/user_script_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+           "sittings": sittings, "host": platform.node(),
            "machine": {"cpus": os.cpu_count(), "dram_gib": round(os.sysconf("SC_PHYS_PAGES") *
                                                                 os.sysconf("SC_PAGE_SIZE") / GiB, 1)},
            "model": MODEL, "runs": runs, "ratios": dict(ratios({"runs": runs}))}

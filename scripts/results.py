@@ -420,8 +420,9 @@ def section_user_scripts(path: str) -> str:
     rel = os.path.relpath(path, REPO)
     return "\n".join([
         "## Plan accuracy on user scripts", "",
-        f"`{doc['command']}` on {doc['host']} ({doc['machine']['cpus']} CPUs, {doc['machine']['dram_gib']} GiB), "
-        f"{doc['date']}. Validation only: {doc['use']}. Plain user scripts, no memascend CLI in the loop, one CPU "
+        "; ".join(f"`{s['command']}` ({s['date']})" for s in doc["sittings"]) +
+        f" on {doc['host']} ({doc['machine']['cpus']} CPUs, {doc['machine']['dram_gib']} GiB), one sitting per "
+        f"job's stock / memascend pair. Validation only: {doc['use']}. Plain user scripts, no memascend CLI in the loop, one CPU "
         "process each, a random-weight transformers Llama of "
         f"{doc['model']['num_hidden_layers']} layers, hidden {doc['model']['hidden_size']}, vocab "
         f"{doc['model']['vocab_size']}, bf16, seq 512, micro-batch 2, 3 steps: `ds` is DeepSpeed's own API "

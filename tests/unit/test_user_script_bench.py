@@ -81,7 +81,7 @@ def _doc():
     def run(job, engine, peak, ok=True):
         return {"job": job, "script": job.split("-")[0], "checkpointing": job.endswith("-ckpt"), "engine": engine,
                 "peak_system_bytes": peak, "ru_maxrss_bytes": peak + GiB // 4, "ok": ok, "error": None if ok else "x",
-                "plan": {"host_peak_bytes": GiB}, "error_percent": usb.error_percent(GiB, peak),
+                "plan": {"host_peak_bytes": GiB}, "others_rss_change_at_peak_bytes": GiB // 10, "error_percent": usb.error_percent(GiB, peak),
                 "error_percent_ru_maxrss": usb.error_percent(GiB, peak + GiB // 4)}
     return {"runs": [run("ds-nockpt", "stock", 4 * GiB), run("ds-nockpt", "memascend", GiB),
                      run("hf-nockpt", "stock", 4 * GiB), run("hf-nockpt", "memascend", GiB, ok=False)]}
@@ -91,17 +91,28 @@ def test_ratios_need_both_runs_ok():
     assert usb.ratios(_doc()) == [("ds-nockpt", 0.25), ("hf-nockpt", None)]
 
 
+def test_merge_replaces_the_jobs_measured_again_and_keeps_jobs_order():
+    old = [{"job": "ds-nockpt", "engine": "stock", "v": 1}, {"job": "ds-nockpt", "engine": "memascend", "v": 1},
+           {"job": "hf-nockpt", "engine": "stock", "v": 1}, {"job": "hf-nockpt", "engine": "memascend", "v": 1}]
+    new = [{"job": "ds-nockpt", "engine": "memascend", "v": 2}, {"job": "ds-nockpt", "engine": "stock", "v": 2}]
+    merged = usb.merge_runs(old, new)
+    assert [(r["job"], r["engine"], r["v"]) for r in merged] == [
+        ("ds-nockpt", "stock", 2), ("ds-nockpt", "memascend", 2), ("hf-nockpt", "stock", 1),
+        ("hf-nockpt", "memascend", 1)]
+
+
 def test_table_has_a_row_per_run_and_the_ratio_line():
     text = usb.table(_doc())
     lines = text.splitlines()
     assert lines[0].startswith("| engine | script | checkpointing |")
     assert len([ln for ln in lines if ln.startswith("| ")]) == 5
-    assert "| memascend | ds | none | 1.00 | 1.25 | 1.00 | +0.0% | -20.0% | yes |" in text
+    assert "| memascend | ds | none | 1.00 | 1.25 | +0.10 | 1.00 | +0.0% | -20.0% | yes |" in text
     assert "no: x" in text and "ds-nockpt 0.25, hf-nockpt ?" in text
 
 
 def test_results_section_renders_a_document(tmp_path):
-    doc = dict(_doc(), command="python benchmarks/user_script_bench.py --out X", host="h", date="d",
+    doc = dict(_doc(), sittings=[{"command": "python benchmarks/user_script_bench.py --out X", "date": "d",
+                                  "jobs": ["ds-nockpt"]}], host="h",
                machine={"cpus": 2, "dram_gib": 23.5}, use="validation", model=usb.MODEL)
     path = tmp_path / "u.json"
     path.write_text(json.dumps(doc))
