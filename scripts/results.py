@@ -431,7 +431,13 @@ def section_user_scripts(path: str) -> str:
         "(`\"auto\"` values; tests/integration/hf_trainer_job.py, install() before TrainingArguments). Stock and "
         "memascend run the same script with the same config. Plan = `memascend plan --model DIR --json` for the same "
         "job, one rank's host peak (a `python script.py` has no launcher process). Plan error = (plan - measured) / "
-        f"measured. Raw data: `{rel}`.", "",
+        "measured. \"others' RSS change\" is how much every other process's RSS moved from the idle reading to the "
+        "peak (1 Hz; a run where it is large is not a clean measurement). Known misses: install() without "
+        "`model_spec` sizes the parameter pool as DeepSpeed's buffer_count slots of the largest partition (the "
+        "`param_pool_bytes` of each run's engine stats) where the plan counts the exact per-layer pool; and the "
+        "engine runs' system peak exceeds the script's ru_maxrss by more than stock's does, memory outside the "
+        "process's RSS that the plan does not model yet. Both are open (issue 23). "
+        f"Raw data: `{rel}`.", "",
         _script("user_script_bench").table(doc), ""]) + "\n"
 
 
