@@ -29,29 +29,38 @@ def loss_backward_blocks(c: Context) -> tuple[list[int], list[int]]:
     return [logits, 4 * bs_vocab, 4 * bs_vocab], [logits, 4 * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
 
 
-def activation_bytes(c: Context) -> tuple[int, str]:
-    """Activation memory of the forward/backward, 16-bit per Korthikanti et al.; scaled for fp32."""
+def activation_parts(c: Context) -> tuple[int, int, str]:
+    """Activation memory of the forward/backward, 16-bit per Korthikanti et al.; scaled for fp32: (kept, recomputed,
+    description). `kept` lives from the end of forward through the loss backward (every layer's activations without
+    recomputation, the L x 2sbh checkpoints with it); `recomputed` is one layer's, only inside its backward."""
     job, m = c.job, c.m
     s, b, h, a, L = job.seq_len, job.micro_batch, m.hidden_size, m.num_attention_heads, m.num_hidden_layers
     scale = c.E / 2
     # Per layer, no recomputation: attention 11sbh + 5as^2b (scores, softmax, dropout), MLP 19sbh for a
     # 4h GeLU MLP; a SwiGLU MLP of width I stores input 2sbh + gate/up/act/product 8sbI instead.
-    attn = 11 * s * b * h + (0 if c.flash else 5 * a * s * s * b)
+    scores = 0 if c.flash else 5 * a * s * s * b
+    attn = 11 * s * b * h + scores
     mlp = 2 * s * b * h + 8 * s * b * m.intermediate_size
     norms = 4 * s * b * h
     full_layer = attn + mlp + norms
     ck = job.checkpointing
     if ck == "none":
-        total = L * full_layer
+        kept, again = L * full_layer, 0
         desc = "L x (attention + SwiGLU MLP + norms), no recomputation"
     elif ck == "selective":
-        total = L * (full_layer - (0 if c.flash else 5 * a * s * s * b)) + (0 if c.flash else 5 * a * s * s * b)
+        kept, again = L * (full_layer - scores), scores
         desc = "L x layer without attention scores + one layer's scores (selective recomputation)"
     else:
-        stored = 0 if (ck == "offload" and (c.gpu or c.ssd_checkpoints)) else L * 2 * s * b * h
-        total = stored + full_layer
-        desc = ("one layer recomputed" if stored == 0 else "L x 2sbh checkpoints + one layer recomputed")
-    return int(total * scale), desc
+        kept = 0 if (ck == "offload" and (c.gpu or c.ssd_checkpoints)) else L * 2 * s * b * h
+        again = full_layer
+        desc = ("one layer recomputed" if kept == 0 else "L x 2sbh checkpoints + one layer recomputed")
+    return int(kept * scale), int(again * scale), desc
+
+
+def activation_bytes(c: Context) -> tuple[int, str]:
+    """All activation memory of the forward/backward at its height (activation_parts: kept + one layer recomputed)."""
+    kept, again, desc = activation_parts(c)
+    return kept + again, desc
 
 
 def compute_items(c: Context, tier: str) -> list[Item]:

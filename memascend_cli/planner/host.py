@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from memascend_cli.planner import measured, zero
 from memascend_cli.planner.breakdown import Item
-from memascend_cli.planner.compute import compute_items, flush_copies, loss_backward_blocks
+from memascend_cli.planner.compute import activation_parts, compute_items, flush_copies, loss_backward_blocks
 from memascend_cli.planner.context import Context
 from memascend_cli.planner.heap import (
     ACTIVATION_HEAP_BLOCKS_PER_LAYER,
@@ -286,9 +286,12 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
             out.append(by_key.pop(key))
         params = by_key["live_params"].bytes
         gathered = params + by_key["live_param_grads"].bytes
-        # No parameter has a gradient yet while the loss backward runs: only the gathered params count there.
+        # No parameter has a gradient yet while the loss backward runs: only the gathered params count there, with
+        # the activations forward left for backward (all of them without checkpointing, else the checkpoints):
+        # autograd frees a layer's saved tensors only when its backward node runs (torch/csrc/autograd/engine.cpp).
         loss_bwd = max(sum(moment) for moment in loss_backward_blocks(c))
-        head = params + loss_bwd
+        kept = activation_parts(c)[0]
+        head = params + loss_bwd + kept
         copies = flush_copies(c)
         flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
         working = max(head, flush)
@@ -296,7 +299,8 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         reused = min(zero_init_heap, backward_heap, working)
         add("host/compute/forward_backward", "forward/backward working set", working - reused,
             f"max(gathered params {params:,} + loss backward {loss_bwd:,} (b*s*V*(E + 8), or b*s*V*(E + 4) + "
-            f"the lm_head gradient), gathered params + their grads {gathered:,} + one layer's activations "
+            f"the lm_head gradient) + activations kept for backward {kept:,}, gathered params + their grads "
+            f"{gathered:,} + activations "
             f"{by_key['activations'].bytes:,} + {copies} bucket copies {copies * c.E * bucket:,})"
             + (f" - heap blocks placed in zero.Init's free heap {reused:,}" if reused else ""),
             "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced "

@@ -1,11 +1,11 @@
 """A plain Hugging Face Trainer script with `memascend_engine.install()` (run by test_hf_trainer_install.py).
 
-usage: hf_trainer_job.py before|after|plain CONFIG.json REGION NVME_PATH OUT.json
+usage: hf_trainer_job.py before|after|plain CONFIG.json REGION NVME_PATH OUT.json [MODEL_DIR SEQ_LEN STEPS]
 
 `before` / `after`: install() is called before or after TrainingArguments; `plain`: never (the script as its user
 wrote it, run by `memascend launch` in test_launch_cli.py; REGION is not used). The model is a tiny random Llama built from
-a config (no download); the data are random token ids. Writes the handle's stats, the losses and the files found
-under NVME_PATH.
+a config (no download), or the config.json in MODEL_DIR (benchmarks/user_script_bench.py); the data are random token
+ids. Writes the handle's stats, the losses, the files found under NVME_PATH and VmHWM.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Losses(TrainerCallback):
 
 def main() -> None:
     order, config_path, region, nvme_path, out = sys.argv[1:6]
+    model_dir, seq, steps = (sys.argv[6], int(sys.argv[7]), int(sys.argv[8])) if len(sys.argv) > 6 else (None, SEQ, STEPS)
     with open(config_path) as f:
         ds_config = json.load(f)
     for name in ("offload_param", "offload_optimizer"):
@@ -41,21 +42,25 @@ def main() -> None:
             ds_config["zero_optimization"][name]["nvme_path"] = nvme_path
     handle = memascend_engine.install(ds_config, region=region) if order == "before" else None
     args = TrainingArguments(output_dir=os.path.join(os.path.dirname(out), "trainer-out"), deepspeed=ds_config,
-                             max_steps=STEPS, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
+                             max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
                              save_strategy="no", report_to=[], use_cpu=True, bf16=True, disable_tqdm=True)
     if order == "after":
         handle = memascend_engine.install(ds_config, region=region)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
-                                         num_attention_heads=8, num_key_value_heads=8, vocab_size=1024))
-    ids = torch.randint(0, 1024, (16, SEQ))
+    config = (LlamaConfig.from_pretrained(model_dir) if model_dir else
+              LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                          num_key_value_heads=8, vocab_size=1024))
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, config.vocab_size, (max(16, 2 * steps), seq))
     data = [{"input_ids": row, "labels": row} for row in ids]
     losses = Losses()
     Trainer(model=model, args=args, train_dataset=data, callbacks=[losses]).train()
     stats = handle.stats() if handle is not None else None
     files = [os.path.join(d, n) for d, _, names in os.walk(nvme_path) for n in names]
     with open(out, "w") as f:
-        json.dump({"stats": stats, "losses": losses.losses, "files": files,
+        with open("/proc/self/status") as st:
+            hwm_kib = next(int(line.split()[1]) for line in st if line.startswith("VmHWM:"))
+        json.dump({"stats": stats, "losses": losses.losses, "files": files, "vm_hwm_kib": hwm_kib,
                    "trainer_config": args.hf_deepspeed_config.config}, f, default=str)
     if handle is not None:
         handle.uninstall()

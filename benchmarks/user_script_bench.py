@@ -1,0 +1,322 @@
+"""The plan against plain user scripts: host memory of training scripts written as users write them, run without
+the memascend CLI, stock DeepSpeed and then the same script and knobs with the memascend engine (issue 23 item 5,
+issue 24's HF Trainer bar). Validation only: no number measured here feeds scripts/fit_planner.py.
+
+Scripts (one CPU process each, a random-weight transformers Llama built from MODEL's config.json, random token ids):
+  ds  benchmarks/ds_llama_script.py: DeepSpeed's own API, ZeRO-3 params + optimizer on NVMe, DeepSpeed's default
+      knobs, zero.Init; the engine run calls `memascend_engine.install(config, region=R)` first. With and without
+      activation checkpointing (transformers' gradient_checkpointing_enable()).
+  hf  tests/integration/hf_trainer_job.py: the HF Trainer with the HF docs' ZeRO-3 NVMe config
+      (tests/assets/hf/ds_zero3_nvme_auto.json, "auto" values); the engine run calls install() before
+      TrainingArguments, the stock run never.
+
+Each run: sync, drop caches (root), wait until MemTotal - MemAvailable is flat, launch the script, sample it at
+>= 1 kHz until it exits (memascend_cli/bench/sampling.py); peak = max(MemTotal - MemAvailable) - idle, next to the
+script's ru_maxrss (os.wait4) and its own /proc/self/status. The plan's prediction is `memascend plan --model
+MODEL_DIR --json` with the script's seq / micro-batch / dtype / checkpointing (and, for the HF Trainer, the knobs
+it fills for "auto" and no zero.Init), taken before the run.
+
+    python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DS_SCRIPT = os.path.join(REPO, "benchmarks", "ds_llama_script.py")
+HF_SCRIPT = os.path.join(REPO, "tests", "integration", "hf_trainer_job.py")
+HF_CONFIG = os.path.join(REPO, "tests", "assets", "hf", "ds_zero3_nvme_auto.json")
+GiB = 1 << 30
+
+MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768,
+         "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12, "num_key_value_heads": 12,
+         "vocab_size": 16384, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+         "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+"""82M parameters: a few steps of seq 512 take seconds on two cores, and the parameter and optimizer pools are
+still well apart from the runtime's own memory."""
+
+ENGINES = ("stock", "memascend")
+
+
+@dataclass(frozen=True)
+class Job:
+    script: str
+    """ds or hf (see the module docstring)."""
+    checkpointing: bool
+    seq_len: int = 512
+    micro_batch: int = 2
+    steps: int = 3
+
+    @property
+    def name(self) -> str:
+        return f"{self.script}-{'ckpt' if self.checkpointing else 'nockpt'}"
+
+
+JOBS = (Job("ds", False), Job("ds", True), Job("hf", False))
+
+
+def script_command(job: Job, engine: str, *, model_dir: str, region: str, nvme_path: str, out: str,
+                   python: str = sys.executable) -> list[str]:
+    """The user's script for one run; `engine` stock never installs the engine. Pure."""
+    if job.script == "ds":
+        cmd = [python, DS_SCRIPT, "--model-dir", model_dir, "--nvme-path", nvme_path, "--out", out,
+               "--seq-len", str(job.seq_len), "--micro-batch", str(job.micro_batch), "--steps", str(job.steps)]
+        cmd += ["--checkpointing"] if job.checkpointing else []
+        return cmd + (["--region", region] if engine == "memascend" else [])
+    if job.checkpointing or job.micro_batch != 2:
+        raise ValueError("the HF Trainer script runs micro-batch 2 without checkpointing")
+    return [python, HF_SCRIPT, "before" if engine == "memascend" else "plain", HF_CONFIG, region, nvme_path, out,
+            model_dir, str(job.seq_len), str(job.steps)]
+
+
+def hf_auto_knobs(hidden_size: int) -> list[str]:
+    """The plan flags for what the HF Trainer writes over "auto" (transformers integrations/deepspeed.py,
+    trainer_config_finalize: reduce_bucket_size = hidden^2); the Trainer builds the model without zero.Init
+    (LlamaForCausalLM(config), not from_pretrained). Pure."""
+    return ["--reduce-bucket-size", str(hidden_size * hidden_size), "--no-zero-init"]
+
+
+def plan_command(job: Job, *, model_dir: str, python: str = sys.executable) -> list[str]:
+    """`memascend plan --json` for the same job as the script. Pure."""
+    cmd = [python, "-m", "memascend_cli", "plan", "--model", model_dir, "--seq-len", str(job.seq_len),
+           "--micro-batch", str(job.micro_batch), "--dtype", "bf16",
+           "--checkpointing", "full" if job.checkpointing else "none", "--no-search", "--json"]
+    return cmd + (hf_auto_knobs(MODEL["hidden_size"]) if job.script == "hf" else [])
+
+
+def prediction(plan: dict, engine: str) -> dict:
+    """The plan's numbers for one engine: the rank's peak, the phase and the host items (key -> bytes). A user's
+    `python script.py` is one process, without the launchers the plan's node peak adds (host/launcher, `memascend
+    train`'s runner): the rank's host_peak_bytes is the prediction. Pure."""
+    e = plan["engines"][engine]
+    return {"host_peak_bytes": e["host_peak_bytes"], "node_host_peak_bytes": e["node_host_peak_bytes"],
+            "peak_phase": e["peak_phase"],
+            "nvme_bytes": e["nvme_bytes"],
+            "items": {i["key"]: i["bytes"] for i in e["items"] if i["tier"] == "host"}}
+
+
+def error_percent(predicted_bytes: int | None, measured_bytes: int | None) -> float | None:
+    """(plan - measured) / measured in percent, one decimal; None without both. Pure."""
+    if not predicted_bytes or not measured_bytes:
+        return None
+    return round(100.0 * (predicted_bytes - measured_bytes) / measured_bytes, 1)
+
+
+def region_bytes(plan: dict) -> int:
+    """Region size for the engine runs: the plan's SSD bytes for memascend with a quarter on top, whole GiB. Pure."""
+    return max(1, math.ceil(plan["engines"]["memascend"]["nvme_bytes"] * 1.25 / GiB)) * GiB
+
+
+def _gib(b) -> str:
+    return "?" if b is None else f"{b / GiB:.2f}"
+
+
+def _pct(x) -> str:
+    return "?" if x is None else f"{x:+.1f}%"
+
+
+def rows(doc: dict) -> list[list[str]]:
+    """One table row per run: engine, script, checkpointing, measured peaks, plan, errors. Pure."""
+    out = []
+    for r in doc["runs"]:
+        others = r.get("others_rss_change_at_peak_bytes")
+        out.append([r["engine"], r["script"], "full" if r["checkpointing"] else "none",
+                    _gib(r.get("peak_system_bytes")), _gib(r.get("ru_maxrss_bytes")),
+                    "?" if others is None else f"{others / GiB:+.2f}",
+                    _gib(r["plan"]["host_peak_bytes"]), _pct(r.get("error_percent")),
+                    _pct(r.get("error_percent_ru_maxrss")), "yes" if r.get("ok") else "no: " + str(r.get("error"))])
+    return out
+
+
+HEADER = ["engine", "script", "checkpointing", "peak system GiB", "ru_maxrss GiB", "others' RSS change at peak GiB",
+          "plan GiB", "plan error",
+          "plan error vs ru_maxrss", "ok"]
+
+
+def ratios(doc: dict) -> list[tuple[str, float | None]]:
+    """memascend's peak over stock's, per job, for the system peak. Pure."""
+    by = {(r["job"], r["engine"]): r for r in doc["runs"]}
+    out = []
+    for job in dict.fromkeys(r["job"] for r in doc["runs"]):
+        s, m = by.get((job, "stock")), by.get((job, "memascend"))
+        ok = s and m and s.get("ok") and m.get("ok") and s.get("peak_system_bytes")
+        out.append((job, round(m["peak_system_bytes"] / s["peak_system_bytes"], 3) if ok else None))
+    return out
+
+
+def merge_runs(kept: list[dict], new: list[dict]) -> list[dict]:
+    """`kept` without the jobs `new` measured again, then `new`, in JOBS order. Pure."""
+    again = {r["job"] for r in new}
+    order = {j.name: i for i, j in enumerate(JOBS)}
+    return sorted([r for r in kept if r["job"] not in again] + new,
+                  key=lambda r: (order.get(r["job"], len(order)), ENGINES.index(r["engine"])))
+
+
+def table(doc: dict) -> str:
+    """The markdown table of one document (scripts/results.py renders it). Pure."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(doc)]
+    lines += ["", "memascend's peak over stock's (system peak, same script and knobs): " +
+              ", ".join(f"{j} {'?' if x is None else f'{x:.2f}'}" for j, x in ratios(doc)) + "."]
+    return "\n".join(lines)
+
+
+# --- I/O below: the measurement itself -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def script_env(base: dict) -> dict:
+    """One rank of a single-process job, as the integration tests start hf_trainer_job.py."""
+    env = dict(base, DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), PYTHONUNBUFFERED="1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
+    return env
+
+
+def measure(cmd: list[str], env: dict, log_path: str) -> dict:
+    """Settle, run `cmd`, sample host memory until it exits (the bench's sampler threads)."""
+    from memascend_cli.bench.sampling import (MeminfoReader, MemSampler, TreeSampler, drop_caches, nearest,
+                                              others_rss_bytes, sampling_stats, settle)
+
+    reader = MeminfoReader()
+    try:
+        st = settle(reader.used_bytes, dropped_caches=drop_caches())
+        others_at_idle = others_rss_bytes({os.getpid()})
+        sampler = MemSampler(reader)
+        switch_s = sys.getswitchinterval()
+        sys.setswitchinterval(0.0002)  # as the bench: keep the tree sampler from holding the meminfo thread off
+        sampler.start()
+        t0 = time.monotonic()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        tree = TreeSampler(proc.pid)
+        tree.start()
+        try:
+            _, status, rusage = os.wait4(proc.pid, 0)
+        finally:
+            proc.returncode = -1  # reaped by wait4
+            t1 = time.monotonic()
+            sampler.stop()
+            tree.stop()
+            sys.setswitchinterval(switch_s)
+    finally:
+        reader.close()
+    used = [(t, u) for t, u in zip(sampler.t_s, sampler.used_bytes) if t0 <= t <= t1]
+    t_pk, u_pk = max(used, key=lambda x: x[1]) if used else (None, None)
+    at_peak = nearest(tree.others_rss_bytes, t_pk) if used else None
+    return {"exit_code": os.waitstatus_to_exitcode(status), "wall_s": round(t1 - t0, 1),
+            "idle_bytes": st.idle_bytes, "settle": {"waited_s": round(st.waited_s, 1), "flat": st.flat},
+            "peak_system_bytes": (u_pk - st.idle_bytes) if used else None,
+            "peak_at_s": round(t_pk - t0, 2) if used else None,
+            # The bench's cross-check for a shared machine: how much other processes' RSS moved from idle to the
+            # peak (1 Hz, a gauge, not a correction).
+            "others_rss_change_at_peak_bytes": None if at_peak is None else at_peak - others_at_idle,
+            "ru_maxrss_bytes": rusage.ru_maxrss * 1024, "max_tree_rss_bytes": tree.max_tree_rss_bytes,
+            "sampling": sampling_stats(sampler.t_s)}
+
+
+def run_plan(job: Job, model_dir: str) -> dict:
+    r = subprocess.run(plan_command(job, model_dir=model_dir), capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, work: str) -> dict:
+    nvme = os.path.join(work, "nvme")
+    shutil.rmtree(nvme, ignore_errors=True)
+    os.makedirs(nvme)
+    out = os.path.join(work, f"{job.name}-{engine}.json")
+    log = os.path.join(work, f"{job.name}-{engine}.log")
+    cmd = script_command(job, engine, model_dir=model_dir, region=region, nvme_path=nvme, out=out)
+    m = measure(cmd, script_env(os.environ), log)
+    res = {"job": job.name, "script": job.script, "checkpointing": job.checkpointing, "engine": engine,
+           "seq_len": job.seq_len, "micro_batch": job.micro_batch, "steps": job.steps,
+           "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[1:]),
+           **m, "plan": prediction(plan, engine)}
+    script_out = json.load(open(out)) if os.path.exists(out) else {}
+    # The script writes its result after the last step; stock DeepSpeed may still abort in interpreter teardown
+    # ("terminate called without an active exception", exit -6), after the peak: kept as exit_code, not a failure.
+    res["ok"] = len(script_out.get("losses") or []) == job.steps
+    if not res["ok"]:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 1500))
+            res["error"] = f.read().decode(errors="replace")
+    stats = script_out.get("stats") or {}
+    res["script_report"] = {"losses": script_out.get("losses"), "status_kib": script_out.get("status_kib"),
+                            "phases": script_out.get("phases"),
+                            "vm_hwm_kib": script_out.get("vm_hwm_kib"),
+                            "swap_files": script_out.get("swap_files", len(script_out.get("files") or [])),
+                            "engine": {k: stats.get(k) for k in ("bytes_read", "bytes_written", "pinned_bytes",
+                                                                 "param_pool_bytes", "optimizer_pool_bytes",
+                                                                 "partitioned_swap_buffer_bytes", "swap_files_created",
+                                                                 "config_changes")} if stats else None}
+    res["error_percent"] = error_percent(res["plan"]["host_peak_bytes"], m["peak_system_bytes"])
+    res["error_percent_ru_maxrss"] = error_percent(res["plan"]["host_peak_bytes"], m["ru_maxrss_bytes"])
+    shutil.rmtree(nvme, ignore_errors=True)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jobs", default=",".join(j.name for j in JOBS), help="comma-separated job names")
+    ap.add_argument("--work", default=None, help="scratch folder on the SSD (default: a temporary one under /var/tmp)")
+    ap.add_argument("--update", action="store_true", help="keep the runs of the other jobs in an existing --out "
+                    "(each job's stock / memascend pair is one sitting; the document lists its sittings)")
+    args = ap.parse_args(argv)
+    from memascend_cli.bench.runner import create_region
+
+    want = args.jobs.split(",")
+    jobs = [j for j in JOBS if j.name in want]
+    work = args.work or tempfile.mkdtemp(prefix="user-script-bench-", dir="/var/tmp")
+    model_dir = os.path.join(work, "model")
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(MODEL, f)
+    plans = {j.name: run_plan(j, model_dir) for j in jobs}
+    region = os.path.join(work, "region.bin")
+    create_region(region, max(region_bytes(p) for p in plans.values()), ranks=1)
+    runs = []
+    for job in jobs:
+        for engine in ENGINES:
+            print(f"{job.name} {engine} ...", flush=True)
+            runs.append(run_job(job, engine, plans[job.name], model_dir=model_dir, region=region, work=work))
+            r = runs[-1]
+            print(f"  ok={r['ok']} peak {_gib(r['peak_system_bytes'])} GiB, ru_maxrss {_gib(r['ru_maxrss_bytes'])} "
+                  f"GiB, plan {_gib(r['plan']['host_peak_bytes'])} GiB ({_pct(r['error_percent'])})", flush=True)
+    sitting = {"command": "python benchmarks/user_script_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jobs": [j.name for j in jobs]}
+    old = json.load(open(args.out)) if args.update and os.path.exists(args.out) else {"runs": [], "sittings": []}
+    runs = merge_runs(old["runs"], runs)
+    sittings = [s for s in old["sittings"] if set(s["jobs"]) - set(sitting["jobs"])] + [sitting]
+    doc = {"title": "Plan accuracy on user scripts", "use": "validation (never an input of scripts/fit_planner.py)",
+           "sittings": sittings, "host": platform.node(),
+           "machine": {"cpus": os.cpu_count(), "dram_gib": round(os.sysconf("SC_PHYS_PAGES") *
+                                                                os.sysconf("SC_PAGE_SIZE") / GiB, 1)},
+           "model": MODEL, "runs": runs, "ratios": dict(ratios({"runs": runs}))}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print(table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The pure parts of benchmarks/user_script_bench.py: the commands it runs, the plan's prediction, the errors and
+the table scripts/results.py renders."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("user_script_bench",
+                                               os.path.join(REPO, "benchmarks", "user_script_bench.py"))
+usb = importlib.util.module_from_spec(_spec)
+sys.modules["user_script_bench"] = usb  # dataclasses look their module up there
+_spec.loader.exec_module(usb)
+
+GiB = 1 << 30
+
+
+def test_stock_never_installs_the_engine_and_memascend_does():
+    kw = dict(model_dir="/m", region="/r.bin", nvme_path="/n", out="/o.json", python="py")
+    job = usb.Job("ds", True)
+    stock, mem = usb.script_command(job, "stock", **kw), usb.script_command(job, "memascend", **kw)
+    assert "--region" not in stock and mem[-2:] == ["--region", "/r.bin"]
+    assert "--checkpointing" in stock and stock[:2] == ["py", usb.DS_SCRIPT]
+    assert mem[:-2] == stock  # the same script and knobs otherwise
+    hf = usb.Job("hf", False)
+    assert usb.script_command(hf, "stock", **kw)[2] == "plain"
+    assert usb.script_command(hf, "memascend", **kw)[2] == "before"
+    assert usb.script_command(hf, "stock", **kw)[-3:] == ["/m", "512", "3"]
+
+
+def test_hf_script_cannot_checkpoint():
+    with pytest.raises(ValueError):
+        usb.script_command(usb.Job("hf", True), "stock", model_dir="/m", region="/r", nvme_path="/n", out="/o")
+
+
+def test_plan_command_matches_the_job():
+    cmd = usb.plan_command(usb.Job("ds", True, seq_len=256, micro_batch=4), model_dir="/m", python="py")
+    assert cmd[:4] == ["py", "-m", "memascend_cli", "plan"]
+    args = dict(zip(cmd[4::1], cmd[5::1]))
+    assert args["--model"] == "/m" and args["--seq-len"] == "256" and args["--micro-batch"] == "4"
+    assert args["--checkpointing"] == "full" and args["--dtype"] == "bf16" and "--json" in cmd
+    hf = usb.plan_command(usb.Job("hf", False), model_dir="/m")
+    h = usb.MODEL["hidden_size"]
+    assert "--no-zero-init" in hf and hf[hf.index("--reduce-bucket-size") + 1] == str(h * h)
+    assert "--no-zero-init" not in usb.plan_command(usb.Job("ds", False), model_dir="/m")
+
+
+def test_error_percent():
+    assert usb.error_percent(int(1.25 * GiB), int(1.59 * GiB)) == -21.4
+    assert usb.error_percent(110, 100) == 10.0
+    assert usb.error_percent(None, 100) is None and usb.error_percent(100, 0) is None
+
+
+def _plan(nvme_bytes=2 * GiB):
+    items = [{"key": "host/runtime", "tier": "host", "bytes": 5}, {"key": "nvme/x", "tier": "nvme", "bytes": 7},
+             {"key": "host/launcher", "tier": "host", "bytes": 3}]
+    eng = {"host_peak_bytes": 100, "node_host_peak_bytes": 103, "peak_phase": "backward", "nvme_bytes": nvme_bytes,
+           "items": items}
+    return {"engines": {"stock": dict(eng, host_peak_bytes=400), "memascend": eng}}
+
+
+def test_prediction_is_one_ranks_peak_with_its_host_items():
+    p = usb.prediction(_plan(), "memascend")
+    assert p["host_peak_bytes"] == 100 and p["node_host_peak_bytes"] == 103
+    assert p["items"] == {"host/runtime": 5, "host/launcher": 3}
+    assert usb.prediction(_plan(), "stock")["host_peak_bytes"] == 400
+
+
+def test_region_bytes_rounds_up_to_whole_gib_with_headroom():
+    assert usb.region_bytes(_plan(2 * GiB)) == 3 * GiB
+    assert usb.region_bytes(_plan(1)) == GiB
+
+
+def _doc():
+    def run(job, engine, peak, ok=True):
+        return {"job": job, "script": job.split("-")[0], "checkpointing": job.endswith("-ckpt"), "engine": engine,
+                "peak_system_bytes": peak, "ru_maxrss_bytes": peak + GiB // 4, "ok": ok, "error": None if ok else "x",
+                "plan": {"host_peak_bytes": GiB}, "others_rss_change_at_peak_bytes": GiB // 10, "error_percent": usb.error_percent(GiB, peak),
+                "error_percent_ru_maxrss": usb.error_percent(GiB, peak + GiB // 4)}
+    return {"runs": [run("ds-nockpt", "stock", 4 * GiB), run("ds-nockpt", "memascend", GiB),
+                     run("hf-nockpt", "stock", 4 * GiB), run("hf-nockpt", "memascend", GiB, ok=False)]}
+
+
+def test_ratios_need_both_runs_ok():
+    assert usb.ratios(_doc()) == [("ds-nockpt", 0.25), ("hf-nockpt", None)]
+
+
+def test_merge_replaces_the_jobs_measured_again_and_keeps_jobs_order():
+    old = [{"job": "ds-nockpt", "engine": "stock", "v": 1}, {"job": "ds-nockpt", "engine": "memascend", "v": 1},
+           {"job": "hf-nockpt", "engine": "stock", "v": 1}, {"job": "hf-nockpt", "engine": "memascend", "v": 1}]
+    new = [{"job": "ds-nockpt", "engine": "memascend", "v": 2}, {"job": "ds-nockpt", "engine": "stock", "v": 2}]
+    merged = usb.merge_runs(old, new)
+    assert [(r["job"], r["engine"], r["v"]) for r in merged] == [
+        ("ds-nockpt", "stock", 2), ("ds-nockpt", "memascend", 2), ("hf-nockpt", "stock", 1),
+        ("hf-nockpt", "memascend", 1)]
+
+
+def test_table_has_a_row_per_run_and_the_ratio_line():
+    text = usb.table(_doc())
+    lines = text.splitlines()
+    assert lines[0].startswith("| engine | script | checkpointing |")
+    assert len([ln for ln in lines if ln.startswith("| ")]) == 5
+    assert "| memascend | ds | none | 1.00 | 1.25 | +0.10 | 1.00 | +0.0% | -20.0% | yes |" in text
+    assert "no: x" in text and "ds-nockpt 0.25, hf-nockpt ?" in text
+
+
+def test_results_section_renders_a_document(tmp_path):
+    doc = dict(_doc(), sittings=[{"command": "python benchmarks/user_script_bench.py --out X", "date": "d",
+                                  "jobs": ["ds-nockpt"]}], host="h",
+               machine={"cpus": 2, "dram_gib": 23.5}, use="validation", model=usb.MODEL)
+    path = tmp_path / "u.json"
+    path.write_text(json.dumps(doc))
+    code = ("import sys; sys.path.insert(0, 'scripts'); import results; "
+            f"print(results.section_user_scripts({str(path)!r}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("## Plan accuracy on user scripts") and "| memascend | ds | none |" in out
