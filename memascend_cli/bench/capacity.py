@@ -210,8 +210,8 @@ def fmt_max(value: int | None, at_least: bool = False) -> str:
     return "none fits" if value is None else ("at least " if at_least else "") + str(value)
 
 
-def _yes_no(x: bool | None) -> str:
-    return "-" if x is None else ("yes" if x else "**no**")
+def _yes_no(x: bool | None, markdown: bool = False) -> str:
+    return "-" if x is None else ("yes" if x else ("**no**" if markdown else "no"))
 
 
 TABLE_COLUMNS = ("engine", "planned max (binds)", "measured max", "why it stopped", "probes", "within one step")
@@ -259,6 +259,6 @@ def results_section(docs: list[tuple[str, dict]]) -> str:
                                for q in e["probes"])
             out.append("| " + " | ".join([cap, doc["axis"], e["name"], fmt_max(e["planned_max"]) +
                                           f" ({e['planned_binding']})", fmt_max(e["measured_max"], e["at_least"]) +
-                                          f" ({e['reason']})", _yes_no(e["within_one_step"]), probes or "-"]) + " |")
+                                          f" ({e['reason']})", _yes_no(e["within_one_step"], True), probes or "-"]) + " |")
         out.append("")
     return "\n".join(out) + "\n"
