@@ -22,8 +22,10 @@ from tests.conftest import require_async_io
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 SEQ = 64
-PLANNED_DEPTH = 6
-"""The cap sits halfway between the plan's peaks at this depth and the next, so the plan's maximum is this depth."""
+PLANNED_DEPTH = 16
+"""The cap sits halfway between the plan's peaks at this depth and the next, so the plan's maximum is this depth: about
+1.1 GiB, clear of what importing torch and DeepSpeed takes in a cgroup that also holds their page cache (~0.7 GiB
+here: below that a run is OOM-killed or crawls while still importing)."""
 
 
 def planned_peak(layers: int) -> int:
@@ -49,7 +51,7 @@ def test_capacity_search_finds_the_depth_that_fits_and_the_next_that_is_oom_kill
     out = tmp_path / "cap"
     cmd = [sys.executable, "-m", "memascend_cli", "bench", "--capacity", "layers", "--model", "tiny-llama",
            "--seq-len", str(SEQ), "--dtype", "fp32", "--runs", "tuned", "--dram-cap", f"{cap_bytes // MiB}MiB",
-           "--settle-cap", "5", "--out", str(out), "--json"]
+           "--settle-cap", "5", "--probe-timeout", "120", "--out", str(out), "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
@@ -60,13 +62,15 @@ def test_capacity_search_finds_the_depth_that_fits_and_the_next_that_is_oom_kill
     assert e["name"] == "tuned" and e["planned_max"] == PLANNED_DEPTH and e["planned_binding"] == "DRAM"
     probes = {q["value"]: q for q in e["probes"]}
     assert e["probes"][0]["value"] == PLANNED_DEPTH  # the search starts at the plan's maximum
-    # It really OOM-killed at the grid point above the measured maximum, which trained every step.
+    # The measured maximum trained every step; the grid point above it did not fit; the kernel really OOM-killed
+    # inside the cap (at m + 1 or above; a probe may instead crawl at its cap and be stopped as stalled).
     m = e["measured_max"]
-    assert m is not None and not e["at_least"] and e["reason"] == f"OOM-killed at {m + 1}"
+    assert m is not None and not e["at_least"], e
     assert probes[m]["outcome"] == capacity.FIT and probes[m]["steps_done"] == 2
-    assert probes[m + 1]["outcome"] == capacity.OOM and "OOM-killed" in probes[m + 1]["error"]
+    assert probes[m + 1]["outcome"] in capacity.DOES_NOT_FIT and e["reason"].endswith(f" at {m + 1}")
+    assert any(q["outcome"] == capacity.OOM and "OOM-killed" in q["error"] for q in e["probes"])
     assert probes[m]["cgroup_peak_bytes"] <= cap_bytes
-    assert len(e["probes"]) <= 5, e["probes"]
+    assert len(e["probes"]) <= 8, e["probes"]  # galloping from the plan's maximum, then bisecting
     for q in e["probes"]:
         assert (out / q["document"]).is_file() and q["planned_peak_bytes"] is not None
     assert not list(out.glob("**/bench.region"))  # each probe's region is gone
