@@ -70,7 +70,7 @@ def test_capacity_search_finds_the_depth_that_fits_and_the_next_that_is_oom_kill
     assert probes[m + 1]["outcome"] in capacity.DOES_NOT_FIT and e["reason"].endswith(f" at {m + 1}")
     assert any(q["outcome"] == capacity.OOM and "OOM-killed" in q["error"] for q in e["probes"])
     assert probes[m]["cgroup_peak_bytes"] <= cap_bytes
-    assert len(e["probes"]) <= 8, e["probes"]  # galloping from the plan's maximum, then bisecting
+    assert len(e["probes"]) <= 10, e["probes"]  # galloping from the plan's maximum, then bisecting (8 here)
     for q in e["probes"]:
         assert (out / q["document"]).is_file() and q["planned_peak_bytes"] is not None
     assert not list(out.glob("**/bench.region"))  # each probe's region is gone
