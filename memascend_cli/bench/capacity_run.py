@@ -199,7 +199,8 @@ def write_plot(doc: dict, path: str) -> str | None:
         for kinds, marker in (((capacity.FIT,), "o"), (capacity.DOES_NOT_FIT, "x")):
             pts = [(q["value"], (q["cgroup_peak_bytes"] or 0) / GiB) for q in qs if q["outcome"] in kinds]
             ax.plot([v for v, _ in pts], [b for _, b in pts], marker, color=line.get_color())
-    ax.set_xlabel(f"{doc['axis']} ({doc['grid']['unit']})")
+    unit = doc["grid"]["unit"]
+    ax.set_xlabel(doc["axis"] + ("" if unit == doc["axis"] else f" ({unit})"))
     ax.set_ylabel("GiB (cgroup peak: o trained, x did not fit; dotted: plan)")
     ax.set_title(f"{doc['job']['model']}: capacity in {doc['axis']} under the DRAM cap")
     ax.grid(alpha=0.3)
