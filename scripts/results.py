@@ -15,6 +15,7 @@ here):
   docs/bench/calibration/*.json     bench runs the planner's constants were fitted on
   docs/bench/validation/*.json      bench runs the planner was NOT fitted on (its error must stay within 10%)
   docs/bench/capped/*.json          `memascend bench --dram-cap` runs at billion-parameter scale
+  docs/bench/capacity/*.json        `memascend bench --capacity` summaries (capacity.json), one sitting each
   docs/bench/gpu/*.json             the GPU kit's gpu_bench.json (scripts/gpu_check.sh), when a GPU was lent
   docs/bench/train/*.json           `memascend train` runs (metrics summaries)
   docs/bench/plans/*.json           `memascend plan --json` outputs
@@ -31,6 +32,7 @@ import json
 import os
 import sys
 
+from memascend_cli.bench import capacity
 from memascend_cli.units import GiB
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -794,6 +796,7 @@ def render() -> str:
     val = load(os.path.join(BENCH, "validation", "*.json"))
     parts.append(section_headline(cal, val))
     parts.append(section_capped(load(os.path.join(CAPPED, "*.json"))))
+    parts.append(capacity.results_section(load(os.path.join(BENCH, "capacity", "*.json"))))
     details = len(parts)
     parts.append("## Every document in detail\n")
     named = load(os.path.join(BENCH, "*.json")) + cal

@@ -74,12 +74,12 @@ def bench_launcher_processes(ranks: int) -> int:
     return 0 if ranks == 1 else 1
 
 
-def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
-            checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
-            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None) -> dict:
-    """memascend plan's estimate for one run: node peak plus the host items (for recalibration). `disabled`: the
-    memascend techniques switched off (ablation runs)."""
-    from memascend_cli.planner.memory import JobSpec, estimate
+def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
+             checkpointing: str, deepspeed_version: str, disabled: tuple[str, ...] = (),
+             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None):
+    """(the planner's JobSpec of one run, the estimate's engine: stock code with the run's own knobs for stock and
+    tuned). `disabled`: the memascend techniques switched off (ablation runs). Pure."""
+    from memascend_cli.planner.memory import JobSpec
 
     offloaded = checkpointing_impl(mode) == "memascend" and (mode != "memascend"
                                                              or "offload_checkpointing" not in disabled)
@@ -90,7 +90,19 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
                   launcher_processes=bench_launcher_processes(ranks))
-    est = estimate(job, hw, "memascend" if mode == "memascend" else "stock")  # stock code with the run's own knobs
+    return job, "memascend" if mode == "memascend" else "stock"
+
+
+def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
+            checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
+            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None) -> dict:
+    """memascend plan's estimate for one run (plan_job): node peak plus the host items (for recalibration)."""
+    from memascend_cli.planner.memory import estimate
+
+    job, engine = plan_job(mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
+                           checkpointing=checkpointing, deepspeed_version=deepspeed_version, disabled=disabled,
+                           checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes)
+    est = estimate(job, hw, engine)
     return {
         "engine": est.engine,
         "node_host_peak_bytes": est.node_host_peak_bytes,
@@ -103,6 +115,19 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
         "ssd_traffic": est.traffic.to_dict() if est.traffic else None,
         "host_budget": est.budget.to_dict() if est.budget else None,
     }
+
+
+REGION_HEADROOM = 1.5
+"""A bench region holds the planner's SSD bytes plus the checkpoint stream, 50% more for alignment and metadata."""
+
+
+def ssd_space_bytes(mode: str, predicted: dict, ranks: int) -> int:
+    """SSD space a run takes: memascend's fresh region (REGION_HEADROOM, 64 MiB for its header), stock's and tuned's
+    swap files (the planner's SSD bytes). Pure."""
+    if mode != "memascend":
+        return int(predicted["nvme_bytes_per_rank"] * ranks)
+    act = (predicted.get("ssd_traffic") or {}).get("write_bytes", {}).get("activation_checkpoints", 0)
+    return int((predicted["nvme_bytes_per_rank"] + act) * ranks * REGION_HEADROOM) + (64 << 20)
 
 
 def engine_args(predicted: dict) -> list[str]:

@@ -11,7 +11,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from memascend_cli.bench.configs import build_ds_config, checkpointing_impl, child_env, engine_args, predict
+from memascend_cli.bench.configs import (build_ds_config, checkpointing_impl, child_env, engine_args, plan_job, predict,
+                                         ssd_space_bytes)
 from memascend_cli.bench.document import build_document
 from memascend_cli.bench.runs import RunSpec
 from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSampler, TreeSampler, bucket_max,
@@ -82,6 +83,8 @@ class RunResult:
     cgroup: dict | None = None
     """With --dram-cap: the run's memory cgroup (limit, its own peak incl. page cache charged to it, OOM kills)."""
     oom_killed: bool = False
+    timed_out: bool = False
+    """Killed by the parent after its time limit (bench --probe-timeout) without finishing."""
     log_path: str = ""
 
     @property
@@ -161,9 +164,10 @@ def child_command(args: list[str], ranks: int) -> list[str]:
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
             settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None,
-            dram_cap_bytes: int | None = None) -> RunResult:
-    """Settle, launch the child (in a memory cgroup of dram_cap_bytes if given), sample until it exits, collect its
-    events. The child dies with this process (run/lifeline.py)."""
+            dram_cap_bytes: int | None = None, timeout_s: float | None = None) -> RunResult:
+    """Settle, launch the child (in a memory cgroup of dram_cap_bytes if given), sample until it exits or runs past
+    timeout_s (then it is killed, its ranks die with it), collect its events. The child dies with this process
+    (run/lifeline.py)."""
     import shutil
     from contextlib import ExitStack
 
@@ -232,6 +236,11 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                 pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
                 if pid == proc.pid:
                     break
+                if timeout_s is not None and time.monotonic() - t_launch > timeout_s:
+                    proc.kill()
+                    _, status, rusage = os.wait4(proc.pid, 0)
+                    res.timed_out = True
+                    break
                 if progress is not None:
                     evs = read_events(rank0_events)
                     done = sum(1 for e in evs if e.get("event") == "step")
@@ -249,7 +258,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             tree.stop()
             sys.setswitchinterval(switch_s)
         if cap is not None:
-            cg = cap.result(sigkilled=os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL)
+            cg = cap.result(sigkilled=not res.timed_out and os.WIFSIGNALED(status)
+                            and os.WTERMSIG(status) == signal.SIGKILL)
             res.cgroup, res.oom_killed = {"limit_bytes": dram_cap_bytes, **cg.to_dict()}, cg.oom_killed
     finally:
         reader.close()
@@ -296,8 +306,10 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     if code == 0 and len(res.losses) == steps:
         res.ok = True
     elif res.oom_killed:
-        phase = next((e["name"] for e in reversed(events.get(0, [])) if e.get("event") == "phase"), "startup")
-        res.error = f"does not fit: OOM-killed at step {len(res.losses) + 1} ({phase}) under the DRAM cap"
+        res.error = f"does not fit: OOM-killed at step {len(res.losses) + 1} ({_phase(events)}) under the DRAM cap"
+    elif res.timed_out:
+        res.error = (f"did not finish within {timeout_s:.0f} s: killed at step {len(res.losses) + 1} "
+                     f"({_phase(events)})" + (" under the DRAM cap" if dram_cap_bytes else ""))
     else:
         res.error = "; ".join(summary["errors"]) or f"exit status {code}; last lines of {res.log_path}:\n" + _tail(res.log_path)
     if progress is not None:
@@ -305,6 +317,11 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                         description=f"{run.name}: {'done' if res.ok else '[red]failed[/red]'}")
     shutil.rmtree(nvme_dir, ignore_errors=True)
     return res
+
+
+def _phase(events: dict[int, list[dict]]) -> str:
+    """Rank 0's last phase event (startup before the first)."""
+    return next((e["name"] for e in reversed(events.get(0, [])) if e.get("event") == "phase"), "startup")
 
 
 def _tail(path: str, nbytes: int = 1500) -> str:
@@ -366,6 +383,12 @@ class Point:
                 self.checkpointing]
         return args + (["--layers", str(self.layers)] if self.layers else [])
 
+    def plan_job(self, mode: str, cfg: dict, disabled: tuple[str, ...] = ()):
+        """(the planner's JobSpec of this point's run, the estimate's engine): configs.plan_job."""
+        return plan_job(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
+                        ranks=self.ranks, checkpointing=self.checkpointing, deepspeed_version=self.deepspeed_version,
+                        disabled=disabled, host_budget_bytes=self.host_budget_bytes)
+
     def predict(self, mode: str, cfg: dict, disabled: tuple[str, ...] = ()) -> dict:
         return predict(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
                        ranks=self.ranks, checkpointing=self.checkpointing, hw=self.hw,
@@ -390,7 +413,7 @@ def median_run(repeats: list[RunResult]) -> RunResult:
 
 def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
               region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1,
-              dram_cap_bytes: int | None = None) -> dict:
+              dram_cap_bytes: int | None = None, timeout_s: float | None = None) -> dict:
     """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
     document (median_run stands for the repeats of a run)."""
     from memascend_cli.console import err, step_progress
@@ -412,9 +435,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         region = os.path.join(out_dir, "bench.region")
         est = p.predict("memascend", build_ds_config("memascend", spec, micro_batch=p.micro_batch, dtype=p.dtype,
                                                      nvme_dir=nvme_dir, ranks=ranks))
-        # The planner's SSD bytes per rank (+ the checkpoint stream), 50% headroom for alignment and metadata.
-        act = (est.get("ssd_traffic") or {}).get("write_bytes", {}).get("activation_checkpoints", 0)
-        size_bytes = int((est["nvme_bytes_per_rank"] + act) * ranks * 1.5) + (64 << 20)
+        size_bytes = ssd_space_bytes("memascend", est, ranks)
         err.print(f"creating region {region} ({size_bytes / GiB:.1f} GiB)")
         region_info = create_region(region, size_bytes, ranks)
     aio_block, aio_depth = None, None
@@ -438,7 +459,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
                               settle_cap_s=settle_cap_s, accelerator=p.accelerator,
                               extra_args=engine_args(predicted) if run.mode == "memascend" else None,
-                              dram_cap_bytes=dram_cap_bytes)
+                              dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s)
                 res.predicted = predicted
                 measured[i].append(res)
     results = [median_run(rs) for rs in measured]

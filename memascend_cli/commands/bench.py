@@ -2,8 +2,9 @@
 
 Thin: parse options -> checks (nvme dir, engine) -> for every point of the sweep (layers x sequence length): a
 region, one child per run (memascend_cli.bench.runner), the planner's prediction per run, JSON + PNG; then the
-sweep summary (flatness, GiB per billion parameters). Exit codes: 0 every run finished, 1 a run failed (the outputs
-are still written), 2 bad input.
+sweep summary (flatness, GiB per billion parameters). With --capacity: each engine's search for the largest value of
+one axis under --dram-cap (memascend_cli.bench.capacity_run). Exit codes: 0 every run finished (with --capacity: every
+probe trained or was OOM-killed), 1 a run failed (the outputs are still written), 2 bad input.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import typer
 
 from memascend_cli.errors import EXIT_FAIL, BadInput
 
+PROBE_TIMEOUT_S = 3600.0
+"""--probe-timeout's default."""
 _J = "Job"
 _R = "Runs"
 _O = "Output"
@@ -27,17 +30,42 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
+def _check_capacity(axis: str, *, dram_cap, layers, seq_len, micro_batch, repeat: int, region) -> None:
+    """--capacity's own rules: a cap to search under, the searched axis left to the search, the others single."""
+    from memascend_cli.bench.capacity import AXES
+
+    if axis not in AXES:
+        raise BadInput(f"unknown --capacity axis {axis!r}", "use " + ", ".join(AXES))
+    if dram_cap is None:
+        raise BadInput("--capacity needs --dram-cap", "e.g. --capacity layers --dram-cap 4GiB (needs root)")
+    given = {"layers": layers, "seq": seq_len, "micro-batch": micro_batch}
+    flag = {"layers": "--layers", "seq": "--seq-len", "micro-batch": "--micro-batch"}
+    if given[axis] is not None:
+        raise BadInput(f"{flag[axis]} is what --capacity {axis} searches", f"drop {flag[axis]}")
+    for name in ("layers", "seq"):
+        if given[name] is not None and "," in str(given[name]):
+            raise BadInput(f"{flag[name]} {given[name]!r} is a sweep; --capacity searches one axis",
+                           f"give one value to {flag[name]}")
+    if repeat != 1:
+        raise BadInput("--repeat does not apply to --capacity", "each probe is one run; drop --repeat")
+    if region is not None:
+        raise BadInput("--region does not apply to --capacity", "each probe sizes its own region in OUT; drop --region")
+
+
 def bench_command(
     model: str = typer.Option("bench-llama-136m", "--model", "-m", help="Model preset, HF config.json or model YAML "
                               "(random weights).", rich_help_panel=_J),
-    seq_len: str = typer.Option("512", "--seq-len", "-s", help="Tokens per sequence; a comma list sweeps it "
-                                "(e.g. 512,2048,8192).", rich_help_panel=_J),
+    seq_len: str = typer.Option(None, "--seq-len", "-s", help="Tokens per sequence; a comma list sweeps it "
+                                "(e.g. 512,2048,8192). Default: 512; 2048 with --capacity.", rich_help_panel=_J,
+                                show_default=False),
     layers: str = typer.Option(None, "--layers", help="Decoder layers of the model (same width); a comma list "
                                "sweeps the depth (e.g. 8,16,32). Default: the model's own.", rich_help_panel=_J,
                                show_default=False),
-    micro_batch: int = typer.Option(1, "--micro-batch", "-b", help="Sequences per rank per step.", rich_help_panel=_J),
-    steps: int = typer.Option(5, "--steps", help="Training steps per run (s/step averages steps 2..N; step 1 also "
-                              "records the parameter trace and creates the Adam states).", rich_help_panel=_J),
+    micro_batch: int = typer.Option(None, "--micro-batch", "-b", help="Sequences per rank per step. Default: 1.",
+                                    rich_help_panel=_J, show_default=False),
+    steps: int = typer.Option(None, "--steps", help="Training steps per run (s/step averages steps 2..N; step 1 also "
+                              "records the parameter trace and creates the Adam states). Default: 5; 2 with "
+                              "--capacity.", rich_help_panel=_J, show_default=False),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32.", rich_help_panel=_J),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic token batches.",
                              rich_help_panel=_J),
@@ -65,6 +93,16 @@ def bench_command(
     dram_cap: str = typer.Option(None, "--dram-cap", help="Run every engine in its own memory cgroup of this size, "
                                  "e.g. 6GiB (needs root): a run OOM-killed in it reads `does not fit` and the others "
                                  "still run.", rich_help_panel=_R, show_default=False),
+    capacity: str = typer.Option(None, "--capacity", help="Find each engine's largest layers, seq or micro-batch "
+                                 "that trains --steps steps under --dram-cap: start at the plan's maximum under the "
+                                 "cap, one capped run per probe, up after a fit, down after an OOM kill, until a value "
+                                 "fits and the next grid value is OOM-killed (or 'at least' at the grid's end or the "
+                                 "SSD space). Writes capacity.json and capacity.png.", rich_help_panel=_R,
+                                 show_default=False),
+    probe_timeout: float = typer.Option(None, "--probe-timeout", help="With --capacity: longest a probe may run, in "
+                                        "seconds; one still running is killed and reads 'stalled' (does not fit: near "
+                                        "its cap a job can crawl re-reading its libraries instead of being "
+                                        "OOM-killed). Default: 3600.", rich_help_panel=_R, show_default=False),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
     out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, its memory timelines in "
@@ -88,6 +126,8 @@ def bench_command(
         memascend bench --layers 8,16,32 --seq-len 2048 --steps 3 --out /mnt/nvme/depth
 
         memascend bench --ranks 2 --ablation --out /mnt/nvme/bench
+
+        memascend bench --capacity layers --dram-cap 4GiB --dtype fp32 --out /mnt/nvme/cap-depth
     """
     import os
 
@@ -102,7 +142,16 @@ def bench_command(
 
     if ranks not in (1, 2):
         raise BadInput(f"--ranks {ranks} is not supported", "use --ranks 1 or --ranks 2")
-    seq_lens = _int_list(seq_len, "--seq-len")
+    if capacity is not None:
+        _check_capacity(capacity, dram_cap=dram_cap, layers=layers, seq_len=seq_len, micro_batch=micro_batch,
+                        repeat=repeat, region=region)
+    elif probe_timeout is not None:
+        raise BadInput("--probe-timeout applies to --capacity only", "add --capacity AXIS, or drop --probe-timeout")
+    if probe_timeout is not None and probe_timeout <= 0:
+        raise BadInput("--probe-timeout must be positive", "give seconds, e.g. --probe-timeout 1800")
+    seq_lens = _int_list(seq_len or ("2048" if capacity else "512"), "--seq-len")
+    micro_batch = 1 if micro_batch is None else micro_batch
+    steps = (2 if capacity else 5) if steps is None else steps
     for name, value in (("--micro-batch", micro_batch), ("--steps", steps), ("--repeat", repeat)):
         if value < 1:
             raise BadInput(f"{name} must be at least 1", "give a positive whole number")
@@ -148,6 +197,25 @@ def bench_command(
     meta = {"command": "memascend bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
             **({"title": title} if title else {})}
+    if capacity is not None:
+        from memascend_cli.bench import capacity_run
+
+        fixed = capacity_run.Fixed(model=model, base_spec=base_spec, layers=depths[0] if layers else None,
+                                   seq_len=seq_lens[0], micro_batch=micro_batch, steps=steps, dtype=dtype, seed=seed,
+                                   checkpointing=checkpointing, ranks=ranks, host_budget_bytes=budget_bytes,
+                                   accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
+        doc, all_ok = capacity_run.run_capacity(capacity, fixed, run_specs, cap_bytes=dram_cap_bytes, out_dir=out_dir,
+                                                nvme_dir=nvme_dir, nvme_info=nvme_info, engine_ok=engine_ok,
+                                                settle_cap_s=settle_cap, meta=meta,
+                                                probe_timeout_s=probe_timeout or PROBE_TIMEOUT_S)
+        if as_json:
+            print_json(doc)
+        else:
+            capacity_run.render_table(doc)
+            err.print(f"wrote {out_dir}")
+        if not all_ok:
+            raise typer.Exit(EXIT_FAIL)
+        return
     docs, all_ok = [], True
     for L, s in points:
         spec = base_spec if L == base_spec.num_hidden_layers else base_spec.scaled(L)

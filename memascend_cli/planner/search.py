@@ -15,6 +15,13 @@ GRID_END = "grid_end"
 RESOURCE_NAMES = {"config": "config", "dram": "DRAM", "gpu_memory": "GPU memory", "nvme_space": "SSD space",
                   "memlock": "memlock", GRID_END: "grid end"}
 """How the plan prints each binding resource."""
+MAX_LAYERS = 2048
+"""The depth search's grid: 1, 2, ... MAX_LAYERS decoder layers."""
+SEQ_GRANULE = 256
+MAX_SEQ_TOKENS = 1 << 24
+"""The context search's grid: SEQ_GRANULE, 2 x SEQ_GRANULE, ... MAX_SEQ_TOKENS tokens."""
+MAX_MICRO_BATCH = 65536
+"""The micro-batch search's grid: 1, 2, ... MAX_MICRO_BATCH sequences."""
 
 
 @dataclass
@@ -101,21 +108,22 @@ def _largest_bound(verdict_at, lo: int, hi: int, start: int) -> tuple[int | None
     return n, GRID_END if n == hi else verdict_at(n + 1).binding
 
 
-def max_micro_batch(job: JobSpec, hw: HardwareSpec, engine: str, limit: int = 65536) -> tuple[int | None, str]:
+def max_micro_batch(job: JobSpec, hw: HardwareSpec, engine: str,
+                    limit: int = MAX_MICRO_BATCH) -> tuple[int | None, str]:
     """Largest micro-batch at the job's sequence length that fits (None: not even 1), and what binds it."""
     return _largest_bound(lambda b: check(estimate(replace(job, micro_batch=b), hw, engine), hw), 1, limit,
                           start=job.micro_batch)
 
 
-def max_seq_len(job: JobSpec, hw: HardwareSpec, engine: str, granule: int = 256,
-                limit_tokens: int = 1 << 24) -> tuple[int | None, str]:
+def max_seq_len(job: JobSpec, hw: HardwareSpec, engine: str, granule: int = SEQ_GRANULE,
+                limit_tokens: int = MAX_SEQ_TOKENS) -> tuple[int | None, str]:
     """Longest sequence (a multiple of `granule`) at the job's micro-batch that fits, and what binds it."""
     n, binding = _largest_bound(lambda k: check(estimate(replace(job, seq_len=k * granule), hw, engine), hw), 1,
                                 limit_tokens // granule, start=max(1, job.seq_len // granule))
     return (None if n is None else n * granule), binding
 
 
-def max_layers(job: JobSpec, hw: HardwareSpec, engine: str, limit: int = 2048) -> tuple[ModelSpec | None, str]:
+def max_layers(job: JobSpec, hw: HardwareSpec, engine: str, limit: int = MAX_LAYERS) -> tuple[ModelSpec | None, str]:
     """The deepest version of the job's architecture that fits (scaled architecture search), and what binds it."""
     n, binding = _largest_bound(lambda L: check(estimate(replace(job, model=job.model.scaled(L)), hw, engine), hw),
                                 1, limit, start=job.model.num_hidden_layers)

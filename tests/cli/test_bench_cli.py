@@ -341,6 +341,15 @@ def test_repeats_report_the_median_peak_and_keep_every_repeat():
     (("--steps", "0"), "--steps must be at least 1"),
     (("--repeat", "0"), "--repeat must be at least 1"),
     (("--dtype", "int4"), "unknown dtype"),
+    (("--capacity", "width", "--dram-cap", "4GiB"), "unknown --capacity axis 'width'"),
+    (("--capacity", "layers"), "--capacity needs --dram-cap"),
+    (("--capacity", "layers", "--dram-cap", "4GiB", "--layers", "8"), "--layers is what --capacity layers searches"),
+    (("--capacity", "seq", "--dram-cap", "4GiB", "--seq-len", "512"), "--seq-len is what --capacity seq searches"),
+    (("--capacity", "micro-batch", "--dram-cap", "4GiB", "-b", "2"), "--micro-batch is what --capacity micro-batch"),
+    (("--capacity", "seq", "--dram-cap", "4GiB", "--layers", "8,16"), "is a sweep; --capacity searches one axis"),
+    (("--capacity", "seq", "--dram-cap", "4GiB", "--repeat", "3"), "--repeat does not apply to --capacity"),
+    (("--capacity", "seq", "--dram-cap", "4GiB", "--region", "/x"), "--region does not apply to --capacity"),
+    (("--probe-timeout", "60"), "--probe-timeout applies to --capacity only"),
 ])
 def test_bad_options(cli, tmp_path, args, fragment):
     r = cli("bench", "--out", str(tmp_path), *args)

@@ -1,0 +1,264 @@
+"""`bench --capacity`: the largest job of one axis (layers, seq, micro-batch) that trains under a DRAM cap, planned and
+measured. Pure: the grid of each axis, the probe sequence, the plan's maximum and the SSD ceiling under the cap, the
+summary document, its table and its docs/results.md section. capacity_run.py runs the probes.
+
+The probe sequence starts at the plan's maximum under the cap and gallops (1, 2, 4, ... grid steps) up after a fit
+and down after an OOM kill (or a stall), then bisects between the largest fit and the smallest one that did not fit.
+It stops when a value fits and the next grid value does not (the measured maximum), or when a fit reaches the
+ceiling: the grid's end or the SSD space the probes may use, reported as "at least" that value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from memascend_cli.planner import search
+from memascend_cli.units import GiB
+
+AXES = ("layers", "seq", "micro-batch")
+SCHEMA_VERSION = 1
+FIT, OOM, STALLED, FAILED = "fit", "oom", "stalled", "failed"
+"""A probe's outcome: trained every step under the cap; OOM-killed inside the cap; stalled: killed after the probe time
+limit (near its cap a cgroup can reclaim and re-read the pages of the libraries it runs for a long time before the
+OOM killer fires); failed otherwise. OOM and STALLED both mean "does not fit"."""
+DOES_NOT_FIT = (OOM, STALLED)
+_SAYS = {OOM: "OOM-killed", STALLED: "stalled past the probe time limit"}
+DISK_KEEP_FREE_BYTES = 8 * GiB
+"""SSD space the probes leave free on the file system they use (other users of the machine)."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The values an axis is searched on: first, first + step, ... last."""
+
+    axis: str
+    first: int
+    step: int
+    last: int
+    unit: str
+
+    def index(self, value: int) -> int:
+        if value < self.first or value > self.last or (value - self.first) % self.step:
+            raise ValueError(f"{value} is not on the {self.axis} grid ({self.first}, {self.first + self.step}, ... "
+                             f"{self.last})")
+        return (value - self.first) // self.step
+
+    def value(self, index: int) -> int:
+        return self.first + index * self.step
+
+    @property
+    def size(self) -> int:
+        return self.index(self.last) + 1
+
+
+def grid(axis: str) -> Grid:
+    """The planner search's grid of `axis` (planner/search.py), so a planned and a measured maximum compare."""
+    if axis == "layers":
+        return Grid("layers", 1, 1, search.MAX_LAYERS, "layers")
+    if axis == "seq":
+        return Grid("seq", search.SEQ_GRANULE, search.SEQ_GRANULE,
+                    search.MAX_SEQ_TOKENS // search.SEQ_GRANULE * search.SEQ_GRANULE, "tokens")
+    if axis == "micro-batch":
+        return Grid("micro-batch", 1, 1, search.MAX_MICRO_BATCH, "sequences")
+    raise ValueError(f"unknown axis {axis!r}; axes are {', '.join(AXES)}")
+
+
+def with_value(axis: str, job, value: int):
+    """The planner's job (planner.memory.JobSpec) with `axis` set to `value`."""
+    if axis == "layers":
+        return replace(job, model=job.model.scaled(value))
+    return replace(job, seq_len=value) if axis == "seq" else replace(job, micro_batch=value)
+
+
+# --- the plan under the cap ---------------------------------------------------------------------------------------
+
+
+def planned_max(axis: str, job, hw_cap, engine: str) -> tuple[int | None, str]:
+    """The planner search's largest value of `axis` under `hw_cap` (the cap as the node's DRAM, nothing reserved for the
+    OS: the cgroup holds only the job) and what binds it (search.RESOURCES or GRID_END)."""
+    if axis == "layers":
+        model, binding = search.max_layers(job, hw_cap, engine)
+        return (model.num_hidden_layers if model is not None else None), binding
+    if axis == "seq":
+        return search.max_seq_len(job, hw_cap, engine)
+    return search.max_micro_batch(job, hw_cap, engine)
+
+
+def ceiling(g: Grid, need_bytes_at, usable_bytes: int) -> tuple[int | None, str]:
+    """The largest grid value whose SSD space `need_bytes_at(value)` (monotone in the value) fits in `usable_bytes`
+    (None: not even the first), and why the probes stop there: the grid's end, or the SSD space of the next value."""
+    def fits(i: int) -> bool:
+        return need_bytes_at(g.value(i)) <= usable_bytes
+
+    last = g.size - 1
+    if fits(last):
+        return g.last, f"grid end ({g.last} {g.unit})"
+    lo, hi = -1, last  # fits(lo) (or lo = -1), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    nxt = g.value(hi)
+    why = (f"SSD space ({nxt} {g.unit} needs {need_bytes_at(nxt) / GiB:.1f} GiB, {usable_bytes / GiB:.1f} GiB usable "
+           f"with {DISK_KEEP_FREE_BYTES / GiB:.0f} GiB left free)")
+    return (g.value(lo) if lo >= 0 else None), why
+
+
+# --- the probe sequence -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    measured_max: int | None
+    """The largest value that trained under the cap; None when nothing did."""
+    at_least: bool
+    """The search stopped at a ceiling (grid end, SSD space) or at a failed probe: the true maximum may be larger."""
+    reason: str
+
+
+def next_probe(g: Grid, start: int | None, top: int | None, top_reason: str,
+               results: list[tuple[int, str]]) -> int | Conclusion:
+    """The next value to probe given the (value, outcome) results so far, or the search's conclusion.
+
+    start: the plan's maximum (None: the grid's first value); top: the largest value the probes may try (ceiling()),
+    top_reason: why. Gallops up from the largest fit and down from the smallest OOM kill, doubling the distance from
+    `start`, and bisects once both are known."""
+    if top is None:
+        return Conclusion(None, False, f"not probed: {top_reason}")
+    by_index = {g.index(v): o for v, o in results}
+    failed = [v for v, o in results if o == FAILED]
+    fits = [i for i, o in by_index.items() if o == FIT]
+    ooms = [i for i, o in by_index.items() if o in DOES_NOT_FIT]
+    lo, hi = max(fits, default=None), min(ooms, default=None)
+    killed = "" if hi is None else f"{_SAYS[by_index[hi]]} at {g.value(hi)}"
+    best = None if lo is None else g.value(lo)
+    if failed:
+        return Conclusion(best, True, f"the probe at {failed[0]} failed (not an OOM kill)")
+    if lo is not None and hi is not None:
+        if hi < lo:
+            return Conclusion(best, True, f"not monotone: {killed}, below a fit at {best}")
+        if hi == lo + 1:
+            return Conclusion(best, False, killed)
+        return g.value((lo + hi) // 2)
+    c = g.index(top)
+    s = min(c, g.index(start)) if start is not None else 0
+    if lo is None and hi is None:
+        return g.value(s)
+    if hi is None:
+        if lo >= c:
+            return Conclusion(best, True, top_reason)
+        return g.value(min(c, lo + max(1, lo - s + 1)))
+    if hi == 0:
+        return Conclusion(None, False, f"{killed}, the grid's first value")
+    return g.value(max(0, hi - max(1, s - hi + 1)))
+
+
+def outcome(run: dict) -> str:
+    """FIT, OOM, STALLED or FAILED of a bench run (runner.RunResult.to_dict())."""
+    if run["ok"]:
+        return FIT
+    if run.get("oom_killed"):
+        return OOM
+    return STALLED if run.get("timed_out") else FAILED
+
+
+def within_one_step(g: Grid, planned: int | None, c: Conclusion) -> bool | None:
+    """Whether the plan's maximum is within one grid step of the measured one (None for nothing fits, one below the
+    grid's first value). At a ceiling the measured value is a lower bound: the plan is within when it is not below
+    it by more than one step. None when a probe failed."""
+    if c.at_least and c.reason.startswith(("the probe at", "not monotone")):
+        return None
+    p = -1 if planned is None else g.index(planned)
+    m = -1 if c.measured_max is None else g.index(c.measured_max)
+    return p >= m - 1 if c.at_least else abs(p - m) <= 1
+
+
+# --- the document -------------------------------------------------------------------------------------------------
+
+
+def probe_record(value: int, run: dict, document: str) -> dict:
+    """One probe of the summary: the value, its outcome and peaks (cgroup's own, system-wide), the plan there."""
+    cg = run.get("cgroup") or {}
+    return {"value": value, "outcome": outcome(run), "error": run.get("error"), "steps_done": len(run["losses"]),
+            "cgroup_peak_bytes": cg.get("peak_bytes"), "peak_system_bytes": run.get("peak_system_bytes"),
+            "ru_maxrss_bytes": run.get("ru_maxrss_bytes"),
+            "planned_peak_bytes": (run.get("predicted") or {}).get("node_host_peak_bytes"),
+            "seconds_per_step": run.get("seconds_per_step"), "wall_s": run.get("wall_s"), "document": document}
+
+
+def engine_entry(run_name: str, mode: str, g: Grid, planned: tuple[int | None, str], top: tuple[int | None, str],
+                 probes: list[dict], c: Conclusion) -> dict:
+    """Per engine: the plan's maximum under the cap and what binds it, the probes' ceiling, every probe, the measured
+    maximum, whether it is a lower bound and why the search stopped."""
+    p_max, binding = planned
+    return {"name": run_name, "mode": mode, "planned_max": p_max,
+            "planned_binding": search.RESOURCE_NAMES.get(binding, binding), "ceiling": top[0],
+            "ceiling_reason": top[1], "measured_max": c.measured_max, "at_least": c.at_least, "reason": c.reason,
+            "within_one_step": within_one_step(g, p_max, c),
+            "killed_where_planned_to_fit": [q["value"] for q in probes if q["outcome"] in DOES_NOT_FIT
+                                            and p_max is not None and q["value"] <= p_max],
+            "probes": probes}
+
+
+def capacity_document(*, g: Grid, cap_bytes: int, job: dict, hardware: dict, disk: dict, engines: list[dict],
+                      notes: list[str]) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "kind": "capacity", "axis": g.axis,
+            "grid": {"first": g.first, "step": g.step, "last": g.last, "unit": g.unit}, "dram_cap_bytes": cap_bytes,
+            "job": job, "hardware": hardware, "disk": disk, "engines": engines, "notes": notes}
+
+
+def fmt_max(value: int | None, at_least: bool = False) -> str:
+    return "none fits" if value is None else ("at least " if at_least else "") + str(value)
+
+
+def _yes_no(x: bool | None, markdown: bool = False) -> str:
+    return "-" if x is None else ("yes" if x else ("**no**" if markdown else "no"))
+
+
+TABLE_COLUMNS = ("engine", "planned max (binds)", "measured max", "why it stopped", "probes", "within one step")
+
+
+def table_rows(doc: dict) -> list[list[str]]:
+    """One row per engine, in TABLE_COLUMNS order."""
+    rows = []
+    for e in doc["engines"]:
+        probes = ", ".join(f"{q['value']} {'fit' if q['outcome'] == FIT else q['outcome'].upper()}"
+                           for q in e["probes"])
+        rows.append([e["name"], f"{fmt_max(e['planned_max'])} ({e['planned_binding']})",
+                     fmt_max(e["measured_max"], e["at_least"]), e["reason"], probes or "-",
+                     _yes_no(e["within_one_step"])])
+    return rows
+
+
+RESULTS_COLUMNS = ("DRAM cap GiB", "axis", "engine", "planned max", "measured max", "within one grid step",
+                   "probes (value: outcome, cgroup peak GiB)")
+
+
+def results_section(docs: list[tuple[str, dict]]) -> str:
+    """docs/results.md's "Capacity under a DRAM cap": one table per document (one sitting); "" without any."""
+    if not docs:
+        return ""
+    out = ["## Capacity under a DRAM cap", "",
+           "`memascend bench --capacity AXIS --dram-cap X`: per engine, the plan's largest value of the axis under the "
+           "cap (the cap as the node's DRAM) and the largest value that trained every step in a memory cgroup of the "
+           "cap, probed from the plan's value up after a fit and down after an OOM kill until a value fits and the "
+           "next grid value is OOM-killed. \"At least\" marks a search that stopped at the grid's end, the SSD space "
+           "or a failed run. The grids are the planner search's (layers 1, 2, ...; seq multiples of "
+           f"{search.SEQ_GRANULE}; micro-batch 1, 2, ...).", ""]
+    for path, doc in docs:
+        j, meta = doc["job"], doc.get("meta") or {}
+        cap = f"{doc['dram_cap_bytes'] / GiB:.2f}"
+        fixed = ", ".join(f"{k.replace('_', ' ')} {j[k]}" for k in ("layers", "seq_len", "micro_batch")
+                          if j.get(k) is not None)  # the searched axis is None
+        out += [f"### {meta.get('title') or path}", "", f"`{meta.get('command', '?')}`", "",
+                f"{j['model']}, {fixed}, {j['steps']} steps, {j['dtype']}, checkpointing {j['checkpointing']}, "
+                f"{j['ranks']} rank(s); {meta.get('date', '?')}, host `{meta.get('host', '?')}`. Raw: `{path}`.", "",
+                "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
+        for e in doc["engines"]:
+            probes = "; ".join(f"{q['value']}: {q['outcome']}" + ("" if q["cgroup_peak_bytes"] is None else
+                                                                 f" {q['cgroup_peak_bytes'] / GiB:.2f}")
+                               for q in e["probes"])
+            out.append("| " + " | ".join([cap, doc["axis"], e["name"], fmt_max(e["planned_max"]) +
+                                          f" ({e['planned_binding']})", fmt_max(e["measured_max"], e["at_least"]) +
+                                          f" ({e['reason']})", _yes_no(e["within_one_step"], True), probes or "-"]) + " |")
+        out.append("")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,211 @@
+"""`bench --capacity`: run the probes of capacity.py, one ordinary capped bench run each (runner.run_point), and write
+the summary (capacity.json), its table and its plot. Every probe keeps its own bench.json under
+OUT/<run>/<axis>-<value>/."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from memascend_cli.bench import capacity, document, runner
+from memascend_cli.bench.configs import build_ds_config, ssd_space_bytes
+from memascend_cli.planner import search
+from memascend_cli.units import GiB
+
+SUMMARY_FILE = "capacity.json"
+PLOT_FILE = "capacity.png"
+
+
+@dataclasses.dataclass
+class Fixed:
+    """The job of every probe but the searched axis."""
+
+    model: str
+    base_spec: object
+    layers: int | None
+    """Decoder layers when set (--layers, or the searched axis), else the model's own."""
+    seq_len: int
+    micro_batch: int
+    steps: int
+    dtype: str
+    seed: int
+    checkpointing: str
+    ranks: int
+    host_budget_bytes: int | None
+    accelerator: str
+    hw: object
+    deepspeed_version: str
+
+    def point(self, axis: str, value: int) -> runner.Point:
+        layers = value if axis == "layers" else self.layers
+        depth = layers or self.base_spec.num_hidden_layers
+        spec = self.base_spec if depth == self.base_spec.num_hidden_layers else self.base_spec.scaled(depth)
+        return runner.Point(model=self.model, spec=spec, layers=layers,
+                            seq_len=value if axis == "seq" else self.seq_len,
+                            micro_batch=value if axis == "micro-batch" else self.micro_batch, steps=self.steps,
+                            dtype=self.dtype, seed=self.seed, checkpointing=self.checkpointing, ranks=self.ranks,
+                            host_budget_bytes=self.host_budget_bytes, accelerator=self.accelerator, hw=self.hw,
+                            deepspeed_version=self.deepspeed_version)
+
+
+def cap_hardware(hw, cap_bytes: int):
+    """The machine as the plan sees it under the cap: the cap is the node's DRAM and the cgroup holds nothing but the
+    job (no OS reserve); SSD space is the probes' ceiling (capacity.ceiling), not checked here."""
+    return dataclasses.replace(hw, dram_gib=cap_bytes / GiB, dram_available_gib=None, os_reserve_gib=0.0,
+                               nvme_free_gib=None, nvme_path=None)
+
+
+def _config(run, point: runner.Point, nvme_dir: str) -> dict:
+    return build_ds_config(run.mode, point.spec, micro_batch=point.micro_batch, dtype=point.dtype, nvme_dir=nvme_dir,
+                           ranks=point.ranks)
+
+
+def plan_engine(run, axis: str, fixed: Fixed, *, cap_bytes: int, nvme_dir: str,
+                usable_disk_bytes: int) -> tuple[tuple[int | None, str], tuple[int | None, str]]:
+    """(the plan's maximum under the cap and what binds it, the probes' ceiling and why) of one engine. Pure."""
+    g = capacity.grid(axis)
+    first = fixed.point(axis, g.first)
+    job, engine = first.plan_job(run.mode, _config(run, first, nvme_dir), tuple(run.disabled))
+    planned = capacity.planned_max(axis, job, cap_hardware(fixed.hw, cap_bytes), engine)
+
+    def need_at(value: int) -> int:
+        # A memascend run's region is sized as run_point sizes it: from full memascend's plan.
+        p = fixed.point(axis, value)
+        return ssd_space_bytes(run.mode, p.predict(run.mode, _config(run, p, nvme_dir)), p.ranks)
+
+    top = capacity.ceiling(g, need_at, usable_disk_bytes)
+    if planned[0] is not None and top[0] is not None and planned[0] > top[0]:
+        planned = top[0], "nvme_space"  # the plan on this disk: the SSD space binds first
+    return planned, top
+
+
+def search_engine(run, axis: str, fixed: Fixed, *, cap_bytes: int, out_dir: str, nvme_dir: str, nvme_info: dict,
+                  usable_disk_bytes: int, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float,
+                  meta: dict) -> dict:
+    """One engine's search: the plan's maximum under the cap, the SSD ceiling, then probes until a conclusion."""
+    from memascend_cli.console import err
+
+    g = capacity.grid(axis)
+    planned, top = plan_engine(run, axis, fixed, cap_bytes=cap_bytes, nvme_dir=nvme_dir,
+                               usable_disk_bytes=usable_disk_bytes)
+    err.print(f"{run.name}: planned max {capacity.fmt_max(planned[0])} {g.unit} under {cap_bytes / GiB:.2f} GiB "
+              f"(binds: {search.RESOURCE_NAMES.get(planned[1], planned[1])}); probes stop at "
+              f"{capacity.fmt_max(top[0])}: {top[1]}")
+    results: list[tuple[int, str]] = []
+    probes: list[dict] = []
+    while True:
+        nxt = capacity.next_probe(g, planned[0], top[0], top[1], results)
+        if isinstance(nxt, capacity.Conclusion):
+            break
+        point = fixed.point(axis, nxt)
+        probe_dir = os.path.join(out_dir, run.name, f"{axis}-{nxt}")
+        os.makedirs(probe_dir, exist_ok=True)
+        doc = runner.run_point(point, [run], out_dir=probe_dir, nvme_dir=nvme_dir, nvme_info=nvme_info, region=None,
+                               engine_ok=engine_ok, settle_cap_s=settle_cap_s, dram_cap_bytes=cap_bytes,
+                               timeout_s=probe_timeout_s)
+        doc["meta"] = meta
+        summary = document.write_document(doc, os.path.join(probe_dir, "bench.json"))
+        region = os.path.join(probe_dir, "bench.region")
+        if os.path.exists(region):
+            os.unlink(region)  # the next probe makes its own: keep the SSD space for it
+        r = summary["runs"][0]
+        q = capacity.probe_record(nxt, r, os.path.relpath(os.path.join(probe_dir, "bench.json"), out_dir))
+        probes.append(q)
+        results.append((nxt, q["outcome"]))
+        peak = "-" if q["cgroup_peak_bytes"] is None else f"{q['cgroup_peak_bytes'] / GiB:.2f} GiB"
+        what = (f"trained {q['steps_done']} steps" if q["outcome"] == capacity.FIT
+                else (r.get("error") or "?").splitlines()[0])
+        err.print(f"{run.name}: {axis} {nxt}: {what} (cgroup peak {peak})")
+    return capacity.engine_entry(run.name, run.mode, g, planned, top, probes, nxt)
+
+
+def run_capacity(axis: str, fixed: Fixed, run_specs: list, *, cap_bytes: int, out_dir: str, nvme_dir: str,
+                 nvme_info: dict, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float,
+                 meta: dict) -> tuple[dict, bool]:
+    """Every engine's search, one after another; (the summary as written to OUT/capacity.json, no probe failed
+    other than by an OOM kill)."""
+    from memascend_cli.hardware import free_space_at
+
+    where, free_bytes = free_space_at(out_dir)
+    if nvme_dir:
+        where, free_bytes = min((where, free_bytes), free_space_at(nvme_dir), key=lambda x: x[1])
+    usable = max(0, free_bytes - capacity.DISK_KEEP_FREE_BYTES)
+    engines = [search_engine(run, axis, fixed, cap_bytes=cap_bytes, out_dir=out_dir, nvme_dir=nvme_dir,
+                             nvme_info=nvme_info, usable_disk_bytes=usable, engine_ok=engine_ok,
+                             settle_cap_s=settle_cap_s, probe_timeout_s=probe_timeout_s, meta=meta)
+               for run in run_specs]
+    job = {"model": fixed.model, "layers": fixed.layers or fixed.base_spec.num_hidden_layers, "seq_len": fixed.seq_len,
+           "micro_batch": fixed.micro_batch, "steps": fixed.steps, "dtype": fixed.dtype, "seed": fixed.seed,
+           "checkpointing": fixed.checkpointing, "ranks": fixed.ranks, "accelerator": fixed.accelerator,
+           "host_budget_bytes": fixed.host_budget_bytes, "deepspeed_version": fixed.deepspeed_version}
+    job[{"layers": "layers", "seq": "seq_len", "micro-batch": "micro_batch"}[axis]] = None  # the searched axis
+    notes = ["each probe is one `memascend bench` run of the engine in its own memory cgroup of the cap; its "
+             "bench.json (path relative to this file) has the whole run",
+             "cgroup peak: the cgroup's own high-water mark (processes plus the page cache charged to them); an "
+             "OOM-killed probe's peak is cut at the cap",
+             f"a probe still running after {probe_timeout_s:.0f} s is killed and reads 'stalled' (does not fit)"]
+    doc = capacity.capacity_document(g=capacity.grid(axis), cap_bytes=cap_bytes, job=job,
+                                     hardware=cap_hardware(fixed.hw, cap_bytes).to_dict(),
+                                     disk={"path": where, "free_bytes": free_bytes,
+                                           "kept_free_bytes": capacity.DISK_KEEP_FREE_BYTES},
+                                     engines=engines, notes=notes)
+    doc["meta"] = meta
+    problem = write_plot(doc, os.path.join(out_dir, PLOT_FILE))
+    if problem:
+        doc["notes"].append(problem)
+    with open(os.path.join(out_dir, SUMMARY_FILE), "w") as f:
+        json.dump(doc, f, indent=1)
+    ok = all(q["outcome"] != capacity.FAILED for e in engines for q in e["probes"])
+    return doc, ok
+
+
+def render_table(doc: dict) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    j = doc["job"]
+    t = Table(title=f"memascend bench --capacity {doc['axis']}: {j['model']} under a {doc['dram_cap_bytes'] / GiB:.2f}"
+                    f" GiB DRAM cap ({j['steps']} steps, {j['dtype']})", title_justify="left")
+    for c in capacity.TABLE_COLUMNS:
+        t.add_column(c)
+    for row in capacity.table_rows(doc):
+        t.add_row(*row)
+    out.print(t)
+    for n in doc["notes"]:
+        out.print(f"[yellow]note:[/yellow] {n}")
+
+
+def write_plot(doc: dict, path: str) -> str | None:
+    """PNG of each engine's probes: the cgroup peak per value (o trained, x did not fit), the plan's peak there
+    (dotted), the cap; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (`pip install matplotlib`): no plot written"
+    fig, ax = plt.subplots(figsize=(9, 5))
+    cap = doc["dram_cap_bytes"] / GiB
+    ax.axhline(cap, color="black", linewidth=0.8, label=f"DRAM cap {cap:.2f} GiB")
+    for e in doc["engines"]:
+        qs = sorted(e["probes"], key=lambda q: q["value"])
+        planned = [(q["value"], q["planned_peak_bytes"] / GiB) for q in qs if q["planned_peak_bytes"]]
+        (line,) = ax.plot([v for v, _ in planned], [b for _, b in planned], linestyle=":", linewidth=1,
+                          label=f"{e['name']}: plan (max {capacity.fmt_max(e['planned_max'])}), measured max "
+                                f"{capacity.fmt_max(e['measured_max'], e['at_least'])}")
+        for kinds, marker in (((capacity.FIT,), "o"), (capacity.DOES_NOT_FIT, "x")):
+            pts = [(q["value"], (q["cgroup_peak_bytes"] or 0) / GiB) for q in qs if q["outcome"] in kinds]
+            ax.plot([v for v, _ in pts], [b for _, b in pts], marker, color=line.get_color())
+    unit = doc["grid"]["unit"]
+    ax.set_xlabel(doc["axis"] + ("" if unit == doc["axis"] else f" ({unit})"))
+    ax.set_ylabel("GiB (cgroup peak: o trained, x did not fit; dotted: plan)")
+    ax.set_title(f"{doc['job']['model']}: capacity in {doc['axis']} under the DRAM cap")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,204 @@
+"""bench --capacity's pure parts (memascend_cli/bench/capacity.py): the grids, the probe sequence, the SSD ceiling, the
+plan's maximum under the cap, the summary rows and the results.md section. The live search is
+tests/integration/test_bench_capacity.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from memascend_cli.bench import capacity, capacity_run
+from memascend_cli.bench.capacity import FAILED, FIT, OOM, STALLED, Conclusion, Grid, next_probe
+from memascend_cli.bench.configs import ssd_space_bytes
+from memascend_cli.bench.runs import RunSpec
+from memascend_cli.models import load_model
+from memascend_cli.planner import search
+from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.units import GiB, MiB
+
+LAYERS = capacity.grid("layers")
+
+
+def run_search(g: Grid, start, fits_up_to: int | None, top=None, top_reason="grid end", stalls=()) -> tuple:
+    """Drive next_probe against a job that fits up to `fits_up_to`: (the values probed, the conclusion)."""
+    top = g.last if top is None else top
+    results = []
+    while True:
+        nxt = next_probe(g, start, top, top_reason, results)
+        if isinstance(nxt, Conclusion):
+            return [v for v, _ in results], nxt
+        assert nxt not in [v for v, _ in results], "probed a value twice"
+        fits = fits_up_to is not None and nxt <= fits_up_to
+        results.append((nxt, FIT if fits else (STALLED if nxt in stalls else OOM)))
+
+
+def test_the_grids_are_the_planner_searches():
+    assert (LAYERS.first, LAYERS.step, LAYERS.last) == (1, 1, search.MAX_LAYERS)
+    seq = capacity.grid("seq")
+    assert (seq.first, seq.step, seq.last) == (search.SEQ_GRANULE, search.SEQ_GRANULE, search.MAX_SEQ_TOKENS)
+    assert seq.index(2048) == 7 and seq.value(7) == 2048 and seq.size == search.MAX_SEQ_TOKENS // search.SEQ_GRANULE
+    mb = capacity.grid("micro-batch")
+    assert (mb.first, mb.step, mb.last) == (1, 1, search.MAX_MICRO_BATCH)
+    with pytest.raises(ValueError):
+        seq.index(1000)  # not a multiple of the granule
+    with pytest.raises(ValueError):
+        capacity.grid("width")
+
+
+def test_a_plan_that_is_right_takes_two_probes():
+    probed, c = run_search(LAYERS, start=12, fits_up_to=12)
+    assert probed == [12, 13] and c == Conclusion(12, False, "OOM-killed at 13")
+
+
+def test_up_after_a_fit_down_after_an_oom_kill_doubling_then_bisecting():
+    probed, c = run_search(LAYERS, start=10, fits_up_to=20)
+    assert probed[:5] == [10, 11, 13, 17, 25] and c.measured_max == 20 and not c.at_least
+    assert probed[-1] in (20, 21) and {20, 21} <= set(probed)
+    probed, c = run_search(LAYERS, start=30, fits_up_to=21)
+    assert probed[:4] == [30, 29, 27, 23] and c.measured_max == 21 and c.reason == "OOM-killed at 22"
+    assert len(probed) <= 8
+
+
+def test_the_seq_grid_steps_by_its_granule():
+    seq = capacity.grid("seq")
+    probed, c = run_search(seq, start=10752, fits_up_to=11264)
+    assert probed[:3] == [10752, 11008, 11520] and c == Conclusion(11264, False, "OOM-killed at 11520")
+
+
+def test_a_stall_counts_as_does_not_fit_and_is_named():
+    probed, c = run_search(LAYERS, start=8, fits_up_to=8, stalls=(9,))
+    assert probed == [8, 9] and c == Conclusion(8, False, "stalled past the probe time limit at 9")
+
+
+def test_nothing_fits_when_the_first_grid_value_is_killed():
+    probed, c = run_search(LAYERS, start=None, fits_up_to=None)
+    assert probed == [1] and c == Conclusion(None, False, "OOM-killed at 1, the grid's first value")
+    probed, c = run_search(LAYERS, start=4, fits_up_to=None)
+    assert probed == [4, 3, 1] and c.measured_max is None
+
+
+def test_a_fit_at_the_ceiling_is_at_least_with_the_ceiling_reason():
+    probed, c = run_search(LAYERS, start=100, fits_up_to=10_000, top=137, top_reason="SSD space (...)")
+    assert probed == [100, 101, 103, 107, 115, 131, 137] and c == Conclusion(137, True, "SSD space (...)")
+    probed, c = run_search(LAYERS, start=500, fits_up_to=10_000, top=137, top_reason="SSD space")
+    assert probed == [137] and c.at_least  # the start is clamped to the ceiling
+    probed, c = run_search(LAYERS, start=LAYERS.last, fits_up_to=10_000)
+    assert probed == [LAYERS.last] and c == Conclusion(LAYERS.last, True, "grid end")
+
+
+def test_no_probe_when_not_even_the_first_value_has_room():
+    assert next_probe(LAYERS, 5, None, "SSD space (x)", []) == Conclusion(None, False, "not probed: SSD space (x)")
+
+
+def test_a_failed_probe_stops_the_search_as_a_lower_bound():
+    c = next_probe(LAYERS, 5, 100, "grid end", [(5, FIT), (6, FAILED)])
+    assert c == Conclusion(5, True, "the probe at 6 failed (not an OOM kill)")
+    assert capacity.within_one_step(LAYERS, 5, c) is None
+
+
+def test_within_one_grid_step():
+    assert capacity.within_one_step(LAYERS, 12, Conclusion(13, False, "")) is True
+    assert capacity.within_one_step(LAYERS, 12, Conclusion(10, False, "")) is False
+    assert capacity.within_one_step(LAYERS, None, Conclusion(1, False, "")) is True  # none planned, first fits
+    assert capacity.within_one_step(LAYERS, None, Conclusion(None, False, "")) is True
+    assert capacity.within_one_step(LAYERS, 3, Conclusion(None, False, "")) is False
+    # At a ceiling the measurement is a lower bound: only a plan below it by more than a step is wrong.
+    assert capacity.within_one_step(LAYERS, 137, Conclusion(137, True, "SSD")) is True
+    assert capacity.within_one_step(LAYERS, 12, Conclusion(137, True, "SSD")) is False
+
+
+def test_ceiling_is_the_last_value_whose_ssd_space_fits():
+    g = Grid("layers", 1, 1, 100, "layers")
+    assert capacity.ceiling(g, lambda v: v * GiB, 100 * GiB) == (100, "grid end (100 layers)")
+    top, why = capacity.ceiling(g, lambda v: v * GiB, 37 * GiB + 5)
+    assert top == 37 and why.startswith("SSD space (38 layers needs 38.0 GiB, 37.0 GiB usable")
+    assert capacity.ceiling(g, lambda v: v * GiB, GiB // 2)[0] is None
+
+
+def test_outcome_of_a_bench_run():
+    assert capacity.outcome({"ok": True}) == FIT
+    assert capacity.outcome({"ok": False, "oom_killed": True}) == OOM
+    assert capacity.outcome({"ok": False, "oom_killed": False, "timed_out": True}) == STALLED
+    assert capacity.outcome({"ok": False, "oom_killed": False}) == FAILED
+
+
+def _fixed(model: str = "tiny-llama", seq_len: int = 64) -> capacity_run.Fixed:
+    return capacity_run.Fixed(model=model, base_spec=load_model(model), layers=None, seq_len=seq_len, micro_batch=1,
+                              steps=2, dtype="fp32", seed=0, checkpointing="full", ranks=1, host_budget_bytes=None,
+                              accelerator="cpu", hw=HardwareSpec(name="test", dram_gib=24, cpu_cores=2),
+                              deepspeed_version="0.19.8")
+
+
+def test_the_planned_max_is_the_planner_search_with_the_cap_as_dram():
+    fixed, run = _fixed(), RunSpec("tuned", "tuned")
+    peaks = {}
+    for L in (6, 7):
+        p = fixed.point("layers", L)
+        peaks[L] = p.predict("tuned", capacity_run._config(run, p, "/unused"))["node_host_peak_bytes"]
+    cap = (peaks[6] + peaks[7]) // 2
+    planned, top = capacity_run.plan_engine(run, "layers", fixed, cap_bytes=cap, nvme_dir="/unused",
+                                            usable_disk_bytes=1 << 50)
+    assert planned == (6, "dram") and top == (search.MAX_LAYERS, f"grid end ({search.MAX_LAYERS} layers)")
+    # On a small disk the SSD space binds both the plan and the probes.
+    planned, top = capacity_run.plan_engine(run, "layers", fixed, cap_bytes=cap, nvme_dir="/unused",
+                                            usable_disk_bytes=100 * MiB)
+    assert top[0] is not None and top[0] < 6 and top[1].startswith("SSD space (") and planned == (top[0], "nvme_space")
+
+
+def test_a_memascend_probe_needs_its_whole_region():
+    fixed = _fixed()
+    need = {}
+    for name in ("tuned", "memascend"):
+        run = RunSpec(name, name)
+        p = fixed.point("layers", 8)
+        pred = p.predict(name, capacity_run._config(run, p, "/unused"))
+        need[name] = ssd_space_bytes(name, pred, 1), pred["nvme_bytes_per_rank"]
+    assert need["tuned"][0] == need["tuned"][1]
+    assert need["memascend"][0] >= 1.5 * need["memascend"][1] + (64 << 20)
+
+
+def _doc() -> dict:
+    g = LAYERS
+    probes = [capacity.probe_record(12, {"ok": True, "losses": [1.0, 0.9], "cgroup": {"peak_bytes": 3 * GiB},
+                                         "predicted": {"node_host_peak_bytes": int(3.9 * GiB)}}, "tuned/layers-12/b.json"),
+              capacity.probe_record(13, {"ok": False, "oom_killed": True, "losses": [], "error": "does not fit: ...",
+                                         "cgroup": {"peak_bytes": 4 * GiB}}, "tuned/layers-13/b.json")]
+    tuned = capacity.engine_entry("tuned", "tuned", g, (12, "dram"), (214, "SSD space (...)"), probes,
+                                  Conclusion(12, False, "OOM-killed at 13"))
+    mem = capacity.engine_entry("memascend", "memascend", g, (137, "nvme_space"), (137, "SSD space (...)"),
+                                [capacity.probe_record(137, {"ok": True, "losses": [1.0, 0.9]}, "m/b.json")],
+                                Conclusion(137, True, "SSD space (...)"))
+    stock = capacity.engine_entry("stock", "stock", g, (None, "dram"), (214, "SSD space (...)"),
+                                  [capacity.probe_record(1, {"ok": False, "oom_killed": True, "losses": []}, "s/b.json")],
+                                  Conclusion(None, False, "OOM-killed at 1, the grid's first value"))
+    job = {"model": "bench-llama-136m", "layers": None, "seq_len": 2048, "micro_batch": 1, "steps": 2,
+           "dtype": "fp32", "checkpointing": "full", "ranks": 1}
+    doc = capacity.capacity_document(g=g, cap_bytes=4 * GiB, job=job, hardware={}, disk={}, engines=[stock, tuned, mem],
+                                     notes=[])
+    doc["meta"] = {"command": "memascend bench --capacity layers --dram-cap 4GiB", "date": "d", "host": "h"}
+    return doc
+
+
+def test_engine_entries_and_rows():
+    doc = _doc()
+    stock, tuned, mem = doc["engines"]
+    assert tuned["planned_binding"] == "DRAM" and mem["planned_binding"] == "SSD space"
+    assert tuned["within_one_step"] and mem["within_one_step"] and stock["within_one_step"]
+    assert tuned["killed_where_planned_to_fit"] == [] and tuned["probes"][1]["outcome"] == OOM
+    assert tuned["probes"][0]["cgroup_peak_bytes"] == 3 * GiB and tuned["probes"][0]["steps_done"] == 2
+    rows = capacity.table_rows(doc)
+    assert rows[0][:3] == ["stock", "none fits (DRAM)", "none fits"]
+    assert rows[1] == ["tuned", "12 (DRAM)", "12", "OOM-killed at 13", "12 fit, 13 OOM", "yes"]
+    assert rows[2][2] == "at least 137"
+    # An OOM kill at or below the plan's maximum is what the bar forbids: it is listed.
+    bad = capacity.engine_entry("tuned", "tuned", LAYERS, (14, "dram"), (214, ""), tuned["probes"],
+                                Conclusion(12, False, "OOM-killed at 13"))
+    assert bad["killed_where_planned_to_fit"] == [13] and bad["within_one_step"] is False
+
+
+def test_results_section():
+    assert capacity.results_section([]) == ""
+    text = capacity.results_section([("docs/bench/capacity/depth-4gib.json", _doc())])
+    assert text.startswith("## Capacity under a DRAM cap\n")
+    assert "| 4.00 | layers | tuned | 12 (DRAM) | 12 (OOM-killed at 13) | yes | 12: fit 3.00; 13: oom 4.00 |" in text
+    assert "| 4.00 | layers | memascend | 137 (SSD space) | at least 137 (SSD space (...)) | yes |" in text
+    assert "bench-llama-136m, seq len 2048, micro batch 1, 2 steps" in text  # the searched axis is not listed
