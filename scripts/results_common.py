@@ -1,0 +1,48 @@
+"""What every section of docs/results.md uses: the folders, loading the raw JSON, number formats, tables.
+Stdlib only (scripts/results.py and scripts/results_records.py import it)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+from memascend_cli.units import GiB
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(REPO, "docs")
+BENCH = os.path.join(DOCS, "bench")
+HISTORY = os.path.join(BENCH, "history.json")
+
+
+def load(pattern: str) -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(glob.glob(pattern)):
+        if path == HISTORY:
+            continue
+        with open(path) as f:
+            out.append((os.path.relpath(path, REPO), json.load(f)))
+    return out
+
+
+def load_one(path: str) -> dict | None:
+    """The JSON document at `path`, or None when it was not recorded."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def gib(b) -> str:
+    return "-" if b is None else f"{b / GiB:.2f}"
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    align = ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
