@@ -27,7 +27,6 @@ Stdlib only.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys

@@ -19,7 +19,9 @@ from memascend_cli.units import MiB
 from memascend_cli.versions import installed_deepspeed_version
 from tests.conftest import require_async_io
 
-pytestmark = [pytest.mark.slow, pytest.mark.root]
+# long: 8 capped probes (~3 min). The default run keeps the search's rules (tests/unit/test_bench_capacity.py) and a
+# real OOM kill under a cap (tests/integration/test_dram_cap.py).
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.long]
 
 SEQ = 64
 PLANNED_DEPTH = 16
