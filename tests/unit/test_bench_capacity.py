@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from memascend_cli.bench import capacity, capacity_run
+from memascend_cli.bench import capacity, capacity_run, runner
 from memascend_cli.bench.capacity import FAILED, FIT, OOM, STALLED, Conclusion, Grid, next_probe
 from memascend_cli.bench.configs import ssd_space_bytes
 from memascend_cli.bench.runs import RunSpec
@@ -121,18 +121,17 @@ def test_outcome_of_a_bench_run():
     assert capacity.outcome({"ok": False, "oom_killed": False}) == FAILED
 
 
-def _fixed(model: str = "tiny-llama", seq_len: int = 64) -> capacity_run.Fixed:
-    return capacity_run.Fixed(model=model, base_spec=load_model(model), layers=None, seq_len=seq_len, micro_batch=1,
-                              steps=2, dtype="fp32", seed=0, checkpointing="full", ranks=1, host_budget_bytes=None,
-                              accelerator="cpu", hw=HardwareSpec(name="test", dram_gib=24, cpu_cores=2),
-                              deepspeed_version="0.19.8")
+def _fixed(model: str = "tiny-llama", seq_len: int = 64) -> runner.Point:
+    return runner.Point(model=model, spec=load_model(model), layers=None, seq_len=seq_len, micro_batch=1, steps=2,
+                        dtype="fp32", seed=0, checkpointing="full", ranks=1, host_budget_bytes=None, accelerator="cpu",
+                        hw=HardwareSpec(name="test", dram_gib=24, cpu_cores=2), deepspeed_version="0.19.8")
 
 
 def test_the_planned_max_is_the_planner_search_with_the_cap_as_dram():
     fixed, run = _fixed(), RunSpec("tuned", "tuned")
     peaks = {}
     for L in (6, 7):
-        p = fixed.point("layers", L)
+        p = capacity_run.probe_point(fixed, "layers", L)
         peaks[L] = p.predict("tuned", capacity_run._config(run, p, "/unused"))["node_host_peak_bytes"]
     cap = (peaks[6] + peaks[7]) // 2
     planned, top = capacity_run.plan_engine(run, "layers", fixed, cap_bytes=cap, nvme_dir="/unused",
@@ -149,7 +148,7 @@ def test_a_memascend_probe_needs_its_whole_region():
     need = {}
     for name in ("tuned", "memascend"):
         run = RunSpec(name, name)
-        p = fixed.point("layers", 8)
+        p = capacity_run.probe_point(fixed, "layers", 8)
         pred = p.predict(name, capacity_run._config(run, p, "/unused"))
         need[name] = ssd_space_bytes(name, pred, 1), pred["nvme_bytes_per_rank"]
     assert need["tuned"][0] == need["tuned"][1]
