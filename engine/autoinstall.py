@@ -22,6 +22,7 @@ import os
 import sys
 
 from memascend_cli.run import anyprogram, lifeline
+from memascend_engine import cpuinfo_cache
 
 _settings: dict = {}
 _record: dict = {}
@@ -86,6 +87,7 @@ def _on_import(ds) -> None:
     rank = os.environ.get("RANK")
     _record.update(pid=os.getpid(), rank=int(rank) if rank and rank.isdigit() else None, argv=sys.argv[:3])
     _write(state=anyprogram.IMPORTED)
+    cpuinfo_cache.enable()
     _wrap_initialize(ds)
     _wrap_zero_init(ds.zero.Init)
     atexit.register(_at_exit)

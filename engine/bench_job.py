@@ -23,6 +23,7 @@ import resource
 import sys
 import time
 
+from memascend_engine import cpuinfo_cache
 from memascend_engine.procfs import io_bytes, malloc_state, single_rank_defaults, status_kib
 
 from memascend_cli.bench.runs import MODES, TECHNIQUES
@@ -91,6 +92,7 @@ def main(argv=None) -> int:
 
     lifeline.watch()  # ends with the `memascend bench` that started it, whatever ends that
     args = parse_args(argv)
+    cpuinfo_cache.enable()
     # Single-process defaults; torchrun sets these for multi-rank runs.
     single_rank_defaults()
     rank = int(os.environ["RANK"])

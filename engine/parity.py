@@ -23,6 +23,7 @@ import os
 import sys
 import time
 
+from memascend_engine import cpuinfo_cache
 from memascend_engine.procfs import single_rank_defaults
 
 
@@ -49,6 +50,7 @@ def build_config(args, spec) -> dict:
 
 
 def main(argv=None) -> dict:
+    cpuinfo_cache.enable()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["stock", "engine"], required=True)
     ap.add_argument("--model", default="tiny-llama")

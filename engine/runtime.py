@@ -224,12 +224,14 @@ class Installed:
 
     # -- wiring --------------------------------------------------------------------------------
     def _install(self) -> None:
+        from memascend_engine import cpuinfo_cache
         from memascend_engine.ds_internals import aio, context, patches, pinning, stage3
         from memascend_engine.ds_internals.checkpoint_api import patch_checkpoint_api
         from memascend_engine.ds_internals.version import check_version
         from memascend_engine.pinned import PinnedAllocator
 
         check_version()
+        cpuinfo_cache.enable()
         o = self.options
         self._rewrite_config()
         # Unpinned still means page-aligned exact-size buffers: O_DIRECT needs aligned memory.

@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 
+from memascend_engine import cpuinfo_cache
 from memascend_engine.procfs import io_bytes, status_kib
 
 from memascend_cli.run import rundir
@@ -506,6 +507,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", action="store_true")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
+    cpuinfo_cache.enable()
     run = Run(args)
     from memascend_cli.run import lifeline
 

@@ -12,6 +12,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
 
 
+def _prime_cpu_info() -> None:
+    """One py-cpuinfo probe for the whole session (1.1 s each; DeepSpeed asks five times per process): the engine's
+    processes read it from the environment (memascend_engine.cpuinfo_cache), as ranks under one CLI do."""
+    try:
+        from memascend_engine import cpuinfo_cache
+
+        cpuinfo_cache.enable()
+        import cpuinfo
+    except ImportError:
+        return  # no DeepSpeed here (a plan-only install): nothing asks
+    cpuinfo.get_cpu_info()
+
+
+_prime_cpu_info()
+
+
 @dataclass
 class CliResult:
     exit_code: int

@@ -19,9 +19,12 @@ from __future__ import annotations
 import json
 import os
 
+from memascend_engine import cpuinfo_cache
+
 CONTROL_ENV = "MEMASCEND_DS_HOOK"
 
 _state = {"installed": None, "engines": 0, "test": None}
+cpuinfo_cache.enable()  # one CPU probe per worker, stock tests too (the engine does the same in its own processes)
 
 
 def _control() -> dict | None:
