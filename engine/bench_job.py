@@ -128,7 +128,7 @@ def run(args, rank: int, ev: Events) -> int:
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
-    from memascend_engine.hf_models import causal_lm_factory
+    from memascend_engine.hf_models import causal_lm_factory, init_weights_under_zero3
 
     from memascend_cli.models import load_model
 
@@ -174,6 +174,7 @@ def run(args, rank: int, ev: Events) -> int:
     # (see benchmarks/measure_ds_buffers.py). The config's dtype is honoured.
     with deepspeed.zero.Init(config_dict_or_path=cfg):
         model = make_model()
+    init_weights_under_zero3(model)
     model.config.use_cache = False
     if args.checkpointing == "full":
         if args.checkpointing_impl == "hf":

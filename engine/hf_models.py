@@ -40,3 +40,27 @@ def causal_lm_factory(spec, **overrides):
     cfg = to_hf_config(spec, **overrides)
     model_class = AutoModelForCausalLM._model_mapping[type(cfg)]
     return lambda: model_class(cfg)
+
+
+def init_weights_under_zero3(model) -> None:
+    """Hugging Face's weight initialisation, redone on full tensors for a model built inside ``deepspeed.zero.Init``.
+
+    The model's post_init ran after zero.Init had partitioned every module's parameters into empty tensors, so
+    ``_init_weights`` (N(0, initializer_range) for Linear and Embedding) wrote nothing and torch's defaults stayed:
+    nn.Embedding's N(0, 1), which with tied embeddings is also the output layer (first losses in the thousands).
+    transformers redoes it the same way after its own zero.Init (integrations/deepspeed.py initialize_weights_zero3,
+    called from modeling_utils.py _from_config): one module's parameters gathered at a time, rank 0 writes them and
+    GatheredParameters(modifier_rank=0) hands them to the other ranks' partitions.
+    """
+    import deepspeed
+    import torch
+
+    writer = deepspeed.comm.get_rank() == 0
+    with torch.no_grad():
+        for module in model.modules():
+            params = list(module.parameters(recurse=False))
+            if not params:
+                continue  # buffers (rotary frequencies) are not partitioned: post_init set them
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                if writer:
+                    model._init_weights(module)

@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
-    from memascend_engine.hf_models import causal_lm_factory
+    from memascend_engine.hf_models import causal_lm_factory, init_weights_under_zero3
 
     from memascend_cli.models import load_model
 
@@ -132,6 +132,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     with deepspeed.zero.Init(config_dict_or_path=cfg):
         model = make_model()
+    init_weights_under_zero3(model)
     if handle is not None and args.checkpointing:
         handle.enable_offloaded_checkpointing(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)

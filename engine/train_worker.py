@@ -277,6 +277,10 @@ class Run:
                 raise WorkerError(f"--resume: no complete checkpoint in {rundir.path(self.run_dir, rundir.CHECKPOINTS)}")
         if os.path.isdir(recipe.model) and resume_dir is None:
             load_hf_weights(model, recipe.model, self.rank)
+        elif resume_dir is None:
+            from memascend_engine.hf_models import init_weights_under_zero3
+
+            init_weights_under_zero3(model)  # a preset with random weights
         if recipe.gradient_checkpointing:
             if installed is not None and hasattr(installed, "enable_offloaded_checkpointing"):
                 installed.enable_offloaded_checkpointing(model)
