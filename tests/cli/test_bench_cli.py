@@ -246,20 +246,22 @@ def test_summarize_events_two_ranks():
     assert "ssd_read_bytes" not in runner.summarize_events({0: ev[0], 1: []}, micro_batch=2, seq_len=100, ranks=2)
 
 
-def _result(name, mode, peak, sps, pred=None):
+def _result(name, mode, peak, sps, pred=None, pred_s=None):
     r = runner.RunResult(name=name, mode=mode, disabled=[], ok=True, peak_system_bytes=peak, ru_maxrss_bytes=peak // 2,
                     max_tree_rss_bytes=peak // 2, seconds_per_step=sps, tokens_per_s=512 / sps,
                     ssd_read_bytes=int(2e9), ssd_written_bytes=int(3e9), settle={"waited_s": 7.0, "flat": True,
                     "spread_bytes": MiB}, sampling={"rate_hz": 1100.0, "max_gap_ms": 3.0}, timeline=[(0.0, 0), (0.5, peak)])
     if pred is not None:
-        r.predicted = {"node_host_peak_bytes": pred}
+        r.predicted = {"node_host_peak_bytes": pred, "time": None if pred_s is None else {"seconds_per_step": pred_s}}
     return r
 
 
 def test_document_and_table_shape(tmp_path):
-    runs = [_result("stock", "stock", 4 * GiB, 2.0, pred=int(3.6 * GiB)), _result("tuned", "tuned", 3 * GiB, 2.2),
-            runner.RunResult(name="memascend", mode="memascend", disabled=[], ok=False, error="engine missing")]
-    job = {"model": "m", "num_params": 1, "seq_len": 512, "micro_batch": 1, "steps": 2, "dtype": "bf16", "ranks": 1}
+    runs = [_result("stock", "stock", 4 * GiB, 2.0, pred=int(3.6 * GiB), pred_s=2.5),
+            _result("tuned", "tuned", 3 * GiB, 2.2), runner.RunResult(name="memascend", mode="memascend", disabled=[],
+                                                                   ok=False, error="engine missing")]
+    job = {"model": "m", "num_params": 1, "seq_len": 512, "micro_batch": 1, "steps": 2, "dtype": "bf16", "ranks": 1,
+           "ssd_bandwidth_bytes_per_s": 400_000_000, "ssd_throttle": [{"device": "vda"}]}
     doc = document.build_document(job=job, hardware={"name": "local"}, runs=runs, notes=["n"])
     doc = json.loads(json.dumps(doc))  # JSON-serialisable as written to bench.json
     assert doc["schema_version"] == document.JSON_SCHEMA_VERSION
@@ -270,7 +272,10 @@ def test_document_and_table_shape(tmp_path):
                                          "step_time_change_percent": pytest.approx(-9.09)}}
     rows = document.table_rows(doc)
     assert all(len(row) == len(document.TABLE_COLUMNS) for row in rows)
-    assert rows[0] == ("stock", "4.00", "2.00", "2.00", "-", "3.60", "-10.0%")
+    assert rows[0] == ("stock", "4.00", "2.00", "2.00", "2.50", "256", "-", "3.60", "-10.0%")
+    assert rows[1][3:6] == ("2.20", "-", "233")  # no time prediction recorded
+    assert document.throttle_text(doc["job"]) == "SSD throttled to 400 MB/s (vda)"
+    assert document.throttle_text({**doc["job"], "ssd_bandwidth_bytes_per_s": None}) is None
     assert rows[2][0] == "memascend (failed)" and rows[2][1] == "-"
     document.render_table(doc)  # must not raise on failed runs
     problem = document.write_plot(doc, str(tmp_path / "p.png"))
@@ -350,10 +355,26 @@ def test_repeats_report_the_median_peak_and_keep_every_repeat():
     (("--capacity", "seq", "--dram-cap", "4GiB", "--repeat", "3"), "--repeat does not apply to --capacity"),
     (("--capacity", "seq", "--dram-cap", "4GiB", "--region", "/x"), "--region does not apply to --capacity"),
     (("--probe-timeout", "60"), "--probe-timeout applies to --capacity only"),
+    (("--ssd-bandwidth", "fast"), "cannot read --ssd-bandwidth 'fast'"),
+    (("--ssd-bandwidth", "0MB/s"), "--ssd-bandwidth must be positive"),
+    (("--capacity", "seq", "--dram-cap", "4GiB", "--ssd-bandwidth", "400MB/s"), "--ssd-bandwidth does not apply"),
+    (("--cpu-gflops", "-1"), "--cpu-gflops must be positive"),
 ])
 def test_bad_options(cli, tmp_path, args, fragment):
     r = cli("bench", "--out", str(tmp_path), *args)
     assert r.exit_code == 2 and fragment in r.stderr
+
+
+def test_ssd_bandwidth_without_an_io_cgroup_is_one_error_and_a_hint(cli, tmp_path, monkeypatch):
+    from memascend_cli.run import cgroup
+
+    (tmp_path / "mountinfo").write_text("22 1 254:0 / / rw - ext4 /dev/vda rw\n")
+    monkeypatch.setattr(cgroup, "MOUNTINFO", str(tmp_path / "mountinfo"))
+    r = cli("bench", "--out", str(tmp_path), "--ssd-bandwidth", "400MB/s")
+    assert r.exit_code == 2
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines[0].startswith("error: no cgroup file system is mounted") and lines[1].startswith("hint: ")
+    assert "--ssd-bandwidth" in lines[1] and len(lines) == 2
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no tmpfs at /dev/shm")
