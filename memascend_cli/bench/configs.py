@@ -110,7 +110,8 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
         from memascend_cli.planner import time as tm
 
         t = tm.engine_times(job, {mode: est}, timing["device"], read_gbps=timing["read_gbps"],
-                            write_gbps=timing["write_gbps"], cpu_cores=hw.cpu_cores)[mode]
+                            write_gbps=timing["write_gbps"], cpu_cores=hw.cpu_cores,
+                            duplex_io=timing.get("duplex_io", False))[mode]
         step = {**t.to_dict(), "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
                 "device": timing["device"].name, "gflops": None if timing["device"].flops_per_s is None
                 else round(timing["device"].flops_per_s / 1e9, 1), "device_source": timing["device"].source}
@@ -190,4 +191,5 @@ def recorded_timing(job: dict) -> dict | None:
     cuda = job.get("accelerator") == "cuda"
     device = tm.gpu_device(t.get("device"), measured_tflops=t["gflops"] / 1e3) if cuda else \
         tm.cpu_device(t["gflops"], t.get("device_source") or "recorded")
-    return {"device": device, "read_gbps": t["read_gbps"], "write_gbps": t["write_gbps"]}
+    return {"device": device, "read_gbps": t["read_gbps"], "write_gbps": t["write_gbps"],
+            "duplex_io": bool(job.get("ssd_bandwidth_bytes_per_s"))}

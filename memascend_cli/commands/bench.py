@@ -298,4 +298,6 @@ def _timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | Non
         limit = ssd_bytes_per_s / 1e9
         read, write = min(read or limit, limit), min(write or limit, limit)
         source = "--ssd-bandwidth"
-    return {"device": device, "read_gbps": read, "write_gbps": write, "source": source, "cpu_model": cpu_model}
+    # A throttle limits reads and writes separately (planner/time.py step_time duplex_io).
+    return {"device": device, "read_gbps": read, "write_gbps": write, "source": source, "cpu_model": cpu_model,
+            "duplex_io": ssd_bytes_per_s is not None}

@@ -47,7 +47,11 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     Fine-Tuning on Memory-Constrained Hardware")."""
     job, part, E, G = c.job, c.part, c.E, c.G
     ga = job.grad_accum_steps
-    swapped = part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1)  # swapped partition elements
+    # Swapped partition elements; the first max_in_cpu stay in DRAM (host P3) and are never fetched nor written back:
+    # stage3.py _create_fp16_partitions_with_defragmentation gives the sub-groups that fit in max_in_cpu a flat CPU
+    # buffer and swaps only the rest (DeepSpeed 0.19.8 lines 978-996; stock's default 1e9 holds a 136M model).
+    in_cpu = min(job.knobs.max_in_cpu, c.ns) if job.knobs is not None else 0
+    swapped = max(0, part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1) - in_cpu)
     opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 1, 1)
     fetches = PARAM_FETCHES_PER_STEP[job.checkpointing]
     read = {"params": ga * fetches * E * swapped, "optimizer_states": 12 * opt}
