@@ -16,7 +16,8 @@ from memascend_cli.bench.configs import (build_ds_config, checkpointing_impl, ch
 from memascend_cli.bench.document import build_document
 from memascend_cli.bench.runs import RunSpec
 from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSampler, TreeSampler, bucket_max,
-                                          drop_caches, nearest, others_rss_bytes, sampling_stats, settle)
+                                          drop_caches, nearest, others_rss_bytes, read_busy_cpu_seconds,
+                                          sampling_stats, settle)
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.run.launch import free_port
@@ -41,8 +42,10 @@ class RunResult:
     peak_phase: str | None = None
     ru_maxrss_bytes: int | None = None
     cpu_seconds: float | None = None
-    """User + system CPU time of the child and everything it waited for (wait4's rusage): against wall_s x the
-    cores, how much of the machine the run got (other jobs share it)."""
+    """User + system CPU time of the child and everything it waited for (wait4's rusage)."""
+    others_cpu_seconds: float | None = None
+    """CPU seconds the rest of the machine (this bench's own samplers included) was busy while the child ran
+    (/proc/stat less cpu_seconds): other jobs competing for the cores slow the run's compute."""
     max_tree_rss_bytes: int | None = None
     per_process_max_rss: list[dict] = field(default_factory=list)
     others_rss_span_bytes: int | None = None
@@ -230,6 +233,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         switch_s = sys.getswitchinterval()
         sys.setswitchinterval(0.0002)
         sampler.start()
+        busy_at_launch = read_busy_cpu_seconds()
         t_launch = time.monotonic()
         with open(res.log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
@@ -261,6 +265,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         finally:
             proc.returncode = -1  # reaped by wait4 above: keep Popen from waiting on a pid it no longer owns
             t_end = time.monotonic()
+            busy_at_end = read_busy_cpu_seconds()
             sampler.stop()
             tree.stop()
             sys.setswitchinterval(switch_s)
@@ -280,6 +285,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     code = os.waitstatus_to_exitcode(status)
     res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None
     res.cpu_seconds = round(rusage.ru_utime + rusage.ru_stime, 2) if rusage is not None else None
+    if res.cpu_seconds is not None and busy_at_launch is not None and busy_at_end is not None:
+        res.others_cpu_seconds = round(max(0.0, busy_at_end - busy_at_launch - res.cpu_seconds), 2)
     res.max_tree_rss_bytes = tree.max_tree_rss_bytes
     res.per_process_max_rss = sorted(({"pid": p, "cmd": n, "max_rss_bytes": b}
                                       for p, (n, b) in tree.per_process_max_rss_bytes.items()),

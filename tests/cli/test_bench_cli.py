@@ -225,6 +225,12 @@ def test_bucket_max_and_sampling_stats():
     assert sampling.nearest([(1.0, 10), (2.0, 20)], 1.8) == 20 and sampling.nearest([], 1.0) is None
 
 
+def test_busy_cpu_seconds_leave_idle_and_iowait_out():
+    text = "cpu  100 20 30 5000 400 6 7 8 0 0\ncpu0 50 10 15 2500 200 3 3 4 0 0\n"
+    assert sampling.busy_cpu_seconds(text, 100) == pytest.approx((100 + 20 + 30 + 6 + 7 + 8) / 100)
+    assert sampling.busy_cpu_seconds("", 100) == 0.0
+
+
 # --- events, document, table -------------------------------------------------------------------
 
 
