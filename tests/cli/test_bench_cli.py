@@ -418,3 +418,32 @@ def test_runs_may_name_single_ablation_runs():
     assert len(full) == 3 + len(R.TECHNIQUES) - 1
     with pytest.raises(BadInput, match="unknown run"):
         R.parse_runs("memascend-no-magic", ablation=False)
+
+
+def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
+    """bench's time-model inputs: the throttle where it is below the drive's probed rate (an unprobed drive counts as
+    faster), the region's probe without one, unknown otherwise; the recorded inputs give the same prediction back."""
+    import dataclasses
+
+    from memascend_cli.commands import bench as cmd
+    from memascend_cli.planner.spec import HardwareSpec
+
+    hw = HardwareSpec(name="local", dram_gib=24.0, num_gpus=0, gpu_mem_gib=0.0, cpu_cores=2)
+    probed = dataclasses.replace(hw, nvme_read_gbps=3.0, nvme_write_gbps=0.3)
+    t = cmd._timing(probed, "fp32", 150.0, 400_000_000)
+    assert (t["read_gbps"], t["write_gbps"], t["duplex_io"], t["device"].flops_per_s) == (0.4, 0.3, True, 150e9)
+    assert (cmd._timing(hw, "fp32", 150.0, 400_000_000)["read_gbps"], cmd._timing(hw, "fp32", 150.0, None)["read_gbps"],
+            cmd._timing(probed, "fp32", 150.0, None)["source"]) == (0.4, None, "the region's probe")
+    job = {"model": "tiny-llama", "layers": None, "seq_len": 64, "micro_batch": 1, "dtype": "fp32", "ranks": 1,
+           "checkpointing": "full", "deepspeed_version": "0.19.8", "ssd_bandwidth_bytes_per_s": 400_000_000,
+           "timing": runner._timing_doc(t)}
+    recorded = configs.recorded_timing(job)
+    assert recorded["duplex_io"] and recorded["read_gbps"] == 0.4 and recorded["device"].flops_per_s == 150e9
+    cfg = configs.build_ds_config("memascend", configs.recorded_spec(job), micro_batch=1, dtype="fp32",
+                                  nvme_dir="/x", ranks=1)
+    doc = {"job": job, "hardware": {"cpu_cores": 2}}
+    again = configs.repredict(doc, {"mode": "memascend", "config": cfg})["time"]
+    live = configs.predict("memascend", cfg, configs.recorded_spec(job), seq_len=64, micro_batch=1, dtype="fp32",
+                           ranks=1, checkpointing="full", hw=hw, deepspeed_version="0.19.8", timing=t)["time"]
+    assert again["seconds_per_step"] == live["seconds_per_step"] > 0
+    assert configs.recorded_timing({**job, "timing": None}) is None

@@ -3,7 +3,9 @@
 The CPU's achieved GFLOP/s (CPU_CALIBRATED_GFLOPS) is the only fitted number, on
 docs/bench/depth-sweep-seq2048-rep3-fp32.json; every other committed bench document of the same machine is
 validation. The documents record no SSD bandwidth (their regions were made with --no-probe): READ_GBPS / WRITE_GBPS
-are the disk's, measured afterwards by `memascend prepare-ssd`'s probe, not fitted."""
+are the disk's, measured afterwards by `memascend prepare-ssd`'s probe, not fitted. Documents that record the time
+model's inputs (`job.timing`, bench since --ssd-bandwidth: their machine's CPU probe, the throttle or the region's
+probe) are predicted with those, nothing fitted."""
 
 import glob
 import json
@@ -57,20 +59,13 @@ def _docs():
                 yield os.path.basename(path), doc
 
 
-def recorded_rates(doc: dict) -> tuple[float, float, float]:
-    """(GFLOP/s, read GB/s, write GB/s) the time model is given for a document: what a bench run recorded as its
-    timing inputs (the CPU probe of the machine it ran on; the SSD throttle or the region's probe), else the
-    calibrated CPU rate and the disk's probed bandwidth of the machine the older documents ran on."""
-    t = doc["job"].get("timing") or {}
-    if t.get("gflops") and t.get("read_gbps") and t.get("write_gbps"):
-        return t["gflops"], t["read_gbps"], t["write_gbps"]
-    return CPU_CALIBRATED_GFLOPS, READ_GBPS, WRITE_GBPS
-
-
-def predicted_s(doc: dict, run: dict, gflops: float | None = None) -> float:
+def predicted_s(doc: dict, run: dict, gflops: float = CPU_CALIBRATED_GFLOPS) -> float:
+    """The time model's s/step for a recorded run: with the rates a bench run recorded (`job.timing`: the CPU probe
+    of the machine it ran on, the SSD throttle or the region's probe) exactly as the bench predicts it
+    (configs.repredict); else with the calibrated CPU rate and this VM disk's probed bandwidth."""
     j = doc["job"]
-    recorded_gflops, read_gbps, write_gbps = recorded_rates(doc)
-    gflops = gflops or recorded_gflops
+    if configs.recorded_timing(j) is not None:
+        return configs.repredict(doc, run)["time"]["seconds_per_step"]
     spec = configs.recorded_spec(j)
     st = configs.repredict(doc, run)["ssd_traffic"]
 
@@ -82,7 +77,7 @@ def predicted_s(doc: dict, run: dict, gflops: float | None = None) -> float:
     flops = tm.step_flops(spec, tokens=rank_tokens, seq_len=j["seq_len"], checkpointing=j["checkpointing"])
     ranks = j["ranks"]  # sharing the VM's cores and disk, as planner.time.engine_times divides them
     t = tm.step_time(run["mode"], flops=flops, traffic=Traffic, device=tm.cpu_device(gflops / ranks, "calibrated"),
-                     read_bytes_per_s=read_gbps * 1e9 / ranks, write_bytes_per_s=write_gbps * 1e9 / ranks,
+                     read_bytes_per_s=READ_GBPS * 1e9 / ranks, write_bytes_per_s=WRITE_GBPS * 1e9 / ranks,
                      optimizer_elems=elems,
                      cpu_cores=max(1, doc["hardware"]["cpu_cores"] // j["ranks"]),
                      tokens_per_step=rank_tokens * j["ranks"])
