@@ -43,9 +43,12 @@ class RunResult:
     ru_maxrss_bytes: int | None = None
     cpu_seconds: float | None = None
     """User + system CPU time of the child and everything it waited for (wait4's rusage)."""
+    bench_cpu_seconds: float | None = None
+    """CPU seconds this bench process (its >= 1 kHz memory sampler and the tree sampler) used while the child ran:
+    on a machine with few cores they are taken from the run's compute."""
     others_cpu_seconds: float | None = None
-    """CPU seconds the rest of the machine (this bench's own samplers included) was busy while the child ran
-    (/proc/stat less cpu_seconds): other jobs competing for the cores slow the run's compute."""
+    """CPU seconds the rest of the machine was busy while the child ran (/proc/stat less cpu_seconds and
+    bench_cpu_seconds): other jobs competing for the cores slow the run's compute."""
     max_tree_rss_bytes: int | None = None
     per_process_max_rss: list[dict] = field(default_factory=list)
     others_rss_span_bytes: int | None = None
@@ -233,7 +236,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         switch_s = sys.getswitchinterval()
         sys.setswitchinterval(0.0002)
         sampler.start()
-        busy_at_launch = read_busy_cpu_seconds()
+        busy_at_launch, self_at_launch = read_busy_cpu_seconds(), _self_cpu_seconds()
         t_launch = time.monotonic()
         with open(res.log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
@@ -265,7 +268,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         finally:
             proc.returncode = -1  # reaped by wait4 above: keep Popen from waiting on a pid it no longer owns
             t_end = time.monotonic()
-            busy_at_end = read_busy_cpu_seconds()
+            busy_at_end, self_at_end = read_busy_cpu_seconds(), _self_cpu_seconds()
             sampler.stop()
             tree.stop()
             sys.setswitchinterval(switch_s)
@@ -285,8 +288,10 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     code = os.waitstatus_to_exitcode(status)
     res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None
     res.cpu_seconds = round(rusage.ru_utime + rusage.ru_stime, 2) if rusage is not None else None
+    res.bench_cpu_seconds = round(self_at_end - self_at_launch, 2)
     if res.cpu_seconds is not None and busy_at_launch is not None and busy_at_end is not None:
-        res.others_cpu_seconds = round(max(0.0, busy_at_end - busy_at_launch - res.cpu_seconds), 2)
+        res.others_cpu_seconds = round(max(0.0, busy_at_end - busy_at_launch - res.cpu_seconds
+                                           - res.bench_cpu_seconds), 2)
     res.max_tree_rss_bytes = tree.max_tree_rss_bytes
     res.per_process_max_rss = sorted(({"pid": p, "cmd": n, "max_rss_bytes": b}
                                       for p, (n, b) in tree.per_process_max_rss_bytes.items()),
@@ -334,6 +339,14 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                         description=f"{run.name}: {'done' if res.ok else '[red]failed[/red]'}")
     shutil.rmtree(nvme_dir, ignore_errors=True)
     return res
+
+
+def _self_cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all its threads."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _phase(events: dict[int, list[dict]]) -> str:
