@@ -39,7 +39,7 @@ through memory, so it scales with cores until DRAM bandwidth binds."""
 
 CPU_ACHIEVED_FRACTION = 1.0
 """A DeepSpeed step's fp32 GFLOP/s over the `memascend inspect --cpu-probe` matmul probe's. 1.0: on the dev VM the
-committed bench documents come from, their steps ran at 177.4 GFLOP/s (tests/unit/test_time_validation.py) while the
+committed bench documents come from, their steps ran at 175.5 GFLOP/s (tests/unit/test_time_validation.py) while the
 probe, on the same VM shared with other jobs, read 73-119 GFLOP/s; a fraction cannot be fitted on a shared machine,
 so the probe is taken at face value (pessimistic there)."""
 
@@ -145,7 +145,8 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     """The step time of `engine` (stock, tuned or memascend) for one rank.
 
     `duplex_io`: reads and writes have budgets of their own (`bench --ssd-bandwidth`: the kernel throttles each
-    direction separately), so the optimizer's reads and writes that overlap take the longer of the two, and so do
+    direction separately), so reads and writes that overlap (forward / backward's parameter reads and gradient
+    writes, the optimizer's) take the longer of the two, and so do
     stock's serial swap-in / swap-out when a sub-group's write takes less than THROTTLE_SLICE_S
     (`sub_group_elems`: stock's sub_group_size).
 
@@ -182,7 +183,9 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     def z(x):
         return x or 0.0
 
-    fb_io = z(fb_r) + z(fb_w)
+    # Gradient and checkpoint writes stream out while the next parameters are read: on one drive they share its
+    # bandwidth, under a per-direction throttle each has its own.
+    fb_io = max(z(fb_r), z(fb_w)) if duplex_io else z(fb_r) + z(fb_w)
     op_io = z(op_r) + z(op_w)
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
