@@ -37,7 +37,16 @@ measured / modelled s/step over the six runs of the calibration document (tuned 
 # - llama-3.2-1b fp32 seq 1024 under a 12 GiB cap (capped/): 2 steps, so s/step is step 2 alone (113.5 s; step 1
 #   88.0 s), taken while other jobs shared the 2 cores (their RSS moved 1.1 GiB during the run): -37%, not yet
 #   told apart from a model miss at billion scale (a 128K vocabulary) by a quiet rerun.
+# - the SSD-bound sittings (docs/bench/ssd-bound/, 2026-11-25, an Intel VM whose CPU probe the documents record):
+#   runs during which the bench's samplers and other jobs on the shared 2 cores took 0.7-1.2 cores
+#   (runs[].others_cpu_seconds + bench_cpu_seconds; sitting 1 has no gauge) compute up to 2.3x slower than the
+#   probe's rate for both cores; results.md's "plan at the cores got" gives the same model at the cores they got.
 OTHER_VM_BEFORE = "2026-11-24T04:00"
+_SSD = "bench-llama-136m-seq512-fp32-"
+CONTENDED = {f"{_SSD}{doc}.json:8:512:{run}" for doc, runs in (
+    ("ssd400mbs-sitting1", "stock tuned"), ("ssd400mbs-sitting3", "stock tuned"),
+    ("unthrottled-sitting1", "stock tuned memascend"), ("unthrottled-sitting2", "stock tuned memascend"),
+    ("unthrottled-sitting3", "stock"), ("unthrottled-sitting4", "stock tuned memascend")) for run in runs.split()}
 KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-llama-fp16.json:2:128",
                                            "tiny-llama-fp32.json:2:256", "qwen2.5-0.5b-8l-fp32.json:8:256",
                                            "bench-llama-136m-2ranks-fp32.json:8:256")
@@ -96,8 +105,9 @@ def _params(calibration: bool):
             if not r["ok"] or r.get("disabled"):
                 continue
             rid = f"{name}:{j['layers']}:{j['seq_len']}:{r['name']}"
-            miss = rid in KNOWN_MISSES or _date(doc) < OTHER_VM_BEFORE
-            marks = [pytest.mark.xfail(strict=True, reason="time model error above 15% (KNOWN_MISSES)")] \
+            miss = rid in KNOWN_MISSES or rid in CONTENDED or _date(doc) < OTHER_VM_BEFORE
+            why = "cores taken by other jobs (CONTENDED)" if rid in CONTENDED else "KNOWN_MISSES"
+            marks = [pytest.mark.xfail(strict=True, reason=f"time model error above 15% ({why})")] \
                 if miss and not calibration else []
             out.append(pytest.param(doc, r, id=rid, marks=marks))
     return out
