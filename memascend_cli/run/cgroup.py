@@ -435,8 +435,10 @@ class RunCgroup:
             _remove(path, timeout_s)
 
 
-def MemoryCap(cap_bytes: int, *, label: str = "run") -> RunCgroup:  # noqa: N802 - the DRAM cap's name
-    """A RunCgroup with a DRAM cap only."""
-    if cap_bytes <= 0:
-        raise ValueError("cap_bytes must be positive")
-    return RunCgroup(label=label, cap_bytes=cap_bytes)
+class MemoryCap(RunCgroup):
+    """A RunCgroup with a DRAM cap only (`train --dram-cap`)."""
+
+    def __init__(self, cap_bytes: int, *, label: str = "run"):
+        if cap_bytes <= 0:
+            raise ValueError("cap_bytes must be positive")
+        super().__init__(label=label, cap_bytes=cap_bytes)

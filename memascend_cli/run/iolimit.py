@@ -9,10 +9,10 @@ device's own I/O to its backing file is then charged to the same cgroup, so the 
 
 What is throttled: O_DIRECT I/O, i.e. memascend's region (io_uring; its io-wq workers are threads of the process,
 so in its cgroup) and DeepSpeed's swap files (libaio, opened O_DIRECT: DeepSpeed 0.19.8
-csrc/aio/common/deepspeed_aio_common.cpp:269 open_file), and buffered reads that miss the page cache (submitted by the reading task). Not
-throttled: buffered writes on cgroup v1 (the kernel's flusher threads write them back later, charged to the root
-cgroup); v2 charges writeback to the cgroup that dirtied the pages (Documentation/admin-guide/cgroup-v2.rst,
-"Writeback"). Page cache hits are no I/O at all.
+csrc/aio/common/deepspeed_aio_common.cpp:269 open_file), and buffered reads that miss the page cache (submitted by
+the reading task). Not throttled: buffered writes on cgroup v1 (the kernel's flusher threads write them back later,
+charged to the root cgroup); v2 charges writeback to the cgroup that dirtied the pages
+(Documentation/admin-guide/cgroup-v2.rst, "Writeback"). Page cache hits are no I/O at all.
 
 Pure: uevent parsing, the device choice, the values written and the counters read (tests/unit/test_iolimit.py,
 fixture tests/assets/cgroup/sys_class_block_uevents.json). I/O: `resolve_limits` (stat, sysfs, mountinfo).
