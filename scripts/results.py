@@ -16,6 +16,7 @@ here):
   docs/bench/validation/*.json      bench runs the planner was NOT fitted on (its error must stay within 10%)
   docs/bench/capped/*.json          `memascend bench --dram-cap` runs at billion-parameter scale
   docs/bench/capacity/*.json        `memascend bench --capacity` summaries (capacity.json), one sitting each
+  docs/bench/ssd-bound/*.json       `memascend bench` with and without --ssd-bandwidth: s/step against the time model
   docs/bench/gpu/*.json             the GPU kit's gpu_bench.json (scripts/gpu_check.sh), when a GPU was lent
   docs/bench/train/*.json           `memascend train` runs (metrics summaries)
   docs/bench/plans/*.json           `memascend plan --json` outputs
@@ -39,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_common import BENCH, DOCS, HISTORY, REPO, gib, load, load_one, pct, table  # noqa: E402
 from results_records import (section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
+from results_time import section_ssd_bound  # noqa: E402
 
 OUT = os.path.join(DOCS, "results.md")
 # Today's headline documents: the depth and context sweeps of today's engine (tuned and memascend, median of 3) and
@@ -666,9 +668,9 @@ def render() -> str:
              "stock DeepSpeed given every stock knob memascend sets (memascend_cli/planner/zero.py); memascend = the "
              "same knobs plus the engine's techniques. SSD bytes per parameter are a steady step's block I/O "
              "(/proc/self/io) over the rank's parameters; the minimum for the placement is the plan's roofline with "
-             "parameters fetched from the SSD for forward and backward (memory.SsdTraffic.minimum_per_param): stock "
-             "reads less than it where its parameter buffer pool (5 x 1e8 elements) holds the whole model, so "
-             "parameters are never re-read.\n"]
+             "parameters fetched from the SSD for forward and backward (memory.SsdTraffic.minimum_per_param), less the "
+             "parameters stock keeps in DRAM (max_in_cpu, 1e9 elements by default: a model that small is never "
+             "fetched). Documents recorded before that rule show stock below its minimum.\n"]
     # Top-level documents and the calibration runs are results in their own right (validation runs are summarised
     # in the planner section).
     cal = load(os.path.join(BENCH, "calibration", "*.json"))
@@ -676,6 +678,7 @@ def render() -> str:
     parts.append(section_headline(cal, val))
     parts.append(section_capped(load(os.path.join(CAPPED, "*.json"))))
     parts.append(capacity.results_section(load(os.path.join(BENCH, "capacity", "*.json"))))
+    parts.append(section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))))
     details = len(parts)
     parts.append("## Every document in detail\n")
     named = load(os.path.join(BENCH, "*.json")) + cal

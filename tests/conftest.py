@@ -67,16 +67,17 @@ def require_smollm2_gguf(*modules: str) -> None:
                         allow_module_level=True)
 
 
-def require_memory_cgroups() -> None:
-    """Skip (with the reason) unless this process can create memory cgroups (root, a usable hierarchy)."""
+def require_memory_cgroups(controller: str = "memory") -> None:
+    """Skip (with the reason) unless this process can create cgroups of `controller` (memory, io): root and a
+    usable hierarchy."""
     from memascend_cli.run import cgroup
 
     if os.geteuid() != 0:
-        pytest.skip("needs root to create memory cgroups")
+        pytest.skip(f"needs root to create {controller} cgroups")
     try:
-        cgroup.check_available()
+        cgroup.check_available(controller)
     except cgroup.CapUnavailable as exc:
-        pytest.skip(f"no usable memory cgroup here: {exc.message}")
+        pytest.skip(f"no usable {controller} cgroup here: {exc.message}")
 
 
 def require_async_io() -> None:

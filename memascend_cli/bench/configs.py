@@ -95,14 +95,26 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
 
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
             checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
-            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None) -> dict:
-    """memascend plan's estimate for one run (plan_job): node peak plus the host items (for recalibration)."""
+            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, timing: dict | None = None) -> dict:
+    """memascend plan's estimate for one run (plan_job): node peak plus the host items (for recalibration), and
+    with `timing` ({device: planner.time.Device, read_gbps, write_gbps}: the SSD bandwidth the run gets, the
+    throttle's under --ssd-bandwidth) the plan's step time (`time`, planner.time.engine_times)."""
     from memascend_cli.planner.memory import estimate
 
     job, engine = plan_job(mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
                            checkpointing=checkpointing, deepspeed_version=deepspeed_version, disabled=disabled,
                            checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes)
     est = estimate(job, hw, engine)
+    step = None
+    if timing is not None and est.traffic is not None:
+        from memascend_cli.planner import time as tm
+
+        t = tm.engine_times(job, {mode: est}, timing["device"], read_gbps=timing["read_gbps"],
+                            write_gbps=timing["write_gbps"], cpu_cores=hw.cpu_cores,
+                            duplex_io=timing.get("duplex_io", False))[mode]
+        step = {**t.to_dict(), "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
+                "device": timing["device"].name, "gflops": None if timing["device"].flops_per_s is None
+                else round(timing["device"].flops_per_s / 1e9, 1), "device_source": timing["device"].source}
     return {
         "engine": est.engine,
         "node_host_peak_bytes": est.node_host_peak_bytes,
@@ -114,6 +126,7 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
         "config_errors": list(est.config_errors),
         "ssd_traffic": est.traffic.to_dict() if est.traffic else None,
         "host_budget": est.budget.to_dict() if est.budget else None,
+        "time": step,
     }
 
 
@@ -164,4 +177,19 @@ def repredict(doc: dict, run: dict) -> dict:
     return predict(run["mode"], run["config"], spec, seq_len=j["seq_len"], micro_batch=j["micro_batch"],
                    dtype=j["dtype"], ranks=j["ranks"], checkpointing=j["checkpointing"], hw=hw,
                    deepspeed_version=j["deepspeed_version"], disabled=tuple(run.get("disabled") or ()),
-                   host_budget_bytes=j.get("host_budget_bytes"))
+                   host_budget_bytes=j.get("host_budget_bytes"), timing=recorded_timing(j))
+
+
+def recorded_timing(job: dict) -> dict | None:
+    """The time model's inputs a bench job recorded (`job.timing`: the device's GFLOP/s, the SSD GB/s the runs
+    got), for predict; None for jobs recorded without them or with a rate unknown. Pure."""
+    from memascend_cli.planner import time as tm
+
+    t = job.get("timing") or {}
+    if not (t.get("gflops") and t.get("read_gbps") and t.get("write_gbps")):
+        return None
+    cuda = job.get("accelerator") == "cuda"
+    device = tm.gpu_device(t.get("device"), measured_tflops=t["gflops"] / 1e3) if cuda else \
+        tm.cpu_device(t["gflops"], t.get("device_source") or "recorded")
+    return {"device": device, "read_gbps": t["read_gbps"], "write_gbps": t["write_gbps"],
+            "duplex_io": bool(job.get("ssd_bandwidth_bytes_per_s"))}

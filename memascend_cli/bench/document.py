@@ -192,9 +192,24 @@ def ssd_line(run: dict) -> str | None:
             f"its placement {low[0]:.1f} / {low[1]:.1f} ({over(bpp['read'], low[0])} / {over(bpp['write'], low[1])})")
 
 
-TABLE_COLUMNS = ("run", "peak GiB", "maxrss GiB", "s/step", "SSD B/param r/w", "plan GiB", "plan err")
-"""Peak = MemTotal - MemAvailable minus idle; SSD bytes per parameter of a steady step (rank 0). On CUDA the peak GPU
-memory is added."""
+TABLE_COLUMNS = ("run", "peak GiB", "maxrss GiB", "s/step", "plan s/step", "tokens/s", "SSD B/param r/w", "plan GiB",
+                 "plan err")
+"""Peak = MemTotal - MemAvailable minus idle; plan s/step = the time model's (planner/time.py) at the SSD bandwidth
+the run got; SSD bytes per parameter of a steady step (rank 0). On CUDA the peak GPU memory is added."""
+
+
+def predicted_step_s(run: dict) -> float | None:
+    """The plan's s/step for a run (recorded with the time model's inputs), else None. Pure."""
+    return ((run.get("predicted") or {}).get("time") or {}).get("seconds_per_step")
+
+
+def throttle_text(job: dict) -> str | None:
+    """'SSD throttled to 400 MB/s (vda)' for a run under --ssd-bandwidth, else None. Pure."""
+    bps = job.get("ssd_bandwidth_bytes_per_s")
+    if not bps:
+        return None
+    devices = ", ".join(t["device"] for t in job.get("ssd_throttle") or [])
+    return f"SSD throttled to {bps / 1e6:g} MB/s" + (f" ({devices})" if devices else "")
 
 
 def table_rows(doc: dict) -> list[tuple[str, ...]]:
@@ -209,10 +224,12 @@ def table_rows(doc: dict) -> list[tuple[str, ...]]:
         pred = r["predicted"]["node_host_peak_bytes"] if r.get("predicted") else None
         err = r.get("prediction_error_percent")
         bpp = r.get("ssd_bytes_per_param")
+        plan_s, tps = predicted_step_s(r), r.get("tokens_per_s")
         row = (
             r["name"] + ("" if r["ok"] else " (failed)"),
             g(r["peak_system_bytes"]), g(r["ru_maxrss_bytes"]),
             "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}",
+            "-" if plan_s is None else f"{plan_s:.2f}", "-" if tps is None else f"{tps:.0f}",
             "-" if not bpp else f"{bpp['read']:.1f}/{bpp['write']:.1f}", g(pred),
             "-" if err is None else f"{err:+.1f}%",
         )
@@ -227,7 +244,8 @@ def render_table(doc: dict) -> None:
 
     j = doc["job"]
     t = Table(title=f"memascend bench: {j['model']} ({j['num_params']:,} params), seq {j['seq_len']}, "
-                    f"micro-batch {j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s)",
+                    f"micro-batch {j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s)"
+                    + (f", {throttle_text(j)}" if throttle_text(j) else ""),
               title_justify="left")
     for c in TABLE_COLUMNS + (("GPU GiB",) if j.get("accelerator") == "cuda" else ()):
         t.add_column(c, justify="left" if c == "run" else "right")

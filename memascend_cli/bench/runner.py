@@ -16,7 +16,8 @@ from memascend_cli.bench.configs import (build_ds_config, checkpointing_impl, ch
 from memascend_cli.bench.document import build_document
 from memascend_cli.bench.runs import RunSpec
 from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSampler, TreeSampler, bucket_max,
-                                          drop_caches, nearest, others_rss_bytes, sampling_stats, settle)
+                                          drop_caches, nearest, others_rss_bytes, read_busy_cpu_seconds,
+                                          sampling_stats, settle)
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.run.launch import free_port
@@ -40,6 +41,14 @@ class RunResult:
     peak_at_s: float | None = None
     peak_phase: str | None = None
     ru_maxrss_bytes: int | None = None
+    cpu_seconds: float | None = None
+    """User + system CPU time of the child and everything it waited for (wait4's rusage)."""
+    bench_cpu_seconds: float | None = None
+    """CPU seconds this bench process (its >= 1 kHz memory sampler and the tree sampler) used while the child ran:
+    on a machine with few cores they are taken from the run's compute."""
+    others_cpu_seconds: float | None = None
+    """CPU seconds the rest of the machine was busy while the child ran (/proc/stat less cpu_seconds and
+    bench_cpu_seconds): other jobs competing for the cores slow the run's compute."""
     max_tree_rss_bytes: int | None = None
     per_process_max_rss: list[dict] = field(default_factory=list)
     others_rss_span_bytes: int | None = None
@@ -82,6 +91,8 @@ class RunResult:
     env: dict = field(default_factory=dict)
     cgroup: dict | None = None
     """With --dram-cap: the run's memory cgroup (limit, its own peak incl. page cache charged to it, OOM kills)."""
+    io_throttle: dict | None = None
+    """With --ssd-bandwidth: the io cgroup's limits per device and the bytes it counted (RunCgroup.io_result)."""
     oom_killed: bool = False
     timed_out: bool = False
     """Killed by the parent after its time limit (bench --probe-timeout) without finishing."""
@@ -164,15 +175,16 @@ def child_command(args: list[str], ranks: int) -> list[str]:
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
             settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None,
-            dram_cap_bytes: int | None = None, timeout_s: float | None = None) -> RunResult:
-    """Settle, launch the child (in a memory cgroup of dram_cap_bytes if given), sample until it exits or runs past
+            dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = ()) -> RunResult:
+    """Settle, launch the child (in a memory cgroup of dram_cap_bytes and an io cgroup throttled to io_limits
+    (run/iolimit.py) if given), sample until it exits or runs past
     timeout_s (then it is killed, its ranks die with it), collect its events. The child dies with this process
     (run/lifeline.py)."""
     import shutil
     from contextlib import ExitStack
 
     from memascend_cli.run import lifeline
-    from memascend_cli.run.cgroup import MemoryCap
+    from memascend_cli.run.cgroup import RunCgroup
 
     res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg)
     run_dir = os.path.join(out_dir, "runs", run.name)
@@ -208,7 +220,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                "swept_before": swept_before.to_dict()}
     reader = MeminfoReader()
     stack = ExitStack()
-    cap = stack.enter_context(MemoryCap(dram_cap_bytes, label=f"bench-{run.name}")) if dram_cap_bytes else None
+    cap = (stack.enter_context(RunCgroup(label=f"bench-{run.name}", cap_bytes=dram_cap_bytes, io_limits=io_limits))
+           if dram_cap_bytes or io_limits else None)
     try:
         dropped = drop_caches()
         st = settle(reader.used_bytes, on_tick=tick, cap_s=settle_cap_s, dropped_caches=dropped)
@@ -223,6 +236,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         switch_s = sys.getswitchinterval()
         sys.setswitchinterval(0.0002)
         sampler.start()
+        busy_at_launch, self_at_launch = read_busy_cpu_seconds(), _self_cpu_seconds()
         t_launch = time.monotonic()
         with open(res.log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
@@ -254,10 +268,13 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         finally:
             proc.returncode = -1  # reaped by wait4 above: keep Popen from waiting on a pid it no longer owns
             t_end = time.monotonic()
+            busy_at_end, self_at_end = read_busy_cpu_seconds(), _self_cpu_seconds()
             sampler.stop()
             tree.stop()
             sys.setswitchinterval(switch_s)
-        if cap is not None:
+        if io_limits:
+            res.io_throttle = cap.io_result()
+        if dram_cap_bytes:
             cg = cap.result(sigkilled=not res.timed_out and os.WIFSIGNALED(status)
                             and os.WTERMSIG(status) == signal.SIGKILL)
             res.cgroup, res.oom_killed = {"limit_bytes": dram_cap_bytes, **cg.to_dict()}, cg.oom_killed
@@ -270,6 +287,11 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                    swept_after=swept_after.to_dict())
     code = os.waitstatus_to_exitcode(status)
     res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None
+    res.cpu_seconds = round(rusage.ru_utime + rusage.ru_stime, 2) if rusage is not None else None
+    res.bench_cpu_seconds = round(self_at_end - self_at_launch, 2)
+    if res.cpu_seconds is not None and busy_at_launch is not None and busy_at_end is not None:
+        res.others_cpu_seconds = round(max(0.0, busy_at_end - busy_at_launch - res.cpu_seconds
+                                           - res.bench_cpu_seconds), 2)
     res.max_tree_rss_bytes = tree.max_tree_rss_bytes
     res.per_process_max_rss = sorted(({"pid": p, "cmd": n, "max_rss_bytes": b}
                                       for p, (n, b) in tree.per_process_max_rss_bytes.items()),
@@ -317,6 +339,14 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                         description=f"{run.name}: {'done' if res.ok else '[red]failed[/red]'}")
     shutil.rmtree(nvme_dir, ignore_errors=True)
     return res
+
+
+def _self_cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all its threads."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _phase(events: dict[int, list[dict]]) -> str:
@@ -376,6 +406,8 @@ class Point:
     accelerator: str
     hw: object
     deepspeed_version: str
+    timing: dict | None = None
+    """The time model's inputs ({device, read_gbps, write_gbps}: configs.predict); None: no predicted s/step."""
 
     def job_args(self) -> list[str]:
         args = ["--model", self.model, "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
@@ -393,8 +425,7 @@ class Point:
         return predict(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
                        ranks=self.ranks, checkpointing=self.checkpointing, hw=self.hw,
                        deepspeed_version=self.deepspeed_version, disabled=disabled,
-                       host_budget_bytes=self.host_budget_bytes)
-
+                       host_budget_bytes=self.host_budget_bytes, timing=self.timing)
 
 
 def median_run(repeats: list[RunResult]) -> RunResult:
@@ -413,7 +444,7 @@ def median_run(repeats: list[RunResult]) -> RunResult:
 
 def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
               region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1,
-              dram_cap_bytes: int | None = None, timeout_s: float | None = None) -> dict:
+              dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = ()) -> dict:
     """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
     document (median_run stands for the repeats of a run)."""
     from memascend_cli.console import err, step_progress
@@ -427,6 +458,12 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         notes.append(f"every run in its own memory cgroup of {dram_cap_bytes / GiB:.2f} GiB (swap off where the kernel "
                      "accounts it): its peak counts the processes' memory plus the page cache charged to them "
                      "(stock's swap-file writes; the region's O_DIRECT I/O bypasses the page cache)")
+    if io_limits:
+        notes.append("every run in its own io cgroup, its SSD bandwidth throttled to "
+                     + ", ".join(f"{lim.read_bytes_per_s / 1e6:g} MB/s read and {lim.write_bytes_per_s / 1e6:g} MB/s "
+                                 f"write on {lim.device} ({lim.maj_min})" for lim in io_limits)
+                     + ": O_DIRECT I/O (the region, DeepSpeed's aio swap files) and page-cache-missing reads are "
+                       "throttled; buffered writes are not on cgroup v1 (written back by the kernel's flusher)")
     if os.geteuid() != 0:
         notes.append("not root: the page cache was not dropped before the runs, so the idle level is less stable")
     spec, ranks = p.spec, p.ranks
@@ -459,7 +496,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
                               settle_cap_s=settle_cap_s, accelerator=p.accelerator,
                               extra_args=engine_args(predicted) if run.mode == "memascend" else None,
-                              dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s)
+                              dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits)
                 res.predicted = predicted
                 measured[i].append(res)
     results = [median_run(rs) for rs in measured]
@@ -471,8 +508,20 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
            "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,
            "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
            "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info,
-           "dram_cap_bytes": dram_cap_bytes}
+           "dram_cap_bytes": dram_cap_bytes,
+           "ssd_bandwidth_bytes_per_s": io_limits[0].read_bytes_per_s if io_limits else None,
+           "ssd_throttle": [lim.to_dict() for lim in io_limits] or None, "timing": _timing_doc(p.timing)}
     return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)
+
+
+def _timing_doc(timing: dict | None) -> dict | None:
+    """The time model's inputs as the document records them."""
+    if timing is None:
+        return None
+    dev = timing["device"]
+    return {"device": dev.name, "gflops": None if dev.flops_per_s is None else round(dev.flops_per_s / 1e9, 1),
+            "device_source": dev.source, "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
+            "bandwidth_source": timing.get("source"), "cpu_model": timing.get("cpu_model")}
 
 
 def execution_order(planned_peak_bytes: list[int]) -> list[int]:

@@ -239,3 +239,23 @@ def sampling_stats(t_s) -> dict:
             "max_gap_ms": round(gaps[-1] * 1e3, 3), "p999_gap_ms": round(gaps[int(0.999 * (len(gaps) - 1))] * 1e3, 3)}
 
 
+
+
+def busy_cpu_seconds(proc_stat_text: str, clock_ticks_per_s: int = 100) -> float:
+    """CPU seconds the whole machine spent busy so far (user + nice + system + irq + softirq + steal of the `cpu`
+    line of /proc/stat; idle and iowait left out). Pure."""
+    for line in proc_stat_text.splitlines():
+        f = line.split()
+        if f and f[0] == "cpu":
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f[1:9])
+            return (user + nice + system + irq + softirq + steal) / clock_ticks_per_s
+    return 0.0
+
+
+def read_busy_cpu_seconds() -> float | None:
+    """busy_cpu_seconds of this machine now, None where /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            return busy_cpu_seconds(f.read(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return None

@@ -93,6 +93,13 @@ def bench_command(
     dram_cap: str = typer.Option(None, "--dram-cap", help="Run every engine in its own memory cgroup of this size, "
                                  "e.g. 6GiB (needs root): a run OOM-killed in it reads `does not fit` and the others "
                                  "still run.", rich_help_panel=_R, show_default=False),
+    ssd_bandwidth: str = typer.Option(None, "--ssd-bandwidth", help="Throttle each engine's reads and writes to "
+                                      "the block device under the region and the swap directory to this much, e.g. "
+                                      "400MB/s (its own io cgroup, needs root): compute:I/O like a GPU box's. The "
+                                      "plan's predicted s/step uses it.", rich_help_panel=_R, show_default=False),
+    cpu_gflops: float = typer.Option(None, "--cpu-gflops", help="CPU GFLOP/s for the plan's predicted s/step of a "
+                                     "CPU run. Default: `memascend inspect --cpu-probe`'s cached measurement.",
+                                     rich_help_panel=_R, show_default=False),
     capacity: str = typer.Option(None, "--capacity", help="Find each engine's largest layers, seq or micro-batch "
                                  "that trains --steps steps under --dram-cap: start at the plan's maximum under the "
                                  "cap, one capped run per probe, up after a fit, down after an OOM kill, until a value "
@@ -128,6 +135,8 @@ def bench_command(
         memascend bench --ranks 2 --ablation --out /mnt/nvme/bench
 
         memascend bench --capacity layers --dram-cap 4GiB --dtype fp32 --out /mnt/nvme/cap-depth
+
+        memascend bench --seq-len 512 --steps 3 --ssd-bandwidth 400MB/s --out /mnt/nvme/ssd-bound
     """
     import dataclasses
     import os
@@ -146,6 +155,8 @@ def bench_command(
     if capacity is not None:
         _check_capacity(capacity, dram_cap=dram_cap, layers=layers, seq_len=seq_len, micro_batch=micro_batch,
                         repeat=repeat, region=region)
+        if ssd_bandwidth is not None:
+            raise BadInput("--ssd-bandwidth does not apply to --capacity", "drop --ssd-bandwidth")
     elif probe_timeout is not None:
         raise BadInput("--probe-timeout applies to --capacity only", "add --capacity AXIS, or drop --probe-timeout")
     if probe_timeout is not None and probe_timeout <= 0:
@@ -168,6 +179,16 @@ def bench_command(
         from memascend_cli.run.cgroup import check_available
 
         check_available()
+    ssd_bytes_per_s = None
+    if ssd_bandwidth is not None:
+        from memascend_cli.units import parse_bandwidth_gbps
+
+        ssd_bytes_per_s = int(parse_bandwidth_gbps(ssd_bandwidth, "--ssd-bandwidth") * 1e9)
+        from memascend_cli.run.cgroup import check_available
+
+        check_available("io")
+    if cpu_gflops is not None and cpu_gflops <= 0:
+        raise BadInput("--cpu-gflops must be positive", "e.g. --cpu-gflops 150")
     run_specs = parse_runs(runs, ablation)
     base_spec = load_model(model)
     depths = _int_list(layers, "--layers") if layers else [base_spec.num_hidden_layers]
@@ -176,7 +197,17 @@ def bench_command(
     os.makedirs(out_dir, exist_ok=True)
     nvme_dir = os.path.abspath(nvme_dir or os.path.join(out_dir, "swap"))
     nvme_info = runner.check_nvme_dir(nvme_dir)
+    io_limits = ()
+    if ssd_bytes_per_s is not None:
+        from memascend_cli.run.iolimit import resolve_limits
+
+        # The stock runs' swap files and memascend's region (a fresh one goes into OUT).
+        io_limits = tuple(resolve_limits([nvme_dir, os.path.abspath(region) if region else out_dir], ssd_bytes_per_s))
     hw = resolve_hardware(None, None)
+    if region is not None and os.path.exists(region):
+        from memascend_cli.hardware import apply_region
+
+        hw = apply_region(hw, region)  # its probed bandwidth, when prepare-ssd measured one
     if accelerator == "auto":
         accelerator = "cuda" if hw.num_gpus > 0 else "cpu"
     if accelerator == "cpu" and hw.num_gpus > 0:
@@ -197,10 +228,11 @@ def bench_command(
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
             **({"title": title} if title else {})}
     # Every point's job but its depth and context (a capacity search also varies micro-batch).
+    timing = _timing(hw, dtype, cpu_gflops, ssd_bytes_per_s)
     template = runner.Point(model=model, spec=base_spec, layers=None, seq_len=seq_lens[0], micro_batch=micro_batch,
                             steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                             host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw,
-                            deepspeed_version=ds_version)
+                            deepspeed_version=ds_version, timing=timing)
     if capacity is not None:
         from memascend_cli.bench import capacity_run
 
@@ -225,7 +257,7 @@ def bench_command(
         point = dataclasses.replace(template, spec=spec, layers=L if layers else None, seq_len=s)
         doc = runner.run_point(point, run_specs, out_dir=point_dir, nvme_dir=nvme_dir, nvme_info=nvme_info,
                           region=region, engine_ok=engine_ok, settle_cap_s=settle_cap, repeat=repeat,
-                          dram_cap_bytes=dram_cap_bytes)
+                          dram_cap_bytes=dram_cap_bytes, io_limits=io_limits)
         doc["meta"] = meta
         png_path = os.path.join(point_dir, "bench.png")
         problem = document.write_plot(doc, png_path)
@@ -249,3 +281,23 @@ def bench_command(
         err.print(f"wrote {out_dir}")
     if not all_ok:
         raise typer.Exit(EXIT_FAIL)
+
+
+def _timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | None) -> dict:
+    """The time model's inputs for the runs' predicted s/step: the compute device as `plan` resolves it, and the SSD
+    bandwidth each run gets: the throttle where it is below the drive's (a drive of unknown speed is taken to be
+    faster), else the drive's as prepare-ssd probed it (a region given with --region), else unknown."""
+    from memascend_cli.compute_probe import plan_device
+    from memascend_cli.hardware import local_cpu_model
+
+    cpu_model = local_cpu_model()
+    device = plan_device(hw, dtype, cpu_gflops=cpu_gflops, cpu_model=cpu_model)
+    read, write = hw.nvme_read_gbps, hw.nvme_write_gbps
+    source = "the region's probe" if read else None
+    if ssd_bytes_per_s is not None:
+        limit = ssd_bytes_per_s / 1e9
+        read, write = min(read or limit, limit), min(write or limit, limit)
+        source = "--ssd-bandwidth"
+    # A throttle limits reads and writes separately (planner/time.py step_time duplex_io).
+    return {"device": device, "read_gbps": read, "write_gbps": write, "source": source, "cpu_model": cpu_model,
+            "duplex_io": ssd_bytes_per_s is not None}

@@ -39,9 +39,15 @@ through memory, so it scales with cores until DRAM bandwidth binds."""
 
 CPU_ACHIEVED_FRACTION = 1.0
 """A DeepSpeed step's fp32 GFLOP/s over the `memascend inspect --cpu-probe` matmul probe's. 1.0: on the dev VM the
-committed bench documents come from, their steps ran at 177.4 GFLOP/s (tests/unit/test_time_validation.py) while the
+committed bench documents come from, their steps ran at 175.5 GFLOP/s (tests/unit/test_time_validation.py) while the
 probe, on the same VM shared with other jobs, read 73-119 GFLOP/s; a fraction cannot be fitted on a shared machine,
 so the probe is taken at face value (pessimistic there)."""
+
+THROTTLE_SLICE_S = 0.1
+"""The accounting slice of the kernel's per-cgroup throttle (block/blk-throttle.c DFL_THROTL_SLICE_HD, HZ / 10 on a
+rotational queue such as the bench VM's virtio disk; HZ / 50 on a non-rotational one): each direction's budget is
+bps x the time since its slice started (tg_within_bps_limit), and a slice survives idle gaps shorter than itself, so
+a direction that waits less than a slice for the other one loses none of its budget."""
 
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
 
@@ -134,8 +140,15 @@ def _div(work: float, rate: float | None) -> float | None:
 
 def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_per_s: float | None,
               write_bytes_per_s: float | None, optimizer_elems: int, cpu_cores: int, tokens_per_step: int,
-              pipelined_optimizer: bool = False, grad_accum: int = 1, elem_bytes: int = 2) -> StepTime:
+              pipelined_optimizer: bool = False, grad_accum: int = 1, elem_bytes: int = 2, duplex_io: bool = False,
+              sub_group_elems: int | None = None) -> StepTime:
     """The step time of `engine` (stock, tuned or memascend) for one rank.
+
+    `duplex_io`: reads and writes have budgets of their own (`bench --ssd-bandwidth`: the kernel throttles each
+    direction separately), so reads and writes that overlap (forward / backward's parameter reads and gradient
+    writes, the optimizer's) take the longer of the two, and so do
+    stock's serial swap-in / swap-out when a sub-group's write takes less than THROTTLE_SLICE_S
+    (`sub_group_elems`: stock's sub_group_size).
 
     Phases and overlap:
     - forward + backward: on a GPU the matmuls overlap the parameter fetches (DeepSpeed's prefetch of the next
@@ -148,7 +161,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
       async_swap_out), which overlap the reads and writes of neighbouring sub-groups with Adam. memascend's
       optimizer (engine/bounded.py) keeps three chunk slots in flight: the next chunk's read ahead and the last
       chunk's write behind the current chunk's Adam. Reads and writes share one drive, so overlapped I/O takes
-      read + write time.
+      read + write time (unless `duplex_io`).
     """
     rd, wr = dict(traffic.read_bytes), dict(traffic.write_bytes)
     bounded = engine == "memascend"
@@ -170,7 +183,9 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     def z(x):
         return x or 0.0
 
-    fb_io = z(fb_r) + z(fb_w)
+    # Gradient and checkpoint writes stream out while the next parameters are read: on one drive they share its
+    # bandwidth, under a per-direction throttle each has its own.
+    fb_io = max(z(fb_r), z(fb_w)) if duplex_io else z(fb_r) + z(fb_w)
     op_io = z(op_r) + z(op_w)
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
@@ -181,9 +196,18 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         # completions run on the cores that do the matmuls.
         fb = z(compute) + fb_io
         overlap = "forward/backward: compute + SSD (CPU accelerator)"
-    if bounded or pipelined_optimizer:
+    if duplex_io and (bounded or pipelined_optimizer):
+        opt = max(z(op_r), z(op_w), adam)
+        overlap += "; optimizer: max(SSD read, SSD write, Adam) (separate read / write budgets)"
+    elif bounded or pipelined_optimizer:
         opt = max(op_io, adam)
         overlap += "; optimizer: max(SSD, Adam)"
+    elif duplex_io and _bursts_within_slice(z(op_w), optimizer_elems, sub_group_elems):
+        # Stock waits for each sub-group's swap-in and swap-out (runtime/swap_tensor/partitioned_optimizer_swapper.py
+        # _swap_out_optimizer_state: aio_handle.wait()), but each wait is shorter than the throttle's slice: the
+        # idle direction keeps its budget and catches up in its next burst.
+        opt = max(z(op_r), z(op_w)) + adam
+        overlap += "; optimizer: max(SSD read, SSD write) + Adam (sub-groups within the throttle's slice)"
     else:
         opt = op_io + adam
         overlap += "; optimizer: SSD read + Adam + SSD write"
@@ -195,6 +219,13 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     binding = max(known, key=lambda k: known[k]) if compute is not None else "unknown"
     step = None if compute is None else fb + opt
     return StepTime(engine, seconds, step, tokens_per_step, binding, overlap, unknown)
+
+
+def _bursts_within_slice(write_s: float, optimizer_elems: int, sub_group_elems: int | None) -> bool:
+    """A sub-group's share of the optimizer's write time is below THROTTLE_SLICE_S."""
+    if not sub_group_elems or not optimizer_elems:
+        return False
+    return write_s * min(1.0, sub_group_elems / optimizer_elems) < THROTTLE_SLICE_S
 
 
 def parse_tokens(text: str) -> int:
@@ -211,8 +242,9 @@ ENGINE_NAMES = {"baseline": "stock", "stock": "stock", "tuned": "tuned", "memasc
 
 
 def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, write_gbps: float | None,
-                 cpu_cores: int) -> dict[str, StepTime]:
-    """Each engine's StepTime for `job`, from the memory model's estimates (`estimate_all`). Pure."""
+                 cpu_cores: int, duplex_io: bool = False) -> dict[str, StepTime]:
+    """Each engine's StepTime for `job`, from the memory model's estimates (`estimate_all`); `duplex_io`: the
+    bandwidths are a per-direction throttle's (step_time). Pure."""
     from memascend_cli.planner.memory import DTYPE_BYTES
 
     ga = max(1, job.grad_accum_steps)
@@ -235,7 +267,8 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             cpu_cores=max(1, cpu_cores // ranks),
             tokens_per_step=rank_tokens * est.world_size,
             pipelined_optimizer=bool(job.knobs and (job.knobs.pipeline_read or job.knobs.pipeline_write)),
-            grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype])
+            grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype], duplex_io=duplex_io,
+            sub_group_elems=job.knobs.sub_group_size if job.knobs else None)
     return out
 
 

@@ -1,6 +1,11 @@
-"""A DRAM cap for a process tree: its own memory cgroup, read back and removed after the run.
+"""Limits for a process tree in its own cgroups: a DRAM cap (`--dram-cap`) and an SSD bandwidth limit
+(`--ssd-bandwidth`, the values from run/iolimit.py), read back and removed after the run.
 
-cgroup v2, where the unified hierarchy has the memory controller: memory.max = cap and memory.swap.max = 0.
+Each controller goes to the hierarchy that has it: v2 where the unified hierarchy offers it (`memory`, `io`), else
+its v1 hierarchy (`memory`, `blkio`). A v2 process is in exactly one cgroup, so the controllers that live in v2 share
+one cgroup there; each v1 hierarchy gets its own, and the child joins all of them.
+
+DRAM cap: cgroup v2, where the unified hierarchy has the memory controller: memory.max = cap and memory.swap.max = 0.
 cgroup v1 otherwise (a `memory` hierarchy): memory.limit_in_bytes = cap, and memory.memsw.limit_in_bytes = cap
 where the kernel accounts swap, so swap cannot stretch the cap. The child joins the cgroup between fork and exec,
 so everything it starts is capped with it. After the run the cgroup's own counters say whether the kernel's OOM
@@ -10,10 +15,10 @@ killer fired inside it (v2 memory.events oom_kill; v1 memory.oom_control oom_kil
 Pure: parsing mountinfo, /proc/self/cgroup and the counter files (tests/unit/test_cgroup.py, from fixture files).
 I/O: `MemoryCap`, a context manager. Stdlib only: the CLI imports it.
 
-    with MemoryCap(6 * GiB, label="train") as cap:
-        proc = subprocess.Popen(argv, preexec_fn=cap.join)
+    with RunCgroup(label="train", cap_bytes=6 * GiB, io_limits=limits) as cg:
+        proc = subprocess.Popen(argv, preexec_fn=cg.join)
         proc.wait()
-        result = cap.result(sigkilled=proc.returncode == -signal.SIGKILL)
+        result = cg.result(sigkilled=proc.returncode == -signal.SIGKILL)
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from memascend_cli.errors import MemascendError
+from memascend_cli.errors import BadInput
 
 MOUNTINFO = "/proc/self/mountinfo"
 PROC_CGROUP = "/proc/self/cgroup"
@@ -36,8 +41,14 @@ NAME_PREFIX = "memascend-"
 _counter = itertools.count()
 
 
-class CapUnavailable(MemascendError):
-    """This machine (or this user) cannot cap a run's memory with a cgroup."""
+CONTROLLERS = {"memory": "memory", "io": "blkio"}
+"""Our controllers by their v2 name, with the name of the v1 hierarchy that has the same job."""
+FLAGS = {"memory": "--dram-cap", "io": "--ssd-bandwidth"}
+"""The option that asks for each controller (the hints name it)."""
+
+
+class CapUnavailable(BadInput):
+    """This machine (or this user) cannot limit a run with a cgroup (exit 2: the option cannot be honoured here)."""
 
 
 # --- pure -----------------------------------------------------------------------------------------------------------
@@ -108,24 +119,28 @@ def cgroup_dir(mount: CgroupMount, path: str) -> str:
     return os.path.join(mount.mount_point, path[len(root) + 1:])
 
 
-def detect(mountinfo_text: str, proc_cgroup_text: str, v2_controllers: str | None) -> Hierarchy:
-    """The hierarchy to cap memory in: v2 where its root offers the memory controller (`v2_controllers`: the text
-    of its cgroup.controllers, None when unreadable), else the v1 `memory` hierarchy; CapUnavailable when neither."""
+def detect(mountinfo_text: str, proc_cgroup_text: str, v2_controllers: str | None,
+           controller: str = "memory") -> Hierarchy:
+    """The hierarchy of `controller` (memory or io): v2 where its root offers it (`v2_controllers`: the text of its
+    cgroup.controllers, None when unreadable), else the v1 hierarchy of that job (memory, blkio); CapUnavailable when
+    neither."""
+    v1_name, flag = CONTROLLERS[controller], FLAGS[controller]
     mounts = cgroup_mounts(mountinfo_text)
     paths = proc_cgroup_paths(proc_cgroup_text)
     v2 = next((m for m in mounts if m.version == 2), None)
-    if v2 is not None and "memory" in (v2_controllers or "").split():
+    if v2 is not None and controller in (v2_controllers or "").split():
         return Hierarchy(version=2, mount_point=v2.mount_point, own_dir=cgroup_dir(v2, paths.get("", "/")))
-    v1 = next((m for m in mounts if m.version == 1 and "memory" in m.controllers), None)
+    v1 = next((m for m in mounts if m.version == 1 and v1_name in m.controllers), None)
     if v1 is not None:
-        return Hierarchy(version=1, mount_point=v1.mount_point, own_dir=cgroup_dir(v1, paths.get("memory", "/")))
+        return Hierarchy(version=1, mount_point=v1.mount_point, own_dir=cgroup_dir(v1, paths.get(v1_name, "/")))
     if v2 is not None:
-        raise CapUnavailable(f"no memory cgroup controller: the cgroup v2 hierarchy at {v2.mount_point} does not "
-                             "offer it (cgroup.controllers) and no cgroup v1 `memory` hierarchy is mounted",
-                             "run on a machine (or container) with the memory controller, e.g. a cgroup v2 host "
-                             "where /sys/fs/cgroup/cgroup.controllers lists memory")
-    raise CapUnavailable("no cgroup file system is mounted (cgroup2 or cgroup v1 `memory`; see /proc/self/mountinfo)",
-                         "mount one (e.g. `mount -t cgroup2 none /sys/fs/cgroup`) or run without the cap")
+        raise CapUnavailable(f"no {controller} cgroup controller: the cgroup v2 hierarchy at {v2.mount_point} does "
+                             f"not offer it (cgroup.controllers) and no cgroup v1 `{v1_name}` hierarchy is mounted",
+                             f"run on a machine (or container) with the {controller} controller, e.g. a cgroup v2 "
+                             f"host where /sys/fs/cgroup/cgroup.controllers lists {controller}, or drop {flag}")
+    raise CapUnavailable(f"no cgroup file system is mounted (cgroup2 or cgroup v1 `{v1_name}`; see "
+                         "/proc/self/mountinfo)",
+                         f"mount one (e.g. `mount -t cgroup2 none /sys/fs/cgroup`) or drop {flag}")
 
 
 def ancestors(own_dir: str, mount_point: str) -> list[str]:
@@ -235,42 +250,44 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
-def locate() -> Hierarchy:
-    """This machine's memory hierarchy (CapUnavailable when there is none)."""
+def locate(controller: str = "memory") -> Hierarchy:
+    """This machine's hierarchy of `controller` (CapUnavailable when there is none)."""
     mountinfo = _read(MOUNTINFO) or ""
     v2 = next((m for m in cgroup_mounts(mountinfo) if m.version == 2), None)
     controllers = _read(os.path.join(v2.mount_point, "cgroup.controllers")) if v2 is not None else None
-    return detect(mountinfo, _read(PROC_CGROUP) or "", controllers)
+    return detect(mountinfo, _read(PROC_CGROUP) or "", controllers, controller)
 
 
-def choose_parent(h: Hierarchy) -> str:
+def choose_parent(h: Hierarchy, controllers: tuple[str, ...] = ("memory",)) -> str:
     """The directory our cgroup is made in: v1, the caller's own cgroup (so any limit above still holds); v2, the
-    nearest ancestor that hands the memory controller to its children (a v2 cgroup with processes, like the
-    caller's own, cannot: the no-internal-process rule), enabling it at the hierarchy root if needed."""
+    nearest ancestor that hands all of `controllers` to its children (a v2 cgroup with processes, like the
+    caller's own, cannot: the no-internal-process rule), enabling them at the hierarchy root if needed."""
+    flags = " / ".join(FLAGS[c] for c in controllers)
     if h.version == 1:
         parent = h.own_dir if os.path.isdir(h.own_dir) else h.mount_point
     else:
         candidates = ancestors(h.own_dir, h.mount_point)
-        parent = next((d for d in candidates if "memory" in (_read(os.path.join(d, "cgroup.subtree_control"))
-                                                             or "").split()), None)
+        parent = next((d for d in candidates if set(controllers) <= set(
+            (_read(os.path.join(d, "cgroup.subtree_control")) or "").split())), None)
         if parent is None:
             parent = h.mount_point
             try:
-                _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+                _write(os.path.join(parent, "cgroup.subtree_control"), " ".join("+" + c for c in controllers))
             except OSError as exc:
-                raise CapUnavailable(f"cannot enable the memory controller for new cgroups in {parent} "
-                                     f"(cgroup.subtree_control: {exc.strerror})",
+                raise CapUnavailable(f"cannot enable the {' and '.join(controllers)} controller for new cgroups in "
+                                     f"{parent} (cgroup.subtree_control: {exc.strerror})",
                                      "run as root on the host, or in a container with a delegated cgroup "
                                      "(e.g. `systemd-run --scope -p Delegate=yes`)") from None
     if not os.access(parent, os.W_OK):
-        raise CapUnavailable(f"no permission to create a memory cgroup in {parent} (not root)",
-                             "run as root (sudo), or drop --dram-cap")
+        raise CapUnavailable(f"no permission to create a {' and '.join(controllers)} cgroup in {parent} (not root)",
+                             f"run as root (sudo), or drop {flags}")
     return parent
 
 
-def check_available() -> str:
-    """Raise CapUnavailable unless a capped run can start here; returns the parent cgroup directory."""
-    return choose_parent(locate())
+def check_available(controller: str = "memory") -> str:
+    """Raise CapUnavailable unless a run limited by `controller` can start here; returns the parent cgroup
+    directory."""
+    return choose_parent(locate(controller), (controller,))
 
 
 def _procs(path: str) -> list[int]:
@@ -293,77 +310,135 @@ def _sweep_stale(parent: str) -> None:
                 pass
 
 
-class MemoryCap:
-    """A memory cgroup for one run: created on enter, removed on exit (its leftover processes killed first)."""
+def _remove(path: str, timeout_s: float) -> None:
+    """Kill what is left in cgroup `path` and remove it (an empty cgroup's rmdir can take a moment on v1)."""
+    if not path or not os.path.isdir(path):
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in _procs(path):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.rmdir(path)
+            return
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
-    def __init__(self, cap_bytes: int, *, label: str = "run"):
-        if cap_bytes <= 0:
+
+class RunCgroup:
+    """The cgroups of one run: a DRAM cap (`cap_bytes`) and/or SSD bandwidth limits (`io_limits`,
+    iolimit.IoLimit), created on enter, removed on exit (their leftover processes killed first)."""
+
+    def __init__(self, *, label: str = "run", cap_bytes: int | None = None, io_limits: tuple = ()):
+        if cap_bytes is not None and cap_bytes <= 0:
             raise ValueError("cap_bytes must be positive")
+        if cap_bytes is None and not io_limits:
+            raise ValueError("a RunCgroup needs cap_bytes or io_limits")
         self.cap_bytes = cap_bytes
+        self.io_limits = tuple(io_limits)
         self.label = re.sub(r"[^A-Za-z0-9_.]", "_", label)
-        self.version = 0
-        self.path = ""
+        self.dirs: dict[str, str] = {}
+        """Controller (memory, io) -> the cgroup directory that holds it (one directory for both on v2)."""
+        self.versions: dict[str, int] = {}
         self.swap_limited = False
         """False where the kernel does not account swap: a machine with swap may then stretch the cap."""
-        self._procs_path = b""
+        self._procs_paths: list[bytes] = []
 
-    def __enter__(self) -> MemoryCap:
-        h = locate()
-        parent = choose_parent(h)
-        _sweep_stale(parent)
-        self.version = h.version
-        self.path = os.path.join(parent, f"{NAME_PREFIX}{self.label}-{os.getpid()}-{next(_counter)}")
+    @property
+    def path(self) -> str:
+        """The memory cgroup's directory (the io one without a cap)."""
+        return self.dirs.get("memory") or self.dirs.get("io", "")
+
+    @property
+    def version(self) -> int:
+        return self.versions.get("memory") or self.versions.get("io", 0)
+
+    def __enter__(self) -> RunCgroup:
+        from memascend_cli.run.iolimit import throttle_writes
+
+        wanted = (["memory"] if self.cap_bytes else []) + (["io"] if self.io_limits else [])
+        groups: dict[str, tuple[Hierarchy, list[str]]] = {}
+        for c in wanted:
+            h = locate(c)
+            groups.setdefault(h.mount_point, (h, []))[1].append(c)
         try:
-            os.mkdir(self.path)
-        except OSError as exc:
-            raise CapUnavailable(f"cannot create the memory cgroup {self.path}: {exc.strerror}",
-                                 "run as root, or drop --dram-cap") from None
-        try:
-            self.swap_limited = os.path.exists(os.path.join(self.path, swap_file(self.version)))
-            for name, value in limit_writes(self.version, self.cap_bytes, self.swap_limited):
-                _write(os.path.join(self.path, name), value)
-        except OSError as exc:
+            for h, controllers in groups.values():
+                parent = choose_parent(h, tuple(controllers))
+                _sweep_stale(parent)
+                path = os.path.join(parent, f"{NAME_PREFIX}{self.label}-{os.getpid()}-{next(_counter)}")
+                try:
+                    os.mkdir(path)
+                except OSError as exc:
+                    raise CapUnavailable(f"cannot create the cgroup {path}: {exc.strerror}",
+                                         "run as root, or drop " + " / ".join(FLAGS[c] for c in controllers)) from None
+                for c in controllers:
+                    self.dirs[c], self.versions[c] = path, h.version
+                self._procs_paths.append(os.fsencode(os.path.join(path, "cgroup.procs")))
+                for c in controllers:
+                    if c == "memory":
+                        self.swap_limited = os.path.exists(os.path.join(path, swap_file(h.version)))
+                        writes = limit_writes(h.version, self.cap_bytes, self.swap_limited)
+                    else:
+                        writes = throttle_writes(h.version, self.io_limits)
+                    for name, value in writes:
+                        try:
+                            _write(os.path.join(path, name), value)
+                        except OSError as exc:
+                            raise CapUnavailable(f"cannot set {name} of cgroup {path} to {value!r}: {exc.strerror}",
+                                                 f"check that the {c} controller is usable here, or drop "
+                                                 f"{FLAGS[c]}") from None
+        except BaseException:
             self.remove()
-            raise CapUnavailable(f"cannot set the memory limit of cgroup {self.path}: {exc.strerror}",
-                                 "check that the memory controller is usable here") from None
-        self._procs_path = os.fsencode(os.path.join(self.path, "cgroup.procs"))
+            raise
         return self
 
     def join(self) -> None:
-        """Move the calling process into the cgroup: Popen's preexec_fn, run in the child before exec. Plain os
+        """Move the calling process into the cgroups: Popen's preexec_fn, run in the child before exec. Plain os
         calls only (the parent may have other threads, e.g. a live display)."""
-        fd = os.open(self._procs_path, os.O_WRONLY)
-        try:
-            os.write(fd, str(os.getpid()).encode())
-        finally:
-            os.close(fd)
+        for procs in self._procs_paths:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
 
     def result(self, sigkilled: bool = False) -> CapResult:
-        """What the cgroup recorded; call once the run has ended (before leaving the context)."""
-        names = V2_FILES if self.version == 2 else V1_FILES
-        return judge(self.version, self.cap_bytes, {n: _read(os.path.join(self.path, n)) for n in names}, sigkilled)
+        """What the memory cgroup recorded; call once the run has ended (before leaving the context)."""
+        version, path = self.versions["memory"], self.dirs["memory"]
+        names = V2_FILES if version == 2 else V1_FILES
+        return judge(version, self.cap_bytes, {n: _read(os.path.join(path, n)) for n in names}, sigkilled)
+
+    def io_result(self) -> dict:
+        """The bandwidth limits and the bytes the io cgroup counted per device (iolimit.io_bytes); call once the
+        run has ended."""
+        from memascend_cli.run.iolimit import io_bytes, io_stat_file
+
+        version, path = self.versions["io"], self.dirs["io"]
+        counted = io_bytes(version, _read(os.path.join(path, io_stat_file(version))) or "")
+        return {"version": version, "limits": [lim.to_dict() for lim in self.io_limits],
+                "counted_bytes": {mm: {"read": r, "write": w} for mm, (r, w) in counted.items()}}
 
     def __exit__(self, *exc) -> bool:
         self.remove()
         return False
 
     def remove(self, timeout_s: float = 10.0) -> None:
-        """Kill what is left in the cgroup and remove it (an empty cgroup's rmdir can take a moment on v1)."""
-        if not self.path or not os.path.isdir(self.path):
-            return
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for pid in _procs(self.path):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                os.rmdir(self.path)
-                return
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    return
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)
+        """Kill what is left in the cgroups and remove them."""
+        for path in dict.fromkeys(self.dirs.values()):
+            _remove(path, timeout_s)
+
+
+class MemoryCap(RunCgroup):
+    """A RunCgroup with a DRAM cap only (`train --dram-cap`)."""
+
+    def __init__(self, cap_bytes: int, *, label: str = "run"):
+        if cap_bytes <= 0:
+            raise ValueError("cap_bytes must be positive")
+        super().__init__(label=label, cap_bytes=cap_bytes)

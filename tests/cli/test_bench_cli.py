@@ -225,6 +225,12 @@ def test_bucket_max_and_sampling_stats():
     assert sampling.nearest([(1.0, 10), (2.0, 20)], 1.8) == 20 and sampling.nearest([], 1.0) is None
 
 
+def test_busy_cpu_seconds_leave_idle_and_iowait_out():
+    text = "cpu  100 20 30 5000 400 6 7 8 0 0\ncpu0 50 10 15 2500 200 3 3 4 0 0\n"
+    assert sampling.busy_cpu_seconds(text, 100) == pytest.approx((100 + 20 + 30 + 6 + 7 + 8) / 100)
+    assert sampling.busy_cpu_seconds("", 100) == 0.0
+
+
 # --- events, document, table -------------------------------------------------------------------
 
 
@@ -246,20 +252,22 @@ def test_summarize_events_two_ranks():
     assert "ssd_read_bytes" not in runner.summarize_events({0: ev[0], 1: []}, micro_batch=2, seq_len=100, ranks=2)
 
 
-def _result(name, mode, peak, sps, pred=None):
+def _result(name, mode, peak, sps, pred=None, pred_s=None):
     r = runner.RunResult(name=name, mode=mode, disabled=[], ok=True, peak_system_bytes=peak, ru_maxrss_bytes=peak // 2,
                     max_tree_rss_bytes=peak // 2, seconds_per_step=sps, tokens_per_s=512 / sps,
                     ssd_read_bytes=int(2e9), ssd_written_bytes=int(3e9), settle={"waited_s": 7.0, "flat": True,
                     "spread_bytes": MiB}, sampling={"rate_hz": 1100.0, "max_gap_ms": 3.0}, timeline=[(0.0, 0), (0.5, peak)])
     if pred is not None:
-        r.predicted = {"node_host_peak_bytes": pred}
+        r.predicted = {"node_host_peak_bytes": pred, "time": None if pred_s is None else {"seconds_per_step": pred_s}}
     return r
 
 
 def test_document_and_table_shape(tmp_path):
-    runs = [_result("stock", "stock", 4 * GiB, 2.0, pred=int(3.6 * GiB)), _result("tuned", "tuned", 3 * GiB, 2.2),
-            runner.RunResult(name="memascend", mode="memascend", disabled=[], ok=False, error="engine missing")]
-    job = {"model": "m", "num_params": 1, "seq_len": 512, "micro_batch": 1, "steps": 2, "dtype": "bf16", "ranks": 1}
+    runs = [_result("stock", "stock", 4 * GiB, 2.0, pred=int(3.6 * GiB), pred_s=2.5),
+            _result("tuned", "tuned", 3 * GiB, 2.2), runner.RunResult(name="memascend", mode="memascend", disabled=[],
+                                                                   ok=False, error="engine missing")]
+    job = {"model": "m", "num_params": 1, "seq_len": 512, "micro_batch": 1, "steps": 2, "dtype": "bf16", "ranks": 1,
+           "ssd_bandwidth_bytes_per_s": 400_000_000, "ssd_throttle": [{"device": "vda"}]}
     doc = document.build_document(job=job, hardware={"name": "local"}, runs=runs, notes=["n"])
     doc = json.loads(json.dumps(doc))  # JSON-serialisable as written to bench.json
     assert doc["schema_version"] == document.JSON_SCHEMA_VERSION
@@ -270,7 +278,10 @@ def test_document_and_table_shape(tmp_path):
                                          "step_time_change_percent": pytest.approx(-9.09)}}
     rows = document.table_rows(doc)
     assert all(len(row) == len(document.TABLE_COLUMNS) for row in rows)
-    assert rows[0] == ("stock", "4.00", "2.00", "2.00", "-", "3.60", "-10.0%")
+    assert rows[0] == ("stock", "4.00", "2.00", "2.00", "2.50", "256", "-", "3.60", "-10.0%")
+    assert rows[1][3:6] == ("2.20", "-", "233")  # no time prediction recorded
+    assert document.throttle_text(doc["job"]) == "SSD throttled to 400 MB/s (vda)"
+    assert document.throttle_text({**doc["job"], "ssd_bandwidth_bytes_per_s": None}) is None
     assert rows[2][0] == "memascend (failed)" and rows[2][1] == "-"
     document.render_table(doc)  # must not raise on failed runs
     problem = document.write_plot(doc, str(tmp_path / "p.png"))
@@ -350,10 +361,26 @@ def test_repeats_report_the_median_peak_and_keep_every_repeat():
     (("--capacity", "seq", "--dram-cap", "4GiB", "--repeat", "3"), "--repeat does not apply to --capacity"),
     (("--capacity", "seq", "--dram-cap", "4GiB", "--region", "/x"), "--region does not apply to --capacity"),
     (("--probe-timeout", "60"), "--probe-timeout applies to --capacity only"),
+    (("--ssd-bandwidth", "fast"), "cannot read --ssd-bandwidth 'fast'"),
+    (("--ssd-bandwidth", "0MB/s"), "--ssd-bandwidth must be positive"),
+    (("--capacity", "seq", "--dram-cap", "4GiB", "--ssd-bandwidth", "400MB/s"), "--ssd-bandwidth does not apply"),
+    (("--cpu-gflops", "-1"), "--cpu-gflops must be positive"),
 ])
 def test_bad_options(cli, tmp_path, args, fragment):
     r = cli("bench", "--out", str(tmp_path), *args)
     assert r.exit_code == 2 and fragment in r.stderr
+
+
+def test_ssd_bandwidth_without_an_io_cgroup_is_one_error_and_a_hint(cli, tmp_path, monkeypatch):
+    from memascend_cli.run import cgroup
+
+    (tmp_path / "mountinfo").write_text("22 1 254:0 / / rw - ext4 /dev/vda rw\n")
+    monkeypatch.setattr(cgroup, "MOUNTINFO", str(tmp_path / "mountinfo"))
+    r = cli("bench", "--out", str(tmp_path), "--ssd-bandwidth", "400MB/s")
+    assert r.exit_code == 2
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines[0].startswith("error: no cgroup file system is mounted") and lines[1].startswith("hint: ")
+    assert "--ssd-bandwidth" in lines[1] and len(lines) == 2
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no tmpfs at /dev/shm")
@@ -391,3 +418,32 @@ def test_runs_may_name_single_ablation_runs():
     assert len(full) == 3 + len(R.TECHNIQUES) - 1
     with pytest.raises(BadInput, match="unknown run"):
         R.parse_runs("memascend-no-magic", ablation=False)
+
+
+def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
+    """bench's time-model inputs: the throttle where it is below the drive's probed rate (an unprobed drive counts as
+    faster), the region's probe without one, unknown otherwise; the recorded inputs give the same prediction back."""
+    import dataclasses
+
+    from memascend_cli.commands import bench as cmd
+    from memascend_cli.planner.spec import HardwareSpec
+
+    hw = HardwareSpec(name="local", dram_gib=24.0, num_gpus=0, gpu_mem_gib=0.0, cpu_cores=2)
+    probed = dataclasses.replace(hw, nvme_read_gbps=3.0, nvme_write_gbps=0.3)
+    t = cmd._timing(probed, "fp32", 150.0, 400_000_000)
+    assert (t["read_gbps"], t["write_gbps"], t["duplex_io"], t["device"].flops_per_s) == (0.4, 0.3, True, 150e9)
+    assert (cmd._timing(hw, "fp32", 150.0, 400_000_000)["read_gbps"], cmd._timing(hw, "fp32", 150.0, None)["read_gbps"],
+            cmd._timing(probed, "fp32", 150.0, None)["source"]) == (0.4, None, "the region's probe")
+    job = {"model": "tiny-llama", "layers": None, "seq_len": 64, "micro_batch": 1, "dtype": "fp32", "ranks": 1,
+           "checkpointing": "full", "deepspeed_version": "0.19.8", "ssd_bandwidth_bytes_per_s": 400_000_000,
+           "timing": runner._timing_doc(t)}
+    recorded = configs.recorded_timing(job)
+    assert recorded["duplex_io"] and recorded["read_gbps"] == 0.4 and recorded["device"].flops_per_s == 150e9
+    cfg = configs.build_ds_config("memascend", configs.recorded_spec(job), micro_batch=1, dtype="fp32",
+                                  nvme_dir="/x", ranks=1)
+    doc = {"job": job, "hardware": {"cpu_cores": 2}}
+    again = configs.repredict(doc, {"mode": "memascend", "config": cfg})["time"]
+    live = configs.predict("memascend", cfg, configs.recorded_spec(job), seq_len=64, micro_batch=1, dtype="fp32",
+                           ranks=1, checkpointing="full", hw=hw, deepspeed_version="0.19.8", timing=t)["time"]
+    assert again["seconds_per_step"] == live["seconds_per_step"] > 0
+    assert configs.recorded_timing({**job, "timing": None}) is None

@@ -27,9 +27,9 @@ def _root_and_cgroups():
     require_memory_cgroups()
 
 
-def ours(pid: int | None = None) -> list[str]:
-    """The cgroups process `pid` (default: this one) made and left behind."""
-    parent = cgroup.check_available()
+def ours(pid: int | None = None, controller: str = "memory") -> list[str]:
+    """The cgroups of `controller` process `pid` (default: this one) made and left behind."""
+    parent = cgroup.check_available(controller)
     pid = os.getpid() if pid is None else pid
     return [n for n in os.listdir(parent) if n.startswith(cgroup.NAME_PREFIX) and cgroup.stale_owner(n) == pid]
 
@@ -128,11 +128,14 @@ def test_train_under_a_cap_too_small_is_reported_as_oom_killed(tmp_path):
 @pytest.mark.slow
 def test_bench_runs_each_engine_under_the_cap_and_reports_an_oom_kill(tmp_path):
     """`bench --dram-cap`: each engine in its own cgroup; a run the cap kills reads `does not fit` with the step and
-    phase, the other engines still run, the cgroup's own peak is recorded and nothing is left behind."""
+    phase, the other engines still run, the cgroup's own peak is recorded and nothing is left behind. With
+    --ssd-bandwidth beside it (both controllers, one cgroup per v1 hierarchy) the limit is recorded too."""
+    require_memory_cgroups("io")
     out = tmp_path / "b"
+    # No settling (--settle-cap 1): the peak is not what this test is about.
     cmd = [sys.executable, "-m", "memascend_cli", "bench", "--model", "tiny-llama", "--seq-len", "128", "--steps", "2",
-           "--dtype", "fp32", "--runs", "stock,memascend", "--dram-cap", "200MiB", "--settle-cap", "5", "--out", str(out),
-           "--json"]
+           "--dtype", "fp32", "--runs", "stock,memascend", "--dram-cap", "200MiB", "--settle-cap", "1",
+           "--ssd-bandwidth", "2GB/s", "--out", str(out), "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 1, p.stderr[-3000:]  # a run failed: the cap is below the runtime alone (~0.4 GiB)
     doc = json.loads(p.stdout)
@@ -140,4 +143,6 @@ def test_bench_runs_each_engine_under_the_cap_and_reports_an_oom_kill(tmp_path):
     for run in doc["runs"]:
         assert run["oom_killed"] and run["error"].startswith("does not fit: OOM-killed at step 1 ("), run["error"]
         assert run["cgroup"]["limit_bytes"] == 200 * MiB and run["cgroup"]["oom_killed"]
-    assert ours() == []
+        assert [lim["read_bytes_per_s"] for lim in run["io_throttle"]["limits"]] == [2_000_000_000]
+    assert doc["job"]["ssd_bandwidth_bytes_per_s"] == 2_000_000_000
+    assert ours() == [] and ours(controller="io") == []

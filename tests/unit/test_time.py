@@ -136,3 +136,18 @@ def test_fastest_fits_and_beats_micro_batch_1_where_the_ssd_binds():
         ests = estimate_all(cand, hw)
         assert check(ests.get(key) or ests[e], hw).fits
     assert tm.fastest(job, hw, tm.gpu_device("unknown accelerator"), read_gbps=7, write_gbps=5) == {}
+
+
+def test_a_per_direction_throttle_overlaps_reads_and_writes_where_they_alternate_within_its_slice():
+    # 2 GB read and 2 GB written by the optimizer at 1 GB/s each way, Adam ~0 s.
+    tr = _traffic(states=2e9)
+    kw = dict(flops=0, traffic=tr, device=tm.cpu_device(1.0, "t"), read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+              optimizer_elems=100_000_000, cpu_cores=1, tokens_per_step=1)
+    assert tm.step_time("memascend", **kw).step_s == pytest.approx(4)  # one drive: read + write
+    assert tm.step_time("memascend", duplex_io=True, **kw).step_s == pytest.approx(2)  # separate budgets: the longer
+    # Stock waits for every sub-group's swap-in and swap-out: serial, unless a sub-group's write (here 2 GB x 1/1000
+    # at 1 GB/s = 2 ms) is shorter than the throttle's slice, so the waiting direction keeps its budget.
+    adam = 100_000_000 / tm.CPU_ADAM_ELEMS_PER_S_PER_CORE
+    assert tm.step_time("stock", duplex_io=True, sub_group_elems=100_000, **kw).step_s == pytest.approx(2 + adam)
+    one_group = tm.step_time("stock", duplex_io=True, sub_group_elems=10**9, **kw)
+    assert one_group.step_s == pytest.approx(4 + adam) and "SSD read + Adam + SSD write" in one_group.overlap

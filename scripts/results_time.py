@@ -1,0 +1,95 @@
+"""docs/results.md's step-time section: `memascend bench` runs with and without `--ssd-bandwidth`, measured s/step
+against the plan's time model (memascend_cli/planner/time.py). Stdlib only (scripts/results.py imports it)."""
+
+from __future__ import annotations
+
+import os
+
+from results_common import pct, table
+
+TIME_TOLERANCE_PERCENT = 15.0
+"""The time model's bar (issue 26): predicted s/step within 15% of the bench's."""
+
+
+def _limit(doc: dict) -> str:
+    bps = doc["job"].get("ssd_bandwidth_bytes_per_s")
+    return "none" if not bps else f"{bps / 1e6:g} MB/s"
+
+
+def _today(doc: dict, run: dict) -> dict | None:
+    """Today's time model on the run's recorded job, config and rates (configs.repredict), else the prediction
+    recorded with it."""
+    from memascend_cli.bench.configs import repredict
+
+    return repredict(doc, run).get("time") or (run.get("predicted") or {}).get("time")
+
+
+def cores_taken(run: dict) -> float | None:
+    """Cores the bench's own samplers and the other jobs kept busy on average while the run ran (None for runs
+    recorded without the gauge)."""
+    if run.get("others_cpu_seconds") is None or not run.get("wall_s"):
+        return None
+    return ((run.get("bench_cpu_seconds") or 0.0) + run["others_cpu_seconds"]) / run["wall_s"]
+
+
+def plan_at_cores_got(plan: dict, run: dict, cores: int) -> float | None:
+    """The plan's s/step with its compute time scaled to the cores the run got (cores - cores_taken): what the
+    plan would say of a machine with that many free cores; a diagnostic, not the plan's prediction."""
+    taken = cores_taken(run)
+    compute = (plan.get("resource_seconds") or {}).get("compute")
+    if taken is None or not compute or not plan.get("seconds_per_step"):
+        return None
+    return plan["seconds_per_step"] + compute * (cores / max(0.25, cores - taken) - 1.0)
+
+
+def section_ssd_bound(runs: list) -> str:
+    """One row per run of the documents under docs/bench/ssd-bound/: measured and planned s/step."""
+    if not runs:
+        return ""
+    # Unthrottled first, then by limit.
+    runs = sorted(runs, key=lambda pd: pd[1]["job"].get("ssd_bandwidth_bytes_per_s") or float("inf"), reverse=True)
+    rows, misses, total = [], 0, 0
+    for path, doc in runs:
+        for r in doc["runs"]:
+            if not r["ok"]:
+                rows.append([_limit(doc), r["name"] + " (failed)"] + ["-"] * 10 + [f"`{os.path.basename(path)}`"])
+                continue
+            t = _today(doc, r) or {}
+            plan_s, sps = t.get("seconds_per_step"), r["seconds_per_step"]
+            cores = (doc.get("hardware") or {}).get("cpu_cores") or 1
+            got_s, taken = plan_at_cores_got(t, r, cores), cores_taken(r)
+            err = None if not plan_s else 100.0 * (plan_s - sps) / sps
+            total += err is not None
+            misses += err is not None and abs(err) > TIME_TOLERANCE_PERCENT
+            res = t.get("resource_seconds") or {}
+            bpp = r.get("ssd_bytes_per_param")
+            rows.append([_limit(doc), r["name"], f"{sps:.2f}", "-" if not plan_s else f"{plan_s:.2f}", pct(err),
+                         f"{r['tokens_per_s']:.0f}", "-" if not bpp else f"{bpp['read']:.1f} / {bpp['write']:.1f}",
+                         f"{res.get('compute', 0):.1f} / {res.get('SSD read', 0):.1f} / {res.get('SSD write', 0):.1f}",
+                         t.get("binding", "-"), f"{r['first_step_seconds']:.1f}",
+                         "-" if taken is None else f"{taken:.2f} of {cores}",
+                         "-" if got_s is None else f"{got_s:.2f} ({pct(100.0 * (got_s - sps) / sps)})",
+                         f"`{os.path.basename(path)}`"])
+    first = runs[0][1]
+    timing = first["job"].get("timing") or {}
+    out = ["## The SSD-bound regime: step time, measured and planned", "",
+           "`memascend bench --ssd-bandwidth` throttles each engine's reads and writes to the block device under its "
+           "region and swap directory (its own io cgroup), so that a CPU step spends several times its compute on "
+           "the SSD, as a GPU step does. Plan s/step is `memascend plan`'s time model (memascend_cli/planner/time.py) "
+           "on each run's recorded job and config, with the rates the bench recorded: the CPU's from `memascend "
+           f"inspect --cpu-probe` ({timing.get('gflops', '?')} GFLOP/s fp32 here), the SSD's from the region's "
+           "prepare-ssd probe, or the throttle. s/step is the mean of the steps after the first (the first also "
+           "writes the Adam states); SSD bytes per parameter are a steady step's /proc/self/io. Cores taken: the CPU "
+           "seconds the bench's own memory samplers (>= 1 kHz) and the machine's other jobs used during the run, over "
+           "its wall time; the plan takes the probe's rate for all cores, so a run that got fewer computes slower. "
+           "Plan at the cores got scales the plan's compute time by cores / (cores - cores taken): a diagnostic of "
+           "the model's structure on a shared machine, not the plan's prediction. Each document is one sitting.", "",
+           table(["SSD limit", "run", "s/step", "plan s/step", "plan error", "tokens/s", "SSD B/param read / write",
+                  "plan compute / SSD read / SSD write s", "plan binds", "step 1 s", "cores taken",
+                  "plan at the cores got", "raw"], rows), "",
+           f"{total - misses} of {total} runs within {TIME_TOLERANCE_PERCENT:.0f}% "
+           "(`tests/unit/test_time_validation.py` checks every CPU bench document).", ""]
+    for path, doc in runs:
+        cmd = (doc.get("meta") or {}).get("command", "?")
+        out.append(f"- `{os.path.basename(path)}` ({(doc.get('meta') or {}).get('date', '?')}): `{cmd}`")
+    return "\n".join(out) + "\n"
