@@ -55,6 +55,11 @@ def main() -> None:
     data = [{"input_ids": row, "labels": row} for row in ids]
     losses = Losses()
     Trainer(model=model, args=args, train_dataset=data, callbacks=[losses]).train()
+    write_result(out, handle, losses, args, nvme_path)
+
+
+def write_result(out: str, handle, losses: Losses, args, nvme_path: str) -> None:
+    """The run's result for the test or the benchmark (trl_sft_job.py writes the same), then uninstall()."""
     stats = handle.stats() if handle is not None else None
     files = [os.path.join(d, n) for d, _, names in os.walk(nvme_path) for n in names]
     with open(out, "w") as f:
