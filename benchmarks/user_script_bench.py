@@ -9,6 +9,10 @@ Scripts (one CPU process each, a random-weight transformers Llama built from MOD
   hf  tests/integration/hf_trainer_job.py: the HF Trainer with the HF docs' ZeRO-3 NVMe config
       (tests/assets/hf/ds_zero3_nvme_auto.json, "auto" values); the engine run calls install() before
       TrainingArguments, the stock run never.
+  accelerate  the same HF Trainer script under `accelerate launch --use_deepspeed --deepspeed_config_file CONFIG`
+      (one process; the measured tree holds accelerate's launcher and the rank it starts).
+  trl  tests/integration/trl_sft_job.py: TRL's SFTTrainer with the same config, a text dataset it tokenizes and
+      packs into seq-length blocks itself; install() before SFTConfig in the engine run, never in the stock run.
 
 Each run: sync, drop caches (root), wait until MemTotal - MemAvailable is flat, launch the script, sample it at
 >= 1 kHz until it exits (memascend_cli/bench/sampling.py); peak = max(MemTotal - MemAvailable) - idle, next to the
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DS_SCRIPT = os.path.join(REPO, "benchmarks", "ds_llama_script.py")
 HF_SCRIPT = os.path.join(REPO, "tests", "integration", "hf_trainer_job.py")
+TRL_SCRIPT = os.path.join(REPO, "tests", "integration", "trl_sft_job.py")
 HF_CONFIG = os.path.join(REPO, "tests", "assets", "hf", "ds_zero3_nvme_auto.json")
 GiB = 1 << 30
 
@@ -53,7 +58,7 @@ ENGINES = ("stock", "memascend")
 @dataclass(frozen=True)
 class Job:
     script: str
-    """ds or hf (see the module docstring)."""
+    """ds, hf, accelerate or trl (see the module docstring)."""
     checkpointing: bool
     seq_len: int = 512
     micro_batch: int = 2
@@ -64,21 +69,35 @@ class Job:
         return f"{self.script}-{'ckpt' if self.checkpointing else 'nockpt'}"
 
 
-JOBS = (Job("ds", False), Job("ds", True), Job("hf", False))
+JOBS = (Job("ds", False), Job("ds", True), Job("hf", False), Job("accelerate", False), Job("trl", False))
+HF_SCRIPTS = ("hf", "accelerate", "trl")
+"""The jobs whose script is a Hugging Face trainer: it fills the config's "auto" values and never uses zero.Init."""
 
 
 def script_command(job: Job, engine: str, *, model_dir: str, region: str, nvme_path: str, out: str,
-                   python: str = sys.executable) -> list[str]:
-    """The user's script for one run; `engine` stock never installs the engine. Pure."""
+                   python: str = sys.executable, config: str = HF_CONFIG, port: int = 29500) -> list[str]:
+    """The user's script for one run; `engine` stock never installs the engine. `config` is the DeepSpeed config of
+    the Hugging Face scripts (accelerate reads it too: a copy whose nvme_path is `nvme_path`), `port` accelerate's
+    main process port. Pure."""
     if job.script == "ds":
         cmd = [python, DS_SCRIPT, "--model-dir", model_dir, "--nvme-path", nvme_path, "--out", out,
                "--seq-len", str(job.seq_len), "--micro-batch", str(job.micro_batch), "--steps", str(job.steps)]
         cmd += ["--checkpointing"] if job.checkpointing else []
         return cmd + (["--region", region] if engine == "memascend" else [])
+    if job.script not in HF_SCRIPTS:
+        raise ValueError(f"unknown script {job.script!r}")
     if job.checkpointing or job.micro_batch != 2:
-        raise ValueError("the HF Trainer script runs micro-batch 2 without checkpointing")
-    return [python, HF_SCRIPT, "before" if engine == "memascend" else "plain", HF_CONFIG, region, nvme_path, out,
-            model_dir, str(job.seq_len), str(job.steps)]
+        raise ValueError("the Hugging Face trainer scripts run micro-batch 2 without checkpointing")
+    script = TRL_SCRIPT if job.script == "trl" else HF_SCRIPT
+    cmd = [python, script, "before" if engine == "memascend" else "plain", config, region, nvme_path, out,
+           model_dir, str(job.seq_len), str(job.steps)]
+    if job.script != "accelerate":
+        return cmd
+    # accelerate's own executable, beside this Python (the venv's bin); it runs the script with the same Python.
+    launcher = os.path.join(os.path.dirname(python), "accelerate")
+    return [launcher, "launch", "--use_deepspeed", "--num_processes", "1", "--num_machines", "1",
+            "--mixed_precision", "bf16", "--dynamo_backend", "no", "--deepspeed_config_file", config,
+            "--main_process_port", str(port), *cmd[1:]]
 
 
 def hf_auto_knobs(hidden_size: int) -> list[str]:
@@ -93,7 +112,7 @@ def plan_command(job: Job, *, model_dir: str, python: str = sys.executable) -> l
     cmd = [python, "-m", "memascend_cli", "plan", "--model", model_dir, "--seq-len", str(job.seq_len),
            "--micro-batch", str(job.micro_batch), "--dtype", "bf16",
            "--checkpointing", "full" if job.checkpointing else "none", "--no-search", "--json"]
-    return cmd + (hf_auto_knobs(MODEL["hidden_size"]) if job.script == "hf" else [])
+    return cmd + (hf_auto_knobs(MODEL["hidden_size"]) if job.script in HF_SCRIPTS else [])
 
 
 def prediction(plan: dict, engine: str) -> dict:
@@ -182,10 +201,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def script_env(base: dict) -> dict:
-    """One rank of a single-process job, as the integration tests start hf_trainer_job.py."""
-    env = dict(base, DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), PYTHONUNBUFFERED="1")
+def script_env(base: dict, launcher: bool = False) -> dict:
+    """One rank of a single-process job, as the integration tests start hf_trainer_job.py; under a `launcher`
+    (accelerate) the launcher sets the rank's variables."""
+    env = dict(base, DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
+    if not launcher:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
     return env
 
@@ -243,11 +264,20 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
     os.makedirs(nvme)
     out = os.path.join(work, f"{job.name}-{engine}.json")
     log = os.path.join(work, f"{job.name}-{engine}.log")
-    cmd = script_command(job, engine, model_dir=model_dir, region=region, nvme_path=nvme, out=out)
-    m = measure(cmd, script_env(os.environ), log)
+    config = os.path.join(work, "ds_config.json")
+    with open(HF_CONFIG) as f:
+        cfg = json.load(f)
+    for name in ("offload_param", "offload_optimizer"):  # accelerate reads the file itself: the run's own nvme_path
+        cfg["zero_optimization"][name]["nvme_path"] = nvme
+    with open(config, "w") as f:
+        json.dump(cfg, f)
+    cmd = script_command(job, engine, model_dir=model_dir, region=region, nvme_path=nvme, out=out, config=config,
+                         port=_free_port())
+    m = measure(cmd, script_env(os.environ, launcher=job.script == "accelerate"), log)
     res = {"job": job.name, "script": job.script, "checkpointing": job.checkpointing, "engine": engine,
            "seq_len": job.seq_len, "micro_batch": job.micro_batch, "steps": job.steps,
-           "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[1:]),
+           "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
+                               for c in (["accelerate", *cmd[1:]] if job.script == "accelerate" else cmd[1:])),
            **m, "plan": prediction(plan, engine)}
     script_out = json.load(open(out)) if os.path.exists(out) else {}
     # The script writes its result after the last step; stock DeepSpeed may still abort in interpreter teardown

@@ -34,6 +34,25 @@ def test_stock_never_installs_the_engine_and_memascend_does():
     assert usb.script_command(hf, "stock", **kw)[-3:] == ["/m", "512", "3"]
 
 
+def test_accelerate_and_trl_run_the_same_knobs_stock_and_memascend():
+    kw = dict(model_dir="/m", region="/r.bin", nvme_path="/n", out="/o.json", python="/venv/bin/python",
+              config="/w/ds.json", port=1234)
+    acc = usb.Job("accelerate", False)
+    stock, mem = usb.script_command(acc, "stock", **kw), usb.script_command(acc, "memascend", **kw)
+    assert stock[:3] == ["/venv/bin/accelerate", "launch", "--use_deepspeed"]
+    assert stock[stock.index("--deepspeed_config_file") + 1] == "/w/ds.json"
+    assert stock[stock.index("--main_process_port") + 1] == "1234"
+    i = stock.index(usb.HF_SCRIPT)
+    assert stock[i + 1:i + 3] == ["plain", "/w/ds.json"] and mem[i + 1] == "before"
+    assert [w for w in stock if w not in ("plain", "before")] == [w for w in mem if w not in ("plain", "before")]
+    trl = usb.Job("trl", False)
+    t_stock, t_mem = usb.script_command(trl, "stock", **kw), usb.script_command(trl, "memascend", **kw)
+    assert t_stock[:3] == ["/venv/bin/python", usb.TRL_SCRIPT, "plain"] and t_mem[2] == "before"
+    assert t_stock[3:] == t_mem[3:] == ["/w/ds.json", "/r.bin", "/n", "/o.json", "/m", "512", "3"]
+    for job in (acc, trl):  # the Trainer fills "auto" and builds the model without zero.Init
+        assert "--no-zero-init" in usb.plan_command(job, model_dir="/m")
+
+
 def test_hf_script_cannot_checkpoint():
     with pytest.raises(ValueError):
         usb.script_command(usb.Job("hf", True), "stock", model_dir="/m", region="/r", nvme_path="/n", out="/o")
