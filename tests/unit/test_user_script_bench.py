@@ -120,6 +120,18 @@ def test_merge_replaces_the_jobs_measured_again_and_keeps_jobs_order():
         ("hf-nockpt", "memascend", 1)]
 
 
+def test_median_of_repeats_keeps_the_middle_run_and_every_peak():
+    def run(engine, peak, ok=True):
+        return {"job": "trl-nockpt", "engine": engine, "peak_system_bytes": peak, "ok": ok, "ru_maxrss_bytes": 1}
+    runs = [run("stock", 4), run("memascend", 9), run("stock", 5), run("memascend", 1, ok=False),
+            run("stock", 3), run("memascend", 2)]
+    picked = {r["engine"]: r for r in usb.median_runs(runs)}
+    assert picked["stock"]["peak_system_bytes"] == 4
+    assert [x["peak_system_bytes"] for x in picked["stock"]["repeats"]] == [4, 5, 3]
+    assert picked["memascend"]["peak_system_bytes"] == 9  # the failed repeat ranks highest: 2, 9, failed
+    assert usb.median_runs([run("stock", 4)]) == [run("stock", 4)]  # one run: kept as it is
+
+
 def test_table_has_a_row_per_run_and_the_ratio_line():
     text = usb.table(_doc())
     lines = text.splitlines()
