@@ -149,7 +149,10 @@ def _wrap_initialize(ds) -> None:
 
     @functools.wraps(original)
     def initialize(*args, **kwargs):
-        model = signature.bind(*args, **kwargs).arguments.get("model")
+        try:
+            model = signature.bind(*args, **kwargs).arguments.get("model")
+        except TypeError:  # arguments DeepSpeed refuses: its own call below says so
+            model = None
         partitioned = any(hasattr(p, "ds_id") for p in model.parameters()) if hasattr(model, "parameters") else False
         result = _initialize(*args, **kwargs)
         _watch(result, partitioned)

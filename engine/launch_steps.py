@@ -33,7 +33,9 @@ def job_fields(engine, model_was_partitioned: bool, ds_config: dict | None) -> d
     return {"num_params": numel, "micro_batch": int(engine.train_micro_batch_size_per_gpu()),
             "grad_accum": int(engine.gradient_accumulation_steps()), "dtype": dtype,
             "world_size": int(getattr(engine, "world_size", 1) or 1),
-            "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE") or getattr(engine, "world_size", 1) or 1),
+            # torchrun / accelerate set LOCAL_WORLD_SIZE, DeepSpeed's launcher LOCAL_SIZE; else one node.
+            "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+                                  or getattr(engine, "world_size", 1) or 1),
             # zero.Init partitions the layers as they are built; a model built whole is partitioned by initialize.
             "zero_init": model_was_partitioned,
             "checkpointing": None if checkpointing is None else bool(checkpointing),

@@ -99,8 +99,8 @@ def launch_command(
     progress = launch_progress.Progress(status_dir, model=model, say=say)
     try:
         code, stops = anyprogram.run_program(command, env, policy=StopPolicy(
-            grace_s=DEFAULT_STOP_GRACE_S if stop_grace_s is None else stop_grace_s), on_tick=progress.poll)
-        progress.poll(final=True)
+            grace_s=DEFAULT_STOP_GRACE_S if stop_grace_s is None else stop_grace_s), on_tick=progress.tick)
+        progress.tick(final=True)
         for level, text in anyprogram.summarize(anyprogram.read_records(status_dir)) + progress.closing():
             say(level, text)
     finally:

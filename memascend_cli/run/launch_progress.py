@@ -160,6 +160,18 @@ class Progress:
         self.plan: tuple[str, str] | None = None
         """(level, text) of the plan line once decided."""
         self.planned_bytes: int | None = None
+        self.broken = False
+
+    def tick(self, final: bool = False) -> None:
+        """poll() for the command: a record this CLI cannot follow ends the progress lines with one note, never the
+        command."""
+        if self.broken:
+            return
+        try:
+            self.poll(final)
+        except Exception as exc:  # noqa: BLE001 - the program runs on; its closing lines still come
+            self.broken = True
+            self.say("warn", f"progress lines stopped: {type(exc).__name__}: {exc}")
 
     def poll(self, final: bool = False) -> None:
         for rec in anyprogram.read_records(self.status_dir):

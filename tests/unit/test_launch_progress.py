@@ -158,3 +158,13 @@ def test_a_multi_node_job_plans_its_world(tmp_path):
     spec = load_model("tiny-llama")
     one = lp.estimate_peak(_job(), spec, 64, HW)
     assert lp.estimate_peak(_job(world_size=4, ranks_per_node=2), spec, 64, replace(HW, num_gpus=0)) != one
+
+
+def test_a_record_the_cli_cannot_follow_stops_the_lines_not_the_command(tmp_path):
+    status = _status(tmp_path, [{"step": 1, "s_per_step": "fast"}], job=_job())
+    said = []
+    p = lp.Progress(str(status), model=None, say=lambda level, text: said.append((level, text)), hardware=HW)
+    p.tick()
+    p.tick(final=True)
+    assert said[-1][0] == "warn" and said[-1][1].startswith("progress lines stopped: ")
+    assert [lvl for lvl, t in said if t.startswith("progress lines stopped")] == ["warn"]  # said once
