@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import torch
 from datasets import Dataset
-from hf_trainer_job import Losses, write_result  # beside this file (sys.path[0] when run as a script)
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from hf_trainer_job import Losses, job_args, model_config, write_result  # beside this file (sys.path[0] as a script)
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
 import memascend_engine
@@ -39,13 +38,7 @@ def text_dataset() -> Dataset:
 
 
 def main() -> None:
-    order, config_path, region, nvme_path, out = sys.argv[1:6]
-    model_dir, seq, steps = (sys.argv[6], int(sys.argv[7]), int(sys.argv[8])) if len(sys.argv) > 6 else (None, SEQ, STEPS)
-    with open(config_path) as f:
-        ds_config = json.load(f)
-    for name in ("offload_param", "offload_optimizer"):
-        if ds_config["zero_optimization"].get(name, {}).get("device") == "nvme":
-            ds_config["zero_optimization"][name]["nvme_path"] = nvme_path
+    order, ds_config, region, nvme_path, out, model_dir, seq, steps = job_args(SEQ, STEPS)
     handle = memascend_engine.install(ds_config, region=region) if order == "before" else None
     # packing "wrapped": the texts are concatenated and cut into blocks of exactly max_length tokens (every batch
     # is micro-batch x seq, as in the HF Trainer script), not padded.
@@ -58,11 +51,8 @@ def main() -> None:
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(DATA, "tokenizer.json"), bos_token="<|begin|>",
                                         eos_token="<|end|>", pad_token="<pad>")
     torch.manual_seed(0)
-    config = (LlamaConfig.from_pretrained(model_dir) if model_dir else
-              LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-                          num_key_value_heads=8, vocab_size=1024))
     losses = Losses()
-    trainer = SFTTrainer(model=LlamaForCausalLM(config), args=args, train_dataset=text_dataset(),
+    trainer = SFTTrainer(model=LlamaForCausalLM(model_config(model_dir)), args=args, train_dataset=text_dataset(),
                          processing_class=tokenizer, callbacks=[losses])
     trainer.train()
     write_result(out, handle, losses, args, nvme_path)
