@@ -25,7 +25,9 @@ it fills for "auto" and no zero.Init), taken before the run.
         --jobs accelerate-nockpt,trl-nockpt --repeat 3
 
 `--repeat N` runs stock and memascend in turn N times per job and keeps, per engine, the run with the median system
-peak (every repeat's peaks listed under "repeats"): on a shared machine one run can meet another job's peak.
+peak of the clean repeats (other processes' RSS moved by at most CLEAN_OTHERS_BYTES between idle and the peak; of all
+repeats when none is clean), every repeat's peaks listed under "repeats": on a shared machine one run can meet
+another job's peak.
 """
 
 from __future__ import annotations
@@ -169,32 +171,49 @@ HEADER = ["engine", "script", "checkpointing", "peak system GiB", "ru_maxrss GiB
           "plan error vs ru_maxrss", "ok"]
 
 
-def ratios(doc: dict) -> list[tuple[str, float | None]]:
-    """memascend's peak over stock's, per job, for the system peak. Pure."""
+def ratios(doc: dict, key: str = "peak_system_bytes") -> list[tuple[str, float | None]]:
+    """memascend's peak over stock's, per job, for the system peak (or another peak `key` of the runs). Pure."""
     by = {(r["job"], r["engine"]): r for r in doc["runs"]}
     out = []
     for job in dict.fromkeys(r["job"] for r in doc["runs"]):
         s, m = by.get((job, "stock")), by.get((job, "memascend"))
-        ok = s and m and s.get("ok") and m.get("ok") and s.get("peak_system_bytes")
-        out.append((job, round(m["peak_system_bytes"] / s["peak_system_bytes"], 3) if ok else None))
+        ok = s and m and s.get("ok") and m.get("ok") and s.get(key) and m.get(key)
+        out.append((job, round(m[key] / s[key], 3) if ok else None))
     return out
+
+
+CLEAN_OTHERS_BYTES = 256 << 20
+"""A run during which every other process's RSS together moved by more than this from the idle reading to the peak
+is not a clean measurement of the script (the system peak counts the whole machine)."""
+
+
+def clean(run: dict) -> bool:
+    """The run trained every step and other processes stayed still (CLEAN_OTHERS_BYTES). Pure."""
+    others = run.get("others_rss_change_at_peak_bytes")
+    return bool(run.get("ok")) and others is not None and abs(others) <= CLEAN_OTHERS_BYTES
 
 
 def median_runs(runs: list[dict]) -> list[dict]:
     """One run per (job, engine): of its repeats, the one with the median system peak (the lower middle of an even
-    count; a failed repeat counts as the highest), with every repeat's peaks under "repeats". Pure."""
+    count; a failed repeat counts as the highest), taken over the clean repeats where there are any (clean), with
+    every repeat's peaks under "repeats" and "median_of" saying over which. Pure."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["job"], r["engine"]), []).append(r)
     out = []
+    keys = ("peak_system_bytes", "ru_maxrss_bytes", "max_tree_rss_bytes", "others_rss_change_at_peak_bytes", "ok")
     for group in groups.values():
         if len(group) == 1:
             out.append(group[0])
             continue
-        ranked = sorted(group, key=lambda r: (not r.get("ok") or r.get("peak_system_bytes") is None,
-                                              r.get("peak_system_bytes") or 0))
-        keys = ("peak_system_bytes", "ru_maxrss_bytes", "max_tree_rss_bytes", "others_rss_change_at_peak_bytes", "ok")
-        out.append(dict(ranked[(len(ranked) - 1) // 2], repeats=[{k: r.get(k) for k in keys} for r in group]))
+        clean_runs = [r for r in group if clean(r)]
+        pool = clean_runs or group
+        ranked = sorted(pool, key=lambda r: (not r.get("ok") or r.get("peak_system_bytes") is None,
+                                             r.get("peak_system_bytes") or 0))
+        out.append(dict(ranked[(len(ranked) - 1) // 2], repeats=[dict({k: r.get(k) for k in keys}, clean=clean(r))
+                                                                 for r in group],
+                        median_of=f"{len(pool)} clean of {len(group)}" if 0 < len(clean_runs) < len(group)
+                        else f"all {len(group)} ({'clean' if clean_runs else 'none clean'})"))
     return out
 
 
@@ -210,8 +229,13 @@ def table(doc: dict) -> str:
     """The markdown table of one document (scripts/results.py renders it). Pure."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(doc)]
-    lines += ["", "memascend's peak over stock's (system peak, same script and knobs): " +
-              ", ".join(f"{j} {'?' if x is None else f'{x:.2f}'}" for j, x in ratios(doc)) + "."]
+    def listed(pairs):
+        return ", ".join(f"{j} {'?' if x is None else f'{x:.2f}'}" for j, x in pairs)
+
+    lines += ["", f"memascend's peak over stock's (system peak, same script and knobs): {listed(ratios(doc))}.",
+              # The system peak counts every process of the machine; ru_maxrss only the script's largest process.
+              "", f"The same over ru_maxrss (the script's largest process alone; what other processes on a shared "
+              f"machine do cannot enter it): {listed(ratios(doc, 'ru_maxrss_bytes'))}."]
     return "\n".join(lines)
 
 
@@ -331,7 +355,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", default=",".join(j.name for j in JOBS), help="comma-separated job names")
     ap.add_argument("--work", default=None, help="scratch folder on the SSD (default: a temporary one under /var/tmp)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per engine and job, stock and memascend in turn; the "
-                    "document keeps the run with the median system peak of each and lists every repeat's peaks")
+                    "document keeps the run with the median system peak of the clean repeats of each and lists every "
+                    "repeat's peaks")
     ap.add_argument("--update", action="store_true", help="keep the runs of the other jobs in an existing --out "
                     "(each job's stock / memascend pair is one sitting; the document lists its sittings)")
     args = ap.parse_args(argv)

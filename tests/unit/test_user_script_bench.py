@@ -121,15 +121,30 @@ def test_merge_replaces_the_jobs_measured_again_and_keeps_jobs_order():
 
 
 def test_median_of_repeats_keeps_the_middle_run_and_every_peak():
-    def run(engine, peak, ok=True):
-        return {"job": "trl-nockpt", "engine": engine, "peak_system_bytes": peak, "ok": ok, "ru_maxrss_bytes": 1}
+    def run(engine, peak, ok=True, others=0):
+        return {"job": "trl-nockpt", "engine": engine, "peak_system_bytes": peak, "ok": ok, "ru_maxrss_bytes": 1,
+                "others_rss_change_at_peak_bytes": others}
     runs = [run("stock", 4), run("memascend", 9), run("stock", 5), run("memascend", 1, ok=False),
             run("stock", 3), run("memascend", 2)]
     picked = {r["engine"]: r for r in usb.median_runs(runs)}
-    assert picked["stock"]["peak_system_bytes"] == 4
+    assert picked["stock"]["peak_system_bytes"] == 4 and picked["stock"]["median_of"] == "all 3 (clean)"
     assert [x["peak_system_bytes"] for x in picked["stock"]["repeats"]] == [4, 5, 3]
-    assert picked["memascend"]["peak_system_bytes"] == 9  # the failed repeat ranks highest: 2, 9, failed
+    # The failed repeat is not clean: the median of the two clean ones (2, 9) is the lower.
+    assert picked["memascend"]["peak_system_bytes"] == 2 and picked["memascend"]["median_of"] == "2 clean of 3"
     assert usb.median_runs([run("stock", 4)]) == [run("stock", 4)]  # one run: kept as it is
+
+
+def test_runs_other_processes_disturbed_are_left_out_of_the_median():
+    def run(peak, others):
+        return {"job": "trl-nockpt", "engine": "stock", "peak_system_bytes": peak, "ok": True,
+                "others_rss_change_at_peak_bytes": others}
+    # Another job freed 0.9 GiB during the first run (its system peak reads low) and grew during the third.
+    runs = [run(3 * GiB, -GiB * 9 // 10), run(4 * GiB, 10 << 20), run(11 * GiB, 7 * GiB), run(int(4.2 * GiB), 0)]
+    (picked,) = usb.median_runs(runs)
+    assert picked["peak_system_bytes"] == 4 * GiB and picked["median_of"] == "2 clean of 4"
+    assert [x["clean"] for x in picked["repeats"]] == [False, True, False, True]
+    (unclean,) = usb.median_runs(runs[:1] + runs[2:3])
+    assert unclean["median_of"] == "all 2 (none clean)" and unclean["peak_system_bytes"] == 3 * GiB
 
 
 def test_table_has_a_row_per_run_and_the_ratio_line():
@@ -139,6 +154,7 @@ def test_table_has_a_row_per_run_and_the_ratio_line():
     assert len([ln for ln in lines if ln.startswith("| ")]) == 5
     assert "| memascend | ds | none | 1.00 | 1.25 | +0.10 | 1.00 | +0.0% | -20.0% | yes |" in text
     assert "no: x" in text and "ds-nockpt 0.25, hf-nockpt ?" in text
+    assert "over ru_maxrss (the script's largest process alone" in text and "ds-nockpt 0.29, hf-nockpt ?" in text
 
 
 def test_results_section_renders_a_document(tmp_path):
