@@ -174,6 +174,7 @@ class Progress:
             self.say("warn", f"progress lines stopped: {type(exc).__name__}: {exc}")
 
     def poll(self, final: bool = False) -> None:
+        """Read what the ranks wrote since the last call; print the plan once and a step line when due."""
         for rec in anyprogram.read_records(self.status_dir):
             pid = rec.get("pid")
             if pid is None:
@@ -225,6 +226,8 @@ class Progress:
         lines = []
         order = sorted(self.ranks.values(), key=lambda r: (r.record.get("rank") is None, r.record.get("rank") or 0))
         for rank in order:
+            if rank.record.get("progress_error"):  # the rank's engine watch failed; the program ran on
+                lines.append(("warn", f"{anyprogram.who(rank.record)}: no step lines: {rank.record['progress_error']}"))
             if not rank.steps:
                 continue
             text = f"{anyprogram.who(rank.record)}: {step_summary(rank.steps)}"

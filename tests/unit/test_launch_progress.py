@@ -133,6 +133,13 @@ def test_closing_line_compares_the_peak_with_the_plan(tmp_path):
                                   "(+50.0%)")]
 
 
+def test_a_rank_whose_watch_failed_says_why_at_the_end(tmp_path):
+    status = _status(tmp_path, [], progress_error="AttributeError: no module")
+    p = lp.Progress(str(status), model=None, say=lambda *a: None, hardware=HW)
+    p.poll(final=True)
+    assert p.closing() == [("warn", "rank 0: no step lines: AttributeError: no module")]
+
+
 def test_progress_without_a_sequence_length_says_so(tmp_path):
     status = _status(tmp_path, [_step(1, seq=None)], job=_job())
     said = []
