@@ -217,6 +217,18 @@ def median_runs(runs: list[dict]) -> list[dict]:
     return out
 
 
+def kept_sittings(sittings: list[dict]) -> list[dict]:
+    """The sittings (oldest first) that still hold a job's runs: a sitting whose jobs were all measured again in a
+    later one is gone. Pure."""
+    covered: set[str] = set()
+    out = []
+    for s in reversed(sittings):
+        if set(s["jobs"]) - covered:
+            out.append(s)
+        covered |= set(s["jobs"])
+    return out[::-1]
+
+
 def merge_runs(kept: list[dict], new: list[dict]) -> list[dict]:
     """`kept` without the jobs `new` measured again, then `new`, in JOBS order. Pure."""
     again = {r["job"] for r in new}
@@ -385,7 +397,7 @@ def main(argv=None) -> int:
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jobs": [j.name for j in jobs]}
     old = json.load(open(args.out)) if args.update and os.path.exists(args.out) else {"runs": [], "sittings": []}
     runs = merge_runs(old["runs"], median_runs(runs))
-    sittings = [s for s in old["sittings"] if set(s["jobs"]) - set(sitting["jobs"])] + [sitting]
+    sittings = kept_sittings(old["sittings"] + [sitting])
     doc = {"title": "Plan accuracy on user scripts", "use": "validation (never an input of scripts/fit_planner.py)",
            "sittings": sittings, "host": platform.node(),
            "machine": {"cpus": os.cpu_count(), "dram_gib": round(os.sysconf("SC_PHYS_PAGES") *

@@ -147,6 +147,12 @@ def test_runs_other_processes_disturbed_are_left_out_of_the_median():
     assert unclean["median_of"] == "all 2 (none clean)" and unclean["peak_system_bytes"] == 3 * GiB
 
 
+def test_a_sitting_measured_again_in_later_ones_is_gone():
+    s = [{"jobs": ["ds", "hf"]}, {"jobs": ["acc", "trl"]}, {"jobs": ["trl"]}, {"jobs": ["acc"]}]
+    assert usb.kept_sittings(s) == [s[0], s[2], s[3]]
+    assert usb.kept_sittings(s[:3]) == s[:3]  # the first sitting's acc runs are still its own
+
+
 def test_table_has_a_row_per_run_and_the_ratio_line():
     text = usb.table(_doc())
     lines = text.splitlines()
