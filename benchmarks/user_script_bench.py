@@ -9,6 +9,10 @@ Scripts (one CPU process each, a random-weight transformers Llama built from MOD
   hf  tests/integration/hf_trainer_job.py: the HF Trainer with the HF docs' ZeRO-3 NVMe config
       (tests/assets/hf/ds_zero3_nvme_auto.json, "auto" values); the engine run calls install() before
       TrainingArguments, the stock run never.
+  accelerate  the same HF Trainer script under `accelerate launch --use_deepspeed --deepspeed_config_file CONFIG`
+      (one process; the measured tree holds accelerate's launcher and the rank it starts).
+  trl  tests/integration/trl_sft_job.py: TRL's SFTTrainer with the same config, a text dataset it tokenizes and
+      packs into seq-length blocks itself; install() before SFTConfig in the engine run, never in the stock run.
 
 Each run: sync, drop caches (root), wait until MemTotal - MemAvailable is flat, launch the script, sample it at
 >= 1 kHz until it exits (memascend_cli/bench/sampling.py); peak = max(MemTotal - MemAvailable) - idle, next to the
@@ -17,6 +21,13 @@ MODEL_DIR --json` with the script's seq / micro-batch / dtype / checkpointing (a
 it fills for "auto" and no zero.Init), taken before the run.
 
     python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json
+    python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json --update \
+        --jobs accelerate-nockpt,trl-nockpt --repeat 3
+
+`--repeat N` runs stock and memascend in turn N times per job and keeps, per engine, the run with the median system
+peak of the clean repeats (other processes' RSS moved by at most CLEAN_OTHERS_BYTES between idle and the peak; of all
+repeats when none is clean), every repeat's peaks listed under "repeats": on a shared machine one run can meet
+another job's peak.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from dataclasses import dataclass
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DS_SCRIPT = os.path.join(REPO, "benchmarks", "ds_llama_script.py")
 HF_SCRIPT = os.path.join(REPO, "tests", "integration", "hf_trainer_job.py")
+TRL_SCRIPT = os.path.join(REPO, "tests", "integration", "trl_sft_job.py")
 HF_CONFIG = os.path.join(REPO, "tests", "assets", "hf", "ds_zero3_nvme_auto.json")
 GiB = 1 << 30
 
@@ -53,7 +65,7 @@ ENGINES = ("stock", "memascend")
 @dataclass(frozen=True)
 class Job:
     script: str
-    """ds or hf (see the module docstring)."""
+    """ds, hf, accelerate or trl (see the module docstring)."""
     checkpointing: bool
     seq_len: int = 512
     micro_batch: int = 2
@@ -64,21 +76,35 @@ class Job:
         return f"{self.script}-{'ckpt' if self.checkpointing else 'nockpt'}"
 
 
-JOBS = (Job("ds", False), Job("ds", True), Job("hf", False))
+JOBS = (Job("ds", False), Job("ds", True), Job("hf", False), Job("accelerate", False), Job("trl", False))
+HF_SCRIPTS = ("hf", "accelerate", "trl")
+"""The jobs whose script is a Hugging Face trainer: it fills the config's "auto" values and never uses zero.Init."""
 
 
 def script_command(job: Job, engine: str, *, model_dir: str, region: str, nvme_path: str, out: str,
-                   python: str = sys.executable) -> list[str]:
-    """The user's script for one run; `engine` stock never installs the engine. Pure."""
+                   python: str = sys.executable, config: str = HF_CONFIG, port: int = 29500) -> list[str]:
+    """The user's script for one run; `engine` stock never installs the engine. `config` is the DeepSpeed config of
+    the Hugging Face scripts (accelerate reads it too: a copy whose nvme_path is `nvme_path`), `port` accelerate's
+    main process port. Pure."""
     if job.script == "ds":
         cmd = [python, DS_SCRIPT, "--model-dir", model_dir, "--nvme-path", nvme_path, "--out", out,
                "--seq-len", str(job.seq_len), "--micro-batch", str(job.micro_batch), "--steps", str(job.steps)]
         cmd += ["--checkpointing"] if job.checkpointing else []
         return cmd + (["--region", region] if engine == "memascend" else [])
+    if job.script not in HF_SCRIPTS:
+        raise ValueError(f"unknown script {job.script!r}")
     if job.checkpointing or job.micro_batch != 2:
-        raise ValueError("the HF Trainer script runs micro-batch 2 without checkpointing")
-    return [python, HF_SCRIPT, "before" if engine == "memascend" else "plain", HF_CONFIG, region, nvme_path, out,
-            model_dir, str(job.seq_len), str(job.steps)]
+        raise ValueError("the Hugging Face trainer scripts run micro-batch 2 without checkpointing")
+    script = TRL_SCRIPT if job.script == "trl" else HF_SCRIPT
+    cmd = [python, script, "before" if engine == "memascend" else "plain", config, region, nvme_path, out,
+           model_dir, str(job.seq_len), str(job.steps)]
+    if job.script != "accelerate":
+        return cmd
+    # accelerate's own executable, beside this Python (the venv's bin); it runs the script with the same Python.
+    launcher = os.path.join(os.path.dirname(python), "accelerate")
+    return [launcher, "launch", "--use_deepspeed", "--num_processes", "1", "--num_machines", "1",
+            "--mixed_precision", "bf16", "--dynamo_backend", "no", "--deepspeed_config_file", config,
+            "--main_process_port", str(port), *cmd[1:]]
 
 
 def hf_auto_knobs(hidden_size: int) -> list[str]:
@@ -93,7 +119,7 @@ def plan_command(job: Job, *, model_dir: str, python: str = sys.executable) -> l
     cmd = [python, "-m", "memascend_cli", "plan", "--model", model_dir, "--seq-len", str(job.seq_len),
            "--micro-batch", str(job.micro_batch), "--dtype", "bf16",
            "--checkpointing", "full" if job.checkpointing else "none", "--no-search", "--json"]
-    return cmd + (hf_auto_knobs(MODEL["hidden_size"]) if job.script == "hf" else [])
+    return cmd + (hf_auto_knobs(MODEL["hidden_size"]) if job.script in HF_SCRIPTS else [])
 
 
 def prediction(plan: dict, engine: str) -> dict:
@@ -145,15 +171,62 @@ HEADER = ["engine", "script", "checkpointing", "peak system GiB", "ru_maxrss GiB
           "plan error vs ru_maxrss", "ok"]
 
 
-def ratios(doc: dict) -> list[tuple[str, float | None]]:
-    """memascend's peak over stock's, per job, for the system peak. Pure."""
+def ratios(doc: dict, key: str = "peak_system_bytes") -> list[tuple[str, float | None]]:
+    """memascend's peak over stock's, per job, for the system peak (or another peak `key` of the runs). Pure."""
     by = {(r["job"], r["engine"]): r for r in doc["runs"]}
     out = []
     for job in dict.fromkeys(r["job"] for r in doc["runs"]):
         s, m = by.get((job, "stock")), by.get((job, "memascend"))
-        ok = s and m and s.get("ok") and m.get("ok") and s.get("peak_system_bytes")
-        out.append((job, round(m["peak_system_bytes"] / s["peak_system_bytes"], 3) if ok else None))
+        ok = s and m and s.get("ok") and m.get("ok") and s.get(key) and m.get(key)
+        out.append((job, round(m[key] / s[key], 3) if ok else None))
     return out
+
+
+CLEAN_OTHERS_BYTES = 256 << 20
+"""A run during which every other process's RSS together moved by more than this from the idle reading to the peak
+is not a clean measurement of the script (the system peak counts the whole machine)."""
+
+
+def clean(run: dict) -> bool:
+    """The run trained every step and other processes stayed still (CLEAN_OTHERS_BYTES). Pure."""
+    others = run.get("others_rss_change_at_peak_bytes")
+    return bool(run.get("ok")) and others is not None and abs(others) <= CLEAN_OTHERS_BYTES
+
+
+def median_runs(runs: list[dict]) -> list[dict]:
+    """One run per (job, engine): of its repeats, the one with the median system peak (the lower middle of an even
+    count; a failed repeat counts as the highest), taken over the clean repeats where there are any (clean), with
+    every repeat's peaks under "repeats" and "median_of" saying over which. Pure."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["job"], r["engine"]), []).append(r)
+    out = []
+    keys = ("peak_system_bytes", "ru_maxrss_bytes", "max_tree_rss_bytes", "others_rss_change_at_peak_bytes", "ok")
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        clean_runs = [r for r in group if clean(r)]
+        pool = clean_runs or group
+        ranked = sorted(pool, key=lambda r: (not r.get("ok") or r.get("peak_system_bytes") is None,
+                                             r.get("peak_system_bytes") or 0))
+        out.append(dict(ranked[(len(ranked) - 1) // 2], repeats=[dict({k: r.get(k) for k in keys}, clean=clean(r))
+                                                                 for r in group],
+                        median_of=f"{len(pool)} clean of {len(group)}" if 0 < len(clean_runs) < len(group)
+                        else f"all {len(group)} ({'clean' if clean_runs else 'none clean'})"))
+    return out
+
+
+def kept_sittings(sittings: list[dict]) -> list[dict]:
+    """The sittings (oldest first) that still hold a job's runs: a sitting whose jobs were all measured again in a
+    later one is gone. Pure."""
+    covered: set[str] = set()
+    out = []
+    for s in reversed(sittings):
+        if set(s["jobs"]) - covered:
+            out.append(s)
+        covered |= set(s["jobs"])
+    return out[::-1]
 
 
 def merge_runs(kept: list[dict], new: list[dict]) -> list[dict]:
@@ -168,8 +241,13 @@ def table(doc: dict) -> str:
     """The markdown table of one document (scripts/results.py renders it). Pure."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in rows(doc)]
-    lines += ["", "memascend's peak over stock's (system peak, same script and knobs): " +
-              ", ".join(f"{j} {'?' if x is None else f'{x:.2f}'}" for j, x in ratios(doc)) + "."]
+    def listed(pairs):
+        return ", ".join(f"{j} {'?' if x is None else f'{x:.2f}'}" for j, x in pairs)
+
+    lines += ["", f"memascend's peak over stock's (system peak, same script and knobs): {listed(ratios(doc))}.",
+              # The system peak counts every process of the machine; ru_maxrss only the script's largest process.
+              "", f"The same over ru_maxrss (the script's largest process alone; what other processes on a shared "
+              f"machine do cannot enter it): {listed(ratios(doc, 'ru_maxrss_bytes'))}."]
     return "\n".join(lines)
 
 
@@ -182,10 +260,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def script_env(base: dict) -> dict:
-    """One rank of a single-process job, as the integration tests start hf_trainer_job.py."""
-    env = dict(base, DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), PYTHONUNBUFFERED="1")
+def script_env(base: dict, launcher: bool = False) -> dict:
+    """One rank of a single-process job, as the integration tests start hf_trainer_job.py; under a `launcher`
+    (accelerate) the launcher sets the rank's variables."""
+    env = dict(base, DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
+    if not launcher:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
     return env
 
@@ -243,11 +323,20 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
     os.makedirs(nvme)
     out = os.path.join(work, f"{job.name}-{engine}.json")
     log = os.path.join(work, f"{job.name}-{engine}.log")
-    cmd = script_command(job, engine, model_dir=model_dir, region=region, nvme_path=nvme, out=out)
-    m = measure(cmd, script_env(os.environ), log)
+    config = os.path.join(work, "ds_config.json")
+    with open(HF_CONFIG) as f:
+        cfg = json.load(f)
+    for name in ("offload_param", "offload_optimizer"):  # accelerate reads the file itself: the run's own nvme_path
+        cfg["zero_optimization"][name]["nvme_path"] = nvme
+    with open(config, "w") as f:
+        json.dump(cfg, f)
+    cmd = script_command(job, engine, model_dir=model_dir, region=region, nvme_path=nvme, out=out, config=config,
+                         port=_free_port())
+    m = measure(cmd, script_env(os.environ, launcher=job.script == "accelerate"), log)
     res = {"job": job.name, "script": job.script, "checkpointing": job.checkpointing, "engine": engine,
            "seq_len": job.seq_len, "micro_batch": job.micro_batch, "steps": job.steps,
-           "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[1:]),
+           "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
+                               for c in (["accelerate", *cmd[1:]] if job.script == "accelerate" else cmd[1:])),
            **m, "plan": prediction(plan, engine)}
     script_out = json.load(open(out)) if os.path.exists(out) else {}
     # The script writes its result after the last step; stock DeepSpeed may still abort in interpreter teardown
@@ -277,6 +366,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", default=",".join(j.name for j in JOBS), help="comma-separated job names")
     ap.add_argument("--work", default=None, help="scratch folder on the SSD (default: a temporary one under /var/tmp)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per engine and job, stock and memascend in turn; the "
+                    "document keeps the run with the median system peak of the clean repeats of each and lists every "
+                    "repeat's peaks")
     ap.add_argument("--update", action="store_true", help="keep the runs of the other jobs in an existing --out "
                     "(each job's stock / memascend pair is one sitting; the document lists its sittings)")
     args = ap.parse_args(argv)
@@ -293,18 +385,19 @@ def main(argv=None) -> int:
     region = os.path.join(work, "region.bin")
     create_region(region, max(region_bytes(p) for p in plans.values()), ranks=1)
     runs = []
-    for job in jobs:
-        for engine in ENGINES:
-            print(f"{job.name} {engine} ...", flush=True)
-            runs.append(run_job(job, engine, plans[job.name], model_dir=model_dir, region=region, work=work))
-            r = runs[-1]
-            print(f"  ok={r['ok']} peak {_gib(r['peak_system_bytes'])} GiB, ru_maxrss {_gib(r['ru_maxrss_bytes'])} "
-                  f"GiB, plan {_gib(r['plan']['host_peak_bytes'])} GiB ({_pct(r['error_percent'])})", flush=True)
+    repeats = max(1, args.repeat)
+    for job, repeat, engine in ((j, i, e) for j in jobs for i in range(repeats) for e in ENGINES):
+        print(f"{job.name} {engine} ({repeat + 1}/{repeats}) ...", flush=True)
+        runs.append(run_job(job, engine, plans[job.name], model_dir=model_dir, region=region, work=work))
+        r = runs[-1]
+        print(f"  ok={r['ok']} peak {_gib(r['peak_system_bytes'])} GiB, ru_maxrss {_gib(r['ru_maxrss_bytes'])} "
+              f"GiB, others' RSS change {_gib(r['others_rss_change_at_peak_bytes'])} GiB, plan "
+              f"{_gib(r['plan']['host_peak_bytes'])} GiB ({_pct(r['error_percent'])})", flush=True)
     sitting = {"command": "python benchmarks/user_script_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jobs": [j.name for j in jobs]}
     old = json.load(open(args.out)) if args.update and os.path.exists(args.out) else {"runs": [], "sittings": []}
-    runs = merge_runs(old["runs"], runs)
-    sittings = [s for s in old["sittings"] if set(s["jobs"]) - set(sitting["jobs"])] + [sitting]
+    runs = merge_runs(old["runs"], median_runs(runs))
+    sittings = kept_sittings(old["sittings"] + [sitting])
     doc = {"title": "Plan accuracy on user scripts", "use": "validation (never an input of scripts/fit_planner.py)",
            "sittings": sittings, "host": platform.node(),
            "machine": {"cpus": os.cpu_count(), "dram_gib": round(os.sysconf("SC_PHYS_PAGES") *

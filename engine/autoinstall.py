@@ -7,7 +7,8 @@ engine with the config it passes (a path, or `args.deepspeed_config`, is read an
 rewrote), then runs the call. zero.Init comes first under the HF Trainer (from_pretrained with ZeRO-3), and the
 parameters it partitions already go through the engine's swapper. A program that calls install() itself is left
 alone. Each process that imports DeepSpeed leaves a record (anyprogram.write_record): imported, engaged (with the
-region traffic at exit) or failed.
+region traffic and the peak RSS at exit) or failed. Once deepspeed.initialize returned, the record also holds the job
+DeepSpeed sized (for the CLI's plan line) and the engine's steps are logged (engine/launch_steps.py).
 
 Stdlib only until the program imports DeepSpeed.
 """
@@ -28,6 +29,8 @@ _settings: dict = {}
 _record: dict = {}
 _ours: list = []
 """The Installed handle this hook made (empty until then)."""
+_watched: list = []
+"""The DeepSpeed engines whose steps are logged (launch_steps.StepWatch), one per deepspeed.initialize."""
 
 
 def start(env=os.environ) -> bool:
@@ -148,6 +151,16 @@ def _wrap_initialize(ds) -> None:
 
     @functools.wraps(original)
     def initialize(*args, **kwargs):
+        try:
+            model = signature.bind(*args, **kwargs).arguments.get("model")
+        except TypeError:  # arguments DeepSpeed refuses: its own call below says so
+            model = None
+        partitioned = any(hasattr(p, "ds_id") for p in model.parameters()) if hasattr(model, "parameters") else False
+        result = _initialize(*args, **kwargs)
+        _watch(result, partitioned)
+        return result
+
+    def _initialize(*args, **kwargs):
         if _installed():
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
@@ -172,6 +185,33 @@ def _wrap_initialize(ds) -> None:
         return ds.initialize(*bound.args, **bound.kwargs)
 
     ds.initialize = initialize
+
+
+def _watch(result, partitioned: bool) -> None:
+    """Record the job of the engine deepspeed.initialize returned and log its steps; once per engine (the call
+    nests when this hook installs the engine), only where the engine is installed, never failing the program."""
+    engine = result[0] if isinstance(result, tuple) and result else None
+    if engine is None or any(w.engine is engine for w in _watched) or not hasattr(engine, "global_steps"):
+        return
+    handle = _active()
+    if handle is None:
+        return
+    try:
+        from memascend_engine import launch_steps
+
+        job = launch_steps.job_fields(engine, partitioned, handle.ds_config)
+        config = launch_steps.model_config(engine.module)
+        if config is not None:
+            anyprogram.write_model_config(_settings["status_dir"], os.getpid(), config)
+        _write(job=dict(job, model_config=config is not None))
+
+        def region_bytes():
+            snap = handle.store.snapshot() if handle.store is not None else None
+            return (snap["bytes_read"], snap["bytes_written"]) if snap else None
+
+        _watched.append(launch_steps.watch(engine, _settings["status_dir"], region_bytes))
+    except Exception as exc:  # noqa: BLE001 - progress is a courtesy: the program runs on without it
+        _write(progress_error=f"{type(exc).__name__}: {exc}".splitlines()[0])
 
 
 def _wrap_zero_init(init_class) -> None:
@@ -200,9 +240,11 @@ def _at_exit() -> None:
     handle = _active()
     if handle is None:
         return
+    from memascend_engine import procfs
+
     stats = handle.stats()
     fields = dict(bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"],
-                  swap_files=stats["swap_files_created"])
+                  swap_files=stats["swap_files_created"], vm_hwm_bytes=procfs.status_kib("VmHWM") * 1024)
     if handle not in _ours:  # the program called install() itself
         fields.update(_describe(handle), by_program=True)
     _write(**fields)

@@ -1,9 +1,10 @@
 """`memascend launch`: run the user's own DeepSpeed program, unmodified, with the memascend engine in every rank.
 
 Thin: check the region (prepared, not held by another job) and the engine -> the program's environment with the
-start-up hook (memascend_cli/run/anyprogram.py) -> run it in its own session, forwarding stop signals -> one line per
-rank that says whether the engine engaged (and why not). Exit codes: the program's own status, 75 when a signal
-stopped it (errors.EXIT_STOPPED), 2 bad input.
+start-up hook (memascend_cli/run/anyprogram.py) -> run it in its own session, forwarding stop signals, with a progress
+line per step and the plan of the job DeepSpeed sized (memascend_cli/run/launch_progress.py) -> one line per rank that
+says whether the engine engaged (and why not), its steps and its peak against the plan. Exit codes: the program's own
+status, 75 when a signal stopped it (errors.EXIT_STOPPED), 2 bad input.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def launch_command(
                                "NVMe (DeepSpeed's swap files under the config's nvme_path).", show_default=False),
     model: str = typer.Option(None, "--model", help="Preset name or Hugging Face model directory of the model the "
                               "program trains: sizes the engine's parameter pool (without it: DeepSpeed's "
-                              "buffer_count x buffer_size, still exact-size).", show_default=False),
+                              "buffer_count x buffer_size, still exact-size) and the plan line (without it: the "
+                              "model's own Hugging Face config).", show_default=False),
     run_dir: str = typer.Option(None, "--run-dir", help="Keep the per-process engine records (status/PID.json) "
                                 "here [default: a temporary folder, removed at the end].", show_default=False),
     stop_grace_s: float = typer.Option(None, "--stop-grace", metavar="SECONDS", help="After the first SIGTERM, SIGHUP "
@@ -37,9 +39,12 @@ def launch_command(
     first `deepspeed.zero.Init` or `deepspeed.initialize`, with the config the program passes (HF `"auto"` values
     and CPU offload under ZeRO-3 handled as `memascend_engine.install()` does). Its output goes to this terminal.
     Ctrl-C, SIGTERM and SIGHUP go to all its processes (SIGHUP as SIGTERM; exit 75); a second signal, or
-    --stop-grace, kills them. No process of the program outlives the command. At the end one line per rank says
-    whether the engine engaged and what went through the region, or why it never engaged (the program never called
-    deepspeed.initialize, its config offloads nothing to NVMe, its Python cannot import memascend).
+    --stop-grace, kills them. No process of the program outlives the command. While it trains, a line now and
+    then gives the first rank's step, loss, s/step, host memory and SSD traffic, and once its first step ran, the
+    plan's host memory for the job DeepSpeed sized (parameters, micro-batch, dtype, ZeRO settings, the sequence
+    length of its batches). At the end one line per rank says whether the engine engaged and what went through the
+    region, or why it never engaged (the program never called deepspeed.initialize, its config offloads nothing to
+    NVMe, its Python cannot import memascend), and its steps and peak memory against the plan.
 
     Examples:
 
@@ -53,7 +58,7 @@ def launch_command(
     import tempfile
 
     from memascend_cli.console import err
-    from memascend_cli.run import anyprogram, leftovers, lifeline
+    from memascend_cli.run import anyprogram, launch_progress, leftovers, lifeline
     from memascend_cli.run.launch import DEFAULT_STOP_GRACE_S, StopPolicy
     from memascend_cli.run.prepared import require_engine
 
@@ -85,12 +90,19 @@ def launch_command(
     note = leftovers.sweep().note()
     if note:
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
+    tags = {"ok": "[green]ok[/green]  ", "warn": "[yellow]warn[/yellow]", "error": "[red]fail[/red]",
+            "plan": "[cyan]plan[/cyan]", "step": "[dim]step[/dim]"}
+
+    def say(level: str, text: str) -> None:
+        err.print(f"{tags[level]}  {text}", highlight=False, soft_wrap=True)
+
+    progress = launch_progress.Progress(status_dir, model=model, say=say)
     try:
         code, stops = anyprogram.run_program(command, env, policy=StopPolicy(
-            grace_s=DEFAULT_STOP_GRACE_S if stop_grace_s is None else stop_grace_s))
-        for level, text in anyprogram.summarize(anyprogram.read_records(status_dir)):
-            tag = {"ok": "[green]ok[/green]  ", "warn": "[yellow]warn[/yellow]", "error": "[red]fail[/red]"}[level]
-            err.print(f"{tag}  {text}", highlight=False, soft_wrap=True)
+            grace_s=DEFAULT_STOP_GRACE_S if stop_grace_s is None else stop_grace_s), on_tick=progress.tick)
+        progress.tick(final=True)
+        for level, text in anyprogram.summarize(anyprogram.read_records(status_dir)) + progress.closing():
+            say(level, text)
     finally:
         leftovers.sweep()  # the program's DeepSpeed shared-memory segments and engine key folders
         if not keep:

@@ -25,7 +25,9 @@ without memascend cannot import this module)."""
 HOOK_DIR = "launch_hook"
 """The folder of the memascend_engine package put on PYTHONPATH; it holds nothing but sitecustomize.py."""
 STATUS_DIR = "status"
-"""RUN/status/<pid>.json: one record per process that imported DeepSpeed (or could not import the engine)."""
+"""RUN/status/<pid>.json: one record per process that imported DeepSpeed (or could not import the engine); beside it
+<pid>.steps.jsonl, a line per optimizer step (engine/launch_steps.py), and <pid>.config.json, the model's Hugging
+Face config (memascend_cli/run/launch_progress.py plans with it)."""
 
 # The `state` of a record, from least to most engaged.
 NO_ENGINE = "no_engine"
@@ -35,8 +37,8 @@ IMPORTED = "imported"
 FAILED = "failed"
 """install() raised (field error); the program fails with that exception."""
 ENGAGED = "engaged"
-"""The engine is installed (fields nvme, zero_stage, offload; at a normal exit also bytes_read, bytes_written,
-swap_files)."""
+"""The engine is installed (fields nvme, zero_stage, offload; once deepspeed.initialize returned, job: what
+DeepSpeed sized; at a normal exit also bytes_read, bytes_written, swap_files, vm_hwm_bytes)."""
 
 LEFTOVER_GRACE_S = 10.0
 """After the program's first process exits: how long what it left in its session gets after SIGTERM before SIGKILL."""
@@ -87,6 +89,20 @@ def record_path(status_dir: str, pid: int) -> str:
     return os.path.join(status_dir, f"{pid}.json")
 
 
+def steps_path(status_dir: str, pid: int) -> str:
+    return os.path.join(status_dir, f"{pid}.steps.jsonl")
+
+
+def model_config_path(status_dir: str, pid: int) -> str:
+    return os.path.join(status_dir, f"{pid}.config.json")
+
+
+def write_model_config(status_dir: str, pid: int, config: dict) -> None:
+    """The model's Hugging Face config as a config.json (`memascend plan --model` reads the same file)."""
+    with open(model_config_path(status_dir, pid), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+
 def write_record(status_dir: str, record: dict) -> None:
     """Write (or replace) this process's record atomically: the CLI may read it at any time."""
     path = record_path(status_dir, record["pid"])
@@ -100,7 +116,7 @@ def read_records(status_dir: str) -> list[dict]:
     """Every record in the status folder, by pid; unreadable ones skipped."""
     out = []
     try:
-        names = sorted(n for n in os.listdir(status_dir) if n.endswith(".json"))
+        names = sorted(n for n in os.listdir(status_dir) if n.endswith(".json") and n[:-5].isdigit())
     except OSError:
         return []
     for name in names:
@@ -112,7 +128,7 @@ def read_records(status_dir: str) -> list[dict]:
     return sorted(out, key=lambda r: (r.get("rank") is None, r.get("rank") or 0, r.get("pid", 0)))
 
 
-def _who(r: dict) -> str:
+def who(r: dict) -> str:
     return f"rank {r['rank']}" if r.get("rank") is not None else f"process {r.get('pid')}"
 
 
@@ -126,27 +142,27 @@ def summarize(records: list[dict]) -> list[tuple[str, str]]:
     lines: list[tuple[str, str]] = []
     engaged = [r for r in records if r.get("state") == ENGAGED]
     for r in engaged:
-        who = _who(r)
+        name = who(r)
         if not r.get("nvme"):
-            lines.append(("warn", f"{who}: engine installed, but its DeepSpeed config offloads nothing to NVMe (ZeRO "
+            lines.append(("warn", f"{name}: engine installed, but its DeepSpeed config offloads nothing to NVMe (ZeRO "
                                   f"stage {r.get('zero_stage')}, offload {r.get('offload') or 'none'}): nothing went "
                                   "to the SSD; use ZeRO-3, and the engine moves the offload to the region"))
         elif "bytes_read" not in r and r.get("by_program"):
-            lines.append(("ok", f"{who}: engine installed by the program itself (memascend_engine.install()); its "
+            lines.append(("ok", f"{name}: engine installed by the program itself (memascend_engine.install()); its "
                                 "handle's stats() has the region traffic"))
         elif "bytes_read" not in r:
-            lines.append(("warn", f"{who}: engine engaged; no I/O totals (the process did not exit normally)"))
+            lines.append(("warn", f"{name}: engine engaged; no I/O totals (the process did not exit normally)"))
         elif r["bytes_read"] + r["bytes_written"] == 0 and r.get("region"):
-            lines.append(("warn", f"{who}: engine engaged, but nothing was read or written in the region"))
+            lines.append(("warn", f"{name}: engine engaged, but nothing was read or written in the region"))
         elif r.get("region"):
-            lines.append(("ok", f"{who}: engine engaged, region read {fmt_bytes(r['bytes_read'])}, written "
+            lines.append(("ok", f"{name}: engine engaged, region read {fmt_bytes(r['bytes_read'])}, written "
                                 f"{fmt_bytes(r['bytes_written'])}, {r.get('swap_files', 0)} swap files"))
         else:
-            lines.append(("ok", f"{who}: engine engaged without a region (no Direct NVMe): "
+            lines.append(("ok", f"{name}: engine engaged without a region (no Direct NVMe): "
                                 f"{r.get('swap_files', 0)} DeepSpeed swap files"))
     for r in records:
         if r.get("state") == FAILED:
-            lines.append(("error", f"{_who(r)}: installing the engine failed: {r.get('error')}"))
+            lines.append(("error", f"{who(r)}: installing the engine failed: {r.get('error')}"))
     if engaged or any(r.get("state") == FAILED for r in records):
         return lines
     missing = [r for r in records if r.get("state") == NO_ENGINE]
@@ -170,9 +186,10 @@ def forwarded_signal(signum: int) -> int:
     return signal.SIGTERM if signum == signal.SIGHUP else signum
 
 
-def run_program(cmd: list[str], env: dict[str, str], *, policy) -> tuple[int, list[str]]:
+def run_program(cmd: list[str], env: dict[str, str], *, policy, on_tick=None) -> tuple[int, list[str]]:
     """Run `cmd` in a session of its own until none of its processes is left; returns (its exit status as a shell
-    reports it, the stop requests received).
+    reports it, the stop requests received). `on_tick()` runs about once a second while it runs (the progress
+    lines).
 
     The session keeps a terminal's Ctrl-C away from the program: the CLI forwards it (and SIGTERM; SIGHUP as
     SIGTERM) to the whole process group once, and SIGKILLs the group on a second request or when policy.grace_s
@@ -215,11 +232,15 @@ def run_program(cmd: list[str], env: dict[str, str], *, policy) -> tuple[int, li
     except (FileNotFoundError, PermissionError) as exc:
         raise BadInput(f"cannot run {cmd[0]}: {exc.strerror}", "check the command after --") from None
     previous = {s: signal.signal(s, on_signal) for s in SIGNAL_REASONS} if main_thread() else {}
+    next_tick = time.monotonic() + 1.0
     try:
         while proc.poll() is None:
             if state.tick(time.monotonic()) == "at once":
                 say(f"[red]stopping at once:[/red] {state.at_once}")
                 signal_group(proc.pid, signal.SIGKILL)
+            if on_tick is not None and time.monotonic() >= next_tick:
+                on_tick()
+                next_tick = time.monotonic() + 1.0
             time.sleep(0.2)
         if group_members(proc.pid):
             signal_group(proc.pid, signal.SIGTERM)

@@ -32,14 +32,28 @@ class Losses(TrainerCallback):
             self.losses.append(float(logs["loss"]))
 
 
-def main() -> None:
+def job_args(seq: int, steps: int) -> tuple:
+    """(order, ds_config with nvme_path set, region, nvme_path, out, model_dir, seq, steps) from the command line
+    both scripts share; `seq` and `steps` are the defaults without MODEL_DIR SEQ_LEN STEPS."""
     order, config_path, region, nvme_path, out = sys.argv[1:6]
-    model_dir, seq, steps = (sys.argv[6], int(sys.argv[7]), int(sys.argv[8])) if len(sys.argv) > 6 else (None, SEQ, STEPS)
+    model_dir, seq, steps = (sys.argv[6], int(sys.argv[7]), int(sys.argv[8])) if len(sys.argv) > 6 else (None, seq, steps)
     with open(config_path) as f:
         ds_config = json.load(f)
     for name in ("offload_param", "offload_optimizer"):
         if ds_config["zero_optimization"].get(name, {}).get("device") == "nvme":
             ds_config["zero_optimization"][name]["nvme_path"] = nvme_path
+    return order, ds_config, region, nvme_path, out, model_dir, seq, steps
+
+
+def model_config(model_dir: str | None) -> LlamaConfig:
+    """MODEL_DIR's config, else the tiny Llama of the tests."""
+    return (LlamaConfig.from_pretrained(model_dir) if model_dir else
+            LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                        num_key_value_heads=8, vocab_size=1024))
+
+
+def main() -> None:
+    order, ds_config, region, nvme_path, out, model_dir, seq, steps = job_args(SEQ, STEPS)
     handle = memascend_engine.install(ds_config, region=region) if order == "before" else None
     args = TrainingArguments(output_dir=os.path.join(os.path.dirname(out), "trainer-out"), deepspeed=ds_config,
                              max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
@@ -47,14 +61,17 @@ def main() -> None:
     if order == "after":
         handle = memascend_engine.install(ds_config, region=region)
     torch.manual_seed(0)
-    config = (LlamaConfig.from_pretrained(model_dir) if model_dir else
-              LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-                          num_key_value_heads=8, vocab_size=1024))
+    config = model_config(model_dir)
     model = LlamaForCausalLM(config)
     ids = torch.randint(0, config.vocab_size, (max(16, 2 * steps), seq))
     data = [{"input_ids": row, "labels": row} for row in ids]
     losses = Losses()
     Trainer(model=model, args=args, train_dataset=data, callbacks=[losses]).train()
+    write_result(out, handle, losses, args, nvme_path)
+
+
+def write_result(out: str, handle, losses: Losses, args, nvme_path: str) -> None:
+    """The run's result for the test or the benchmark (trl_sft_job.py writes the same), then uninstall()."""
     stats = handle.stats() if handle is not None else None
     files = [os.path.join(d, n) for d, _, names in os.walk(nvme_path) for n in names]
     with open(out, "w") as f:

@@ -32,13 +32,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp_path: Path, order: str, config: str) -> tuple[dict, str]:
+def run_job(tmp_path: Path, order: str, config: str, script: Path = HERE / "hf_trainer_job.py") -> tuple[dict, str]:
+    """Run a trainer script (hf_trainer_job.py, or trl_sft_job.py of the same shape) as one rank; its result and
+    stderr."""
     env = dict(os.environ, DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_ext"))
     out = tmp_path / "out.json"
     nvme = tmp_path / "nvme"
-    proc = subprocess.run([sys.executable, str(HERE / "hf_trainer_job.py"), order, str(ASSETS / config),
+    proc = subprocess.run([sys.executable, str(script), order, str(ASSETS / config),
                            make_region(tmp_path, "512MiB"), str(nvme), str(out)],
                           env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

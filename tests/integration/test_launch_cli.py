@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,7 +42,8 @@ def _env(**extra) -> dict:
 
 
 def launch(tmp_path: Path, *command: str, region: str | None = None, env: dict | None = None, timeout: int = 900):
-    """Run `memascend launch` to the end; (process, the records of the program's processes)."""
+    """Run `memascend launch` to the end; (process, the records of the program's processes, each with the step lines
+    it logged under "steps")."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "memascend_cli", "launch", "--run-dir", str(run_dir)]
     if region:
@@ -50,8 +52,25 @@ def launch(tmp_path: Path, *command: str, region: str | None = None, env: dict |
                           timeout=timeout, cwd=REPO, check=False)
     records = []
     for p in sorted((run_dir / "status").glob("*.json")):
-        records.append(json.loads(p.read_text()))
+        if p.stem.isdigit():
+            steps = p.with_name(f"{p.stem}.steps.jsonl")
+            lines = steps.read_text().splitlines() if steps.exists() else []
+            records.append(dict(json.loads(p.read_text()), steps=[json.loads(x) for x in lines]))
     return proc, records
+
+
+def _assert_progress(proc, r: dict, losses: list[float], seq_len: int | None) -> None:
+    """The rank logged every optimizer step with the loss the program computed, and the CLI showed them, the plan
+    of the job DeepSpeed sized and, at the end, the rank's peak against it."""
+    steps = r["steps"]
+    assert [s["step"] for s in steps] == list(range(1, len(losses) + 1))
+    assert [s["loss"] for s in steps] == pytest.approx(losses, rel=1e-5)
+    assert all(s["seq_len"] == seq_len and s["s_per_step"] > 0 and s["rss_bytes"] > 0 for s in steps)
+    if r.get("region"):
+        reads = [s["read_bytes"] for s in steps]
+        assert reads == sorted(reads) and reads[0] > 0
+    assert f"step  rank {r['rank']}: {len(losses)}/" in proc.stderr  # the last step is always shown
+    assert f"rank {r['rank']}: {len(losses)} steps, " in proc.stderr
 
 
 def _engaged_rank(records: list[dict]) -> dict:
@@ -84,6 +103,21 @@ def test_hf_trainer_script_run_with_python(tmp_path):
     zo = result["trainer_config"]["zero_optimization"]
     assert zo["offload_param"]["max_in_cpu"] == 0 and zo["stage3_max_reuse_distance"] == 0
     assert r["offload"] == {"offload_param": "nvme", "offload_optimizer": "nvme"}
+    _assert_progress(proc, r, result["losses"], seq_len=32)
+    # The plan: the job DeepSpeed sized (the model built whole, the Trainer's micro-batch, bf16), the model from the
+    # config.json the rank wrote, whose parameter count is the one DeepSpeed counted.
+    from memascend_cli.models import load_config_json
+
+    job = r["job"]
+    assert (job["micro_batch"], job["dtype"], job["zero_init"], job["checkpointing"]) == (2, "bf16", False, False)
+    assert load_config_json(str(tmp_path / "run" / "status" / f"{r['pid']}.config.json")).num_params == \
+        job["num_params"]
+    assert job["zero_optimization"]["offload_param"]["max_in_cpu"] == 0
+    assert "plan: " in proc.stderr and ("GiB host memory per rank with the memascend engine (6.3M params, seq 32, "
+                                       "micro-batch 2, bf16, no checkpointing, 1 rank(s)") in proc.stderr
+    m = re.search(r"rank 0: 3 steps, .*; peak RSS ([\d.]+) GiB, plan ([\d.]+) GiB \(([-+\d.]+)%\)", proc.stderr)
+    assert m, proc.stderr[-3000:]
+    assert abs(float(m.group(3))) < 40  # the plan holds the rank's peak (-11% when written)
 
 
 def test_a_script_that_installs_the_engine_itself_is_left_alone(tmp_path):
@@ -94,7 +128,9 @@ def test_a_script_that_installs_the_engine_itself_is_left_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert [(r["state"], r.get("by_program")) for r in records] == [("engaged", True)]
     assert "rank 0: engine installed by the program itself" in proc.stderr
-    assert json.loads((tmp_path / "out.json").read_text())["stats"]["bytes_read"] > 0
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["stats"]["bytes_read"] > 0
+    _assert_progress(proc, records[0], result["losses"], seq_len=32)  # its steps are shown all the same
 
 
 def _plain_config(tmp_path: Path, nvme: Path) -> Path:
@@ -125,8 +161,15 @@ def test_deepspeed_launcher_with_a_config_path(tmp_path, ranks):
         assert r["nvme"] and r["bytes_read"] > 0 and r["bytes_written"] > 0 and r["swap_files"] == 0
         assert f"rank {r['rank']}: engine engaged, region read" in proc.stderr
     assert {r["state"] for r in records if r["rank"] is None} == {"imported"}  # runner.py and launch.py
-    assert len(json.loads(out.read_text())["losses"]) == 3
+    losses = json.loads(out.read_text())["losses"]
+    assert len(losses) == 3
     assert _files(nvme) == []
+    for r in engaged:  # rank 0's losses are the ones ds_plain_job.py writes; every rank logs its steps
+        assert r["job"]["zero_init"] and r["job"]["world_size"] == ranks and len(r["steps"]) == 3
+    # Float inputs show no sequence length, and none is guessed.
+    _assert_progress(proc, min(engaged, key=lambda r: r["rank"]), losses, seq_len=None)
+    # A torch.nn.Sequential has no Hugging Face config: said, not guessed.
+    assert "plan: not estimated: the model (0.5M parameters) has no Hugging Face config; give --model" in proc.stderr
 
 
 def test_without_a_region_the_engine_uses_deepspeeds_swap_files(tmp_path):
@@ -151,8 +194,11 @@ def test_accelerate_launch_with_deepspeed(tmp_path):
                            str(HERE / "hf_trainer_job.py"), "plain", str(HF_CONFIG), "-", str(nvme), str(out),
                            region=make_region(tmp_path, "512MiB"))
     assert proc.returncode == 0, proc.stderr[-6000:]
-    _engaged_rank(records)
-    assert json.loads(out.read_text())["files"] == []
+    r = _engaged_rank(records)
+    result = json.loads(out.read_text())
+    assert result["files"] == []
+    _assert_progress(proc, r, result["losses"], seq_len=32)
+    assert "seq 32, micro-batch 2, bf16, no checkpointing, 1 rank(s)" in proc.stderr
 
 
 def test_no_initialize_and_no_nvme_are_said(tmp_path):

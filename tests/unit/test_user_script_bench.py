@@ -34,6 +34,25 @@ def test_stock_never_installs_the_engine_and_memascend_does():
     assert usb.script_command(hf, "stock", **kw)[-3:] == ["/m", "512", "3"]
 
 
+def test_accelerate_and_trl_run_the_same_knobs_stock_and_memascend():
+    kw = dict(model_dir="/m", region="/r.bin", nvme_path="/n", out="/o.json", python="/venv/bin/python",
+              config="/w/ds.json", port=1234)
+    acc = usb.Job("accelerate", False)
+    stock, mem = usb.script_command(acc, "stock", **kw), usb.script_command(acc, "memascend", **kw)
+    assert stock[:3] == ["/venv/bin/accelerate", "launch", "--use_deepspeed"]
+    assert stock[stock.index("--deepspeed_config_file") + 1] == "/w/ds.json"
+    assert stock[stock.index("--main_process_port") + 1] == "1234"
+    i = stock.index(usb.HF_SCRIPT)
+    assert stock[i + 1:i + 3] == ["plain", "/w/ds.json"] and mem[i + 1] == "before"
+    assert [w for w in stock if w not in ("plain", "before")] == [w for w in mem if w not in ("plain", "before")]
+    trl = usb.Job("trl", False)
+    t_stock, t_mem = usb.script_command(trl, "stock", **kw), usb.script_command(trl, "memascend", **kw)
+    assert t_stock[:3] == ["/venv/bin/python", usb.TRL_SCRIPT, "plain"] and t_mem[2] == "before"
+    assert t_stock[3:] == t_mem[3:] == ["/w/ds.json", "/r.bin", "/n", "/o.json", "/m", "512", "3"]
+    for job in (acc, trl):  # the Trainer fills "auto" and builds the model without zero.Init
+        assert "--no-zero-init" in usb.plan_command(job, model_dir="/m")
+
+
 def test_hf_script_cannot_checkpoint():
     with pytest.raises(ValueError):
         usb.script_command(usb.Job("hf", True), "stock", model_dir="/m", region="/r", nvme_path="/n", out="/o")
@@ -101,6 +120,39 @@ def test_merge_replaces_the_jobs_measured_again_and_keeps_jobs_order():
         ("hf-nockpt", "memascend", 1)]
 
 
+def test_median_of_repeats_keeps_the_middle_run_and_every_peak():
+    def run(engine, peak, ok=True, others=0):
+        return {"job": "trl-nockpt", "engine": engine, "peak_system_bytes": peak, "ok": ok, "ru_maxrss_bytes": 1,
+                "others_rss_change_at_peak_bytes": others}
+    runs = [run("stock", 4), run("memascend", 9), run("stock", 5), run("memascend", 1, ok=False),
+            run("stock", 3), run("memascend", 2)]
+    picked = {r["engine"]: r for r in usb.median_runs(runs)}
+    assert picked["stock"]["peak_system_bytes"] == 4 and picked["stock"]["median_of"] == "all 3 (clean)"
+    assert [x["peak_system_bytes"] for x in picked["stock"]["repeats"]] == [4, 5, 3]
+    # The failed repeat is not clean: the median of the two clean ones (2, 9) is the lower.
+    assert picked["memascend"]["peak_system_bytes"] == 2 and picked["memascend"]["median_of"] == "2 clean of 3"
+    assert usb.median_runs([run("stock", 4)]) == [run("stock", 4)]  # one run: kept as it is
+
+
+def test_runs_other_processes_disturbed_are_left_out_of_the_median():
+    def run(peak, others):
+        return {"job": "trl-nockpt", "engine": "stock", "peak_system_bytes": peak, "ok": True,
+                "others_rss_change_at_peak_bytes": others}
+    # Another job freed 0.9 GiB during the first run (its system peak reads low) and grew during the third.
+    runs = [run(3 * GiB, -GiB * 9 // 10), run(4 * GiB, 10 << 20), run(11 * GiB, 7 * GiB), run(int(4.2 * GiB), 0)]
+    (picked,) = usb.median_runs(runs)
+    assert picked["peak_system_bytes"] == 4 * GiB and picked["median_of"] == "2 clean of 4"
+    assert [x["clean"] for x in picked["repeats"]] == [False, True, False, True]
+    (unclean,) = usb.median_runs(runs[:1] + runs[2:3])
+    assert unclean["median_of"] == "all 2 (none clean)" and unclean["peak_system_bytes"] == 3 * GiB
+
+
+def test_a_sitting_measured_again_in_later_ones_is_gone():
+    s = [{"jobs": ["ds", "hf"]}, {"jobs": ["acc", "trl"]}, {"jobs": ["trl"]}, {"jobs": ["acc"]}]
+    assert usb.kept_sittings(s) == [s[0], s[2], s[3]]
+    assert usb.kept_sittings(s[:3]) == s[:3]  # the first sitting's acc runs are still its own
+
+
 def test_table_has_a_row_per_run_and_the_ratio_line():
     text = usb.table(_doc())
     lines = text.splitlines()
@@ -108,6 +160,7 @@ def test_table_has_a_row_per_run_and_the_ratio_line():
     assert len([ln for ln in lines if ln.startswith("| ")]) == 5
     assert "| memascend | ds | none | 1.00 | 1.25 | +0.10 | 1.00 | +0.0% | -20.0% | yes |" in text
     assert "no: x" in text and "ds-nockpt 0.25, hf-nockpt ?" in text
+    assert "over ru_maxrss (the script's largest process alone" in text and "ds-nockpt 0.29, hf-nockpt ?" in text
 
 
 def test_results_section_renders_a_document(tmp_path):
