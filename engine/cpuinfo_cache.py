@@ -6,17 +6,46 @@ prebuilt ops included: cpu_adam and async_io) and ``DeepSpeedCPUAdam.__init__`` 
 line 75). Each ``cpuinfo.get_cpu_info()`` starts a Python subprocess (py-cpuinfo ``get_cpu_info_json``) that times
 the clock around a 1 s sleep (``CPUID.get_raw_hz``): 1.1 s a call, five calls (5.6 s) in every rank before its first
 step, in stock and memascend runs alike. The CPU does not change under a job, so the first answer is kept for this
-process and, through ``MEMASCEND_CPU_INFO`` (JSON), for the processes it starts.
+process and, through ``MEMASCEND_CPU_INFO``, for the processes it starts on this machine: the value names the boot it
+was probed in (another node, or a later boot, probes again) and is base64, so it survives the shell ``export`` lines
+DeepSpeed's multi-node runner builds from ``.deepspeed_env``.
 
 Only py-cpuinfo's public function is replaced; what DeepSpeed does with the answer is unchanged.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
 ENV = "MEMASCEND_CPU_INFO"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def _boot_id() -> str:
+    try:
+        with open(BOOT_ID, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def encode(info: dict) -> str:
+    """The environment value for `info`, probed on this machine in this boot."""
+    return f"{_boot_id()}:{base64.urlsafe_b64encode(json.dumps(info).encode()).decode()}"
+
+
+def decode(value: str) -> dict | None:
+    """The CPU info a value holds, or None when it is from another machine or boot, or not ours."""
+    boot, sep, payload = value.partition(":")
+    if not sep or boot != _boot_id():
+        return None
+    try:
+        info = json.loads(base64.urlsafe_b64decode(payload.encode()))
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) and info else None
 
 
 def enable() -> None:
@@ -30,15 +59,12 @@ def enable() -> None:
     probe = cpuinfo.get_cpu_info
 
     def get_cpu_info() -> dict:
-        kept = os.environ.get(ENV)
-        if kept:
-            try:
-                return json.loads(kept)
-            except ValueError:
-                pass  # not ours (or damaged): probe again and replace it
-        info = probe()
+        kept = decode(os.environ.get(ENV, ""))
+        if kept is not None:
+            return kept
+        info = probe()  # none kept, or another machine's: probe and replace it
         if info:  # py-cpuinfo answers {} when its subprocess failed: probe again next time
-            os.environ[ENV] = json.dumps(info)
+            os.environ[ENV] = encode(info)
         return info
 
     get_cpu_info.memascend_cached = True

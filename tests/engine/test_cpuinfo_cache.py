@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -43,15 +44,26 @@ def test_the_first_answer_is_kept_for_the_process_and_its_environment(counted):
     cpuinfo_cache.enable()  # idempotent: no second layer
     first = cpuinfo.get_cpu_info()
     assert first["arch"] and len(counted) == 1
-    assert json.loads(os.environ[cpuinfo_cache.ENV]) == first
+    assert cpuinfo_cache.decode(os.environ[cpuinfo_cache.ENV]) == first
     assert cpuinfo.get_cpu_info() == first and len(counted) == 1
+    # Shell-safe: DeepSpeed's multi-node runner writes `export NAME=VALUE` lines for MEMASCEND_* variables.
+    assert re.fullmatch(r"[0-9A-Za-z_=:-]+", os.environ[cpuinfo_cache.ENV])
+
+
+def test_another_machines_or_boots_answer_is_probed_again(counted, monkeypatch):
+    other = cpuinfo_cache.encode({"arch": "ARM_8", "flags": ["sve"]}).split(":", 1)[1]
+    monkeypatch.setenv(cpuinfo_cache.ENV, "00000000-0000-0000-0000-000000000000:" + other)
+    cpuinfo_cache.enable()
+    info = cpuinfo.get_cpu_info()
+    assert len(counted) == 1 and info["arch"] != "ARM_8"
+    assert cpuinfo_cache.decode(os.environ[cpuinfo_cache.ENV]) == info
 
 
 def test_a_damaged_value_is_probed_again_and_replaced(counted, monkeypatch):
-    monkeypatch.setenv(cpuinfo_cache.ENV, "{not json")
+    monkeypatch.setenv(cpuinfo_cache.ENV, "{not ours")
     cpuinfo_cache.enable()
     info = cpuinfo.get_cpu_info()
-    assert len(counted) == 1 and json.loads(os.environ[cpuinfo_cache.ENV]) == info
+    assert len(counted) == 1 and cpuinfo_cache.decode(os.environ[cpuinfo_cache.ENV]) == info
 
 
 def _child(env: dict) -> dict:
@@ -67,7 +79,7 @@ def test_deepspeeds_builders_in_a_child_ask_no_probe_after_the_parents():
     alone = _child(env)
     # Without an inherited answer the child probes once (not once per builder question) ...
     assert alone["probes"] == 1
-    env[cpuinfo_cache.ENV] = json.dumps(cpuinfo.get_cpu_info())
+    env[cpuinfo_cache.ENV] = cpuinfo_cache.encode(cpuinfo.get_cpu_info())
     inherited = _child(env)
     # ... and with its parent's answer not at all, and DeepSpeed derives the same compiler flags from it.
     assert inherited["probes"] == 0
