@@ -152,18 +152,16 @@ def _wrap_initialize(ds) -> None:
     @functools.wraps(original)
     def initialize(*args, **kwargs):
         try:
-            model = signature.bind(*args, **kwargs).arguments.get("model")
+            bound = signature.bind(*args, **kwargs)
         except TypeError:  # arguments DeepSpeed refuses: its own call below says so
-            model = None
+            bound = None
+        model = bound.arguments.get("model") if bound is not None else None
         partitioned = any(hasattr(p, "ds_id") for p in model.parameters()) if hasattr(model, "parameters") else False
-        result = _initialize(*args, **kwargs)
+        result = original(*args, **kwargs) if bound is None or _installed() else _initialize(bound, args, kwargs)
         _watch(result, partitioned)
         return result
 
-    def _initialize(*args, **kwargs):
-        if _installed():
-            return original(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
+    def _initialize(bound, args, kwargs):
         a = bound.arguments
         config = a.get("config") if a.get("config") is not None else a.get("config_params")
         cli_args = a.get("args")

@@ -3,6 +3,7 @@
 #   bash scripts/bootstrap.sh plan [plan options]   light install (.venv), then `memascend plan` on this machine
 #   bash scripts/bootstrap.sh test [pytest options] full install (apt: libaio/liburing/fio; torch, DeepSpeed,
 #                                                   transformers; DeepSpeed's CPU ops prebuilt), then the test suite
+#                                                   on two pytest-xdist workers
 # Idempotent: re-running reuses .venv and the prebuilt ops in .torch_ext.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ shift || true
 
 PY="${PYTHON:-python3}"
 VENV="${MEMASCEND_VENV:-.venv}"
-log() { printf '\033[36m[bootstrap]\033[0m %s\n' "$*" >&2; }
+log() { printf '\033[36m[bootstrap %ss]\033[0m %s\n' "$SECONDS" "$*" >&2; }
 
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
@@ -80,7 +81,11 @@ if AsyncIOBuilder().is_compatible():
 PY
     "$VENV/bin/python" -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys; sys.exit(0 if B().is_compatible() else 1)" 2>/dev/null \
       || log "DeepSpeed async_io is not buildable here (libaio-dev missing?): stock-DeepSpeed tests will skip"
-    exec "$VENV/bin/python" -m pytest "$@"
+    # Two pytest-xdist workers (MEMASCEND_TEST_WORKERS): the suite is mostly one busy core (process starts, imports,
+    # I/O waits), so a second worker nearly halves it on two cores. A file's tests stay on one worker (its module
+    # fixtures run once); tests marked `serial` run alone (tests/conftest.py). `-n 0` after these runs serially.
+    log "running the tests on ${MEMASCEND_TEST_WORKERS:-2} workers"
+    exec "$VENV/bin/python" -m pytest -n "${MEMASCEND_TEST_WORKERS:-2}" --dist loadfile "$@"
     ;;
   *)
     echo "usage: bash scripts/bootstrap.sh plan|test [args]" >&2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from dataclasses import dataclass
 
@@ -26,6 +27,25 @@ def _prime_cpu_info() -> None:
 
 
 _prime_cpu_info()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist (the README's test command runs two workers) a test marked `serial` runs alone: it asserts
+    on machine-wide state (/dev/shm, /tmp) that the other worker's jobs change and sweep. A readers-writer lock
+    across the workers, held from setup to teardown (module fixtures included): every test shared, a serial test
+    exclusive; readers pass a turnstile first, so a waiting serial test is not starved."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    base = item.config._tmp_path_factory.getbasetemp().parent  # the session's, shared by the workers
+    serial = item.get_closest_marker("serial") is not None
+    with open(base / "serial.turnstile", "a") as turnstile, open(base / "serial.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if not serial:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        yield  # closing the files releases the locks
 
 
 @dataclass

@@ -283,7 +283,11 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         stack.close()  # kills what is left in the cgroup and removes it
     res.wall_s = t_end - t_launch
     swept_after = leftovers.sweep()
-    res.shm.update(after_bytes=leftovers.shm_used_bytes(), segments_after=leftovers.deepspeed_segments(),
+    after = leftovers.deepspeed_segments()
+    held = leftovers.held_paths(os.path.join(leftovers.SHM_DIR, leftovers.SHM_PREFIX))
+    # What the run left: segments new since the launch that no live process holds (another job's live ones are not).
+    left = [n for n in after if n not in res.shm["segments_before"] and os.path.join(leftovers.SHM_DIR, n) not in held]
+    res.shm.update(after_bytes=leftovers.shm_used_bytes(), segments_after=after, left_by_run=left,
                    swept_after=swept_after.to_dict())
     code = os.waitstatus_to_exitcode(status)
     res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None

@@ -57,9 +57,10 @@ def test_tiny_bench_from_an_installed_wheel(tmp_path):
     assert [x["name"] for x in doc["runs"]] == ["stock", "tuned", "memascend"]
     for run in doc["runs"]:
         assert run["ok"], run["error"]
-        # /dev/shm was checked around the run: nothing of it is left (DeepSpeed's allreduce segments are swept).
+        # /dev/shm was checked around the run: nothing of it is left (DeepSpeed's allreduce segments are swept); the
+        # live segments of jobs beside it (the test suite's other worker) are not the run's.
         shm = run["shm"]
-        assert set(shm["segments_after"]) <= set(shm["segments_before"]) and shm["after_bytes"] >= 0
+        assert shm["left_by_run"] == [] and shm["after_bytes"] >= 0
         if run["name"] == "memascend":
             continue  # region I/O instead of swap files: checked below
         assert len(run["losses"]) == 2 and run["seconds_per_step"] > 0 and run["tokens_per_s"] > 0

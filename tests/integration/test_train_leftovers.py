@@ -50,6 +50,7 @@ def _rank_pids(run: str) -> dict[int, int]:
     return out
 
 
+@pytest.mark.serial  # a stale segment it plants must stay for this run's sweep, not another job's
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this machine")
 def test_killed_rank_leaves_no_shared_memory_and_live_segments_are_kept(tmp_path):
     from memascend_cli.run.launch import free_port
