@@ -24,6 +24,13 @@ OOM killer fires); failed otherwise. OOM and STALLED both mean "does not fit".""
 DOES_NOT_FIT = (OOM, STALLED)
 _SAYS = {OOM: "OOM-killed", STALLED: "stalled past the probe time limit"}
 DISK_KEEP_FREE_BYTES = 8 * GiB
+PROBE_START_S = 240.0
+"""A probe's time limit before its steps: settle, imports, zero.Init and the region's first writes (a few minutes at
+billion scale on the 2-core reference machine)."""
+PROBE_STEP_SLACK = 3.0
+"""A probe's steps may take this many times the plan's s/step (startup counted as one more step) before it reads
+'stalled': a job crawling at its cap re-reads its evicted libraries from disk (major faults) for hours without an
+OOM kill, which is 'does not fit' to a user; the plan's step time is within tens of percent (docs/results.md)."""
 """SSD space the probes leave free on the file system they use (other users of the machine)."""
 
 
@@ -150,6 +157,18 @@ def next_probe(g: Grid, start: int | None, top: int | None, top_reason: str,
     if hi == 0:
         return Conclusion(None, False, f"{killed}, the grid's first value")
     return g.value(max(0, hi - max(1, s - hi + 1)))
+
+
+PROBE_TIMEOUT_FALLBACK_S = 3600.0
+"""A probe's time limit where the plan has no step time."""
+
+
+def probe_timeout_s(planned_s_per_step: float | None, steps: int) -> float:
+    """A probe's time limit from the plan's step time: PROBE_START_S plus PROBE_STEP_SLACK x (steps + 1) steps;
+    PROBE_TIMEOUT_FALLBACK_S without a predicted step time. Pure."""
+    if not planned_s_per_step:
+        return PROBE_TIMEOUT_FALLBACK_S
+    return round(PROBE_START_S + PROBE_STEP_SLACK * (steps + 1) * planned_s_per_step, 1)
 
 
 def outcome(run: dict) -> str:

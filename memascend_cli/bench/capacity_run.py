@@ -59,7 +59,7 @@ def plan_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, nvme_dir:
 
 
 def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir: str, nvme_dir: str, nvme_info: dict,
-                  usable_disk_bytes: int, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float,
+                  usable_disk_bytes: int, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float | None,
                   meta: dict) -> dict:
     """One engine's search: the plan's maximum under the cap, the SSD ceiling, then probes until a conclusion."""
     from memascend_cli.console import err
@@ -79,9 +79,13 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
         point = probe_point(base, axis, nxt)
         probe_dir = os.path.join(out_dir, run.name, f"{axis}-{nxt}")
         os.makedirs(probe_dir, exist_ok=True)
+        timeout_s = probe_timeout_s
+        if timeout_s is None:
+            planned_time = point.predict(run.mode, _config(run, point, nvme_dir)).get("time") or {}
+            timeout_s = capacity.probe_timeout_s(planned_time.get("seconds_per_step"), point.steps)
         doc = runner.run_point(point, [run], out_dir=probe_dir, nvme_dir=nvme_dir, nvme_info=nvme_info, region=None,
                                engine_ok=engine_ok, settle_cap_s=settle_cap_s, dram_cap_bytes=cap_bytes,
-                               timeout_s=probe_timeout_s)
+                               timeout_s=timeout_s)
         doc["meta"] = meta
         summary = document.write_document(doc, os.path.join(probe_dir, "bench.json"))
         region = os.path.join(probe_dir, "bench.region")
@@ -89,6 +93,7 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
             os.unlink(region)  # the next probe makes its own: keep the SSD space for it
         r = summary["runs"][0]
         q = capacity.probe_record(nxt, r, os.path.relpath(os.path.join(probe_dir, "bench.json"), out_dir))
+        q["timeout_s"] = timeout_s
         probes.append(q)
         results.append((nxt, q["outcome"]))
         peak = "-" if q["cgroup_peak_bytes"] is None else f"{q['cgroup_peak_bytes'] / GiB:.2f} GiB"
@@ -99,7 +104,7 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
 
 
 def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: int, out_dir: str, nvme_dir: str,
-                 nvme_info: dict, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float,
+                 nvme_info: dict, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float | None,
                  meta: dict) -> tuple[dict, bool]:
     """Every engine's search, one after another; (the summary as written to OUT/capacity.json, no probe failed
     other than by an OOM kill)."""
@@ -122,7 +127,11 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
              "bench.json (path relative to this file) has the whole run",
              "cgroup peak: the cgroup's own high-water mark (processes plus the page cache charged to them); an "
              "OOM-killed probe's peak is cut at the cap",
-             f"a probe still running after {probe_timeout_s:.0f} s is killed and reads 'stalled' (does not fit)"]
+             (f"a probe still running after {probe_timeout_s:.0f} s" if probe_timeout_s is not None else
+              f"a probe still running after {capacity.PROBE_START_S:.0f} s plus {capacity.PROBE_STEP_SLACK:g} x "
+              "the plan's s/step for each step and one more (its timeout_s)") +
+             " is killed and reads 'stalled' (does not fit: at its cap a job can crawl re-reading its evicted "
+             "libraries instead of being OOM-killed)"]
     doc = capacity.capacity_document(g=capacity.grid(axis), cap_bytes=cap_bytes, job=job,
                                      hardware=cap_hardware(base.hw, cap_bytes).to_dict(),
                                      disk={"path": where, "free_bytes": free_bytes,

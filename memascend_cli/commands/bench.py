@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import typer
 
+from memascend_cli.bench.capacity import PROBE_START_S, PROBE_STEP_SLACK
 from memascend_cli.errors import EXIT_FAIL, BadInput
 
-PROBE_TIMEOUT_S = 3600.0
-"""--probe-timeout's default."""
 _J = "Job"
 _R = "Runs"
 _O = "Output"
@@ -109,7 +108,8 @@ def bench_command(
     probe_timeout: float = typer.Option(None, "--probe-timeout", help="With --capacity: longest a probe may run, in "
                                         "seconds; one still running is killed and reads 'stalled' (does not fit: near "
                                         "its cap a job can crawl re-reading its libraries instead of being "
-                                        "OOM-killed). Default: 3600.", rich_help_panel=_R, show_default=False),
+                                        f"OOM-killed). Default: {PROBE_START_S:.0f} s plus {PROBE_STEP_SLACK:g} x the plan's s/step for each "
+                                        "step and one more.", rich_help_panel=_R, show_default=False),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
     out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, its memory timelines in "
@@ -240,7 +240,7 @@ def bench_command(
         doc, all_ok = capacity_run.run_capacity(capacity, base, run_specs, cap_bytes=dram_cap_bytes, out_dir=out_dir,
                                                 nvme_dir=nvme_dir, nvme_info=nvme_info, engine_ok=engine_ok,
                                                 settle_cap_s=settle_cap, meta=meta,
-                                                probe_timeout_s=probe_timeout or PROBE_TIMEOUT_S)
+                                                probe_timeout_s=probe_timeout)
         if as_json:
             print_json(doc)
         else:

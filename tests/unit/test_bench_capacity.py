@@ -201,3 +201,10 @@ def test_results_section():
     assert "| 4.00 | layers | tuned | 12 (DRAM) | 12 (OOM-killed at 13) | yes | 12: fit 3.00; 13: oom 4.00 |" in text
     assert "| 4.00 | layers | memascend | 137 (SSD space) | at least 137 (SSD space (...)) | yes |" in text
     assert "bench-llama-136m, seq len 2048, micro batch 1, 2 steps" in text  # the searched axis is not listed
+
+
+def test_a_probe_gets_the_plans_step_time_with_slack_or_the_fallback_without_one():
+    # 2 steps + startup as one more: 3 step times with the slack, after the start allowance.
+    assert capacity.probe_timeout_s(20.0, 2) == capacity.PROBE_START_S + capacity.PROBE_STEP_SLACK * 3 * 20.0
+    assert capacity.probe_timeout_s(200.0, 2) > capacity.probe_timeout_s(20.0, 2)
+    assert capacity.probe_timeout_s(None, 2) == capacity.probe_timeout_s(0.0, 2) == capacity.PROBE_TIMEOUT_FALLBACK_S
