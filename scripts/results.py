@@ -15,7 +15,7 @@ here):
   docs/bench/calibration/*.json     bench runs the planner's constants were fitted on
   docs/bench/validation/*.json      bench runs the planner was NOT fitted on (its error must stay within 10%)
   docs/bench/capped/*.json          `memascend bench --dram-cap` runs at billion-parameter scale
-  docs/bench/capacity/*.json        `memascend bench --capacity` summaries (capacity.json), one sitting each
+  docs/bench/capacity/*/capacity.json  `memascend bench --capacity` summaries, one sitting each, beside their probes' bench.json
   docs/bench/ssd-bound/*.json       `memascend bench` with and without --ssd-bandwidth: s/step against the time model
   docs/bench/gpu/*.json             the GPU kit's gpu_bench.json (scripts/gpu_check.sh), when a GPU was lent
   docs/bench/train/*.json           `memascend train` runs (metrics summaries)
@@ -682,7 +682,7 @@ def render() -> str:
     val = load(os.path.join(BENCH, "validation", "*.json"))
     parts.append(section_headline(cal, val))
     parts.append(section_capped(load(os.path.join(CAPPED, "*.json"))))
-    parts.append(capacity.results_section(load(os.path.join(BENCH, "capacity", "*.json"))))
+    parts.append(capacity.results_section(load(os.path.join(BENCH, "capacity", "*", "capacity.json"))))
     parts.append(section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))))
     details = len(parts)
     parts.append("## Every document in detail\n")

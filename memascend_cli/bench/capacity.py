@@ -249,7 +249,7 @@ def table_rows(doc: dict) -> list[list[str]]:
 
 
 RESULTS_COLUMNS = ("DRAM cap GiB", "axis", "engine", "planned max", "measured max", "within one grid step",
-                   "probes (value: outcome, cgroup peak GiB)")
+                   "probes (value: outcome, cgroup peak / ru_maxrss GiB)")
 
 
 def results_section(docs: list[tuple[str, dict]]) -> str:
@@ -275,9 +275,17 @@ def results_section(docs: list[tuple[str, dict]]) -> str:
         for e in doc["engines"]:
             probes = "; ".join(f"{q['value']}: {q['outcome']}" + ("" if q["cgroup_peak_bytes"] is None else
                                                                  f" {q['cgroup_peak_bytes'] / GiB:.2f}")
+                               + ("" if q.get("ru_maxrss_bytes") is None else f" / {q['ru_maxrss_bytes'] / GiB:.2f}")
                                for q in e["probes"])
             out.append("| " + " | ".join([cap, doc["axis"], e["name"], fmt_max(e["planned_max"]) +
                                           f" ({e['planned_binding']})", fmt_max(e["measured_max"], e["at_least"]) +
                                           f" ({e['reason']})", _yes_no(e["within_one_step"], True), probes or "-"]) + " |")
+        by = {e["name"]: e for e in doc["engines"]}
+        mem, tuned = by.get("memascend"), by.get("tuned")
+        if mem and tuned and mem["measured_max"] and tuned["measured_max"]:
+            out += ["", f"memascend's measured maximum is {'at least ' if mem['at_least'] else ''}"
+                        f"{mem['measured_max'] / tuned['measured_max']:.1f}x tuned stock's "
+                        f"({fmt_max(mem['measured_max'], mem['at_least'])} vs "
+                        f"{fmt_max(tuned['measured_max'], tuned['at_least'])})."]
         out.append("")
     return "\n".join(out) + "\n"

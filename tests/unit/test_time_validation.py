@@ -63,6 +63,8 @@ def _date(doc: dict) -> str:
 
 def _docs():
     for path in sorted(glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"), recursive=True)):
+        if os.sep + "capacity" + os.sep in path:
+            continue  # capacity probes: runs at their DRAM cap, where reclaim sets the pace, not the time model
         with open(path) as f:
             d = json.load(f)
         for doc in d.get("documents") or [d]:
