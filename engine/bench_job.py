@@ -45,7 +45,8 @@ class Events:
     def phase(self, name: str) -> None:
         # State at the phase boundary: anonymous RSS and what glibc's arenas hold free, so a recorded run shows
         # how much of its peak is allocator retention rather than live tensors.
-        self.emit("phase", name=name, rss_anon_bytes=status_kib("RssAnon") * 1024, malloc=malloc_state())
+        self.emit("phase", name=name, rss_anon_bytes=status_kib("RssAnon") * 1024,
+                  rss_file_bytes=status_kib("RssFile") * 1024, malloc=malloc_state())
 
 
 def io_delta(a: dict, b: dict) -> dict:

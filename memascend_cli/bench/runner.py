@@ -326,7 +326,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         if k in summary:
             setattr(res, k, summary[k])
     res.phases = [{"name": p["name"], "at_s": round(p["t_mono"] - t_launch, 3),
-                   **{k: p[k] for k in ("rss_anon_bytes", "malloc") if k in p}} for p in summary["phases"]]
+                   **{k: p[k] for k in ("rss_anon_bytes", "rss_file_bytes", "malloc") if k in p}}
+                  for p in summary["phases"]]
     if res.peak_at_s is not None:
         res.peak_phase = next((p["name"] for p in reversed(res.phases) if p["at_s"] <= res.peak_at_s), "startup")
     if code == 0 and len(res.losses) == steps:
