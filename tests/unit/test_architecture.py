@@ -126,3 +126,17 @@ def test_no_source_file_over_800_lines():
                for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".cpp", ".h", ".sh")]
     long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_repository_stays_slim():
+    # Recorded runs are compact summaries (timelines gzipped beside them); a reader's checkout stays small.
+    import subprocess
+
+    p = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if p.returncode != 0:
+        pytest.skip("not a git checkout: no tracked files to count")
+    files = [ROOT / f for f in p.stdout.decode().split("\0") if f]
+    lines = sum(f.read_bytes().count(b"\n") for f in files if f.is_file())
+    docs_bytes = sum(f.stat().st_size for f in files if f.is_file() and f.relative_to(ROOT).parts[0] == "docs")
+    assert lines < 100_000, f"{lines:,} tracked lines"
+    assert docs_bytes < 3 * 2**20, f"docs/ holds {docs_bytes / 2**20:.1f} MiB"
