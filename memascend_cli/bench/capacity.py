@@ -24,6 +24,7 @@ OOM killer fires); failed otherwise. OOM and STALLED both mean "does not fit".""
 DOES_NOT_FIT = (OOM, STALLED)
 _SAYS = {OOM: "OOM-killed", STALLED: "stalled past the probe time limit"}
 DISK_KEEP_FREE_BYTES = 8 * GiB
+"""SSD space the probes leave free on the file system they use (other users of the machine)."""
 PROBE_START_S = 240.0
 """A probe's time limit before its steps: settle, imports, zero.Init and the region's first writes (a few minutes at
 billion scale on the 2-core reference machine)."""
@@ -31,7 +32,11 @@ PROBE_STEP_SLACK = 3.0
 """A probe's steps may take this many times the plan's s/step (startup counted as one more step) before it reads
 'stalled': a job crawling at its cap re-reads its evicted libraries from disk (major faults) for hours without an
 OOM kill, which is 'does not fit' to a user; the plan's step time is within tens of percent (docs/results.md)."""
-"""SSD space the probes leave free on the file system they use (other users of the machine)."""
+PROBE_TIMEOUT_FALLBACK_S = 3600.0
+"""A probe's time limit where the plan has no step time."""
+PROBE_TIMEOUT_RULE = (f"{PROBE_START_S:.0f} s plus {PROBE_STEP_SLACK:g} x the plan's s/step for each step and one "
+                      "more")
+"""probe_timeout_s in words, for --probe-timeout's help and capacity.json's notes."""
 
 
 @dataclass(frozen=True)
@@ -159,10 +164,6 @@ def next_probe(g: Grid, start: int | None, top: int | None, top_reason: str,
     return g.value(max(0, hi - max(1, s - hi + 1)))
 
 
-PROBE_TIMEOUT_FALLBACK_S = 3600.0
-"""A probe's time limit where the plan has no step time."""
-
-
 def probe_timeout_s(planned_s_per_step: float | None, steps: int) -> float:
     """A probe's time limit from the plan's step time: PROBE_START_S plus PROBE_STEP_SLACK x (steps + 1) steps;
     PROBE_TIMEOUT_FALLBACK_S without a predicted step time. Pure."""
@@ -275,7 +276,8 @@ def results_section(docs: list[tuple[str, dict]]) -> str:
         for e in doc["engines"]:
             probes = "; ".join(f"{q['value']}: {q['outcome']}" + ("" if q["cgroup_peak_bytes"] is None else
                                                                  f" {q['cgroup_peak_bytes'] / GiB:.2f}")
-                               + ("" if q.get("ru_maxrss_bytes") is None else f" / {q['ru_maxrss_bytes'] / GiB:.2f}")
+                               + ("" if q.get("ru_maxrss_bytes") is None
+                                  else f" / {q['ru_maxrss_bytes'] / GiB:.2f}")
                                for q in e["probes"])
             out.append("| " + " | ".join([cap, doc["axis"], e["name"], fmt_max(e["planned_max"]) +
                                           f" ({e['planned_binding']})", fmt_max(e["measured_max"], e["at_least"]) +

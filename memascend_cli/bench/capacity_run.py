@@ -127,9 +127,8 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
              "bench.json (path relative to this file) has the whole run",
              "cgroup peak: the cgroup's own high-water mark (processes plus the page cache charged to them); an "
              "OOM-killed probe's peak is cut at the cap",
-             (f"a probe still running after {probe_timeout_s:.0f} s" if probe_timeout_s is not None else
-              f"a probe still running after {capacity.PROBE_START_S:.0f} s plus {capacity.PROBE_STEP_SLACK:g} x "
-              "the plan's s/step for each step and one more (its timeout_s)") +
+             "a probe still running after " + (f"{probe_timeout_s:.0f} s" if probe_timeout_s is not None else
+                                                f"{capacity.PROBE_TIMEOUT_RULE} (its timeout_s)") +
              " is killed and reads 'stalled' (does not fit: at its cap a job can crawl re-reading its evicted "
              "libraries instead of being OOM-killed)"]
     doc = capacity.capacity_document(g=capacity.grid(axis), cap_bytes=cap_bytes, job=job,

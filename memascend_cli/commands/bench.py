@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from memascend_cli.bench.capacity import PROBE_START_S, PROBE_STEP_SLACK
+from memascend_cli.bench.capacity import PROBE_TIMEOUT_RULE
 from memascend_cli.errors import EXIT_FAIL, BadInput
 
 _J = "Job"
@@ -108,8 +108,8 @@ def bench_command(
     probe_timeout: float = typer.Option(None, "--probe-timeout", help="With --capacity: longest a probe may run, in "
                                         "seconds; one still running is killed and reads 'stalled' (does not fit: near "
                                         "its cap a job can crawl re-reading its libraries instead of being "
-                                        f"OOM-killed). Default: {PROBE_START_S:.0f} s plus {PROBE_STEP_SLACK:g} x the plan's s/step for each "
-                                        "step and one more.", rich_help_panel=_R, show_default=False),
+                                        f"OOM-killed). Default: {PROBE_TIMEOUT_RULE}.", rich_help_panel=_R,
+                                        show_default=False),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
     out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, its memory timelines in "
