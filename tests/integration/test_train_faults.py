@@ -176,7 +176,8 @@ def test_faultfs_fault_stops_the_run_with_a_named_error(reference, fuse_region, 
     assert _complete_checkpoints(run)[0] == "step-0000002"
     _verify_checkpoint(run, 2)
     for step, loss in losses(run).items():
-        assert loss == reference[step]  # nothing wrong was ever logged
+        # nothing wrong was ever logged (the resume below is checked bit for bit)
+        assert loss == pytest.approx(reference[step], rel=1e-6, abs=0)
     if case in RESUMED:
         _resume_on_healthy_region(tmp_path, run, reference)
     elif case == "write-enospc":

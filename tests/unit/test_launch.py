@@ -25,7 +25,8 @@ def test_cpu_single_rank_argv_and_env():
     assert spec.cmd == ["/venv/bin/deepspeed", "--num_gpus", "1", "--master_port", "29500", "--no_local_rank",
                         "--enable_each_rank_log=/runs/a/logs", "--module", "memascend_engine.train_worker",
                         "--run-dir", "/runs/a", "--baseline"]
-    assert spec.env == {"PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "2"}
+    assert spec.env == {"PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "2",
+                        "MKL_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO"}
     assert spec.ds_config_path == "/runs/a/ds_config.json" and spec.cpu_only
 
 

@@ -113,6 +113,7 @@ def test_multi_node_launch_carries_the_environment_to_the_other_nodes():
     spec = build_launch(r, "/runs/m", num_gpus=0, cpu_cores=4, baseline=False, resume=False,
                         python_executable="/v/bin/python", extra_env={"TORCH_EXTENSIONS_DIR": "/ext"})
     assert spec.deepspeed_env == {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "TORCH_EXTENSIONS_DIR": "/ext",
+                                  "MKL_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO",
                                   "THP_MEM_ALLOC_ENABLE": "1"}  # the engine's allocator policy, on every node
     single = build_launch(recipe_from_dict({"model": "tiny-llama", "dataset": "d.jsonl"}), "/runs/s", num_gpus=0,
                           cpu_cores=4, baseline=False, resume=False, python_executable="/v/bin/python")
