@@ -64,22 +64,27 @@ def fit(rows: list[dict]) -> dict:
             "runs": rows}
 
 
-def activation_heap_fit(paths: list[str]) -> float | None:
-    """ACTIVATION_HEAP_BLOCKS_PER_LAYER: glibc's free-kept heap growth over stock's first forward + backward (phase
-    starts recorded with mallinfo2) per layer, in blocks of memory.activation_heap_block_bytes. None without such a
-    calibration run."""
-    ks = []
+def activation_heap_fit(paths: list[str]) -> dict:
+    """ACTIVATION_HEAP_BLOCKS_PER_LAYER: glibc's free-kept heap growth (phase starts recorded with mallinfo2) per layer
+    over stock's first forward ("forward") and first forward + backward ("retained"), in blocks of
+    memory.activation_heap_block, for each width that strands; a width without a calibration run is left out."""
+    ks: dict[str, dict[str, list[float]]] = {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
         j = doc["job"]
         spec = recorded_spec(j)
-        block = memory.activation_heap_block_bytes(spec, j["micro_batch"] * j["seq_len"], memory.DTYPE_BYTES[j["dtype"]])
+        stranded = memory.activation_heap_block(spec, j["micro_batch"] * j["seq_len"], memory.DTYPE_BYTES[j["dtype"]])
         for r in doc["runs"]:
             kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
-            if r["ok"] and r["mode"] != "memascend" and block and {"step1_forward", "step1_optimizer"} <= kept.keys():
-                ks.append((kept["step1_optimizer"] - kept["step1_forward"]) / (spec.num_hidden_layers * block))
-    return round(sum(ks) / len(ks), 1) if ks else None
+            phases = {"step1_forward", "step1_backward", "step1_optimizer"}
+            if r["ok"] and r["mode"] != "memascend" and stranded and phases <= kept.keys():
+                width, block = stranded
+                per_layer = spec.num_hidden_layers * block
+                fit = ks.setdefault(width, {"retained": [], "forward": []})
+                fit["retained"].append((kept["step1_optimizer"] - kept["step1_forward"]) / per_layer)
+                fit["forward"].append((kept["step1_backward"] - kept["step1_forward"]) / per_layer)
+    return {w: {part: round(sum(v) / len(v), 1) for part, v in parts.items()} for w, parts in ks.items()}
 
 
 def main(argv=None) -> int:
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
         print(f"{x['file']} {x['run']}: residual {x['residual_bytes'] / GiB:.3f} GiB")
     print(f"fitted: runtime {result['runtime_cpu_gib']:.2f} GiB, engine runtime {result['engine_runtime_gib']:.2f} GiB;"
           f" memory.py: {result['memory_py']['runtime_cpu_gib']:.2f}, {result['memory_py']['engine_runtime_gib']:.2f}")
-    print(f"fitted: activation heap {result['activation_heap_blocks_per_layer']} blocks per layer;"
+    print(f"fitted: activation heap blocks per layer {result['activation_heap_blocks_per_layer']};"
           f" memory.py: {memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER}")
     return 0
 

@@ -28,10 +28,9 @@ def probe_point(base: runner.Point, axis: str, value: int) -> runner.Point:
 
 
 def cap_hardware(hw, cap_bytes: int):
-    """The machine as the plan sees it under the cap: the cap is the node's DRAM and the cgroup holds nothing but the
-    job (no OS reserve); SSD space is the probes' ceiling (capacity.ceiling), not checked here."""
-    return dataclasses.replace(hw, dram_gib=cap_bytes / GiB, dram_available_gib=None, os_reserve_gib=0.0,
-                               nvme_free_gib=None, nvme_path=None)
+    """The machine as the plan sees it under the cap (HardwareSpec.under_dram_cap); SSD space is the probes' ceiling
+    (capacity.ceiling), not checked here."""
+    return dataclasses.replace(hw.under_dram_cap(cap_bytes), nvme_free_gib=None, nvme_path=None)
 
 
 def _config(run, point: runner.Point, nvme_dir: str) -> dict:

@@ -12,10 +12,13 @@ from memascend_cli.units import MiB
 # blocks at least this large are mmapped and returned at free; smaller ones stay in the allocator's arenas.
 GLIBC_MMAP_THRESHOLD_MAX_BYTES = 32 * MiB
 # Heap glibc keeps per checkpointed layer after stock's first forward + backward on a CPU rank, in units of the
-# layer's widest activation block (s x b x I x E) when that block is larger than the heap's holes and below the mmap
-# threshold: fitted by scripts/fit_planner.py on docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json (mallinfo2
-# free-kept heap +3.72 GiB over 32 layers of 22 MiB blocks).
-ACTIVATION_HEAP_BLOCKS_PER_LAYER = 5.4
+# layer's stranded activation block (activation_heap_block): "retained" from the forward's start to the optimizer
+# step, "forward" the part grown during the forward (the checkpointed inputs stay live above the freed blocks).
+# Fitted by scripts/fit_planner.py on mallinfo2 at phase starts: intermediate-wide blocks on
+# docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json (22 MiB blocks), hidden-wide ones, once the intermediate
+# blocks are mmapped, on docs/bench/calibration/tuned-heap-l16-seq4096-fp32.json (16 MiB blocks).
+ACTIVATION_HEAP_BLOCKS_PER_LAYER = {"intermediate": {"retained": 5.4, "forward": 1.9},
+                                    "hidden": {"retained": 11.1, "forward": 7.4}}
 
 
 def arena_bytes(nbytes: int) -> int:
@@ -66,12 +69,18 @@ def largest_layer_numel(m: ModelSpec) -> int:
     return max(t.numel for t in layer_template(m)[1])
 
 
-def activation_heap_block_bytes(m: ModelSpec, tokens: int, elem_bytes: int) -> int:
-    """A layer's widest activation block (tokens x intermediate x E) when stock's CPU forward/backward strands it in
-    the heap, else 0. Pure. Each checkpointed layer's recomputation frees its blocks while the next layer's input stays
-    live above them; blocks larger than the holes zero.Init left (the layer's largest fp32 weight) cannot reuse them
-    and the heap grows (mallinfo2 in docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json); blocks of 32 MiB or
-    more are mmapped. At seq 256-512 the blocks fit the holes and nothing grows."""
-    block = tokens * m.intermediate_size * elem_bytes
+def activation_heap_block(m: ModelSpec, tokens: int, elem_bytes: int) -> tuple[str, int] | None:
+    """(width, bytes) of the activation block stock's CPU forward/backward strands in the heap, or None. Pure.
+
+    Each checkpointed layer's recomputation frees its blocks while the next layer's input stays live above them;
+    blocks larger than the holes zero.Init left (the layer's largest fp32 weight) cannot reuse them and the heap
+    grows; blocks of 32 MiB or more are mmapped and go back at free. The widest block below the threshold strands:
+    tokens x intermediate, or tokens x hidden once the intermediate blocks are mmapped (mallinfo2 in
+    docs/bench/calibration/tuned-heap-*.json). At seq 256-512 the blocks fit the holes and nothing grows."""
     hole = arena_bytes(4 * largest_layer_numel(m))
-    return block if hole < block < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
+    widths = sorted((("intermediate", m.intermediate_size), ("hidden", m.hidden_size)), key=lambda w: -w[1])
+    for width, size in widths:
+        block = tokens * size * elem_bytes
+        if block < GLIBC_MMAP_THRESHOLD_MAX_BYTES:
+            return (width, block) if block > hole else None
+    return None

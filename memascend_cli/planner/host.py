@@ -16,7 +16,7 @@ from memascend_cli.planner.context import Context
 from memascend_cli.planner.heap import (
     ACTIVATION_HEAP_BLOCKS_PER_LAYER,
     GLIBC_MMAP_THRESHOLD_MAX_BYTES,
-    activation_heap_block_bytes,
+    activation_heap_block,
     backward_heap_bytes,
     zero_init_heap_bytes,
 )
@@ -325,11 +325,18 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
                 f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB)"
                 " less the zero.Init heap they reuse",
                 "glibc malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX; memascend bench phase peaks", "retained")
-            block = activation_heap_block_bytes(c.m, job.micro_batch * job.seq_len, c.E) \
-                if job.checkpointing != "none" else 0
-            if block:
-                add("host/activation_heap", "checkpointed layers' blocks stranded in the heap",
-                    int(ACTIVATION_HEAP_BLOCKS_PER_LAYER * block * c.m.num_hidden_layers),
-                    f"{ACTIVATION_HEAP_BLOCKS_PER_LAYER} x L {c.m.num_hidden_layers} x block s*b*I*E {block:,}",
-                    "glibc heap growth, mallinfo2 at phase starts; fitted by scripts/fit_planner.py", "retained")
+            stranded = activation_heap_block(c.m, job.micro_batch * job.seq_len, c.E) \
+                if job.checkpointing != "none" else None
+            if stranded:
+                width, block = stranded
+                L = c.m.num_hidden_layers
+                dim = "I" if width == "intermediate" else "h"
+                for key, kind, part, label in (
+                        ("host/activation_heap_forward", "backward", "forward",
+                         "checkpointed layers' blocks stranded in the heap during the forward"),
+                        ("host/activation_heap", "retained", "retained",
+                         "checkpointed layers' blocks stranded in the heap")):
+                    k = ACTIVATION_HEAP_BLOCKS_PER_LAYER[width][part]
+                    add(key, label, int(k * block * L), f"{k} x L {L} x block s*b*{dim}*E {block:,}",
+                        "glibc heap growth, mallinfo2 at phase starts; fitted by scripts/fit_planner.py", kind)
     return out

@@ -23,7 +23,7 @@ from memascend_cli.planner.context import Context, partition
 from memascend_cli.planner.heap import (
     ACTIVATION_HEAP_BLOCKS_PER_LAYER,
     GLIBC_MMAP_THRESHOLD_MAX_BYTES,
-    activation_heap_block_bytes,
+    activation_heap_block,
     zero_init_heap_bytes,
 )
 from memascend_cli.planner.host import (
@@ -41,7 +41,7 @@ from memascend_cli.planner.zero import ENGINES
 __all__ = [  # the planner's public names, whatever module holds them
     "ACTIVATION_HEAP_BLOCKS_PER_LAYER", "DTYPE_BYTES", "ENGINE_RUNTIME_BYTES", "ENGINES",
     "GLIBC_MMAP_THRESHOLD_MAX_BYTES", "LAUNCHER_PROCESS_BYTES", "RUNTIME_CPU_BYTES", "Estimate", "Item", "JobSpec", "SsdTraffic",
-    "activation_heap_block_bytes", "estimate", "estimate_all", "partition", "zero_init_heap_bytes",
+    "activation_heap_block", "estimate", "estimate_all", "partition", "zero_init_heap_bytes",
 ]
 
 

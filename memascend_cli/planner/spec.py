@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+from memascend_cli.units import GiB, MiB
+
+# Library pages a job's processes keep mapped (torch, DeepSpeed's ops, Python): a memory cgroup is charged for them
+# and can only reclaim them by thrashing, so a cap holds them beside the job's anonymous memory. RssFile of a bench
+# rank, 108-110 MiB at every phase from the first step on (the phases' rss_file_bytes in docs/bench/capacity/).
+CGROUP_FILE_PAGES_BYTES = 110 * MiB
 
 
 @dataclass(kw_only=True)
@@ -49,6 +56,12 @@ class HardwareSpec:
         """DRAM a job may use per node."""
         reserve = self.os_reserve_gib if self.os_reserve_gib is not None else max(1.0, 0.05 * self.dram_gib)
         return max(0.0, self.dram_gib - reserve)
+
+    def under_dram_cap(self, cap_bytes: int) -> HardwareSpec:
+        """This node as a job in a memory cgroup of `cap_bytes` sees it: the cap is its DRAM, and what the cgroup
+        holds besides the job's own allocations is its mapped library pages (nothing else of the OS)."""
+        return replace(self, dram_gib=cap_bytes / GiB, dram_available_gib=None,
+                       os_reserve_gib=CGROUP_FILE_PAGES_BYTES / GiB)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -295,7 +295,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
             raise BadInput("--dram-cap caps the processes of this node only, and this run spans nodes",
                            "drop --dram-cap, or run on one node")
         if dram_cap_bytes < hw.usable_dram_gib * GiB:
-            hw = dataclasses.replace(hw, dram_gib=dram_cap_bytes / GiB, os_reserve_gib=0.0)
+            hw = hw.under_dram_cap(dram_cap_bytes)
         else:
             from memascend_cli.console import err
 

@@ -278,17 +278,22 @@ def test_zero_init_heap_is_the_recorded_upper_mode():
 
 
 def test_activation_heap_grows_only_for_blocks_larger_than_the_holes():
-    """Stock on a CPU rank: the checkpointed layers' widest blocks (s x I x E) strand heap when larger than the
-    zero.Init holes (the layer's largest fp32 weight) and below the 32 MiB mmap threshold."""
+    """Stock on a CPU rank: the checkpointed layers' widest blocks below the 32 MiB mmap threshold (s x I x E, or
+    s x h x E once those are mmapped) strand heap when larger than the zero.Init holes (the largest fp32 weight)."""
     m = load_preset("bench-llama-136m")  # largest weight 1024 x 2816 fp32 = 11 MiB
-    assert memory.activation_heap_block_bytes(m, 512, 4) == 0  # 5.5 MiB: fits the holes
-    assert memory.activation_heap_block_bytes(m, 2048, 4) == 2048 * 2816 * 4  # 22 MiB
-    assert memory.activation_heap_block_bytes(m, 8192, 4) == 0  # 88 MiB: mmapped
+    assert memory.activation_heap_block(m, 512, 4) is None  # 5.5 MiB: fits the holes
+    assert memory.activation_heap_block(m, 2048, 4) == ("intermediate", 2048 * 2816 * 4)  # 22 MiB
+    assert memory.activation_heap_block(m, 4096, 4) == ("hidden", 4096 * 1024 * 4)  # 44 MiB mmapped, 16 MiB strands
+    assert memory.activation_heap_block(m, 8192, 4) is None  # 88 and 32 MiB: both mmapped
     j = job("bench-llama-136m", seq_len=2048, dtype="fp32", checkpointing="full")
     est = estimate(j, CPU, "stock")
-    item = est.item("host/activation_heap")
-    assert item.kind == "retained"
-    assert item.bytes == int(memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER * 2048 * 2816 * 4 * 8)
+    k = memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER["intermediate"]
+    item, forward = est.item("host/activation_heap"), est.item("host/activation_heap_forward")
+    assert (item.kind, forward.kind) == ("retained", "backward")
+    assert item.bytes == int(k["retained"] * 2048 * 2816 * 4 * 8)
+    assert forward.bytes == int(k["forward"] * 2048 * 2816 * 4 * 8)
+    long = estimate(replace(j, seq_len=4096), CPU, "stock").item("host/activation_heap")
+    assert long.bytes == int(memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER["hidden"]["retained"] * 4096 * 1024 * 4 * 8)
     assert "host/activation_heap" not in {i.key for i in estimate(j, CPU, "memascend").items}
     assert "host/activation_heap" not in {i.key for i in estimate(replace(j, seq_len=512), CPU, "stock").items}
 
