@@ -18,11 +18,11 @@ from memascend_cli.units import GiB
 AXES = ("layers", "seq", "micro-batch")
 SCHEMA_VERSION = 1
 FIT, OOM, STALLED, FAILED = "fit", "oom", "stalled", "failed"
-"""A probe's outcome: trained every step under the cap; OOM-killed inside the cap; stalled: killed after the probe time
-limit (near its cap a cgroup can reclaim and re-read the pages of the libraries it runs for a long time before the
-OOM killer fires); failed otherwise. OOM and STALLED both mean "does not fit"."""
+"""A probe's outcome: trained every step under the cap; OOM-killed inside the cap; stalled: killed for thrashing
+(run/cgroup.py THRASH_FULL_SHARE) or after the probe time limit (near its cap a cgroup can reclaim and re-read the
+pages of the libraries it runs for a long time before the OOM killer fires); failed otherwise. OOM and STALLED both mean "does not fit"."""
 DOES_NOT_FIT = (OOM, STALLED)
-_SAYS = {OOM: "OOM-killed", STALLED: "stalled past the probe time limit"}
+_SAYS = {OOM: "OOM-killed", STALLED: "stalled (thrashing or timed out)"}
 DISK_KEEP_FREE_BYTES = 8 * GiB
 """SSD space the probes leave free on the file system they use (other users of the machine)."""
 PROBE_START_S = 240.0
@@ -178,7 +178,7 @@ def outcome(run: dict) -> str:
         return FIT
     if run.get("oom_killed"):
         return OOM
-    return STALLED if run.get("timed_out") else FAILED
+    return STALLED if run.get("timed_out") or run.get("thrashed") else FAILED
 
 
 def within_one_step(g: Grid, planned: int | None, c: Conclusion) -> bool | None:

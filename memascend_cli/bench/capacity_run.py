@@ -11,6 +11,7 @@ import os
 from memascend_cli.bench import capacity, document, runner
 from memascend_cli.bench.configs import build_ds_config, ssd_space_bytes
 from memascend_cli.planner import search
+from memascend_cli.run.cgroup import THRASH_FULL_SHARE, THRASH_WINDOW_S
 from memascend_cli.units import GiB
 
 SUMMARY_FILE = "capacity.json"
@@ -129,7 +130,8 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
              "a probe still running after " + (f"{probe_timeout_s:.0f} s" if probe_timeout_s is not None else
                                                 f"{capacity.PROBE_TIMEOUT_RULE} (its timeout_s)") +
              " is killed and reads 'stalled' (does not fit: at its cap a job can crawl re-reading its evicted "
-             "libraries instead of being OOM-killed)"]
+             "libraries instead of being OOM-killed); so is one whose tasks all stalled on memory "
+             f"{THRASH_FULL_SHARE:.0%} of {THRASH_WINDOW_S:.0f} s (memory pressure, systemd-oomd's limit)"]
     doc = capacity.capacity_document(g=capacity.grid(axis), cap_bytes=cap_bytes, job=job,
                                      hardware=cap_hardware(base.hw, cap_bytes).to_dict(),
                                      disk={"path": where, "free_bytes": free_bytes,

@@ -96,6 +96,10 @@ class RunResult:
     oom_killed: bool = False
     timed_out: bool = False
     """Killed by the parent after its time limit (bench --probe-timeout) without finishing."""
+    thrashed: bool = False
+    """Killed by the parent for thrashing at its DRAM cap (run/cgroup.py THRASH_FULL_SHARE over THRASH_WINDOW_S)."""
+    memory_stall: dict | None = None
+    """With --dram-cap: whose memory pressure was watched and the largest full-stall share over the window."""
     log_path: str = ""
 
     @property
@@ -184,7 +188,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     from contextlib import ExitStack
 
     from memascend_cli.run import lifeline
-    from memascend_cli.run.cgroup import RunCgroup
+    from memascend_cli.run.cgroup import THRASH_FULL_SHARE, THRASH_WINDOW_S, RunCgroup
 
     res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg)
     run_dir = os.path.join(out_dir, "runs", run.name)
@@ -245,15 +249,20 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         tree.start()
         status, rusage = 0, None
         rank0_events = f"{events_prefix}-rank0.jsonl"
+        watch = cap.pressure_watch() if dram_cap_bytes else None
         try:
             while True:
                 pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
                 if pid == proc.pid:
                     break
-                if timeout_s is not None and time.monotonic() - t_launch > timeout_s:
+                if watch is not None:
+                    watch.sample(time.monotonic())
+                    res.thrashed = watch.thrashing() is not None
+                timed_out = timeout_s is not None and time.monotonic() - t_launch > timeout_s
+                if timed_out or res.thrashed:
                     proc.kill()
                     _, status, rusage = os.wait4(proc.pid, 0)
-                    res.timed_out = True
+                    res.timed_out = timed_out
                     break
                 if progress is not None:
                     evs = read_events(rank0_events)
@@ -275,7 +284,10 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         if io_limits:
             res.io_throttle = cap.io_result()
         if dram_cap_bytes:
-            cg = cap.result(sigkilled=not res.timed_out and os.WIFSIGNALED(status)
+            if watch is not None:
+                res.memory_stall = {"scope": watch.scope, "max_full_share": round(watch.max_share, 3),
+                                    "window_s": THRASH_WINDOW_S}
+            cg = cap.result(sigkilled=not (res.timed_out or res.thrashed) and os.WIFSIGNALED(status)
                             and os.WTERMSIG(status) == signal.SIGKILL)
             res.cgroup, res.oom_killed = {"limit_bytes": dram_cap_bytes, **cg.to_dict()}, cg.oom_killed
     finally:
@@ -334,6 +346,10 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         res.ok = True
     elif res.oom_killed:
         res.error = f"does not fit: OOM-killed at step {len(res.losses) + 1} ({_phase(events)}) under the DRAM cap"
+    elif res.thrashed:
+        res.error = (f"does not fit: thrashing at step {len(res.losses) + 1} ({_phase(events)}) under the DRAM cap: "
+                     f"{watch.scope} tasks all stalled on memory {watch.max_share:.0%} of {THRASH_WINDOW_S:.0f} s "
+                     f"(killed at {THRASH_FULL_SHARE:.0%}, systemd-oomd's limit)")
     elif res.timed_out:
         res.error = (f"did not finish within {timeout_s:.0f} s: killed at step {len(res.losses) + 1} "
                      f"({_phase(events)})" + (" under the DRAM cap" if dram_cap_bytes else ""))

@@ -332,6 +332,59 @@ def _remove(path: str, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
+PSI_SYSTEM = "/proc/pressure/memory"
+"""The machine's memory pressure (Linux >= 4.20 with PSI); a v2 cgroup has its own in memory.pressure."""
+THRASH_FULL_SHARE = 0.6
+THRASH_WINDOW_S = 30.0
+"""A capped job thrashes when all its tasks stalled on memory ("full" pressure) at least THRASH_FULL_SHARE of the last
+THRASH_WINDOW_S: systemd-oomd's defaults (oomd.conf DefaultMemoryPressureLimit=60%,
+DefaultMemoryPressureDurationSec=30s), the point at which it kills a cgroup. Near its cap a job can re-read the evicted
+pages of its libraries for hours before the OOM killer fires."""
+
+
+def psi_full_total_us(text: str | None) -> int | None:
+    """The cumulative 'full' stall time (microseconds) of a PSI file (Documentation/accounting/psi.rst), or None."""
+    for line in (text or "").splitlines():
+        if line.startswith("full "):
+            m = re.search(r"\btotal=(\d+)", line)
+            return int(m.group(1)) if m else None
+    return None
+
+
+def full_stall_share(samples: list[tuple[float, int]], window_s: float = THRASH_WINDOW_S) -> float | None:
+    """The share of the last `window_s` in which all tasks stalled on memory, from (monotonic s, full total us)
+    samples oldest first; None until the samples span the window. Pure."""
+    if len(samples) < 2 or samples[-1][0] - samples[0][0] < window_s:
+        return None
+    t_end, us_end = samples[-1]
+    t0, us0 = next((t, u) for t, u in reversed(samples) if t_end - t >= window_s)
+    return (us_end - us0) / 1e6 / (t_end - t0)
+
+
+class PressureWatch:
+    """Samples a PSI file while a capped run goes on; `thrashing()` is the full-stall share once it reaches
+    THRASH_FULL_SHARE over THRASH_WINDOW_S, else None. `scope` says whose stalls the file counts."""
+
+    def __init__(self, path: str, scope: str):
+        self.path, self.scope = path, scope
+        self.samples: list[tuple[float, int]] = []
+        self.max_share = 0.0
+
+    def sample(self, now_s: float) -> None:
+        us = psi_full_total_us(_read(self.path))
+        if us is not None:
+            self.samples.append((now_s, us))
+            # keep a little more than the window
+            while len(self.samples) > 2 and now_s - self.samples[1][0] >= THRASH_WINDOW_S:
+                self.samples.pop(0)
+
+    def thrashing(self) -> float | None:
+        share = full_stall_share(self.samples)
+        if share is not None:
+            self.max_share = max(self.max_share, share)
+        return share if share is not None and share >= THRASH_FULL_SHARE else None
+
+
 class RunCgroup:
     """The cgroups of one run: a DRAM cap (`cap_bytes`) and/or SSD bandwidth limits (`io_limits`,
     iolimit.IoLimit), created on enter, removed on exit (their leftover processes killed first)."""
@@ -414,6 +467,16 @@ class RunCgroup:
         version, path = self.versions["memory"], self.dirs["memory"]
         names = V2_FILES if version == 2 else V1_FILES
         return judge(version, self.cap_bytes, {n: _read(os.path.join(path, n)) for n in names}, sigkilled)
+
+    def pressure_watch(self) -> PressureWatch | None:
+        """A watch on the memory cgroup's own pressure (v2 memory.pressure), else on the machine's (v1 has none of
+        its own: the capped run is then taken to be what stalls); None without PSI."""
+        own = os.path.join(self.dirs["memory"], "memory.pressure")
+        if self.versions["memory"] == 2 and psi_full_total_us(_read(own)) is not None:
+            return PressureWatch(own, "the cgroup's")
+        if psi_full_total_us(_read(PSI_SYSTEM)) is not None:
+            return PressureWatch(PSI_SYSTEM, "the machine's")
+        return None
 
     def io_result(self) -> dict:
         """The bandwidth limits and the bytes the io cgroup counted per device (iolimit.io_bytes); call once the

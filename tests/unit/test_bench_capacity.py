@@ -66,7 +66,7 @@ def test_the_seq_grid_steps_by_its_granule():
 
 def test_a_stall_counts_as_does_not_fit_and_is_named():
     probed, c = run_search(LAYERS, start=8, fits_up_to=8, stalls=(9,))
-    assert probed == [8, 9] and c == Conclusion(8, False, "stalled past the probe time limit at 9")
+    assert probed == [8, 9] and c == Conclusion(8, False, "stalled (thrashing or timed out) at 9")
 
 
 def test_nothing_fits_when_the_first_grid_value_is_killed():
@@ -118,6 +118,7 @@ def test_outcome_of_a_bench_run():
     assert capacity.outcome({"ok": True}) == FIT
     assert capacity.outcome({"ok": False, "oom_killed": True}) == OOM
     assert capacity.outcome({"ok": False, "oom_killed": False, "timed_out": True}) == STALLED
+    assert capacity.outcome({"ok": False, "oom_killed": False, "thrashed": True}) == STALLED
     assert capacity.outcome({"ok": False, "oom_killed": False}) == FAILED
 
 

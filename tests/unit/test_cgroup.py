@@ -106,3 +106,40 @@ def test_value_parsers():
     assert C.stale_owner("memascend-train-1234-0") == 1234
     assert C.stale_owner("memascend-bench_memascend-77-3") == 77
     assert C.stale_owner("system.slice") is None
+
+
+PSI = ("some avg10=12.50 avg60=3.10 avg300=0.80 total=9000000\n"
+       "full avg10=10.00 avg60=2.00 avg300=0.50 total={}\n")
+
+
+def test_psi_full_total_is_read_from_the_full_line():
+    assert C.psi_full_total_us(PSI.format(1063843613)) == 1063843613
+    assert C.psi_full_total_us("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n") is None  # no full line
+    assert C.psi_full_total_us(None) is None
+
+
+def test_thrashing_is_the_full_stall_share_of_the_last_window():
+    # 0.2 s samples; full stall grows 0.1 s per sample (50%) for 40 s, then 0.15 s per sample (75%)
+    samples, us, t = [], 0, 0.0
+    for i in range(400):
+        samples.append((t, us))
+        t += 0.2
+        us += 100_000 if i < 200 else 150_000
+    assert C.full_stall_share(samples[:100]) is None  # 19.8 s: not a whole window yet
+    assert C.full_stall_share(samples[:200]) == pytest.approx(0.5)
+    assert C.full_stall_share(samples) == pytest.approx(0.75)
+    w = C.PressureWatch("/unused", "the machine's")
+    w.samples = samples[:200]
+    assert w.thrashing() is None and w.max_share == pytest.approx(0.5)  # below systemd-oomd's 60%
+    w.samples = samples
+    assert w.thrashing() == pytest.approx(0.75)
+
+
+def test_the_pressure_watch_keeps_one_window_of_samples(tmp_path):
+    f = tmp_path / "memory.pressure"
+    w = C.PressureWatch(str(f), "the cgroup's")
+    for i in range(1000):
+        f.write_text(PSI.format(i * 1000))
+        w.sample(i * 0.2)
+    assert w.samples[-1][0] - w.samples[0][0] == pytest.approx(C.THRASH_WINDOW_S, abs=0.25)
+    assert w.thrashing() is None and w.max_share == pytest.approx(0.005)
