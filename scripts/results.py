@@ -682,7 +682,7 @@ def render() -> str:
     val = load(os.path.join(BENCH, "validation", "*.json"))
     parts.append(section_headline(cal, val))
     parts.append(section_capped(load(os.path.join(CAPPED, "*.json"))))
-    parts.append(capacity.results_section(load(os.path.join(BENCH, "capacity", "*", "capacity.json"))))
+    parts.append(section_capacity(load(os.path.join(BENCH, "capacity", "*", "capacity.json"))))
     parts.append(section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))))
     details = len(parts)
     parts.append("## Every document in detail\n")
@@ -716,6 +716,18 @@ def render() -> str:
 def _demote(text: str) -> str:
     """Every markdown heading of `text` one level down."""
     return "\n".join("#" + line if line.startswith("##") else line for line in text.split("\n"))
+
+
+def section_capacity(docs: list[tuple[str, dict]]) -> str:
+    """The capacity tables, each engine's maximum replanned by today's planner from its first probe's document."""
+    today = {}
+    for path, doc in docs:
+        today[path] = {}
+        for e in doc["engines"]:
+            if e["probes"]:
+                probe = load_one(os.path.join(REPO, os.path.dirname(path), e["probes"][0]["document"]))
+                today[path][e["name"]] = capacity.replanned_max(doc, e, probe)
+    return capacity.results_section(docs, today)
 
 
 def main(argv=None) -> int:

@@ -250,11 +250,31 @@ def table_rows(doc: dict) -> list[list[str]]:
 
 
 RESULTS_COLUMNS = ("DRAM cap GiB", "axis", "engine", "planned max", "measured max", "within one grid step",
-                   "probes (value: outcome, cgroup peak / ru_maxrss GiB)")
+                   "today's plan", "probes (value: outcome, cgroup peak / ru_maxrss GiB)")
 
 
-def results_section(docs: list[tuple[str, dict]]) -> str:
-    """docs/results.md's "Capacity under a DRAM cap": one table per document (one sitting); "" without any."""
+def replanned_max(doc: dict, engine: dict, probe: dict) -> int | None:
+    """Today's planner on a recorded table: the plan's maximum of `engine` (an entry of doc["engines"]) under the
+    document's cap, for the job and config its probe `probe` (that probe's bench.json) ran, bound by the SSD ceiling
+    the search recorded. Pure."""
+    from memascend_cli.bench.configs import plan_job, recorded_spec
+    from memascend_cli.planner.spec import HardwareSpec
+
+    j, run = probe["job"], probe["runs"][0]
+    job, planned_engine = plan_job(run["mode"], run["config"], recorded_spec(j), seq_len=j["seq_len"],
+                                   micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
+                                   checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
+                                   disabled=tuple(run.get("disabled") or ()),
+                                   host_budget_bytes=j.get("host_budget_bytes"))
+    hw = HardwareSpec(name="cap", dram_gib=24.0, cpu_cores=int(doc["hardware"].get("cpu_cores", 1)))
+    planned, _ = planned_max(doc["axis"], job, hw.under_dram_cap(doc["dram_cap_bytes"]), planned_engine)
+    top = engine.get("ceiling")
+    return planned if planned is None or top is None else min(planned, top)
+
+
+def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int | None]] | None = None) -> str:
+    """docs/results.md's "Capacity under a DRAM cap": one table per document (one sitting); "" without any.
+    today: {path: {engine: today's planned maximum (replanned_max)}}."""
     if not docs:
         return ""
     out = ["## Capacity under a DRAM cap", "",
@@ -263,8 +283,10 @@ def results_section(docs: list[tuple[str, dict]]) -> str:
            "cap, probed from the plan's value up after a fit and down after an OOM kill until a value fits and the "
            "next grid value is OOM-killed. \"At least\" marks a search that stopped at the grid's end, the SSD space "
            "or a failed run. The grids are the planner search's (layers 1, 2, ...; seq multiples of "
-           f"{search.SEQ_GRANULE}; micro-batch 1, 2, ...).", ""]
+           f"{search.SEQ_GRANULE}; micro-batch 1, 2, ...). \"Today's plan\" is the current planner's maximum for "
+           "the same job and cap, beside the one the search started from.", ""]
     for path, doc in docs:
+        g = grid(doc["axis"])
         j, meta = doc["job"], doc.get("meta") or {}
         cap = f"{doc['dram_cap_bytes'] / GiB:.2f}"
         fixed = ", ".join(f"{k.replace('_', ' ')} {j[k]}" for k in ("layers", "seq_len", "micro_batch")
@@ -281,7 +303,8 @@ def results_section(docs: list[tuple[str, dict]]) -> str:
                                for q in e["probes"])
             out.append("| " + " | ".join([cap, doc["axis"], e["name"], fmt_max(e["planned_max"]) +
                                           f" ({e['planned_binding']})", fmt_max(e["measured_max"], e["at_least"]) +
-                                          f" ({e['reason']})", _yes_no(e["within_one_step"], True), probes or "-"]) + " |")
+                                          f" ({e['reason']})", _yes_no(e["within_one_step"], True),
+                                          _today(g, (today or {}).get(path, {}), e), probes or "-"]) + " |")
         by = {e["name"]: e for e in doc["engines"]}
         mem, tuned = by.get("memascend"), by.get("tuned")
         if mem and tuned and mem["measured_max"] and tuned["measured_max"]:
@@ -291,3 +314,13 @@ def results_section(docs: list[tuple[str, dict]]) -> str:
                         f"{fmt_max(tuned['measured_max'], tuned['at_least'])})."]
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _today(g: Grid, planned_by_engine: dict, e: dict) -> str:
+    """Today's planned maximum of engine entry `e` and whether it is within one grid step of the measured one."""
+    if e["name"] not in planned_by_engine:
+        return "-"
+    planned = planned_by_engine[e["name"]]
+    within = within_one_step(g, planned, Conclusion(e["measured_max"], e["at_least"], e["reason"]))
+    return f"{fmt_max(planned)} ({'within' if within else 'off' if within is False else '-'})"
+

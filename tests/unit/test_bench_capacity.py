@@ -199,7 +199,7 @@ def test_results_section():
     assert capacity.results_section([]) == ""
     text = capacity.results_section([("docs/bench/capacity/depth-4gib.json", _doc())])
     assert text.startswith("## Capacity under a DRAM cap\n")
-    assert "| 4.00 | layers | tuned | 12 (DRAM) | 12 (OOM-killed at 13) | yes | 12: fit 3.00; 13: oom 4.00 |" in text
+    assert "| 4.00 | layers | tuned | 12 (DRAM) | 12 (OOM-killed at 13) | yes | - | 12: fit 3.00; 13: oom 4.00 |" in text
     assert "| 4.00 | layers | memascend | 137 (SSD space) | at least 137 (SSD space (...)) | yes |" in text
     assert "bench-llama-136m, seq len 2048, micro batch 1, 2 steps" in text  # the searched axis is not listed
 
@@ -209,3 +209,25 @@ def test_a_probe_gets_the_plans_step_time_with_slack_or_the_fallback_without_one
     assert capacity.probe_timeout_s(20.0, 2) == capacity.PROBE_START_S + capacity.PROBE_STEP_SLACK * 3 * 20.0
     assert capacity.probe_timeout_s(200.0, 2) > capacity.probe_timeout_s(20.0, 2)
     assert capacity.probe_timeout_s(None, 2) == capacity.probe_timeout_s(0.0, 2) == capacity.PROBE_TIMEOUT_FALLBACK_S
+
+
+def test_todays_plan_of_a_recorded_table():
+    """results.md's "today's plan": the current planner on each engine's recorded job and cap, bound by the SSD
+    ceiling the search recorded."""
+    import json
+    import os
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench", "capacity", "cap4gib-layers-fp32")
+    with open(os.path.join(folder, "capacity.json")) as f:
+        doc = json.load(f)
+    today = {}
+    for e in doc["engines"]:
+        with open(os.path.join(folder, e["probes"][0]["document"])) as f:
+            today[e["name"]] = capacity.replanned_max(doc, e, json.load(f))
+    assert today["stock"] is None  # stock's buffers alone exceed 4 GiB
+    assert today["memascend"] == next(e["ceiling"] for e in doc["engines"] if e["name"] == "memascend")  # the disk
+    assert 1 <= today["tuned"] < today["memascend"]
+    e = {"name": "tuned", "measured_max": 10, "at_least": False, "reason": "OOM-killed at 11"}
+    g = capacity.grid("layers")
+    assert capacity._today(g, {"tuned": 11}, e) == "11 (within)" and capacity._today(g, {"tuned": 13}, e) == "13 (off)"
+    assert capacity._today(g, {}, e) == "-"
