@@ -69,6 +69,7 @@ def activation_heap_fit(paths: list[str]) -> dict:
     over stock's first forward ("forward") and first forward + backward ("retained"), in blocks of
     memory.activation_heap_block, for each width that strands; a width without a calibration run is left out."""
     ks: dict[str, dict[str, list[float]]] = {}
+    phases = {"step1_forward", "step1_backward", "step1_optimizer"}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
@@ -77,7 +78,6 @@ def activation_heap_fit(paths: list[str]) -> dict:
         stranded = memory.activation_heap_block(spec, j["micro_batch"] * j["seq_len"], memory.DTYPE_BYTES[j["dtype"]])
         for r in doc["runs"]:
             kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
-            phases = {"step1_forward", "step1_backward", "step1_optimizer"}
             if r["ok"] and r["mode"] != "memascend" and stranded and phases <= kept.keys():
                 width, block = stranded
                 per_layer = spec.num_hidden_layers * block

@@ -257,17 +257,11 @@ def replanned_max(doc: dict, engine: dict, probe: dict) -> int | None:
     """Today's planner on a recorded table: the plan's maximum of `engine` (an entry of doc["engines"]) under the
     document's cap, for the job and config its probe `probe` (that probe's bench.json) ran, bound by the SSD ceiling
     the search recorded. Pure."""
-    from memascend_cli.bench.configs import plan_job, recorded_spec
-    from memascend_cli.planner.spec import HardwareSpec
+    from memascend_cli.bench.configs import recorded_hardware, recorded_plan_job
 
-    j, run = probe["job"], probe["runs"][0]
-    job, planned_engine = plan_job(run["mode"], run["config"], recorded_spec(j), seq_len=j["seq_len"],
-                                   micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
-                                   checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
-                                   disabled=tuple(run.get("disabled") or ()),
-                                   host_budget_bytes=j.get("host_budget_bytes"))
-    hw = HardwareSpec(name="cap", dram_gib=24.0, cpu_cores=int(doc["hardware"].get("cpu_cores", 1)))
-    planned, _ = planned_max(doc["axis"], job, hw.under_dram_cap(doc["dram_cap_bytes"]), planned_engine)
+    job, planned_engine = recorded_plan_job(probe, probe["runs"][0])
+    hw = recorded_hardware(probe).under_dram_cap(doc["dram_cap_bytes"])
+    planned, _ = planned_max(doc["axis"], job, hw, planned_engine)
     top = engine.get("ceiling")
     return planned if planned is None or top is None else min(planned, top)
 

@@ -161,23 +161,36 @@ def recorded_spec(job: dict):
     return spec
 
 
+def recorded_hardware(doc: dict):
+    """The machine a recorded bench document ran on, as the planner sees it (CPU-only unless the job used CUDA)."""
+    from memascend_cli.planner.spec import HardwareSpec
+
+    cuda = doc["job"].get("accelerator") == "cuda"
+    hw_doc = doc.get("hardware") or {}
+    return HardwareSpec(name=hw_doc.get("name", "recorded"), dram_gib=float(hw_doc.get("dram_gib", 24.0)),
+                        num_gpus=int(hw_doc.get("num_gpus", 0)) if cuda else 0,
+                        gpu_mem_gib=float(hw_doc.get("gpu_mem_gib", 0.0)) if cuda else 0.0,
+                        cpu_cores=int(hw_doc.get("cpu_cores", 1)))
+
+
+def _recorded_job_args(j: dict, run: dict) -> dict:
+    """plan_job's / predict's job arguments of a recorded run (its document's `job` and the run entry)."""
+    return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
+                checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
+                disabled=tuple(run.get("disabled") or ()), host_budget_bytes=j.get("host_budget_bytes"))
+
+
+def recorded_plan_job(doc: dict, run: dict):
+    """plan_job of a recorded run: (the planner's JobSpec, the estimate's engine). Pure."""
+    return plan_job(run["mode"], run["config"], recorded_spec(doc["job"]), **_recorded_job_args(doc["job"], run))
+
+
 def repredict(doc: dict, run: dict) -> dict:
     """Today's planner on a recorded run: its exact config, job, techniques and machine (CPU-only unless the run
     used CUDA). Pure: what scripts/results.py and the planner-validation test compare with the measured peak."""
-    from memascend_cli.planner.spec import HardwareSpec
-
     j = doc["job"]
-    spec = recorded_spec(j)
-    hw_doc = doc.get("hardware") or {}
-    cuda = j.get("accelerator") == "cuda"
-    hw = HardwareSpec(name=hw_doc.get("name", "recorded"), dram_gib=float(hw_doc.get("dram_gib", 24.0)),
-                      num_gpus=int(hw_doc.get("num_gpus", 0)) if cuda else 0,
-                      gpu_mem_gib=float(hw_doc.get("gpu_mem_gib", 0.0)) if cuda else 0.0,
-                      cpu_cores=int(hw_doc.get("cpu_cores", 1)))
-    return predict(run["mode"], run["config"], spec, seq_len=j["seq_len"], micro_batch=j["micro_batch"],
-                   dtype=j["dtype"], ranks=j["ranks"], checkpointing=j["checkpointing"], hw=hw,
-                   deepspeed_version=j["deepspeed_version"], disabled=tuple(run.get("disabled") or ()),
-                   host_budget_bytes=j.get("host_budget_bytes"), timing=recorded_timing(j))
+    return predict(run["mode"], run["config"], recorded_spec(j), hw=recorded_hardware(doc),
+                   timing=recorded_timing(j), **_recorded_job_args(j, run))
 
 
 def recorded_timing(job: dict) -> dict | None:
