@@ -74,6 +74,8 @@ def parse_args(argv):
     ap.add_argument("--dtype", required=True, choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpointing", default="full", choices=["full", "none"])
+    ap.add_argument("--loss-impl", default="hf", choices=["hf", "chunked"],
+                    help="hf: transformers' loss over full logits; chunked: memascend_engine.chunked_loss")
     ap.add_argument("--checkpointing-impl", default="hf", choices=["hf", "memascend"],
                     help="hf: transformers' non-reentrant checkpointing; memascend: memascend_engine.activation_checkpointing")
     ap.add_argument("--ds-config", required=True, help="DeepSpeed config JSON written by the parent")
@@ -177,6 +179,10 @@ def run(args, rank: int, ev: Events) -> int:
         model = make_model()
     init_weights_under_zero3(model)
     model.config.use_cache = False
+    if args.loss_impl == "chunked":
+        from memascend_engine import chunked_loss
+
+        chunked_loss.enable(model)
     if args.checkpointing == "full":
         if args.checkpointing_impl == "hf":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

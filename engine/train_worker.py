@@ -281,6 +281,13 @@ class Run:
             from memascend_engine.hf_models import init_weights_under_zero3
 
             init_weights_under_zero3(model)  # a preset with random weights
+        if recipe.chunked_loss:
+            from memascend_engine import chunked_loss
+
+            try:
+                chunked_loss.enable(model)
+            except ValueError as exc:
+                raise WorkerError(f"{exc}; set chunked_loss: false in the recipe") from None
         if recipe.gradient_checkpointing:
             if installed is not None and hasattr(installed, "enable_offloaded_checkpointing"):
                 installed.enable_offloaded_checkpointing(model)

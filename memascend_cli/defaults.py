@@ -17,6 +17,11 @@ DEFAULT_GRADIENT_CHECKPOINTING = True
 """Recompute activations in backward (the memascend engine offloads the checkpoints to host memory);
 LLaMA-Factory checkpoints by default too. The planner calls it `offload` (`full` on stock DeepSpeed)."""
 
+LOSS_CHUNK_LOGITS_BYTES = 64 << 20
+"""The chunked loss's fp32 logits per chunk (memascend_engine.chunked_loss): at or above glibc's largest mmap
+threshold (32 MiB), so a CPU job's chunks are mapped and returned at free rather than stranded in the heap, and
+large enough that the matmuls stay efficient."""
+
 ENGINE_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 """Environment of every memascend engine rank (stock runs do not get it): PyTorch's CPU allocator backs tensors of
 2 MiB and more with transparent huge pages (c10/core/impl/alloc_cpu.cpp reads the variable once, at the first

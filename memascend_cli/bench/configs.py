@@ -69,6 +69,16 @@ def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:
     return "hf" if mode == "stock" else "memascend"
 
 
+LOSSES = ("chunked", "hf")
+"""A bench job's loss: `chunked` (memascend_engine.chunked_loss, no b x s x V logits) or `hf` (transformers' own)."""
+
+
+def loss_impl(mode: str, loss: str) -> str:
+    """The loss a run computes: transformers' own for stock (what a stock user runs); the job's for tuned and
+    memascend, so tuned stock gets memascend's chunked loss as it gets its checkpoint function."""
+    return "hf" if mode == "stock" else loss
+
+
 def bench_launcher_processes(ranks: int) -> int:
     """Launcher processes beside the ranks (see child_command): none for one rank, torchrun for more."""
     return 0 if ranks == 1 else 1
@@ -76,7 +86,7 @@ def bench_launcher_processes(ranks: int) -> int:
 
 def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
              checkpointing: str, deepspeed_version: str, disabled: tuple[str, ...] = (),
-             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None):
+             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, loss: str = "hf"):
     """(the planner's JobSpec of one run, the estimate's engine: stock code with the run's own knobs for stock and
     tuned). `disabled`: the memascend techniques switched off (ablation runs). Pure."""
     from memascend_cli.planner.memory import JobSpec
@@ -89,13 +99,14 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   checkpoint_copies=0, streaming="streaming" not in disabled,
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
-                  launcher_processes=bench_launcher_processes(ranks))
+                  launcher_processes=bench_launcher_processes(ranks), chunked_loss=loss_impl(mode, loss) == "chunked")
     return job, "memascend" if mode == "memascend" else "stock"
 
 
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
             checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
-            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, timing: dict | None = None) -> dict:
+            checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, timing: dict | None = None,
+            loss: str = "hf") -> dict:
     """memascend plan's estimate for one run (plan_job): node peak plus the host items (for recalibration), and
     with `timing` ({device: planner.time.Device, read_gbps, write_gbps}: the SSD bandwidth the run gets, the
     throttle's under --ssd-bandwidth) the plan's step time (`time`, planner.time.engine_times)."""
@@ -103,7 +114,7 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
 
     job, engine = plan_job(mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
                            checkpointing=checkpointing, deepspeed_version=deepspeed_version, disabled=disabled,
-                           checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes)
+                           checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes, loss=loss)
     est = estimate(job, hw, engine)
     step = None
     if timing is not None and est.traffic is not None:
@@ -177,7 +188,8 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
     """plan_job's / predict's job arguments of a recorded run (its document's `job` and the run entry)."""
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
-                disabled=tuple(run.get("disabled") or ()), host_budget_bytes=j.get("host_budget_bytes"))
+                disabled=tuple(run.get("disabled") or ()), host_budget_bytes=j.get("host_budget_bytes"),
+                loss=j.get("loss", "hf"))  # jobs recorded before the chunked loss ran transformers' own
 
 
 def recorded_plan_job(doc: dict, run: dict):

@@ -11,8 +11,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from memascend_cli.bench.configs import (build_ds_config, checkpointing_impl, child_env, engine_args, plan_job, predict,
-                                         ssd_space_bytes)
+from memascend_cli.bench.configs import (build_ds_config, checkpointing_impl, child_env, engine_args, loss_impl,
+                                         plan_job, predict, ssd_space_bytes)
 from memascend_cli.bench.document import build_document
 from memascend_cli.bench.runs import RunSpec
 from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSampler, TreeSampler, bucket_max,
@@ -179,7 +179,8 @@ def child_command(args: list[str], ranks: int) -> list[str]:
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
             settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None,
-            dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = ()) -> RunResult:
+            dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = (),
+            loss: str = "chunked") -> RunResult:
     """Settle, launch the child (in a memory cgroup of dram_cap_bytes and an io cgroup throttled to io_limits
     (run/iolimit.py) if given), sample until it exits or runs past
     timeout_s (then it is killed, its ranks die with it), collect its events. The child dies with this process
@@ -201,7 +202,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         json.dump(cfg, f, indent=2)
     events_prefix = os.path.join(run_dir, "events")
     args = [*job_args, "--mode", run.mode, "--ds-config", cfg_path, "--events", events_prefix,
-            "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled)]
+            "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled), "--loss-impl", loss_impl(run.mode, loss)]
     for t in run.disabled:
         args += ["--disable", t]
     args += list(extra_args or [])
@@ -429,6 +430,8 @@ class Point:
     deepspeed_version: str
     timing: dict | None = None
     """The time model's inputs ({device, read_gbps, write_gbps}: configs.predict); None: no predicted s/step."""
+    loss: str = "chunked"
+    """configs.LOSSES: the loss tuned and memascend compute (stock computes transformers' own)."""
 
     def job_args(self) -> list[str]:
         args = ["--model", self.model, "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
@@ -440,13 +443,13 @@ class Point:
         """(the planner's JobSpec of this point's run, the estimate's engine): configs.plan_job."""
         return plan_job(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
                         ranks=self.ranks, checkpointing=self.checkpointing, deepspeed_version=self.deepspeed_version,
-                        disabled=disabled, host_budget_bytes=self.host_budget_bytes)
+                        disabled=disabled, host_budget_bytes=self.host_budget_bytes, loss=self.loss)
 
     def predict(self, mode: str, cfg: dict, disabled: tuple[str, ...] = ()) -> dict:
         return predict(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
                        ranks=self.ranks, checkpointing=self.checkpointing, hw=self.hw,
                        deepspeed_version=self.deepspeed_version, disabled=disabled,
-                       host_budget_bytes=self.host_budget_bytes, timing=self.timing)
+                       host_budget_bytes=self.host_budget_bytes, timing=self.timing, loss=self.loss)
 
 
 def median_run(repeats: list[RunResult]) -> RunResult:
@@ -517,7 +520,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
                               settle_cap_s=settle_cap_s, accelerator=p.accelerator,
                               extra_args=engine_args(predicted) if run.mode == "memascend" else None,
-                              dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits)
+                              dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits, loss=p.loss)
                 res.predicted = predicted
                 measured[i].append(res)
     results = [median_run(rs) for rs in measured]
@@ -526,7 +529,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                      "sitting; runs[].repeats lists every repeat")
     job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
            "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
-           "checkpointing": p.checkpointing, "ranks": ranks, "accelerator": p.accelerator,
+           "checkpointing": p.checkpointing, "loss": p.loss, "ranks": ranks, "accelerator": p.accelerator,
            "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
            "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info,
            "dram_cap_bytes": dram_cap_bytes,

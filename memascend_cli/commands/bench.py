@@ -70,6 +70,9 @@ def bench_command(
                              rich_help_panel=_J),
     checkpointing: str = typer.Option("full", "--checkpointing", help="Activation checkpointing: full (memascend "
                                       "offloads it) or none.", rich_help_panel=_J),
+    loss: str = typer.Option("chunked", "--loss", help="The loss tuned and memascend compute: chunked (lm_head + "
+                             "cross-entropy in 64 MiB logit chunks) or hf (transformers' own, full b x s x V "
+                             "logits). Stock always computes transformers' own.", rich_help_panel=_J),
     ranks: int = typer.Option(1, "--ranks", help="1, or 2 CPU ranks launched with torchrun (gloo).",
                               rich_help_panel=_J),
     host_budget: str = typer.Option(None, "--host-budget", help="memascend's pinned + staging memory per rank, e.g. "
@@ -142,6 +145,7 @@ def bench_command(
     import os
 
     from memascend_cli.bench import document, runner
+    from memascend_cli.bench.configs import LOSSES
     from memascend_cli.bench.runs import ACCELERATORS, parse_runs
     from memascend_cli.run.prepared import engine_available
     from memascend_cli.versions import installed_deepspeed_version
@@ -169,6 +173,8 @@ def bench_command(
             raise BadInput(f"{name} must be at least 1", "give a positive whole number")
     if checkpointing not in ("full", "none"):
         raise BadInput(f"unknown checkpointing {checkpointing!r}", "use full or none")
+    if loss not in LOSSES:
+        raise BadInput(f"unknown loss {loss!r}", "use " + " or ".join(LOSSES))
     if dtype not in ("bf16", "fp16", "fp32"):
         raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
     if accelerator not in ACCELERATORS:
@@ -232,7 +238,7 @@ def bench_command(
     template = runner.Point(model=model, spec=base_spec, layers=None, seq_len=seq_lens[0], micro_batch=micro_batch,
                             steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                             host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw,
-                            deepspeed_version=ds_version, timing=timing)
+                            deepspeed_version=ds_version, timing=timing, loss=loss)
     if capacity is not None:
         from memascend_cli.bench import capacity_run
 

@@ -3,6 +3,7 @@ reduce bucket, activations and logits. Pure: stdlib only."""
 
 from __future__ import annotations
 
+from memascend_cli.defaults import LOSS_CHUNK_LOGITS_BYTES
 from memascend_cli.planner.breakdown import Item
 from memascend_cli.planner.context import Context
 from memascend_cli.units import GiB
@@ -24,9 +25,26 @@ def loss_backward_blocks(c: Context) -> tuple[list[int], list[int]]:
     kept for backward and the fp32 gradient it returns. Then lm_head's backward: the logits, their fp32 gradient
     and the lm_head weight's gradient, the first parameter gradient of the step (autograd runs the loss's nodes
     before the model's)."""
+    if c.job.chunked_loss:
+        return chunked_loss_blocks(c)
     bs_vocab = c.job.micro_batch * c.job.seq_len * c.m.vocab_size
     logits = bs_vocab * c.E
     return [logits, 4 * bs_vocab, 4 * bs_vocab], [logits, 4 * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
+
+
+def chunked_loss_blocks(c: Context) -> tuple[list[int], list[int]]:
+    """The chunked loss's two moments (memascend_engine/chunked_loss.py FusedLinearCrossEntropy). At the last chunk
+    of its forward: the hidden states' gradient (b*s*h*E), the weight's fp32 gradient (V*h*4), the chunk's fp32
+    logits and logsumexp's temporary of the same size (torch.logsumexp: max-shifted exp), plus the E-typed matmul
+    output before its upcast when E is not fp32. At its backward: the two gradients and the weight gradient cast
+    to E when E is not fp32."""
+    m, E = c.m, c.E
+    tokens = c.job.micro_batch * c.job.seq_len
+    chunk = min(tokens, max(1, LOSS_CHUNK_LOGITS_BYTES // (4 * m.vocab_size))) * m.vocab_size
+    grads = [tokens * m.hidden_size * E, 4 * m.vocab_size * m.hidden_size]
+    upcast = E != 4
+    return (grads + [8 * chunk + (chunk * E if upcast else 0)],
+            grads + [m.vocab_size * m.hidden_size * E if upcast else 0])
 
 
 def activation_parts(c: Context) -> tuple[int, int, str]:
@@ -105,7 +123,11 @@ def compute_items(c: Context, tier: str) -> list[Item]:
     act, desc = activation_bytes(c)
     add("activations", "activations", act, desc, "Korthikanti et al., arXiv 2205.05198 (Table 2), SwiGLU-adjusted")
     bs = job.micro_batch * job.seq_len
-    if job.fused_cross_entropy:
+    if job.chunked_loss:
+        add("logits", "chunked loss (64 MiB logits chunks)", max(sum(b) for b in chunked_loss_blocks(c)),
+            "b*s*h*E hidden grad + V*h*4 weight grad + 2 fp32 logits chunks",
+            "memascend_engine/chunked_loss.py FusedLinearCrossEntropy")
+    elif job.fused_cross_entropy:
         add("logits", "logits (Liger fused linear CE, chunked)", 8 * bs * m.hidden_size,
             "chunk of ~b*s*h fp32 logits + its grad", "Liger-Kernel FusedLinearCrossEntropy chunking")
     else:

@@ -40,6 +40,9 @@ class JobSpec:
     for causal batches without a padding mask, so no s^2 scores are materialised; False models eager attention."""
     fused_cross_entropy: bool = False
     """Liger-Kernel fused linear cross-entropy (no full logits)."""
+    chunked_loss: bool = False
+    """memascend_engine.chunked_loss: lm_head + cross-entropy a 64 MiB chunk of fp32 logits at a time, gradients made
+    in the forward (no full logits; what bench gives tuned and memascend)."""
     deepspeed_version: str = DEFAULT_DEEPSPEED_VERSION
     knobs: ZeroSettings = zero.DEEPSPEED_DEFAULTS
     """The stock ZeRO settings of the job (memascend_cli/planner/zero.py: resolve); the memascend engine applies

@@ -52,7 +52,7 @@ def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, engin
     return JobSpec(model=model_spec, seq_len=r.seq_len, micro_batch=r.micro_batch, grad_accum_steps=r.grad_accum,
                    dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, engine),
                    deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0,
-                   checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget)
+                   checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget, chunked_loss=r.chunked_loss)
 
 
 def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
@@ -81,7 +81,8 @@ def job_document(job, est) -> dict:
         "seq_len": job.seq_len, "micro_batch": job.micro_batch, "grad_accum_steps": job.grad_accum_steps,
         "dtype": job.dtype, "grad_accum_dtype": job.grad_accum_dtype or job.dtype,
         "checkpointing": job.checkpointing, "flash_attention": job.flash_attention,
-        "fused_cross_entropy": job.fused_cross_entropy, "deepspeed_version": job.deepspeed_version,
+        "fused_cross_entropy": job.fused_cross_entropy, "chunked_loss": job.chunked_loss,
+        "deepspeed_version": job.deepspeed_version,
         "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
         "knobs": job.knobs.to_dict(), "zero_init": job.zero_init,
         "checkpoint_copies": job.checkpoint_copies,

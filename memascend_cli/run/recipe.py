@@ -123,6 +123,9 @@ class Recipe(_Strict):
     """Learning-rate schedule."""
     gradient_checkpointing: bool = DEFAULT_GRADIENT_CHECKPOINTING
     """Recompute activations in backward (the memascend engine offloads the checkpoints, see checkpoint_offload)."""
+    chunked_loss: bool = True
+    """lm_head + cross-entropy a 64 MiB chunk of fp32 logits at a time (memascend_engine.chunked_loss): no
+    b x s x V logits, which dominate host memory at long context; false = transformers' own loss."""
     checkpoint_offload: Literal["ssd", "dram"] = "ssd"
     """Where the memascend engine keeps activation checkpoints: ssd (a few layers' window in DRAM, the rest on the
     region) or dram (one pinned buffer per layer)."""

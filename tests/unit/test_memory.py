@@ -313,3 +313,23 @@ def test_tuned_is_stock_deepspeed_given_memascends_knobs():
     tuned, stock_given = estimate(j, GPU, "tuned"), estimate(given, GPU, "stock")
     assert [(i.key, i.bytes) for i in tuned.items] == [(i.key, i.bytes) for i in stock_given.items]
     assert tuned.host_peak_bytes < estimate(j, GPU, "stock").host_peak_bytes
+
+
+def test_the_chunked_loss_replaces_the_logits_by_one_chunk_and_two_gradients():
+    """memascend_engine.chunked_loss: at its forward's last chunk the hidden-state gradient (b*s*h*E), the weight's
+    fp32 gradient (V*h*4) and two fp32 chunks of 64 MiB of logits; no b*s*V term, so the loss moment stops growing
+    with the vocabulary times the context."""
+    s, V, h = 16384, 16384, 1024
+    k = replace(zero.DEEPSPEED_DEFAULTS, prefetch_bucket_size=10**6)
+    plain, chunked = (estimate(job("bench-llama-136m", seq_len=s, dtype="fp32", checkpointing="offload", knobs=k,
+                                   chunked_loss=c), CPU, "memascend") for c in (False, True))
+    params = (V * h + 10**6) * 4
+    loss = s * h * 4 + V * h * 4 + 2 * 64 * 2**20
+    kept = 0  # memascend's checkpoints stream to the SSD
+    assert chunked.item("host/compute/forward_backward").bytes >= params + loss + kept
+    assert plain.item("host/compute/forward_backward").bytes - chunked.item("host/compute/forward_backward").bytes \
+        >= s * V * 12 - loss - 1.6 * GiB  # the logits term gone, up to the larger recompute moment now binding
+    assert chunked.node_host_peak_bytes < plain.node_host_peak_bytes
+    # bf16 adds the matmul's bf16 output beside its fp32 upcast, and the weight gradient's cast at backward
+    b16 = estimate(job("bench-llama-136m", seq_len=256, dtype="bf16", chunked_loss=True), CPU, "memascend")
+    assert b16.item("host/compute/forward_backward").bytes > 0

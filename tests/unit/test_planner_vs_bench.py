@@ -34,3 +34,16 @@ def test_plan_within_10_percent_of_measured_peak(run):
     for measured in (run["peak_system_bytes"], run["ru_maxrss_bytes"]):
         assert abs(predicted(run) - measured) <= 0.10 * measured
 
+
+
+def test_tuned_and_memascend_get_the_chunked_loss_and_stock_keeps_transformers_own():
+    spec = load_model(JOB["model"])
+    for mode, want in (("stock", False), ("tuned", True), ("memascend", True)):
+        cfg = bench.build_ds_config(mode, spec, micro_batch=1, dtype="fp32", nvme_dir="/x", ranks=1)
+        job, _ = bench.plan_job(mode, cfg, spec, seq_len=512, micro_batch=1, dtype="fp32", ranks=1,
+                                checkpointing="full", deepspeed_version=JOB["deepspeed_version"], loss="chunked")
+        assert job.chunked_loss is want and bench.loss_impl(mode, "chunked") == ("chunked" if want else "hf")
+        # a document recorded before the choice existed ran transformers' own loss in every engine
+        old, _ = bench.recorded_plan_job({"job": {**JOB, "layers": spec.num_hidden_layers}},
+                                         {"mode": mode, "config": cfg})
+        assert old.chunked_loss is False
