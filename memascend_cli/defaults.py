@@ -17,6 +17,9 @@ DEFAULT_GRADIENT_CHECKPOINTING = True
 """Recompute activations in backward (the memascend engine offloads the checkpoints to host memory);
 LLaMA-Factory checkpoints by default too. The planner calls it `offload` (`full` on stock DeepSpeed)."""
 
+DEFAULT_CHUNKED_LOSS = True
+"""lm_head + cross-entropy in chunks of logits (memascend_engine.chunked_loss) rather than transformers' loss over
+the full b x s x V logits."""
 LOSS_CHUNK_LOGITS_BYTES = 64 << 20
 """The chunked loss's fp32 logits per chunk (memascend_engine.chunked_loss): at or above glibc's largest mmap
 threshold (32 MiB), so a CPU job's chunks are mapped and returned at free rather than stranded in the heap, and

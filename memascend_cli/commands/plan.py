@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from memascend_cli.defaults import (
+    DEFAULT_CHUNKED_LOSS,
     DEFAULT_GRAD_ACCUM,
     DEFAULT_GRADIENT_CHECKPOINTING,
     DEFAULT_MICRO_BATCH,
@@ -65,6 +66,10 @@ def plan_command(
                                            rich_help_panel=_M, show_default=False),
     liger: bool = typer.Option(False, "--liger", help="Liger-Kernel fused linear cross-entropy.",
                                rich_help_panel=_M),
+    chunked_loss: bool = typer.Option(None, "--chunked-loss/--full-logits", help="memascend train's loss in "
+                                      "chunks of logits, or transformers' loss over the full b x s x V logits. "
+                                      "[default: the recipe's, else chunked]", rich_help_panel=_M,
+                                      show_default=False),
     ranks: int = typer.Option(None, "--ranks", help="Processes per node (default: one per GPU, 1 on CPU).",
                               rich_help_panel=_M),
     hardware: str = typer.Option(None, "--hardware", help="Hardware profile name or YAML (default: probe this "
@@ -208,7 +213,8 @@ def plan_command(
                          micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing,
                          ranks=ranks, flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
                          deepspeed_version=ds_version, host_budget_bytes=budget_bytes,
-                         checkpoint_offload=checkpoint_offload, base=base)
+                         checkpoint_offload=checkpoint_offload, base=base,
+                         chunked_loss=False if liger else chunked_loss)
         world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
         stock_knobs = zero.resolve("stock", model=spec, world_size=world, elem_bytes=DTYPE_BYTES[job.dtype], base=base)
         if param_buffer_size:
@@ -235,7 +241,8 @@ def plan_command(
                   grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
                   zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
-                  checkpoint_offload=checkpoint_offload or "ssd")
+                  checkpoint_offload=checkpoint_offload or "ssd",
+                  chunked_loss=not liger and (DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss))
     return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing)
 
 

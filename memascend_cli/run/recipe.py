@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from memascend_cli.defaults import (
     DEFAULT_GRAD_ACCUM,
+    DEFAULT_CHUNKED_LOSS,
     DEFAULT_GRADIENT_CHECKPOINTING,
     DEFAULT_MICRO_BATCH,
     DEFAULT_OUTPUT_DIR,
@@ -123,7 +124,7 @@ class Recipe(_Strict):
     """Learning-rate schedule."""
     gradient_checkpointing: bool = DEFAULT_GRADIENT_CHECKPOINTING
     """Recompute activations in backward (the memascend engine offloads the checkpoints, see checkpoint_offload)."""
-    chunked_loss: bool = True
+    chunked_loss: bool = DEFAULT_CHUNKED_LOSS
     """lm_head + cross-entropy a 64 MiB chunk of fp32 logits at a time (memascend_engine.chunked_loss): no
     b x s x V logits, which dominate host memory at long context; false = transformers' own loss."""
     checkpoint_offload: Literal["ssd", "dram"] = "ssd"
