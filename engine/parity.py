@@ -69,6 +69,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--checkpointing", action="store_true", help="engine: enable offloaded checkpointing")
     ap.add_argument("--checkpoint-offload", default="ssd", choices=["ssd", "dram"],
                     help="engine: where offloaded checkpoints go")
+    ap.add_argument("--chunked-loss-bytes", type=int, default=None,
+                    help="compute the loss with memascend_engine.chunked_loss, chunks of this many fp32 logit bytes")
     ap.add_argument("--overflow-probe", action="store_true", help="check has_overflow on the real grad buffer")
     ap.add_argument("--save-checkpoint", default=None, help="call engine.save_checkpoint(DIR) after training")
     ap.add_argument("--save-at", type=int, default=None, help="save the checkpoint after this step (default: the last)")
@@ -133,6 +135,10 @@ def main(argv=None) -> dict:
     with deepspeed.zero.Init(config_dict_or_path=cfg):
         model = make_model()
     init_weights_under_zero3(model)
+    if args.chunked_loss_bytes:
+        from memascend_engine import chunked_loss
+
+        chunked_loss.enable(model, chunk_logits_bytes=args.chunked_loss_bytes)
     if handle is not None and args.checkpointing:
         handle.enable_offloaded_checkpointing(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)

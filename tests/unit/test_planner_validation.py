@@ -23,9 +23,14 @@ TOLERANCE = 0.10
 # measured 12.25 GiB where the plan says 13.59 (+11%). Causes not isolated yet. The tiny-llama runs (0.5-0.6 GiB
 # peaks, spread +-0.04 GiB from run to run) are recorded as the median of 3 repeats (`memascend bench --repeat 3`),
 # like the tiny calibration run the runtime constant is fitted on.
+# The loss pair at seq 8192 (2026-11-25): tuned with the chunked loss peaks 4.11 GiB, the plan 2.98 (-28%): glibc
+# kept 0.76-1.0 GiB free in stock's heap (mallinfo2 at the phase starts) where the plan expects every activation
+# block to be mmapped (8192 x hidden 1024 x 4 B = 32 MiB); with transformers' loss memascend peaks 2.24 GiB, the plan
+# 2.61 (+17%): the loss backward's b*s*V*(E + 8) moment holds less than three vocabulary-wide blocks.
 # Strict: a run listed here that comes within TOLERANCE fails until it is taken off the list.
 KNOWN_MISSES: set[str] = {"bench-llama-136m-2ranks-fp32.json:tuned", "bench-llama-136m-2ranks-fp32.json:memascend",
-                          "qwen2.5-0.5b-8l-fp32.json:stock"}
+                          "qwen2.5-0.5b-8l-fp32.json:stock", "loss-chunked-l8-seq8192-fp32.json:tuned",
+                          "loss-hf-l8-seq8192-fp32.json:tuned", "loss-hf-l8-seq8192-fp32.json:memascend"}
 
 
 def _runs(kind: str):
