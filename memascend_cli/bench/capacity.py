@@ -287,7 +287,8 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
                           if j.get(k) is not None)  # the searched axis is None
         out += [f"### {meta.get('title') or path}", "", f"`{meta.get('command', '?')}`", "",
                 f"{j['model']}, {fixed}, {j['steps']} steps, {j['dtype']}, checkpointing {j['checkpointing']}, "
-                f"{j['ranks']} rank(s); {meta.get('date', '?')}, host `{meta.get('host', '?')}`. Raw: `{path}`.", "",
+                f"{j['ranks']} rank(s), tuned and memascend loss {j.get('loss', 'hf')} (stock: hf); "
+                f"{meta.get('date', '?')}, host `{meta.get('host', '?')}`. Raw: `{path}`.", "",
                 "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
         for e in doc["engines"]:
             probes = "; ".join(f"{q['value']}: {q['outcome']}" + ("" if q["cgroup_peak_bytes"] is None else

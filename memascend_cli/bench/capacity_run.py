@@ -120,7 +120,7 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
                for run in run_specs]
     job = {k: getattr(base, k) for k in ("model", "layers", "seq_len", "micro_batch", "steps", "dtype", "seed",
                                          "checkpointing", "ranks", "accelerator", "host_budget_bytes",
-                                         "deepspeed_version")}
+                                         "deepspeed_version", "loss")}
     job["layers"] = base.layers or base.spec.num_hidden_layers
     job[{"layers": "layers", "seq": "seq_len", "micro-batch": "micro_batch"}[axis]] = None  # the searched axis
     notes = ["each probe is one `memascend bench` run of the engine in its own memory cgroup of the cap; its "
