@@ -26,7 +26,7 @@ import time
 from memascend_engine import cpuinfo_cache
 from memascend_engine.procfs import io_bytes, malloc_state, single_rank_defaults, status_kib
 
-from memascend_cli.bench.runs import MODES, TECHNIQUES
+from memascend_cli.bench.runs import LOSSES, MODES, TECHNIQUES
 
 EXIT_ENGINE_MISSING = 3
 
@@ -74,7 +74,7 @@ def parse_args(argv):
     ap.add_argument("--dtype", required=True, choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpointing", default="full", choices=["full", "none"])
-    ap.add_argument("--loss-impl", default="hf", choices=["hf", "chunked"],
+    ap.add_argument("--loss-impl", default="hf", choices=LOSSES,
                     help="hf: transformers' loss over full logits; chunked: memascend_engine.chunked_loss")
     ap.add_argument("--checkpointing-impl", default="hf", choices=["hf", "memascend"],
                     help="hf: transformers' non-reentrant checkpointing; memascend: memascend_engine.activation_checkpointing")

@@ -21,12 +21,8 @@ from __future__ import annotations
 import types
 
 from memascend_cli.defaults import LOSS_CHUNK_LOGITS_BYTES
+from memascend_cli.planner.compute import loss_chunk_tokens
 from memascend_engine.data import IGNORE_INDEX
-
-
-def chunk_tokens(vocab_size: int, chunk_logits_bytes: int = LOSS_CHUNK_LOGITS_BYTES) -> int:
-    """Tokens per chunk whose fp32 logits take `chunk_logits_bytes`."""
-    return max(1, chunk_logits_bytes // (4 * vocab_size))
 
 
 def _flat_targets(hidden, labels):
@@ -120,12 +116,11 @@ def _loss_only(hidden, weight, labels, chunk: int):
 def _forward(self, input_ids=None, labels=None, **kwargs):
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    out = self.get_decoder()(input_ids=input_ids, **kwargs)
-    hidden = out.last_hidden_state
-    if labels is None:
-        return CausalLMOutputWithPast(logits=self.get_output_embeddings()(hidden))
-    # Through the lm_head module (its forward swapped), so ZeRO-3's hooks gather and release its weight.
+    hidden = self.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state
     head = self.get_output_embeddings()
+    if labels is None:
+        return CausalLMOutputWithPast(logits=head(hidden))
+    # Through the lm_head module (its forward swapped), so ZeRO-3's hooks gather and release its weight.
     head.forward = types.MethodType(_head_loss, head)
     try:
         loss = head(hidden, labels)
@@ -144,6 +139,6 @@ def enable(model, chunk_logits_bytes: int = LOSS_CHUNK_LOGITS_BYTES) -> int:
     head = model.get_output_embeddings()
     if head is None or getattr(head, "bias", None) is not None:
         raise ValueError(f"the chunked loss needs a bias-free lm_head ({type(model).__name__})")
-    head._memascend_loss_chunk = chunk_tokens(cfg.vocab_size, chunk_logits_bytes)
+    head._memascend_loss_chunk = loss_chunk_tokens(cfg.vocab_size, chunk_logits_bytes)
     model.forward = types.MethodType(_forward, model)
     return head._memascend_loss_chunk

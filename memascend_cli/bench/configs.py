@@ -69,10 +69,6 @@ def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:
     return "hf" if mode == "stock" else "memascend"
 
 
-LOSSES = ("chunked", "hf")
-"""A bench job's loss: `chunked` (memascend_engine.chunked_loss, no b x s x V logits) or `hf` (transformers' own)."""
-
-
 def loss_impl(mode: str, loss: str) -> str:
     """The loss a run computes: transformers' own for stock (what a stock user runs); the job's for tuned and
     memascend, so tuned stock gets memascend's chunked loss as it gets its checkpoint function."""

@@ -179,8 +179,8 @@ def child_command(args: list[str], ranks: int) -> list[str]:
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
             settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None,
-            dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = (),
-            loss: str = "chunked") -> RunResult:
+            loss: str, dram_cap_bytes: int | None = None, timeout_s: float | None = None,
+            io_limits: tuple = ()) -> RunResult:
     """Settle, launch the child (in a memory cgroup of dram_cap_bytes and an io cgroup throttled to io_limits
     (run/iolimit.py) if given), sample until it exits or runs past
     timeout_s (then it is killed, its ranks die with it), collect its events. The child dies with this process
@@ -431,7 +431,7 @@ class Point:
     timing: dict | None = None
     """The time model's inputs ({device, read_gbps, write_gbps}: configs.predict); None: no predicted s/step."""
     loss: str = "chunked"
-    """configs.LOSSES: the loss tuned and memascend compute (stock computes transformers' own)."""
+    """runs.LOSSES: the loss tuned and memascend compute (stock computes transformers' own)."""
 
     def job_args(self) -> list[str]:
         args = ["--model", self.model, "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),

@@ -15,6 +15,8 @@ TECHNIQUES = ("streaming", "pinned", "adaptive_pool", "fused_overflow", "direct_
               "malloc_trim", "verify_checksums")
 """The engine's techniques (and its checksum verification, to measure what it costs), each switchable off for the
 ablation (memascend_engine.EngineOptions fields)."""
+LOSSES = ("chunked", "hf")
+"""A bench job's loss: `chunked` (memascend_engine.chunked_loss, no b x s x V logits) or `hf` (transformers' own)."""
 ABLATION_PREFIX = "memascend-no-"
 """Run name of memascend with one technique off: memascend-no-<technique>."""
 ACCELERATORS = ("auto", "cpu", "cuda")

@@ -145,8 +145,7 @@ def bench_command(
     import os
 
     from memascend_cli.bench import document, runner
-    from memascend_cli.bench.configs import LOSSES
-    from memascend_cli.bench.runs import ACCELERATORS, parse_runs
+    from memascend_cli.bench.runs import ACCELERATORS, LOSSES, parse_runs
     from memascend_cli.run.prepared import engine_available
     from memascend_cli.versions import installed_deepspeed_version
     from memascend_cli.console import err, print_json, warn

@@ -198,6 +198,8 @@ def plan_command(
                             else defaults.reduce_bucket_size),
         pin_memory=defaults.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
     )
+    if liger:
+        chunked_loss = False  # Liger's fused loss replaces the chunked one
     if recipe is not None:
         given_knobs = [flag for flag, v in (("--sub-group-size", sub_group_size), ("--reduce-bucket-size",
                        reduce_bucket_size), ("--max-in-cpu", max_in_cpu), ("--param-buffer-size", param_buffer_size),
@@ -213,8 +215,7 @@ def plan_command(
                          micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing,
                          ranks=ranks, flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
                          deepspeed_version=ds_version, host_budget_bytes=budget_bytes,
-                         checkpoint_offload=checkpoint_offload, base=base,
-                         chunked_loss=False if liger else chunked_loss)
+                         checkpoint_offload=checkpoint_offload, base=base, chunked_loss=chunked_loss)
         world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
         stock_knobs = zero.resolve("stock", model=spec, world_size=world, elem_bytes=DTYPE_BYTES[job.dtype], base=base)
         if param_buffer_size:
@@ -242,7 +243,7 @@ def plan_command(
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
                   zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
                   checkpoint_offload=checkpoint_offload or "ssd",
-                  chunked_loss=not liger and (DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss))
+                  chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss)
     return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing)
 
 

@@ -32,6 +32,11 @@ def loss_backward_blocks(c: Context) -> tuple[list[int], list[int]]:
     return [logits, 4 * bs_vocab, 4 * bs_vocab], [logits, 4 * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
 
 
+def loss_chunk_tokens(vocab_size: int, chunk_logits_bytes: int = LOSS_CHUNK_LOGITS_BYTES) -> int:
+    """Tokens per chunk of the chunked loss: its fp32 logits take `chunk_logits_bytes`."""
+    return max(1, chunk_logits_bytes // (4 * vocab_size))
+
+
 def chunked_loss_blocks(c: Context) -> tuple[list[int], list[int]]:
     """The chunked loss's two moments (memascend_engine/chunked_loss.py FusedLinearCrossEntropy). At the last chunk
     of its forward: the hidden states' gradient (b*s*h*E), the weight's fp32 gradient (V*h*4), the chunk's fp32
@@ -40,7 +45,7 @@ def chunked_loss_blocks(c: Context) -> tuple[list[int], list[int]]:
     to E when E is not fp32."""
     m, E = c.m, c.E
     tokens = c.job.micro_batch * c.job.seq_len
-    chunk = min(tokens, max(1, LOSS_CHUNK_LOGITS_BYTES // (4 * m.vocab_size))) * m.vocab_size
+    chunk = min(tokens, loss_chunk_tokens(m.vocab_size)) * m.vocab_size
     grads = [tokens * m.hidden_size * E, 4 * m.vocab_size * m.hidden_size]
     upcast = E != 4
     return (grads + [8 * chunk + (chunk * E if upcast else 0)],

@@ -19,8 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from memascend_cli.defaults import (
-    DEFAULT_GRAD_ACCUM,
     DEFAULT_CHUNKED_LOSS,
+    DEFAULT_GRAD_ACCUM,
     DEFAULT_GRADIENT_CHECKPOINTING,
     DEFAULT_MICRO_BATCH,
     DEFAULT_OUTPUT_DIR,
