@@ -9,6 +9,7 @@ Here (a machine that reaches PyPI and Debian's archive), from the repo root:
 
     bash scripts/gpu_check.sh carry      # builds .gpu_carry/ (git-ignored) and checks the 64 MiB limit
     bash scripts/gpu_check.sh plan       # the device calls in order: command, carry list, time
+    bash scripts/gpu_check.sh record DIR...   # afterwards: the calls' outputs into docs/bench/gpu/ (results.py)
 
   The carry folder holds the DeepSpeed wheel built from its sdist (pure Python: its ops are JIT-built there
   with nvcc), Python 3.12 wheels of DeepSpeed's requirements the image may lack and of the native core's build
@@ -50,6 +51,7 @@ from gpukit.carry import build_carry, check_manifest, travelling_bytes  # noqa: 
 from gpukit.kit import Kit, aio_env, cuda_env, merge_env  # noqa: E402
 from gpukit.phases import (phase_constants, phase_probe, phase_setup, phase_tests, phase_validate,  # noqa: E402
                            probe_host)
+from gpukit.record import record  # noqa: E402
 from gpukit.pure import (BENCH_RUNS, CARRY_DIR, CARRY_LIMIT_BYTES, DEFAULT_BUDGET_S, DEFAULT_DISK_GBPS,  # noqa: E402
                          DEFAULT_MODELS, PHASES, REPO, SWEEP_SEQ_LENS, WORK_DIR, GiB, MiB, what_can_run)
 
@@ -246,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--python", default=sys.executable, help="interpreter whose pip builds and downloads the wheels")
     c.add_argument("--carry", default=CARRY_DIR, help="folder to build (default .gpu_carry in the repo root)")
     sub.add_parser("plan", help="print the device calls in order: command, carry list, time")
+    rec = sub.add_parser("record", help="here: the calls' output folders merged into docs/bench/gpu/ (results.py)")
+    rec.add_argument("folders", nargs="+", help="the folders the device tool copied back, in call order")
+    rec.add_argument("--out-dir", default=os.path.join(REPO, "docs", "bench", "gpu"))
     k = sub.add_parser("call", help="one device call (gpukit/calls.py), setup included; --dry-run anywhere")
     k.add_argument("call", type=int, choices=[x.number for x in CALLS])
     k.add_argument("--dry-run", action="store_true", help="check the inputs and print every command; run nothing")
@@ -257,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         return build_carry(os.path.abspath(args.carry), args.python)
     if args.command == "plan":
         print(plan_text())
+        return 0
+    if args.command == "record":
+        try:
+            print("wrote", record(args.folders, args.out_dir))
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}\nhint: pass the folders the device tool copied back (its files_at)", file=sys.stderr)
+            return 2
         return 0
     if args.command == "call":
         call = call_by_number(args.call)

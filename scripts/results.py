@@ -17,7 +17,7 @@ here):
   docs/bench/capped/*.json          `memascend bench --dram-cap` runs at billion-parameter scale
   docs/bench/capacity/*/capacity.json  `memascend bench --capacity` summaries, one sitting each, beside their probes' bench.json
   docs/bench/ssd-bound/*.json       `memascend bench` with and without --ssd-bandwidth: s/step against the time model
-  docs/bench/gpu/*.json             the GPU kit's gpu_bench.json (scripts/gpu_check.sh), when a GPU was lent
+  docs/bench/gpu/*.json             the GPU kit's outputs (`bash scripts/gpu_check.sh record`), when a GPU was lent
   docs/bench/train/*.json           `memascend train` runs (metrics summaries)
   docs/bench/plans/*.json           `memascend plan --json` outputs
   docs/checksum-bench/*.json        benchmarks/checksum_bench.py
@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_common import BENCH, DOCS, HISTORY, REPO, gib, load, load_one, pct, table  # noqa: E402
 from results_records import (section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
+from results_gpu import section_gpu  # noqa: E402
 from results_time import section_ssd_bound  # noqa: E402
 
 OUT = os.path.join(DOCS, "results.md")
@@ -329,20 +330,6 @@ def section_capped(runs: list) -> str:
                 "file).", "", table(CAP_HEADER, capped_rows(doc)), ""]
         out += [f"- {line}" for line in filter(None, map(ssd_line, doc["runs"]))]
         out.append("")
-    return "\n".join(out) + "\n"
-
-
-def section_gpu(runs: list) -> str:
-    out = ["## GPU", ""]
-    if not runs:
-        out.append("No GPU measurement recorded yet: no session of this project has been lent a GPU. The kit "
-                   "(`scripts/gpu_check.sh`) runs the GPU tests and the GPU bench in one command and writes "
-                   "`gpu_bench.json`, which goes to `docs/bench/gpu/`.")
-        return "\n".join(out) + "\n"
-    for path, doc in runs:
-        out.append(f"Raw: `{path}`")
-        out.append("")
-        out.append("```json\n" + json.dumps(doc.get("summary", doc), indent=1)[:4000] + "\n```")
     return "\n".join(out) + "\n"
 
 

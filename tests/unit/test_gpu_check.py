@@ -368,3 +368,34 @@ def test_a_failed_setup_stops_the_kit_and_still_writes_its_json_and_log(tmp_path
     assert failed_step or "not an ar archive" in summary["crashes"]["setup"], json.dumps(summary)[-2000:]
     log = (out / "gpu_check.log").read_text()
     assert "setup NOT ok" in log and "probe" not in summary["phases"]
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
+<testcase classname="tests.gpu.test_a" name="test_ok" time="1.25"/>
+<testcase classname="tests.gpu.test_a" name="test_bad" time="0.5"><failure message="assert 1 == 2">tb</failure></testcase>
+<testcase classname="" name="tests.integration.test_b" time="0"><skipped message="collection skipped">('/r/tests/b.py', 10, "Skipped: could not import 'trl'")</skipped></testcase>
+</testsuite></testsuites>"""
+
+
+def test_record_merges_the_calls_outputs_into_one_compact_document(tmp_path):
+    from gpukit import record
+
+    one, two = tmp_path / "1", tmp_path / "2"
+    one.mkdir(), two.mkdir()
+    (one / "gpu_check.json").write_text(json.dumps({"call": 1, "ok": True, "facts": {"gpus": ["NVIDIA H100, 80 GiB"]}}))
+    (one / "cuda_constants.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3",
+                                                         "measured_at": "2026-11-26T01:00:00Z"}))
+    (two / "gpu_check.json").write_text(json.dumps({"call": 2, "ok": False, "problems": ["tests failed"]}))
+    (two / "pytest_gpu.xml").write_text(JUNIT)
+    path = record.record([str(one), str(two)], str(tmp_path / "out"))
+    assert os.path.basename(path) == "h100-80gb-hbm3-tests-2026-11-26.json"
+    text = Path(path).read_text()
+    assert text.count("\n") == 1  # one line
+    doc = json.loads(text)
+    assert [c["call"] for c in doc["calls"]] == [1, 2] and doc["calls"][1]["problems"] == ["tests failed"]
+    assert (doc["tests"]["passed"], doc["tests"]["failed"], doc["tests"]["skipped"]) == (1, 1, 1)
+    by_test = {c["test"]: c for c in doc["tests"]["cases"]}
+    assert by_test["tests/gpu/test_a.py::test_bad"]["message"] == "assert 1 == 2"
+    assert by_test["tests.integration.test_b"]["message"] == "could not import 'trl'"
+    with pytest.raises(ValueError, match="holds a GPU kit output"):
+        record.merge([str(tmp_path / "out")])

@@ -1,0 +1,122 @@
+"""docs/results.md's GPU section: the GPU kit's documents (docs/bench/gpu/*.json, written by
+`bash scripts/gpu_check.sh record`): the bench per preset and engine against today's plan, the CUDA constants
+and `pytest -m gpu`. Stdlib only (scripts/results.py imports it)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+
+from results_common import gib, pct, table
+
+from memascend_cli.units import GiB
+
+HEADER = ["run", "peak GiB", "plan GiB", "error", "GPU GiB", "plan GPU", "s/step", "plan s/step", "error",
+          "tokens/s", "SSD B/param r / w", "loss 1 -> N"]
+
+
+def _replan(doc: dict, run: dict, constants: dict | None, storage: dict) -> dict:
+    """Today's plan of a recorded GPU run: the CUDA constants that call measured and the SSD rates its probe
+    measured (the bench's region carries no probe of its own)."""
+    from memascend_cli.bench.configs import repredict
+    from memascend_cli.planner import measured
+
+    doc = copy.deepcopy(doc)
+    if storage.get("read_gbps") and storage.get("write_gbps"):
+        doc["job"].setdefault("timing", {}).update(read_gbps=storage["read_gbps"], write_gbps=storage["write_gbps"])
+    if not constants:
+        return repredict(doc, run)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(constants, f)
+    before = os.environ.get(measured.ENV)
+    os.environ[measured.ENV] = f.name
+    try:
+        return repredict(doc, run)
+    finally:
+        os.unlink(f.name)
+        if before is None:
+            os.environ.pop(measured.ENV)
+        else:
+            os.environ[measured.ENV] = before
+
+
+def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
+    bench = kit.get("bench") or {}
+    storage = bench.get("storage") or {}
+    rows, lines = [], []
+    for model, by_run in (bench.get("documents") or {}).items():
+        peaks = {}
+        for name, doc in by_run.items():
+            for r in doc["runs"]:
+                if not r["ok"]:
+                    rows.append([f"{model} {name} (failed: {r.get('error') or '?'})"] + ["-"] * (len(HEADER) - 1))
+                    continue
+                p = _replan(doc, r, kit.get("cuda_constants"), storage)
+                t = p.get("time") or {}
+                plan_s, sps = t.get("seconds_per_step"), r["seconds_per_step"]
+                bpp = r.get("ssd_bytes_per_param") or {}
+                losses = r.get("losses") or []
+                peaks[name] = r["peak_system_bytes"]
+                rows.append([f"{model} {name}", gib(r["peak_system_bytes"]), gib(p["host_peak_bytes_per_rank"]),
+                             pct(100.0 * (p["host_peak_bytes_per_rank"] / r["peak_system_bytes"] - 1)),
+                             gib(r.get("peak_gpu_bytes")), gib(p.get("gpu_peak_bytes")), f"{sps:.2f}",
+                             "-" if not plan_s else f"{plan_s:.2f}",
+                             "-" if not plan_s else pct(100.0 * (plan_s / sps - 1)), f"{r['tokens_per_s']:.0f}",
+                             f"{bpp.get('read', 0):.1f} / {bpp.get('write', 0):.1f}",
+                             f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "-"])
+        if "memascend" in peaks:
+            vs = [f"{pct(100.0 * (peaks['memascend'] / peaks[ref] - 1))} vs {ref}" for ref in ("stock", "tuned")
+                  if ref in peaks]
+            lines.append(f"- {model}: memascend's peak system memory {', '.join(vs)}.")
+    return rows, lines
+
+
+def section_gpu(docs: list) -> str:
+    out = ["## GPU", ""]
+    if not docs:
+        out.append("No GPU measurement recorded yet. The kit (`scripts/gpu_check.sh`) runs the GPU tests and the GPU "
+                   "bench as device calls; `bash scripts/gpu_check.sh record DIR...` stores their outputs in "
+                   "`docs/bench/gpu/`.")
+        return "\n".join(out) + "\n"
+    for path, kit in docs:
+        facts = kit.get("facts") or {}
+        torch = facts.get("torch") or {}
+        bench = kit.get("bench") or {}
+        storage = bench.get("storage") or {}
+        calls = ", ".join(f"call {c.get('call')}" for c in kit["calls"])
+        out += [f"### {kit['device']}, {kit.get('measured_at', '?')}", "",
+                f"Device calls of `scripts/gpu_check.sh` ({calls}); "
+                f"one {kit['device']}, {facts.get('cpu_count', '?')} cores, "
+                f"{(facts.get('mem_total_kib') or 0) * 1024 / GiB:.0f} GiB DRAM, kernel {facts.get('kernel', '?')}, "
+                f"torch {torch.get('torch', '?')} (CUDA {torch.get('cuda', '?')}); the work disk is "
+                f"{storage.get('fstype', '?')} ({storage.get('kind', '?')}), O_DIRECT "
+                f"{'ok' if storage.get('o_direct_ok') else 'refused'}, native I/O "
+                f"{(storage.get('native_io_backend') or {}).get('backend', '?')}, dd probe "
+                f"{storage.get('write_gbps', '?')} GB/s write / {storage.get('read_gbps', '?')} GB/s read. "
+                f"Raw: `{path}`.", ""]
+        if bench.get("documents"):
+            rows, lines = bench_rows(kit)
+            first = next(iter(next(iter(bench["documents"].values())).values()))
+            j = first["job"]
+            out += [f"`memascend bench` per engine, random weights, {j['dtype']}, seq {j['seq_len']}, micro-batch "
+                    f"{j['micro_batch']}, {j['steps']} steps, loss {j.get('loss', 'hf')}. Peak = system memory above "
+                    "idle; GPU = torch's peak allocated. Plan = today's planner on each run's config with the CUDA "
+                    "constants that call measured and the dd probe's SSD rates (the time model's compute is the "
+                    f"device table's {(j.get('timing') or {}).get('device_source', '?')}). s/step averages the steps "
+                    "after the first.", "", table(HEADER, rows), ""] + lines + [""]
+        c = kit.get("cuda_constants")
+        if c:
+            out += [f"CUDA constants (`scripts/gpukit/cuda_constants.py`): host runtime "
+                    f"{gib(c['host_runtime_bytes'])} GiB (of it CUDA {gib(c.get('host_cuda_bytes'))} GiB), CUDA "
+                    f"context on the GPU {gib(c['cuda_context_gpu_bytes'])} GiB with NCCL "
+                    f"({gib(c.get('cuda_context_gpu_bytes_bare'))} GiB bare).", ""]
+        t = kit.get("tests")
+        if t:
+            skipped = sorted({c["message"] for c in t["cases"] if c["outcome"] == "skipped"})
+            failed = [c["test"] for c in t["cases"] if c["outcome"] == "failed"]
+            out += [f"`pytest -m gpu`: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+                    + (f" ({'; '.join(skipped)})" if skipped else "") + "."
+                    + (f" Failed: {', '.join(failed)}." if failed else ""), ""]
+    return "\n".join(out) + "\n"
