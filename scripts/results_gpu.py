@@ -17,6 +17,30 @@ HEADER = ["run", "peak GiB", "plan GiB", "error", "GPU GiB", "plan GPU", "s/step
           "tokens/s", "SSD B/param r / w", "loss 1 -> N"]
 
 
+def usable(constants: dict | None) -> bool:
+    """Whether the plan takes a call's CUDA constants (measured.py refuses those measured before a training step)."""
+    from memascend_cli.planner import measured
+
+    return bool(constants) and (constants.get("schema_version") or 1) >= measured.MIN_SCHEMA_VERSION
+
+
+def ssd_rates(storage: dict) -> tuple[float | None, float | None, str]:
+    """(read GB/s, write GB/s, source) the plan takes: memascend's region probe (engine-like queue depths) when the
+    call ran it, else dd's (one 4 MiB request in flight)."""
+    probe = storage.get("region_probe") or {}
+    if probe.get("read_gbps") and probe.get("write_gbps"):
+        return probe["read_gbps"], probe["write_gbps"], "prepare-ssd's probe"
+    return storage.get("read_gbps"), storage.get("write_gbps"), "dd's probe (one 4 MiB request in flight)"
+
+
+def _region_probe_text(storage: dict) -> str:
+    p = storage.get("region_probe") or {}
+    if not p.get("read_gbps"):
+        return ""
+    return (f", prepare-ssd probe {p['write_gbps']} GB/s write / {p['read_gbps']} GB/s read (queue depth "
+            f"{p.get('best_queue_depth', '?')}, {p.get('backend', '?')})")
+
+
 def _replan(doc: dict, run: dict, constants: dict | None, storage: dict) -> dict:
     """Today's plan of a recorded GPU run: the CUDA constants that call measured and the SSD rates its probe
     measured (the bench's region carries no probe of its own)."""
@@ -24,9 +48,10 @@ def _replan(doc: dict, run: dict, constants: dict | None, storage: dict) -> dict
     from memascend_cli.planner import measured
 
     doc = copy.deepcopy(doc)
-    if storage.get("read_gbps") and storage.get("write_gbps"):
-        doc["job"].setdefault("timing", {}).update(read_gbps=storage["read_gbps"], write_gbps=storage["write_gbps"])
-    if not constants:
+    read, write, _ = ssd_rates(storage)
+    if read and write:
+        doc["job"].setdefault("timing", {}).update(read_gbps=read, write_gbps=write)
+    if not usable(constants):
         return repredict(doc, run)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(constants, f)
@@ -94,7 +119,8 @@ def section_gpu(docs: list) -> str:
                 f"{storage.get('fstype', '?')} ({storage.get('kind', '?')}), O_DIRECT "
                 f"{'ok' if storage.get('o_direct_ok') else 'refused'}, native I/O "
                 f"{(storage.get('native_io_backend') or {}).get('backend', '?')}, dd probe "
-                f"{storage.get('write_gbps', '?')} GB/s write / {storage.get('read_gbps', '?')} GB/s read. "
+                f"{storage.get('write_gbps', '?')} GB/s write / {storage.get('read_gbps', '?')} GB/s read"
+                + _region_probe_text(storage) + ". "
                 f"Raw: `{path}`.", ""]
         if bench.get("documents"):
             rows, lines = bench_rows(kit)
@@ -102,8 +128,12 @@ def section_gpu(docs: list) -> str:
             j = first["job"]
             out += [f"`memascend bench` per engine, random weights, {j['dtype']}, seq {j['seq_len']}, micro-batch "
                     f"{j['micro_batch']}, {j['steps']} steps, loss {j.get('loss', 'hf')}. Peak = system memory above "
-                    "idle; GPU = torch's peak allocated. Plan = today's planner on each run's config with the CUDA "
-                    "constants that call measured and the dd probe's SSD rates (the time model's compute is the "
+                    "idle; GPU = torch's peak allocated. Plan = today's planner on each run's config with "
+                    + ("the CUDA constants that call measured" if usable(kit.get("cuda_constants")) else
+                       "the planner's typical CUDA runtime (the call's constants were measured before a training "
+                       "step, schema 1; these three runs are the calibration of that typical value, RUNTIME_CUDA_BYTES in "
+                       "memascend_cli/planner/host.py, so their memory errors validate nothing)")
+                    + f" and the SSD rates of {ssd_rates(storage)[2]} (the time model's compute is the "
                     f"device table's {(j.get('timing') or {}).get('device_source', '?')}). s/step averages the steps "
                     "after the first.", "", table(HEADER, rows), ""] + lines + [""]
         c = kit.get("cuda_constants")

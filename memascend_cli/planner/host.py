@@ -27,9 +27,11 @@ from memascend_cli.units import GiB, MiB
 # (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
 # fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
 # stock and tuned runs measured beyond every other item (medians of 3 repeats), 0.381 and 0.353 GiB. The CUDA value
-# adds the host mappings of the CUDA runtime, cuBLAS and NCCL (1-4 GB per process by DeepSpeed's own estimate).
+# adds the CUDA runtime, cuBLAS, NCCL and the kernels a first training step loads: fitted the same way on the GPU
+# kit's bench runs (qwen2.5-0.5b bf16, one H200, torch 2.11 + CUDA 13.0, docs/bench/gpu/): memascend 1.77, stock
+# 1.94, tuned 1.54 GiB beyond every other item; the median. A GPU kit's cuda_constants.json replaces it.
 RUNTIME_CPU_BYTES = int(0.37 * GiB)
-RUNTIME_CUDA_BYTES = int(2.5 * GiB)
+RUNTIME_CUDA_BYTES = int(1.77 * GiB)
 # What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
 # extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
 # (scripts/fit_planner.py).

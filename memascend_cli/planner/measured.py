@@ -16,6 +16,9 @@ from memascend_cli.errors import BadInput
 ENV = "MEMASCEND_CUDA_CONSTANTS"
 PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_constants.json")
 KEYS = {"host_runtime_bytes": "host runtime", "cuda_context_gpu_bytes": "CUDA context"}
+MIN_SCHEMA_VERSION = 2
+"""Files of schema 1 measured the host runtime before the first training step, which loads ~0.9 GiB more
+(the GPU kit's H200 runs of 2026-11-26, docs/bench/gpu/)."""
 
 
 @functools.cache
@@ -26,6 +29,10 @@ def _load(path: str) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise BadInput(f"cannot read the measured CUDA constants {path}: {exc}",
                        f"unset {ENV} or point it at the cuda_constants.json a GPU kit call wrote") from None
+    if (doc.get("schema_version") or 1) < MIN_SCHEMA_VERSION:
+        raise BadInput(f"{path} was measured before the first training step (schema {doc.get('schema_version', 1)}): "
+                       "its host runtime is short of what a training process keeps",
+                       f"re-measure with the GPU kit's constants phase, or unset {ENV} to plan with the typical values")
     missing = [k for k in KEYS if not isinstance(doc.get(k), int)]
     if missing:
         raise BadInput(f"{path} has no {', '.join(missing)}", "use a cuda_constants.json written by the GPU kit")

@@ -210,6 +210,23 @@ def _dd_speed(kit: Kit, path: str, nbytes: int = 1 * GiB) -> dict:
             "read_gbps": parse_dd_gbps(err_r) if rc_r == 0 else None}
 
 
+def _region_probe(kit: Kit, path: str) -> dict:
+    """memascend's own probe (prepare-ssd on a 2 GiB region file: O_DIRECT at several block sizes and queue depths,
+    as the engines do I/O), which the time model takes for the SSD; dd's single 4 MiB request in flight reads
+    low (the H200 call of 2026-11-26: dd 1.4-1.5 GB/s where the engines moved more)."""
+    f = os.path.join(path, "probe.region")
+    cli = [kit.py, "-m", "memascend_cli", "prepare-ssd"]
+    rc, _, err = kit.capture(cli + [f, "--size", "2GiB", "--yes"], timeout=120)
+    probe = None
+    if rc == 0:
+        rc, out, err = kit.capture(cli + ["--info", f, "--json"], timeout=60)
+        probe = (json.loads(out).get("header") or {}).get("probe") if rc == 0 else None
+    kit.capture(cli + ["--wipe", f, "--yes"], timeout=60)
+    if not probe:
+        return {"region_probe": {"error": err.strip()[-300:]}}
+    return {"region_probe": {k: v for k, v in probe.items() if k != "samples"}}
+
+
 def phase_probe(kit: Kit) -> bool:
     target = os.path.join(kit.work, "ssd")
     if kit.dry_run:
@@ -218,6 +235,8 @@ def phase_probe(kit: Kit) -> bool:
         print(f"[probe] native IOEngine(backend='auto') on {target}: io_uring, else the thread pool (reported)")
         print(f"[probe] $ dd if=/dev/zero of={target}/dd-probe.bin bs=4M count=256 oflag=direct conv=fsync; dd ... "
               "iflag=direct (GB/s for the time budget)")
+        print(f"[probe] $ {kit.py} -m memascend_cli prepare-ssd {target}/probe.region --size 2GiB --yes; --info --json; "
+              "--wipe --yes (the time model's SSD rates)")
         kit.storage = {"dir": target, "kind": "dry-run"}
         return True
     os.makedirs(target, exist_ok=True)
@@ -247,6 +266,7 @@ def phase_probe(kit: Kit) -> bool:
     rc, out, err = kit.capture([kit.py, "-c", code, kit.ssd])
     kit.storage["native_io_backend"] = json.loads(out) if rc == 0 else {"error": err.strip()[-300:]}
     kit.storage.update(_dd_speed(kit, kit.ssd))
+    kit.storage.update(_region_probe(kit, kit.ssd))
     kit.log("storage: " + json.dumps(kit.storage))
     return bool(kit.storage.get("o_direct_ok"))
 

@@ -316,21 +316,25 @@ def runtime_constants(samples: dict, *, gpu_total_bytes: int) -> dict:
     """The planner's CUDA constants from the measurement's samples {phase: {rss_anon_bytes, system_used_bytes,
     gpu_free_bytes, torch_reserved_bytes}} at the phases start (bare python), imports (torch, deepspeed,
     transformers), context (first CUDA tensor), cublas (a bf16 matmul) and nccl (init_distributed + an
-    all_reduce: NCCL builds its communicator at the first collective). Host: what the system sees used beyond
+    all_reduce: NCCL builds its communicator at the first collective) and step (a training step's first uses, its
+    tensors freed; the runtime the plan takes is measured there, before it when absent). Host: what the system sees used beyond
     the bare interpreter (MemTotal - MemAvailable, the plan's view) plus the interpreter's own anonymous memory;
     GPU: device memory in use that torch's caching allocator does not own (context, kernels, cuBLAS workspace,
     NCCL buffers), which the plan holds as gpu/cuda_context. Pure."""
     s0, last = samples["start"], samples["nccl"]
+    after_step = samples.get("step", last)
 
     def gpu_other(ph: dict) -> int:
         return gpu_total_bytes - ph["gpu_free_bytes"] - ph["torch_reserved_bytes"]
 
     return {
-        "host_runtime_bytes": last["system_used_bytes"] - s0["system_used_bytes"] + s0["rss_anon_bytes"],
-        "host_runtime_rss_anon_bytes": last["rss_anon_bytes"],
+        "host_runtime_bytes": after_step["system_used_bytes"] - s0["system_used_bytes"] + s0["rss_anon_bytes"],
+        "host_runtime_before_step_bytes": last["system_used_bytes"] - s0["system_used_bytes"] + s0["rss_anon_bytes"],
+        "host_runtime_rss_anon_bytes": after_step["rss_anon_bytes"],
         "host_cuda_bytes": last["system_used_bytes"] - samples["imports"]["system_used_bytes"],
         "host_imports_bytes": samples["imports"]["system_used_bytes"] - s0["system_used_bytes"],
         "cuda_context_gpu_bytes": gpu_other(last),
+        "cuda_context_gpu_bytes_after_step": gpu_other(after_step) if "gpu_free_bytes" in after_step else None,
         "cuda_context_gpu_bytes_before_nccl": gpu_other(samples["cublas"]),
         "cuda_context_gpu_bytes_bare": gpu_other(samples["context"]),
     }

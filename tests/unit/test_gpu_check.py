@@ -283,10 +283,16 @@ def test_runtime_constants_from_the_samples():
                                                                               78 * G, 40 << 20),
                "nccl": s(1200 << 20, 6 * G + (500 << 20), 77 * G, 40 << 20)}
     c = pure.runtime_constants(samples, gpu_total_bytes=80 * G)
-    assert c["host_runtime_bytes"] == G + (500 << 20) + (10 << 20)
+    assert c["host_runtime_bytes"] == c["host_runtime_before_step_bytes"] == G + (500 << 20) + (10 << 20)
     assert c["host_runtime_rss_anon_bytes"] == 1200 << 20 and c["host_imports_bytes"] == 700 << 20
     assert c["cuda_context_gpu_bytes"] == 3 * G - (40 << 20)
     assert c["cuda_context_gpu_bytes_bare"] == G - (2 << 20)
+    # With the training step's sample, the runtime is measured after it (the kernels it loaded stay).
+    samples["step"] = s(2100 << 20, 7 * G + (400 << 20), 76 * G, 60 << 20)
+    c = pure.runtime_constants(samples, gpu_total_bytes=80 * G)
+    assert c["host_runtime_bytes"] == 2 * G + (400 << 20) + (10 << 20)
+    assert c["host_runtime_before_step_bytes"] == G + (500 << 20) + (10 << 20)
+    assert c["host_runtime_rss_anon_bytes"] == 2100 << 20 and c["cuda_context_gpu_bytes_after_step"] == 4 * G - (60 << 20)
 
 
 def test_gpu_peak_comparable_with_the_plan_and_sweep_stops():
@@ -338,7 +344,8 @@ def test_the_plan_takes_the_measured_cuda_runtime_when_given(tmp_path, monkeypat
     monkeypatch.delenv(measured.ENV, raising=False)
     typical = estimate(job, gpu, "memascend").item("host/runtime")
     assert os.path.isfile(measured.PACKAGED) or typical.bytes == RUNTIME_CUDA_BYTES
-    doc = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "measured_at": "2026-11-25T06:00:00Z",
+    doc = {"schema_version": 2, "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
+           "measured_at": "2026-11-25T06:00:00Z",
            "host_runtime_bytes": 1_234_567_890, "cuda_context_gpu_bytes": 700_000_000}
     (tmp_path / "c.json").write_text(json.dumps(doc))
     monkeypatch.setenv(measured.ENV, str(tmp_path / "c.json"))
@@ -346,9 +353,13 @@ def test_the_plan_takes_the_measured_cuda_runtime_when_given(tmp_path, monkeypat
     assert item.bytes == 1_234_567_890 and "measured on NVIDIA H100 80GB HBM3" in item.source
     assert str(tmp_path / "c.json") in item.source
     assert estimate(job, cpu, "memascend").item("host/runtime").bytes != 1_234_567_890  # CPU keeps its constant
-    (tmp_path / "bad.json").write_text(json.dumps({"host_runtime_bytes": 1}))
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": 2, "host_runtime_bytes": 1}))
     monkeypatch.setenv(measured.ENV, str(tmp_path / "bad.json"))
     with pytest.raises(BadInput, match="has no cuda_context_gpu_bytes"):
+        estimate(job, gpu, "memascend")
+    (tmp_path / "old.json").write_text(json.dumps({**doc, "schema_version": 1}))  # runtime before a training step
+    monkeypatch.setenv(measured.ENV, str(tmp_path / "old.json"))
+    with pytest.raises(BadInput, match="before the first training step"):
         estimate(job, gpu, "memascend")
 
 
