@@ -200,19 +200,24 @@ def run(args, rank: int, ev: Events) -> int:
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     io_prev = io_init_done
+    grad_accum = int(cfg.get("gradient_accumulation_steps", 1))
     for step in range(1, args.steps + 1):
-        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
-        ev.phase(f"step{step}_forward")
         t0 = time.perf_counter()
-        loss = engine(input_ids=x, labels=x).loss
-        ev.phase(f"step{step}_backward")
-        engine.backward(loss)
-        ev.phase(f"step{step}_optimizer")
-        engine.step()
+        losses = []
+        for k in range(grad_accum):  # engine.step() steps the optimizer after the last (the accumulation boundary)
+            x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
+            name = f"step{step}" + (f".{k + 1}" if grad_accum > 1 else "")
+            ev.phase(f"{name}_forward")
+            loss = engine(input_ids=x, labels=x).loss
+            ev.phase(f"{name}_backward")
+            engine.backward(loss)
+            ev.phase(f"{name}_optimizer" if k == grad_accum - 1 else f"{name}_accumulate")
+            engine.step()
+            losses.append(float(loss.detach()))
         dt = time.perf_counter() - t0
         io_now = io_bytes()
-        ev.emit("step", step=step, loss=float(loss.detach()), seconds=dt, io=io_delta(io_prev, io_now),
-                tokens_per_s=args.micro_batch * args.seq_len * world / dt)
+        ev.emit("step", step=step, loss=sum(losses) / len(losses), seconds=dt, io=io_delta(io_prev, io_now),
+                tokens_per_s=args.micro_batch * args.seq_len * grad_accum * world / dt)
         io_prev = io_now
     ev.phase("finish")
     io_end = io_bytes()

@@ -51,6 +51,8 @@ class IOCounters:
     param_write_bytes: int = 0
     checkpoint_write_bytes: int = 0
     checkpoint_read_bytes: int = 0
+    gradient_held_bytes: int = 0
+    """Running sums kept in the DRAM accumulation window instead of written (GradientStream.hold)."""
 
 
 class SlotRing:
@@ -102,6 +104,29 @@ class GradientStream:
         self.counters = counters
         self.written: dict[str, int] = {}
         """key -> bytes of the last complete write (what a read may ask for)."""
+        self.window_bytes = int(windows.accumulation_bytes)
+        self.held: dict[str, torch.Tensor] = {}
+        """key -> running sum kept in DRAM between micro-batches (host memory, at most window_bytes in all)."""
+        self.held_bytes = 0
+
+    def hold(self, key: str, grad: torch.Tensor) -> None:
+        """Keep a running sum that is not final yet: in the DRAM window when it fits, else on the SSD (write)."""
+        nbytes = grad.numel() * grad.element_size()
+        if self.held_bytes + nbytes > self.window_bytes:
+            self.write(key, grad)
+            return
+        # A copy: the gradient may be a view of DeepSpeed's reduce bucket, which the next bucket overwrites.
+        self.held[key] = torch.empty(grad.numel(), dtype=grad.dtype).copy_(grad.detach().reshape(-1))
+        self.held_bytes += nbytes
+        self.written.pop(key, None)  # what the SSD holds of it is stale now
+        self.counters.gradient_held_bytes += nbytes
+
+    def spill(self) -> None:
+        """Every held running sum to the SSD (where step() and the unmanaged boundary read them)."""
+        for key in list(self.held):
+            grad = self.held.pop(key)
+            self.held_bytes -= grad.numel() * grad.element_size()
+            self.write(key, grad)
 
     @staticmethod
     def key(param_id) -> str:
@@ -125,7 +150,15 @@ class GradientStream:
         self.counters.gradient_write_bytes += nbytes
 
     def read(self, key: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
-        """The whole gradient of `key` (for accumulation across micro-batches), on `device`."""
+        """The whole gradient of `key` (for accumulation across micro-batches), on `device`; a held one leaves the
+        DRAM window (the caller holds or writes the new sum)."""
+        if key in self.held:
+            grad = self.held.pop(key)
+            self.held_bytes -= grad.numel() * grad.element_size()
+            if grad.numel() != numel or grad.dtype != dtype:
+                raise RuntimeError(f"memascend gradient stream: read of {key} ({numel} x {dtype}) that holds "
+                                   f"{grad.numel()} x {grad.dtype}")
+            return grad.to(device)
         self.ring.drain()  # the key's own writes must have landed
         out = torch.empty(numel, dtype=dtype, device=device)
         dst = _bytes_view(out)

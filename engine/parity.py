@@ -45,8 +45,8 @@ def build_config(args, spec) -> dict:
     base = replace(zero.DEEPSPEED_DEFAULTS, **{k: int(v) for k, v in given.items() if v is not None})
     settings = zero.resolve("tuned", model=spec, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                             elem_bytes=DTYPE_BYTES[args.dtype], base=base)
-    return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, precision=args.dtype,
-                     optimizer=adamw(args.lr))
+    return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
+                     precision=args.dtype, optimizer=adamw(args.lr))
 
 
 def main(argv=None) -> dict:
@@ -58,6 +58,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    ap.add_argument("--accumulation-bytes", type=int, default=0,
+                    help="engine: the DRAM window for gradients accumulated between micro-batches")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--sub-group-size", type=float, default=None,
                     help="default: DeepSpeed's (zero.DEEPSPEED_DEFAULTS); capped by memascend's knobs (zero.py)")
@@ -125,8 +128,15 @@ def main(argv=None) -> dict:
     if args.mode == "engine":
         import memascend_engine
 
+        from memascend_cli.planner import zero
+
+        windows = None
+        if args.accumulation_bytes:
+            windows = zero.EngineWindows(optimizer_chunk_numel=zero.chunk_numel_for(
+                zero.from_ds_config(cfg).sub_group_size), checkpoint_offload=args.checkpoint_offload,
+                accumulation_bytes=args.accumulation_bytes)
         opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
-                                              checkpoint_offload=args.checkpoint_offload)
+                                              checkpoint_offload=args.checkpoint_offload, windows=windows)
         handle = memascend_engine.install(cfg, region=args.region, model_spec=None if args.no_model_spec else spec,
                                           options=opts)
 
@@ -166,17 +176,19 @@ def main(argv=None) -> dict:
     probe = {}
     t0 = time.time()
     for step in range(args.steps if load_error is None else 0):
-        x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
+        xs = [torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
+              for _ in range(args.grad_accum)]
         if step < start:
             continue  # done before the checkpoint: same data from here on
-        loss = engine(input_ids=x, labels=x).loss
-        engine.backward(loss)
-        if args.overflow_probe and step == 0:
-            from memascend_engine.ds_internals import probes
+        for x in xs:  # engine.step() steps the optimizer at the last micro-batch (the accumulation boundary)
+            loss = engine(input_ids=x, labels=x).loss
+            engine.backward(loss)
+            if args.overflow_probe and step == 0:
+                from memascend_engine.ds_internals import probes
 
-            probe = probes.overflow_probe(engine)
-        engine.step()
-        losses.append(float(loss))
+                probe = probes.overflow_probe(engine)
+            engine.step()
+            losses.append(float(loss))
         loss_scales.append(float(engine.optimizer.loss_scale))
         if args.save_checkpoint and args.save_at == step + 1:
             save()

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from dataclasses import replace
 from typing import Any
 
 from memascend_engine import trainer_config
@@ -278,12 +279,13 @@ class Installed:
 
     def windows(self) -> zero.EngineWindows:
         """The bounded engine's host windows (zero.EngineWindows) from the options and the ZeRO settings."""
-        if self.options.windows is not None:
-            return self.options.windows
-        s = self.settings or zero.from_ds_config(self.ds_config)
-        return zero.EngineWindows(optimizer_chunk_numel=zero.chunk_numel_for(s.sub_group_size),
-                                  optimizer_depth=max(1, int(self.options.pipeline_depth)),
-                                  checkpoint_offload=self.options.checkpoint_offload)
+        w = self.options.windows
+        if w is None:
+            s = self.settings or zero.from_ds_config(self.ds_config)
+            w = zero.EngineWindows(optimizer_chunk_numel=zero.chunk_numel_for(s.sub_group_size),
+                                   optimizer_depth=max(1, int(self.options.pipeline_depth)),
+                                   checkpoint_offload=self.options.checkpoint_offload)
+        return w if self.options.accumulate_in_dram else replace(w, accumulation_bytes=0)
 
     # -- public API ----------------------------------------------------------------------------
     def stats(self) -> dict:

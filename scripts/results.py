@@ -113,7 +113,8 @@ def section_bench(title: str, path: str, doc: dict) -> str:
     j = doc["job"]
     out = [f"## {title}", "", f"`{(doc.get('meta') or {}).get('command', '?')}`", "",
            f"{j['model']} ({j['num_params']:,} params, {j.get('layers', '?')} layers), seq {j['seq_len']}, micro-batch "
-           f"{j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s), checkpointing "
+           f"{j['micro_batch']}" + (f" x {j['grad_accum']} accumulated" if j.get("grad_accum", 1) > 1 else "")
+           + f", {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s), checkpointing "
            f"{j['checkpointing']}. {machine_line(doc)} Raw: `{path}`.", "",
            table(RUN_HEADER, run_rows(doc)), ""]
     out += comparisons(doc)

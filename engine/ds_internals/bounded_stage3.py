@@ -151,7 +151,10 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
                     if self.dtype == torch.float16:
                         self._ma_overflow_local |= self._ma_nonfinite(grad)
-                self._ma_stream.write(key, grad)
+                if boundary:
+                    self._ma_stream.write(key, grad)
+                else:
+                    self._ma_stream.hold(key, grad)  # the DRAM accumulation window, else the SSD
                 if not get_accelerator().is_synchronized_device() and param.grad is not None:
                     param.grad.record_stream(get_accelerator().current_stream())
                 param.grad = None
@@ -179,6 +182,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
             # fp16 overflow scan) for the parameters reduced in this window (stage3.py
             # _finalize_offload_gradient_accumulation).
             self.set_gradient_accumulation_boundary(True)
+            self._ma_stream.spill()
             self._ma_stream.flush()
             dtype = self.gradient_accumulation_dtype
             elem = torch.tensor([], dtype=dtype).element_size()
@@ -197,6 +201,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
         def step(self, closure=None):
             if not getattr(self, "_ma_bounded", False):
                 return super().step(closure)
+            self._ma_stream.spill()  # nothing is held at a managed boundary; an unmanaged one spilled already
             self._ma_stream.flush()
             self._pre_step()
             self._partition_all_parameters()

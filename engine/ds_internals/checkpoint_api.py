@@ -147,6 +147,7 @@ def DeepSpeedApiMixin(ctx: PluginContext):
                         moments.setdefault(name, torch.zeros(n, dtype=torch.float32)).narrow(0, off, m).copy_(st[name])
             fp32.data = master
             self.optimizer.state.setdefault(fp32, {}).update(moments)
+            self._ma_stream.spill()  # a save between micro-batches: the held running sums are read below
             self._ma_stream.flush()
             grad = torch.zeros(n, dtype=torch.float32)
             elem = torch.tensor([], dtype=self.gradient_accumulation_dtype).element_size()

@@ -24,7 +24,8 @@ def resolve_settings(mode: str, spec, *, dtype: str, ranks: int, aio_block_size:
 
 
 def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: str, ranks: int, lr: float = 1e-4,
-                    aio_block_size: int | None = None, aio_queue_depth: int | None = None) -> dict:
+                    aio_block_size: int | None = None, aio_queue_depth: int | None = None,
+                    grad_accum: int = 1) -> dict:
     """The DeepSpeed config of one run. Pure.
 
     stock: what a user writes from DeepSpeed's docs for ZeRO-Infinity (params + optimizer on NVMe), every knob at
@@ -35,7 +36,8 @@ def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: 
     """
     s = resolve_settings(mode, spec, dtype=dtype, ranks=ranks, aio_block_size=aio_block_size,
                          aio_queue_depth=aio_queue_depth)
-    return ds_config(s, nvme_path=nvme_dir, micro_batch=micro_batch, precision=dtype, optimizer=adamw(lr))
+    return ds_config(s, nvme_path=nvme_dir, micro_batch=micro_batch, grad_accum=grad_accum, precision=dtype,
+                     optimizer=adamw(lr))
 
 
 def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> dict:
@@ -91,8 +93,10 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                                                              or "offload_checkpointing" not in disabled)
     ck = "none" if checkpointing != "full" else ("offload" if offloaded else "full")
     job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks_per_node=ranks,
+                  grad_accum_steps=int(cfg.get("gradient_accumulation_steps", 1)),
                   checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
                   checkpoint_copies=0, streaming="streaming" not in disabled,
+                  accumulate_in_dram="accumulate_in_dram" not in disabled,
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
                   launcher_processes=bench_launcher_processes(ranks), chunked_loss=loss_impl(mode, loss) == "chunked")

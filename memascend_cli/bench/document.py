@@ -244,7 +244,9 @@ def render_table(doc: dict) -> None:
 
     j = doc["job"]
     t = Table(title=f"memascend bench: {j['model']} ({j['num_params']:,} params), seq {j['seq_len']}, "
-                    f"micro-batch {j['micro_batch']}, {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s)"
+                    f"micro-batch {j['micro_batch']}"
+                    + (f" x {j['grad_accum']} accumulated" if j.get("grad_accum", 1) > 1 else "")
+                    + f", {j['steps']} steps, {j['dtype']}, {j['ranks']} rank(s)"
                     + (f", {throttle_text(j)}" if throttle_text(j) else ""),
               title_justify="left")
     for c in TABLE_COLUMNS + (("GPU GiB",) if j.get("accelerator") == "cuda" else ()):

@@ -130,8 +130,10 @@ def read_events(path: str) -> list[dict]:
     return out
 
 
-def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int, seq_len: int, ranks: int) -> dict:
-    """Step timing from rank 0; SSD bytes summed over ranks. Pure."""
+def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int, seq_len: int, ranks: int,
+                     grad_accum: int = 1) -> dict:
+    """Step timing from rank 0 (a step: grad_accum micro-batches and the optimizer); SSD bytes summed over ranks.
+    Pure."""
     ev0 = events_by_rank.get(0, [])
     steps = [e for e in ev0 if e.get("event") == "step"]
     finals = [next((e for e in evs if e.get("event") == "final"), None) for evs in events_by_rank.values()]
@@ -143,7 +145,7 @@ def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int,
         timed = steps[1:] if len(steps) > 1 else steps
         sps = sum(s["seconds"] for s in timed) / len(timed)
         out.update(seconds_per_step=sps, first_step_seconds=steps[0]["seconds"],
-                   tokens_per_s=micro_batch * seq_len * ranks / sps)
+                   tokens_per_s=micro_batch * seq_len * grad_accum * ranks / sps)
         # SSD bytes of a steady step (rank 0; the first step reads no Adam moments and records the trace).
         with_io = [s for s in timed if "io" in s]
         if with_io:
@@ -331,7 +333,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             res.peak_system_minus_others_bytes = res.peak_system_bytes - res.others_rss_change_at_peak_bytes
     res.timeline = [(t, v - res.idle_bytes) for t, v in bucket_max(ts, used, t_launch)]
     events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
-    summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks)
+    summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks,
+                               grad_accum=int(cfg.get("gradient_accumulation_steps", 1)))
     for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes_per_step",
               "ssd_write_bytes_per_step", "ssd_read_bytes", "ssd_written_bytes",
               "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
@@ -432,6 +435,8 @@ class Point:
     """The time model's inputs ({device, read_gbps, write_gbps}: configs.predict); None: no predicted s/step."""
     loss: str = "chunked"
     """runs.LOSSES: the loss tuned and memascend compute (stock computes transformers' own)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (the runs' DeepSpeed config carries it to the child and the plan)."""
 
     def job_args(self) -> list[str]:
         args = ["--model", self.model, "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
@@ -495,7 +500,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     if engine_ok and region is None and any(r.mode == "memascend" for r in run_specs):
         region = os.path.join(out_dir, "bench.region")
         est = p.predict("memascend", build_ds_config("memascend", spec, micro_batch=p.micro_batch, dtype=p.dtype,
-                                                     nvme_dir=nvme_dir, ranks=ranks))
+                                                     nvme_dir=nvme_dir, ranks=ranks, grad_accum=p.grad_accum))
         size_bytes = ssd_space_bytes("memascend", est, ranks)
         err.print(f"creating region {region} ({size_bytes / GiB:.1f} GiB)")
         region_info = create_region(region, size_bytes, ranks)
@@ -506,7 +511,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
 
         aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
     cfgs = [build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir, ranks=ranks,
-                            aio_block_size=aio_block, aio_queue_depth=aio_depth) for run in run_specs]
+                            aio_block_size=aio_block, aio_queue_depth=aio_depth, grad_accum=p.grad_accum)
+            for run in run_specs]
     predictions = [p.predict(run.mode, cfg, run.disabled) for run, cfg in zip(run_specs, cfgs)]
     measured: list[list[RunResult]] = [[] for _ in run_specs]
     with step_progress(err) as progress:
@@ -528,7 +534,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         notes.append(f"each run is the repeat with the median peak of {repeat}, taken one after another in one "
                      "sitting; runs[].repeats lists every repeat")
     job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
-           "micro_batch": p.micro_batch, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
+           "micro_batch": p.micro_batch, "grad_accum": p.grad_accum, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
            "checkpointing": p.checkpointing, "loss": p.loss, "ranks": ranks, "accelerator": p.accelerator,
            "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
            "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info,

@@ -62,6 +62,8 @@ def bench_command(
                                show_default=False),
     micro_batch: int = typer.Option(None, "--micro-batch", "-b", help="Sequences per rank per step. Default: 1.",
                                     rich_help_panel=_J, show_default=False),
+    grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step (gradient accumulation); "
+                                   "s/step and tokens/s count whole steps.", rich_help_panel=_J),
     steps: int = typer.Option(None, "--steps", help="Training steps per run (s/step averages steps 2..N; step 1 also "
                               "records the parameter trace and creates the Adam states). Default: 5; 2 with "
                               "--capacity.", rich_help_panel=_J, show_default=False),
@@ -167,7 +169,8 @@ def bench_command(
     seq_lens = _int_list(seq_len or ("2048" if capacity else "512"), "--seq-len")
     micro_batch = 1 if micro_batch is None else micro_batch
     steps = (2 if capacity else 5) if steps is None else steps
-    for name, value in (("--micro-batch", micro_batch), ("--steps", steps), ("--repeat", repeat)):
+    for name, value in (("--micro-batch", micro_batch), ("--grad-accum", grad_accum), ("--steps", steps),
+                        ("--repeat", repeat)):
         if value < 1:
             raise BadInput(f"{name} must be at least 1", "give a positive whole number")
     if checkpointing not in ("full", "none"):
@@ -237,7 +240,7 @@ def bench_command(
     template = runner.Point(model=model, spec=base_spec, layers=None, seq_len=seq_lens[0], micro_batch=micro_batch,
                             steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                             host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw,
-                            deepspeed_version=ds_version, timing=timing, loss=loss)
+                            deepspeed_version=ds_version, timing=timing, loss=loss, grad_accum=grad_accum)
     if capacity is not None:
         from memascend_cli.bench import capacity_run
 

@@ -118,6 +118,7 @@ class Context:
         self.ssd_checkpoints = (self.memascend and job.checkpointing == "offload"
                                 and self.windows.checkpoint_offload == "ssd")
         self.prefetch_layers = zero.DEFAULT_PREFETCH_LAYERS
+        self.part = partition(self.m, self.world, self.sub_group_size)
         self.budget = None
         self.budget_error: BudgetError | None = None
         if self.bounded:
@@ -129,7 +130,6 @@ class Context:
             self.windows, self.prefetch_layers = self.budget.windows, self.budget.prefetch_layers
         if self.budget_error is not None:
             self.config_errors.append(self.budget_error.message)
-        self.part = partition(self.m, self.world, self.sub_group_size)
         self.ns = self.part.ns
         self.lsg = self.part.largest_sub_group_numel
         iop = max(1, self.k.intra_op_parallelism)
@@ -150,6 +150,8 @@ class Context:
             return zero.split_budget(
                 job.host_budget_bytes, elem_bytes=self.E, layer_checkpoint_bytes=layer,
                 num_layers=self.m.num_hidden_layers, base=self.windows,
+                accumulated_gradient_bytes=(self.G * self.part.ns if job.grad_accum_steps > 1 and job.accumulate_in_dram
+                                            else 0),
                 param_pool_bytes=lambda k: zero.model_param_pool_plan(self.m, self.k, world_size=self.world,
                                                                       elem_bytes=self.E, prefetch_layers=k).total_bytes)
         except zero.BudgetTooSmall as exc:

@@ -50,6 +50,9 @@ class JobSpec:
     streaming: bool = True
     """memascend's bounded engine (gradient streaming + optimizer pipeline); False models DeepSpeed's gradient and
     optimizer path with the engine's other techniques (memascend_engine.EngineOptions.streaming)."""
+    accumulate_in_dram: bool = True
+    """memascend keeps accumulated gradients in the DRAM a host budget leaves over (EngineOptions.accumulate_in_dram);
+    False: every micro-batch's read-modify-write goes through the SSD."""
     checkpoint_offload: str = "ssd"
     """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
     windows: zero.EngineWindows | None = None

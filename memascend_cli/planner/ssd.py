@@ -59,10 +59,12 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     read = {"params": ga * fetches * E * swapped, "optimizer_states": 12 * opt}
     write = {"optimizer_states": 12 * opt, "params": E * swapped}
     if c.bounded:
-        # Each micro-batch writes its gradient; later micro-batches read the running sum back first.
-        read["gradients"] = G * opt * ga
-        write["gradients"] = G * opt * ga
-        grad = f"gradients {G} B x {ga} micro-batch(es) each way"
+        # Each micro-batch writes its gradient; later micro-batches read the running sum back first. Partitions held
+        # in the DRAM accumulation window (zero.EngineWindows.accumulation_bytes) go to the SSD once, at the boundary.
+        held = min(opt, c.windows.accumulation_bytes // G) if ga > 1 else 0
+        read["gradients"] = write["gradients"] = G * (held + (opt - held) * ga)
+        grad = (f"gradients {G} B x {ga} micro-batch(es) each way" if not held else
+                f"gradients {G} B each way, x {ga} for the {opt - held:,} elements beyond the DRAM window")
     else:
         read["gradients"] = 4 * opt
         write["gradients"] = 4 * opt

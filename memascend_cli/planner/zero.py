@@ -680,6 +680,10 @@ class EngineWindows:
     checkpoint_offload: str = "ssd"
     """Activation checkpoints: ssd (through checkpoint_slots buffers), dram (one buffer per layer), off."""
     checkpoint_slots: int = DEFAULT_CHECKPOINT_SLOTS
+    accumulation_bytes: int = 0
+    """DRAM for gradients accumulated between micro-batches (gradient accumulation only): partitions that fit stay in
+    memory until the boundary writes them once; the rest take the read-modify-write through the SSD each micro-batch.
+    split_budget gives it what a host budget leaves over (LoHan, arXiv 2403.06504, accumulates in host memory)."""
 
     def optimizer_bytes(self, elem_bytes: int) -> int:
         return self.optimizer_depth * optimizer_slot_bytes(self.optimizer_chunk_numel, elem_bytes)
@@ -732,22 +736,27 @@ class BudgetPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.param_pool_bytes + self.optimizer_bytes + self.gradient_bytes + self.checkpoint_bytes
+        return (self.param_pool_bytes + self.optimizer_bytes + self.gradient_bytes + self.checkpoint_bytes
+                + self.windows.accumulation_bytes)
 
     def to_dict(self) -> dict:
         return {"windows": self.windows.to_dict(), "prefetch_layers": self.prefetch_layers,
                 "param_pool_bytes": self.param_pool_bytes, "optimizer_bytes": self.optimizer_bytes,
                 "gradient_bytes": self.gradient_bytes, "checkpoint_bytes": self.checkpoint_bytes,
-                "total_bytes": self.total_bytes, "full_overlap_bytes": self.full_overlap_bytes,
+                "accumulation_bytes": self.windows.accumulation_bytes, "total_bytes": self.total_bytes, "full_overlap_bytes": self.full_overlap_bytes,
                 "min_bytes": self.min_bytes}
 
 
 def split_budget(budget_bytes: int | None, *, param_pool_bytes: Callable[[int], int], elem_bytes: int,
-                 layer_checkpoint_bytes: int, num_layers: int, base: EngineWindows) -> BudgetPlan:
+                 layer_checkpoint_bytes: int, num_layers: int, base: EngineWindows,
+                 accumulated_gradient_bytes: int = 0) -> BudgetPlan:
     """Split one host budget between the parameter pool, the optimizer pipeline, the gradient window and the
     activation-checkpoint window. None = full overlap (the default windows). A smaller budget gives up overlap in
     this order: optimizer write-behind (depth 3 -> 2), gradient slots (4 -> 2), a checkpoint slot, the prefetched
     layer (2 -> 1), then halves the optimizer chunk down to 1 MiB, then single slots; below that BudgetTooSmall.
+    What a budget leaves over holds accumulated gradients in DRAM (EngineWindows.accumulation_bytes), up to
+    ``accumulated_gradient_bytes`` (the rank's gradient partitions in their accumulation dtype; 0 without gradient
+    accumulation); without a budget the base's window stays.
 
     ``param_pool_bytes(prefetch_layers)`` prices the parameter pool (zero.model_param_pool_plan).
     """
@@ -772,6 +781,7 @@ def split_budget(budget_bytes: int | None, *, param_pool_bytes: Callable[[int], 
         chunk //= 2
         add(optimizer_chunk_numel=chunk)
     add(optimizer_depth=1, gradient_slots=1, gradient_slot_bytes=MIN_GRADIENT_SLOT_BYTES)
+    steps = [(replace(w, accumulation_bytes=0), p) if budget_bytes is not None else (w, p) for w, p in steps]
     plans = [plan(w, p) for w, p in steps]
     full, smallest = plans[0].total_bytes, plans[-1].total_bytes
     if budget_bytes is None:
@@ -781,4 +791,6 @@ def split_budget(budget_bytes: int | None, *, param_pool_bytes: Callable[[int], 
         if not fitting:
             raise BudgetTooSmall(int(budget_bytes), smallest)
         chosen = fitting[0]
+        window = max(0, min(int(accumulated_gradient_bytes), int(budget_bytes) - chosen.total_bytes))
+        chosen = replace(chosen, windows=replace(chosen.windows, accumulation_bytes=window))
     return replace(chosen, full_overlap_bytes=full, min_bytes=smallest)

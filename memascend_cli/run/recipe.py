@@ -132,7 +132,8 @@ class Recipe(_Strict):
     region) or dram (one pinned buffer per layer)."""
     host_budget: str | None = None
     """memascend's pinned + staging host memory per rank, e.g. 4GiB, split between the parameter pool, optimizer
-    pipeline, gradient and checkpoint windows; None = what full overlap needs. Below the minimum: refused."""
+    pipeline, gradient and checkpoint windows; with gradient accumulation, what is left over holds the accumulated
+    gradients in DRAM (written to the SSD once per step). None = what full overlap needs. Below the minimum: refused."""
     precision: Literal["bf16", "fp32", "fp16"] = DEFAULT_PRECISION
     """bf16, fp32 or fp16 (fp32 makes resume checks bit-exact and is the slowest)."""
     seed: int = 0

@@ -333,3 +333,30 @@ def test_the_chunked_loss_replaces_the_logits_by_one_chunk_and_two_gradients():
     # bf16 adds the matmul's bf16 output beside its fp32 upcast, and the weight gradient's cast at backward
     b16 = estimate(job("bench-llama-136m", seq_len=256, dtype="bf16", chunked_loss=True), CPU, "memascend")
     assert b16.item("host/compute/forward_backward").bytes > 0
+
+
+def test_gradient_accumulation_window_takes_what_the_budget_leaves():
+    """With a host budget the leftover holds accumulated gradients in DRAM (up to all of them); the SSD then sees
+    each held partition once per step instead of once per micro-batch."""
+    ga = replace(job(), grad_accum_steps=8)
+    none = estimate(ga, GPU, "memascend")  # no budget: the default windows, no accumulation window
+    assert none.item("host/gradient_accumulation") is None and none.budget.windows.accumulation_bytes == 0
+    full = none.budget.total_bytes
+    grads = none.traffic.write_bytes["gradients"]
+    assert none.traffic.read_bytes["gradients"] == grads  # G x opt x 8 each way
+
+    roomy = estimate(replace(ga, host_budget_bytes=full + 64 * GiB), GPU, "memascend")
+    held = roomy.item("host/gradient_accumulation").bytes
+    assert roomy.budget.windows.accumulation_bytes == held == roomy.budget.total_bytes - full  # all of them, no more
+    assert roomy.traffic.write_bytes["gradients"] == grads // 8 == roomy.traffic.read_bytes["gradients"]
+    assert roomy.host_steady_bytes == none.host_steady_bytes + held
+
+    part = estimate(replace(ga, host_budget_bytes=full + held // 2), GPU, "memascend")
+    w = part.budget.windows.accumulation_bytes
+    assert w == held // 2 and part.budget.total_bytes == full + w  # the whole budget, not more
+    assert grads // 8 < part.traffic.write_bytes["gradients"] < grads
+
+    off = estimate(replace(ga, host_budget_bytes=full + 64 * GiB, accumulate_in_dram=False), GPU, "memascend")
+    assert off.item("host/gradient_accumulation") is None and off.traffic.write_bytes["gradients"] == grads
+    one = estimate(replace(ga, grad_accum_steps=1, host_budget_bytes=full + 64 * GiB), GPU, "memascend")
+    assert one.item("host/gradient_accumulation") is None  # nothing to accumulate

@@ -47,3 +47,18 @@ def test_tuned_and_memascend_get_the_chunked_loss_and_stock_keeps_transformers_o
         old, _ = bench.recorded_plan_job({"job": {**JOB, "layers": spec.num_hidden_layers}},
                                          {"mode": mode, "config": cfg})
         assert old.chunked_loss is False
+
+
+def test_gradient_accumulation_reaches_the_plan_through_the_config_and_counts_in_tokens_per_s():
+    from memascend_cli.bench.runner import summarize_events
+
+    spec = load_model(JOB["model"])
+    cfg = bench.build_ds_config("memascend", spec, micro_batch=2, dtype="fp32", nvme_dir="/x", ranks=1, grad_accum=4)
+    assert cfg["gradient_accumulation_steps"] == 4
+    job, _ = bench.plan_job("memascend", cfg, spec, seq_len=512, micro_batch=2, dtype="fp32", ranks=1,
+                            checkpointing="full", deepspeed_version=JOB["deepspeed_version"],
+                            disabled=("accumulate_in_dram",))
+    assert job.grad_accum_steps == 4 and job.accumulate_in_dram is False
+    steps = [{"event": "step", "loss": 1.0, "seconds": s} for s in (9.0, 2.0, 2.0)]
+    out = summarize_events({0: steps}, micro_batch=2, seq_len=512, ranks=1, grad_accum=4)
+    assert out["seconds_per_step"] == 2.0 and out["tokens_per_s"] == 2 * 512 * 4 / 2.0
