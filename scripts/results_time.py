@@ -42,6 +42,30 @@ def plan_at_cores_got(plan: dict, run: dict, cores: int) -> float | None:
     return plan["seconds_per_step"] + compute * (cores / max(0.25, cores - taken) - 1.0)
 
 
+def accumulation_lines(runs: list) -> list[str]:
+    """Issue 26's bar on gradient accumulation: time per token at N micro-batches a step against 1, per run of a
+    document with grad_accum N and the memascend run of its 1 micro-batch twin (same job, limit and host budget)."""
+    def key(doc: dict) -> tuple:
+        j = doc["job"]
+        return (j["model"], j["seq_len"], j["micro_batch"], j["dtype"], j.get("ssd_bandwidth_bytes_per_s"),
+                j.get("host_budget_bytes"))
+
+    ones = {key(d): d for _, d in runs if d["job"].get("grad_accum", 1) == 1}
+    out = []
+    for path, doc in runs:
+        ga = doc["job"].get("grad_accum", 1)
+        base = ones.get(key(doc)) if ga > 1 else None
+        ref = next((r for r in (base or {}).get("runs", []) if r["name"] == "memascend" and r["ok"]), None)
+        if ref is None:
+            continue
+        cells = [f"{r['name']} x{ref['tokens_per_s'] / r['tokens_per_s']:.2f}" for r in doc["runs"] if r["ok"]]
+        budget = doc["job"].get("host_budget_bytes")
+        out.append(f"- {ga} micro-batches a step against 1 ({_limit(doc)}, host budget "
+                   f"{'default' if not budget else f'{budget / 2**30:.2f} GiB'}): time per token "
+                   + ", ".join(cells) + f" (`{os.path.basename(path)}`; the bar: memascend at most x1.10).")
+    return out
+
+
 def section_ssd_bound(runs: list) -> str:
     """One row per run of the documents under docs/bench/ssd-bound/: measured and planned s/step."""
     if not runs:
@@ -50,9 +74,11 @@ def section_ssd_bound(runs: list) -> str:
     runs = sorted(runs, key=lambda pd: pd[1]["job"].get("ssd_bandwidth_bytes_per_s") or float("inf"), reverse=True)
     rows, misses, total = [], 0, 0
     for path, doc in runs:
+        ga = doc["job"].get("grad_accum", 1)
         for r in doc["runs"]:
+            name = r["name"] + (f", {ga} micro-batches a step" if ga > 1 else "")
             if not r["ok"]:
-                rows.append([_limit(doc), r["name"] + " (failed)"] + ["-"] * 10 + [f"`{os.path.basename(path)}`"])
+                rows.append([_limit(doc), name + " (failed)"] + ["-"] * 10 + [f"`{os.path.basename(path)}`"])
                 continue
             t = _today(doc, r) or {}
             plan_s, sps = t.get("seconds_per_step"), r["seconds_per_step"]
@@ -63,7 +89,7 @@ def section_ssd_bound(runs: list) -> str:
             misses += err is not None and abs(err) > TIME_TOLERANCE_PERCENT
             res = t.get("resource_seconds") or {}
             bpp = r.get("ssd_bytes_per_param")
-            rows.append([_limit(doc), r["name"], f"{sps:.2f}", "-" if not plan_s else f"{plan_s:.2f}", pct(err),
+            rows.append([_limit(doc), name, f"{sps:.2f}", "-" if not plan_s else f"{plan_s:.2f}", pct(err),
                          f"{r['tokens_per_s']:.0f}", "-" if not bpp else f"{bpp['read']:.1f} / {bpp['write']:.1f}",
                          f"{res.get('compute', 0):.1f} / {res.get('SSD read', 0):.1f} / {res.get('SSD write', 0):.1f}",
                          t.get("binding", "-"), f"{r['first_step_seconds']:.1f}",
@@ -89,6 +115,9 @@ def section_ssd_bound(runs: list) -> str:
                   "plan at the cores got", "raw"], rows), "",
            f"{total - misses} of {total} runs within {TIME_TOLERANCE_PERCENT:.0f}% "
            "(`tests/unit/test_time_validation.py` checks every CPU bench document).", ""]
+    ga = accumulation_lines(runs)
+    if ga:
+        out += ga + [""]
     for path, doc in runs:
         cmd = (doc.get("meta") or {}).get("command", "?")
         out.append(f"- `{os.path.basename(path)}` ({(doc.get('meta') or {}).get('date', '?')}): `{cmd}`")

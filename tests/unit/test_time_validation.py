@@ -34,13 +34,17 @@ measured / modelled s/step over the six runs of the calibration document (tuned 
 #   tuned run too since parameters count 2 fetches per step, not 3: -18.5%), and
 #   two ranks 30-43% short: a per-layer, per-step cost (hooks, fetch latency, gloo) that long contexts hide and that
 #   the model has no term for;
-# - llama-3.2-1b fp32 seq 1024 under a 12 GiB cap (capped/): 2 steps, so s/step is step 2 alone (113.5 s; step 1
-#   88.0 s), taken while other jobs shared the 2 cores (their RSS moved 1.1 GiB during the run): -37%, not yet
-#   told apart from a model miss at billion scale (a 128K vocabulary) by a quiet rerun.
 # - the SSD-bound sittings (docs/bench/ssd-bound/, 2026-11-25, an Intel VM whose CPU probe the documents record):
 #   runs during which the bench's samplers and other jobs on the shared 2 cores took 0.7-1.2 cores
 #   (runs[].others_cpu_seconds + bench_cpu_seconds; sitting 1 has no gauge) compute up to 2.3x slower than the
 #   probe's rate for both cores; results.md's "plan at the cores got" gives the same model at the cores they got.
+# - gradient accumulation 8 at 400 MB/s (ssd-bound/...-ga8, 2026-11-26): +26%. On the CPU accelerator the model adds
+#   each micro-batch's parameter reads to its compute, and memascend's pool keeps the last forward layers for
+#   backward (72 B/param read where the plan counts 81); over 8 micro-batches both add up (at 1 micro-batch, the
+#   same sitting's -ga1 run is within 4%).
+# - qwen2.5-1.5b bf16 seq 1024 under a 12 GiB cap (capped/, 2026-11-26): 54.4 s/step, where the calibrated fp32 rate
+#   gives 85 s (+57%) and the CPU probe's bf16 GEMM rate (893.6 GFLOP/s, 6x its fp32 one) 26 s (-53%): a DeepSpeed
+#   bf16 step on this CPU gets neither; the model has no bf16 CPU rate of its own yet.
 OTHER_VM_BEFORE = "2026-11-24T04:00"
 _SSD = "bench-llama-136m-seq512-fp32-"
 CONTENDED = {f"{_SSD}{doc}.json:8:512:{run}" for doc, runs in (
@@ -53,7 +57,9 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                 for run in ("stock", "tuned", "memascend")} | {"smollm2-360m-fp32.json:32:256:stock",
                                                                "smollm2-360m-fp32.json:32:256:tuned",
                                                                "smollm2-360m-fp32.json:32:256:memascend",
-                                                               "llama-3.2-1b-fp32-seq1024-cap12gib.json:16:1024:"
+                                                               "qwen2.5-1.5b-bf16-seq1024-cap12gib-memascend.json:28:"
+                                                               "1024:memascend",
+                                                               "bench-llama-136m-seq512-fp32-ssd400mbs-ga8.json:8:512:"
                                                                "memascend",
                                                                # +19%: the allocator calibration at seq 4096
                                                                "tuned-heap-l16-seq4096-fp32.json:16:4096:tuned"}
