@@ -231,3 +231,32 @@ def test_cuda_registered_buffers_are_pinned_for_torch():
     back.copy_(d, non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(back, t)
+
+
+def test_gradient_stream_holds_running_sums_in_its_window_and_spills_the_rest(store_and_handle):
+    """GradientStream.hold: sums that fit the DRAM window stay there (read back without SSD I/O, leaving the window),
+    the rest go to the region; spill() writes every held sum, after which reads come from the region."""
+    from memascend_cli.planner import zero
+    from memascend_engine import bounded
+
+    store, _, alloc = store_and_handle
+    io = bounded.IOCounters()
+    stream = bounded.GradientStream(store, alloc, zero.EngineWindows(gradient_slots=2, gradient_slot_bytes=MiB,
+                                                                      accumulation_bytes=3 * MiB // 2), io)
+    a, b = torch.full((MiB // 4,), 1.5), torch.arange(MiB // 4, dtype=torch.float32)
+    stream.hold("g/a", a)
+    a.zero_()  # the stream kept a copy (DeepSpeed reuses its bucket)
+    stream.hold("g/b", b)  # 1 MiB more does not fit the 1.5 MiB window: to the region
+    assert set(stream.held) == {"g/a"} and stream.held_bytes == MiB and io.gradient_held_bytes == MiB
+    assert io.gradient_write_bytes == MiB and "g/b" in stream.written and "g/a" not in stream.written
+    got = stream.read("g/a", MiB // 4, torch.float32, "cpu")
+    assert torch.equal(got, torch.full((MiB // 4,), 1.5)) and stream.held_bytes == 0 and io.gradient_read_bytes == 0
+    assert torch.equal(stream.read("g/b", MiB // 4, torch.float32, "cpu"), b) and io.gradient_read_bytes == MiB
+    stream.hold("g/a", got.add_(1.0))
+    stream.spill()
+    stream.flush()
+    assert not stream.held and stream.held_bytes == 0 and stream.written["g/a"] == MiB
+    assert torch.equal(stream.read("g/a", MiB // 4, torch.float32, "cpu"), torch.full((MiB // 4,), 2.5))
+    with pytest.raises(RuntimeError, match="holds"):
+        stream.hold("g/c", torch.zeros(8))
+        stream.read("g/c", 16, torch.float32, "cpu")
