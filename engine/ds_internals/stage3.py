@@ -184,6 +184,7 @@ def bounded_stats(ctx: PluginContext) -> dict | None:
     opt = next((o for o in ctx.optimizers if getattr(o, "_ma_bounded", False)), None)
     if opt is None:
         return None
-    return {"gradient_window_bytes": opt._ma_stream.host_bytes, "accumulation_window_bytes": opt._ma_stream.window_bytes,
+    return {"gradient_window_bytes": opt._ma_stream.host_bytes,
+            "accumulation_window_bytes": opt._ma_stream.window_bytes,
             "optimizer_window_bytes": opt._ma_pipeline.host_bytes,
             "chunks": len(opt._ma_chunks), "windows": ctx.windows.to_dict()}

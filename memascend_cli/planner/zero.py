@@ -743,7 +743,8 @@ class BudgetPlan:
         return {"windows": self.windows.to_dict(), "prefetch_layers": self.prefetch_layers,
                 "param_pool_bytes": self.param_pool_bytes, "optimizer_bytes": self.optimizer_bytes,
                 "gradient_bytes": self.gradient_bytes, "checkpoint_bytes": self.checkpoint_bytes,
-                "accumulation_bytes": self.windows.accumulation_bytes, "total_bytes": self.total_bytes, "full_overlap_bytes": self.full_overlap_bytes,
+                "accumulation_bytes": self.windows.accumulation_bytes, "total_bytes": self.total_bytes,
+                "full_overlap_bytes": self.full_overlap_bytes,
                 "min_bytes": self.min_bytes}
 
 

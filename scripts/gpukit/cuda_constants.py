@@ -116,7 +116,8 @@ def main(out: str) -> int:
         ops = {"step_error": f"{type(exc).__name__}: {exc}"[:300]}
     props = torch.cuda.get_device_properties(0)
     # Without the step's sample the runtime is the one before it: schema 1, which the planner refuses.
-    doc = {"schema_version": SCHEMA_VERSION if "step" in samples else 1, "ops_loaded": ops, "device": props.name, "gpu_total_bytes": props.total_memory,
+    doc = {"schema_version": SCHEMA_VERSION if "step" in samples else 1, "ops_loaded": ops, "device": props.name,
+           "gpu_total_bytes": props.total_memory,
            "torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": deepspeed.__version__,
            "transformers": transformers.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
            "kernel": os.uname().release, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

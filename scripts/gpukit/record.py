@@ -60,8 +60,9 @@ def merge(folders: list[str]) -> dict:
                          "pytest_gpu.xml)")
     constants = doc.get("cuda_constants") or {}
     doc["device"] = constants.get("device") or ((doc.get("facts") or {}).get("gpus") or ["?"])[0].split(",")[0]
-    doc["measured_at"] = constants.get("measured_at") or ((doc.get("bench") or {}).get("documents") and next(
-        iter(next(iter(doc["bench"]["documents"].values())).values()))["meta"]["date"])
+    bench_dates = [run_doc["meta"]["date"] for by_run in ((doc.get("bench") or {}).get("documents") or {}).values()
+                   for run_doc in by_run.values()]
+    doc["measured_at"] = constants.get("measured_at") or min(bench_dates, default=None)
     return doc
 
 
