@@ -131,8 +131,8 @@ def section_gpu(docs: list) -> str:
                     "idle; GPU = torch's peak allocated. Plan = today's planner on each run's config with "
                     + ("the CUDA constants that call measured" if usable(kit.get("cuda_constants")) else
                        "the planner's typical CUDA runtime (the call's constants were measured before a training "
-                       "step, schema 1; these three runs are the calibration of that typical value, RUNTIME_CUDA_BYTES in "
-                       "memascend_cli/planner/host.py, so their memory errors validate nothing)")
+                       "step, schema 1; these three runs are the calibration of that typical value, "
+                       "RUNTIME_CUDA_BYTES in memascend_cli/planner/host.py, so their memory errors validate nothing)")
                     + f" and the SSD rates of {ssd_rates(storage)[2]} (the time model's compute is the "
                     f"device table's {(j.get('timing') or {}).get('device_source', '?')}). s/step averages the steps "
                     "after the first.", "", table(HEADER, rows), ""] + lines + [""]

@@ -235,8 +235,8 @@ def phase_probe(kit: Kit) -> bool:
         print(f"[probe] native IOEngine(backend='auto') on {target}: io_uring, else the thread pool (reported)")
         print(f"[probe] $ dd if=/dev/zero of={target}/dd-probe.bin bs=4M count=256 oflag=direct conv=fsync; dd ... "
               "iflag=direct (GB/s for the time budget)")
-        print(f"[probe] $ {kit.py} -m memascend_cli prepare-ssd {target}/probe.region --size 2GiB --yes; --info --json; "
-              "--wipe --yes (the time model's SSD rates)")
+        print(f"[probe] $ {kit.py} -m memascend_cli prepare-ssd {target}/probe.region --size 2GiB --yes; "
+              "--info --json; --wipe --yes (the time model's SSD rates)")
         kit.storage = {"dir": target, "kind": "dry-run"}
         return True
     os.makedirs(target, exist_ok=True)

@@ -317,8 +317,9 @@ def runtime_constants(samples: dict, *, gpu_total_bytes: int) -> dict:
     gpu_free_bytes, torch_reserved_bytes}} at the phases start (bare python), imports (torch, deepspeed,
     transformers), context (first CUDA tensor), cublas (a bf16 matmul) and nccl (init_distributed + an
     all_reduce: NCCL builds its communicator at the first collective) and step (a training step's first uses, its
-    tensors freed; the runtime the plan takes is measured there, before it when absent). Host: what the system sees used beyond
-    the bare interpreter (MemTotal - MemAvailable, the plan's view) plus the interpreter's own anonymous memory;
+    tensors freed; the runtime the plan takes is measured there, before it when absent). Host: what the system sees
+    used beyond the bare interpreter (MemTotal - MemAvailable, the plan's view) plus the interpreter's own anonymous
+    memory;
     GPU: device memory in use that torch's caching allocator does not own (context, kernels, cuBLAS workspace,
     NCCL buffers), which the plan holds as gpu/cuda_context. Pure."""
     s0, last = samples["start"], samples["nccl"]
