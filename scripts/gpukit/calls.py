@@ -100,7 +100,8 @@ def plan_text() -> str:
     lines.append(f"calls 1-3: ~{total / 60:.1f} min of device time, more than the {DEVICE_BUDGET_S // 60} minutes "
                  f"a task is lent: send call 1, then call {second_call().number} at once on the warm machine (it goes "
                  f"back after {WARM_IDLE_S} s idle; no second start): ~{warm_pair_s() / 60:.1f} min (measured "
-                 "2026-11-26 on an H200: 367 s + 215 s + the start). Then `bash scripts/gpu_check.sh record` the folders they returned. "
+                 "2026-11-26 on an H200: 367 s + 215 s + the start). Then `bash scripts/gpu_check.sh record` the "
+                 "folders they returned. "
                  "Calls 3 and 4 in later sessions.")
     return "\n".join(lines)
 
