@@ -216,8 +216,10 @@ def run(args, rank: int, ev: Events) -> int:
             losses.append(float(loss.detach()))
         dt = time.perf_counter() - t0
         io_now = io_bytes()
+        norm = engine.get_global_grad_norm()
         ev.emit("step", step=step, loss=sum(losses) / len(losses), seconds=dt, io=io_delta(io_prev, io_now),
-                tokens_per_s=args.micro_batch * args.seq_len * grad_accum * world / dt)
+                tokens_per_s=args.micro_batch * args.seq_len * grad_accum * world / dt,
+                grad_norm=None if norm is None else float(norm))
         io_prev = io_now
     ev.phase("finish")
     io_end = io_bytes()

@@ -243,15 +243,19 @@ class OptimizerPipeline:
                       for _ in range(max(1, windows.optimizer_depth))]
         self.io_alignment = max(int(store.io_alignment), 1)
         self.states_written: set[int] = set()
-        """Chunks whose Adam states exist on the SSD (absent before the first step: read as zeros, no I/O)."""
+        """Chunks whose current generation holds Adam states (absent before the first step: read as zeros, no I/O)."""
+        self.generation = [0] * len(self.chunks)
+        """Which of a chunk's two extent sets holds its current master and moments: the optimizer overlapped with
+        backward (engine/overlap.py) writes a speculative update into the other one and flips this on commit."""
 
     @property
     def host_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for s in self.slots
                    for t in (s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.staging))
 
-    def state_key(self, chunk_index: int, name: str) -> str:
-        return f"{self.key_prefix}{chunk_index}/{name}"
+    def state_key(self, chunk_index: int, name: str, generation: int | None = None) -> str:
+        gen = self.generation[chunk_index] if generation is None else generation
+        return f"{self.key_prefix}{chunk_index}/{name}" + (f"~{gen}" if gen else "")
 
     # -- layout of a chunk's 16-bit pieces in the staging buffer ----------------------------------------
     def _place(self, chunk: zero.Chunk) -> list[tuple[zero.Piece, int | None]]:
@@ -272,16 +276,18 @@ class OptimizerPipeline:
         return slot.staging[byte_off:byte_off + nbytes].view(dtype)
 
     # -- reads ------------------------------------------------------------------------------------------
-    def _submit_reads(self, ci: int, slot: Slot, *, with_grads: bool) -> None:
+    def _submit_reads(self, ci: int, slot: Slot, *, with_grads: bool, moments: bool = True) -> None:
+        """Queue chunk ci's master (and, with `moments`, exp_avg / exp_avg_sq; with `with_grads`, its gradient
+        pieces) into `slot`."""
         chunk = self.chunks[ci]
         n = chunk.numel
         slot.pending = [self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
         self.counters.optimizer_read_bytes += n * 4
-        if ci in self.states_written:
+        if moments and ci in self.states_written:
             for name, t in (("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
                 slot.pending.append(self.store.submit("r", t.data_ptr(), n * 4, self.state_key(ci, name), 0))
             self.counters.optimizer_read_bytes += 2 * n * 4
-        else:
+        elif moments:
             # Before the first step: CPU Adam's states start as zeros (cpu_adam.py zeros_like), no read needed.
             slot.exp_avg.narrow(0, 0, n).zero_()
             slot.exp_avg_sq.narrow(0, 0, n).zero_()
@@ -315,20 +321,25 @@ class OptimizerPipeline:
             raise first
 
     # -- writes -----------------------------------------------------------------------------------------
-    def _submit_writes(self, ci: int, slot: Slot) -> None:
+    def _submit_writes(self, ci: int, slot: Slot, *, generation: int | None = None,
+                       targets: Sequence[Sequence[Callable[[], ParamTarget]]] | None = None) -> None:
+        """Master, moments (into `generation`, default the current one) and parameters of chunk ci."""
         chunk = self.chunks[ci]
         n = chunk.numel
         for name, t in (("fp32", slot.master), ("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
-            slot.pending.append(self.store.submit("w", t.data_ptr(), n * 4, self.state_key(ci, name), 0))
+            slot.pending.append(self.store.submit("w", t.data_ptr(), n * 4, self.state_key(ci, name, generation), 0))
         self.counters.optimizer_write_bytes += 3 * n * 4
-        self.states_written.add(ci)
-        self._write_params(chunk, slot)
+        if generation is None or generation == self.generation[ci]:
+            self.states_written.add(ci)
+        self._write_params(chunk, slot, targets)
 
-    def _write_params(self, chunk: zero.Chunk, slot: Slot) -> None:
+    def _write_params(self, chunk: zero.Chunk, slot: Slot,
+                      targets: Sequence[Sequence[Callable[[], ParamTarget]]] | None = None) -> None:
         """The chunk's updated master to the 16-bit parameter partitions (copy in memory, or write to the SSD)."""
         pb = self.param_bytes
+        targets = targets or self.targets
         for p, off in slot.placements:
-            target = self.targets[chunk.sub_group][p.param]()
+            target = targets[chunk.sub_group][p.param]()
             src = slot.master.narrow(0, p.chunk_offset, p.numel)
             if target.key is None:
                 target.tensor.narrow(0, p.param_offset, p.numel).copy_(src)
@@ -345,27 +356,27 @@ class OptimizerPipeline:
 
     # -- the pipelined walk -----------------------------------------------------------------------------
     def run(self, compute: Callable[[int, zero.Chunk, Slot], None], *, with_grads: bool = True,
-            write: bool = True) -> None:
-        """Read, `compute` (in place on the slot), write back, for every chunk; I/O of neighbours overlaps."""
+            writes: str = "all", chunks: Sequence[int] | None = None) -> None:
+        """Read, `compute` (in place on the slot), write back (`writes`: all, params, none), for every chunk or the
+        chunk indices `chunks` (ascending); the I/O of neighbours overlaps."""
         depth = len(self.slots)
-        order = range(len(self.chunks))
-        if not self.chunks:
+        order = list(range(len(self.chunks)) if chunks is None else chunks)
+        if not order:
             return
         lookahead = max(1, depth - 1)  # with depth 3: chunk i+1 reading, chunk i-1 writing
         inflight_reads: dict[int, Slot] = {}
-        slot_of = {}
         next_read = 0
 
-        def start_read(ci: int) -> None:
-            slot = self.slots[ci % depth]
+        def start_read(pos: int) -> None:
+            ci = order[pos]
+            slot = self.slots[pos % depth]
             self._complete(slot)  # the write-back of the chunk that used this slot before
-            self._submit_reads(ci, slot, with_grads=with_grads)
+            self._submit_reads(ci, slot, with_grads=with_grads, moments=writes == "all")
             inflight_reads[ci] = slot
-            slot_of[ci] = slot
 
         try:
-            for ci in order:
-                while next_read < len(self.chunks) and next_read <= ci + lookahead - 1:
+            for pos, ci in enumerate(order):
+                while next_read < len(order) and next_read <= pos + lookahead - 1:
                     start_read(next_read)
                     next_read += 1
                 slot = inflight_reads.pop(ci)
@@ -373,9 +384,11 @@ class OptimizerPipeline:
                 if with_grads:
                     self._widen_grads(ci, slot)
                 compute(ci, self.chunks[ci], slot)
-                if write:
+                if writes == "all":
                     self._submit_writes(ci, slot)
-                if next_read < len(self.chunks):
+                elif writes == "params":
+                    self._write_params(self.chunks[ci], slot)
+                if next_read < len(order):
                     start_read(next_read)
                     next_read += 1
         finally:

@@ -44,6 +44,11 @@ class EngineOptions:
     """With gradient accumulation, running sums stay in a DRAM window between micro-batches and go to the SSD once
     per step (the window is what the host budget leaves over: windows.accumulation_bytes); off: every micro-batch
     reads and rewrites its gradient partitions on the SSD."""
+    overlap_optimizer: bool = True
+    """The optimizer overlapped with backward (engine/overlap.py): at the step's last micro-batch each optimizer chunk
+    is updated, speculatively, as soon as its gradients are reduced, into a second set of extents (12 B per parameter
+    of SSD space), and step() commits it, or redoes the step (clipping triggered) or rolls the parameters back
+    (overflow) exactly; without clipping the gradients then never go to the SSD. Needs streaming."""
     pipeline_depth: int = DEFAULT_PIPELINE_DEPTH
     """Optimizer chunks in flight (one read, one updated, one written back)."""
     checkpoint_offload: str = "ssd"

@@ -46,7 +46,7 @@ def build_config(args, spec) -> dict:
     settings = zero.resolve("tuned", model=spec, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                             elem_bytes=DTYPE_BYTES[args.dtype], base=base)
     return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
-                     precision=args.dtype, optimizer=adamw(args.lr))
+                     precision=args.dtype, optimizer=adamw(args.lr), gradient_clipping=args.clip)
 
 
 def main(argv=None) -> dict:
@@ -62,6 +62,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--accumulation-bytes", type=int, default=0,
                     help="engine: the DRAM window for gradients accumulated between micro-batches")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--clip", type=float, default=None, help="gradient_clipping (global norm; default: none)")
     ap.add_argument("--sub-group-size", type=float, default=None,
                     help="default: DeepSpeed's (zero.DEEPSPEED_DEFAULTS); capped by memascend's knobs (zero.py)")
     ap.add_argument("--reduce-bucket-size", type=float, default=None,
@@ -173,6 +174,7 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(1234)
     losses = []
     loss_scales = []
+    grad_norms = []
     probe = {}
     t0 = time.time()
     for step in range(args.steps if load_error is None else 0):
@@ -190,6 +192,8 @@ def main(argv=None) -> dict:
             engine.step()
             losses.append(float(loss))
         loss_scales.append(float(engine.optimizer.loss_scale))
+        norm = engine.get_global_grad_norm()
+        grad_norms.append(None if norm is None else float(norm))
         if args.save_checkpoint and args.save_at == step + 1:
             save()
     seconds = time.time() - t0
@@ -212,6 +216,7 @@ def main(argv=None) -> dict:
         "stats": stats,
         "overflow_probe": probe,
         "loss_scales": loss_scales,
+        "grad_norms": grad_norms,
         "skipped_steps": int(engine.skipped_steps),
         "save_checkpoint_error": save_error,
         "load_checkpoint_error": load_error,

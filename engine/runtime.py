@@ -259,6 +259,10 @@ class Installed:
                 if o.streaming and self.opt_nvme:
                     self.ctx.store = self.store
                     self.ctx.windows = self.windows()
+                    if o.overlap_optimizer:
+                        from memascend_engine.overlap import OverlapCounters
+
+                        self.ctx.overlap = OverlapCounters()
             elif o.pinned and self.allocator.cuda_register:
                 aio.patch_aio_builders(self.patches, aio.pinning_aio_builder(self.allocator))
             if o.pinned:
@@ -327,6 +331,8 @@ class Installed:
             bounded = stage3.bounded_stats(self.ctx)
             if bounded is not None:
                 d["bounded"] = bounded
+        if self.ctx is not None and self.ctx.overlap is not None:
+            d["overlap"] = self.ctx.overlap.to_dict()
         d["fused_kernels"] = list(self.fused_kernels_applied)
         return d
 

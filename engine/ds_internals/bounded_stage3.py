@@ -29,7 +29,8 @@ def BoundedStage3Mixin(ctx: PluginContext):
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
     from deepspeed.runtime.zero import stage3
-    from memascend_engine import bounded, native
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+    from memascend_engine import bounded, native, overlap
 
     from memascend_cli.planner import zero
 
@@ -105,6 +106,15 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 counters=ctx.io, grad_written=self._ma_stream.written,
                 key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/")
             self._ma_overflow_local = False
+            self._ma_param_pos = {p.ds_id: (g, j) for g, group in enumerate(self.fp16_groups)
+                                  for j, p in enumerate(group)}
+            self._ma_spec = None
+            if ctx.overlap is not None:
+                spec_targets = [[self._ma_spec_target_fn(param, self.fp16_partitioned_groups[g][j])
+                                 for j, param in enumerate(group)] for g, group in enumerate(self.fp16_groups)]
+                self._ma_spec = overlap.Speculator(self._ma_pipeline, spec_targets, ctx.overlap)
+            self._ma_spec_inv_scale = None
+            self._ma_last_clipped = False
             dist.barrier()
             self._ma_pipeline.initialize()
             dist.barrier()
@@ -129,15 +139,103 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
             return resolve
 
+        def _ma_spec_target_fn(self, param, partitioned):
+            def resolve() -> bounded.ParamTarget:
+                # During backward DeepSpeed may still hold a swapped partition in a pool buffer; it drops it unwritten
+                # (partition_parameters.py _partition_param: remove_partition_and_release_buffers), so a speculative
+                # update goes to the partition's extent. Partitions DeepSpeed keeps in memory are updated there.
+                if getattr(partitioned, "final_location", None) == OffloadDeviceEnum.nvme and param.nvme_swapper:
+                    path = param.nvme_swapper.get_path(param, must_exist=True)
+                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
+                return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data)
+            return resolve
+
+        # -- the optimizer overlapped with backward (memascend_engine.overlap) --------------------------
+        def _ma_speculation(self, boundary: bool):
+            """The Speculator when this micro-batch's gradients are final and the step speculates, else None."""
+            spec = self._ma_spec
+            if spec is None or not boundary or spec.skipped:
+                return None
+            if not spec.active:
+                if self._ma_last_clipped:  # clipping is likely again: a speculation would be redone
+                    spec.skipped = True
+                    ctx.overlap.steps_not_speculated += 1
+                    return None
+                self._ma_spec_inv_scale, _ = self._ma_inv_scale(None)
+                spec.begin(self._ma_adam(self._ma_spec_inv_scale, speculative=True))
+            return spec
+
+        def _ma_inv_scale(self, scaled_norm):
+            """(1 / (loss scale x clip factor), whether clipping triggered), as stage3.py unscale_and_clip_grads
+            (2979) computes it; `scaled_norm` None: the factor when clipping does not trigger (what a speculation
+            assumes)."""
+            combined, clipped = self.loss_scale, False
+            if self.clip_grad > 0.:
+                if scaled_norm is None:
+                    scaled_norm = torch.zeros((), dtype=torch.float32)  # complete_grad_norm_..._cpu_offload's dtype
+                clip = ((scaled_norm / self.loss_scale) + 1e-6) / self.clip_grad
+                clipped = bool(clip > 1.0)
+                clip = torch.clamp(clip, min=1.0)
+                combined = clip * self.loss_scale
+            inv = 1. / combined
+            return (inv.cpu() if torch.is_tensor(inv) else inv), clipped  # the chunk's gradient is in host memory
+
+        def _ma_adam(self, inv_scale, *, speculative: bool):
+            """compute(ci, chunk, slot): the DeepSpeedCPUAdam op on one chunk (ops/adam/cpu_adam.py step). A
+            speculative call takes the step the commit will count; the op keeps beta^t per step
+            (ops/csrc/includes/cpu_adam.h IncrementStep: the same step again leaves it as it is), so a later call of
+            the same step, a redo, sees the same bias correction."""
+            inner = self.optimizer
+
+            def compute(ci, chunk, slot):
+                g = chunk.sub_group
+                n = chunk.numel
+                state = inner.state.setdefault(self.fp32_partitioned_groups_flat[g], {})
+                group = inner.param_groups[self.sub_group_to_group_id[g]]
+                beta1, beta2 = group["betas"]
+                if speculative:
+                    step = state.get("step", 0) + 1
+                else:
+                    # A sub-group's later chunks see the bias correction its first chunk set, as stock's one call
+                    # per sub-group did.
+                    if chunk.index == 0:
+                        if len(state) == 0:
+                            state["step"] = 0
+                        state["step"] += 1
+                    step = state["step"]
+                grad = slot.grad.narrow(0, 0, n)
+                grad.mul_(inv_scale)
+                inner.ds_opt_adam.adam_update(inner.opt_id, step, group["lr"], beta1, beta2, group["eps"],
+                                              group["weight_decay"], group["bias_correction"],
+                                              slot.master.narrow(0, 0, n), grad, slot.exp_avg.narrow(0, 0, n),
+                                              slot.exp_avg_sq.narrow(0, 0, n))
+            return compute
+
+        def _ma_commit_steps(self, done) -> None:
+            """Count the step of each sub-group whose first chunk the commit takes (compute did not)."""
+            inner = self.optimizer
+            for ci in done:
+                chunk = self._ma_chunks[ci]
+                if chunk.index == 0:
+                    state = inner.state.setdefault(self.fp32_partitioned_groups_flat[chunk.sub_group], {})
+                    if len(state) == 0:
+                        state["step"] = 0
+                    state["step"] += 1
+
         # -- backward: gradient streaming ----------------------------------------------------------------
         def partition_grads(self, params_to_release, grad_partitions):
             if not getattr(self, "_ma_bounded", False):
                 return super().partition_grads(params_to_release, grad_partitions)
             boundary = self.is_gradient_accumulation_boundary()
+            spec = self._ma_speculation(boundary)
+            # A speculated chunk's gradient is needed again only by a redo (clipping, or fp16's loss scale changing).
+            keep_grads = self.clip_grad > 0. or self.dtype == torch.float16
             for param, grad_partition in zip(params_to_release, grad_partitions):
                 contains_real_data = param.partition_numel() * self._get_param_partition_rank(param) < param.ds_numel
                 if not contains_real_data:
                     param.grad = None
+                    if spec is not None:
+                        spec.offer(*self._ma_param_pos[param.ds_id], None)
                     continue
                 self._offload_boundary_param_ids.add(param.ds_id)
                 key = bounded.GradientStream.key(param.ds_id)
@@ -151,7 +249,13 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
                     if self.dtype == torch.float16:
                         self._ma_overflow_local |= self._ma_nonfinite(grad)
-                if boundary:
+                if spec is not None:
+                    fell_back = spec.offer(*self._ma_param_pos[param.ds_id], grad)
+                    if fell_back or keep_grads:
+                        self._ma_stream.write(key, grad)
+                    else:
+                        self._ma_stream.written.pop(key, None)  # its chunks are stepped: no gradient on the SSD
+                elif boundary:
                     self._ma_stream.write(key, grad)
                 else:
                     self._ma_stream.hold(key, grad)  # the DRAM accumulation window, else the SSD
@@ -201,6 +305,10 @@ def BoundedStage3Mixin(ctx: PluginContext):
         def step(self, closure=None):
             if not getattr(self, "_ma_bounded", False):
                 return super().step(closure)
+            spec = self._ma_spec if self._ma_spec is not None and self._ma_spec.active else None
+            done, rest = spec.finish() if spec is not None else ([], [])
+            if self._ma_spec is not None:
+                self._ma_spec.skipped = False
             self._ma_stream.spill()  # nothing is held at a managed boundary; an unmanaged one spilled already
             self._ma_stream.flush()
             self._pre_step()
@@ -214,43 +322,44 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     if stage3.is_invalid_grad_norm(scaled_global_grad_norm):
                         self.overflow = True
                 if self._loss_scale_update_and_overflow_cleanup():
+                    if spec is not None:  # the step is skipped: the parameters back from the old masters
+                        spec.drop()
+                        self._ma_pipeline.run(lambda ci, chunk, slot: None, with_grads=False, writes="params",
+                                              chunks=done)
+                        ctx.overlap.steps_rolled_back += 1
                     return
             finally:
                 self._ma_overflow_local = False
             self._global_grad_norm = scaled_global_grad_norm / self.loss_scale
-            combined_scale = self.loss_scale
-            if self.clip_grad > 0.:
-                clip = ((scaled_global_grad_norm / self.loss_scale) + 1e-6) / self.clip_grad
-                clip = torch.clamp(clip, min=1.0)
-                combined_scale = clip * self.loss_scale
-            inv_scale = 1. / combined_scale
-            inner = self.optimizer
-
-            def compute(ci, chunk, slot):
-                g = chunk.sub_group
-                n = chunk.numel
-                state = inner.state.setdefault(self.fp32_partitioned_groups_flat[g], {})
-                group = inner.param_groups[self.sub_group_to_group_id[g]]
-                beta1, beta2 = group["betas"]
-                # The Adam op keeps beta^t as a running product and leaves it as it is when called again with the
-                # same step (ops/csrc/includes/cpu_adam.h IncrementStep), so a sub-group's later chunks see the
-                # bias correction its first chunk set, as stock's one call per sub-group did.
-                if chunk.index == 0:
-                    if len(state) == 0:
-                        state["step"] = 0
-                    state["step"] += 1
-                grad = slot.grad.narrow(0, 0, n)
-                grad.mul_(inv_scale)
-                inner.ds_opt_adam.adam_update(inner.opt_id, state["step"], group["lr"], beta1, beta2, group["eps"],
-                                              group["weight_decay"], group["bias_correction"],
-                                              slot.master.narrow(0, 0, n), grad, slot.exp_avg.narrow(0, 0, n),
-                                              slot.exp_avg_sq.narrow(0, 0, n))
-
-            self._ma_pipeline.run(compute)
+            inv_scale, self._ma_last_clipped = self._ma_inv_scale(scaled_global_grad_norm)
+            compute = self._ma_adam(inv_scale, speculative=False)
+            if spec is not None and _same_scale(inv_scale, self._ma_spec_inv_scale):
+                self._ma_commit_steps(done)
+                spec.commit(done)
+                self._ma_pipeline.run(compute, chunks=rest)
+            else:
+                if spec is not None:  # clipping or a new loss scale: step every chunk from the old states
+                    spec.drop()
+                    ctx.overlap.steps_redone += 1
+                    if not (self.clip_grad > 0. or self.dtype == torch.float16):
+                        raise RuntimeError("memascend overlap: a redo without the gradients on the SSD "
+                                           f"(loss scale {self.loss_scale}, clip {self.clip_grad})")
+                self._ma_pipeline.run(compute)
             self._post_step(set())
 
     scan_dtypes_ = (torch.float16, torch.bfloat16, torch.float32)
     return Mixin
+
+
+def _same_scale(a, b) -> bool:
+    """The two unscale factors are the same number of the same type (a committed speculation is then bit-exact)."""
+    import torch
+
+    if torch.is_tensor(a) != torch.is_tensor(b):
+        return False
+    if torch.is_tensor(a):
+        return a.dtype == b.dtype and bool(torch.equal(a, b))
+    return a == b
 
 
 def _optimizer_swap_folder(nvme_path) -> str:

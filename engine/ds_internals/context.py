@@ -38,6 +38,9 @@ class PluginContext:
     """zero.EngineWindows when the bounded engine (gradient streaming + optimizer pipeline) is on, else None."""
     io: Any = None
     """memascend_engine.bounded.IOCounters of the bounded engine."""
+    overlap: Any = None
+    """memascend_engine.overlap.OverlapCounters when the optimizer overlaps backward (EngineOptions.overlap_optimizer),
+    else None."""
     heap: GlibcHeap = field(default_factory=GlibcHeap)
 
     def trim_heap(self, counter: str = "malloc_trims") -> None:

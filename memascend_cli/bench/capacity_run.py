@@ -36,7 +36,7 @@ def cap_hardware(hw, cap_bytes: int):
 
 def _config(run, point: runner.Point, nvme_dir: str) -> dict:
     return build_ds_config(run.mode, point.spec, micro_batch=point.micro_batch, dtype=point.dtype, nvme_dir=nvme_dir,
-                           ranks=point.ranks)
+                           ranks=point.ranks, gradient_clipping=point.gradient_clipping)
 
 
 def plan_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, nvme_dir: str,

@@ -25,8 +25,8 @@ def resolve_settings(mode: str, spec, *, dtype: str, ranks: int, aio_block_size:
 
 def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: str, ranks: int, lr: float = 1e-4,
                     aio_block_size: int | None = None, aio_queue_depth: int | None = None,
-                    grad_accum: int = 1) -> dict:
-    """The DeepSpeed config of one run. Pure.
+                    grad_accum: int = 1, gradient_clipping: float | None = None) -> dict:
+    """The DeepSpeed config of one run (`gradient_clipping` None: DeepSpeed's default). Pure.
 
     stock: what a user writes from DeepSpeed's docs for ZeRO-Infinity (params + optimizer on NVMe), every knob at
       its default except buffer_size, raised to fit the largest partition.
@@ -37,7 +37,7 @@ def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: 
     s = resolve_settings(mode, spec, dtype=dtype, ranks=ranks, aio_block_size=aio_block_size,
                          aio_queue_depth=aio_queue_depth)
     return ds_config(s, nvme_path=nvme_dir, micro_batch=micro_batch, grad_accum=grad_accum, precision=dtype,
-                     optimizer=adamw(lr))
+                     optimizer=adamw(lr), gradient_clipping=gradient_clipping)
 
 
 def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> dict:
@@ -97,6 +97,8 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
                   checkpoint_copies=0, streaming="streaming" not in disabled,
                   accumulate_in_dram="accumulate_in_dram" not in disabled,
+                  overlap_optimizer="overlap_optimizer" not in disabled,
+                  gradient_clipping=float(cfg.get("gradient_clipping", zero.DEEPSPEED_GRADIENT_CLIPPING)),
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
                   launcher_processes=bench_launcher_processes(ranks), chunked_loss=loss_impl(mode, loss) == "chunked")
@@ -186,10 +188,23 @@ def recorded_hardware(doc: dict):
 
 def _recorded_job_args(j: dict, run: dict) -> dict:
     """plan_job's / predict's job arguments of a recorded run (its document's `job` and the run entry)."""
+    disabled = tuple(run.get("disabled") or ())
+    if run.get("mode") == "memascend" and not speculation_committed(run):
+        disabled += ("overlap_optimizer",)  # recorded before the overlap, or its steps clipped: not speculated
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
-                disabled=tuple(run.get("disabled") or ()), host_budget_bytes=j.get("host_budget_bytes"),
+                disabled=disabled, host_budget_bytes=j.get("host_budget_bytes"),
                 loss=j.get("loss", "hf"))  # jobs recorded before the chunked loss ran transformers' own
+
+
+def speculation_committed(run: dict) -> bool:
+    """Most of a recorded memascend run's steps committed the optimizer's overlap with backward (its engine
+    counters; memascend_engine.overlap). The plan assumes they do; a run whose gradient norm stayed above the clip
+    did not speculate, and is planned as such. Pure."""
+    stats = (run.get("engine_stats") or [{}])[0] or {}
+    o = stats.get("overlap") or {}
+    done = o.get("steps_committed", 0)
+    return done > 0 and done >= o.get("steps_redone", 0) + o.get("steps_not_speculated", 0)
 
 
 def recorded_plan_job(doc: dict, run: dict):

@@ -59,6 +59,8 @@ class RunResult:
     first_step_seconds: float | None = None
     tokens_per_s: float | None = None
     losses: list[float] = field(default_factory=list)
+    grad_norms: list[float | None] = field(default_factory=list)
+    """DeepSpeed's global gradient norm of each step (before clipping): what the clip and the overlap saw."""
     ssd_read_bytes: int | None = None
     ssd_written_bytes: int | None = None
     ssd_read_bytes_per_step: float | None = None
@@ -139,7 +141,8 @@ def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int,
     finals = [next((e for e in evs if e.get("event") == "final"), None) for evs in events_by_rank.values()]
     finals = [f for f in finals if f is not None]
     errors = [e["message"] for evs in events_by_rank.values() for e in evs if e.get("event") == "error"]
-    out: dict = {"losses": [s["loss"] for s in steps], "errors": errors}
+    out: dict = {"losses": [s["loss"] for s in steps], "grad_norms": [s.get("grad_norm") for s in steps],
+                 "errors": errors}
     if steps:
         # Step 1 also records the parameter trace and creates the Adam states: report it apart.
         timed = steps[1:] if len(steps) > 1 else steps
@@ -335,7 +338,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
     summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks,
                                grad_accum=int(cfg.get("gradient_accumulation_steps", 1)))
-    for k in ("losses", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes_per_step",
+    for k in ("losses", "grad_norms", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes_per_step",
               "ssd_write_bytes_per_step", "ssd_read_bytes", "ssd_written_bytes",
               "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
               "peak_gpu_reserved_bytes", "pinned_bytes"):
@@ -437,6 +440,8 @@ class Point:
     """runs.LOSSES: the loss tuned and memascend compute (stock computes transformers' own)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step (the runs' DeepSpeed config carries it to the child and the plan)."""
+    gradient_clipping: float | None = None
+    """The runs' DeepSpeed gradient_clipping (None: DeepSpeed's default)."""
 
     def job_args(self) -> list[str]:
         args = ["--model", self.model, "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
@@ -500,7 +505,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     if engine_ok and region is None and any(r.mode == "memascend" for r in run_specs):
         region = os.path.join(out_dir, "bench.region")
         est = p.predict("memascend", build_ds_config("memascend", spec, micro_batch=p.micro_batch, dtype=p.dtype,
-                                                     nvme_dir=nvme_dir, ranks=ranks, grad_accum=p.grad_accum))
+                                                     nvme_dir=nvme_dir, ranks=ranks, grad_accum=p.grad_accum,
+                                                     gradient_clipping=p.gradient_clipping))
         size_bytes = ssd_space_bytes("memascend", est, ranks)
         err.print(f"creating region {region} ({size_bytes / GiB:.1f} GiB)")
         region_info = create_region(region, size_bytes, ranks)
@@ -511,7 +517,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
 
         aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
     cfgs = [build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir, ranks=ranks,
-                            aio_block_size=aio_block, aio_queue_depth=aio_depth, grad_accum=p.grad_accum)
+                            aio_block_size=aio_block, aio_queue_depth=aio_depth, grad_accum=p.grad_accum,
+                            gradient_clipping=p.gradient_clipping)
             for run in run_specs]
     predictions = [p.predict(run.mode, cfg, run.disabled) for run, cfg in zip(run_specs, cfgs)]
     measured: list[list[RunResult]] = [[] for _ in run_specs]
@@ -534,7 +541,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         notes.append(f"each run is the repeat with the median peak of {repeat}, taken one after another in one "
                      "sitting; runs[].repeats lists every repeat")
     job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
-           "micro_batch": p.micro_batch, "grad_accum": p.grad_accum, "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
+           "micro_batch": p.micro_batch, "grad_accum": p.grad_accum, "gradient_clipping": p.gradient_clipping,
+           "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
            "checkpointing": p.checkpointing, "loss": p.loss, "ranks": ranks, "accelerator": p.accelerator,
            "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
            "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info,

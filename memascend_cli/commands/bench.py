@@ -64,6 +64,9 @@ def bench_command(
                                     rich_help_panel=_J, show_default=False),
     grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step (gradient accumulation); "
                                    "s/step and tokens/s count whole steps.", rich_help_panel=_J),
+    gradient_clipping: float = typer.Option(None, "--gradient-clipping", help="DeepSpeed's gradient_clipping (global "
+                                            "norm; 0: off). Default: DeepSpeed's, 1.0.", rich_help_panel=_J,
+                                            show_default=False),
     steps: int = typer.Option(None, "--steps", help="Training steps per run (s/step averages steps 2..N; step 1 also "
                               "records the parameter trace and creates the Adam states). Default: 5; 2 with "
                               "--capacity.", rich_help_panel=_J, show_default=False),
@@ -173,6 +176,8 @@ def bench_command(
                         ("--repeat", repeat)):
         if value < 1:
             raise BadInput(f"{name} must be at least 1", "give a positive whole number")
+    if gradient_clipping is not None and gradient_clipping < 0:
+        raise BadInput("--gradient-clipping must be 0 (off) or positive", "give e.g. --gradient-clipping 1.0")
     if checkpointing not in ("full", "none"):
         raise BadInput(f"unknown checkpointing {checkpointing!r}", "use full or none")
     if loss not in LOSSES:
@@ -240,7 +245,8 @@ def bench_command(
     template = runner.Point(model=model, spec=base_spec, layers=None, seq_len=seq_lens[0], micro_batch=micro_batch,
                             steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                             host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw,
-                            deepspeed_version=ds_version, timing=timing, loss=loss, grad_accum=grad_accum)
+                            deepspeed_version=ds_version, timing=timing, loss=loss, grad_accum=grad_accum,
+                            gradient_clipping=gradient_clipping)
     if capacity is not None:
         from memascend_cli.bench import capacity_run
 

@@ -112,6 +112,10 @@ class Context:
         # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a
         # pipeline of chunks; it replaces P2, P4, P5, P7 and the init / fp32-copy transients below.
         self.bounded = self.memascend and job.streaming
+        # The optimizer overlapped with backward (memascend_engine.overlap), planned as committing; the gradients go
+        # to the SSD only for a possible redo (clipping on, or fp16's loss scale changing).
+        self.overlap = self.bounded and job.overlap_optimizer
+        self.overlap_keeps_grads = job.gradient_clipping > 0 or job.dtype == "fp16"
         self.windows = job.windows or zero.EngineWindows(
             optimizer_chunk_numel=zero.chunk_numel_for(self.k.sub_group_size),
             checkpoint_offload=job.checkpoint_offload)

@@ -53,6 +53,12 @@ class JobSpec:
     accumulate_in_dram: bool = True
     """memascend keeps accumulated gradients in the DRAM a host budget leaves over (EngineOptions.accumulate_in_dram);
     False: every micro-batch's read-modify-write goes through the SSD."""
+    overlap_optimizer: bool = True
+    """memascend steps each optimizer chunk during the last micro-batch's backward (EngineOptions.overlap_optimizer),
+    the common case planned: the step commits the speculation (no clipping triggered, no overflow)."""
+    gradient_clipping: float = zero.DEEPSPEED_GRADIENT_CLIPPING
+    """DeepSpeed's gradient_clipping (its default 1.0; 0 = off). With the overlap, a clipping step is redone from
+    the gradients on the SSD, so they still go there; without clipping (bf16 / fp32) they never do."""
     checkpoint_offload: str = "ssd"
     """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
     windows: zero.EngineWindows | None = None

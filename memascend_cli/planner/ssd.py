@@ -23,6 +23,10 @@ def nvme_items(c: Context) -> list[Item]:
              "4 B x swappable sub-group elements",
              "runtime/zero/stage3.py _offload_grad_partition_at_boundary (line 1453)"),
     ]
+    if c.overlap:
+        items.append(Item("nvme/optimizer_states_speculative", "speculative master + moments", "nvme", 3 * opt,
+                          "steady", "", 0, "3 x 4 B x sub-group elements: the overlap's second extent set",
+                          "memascend_engine.overlap (the old states stay until step() commits)"))
     if c.job.checkpoint_copies:
         items.append(Item("nvme/checkpoints", f"checkpoint copies ({c.job.checkpoint_copies})", "nvme",
                           c.job.checkpoint_copies * 3 * opt, "steady", "", 0,
@@ -65,6 +69,14 @@ def ssd_traffic(c: Context) -> SsdTraffic:
         read["gradients"] = write["gradients"] = G * (held + (opt - held) * ga)
         grad = (f"gradients {G} B x {ga} micro-batch(es) each way" if not held else
                 f"gradients {G} B each way, x {ga} for the {opt - held:,} elements beyond the DRAM window")
+        if c.overlap:
+            # The last micro-batch's gradients are stepped in DRAM as they are reduced (memascend_engine.overlap):
+            # the optimizer reads none back, and they are written only for a possible redo.
+            read["gradients"] -= G * opt
+            if not c.overlap_keeps_grads:
+                write["gradients"] -= G * opt
+            grad += "; the last micro-batch's stepped during backward, " + (
+                "written for a redo (clipping on)" if c.overlap_keeps_grads else "never on the SSD")
     else:
         read["gradients"] = 4 * opt
         write["gradients"] = 4 * opt
@@ -74,7 +86,9 @@ def ssd_traffic(c: Context) -> SsdTraffic:
         read["activation_checkpoints"] = write["activation_checkpoints"] = ga * c.m.num_hidden_layers * layer
     n = max(1, c.ns)
     ckpt = read.get("activation_checkpoints", 0) / n
-    minimum = ((2 * E * swapped + G * opt + 12 * opt) / n + ckpt, (E * swapped + G * opt + 12 * opt) / n + ckpt)
+    grad_read = 0 if c.overlap else G * opt
+    grad_write = 0 if c.overlap and not c.overlap_keeps_grads else G * opt
+    minimum = ((2 * E * swapped + grad_read + 12 * opt) / n + ckpt, (E * swapped + grad_write + 12 * opt) / n + ckpt)
     return SsdTraffic(read, write, params_per_rank=c.ns,
                       formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}",
                       minimum_per_param=minimum)

@@ -97,6 +97,11 @@ def step_flops(model, *, tokens: int, seq_len: int, checkpointing: str) -> float
     return 3.0 * forward + recompute
 
 
+def backward_share(checkpointing: str) -> float:
+    """The backward's share of a micro-batch's FLOPs (step_flops): 2F of 3F, with full recomputation 3F of 4F."""
+    return 0.75 if checkpointing in ("full", "offload") else 2.0 / 3.0
+
+
 @dataclass
 class StepTime:
     """One engine's step, resource by resource (seconds) and as the overlap rules combine them."""
@@ -141,7 +146,7 @@ def _div(work: float, rate: float | None) -> float | None:
 def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_per_s: float | None,
               write_bytes_per_s: float | None, optimizer_elems: int, cpu_cores: int, tokens_per_step: int,
               pipelined_optimizer: bool = False, grad_accum: int = 1, elem_bytes: int = 2, duplex_io: bool = False,
-              sub_group_elems: int | None = None) -> StepTime:
+              sub_group_elems: int | None = None, overlap_window: float = 0.0) -> StepTime:
     """The step time of `engine` (stock, tuned or memascend) for one rank.
 
     `duplex_io`: reads and writes have budgets of their own (`bench --ssd-bandwidth`: the kernel throttles each
@@ -162,6 +167,9 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
       optimizer (engine/bounded.py) keeps three chunk slots in flight: the next chunk's read ahead and the last
       chunk's write behind the current chunk's Adam. Reads and writes share one drive, so overlapped I/O takes
       read + write time (unless `duplex_io`).
+    - memascend with the optimizer overlapped with backward (`overlap_window`: the share of forward + backward that
+      is the last micro-batch's backward, memascend_engine.overlap): each chunk is stepped as its gradients are
+      reduced, so the optimizer's I/O runs beside that backward, and its Adam on the thread that drives it.
     """
     rd, wr = dict(traffic.read_bytes), dict(traffic.write_bytes)
     bounded = engine == "memascend"
@@ -196,7 +204,13 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         # completions run on the cores that do the matmuls.
         fb = z(compute) + fb_io
         overlap = "forward/backward: compute + SSD (CPU accelerator)"
-    if duplex_io and (bounded or pipelined_optimizer):
+    if bounded and overlap_window > 0:
+        w = min(1.0, overlap_window)
+        io = max(z(fb_r) * w + z(op_r), z(fb_w) * w + z(op_w)) if duplex_io else fb_io * w + op_io
+        # The step is what precedes the last backward plus the longer of (that backward + Adam) and its I/O.
+        opt = max(fb * w + adam, io) - fb * w
+        overlap += "; optimizer: during the last backward, max(backward + Adam, SSD)"
+    elif duplex_io and (bounded or pipelined_optimizer):
         opt = max(z(op_r), z(op_w), adam)
         overlap += "; optimizer: max(SSD read, SSD write, Adam) (separate read / write budgets)"
     elif bounded or pipelined_optimizer:
@@ -268,7 +282,9 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             tokens_per_step=rank_tokens * est.world_size,
             pipelined_optimizer=bool(job.knobs and (job.knobs.pipeline_read or job.knobs.pipeline_write)),
             grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype], duplex_io=duplex_io,
-            sub_group_elems=job.knobs.sub_group_size if job.knobs else None)
+            sub_group_elems=job.knobs.sub_group_size if job.knobs else None,
+            overlap_window=(backward_share(job.checkpointing) / ga
+                            if name == "memascend" and job.streaming and job.overlap_optimizer else 0.0))
     return out
 
 

@@ -37,6 +37,8 @@ CHUNK_ALIGN_NUMEL = 32768
 """A chunk boundary inside a tensor falls on a multiple of this many elements: 64 KiB at 2 B/element, so every
 piece of a tensor starts O_DIRECT-aligned (even on a 4 KiB-sector device) and on a checksum chunk of the region
 (engine/direct_nvme.py CHECKSUM_CHUNK_BYTES), where a partial write of a key must start."""
+DEEPSPEED_GRADIENT_CLIPPING = 1.0
+"""DeepSpeed's gradient_clipping when a config omits it (runtime/constants.py GRADIENT_CLIPPING_DEFAULT)."""
 MEMASCEND_SUB_GROUP_SIZE = 2_097_152
 """Optimizer sub-group (elements, a multiple of CHUNK_ALIGN_NUMEL): the unit of memascend's optimizer pipeline, which
 splits larger tensors (embedding, lm_head) across sub-groups; 8 MiB fp32 requests are still large sequential I/O,

@@ -52,7 +52,8 @@ def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, engin
     return JobSpec(model=model_spec, seq_len=r.seq_len, micro_batch=r.micro_batch, grad_accum_steps=r.grad_accum,
                    dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, engine),
                    deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0,
-                   checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget, chunked_loss=r.chunked_loss)
+                   checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget, chunked_loss=r.chunked_loss,
+                   gradient_clipping=r.max_grad_norm)
 
 
 def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,

@@ -132,6 +132,8 @@ def test_fp16_overflow_skips_exactly_like_stock(tmp_path):
     assert (r["losses"], r["loss_scales"], r["skipped_steps"]) == (ref["losses"], ref["loss_scales"],
                                                                   ref["skipped_steps"])
     assert r["stats"]["counters"]["overflow_scans"] > 0
+    # The optimizer overlapped with backward: an overflowing step's speculative parameters are rolled back.
+    assert 1 <= r["stats"]["overlap"]["steps_rolled_back"] <= ref["skipped_steps"]
 
 
 @pytest.mark.parametrize("off", ["streaming", "pinned", "adaptive_pool", "fused_overflow", "malloc_trim",
@@ -247,3 +249,43 @@ def test_gradient_accumulation_in_the_dram_window_is_exact_and_writes_once_per_s
     assert io_ssd["gradient_write_bytes"] == ga * io_held["gradient_write_bytes"]
     assert io_held["gradient_held_bytes"] == (ga - 1) * io_held["gradient_write_bytes"]
     assert io_held["gradient_read_bytes"] < io_ssd["gradient_read_bytes"]
+
+
+def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_path):
+    """fp32 with clipping at 8.3, inside the tiny model's gradient norms (7.9-8.7): steps under it commit the
+    speculative update made during backward, steps over it are redone from the old states, and after a clipped step
+    the next one does not speculate. Losses and norms equal stock's and the engine's without the overlap, bit for
+    bit; the committed steps read no gradient back."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    common = ("--dtype", "fp32", "--clip", "8.3")
+    ref = run(tmp_path, "stock-clip", "--mode", "stock", *common, "--nvme-dir", str(tmp_path / "swap"))
+    on = run(tmp_path, "engine-overlap", "--mode", "engine", *common, "--region", make_region(tmp_path / "a", "512MiB"))
+    off = run(tmp_path, "engine-no-overlap", "--mode", "engine", *common, "--region",
+              make_region(tmp_path / "b", "512MiB"), "--off", "overlap_optimizer")
+    assert on["losses"] == off["losses"] == ref["losses"]
+    assert on["grad_norms"] == off["grad_norms"] == ref["grad_norms"]
+    clipped = [n > 8.3 for n in ref["grad_norms"]]
+    assert any(clipped) and not all(clipped), ref["grad_norms"]
+    o = on["stats"]["overlap"]
+    assert o["steps_committed"] >= 1 and o["steps_redone"] >= 1
+    assert o["steps_committed"] + o["steps_redone"] + o["steps_not_speculated"] == STEPS
+    assert o["chunks_committed"] == o["steps_committed"] * on["stats"]["bounded"]["chunks"]
+    assert off["stats"].get("overlap") is None
+    io_on, io_off = on["stats"]["bounded_io"], off["stats"]["bounded_io"]
+    # Clipping is on, so every gradient still goes to the SSD (for a redo); committed steps read none back.
+    assert io_on["gradient_write_bytes"] == io_off["gradient_write_bytes"]
+    per_step = io_off["gradient_read_bytes"] // STEPS
+    assert io_on["gradient_read_bytes"] == (STEPS - o["steps_committed"]) * per_step
+
+
+def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
+    """bf16 with clipping off: every step commits and no gradient byte touches the SSD; the losses equal stock's
+    without clipping."""
+    ref = run(tmp_path, "stock-noclip", "--mode", "stock", "--dtype", "bf16", "--clip", "0",
+              "--nvme-dir", str(tmp_path / "swap"))
+    r = run(tmp_path, "engine-noclip", "--mode", "engine", "--dtype", "bf16", "--clip", "0",
+            "--region", make_region(tmp_path, "512MiB"))
+    assert r["losses"] == ref["losses"]
+    assert r["stats"]["overlap"]["steps_committed"] == STEPS
+    io = r["stats"]["bounded_io"]
+    assert io["gradient_write_bytes"] == 0 and io["gradient_read_bytes"] == 0

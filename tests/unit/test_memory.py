@@ -338,7 +338,7 @@ def test_the_chunked_loss_replaces_the_logits_by_one_chunk_and_two_gradients():
 def test_gradient_accumulation_window_takes_what_the_budget_leaves():
     """With a host budget the leftover holds accumulated gradients in DRAM (up to all of them); the SSD then sees
     each held partition once per step instead of once per micro-batch."""
-    ga = replace(job(), grad_accum_steps=8)
+    ga = replace(job(), grad_accum_steps=8, overlap_optimizer=False)  # the overlap: test below
     none = estimate(ga, GPU, "memascend")  # no budget: the default windows, no accumulation window
     assert none.item("host/gradient_accumulation") is None and none.budget.windows.accumulation_bytes == 0
     full = none.budget.total_bytes
@@ -360,3 +360,30 @@ def test_gradient_accumulation_window_takes_what_the_budget_leaves():
     assert off.item("host/gradient_accumulation") is None and off.traffic.write_bytes["gradients"] == grads
     one = estimate(replace(ga, grad_accum_steps=1, host_budget_bytes=full + 64 * GiB), GPU, "memascend")
     assert one.item("host/gradient_accumulation") is None  # nothing to accumulate
+
+
+def test_overlap_steps_the_last_gradients_in_dram_and_doubles_the_state_extents():
+    """The optimizer overlapped with backward: the optimizer reads no gradient back; with clipping on (DeepSpeed's
+    default) the gradients are still written, for a redo; without it they never touch the SSD. The speculative
+    master + moments take a second 12 B per element of SSD space."""
+    base = job(dtype="bf16")
+    off = estimate(replace(base, overlap_optimizer=False), GPU, "memascend")
+    clip = estimate(base, GPU, "memascend")
+    free = estimate(replace(base, gradient_clipping=0.0), GPU, "memascend")
+    g = off.traffic.read_bytes["gradients"]
+    assert g > 0 and off.traffic.write_bytes["gradients"] == g
+    assert clip.traffic.read_bytes["gradients"] == 0 and clip.traffic.write_bytes["gradients"] == g
+    assert free.traffic.read_bytes["gradients"] == 0 == free.traffic.write_bytes["gradients"]
+    spec = clip.item("nvme/optimizer_states_speculative").bytes
+    assert spec == clip.item("nvme/optimizer_states").bytes
+    assert off.item("nvme/optimizer_states_speculative") is None
+    # fp16's loss scale can change at the step: its gradients stay on the SSD even without clipping.
+    fp16 = estimate(replace(base, dtype="fp16", gradient_clipping=0.0), GPU, "memascend")
+    assert fp16.traffic.write_bytes["gradients"] == g
+    # Accumulation: the earlier micro-batches' read-modify-write is unchanged; only the last one's read goes.
+    ga = estimate(replace(base, grad_accum_steps=4), GPU, "memascend")
+    ga_off = estimate(replace(base, grad_accum_steps=4, overlap_optimizer=False), GPU, "memascend")
+    assert ga_off.traffic.read_bytes["gradients"] - ga.traffic.read_bytes["gradients"] == g
+    # The tuned stock estimate does not change.
+    assert estimate(base, GPU, "tuned").traffic.read_bytes == estimate(replace(base, overlap_optimizer=False), GPU,
+                                                                       "tuned").traffic.read_bytes

@@ -63,6 +63,25 @@ def test_ssd_bound_step_binds_on_the_ssd_and_memascend_overlaps_its_optimizer():
     assert mem.step_s == pytest.approx(stock.step_s)
 
 
+def test_overlapped_optimizer_runs_beside_the_last_backward():
+    """memascend with the overlap: the optimizer's I/O hides behind the backward's window, Adam adds to it."""
+    tr = _traffic(params=3e9, states=12e9, grads=0)
+    kw = dict(flops=10e9, traffic=tr, device=tm.cpu_device(1.0, "t"), read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+              optimizer_elems=0, cpu_cores=1, tokens_per_step=100, duplex_io=True)
+    plain = tm.step_time("memascend", **kw)
+    over = tm.step_time("memascend", overlap_window=0.75, **kw)
+    fb = 10 + 3  # compute + the parameter reads (the CPU accelerator adds them)
+    assert plain.step_s == pytest.approx(fb + max(12, 12 + 1))  # optimizer: max(SSD read, SSD write)
+    # the last backward is 0.75 x fb; its reads (0.75 x 3) share the read budget with the optimizer's 12
+    assert over.step_s == pytest.approx(fb * 0.25 + max(fb * 0.75, 0.75 * 3 + 12, 12 + 1))
+    assert over.step_s < plain.step_s
+    # Only memascend overlaps; a window larger than the phase is capped.
+    assert tm.step_time("tuned", overlap_window=0.75, **kw).step_s == tm.step_time("tuned", **kw).step_s
+    assert tm.step_time("memascend", overlap_window=5, **kw).step_s == \
+        tm.step_time("memascend", overlap_window=1, **kw).step_s
+    assert tm.backward_share("none") == pytest.approx(2 / 3) and tm.backward_share("offload") == 0.75
+
+
 def test_cpu_accelerator_adds_fetches_to_compute():
     tr = _traffic(params=3e9)
     cpu = _step("tuned", tr, gflops=1.0)

@@ -1,0 +1,177 @@
+"""The optimizer step overlapped with backward (EngineOptions.overlap_optimizer).
+
+At the micro-batch that ends a step, each optimizer chunk (zero.optimizer_chunks) is updated as soon as the last of its
+gradient pieces is reduced, while backward goes on: its master and moments are read into one of the pipeline's slots
+when its first piece arrives, Adam runs when its last piece does, and the update goes to the chunk's other extent set
+(OptimizerPipeline.generation) and to its parameters. The old master and moments stay where they are until step()
+decides:
+
+* commit: the step's own unscale-and-clip factor is the one the speculation used (no clipping, the same loss scale, no
+  overflow): the chunk's generation flips, nothing else moves;
+* redo: clipping triggered or the loss scale changed: the speculation is dropped and the ordinary pipeline steps every
+  chunk from the old states and the gradients on the SSD (which stream there as before whenever clipping is on);
+* rollback: an overflow or an invalid norm skips the step: the speculation is dropped and the parameters are rewritten
+  from the old masters.
+
+Both paths make the same DeepSpeedCPUAdam op calls on the same values, so a committed step is bit-identical to the step
+without overlap (speculation, then validation: SuperOffload, arXiv 2509.21271; the optimizer overlapped with backward:
+LoHan, arXiv 2403.06504).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from memascend_engine.bounded import OptimizerPipeline, Slot
+
+NEW, ASSEMBLING, DONE, FALLBACK = "new", "assembling", "done", "fallback"
+
+
+@dataclass
+class OverlapCounters:
+    """What the overlap did, over the run."""
+
+    chunks_committed: int = 0
+    """Chunks whose speculative update became the step's."""
+    chunks_fallback: int = 0
+    """Chunks that found no free slot during backward and were stepped after it, as without overlap."""
+    steps_committed: int = 0
+    steps_redone: int = 0
+    """Steps whose speculation clipping or a loss-scale change invalidated: stepped again from the old states."""
+    steps_rolled_back: int = 0
+    """Steps an overflow or invalid norm skipped: the parameters rewritten from the old masters."""
+    steps_not_speculated: int = 0
+    """Steps that did not speculate because the previous step clipped (a redo is then likely)."""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Step:
+    compute: Callable[[int, object, Slot], None]
+    state: list[str]
+    remaining: list[int]
+    slot_of: dict[int, Slot] = field(default_factory=dict)
+
+
+class Speculator:
+    """Speculative chunk updates during the last micro-batch's backward, on `pipeline`'s slots (no other memory).
+
+    `spec_targets[g][j]()`: where to write parameter j of sub-group g while backward runs (the SSD extent of a
+    swapped partition even while DeepSpeed holds a copy in memory, which it drops unwritten after backward).
+    """
+
+    def __init__(self, pipeline: OptimizerPipeline, spec_targets, counters: OverlapCounters):
+        self.pipeline = pipeline
+        self.spec_targets = spec_targets
+        self.counters = counters
+        self.pieces: dict[tuple[int, int], list[tuple[int, object]]] = {}
+        """(sub-group, parameter) -> [(chunk index, piece)] of that parameter."""
+        for ci, chunk in enumerate(pipeline.chunks):
+            for p in chunk.pieces:
+                self.pieces.setdefault((chunk.sub_group, p.param), []).append((ci, p))
+        self.step: _Step | None = None
+        self.skipped = False
+        """This step decided not to speculate (reset by step())."""
+        self._busy: list[Slot] = []
+        """Slots whose speculative writes are in flight, oldest first."""
+
+    @property
+    def active(self) -> bool:
+        return self.step is not None
+
+    def begin(self, compute: Callable[[int, object, Slot], None]) -> None:
+        """Start speculating this step with `compute(ci, chunk, slot)` (Adam on the slot, in place)."""
+        chunks = self.pipeline.chunks
+        self.step = _Step(compute, [NEW] * len(chunks), [len(c.pieces) for c in chunks])
+
+    def _free_slot(self) -> Slot | None:
+        held = {id(s) for s in self.step.slot_of.values()}
+        free = [s for s in self.pipeline.slots if id(s) not in held]
+        if not free:
+            return None
+        idle = [s for s in free if not s.pending]
+        if idle:
+            return idle[0]
+        oldest = next(s for s in self._busy if id(s) not in held)  # wait for its writes
+        self._busy.remove(oldest)
+        self.pipeline._complete(oldest)
+        return oldest
+
+    def offer(self, g: int, j: int, grad: torch.Tensor | None) -> bool:
+        """Parameter j of sub-group g has its final gradient `grad` (its whole partition, any device; None: no data on
+        this rank, zeros): copy its pieces into their chunks' slots and update every chunk it completes. Returns
+        whether some chunk of it fell back (its gradient must then go to the SSD for the step)."""
+        st = self.step
+        flat = None if grad is None else grad.detach().reshape(-1)
+        fell_back = False
+        for ci, p in self.pieces.get((g, j), ()):
+            if st.state[ci] == NEW:
+                slot = self._free_slot()
+                if slot is None:
+                    st.state[ci] = FALLBACK
+                    self.counters.chunks_fallback += 1
+                else:
+                    st.state[ci] = ASSEMBLING
+                    st.slot_of[ci] = slot
+                    self.pipeline._submit_reads(ci, slot, with_grads=False)
+                    slot.grad.narrow(0, 0, self.pipeline.chunks[ci].numel).zero_()
+            if st.state[ci] == FALLBACK:
+                fell_back = True
+                continue
+            slot = st.slot_of[ci]
+            if flat is not None:
+                slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(flat.narrow(0, p.param_offset, p.numel))
+            st.remaining[ci] -= 1
+            if st.remaining[ci] == 0:
+                self._update(ci)
+        return fell_back
+
+    def _update(self, ci: int) -> None:
+        st = self.step
+        slot = st.slot_of.pop(ci)
+        pipe = self.pipeline
+        pipe._complete(slot)  # the master and moments
+        st.compute(ci, pipe.chunks[ci], slot)
+        pipe._submit_writes(ci, slot, generation=1 - pipe.generation[ci], targets=self.spec_targets)
+        st.state[ci] = DONE
+        self._busy.append(slot)
+
+    def finish(self) -> tuple[list[int], list[int]]:
+        """End of backward: update the chunks still assembling (their missing pieces had no gradient: zeros, as in
+        DeepSpeed's zeroed buffer) and wait for every write. Returns (speculated, not speculated) chunk indices."""
+        st = self.step
+        for ci in sorted(st.slot_of):
+            self._update(ci)
+        first = None
+        for slot in self._busy:
+            try:
+                self.pipeline._complete(slot)
+            except Exception as exc:  # noqa: BLE001 - drain every slot, raise the first
+                first = first or exc
+        self._busy = []
+        if first is not None:
+            self.step = None
+            raise first
+        done = [ci for ci, s in enumerate(st.state) if s == DONE]
+        rest = [ci for ci, s in enumerate(st.state) if s != DONE]
+        return done, rest
+
+    def commit(self, done: list[int]) -> None:
+        """The speculative updates of `done` become the current states."""
+        pipe = self.pipeline
+        for ci in done:
+            pipe.generation[ci] = 1 - pipe.generation[ci]
+            pipe.states_written.add(ci)
+        self.counters.chunks_committed += len(done)
+        self.counters.steps_committed += 1
+        self.step = None
+
+    def drop(self) -> None:
+        """Forget the speculation (the old generation stays current)."""
+        self.step = None
+
