@@ -189,7 +189,8 @@ class Installed:
         if self.spec is not None:
             largest = zero.largest_swappable_partition(zero.model_partitions(self.spec, _world_size()), current,
                                                        _dtype_bytes(cfg)) or None
-        settings = zero.memascend_knobs(current, largest_partition_numel=largest)
+        settings = zero.memascend_knobs(current, largest_partition_numel=largest,
+                                        overlap=self.options.overlap_optimizer and self.options.streaming)
         return settings, zero.write_into_ds_config(cfg, settings)
 
     def adopt(self, ds_config: dict) -> dict:

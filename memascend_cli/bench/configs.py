@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from memascend_cli.bench.runs import MODES
-from memascend_cli.planner.job import DTYPE_BYTES
+from memascend_cli.planner.job import DEEPSPEED_GRADIENT_CLIPPING, DTYPE_BYTES
 from memascend_cli.run.dsconfig import adamw, ds_config
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
@@ -98,7 +98,7 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   checkpoint_copies=0, streaming="streaming" not in disabled,
                   accumulate_in_dram="accumulate_in_dram" not in disabled,
                   overlap_optimizer="overlap_optimizer" not in disabled,
-                  gradient_clipping=float(cfg.get("gradient_clipping", zero.DEEPSPEED_GRADIENT_CLIPPING)),
+                  gradient_clipping=float(cfg.get("gradient_clipping", DEEPSPEED_GRADIENT_CLIPPING)),
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
                   launcher_processes=bench_launcher_processes(ranks), chunked_loss=loss_impl(mode, loss) == "chunked")
@@ -189,8 +189,11 @@ def recorded_hardware(doc: dict):
 def _recorded_job_args(j: dict, run: dict) -> dict:
     """plan_job's / predict's job arguments of a recorded run (its document's `job` and the run entry)."""
     disabled = tuple(run.get("disabled") or ())
-    if run.get("mode") == "memascend" and not speculation_committed(run):
-        disabled += ("overlap_optimizer",)  # recorded before the overlap, or its steps clipped: not speculated
+    bucket = ((run.get("config") or {}).get("zero_optimization") or {}).get("reduce_bucket_size")
+    if bucket is not None and int(bucket) > zero.OVERLAP_REDUCE_BUCKET_SIZE:
+        disabled += ("overlap_optimizer",)  # recorded before the overlap and its reduce bucket (tuned runs too)
+    elif run.get("mode") == "memascend" and not speculation_committed(run):
+        disabled += ("overlap_optimizer",)  # its steps clipped: not speculated
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
                 disabled=disabled, host_budget_bytes=j.get("host_budget_bytes"),

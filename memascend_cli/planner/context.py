@@ -106,7 +106,8 @@ class Context:
         if engine in ("tuned", "memascend"):
             # The stock knobs the engine's install() sets on any config (zero.py is the one home).
             largest = zero.largest_swappable_partition(zero.model_partitions(self.m, self.world), self.k, self.E)
-            self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None)
+            self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None,
+                                          overlap=job.overlap_optimizer)
         self.sub_group_size = self.k.sub_group_size
         self.reduce_bucket_size = self.k.reduce_bucket_size
         # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a

@@ -12,6 +12,8 @@ from memascend_cli.planner.zero import ZeroSettings
 from memascend_cli.versions import DEFAULT_DEEPSPEED_VERSION, parse_version
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DEEPSPEED_GRADIENT_CLIPPING = 1.0
+"""DeepSpeed's gradient_clipping when a config omits it (runtime/constants.py GRADIENT_CLIPPING_DEFAULT)."""
 CHECKPOINTING = ("none", "selective", "full", "offload")
 
 
@@ -56,7 +58,7 @@ class JobSpec:
     overlap_optimizer: bool = True
     """memascend steps each optimizer chunk during the last micro-batch's backward (EngineOptions.overlap_optimizer),
     the common case planned: the step commits the speculation (no clipping triggered, no overflow)."""
-    gradient_clipping: float = zero.DEEPSPEED_GRADIENT_CLIPPING
+    gradient_clipping: float = DEEPSPEED_GRADIENT_CLIPPING
     """DeepSpeed's gradient_clipping (its default 1.0; 0 = off). With the overlap, a clipping step is redone from
     the gradients on the SSD, so they still go there; without clipping (bf16 / fp32) they never do."""
     checkpoint_offload: str = "ssd"

@@ -37,15 +37,14 @@ CHUNK_ALIGN_NUMEL = 32768
 """A chunk boundary inside a tensor falls on a multiple of this many elements: 64 KiB at 2 B/element, so every
 piece of a tensor starts O_DIRECT-aligned (even on a 4 KiB-sector device) and on a checksum chunk of the region
 (engine/direct_nvme.py CHECKSUM_CHUNK_BYTES), where a partial write of a key must start."""
-DEEPSPEED_GRADIENT_CLIPPING = 1.0
-"""DeepSpeed's gradient_clipping when a config omits it (runtime/constants.py GRADIENT_CLIPPING_DEFAULT)."""
 MEMASCEND_SUB_GROUP_SIZE = 2_097_152
-"""Optimizer sub-group (elements, a multiple of CHUNK_ALIGN_NUMEL): the unit of memascend's optimizer pipeline, which
-splits larger tensors (embedding, lm_head) across sub-groups; 8 MiB fp32 requests are still large sequential I/O,
-and a pipeline slot (master, exp_avg, exp_avg_sq, fp32 gradient, 16-bit staging) is 36 MiB."""
+"""Optimizer sub-group (elements, a multiple of CHUNK_ALIGN_NUMEL): memascend's optimizer chunk (larger tensors split);
+8 MiB fp32 requests are large sequential I/O; a slot (master, moments, fp32 gradient, 16-bit staging) is 36 MiB."""
 MEMASCEND_REDUCE_BUCKET_SIZE = 50_000_000
-"""Reduce bucket (elements): each bucket's gradients are converted to fp32 before the swap-out
-(stage3.py partition_grads), so 5e7 bounds that transient at 200 MB (DeepSpeed's 5e8: 2 GB)."""
+"""Reduce bucket (elements): its gradients become fp32 before the swap-out (stage3.py partition_grads): 200 MB (5e8:
+2 GB). With the optimizer overlapped with backward (memascend_engine.overlap) OVERLAP_REDUCE_BUCKET_SIZE, one chunk:
+gradients reach it a chunk at a time, not in bursts that stall backward on the SSD (docs/bench/ssd-bound/)."""
+OVERLAP_REDUCE_BUCKET_SIZE = MEMASCEND_SUB_GROUP_SIZE
 DEFAULT_PREFETCH_LAYERS = 2
 """Decoder layers whose parameter partitions the adaptive pool holds at once: the one being computed and
 the prefetched next one (memascend_engine.EngineOptions.prefetch_layers defaults to this)."""
@@ -225,10 +224,11 @@ def optimizer_buffer_count(*, pipeline_read: bool = False, pipeline_write: bool 
     return (1 + num_states + 1) * (1 + int(bool(pipeline_read)) + int(bool(pipeline_write)))
 
 
-def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = None) -> ZeroSettings:
+def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = None,
+                    overlap: bool = True) -> ZeroSettings:
     """The stock DeepSpeed knobs memascend sets. Idempotent: memascend_knobs(memascend_knobs(s)) == memascend_knobs(s).
 
-    - sub_group_size <= 2,097,152 and reduce_bucket_size <= 5e7 (see the constants above);
+    - sub_group_size <= 2,097,152 and reduce_bucket_size <= 5e7, or one chunk with `overlap` (constants above);
     - reduce_scatter off: with contiguous gradients a bucket is then all-reduced in place instead of being
       concatenated into a second bucket-sized tensor first (coalesced_collectives.py reduce_scatter_coalesced's
       torch.cat; on the CPU gloo's reduce_scatter_tensor copies that again). One rank reduces nothing either way;
@@ -245,7 +245,8 @@ def memascend_knobs(s: ZeroSettings, *, largest_partition_numel: int | None = No
     out = replace(
         s,
         sub_group_size=min(int(s.sub_group_size), MEMASCEND_SUB_GROUP_SIZE),
-        reduce_bucket_size=min(int(s.reduce_bucket_size), MEMASCEND_REDUCE_BUCKET_SIZE),
+        reduce_bucket_size=min(int(s.reduce_bucket_size),
+                               OVERLAP_REDUCE_BUCKET_SIZE if overlap else MEMASCEND_REDUCE_BUCKET_SIZE),
         max_in_cpu=0, max_reuse_distance=0, fast_init=False, pin_memory=True, pin_backend="native",
         reduce_scatter=False,
         optimizer_buffer_count=optimizer_buffer_count(pipeline_read=s.pipeline_read, pipeline_write=s.pipeline_write),
@@ -266,7 +267,7 @@ def knob_notes(given: ZeroSettings, engine: str, *, defaults: ZeroSettings = DEE
     if engine == "stock":
         return []
     effective = memascend_knobs(given, largest_partition_numel=largest_partition_numel)
-    caps = {"sub_group_size": MEMASCEND_SUB_GROUP_SIZE, "reduce_bucket_size": MEMASCEND_REDUCE_BUCKET_SIZE}
+    caps = {"sub_group_size": MEMASCEND_SUB_GROUP_SIZE, "reduce_bucket_size": OVERLAP_REDUCE_BUCKET_SIZE}
     notes = []
     for name, (mine, theirs) in given.stock_differences(effective).items():
         if getattr(defaults, name) == mine:

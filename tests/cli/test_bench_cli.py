@@ -47,7 +47,7 @@ def test_tuned_config_is_stock_with_memascends_knobs(spec):
     assert z["offload_param"]["max_in_cpu"] == 0
     assert z["offload_param"]["buffer_size"] == spec.largest_tensor_numel
     assert z["sub_group_size"] == zero.MEMASCEND_SUB_GROUP_SIZE
-    assert z["reduce_bucket_size"] == zero.MEMASCEND_REDUCE_BUCKET_SIZE
+    assert z["reduce_bucket_size"] == zero.OVERLAP_REDUCE_BUCKET_SIZE
     # Required with max_in_cpu 0, else step 2 crashes with "Not enough buffers".
     assert z["stage3_max_reuse_distance"] == 0
     assert cfg["fp16"]["enabled"] and "bf16" not in cfg

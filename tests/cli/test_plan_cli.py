@@ -59,7 +59,7 @@ def test_capped_knobs_are_warned(cli):
     r = cli("plan", "--model", "qwen2.5-0.5b", *FIXED_HW, "--reduce-bucket-size", "1e9", "--no-search", "--json")
     assert r.exit_code == 0, r.stderr
     warned = " ".join(r.stderr.split())  # rich wraps the line
-    assert "reduce_bucket_size 1,000,000,000 is capped to 50,000,000 for tuned and memascend" in warned
+    assert "reduce_bucket_size 1,000,000,000 is capped to 2,097,152 for tuned and memascend" in warned
     d = json.loads(r.stdout)
     assert d["job"]["knobs"]["reduce_bucket_size"] == 1_000_000_000  # stock runs it as given
     assert "reduce_bucket_size" not in cli("plan", "--model", "qwen2.5-0.5b", *FIXED_HW, "--no-search").stderr

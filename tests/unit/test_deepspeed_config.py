@@ -38,7 +38,7 @@ def test_offload_blocks_and_buffers():
                                   "buffer_count": 5, "buffer_size": 524288, "max_in_cpu": 0}
     assert z["offload_optimizer"]["device"] == "nvme" and z["offload_optimizer"]["buffer_count"] == 4
     assert z["sub_group_size"] == zero.MEMASCEND_SUB_GROUP_SIZE
-    assert z["reduce_bucket_size"] == zero.MEMASCEND_REDUCE_BUCKET_SIZE
+    assert z["reduce_bucket_size"] == zero.OVERLAP_REDUCE_BUCKET_SIZE
     assert cfg["aio"]["block_size"] == 1 << 20 and cfg["aio"]["queue_depth"] == 8
     assert "thread_count" not in cfg["aio"]
     assert cfg["train_batch_size"] == 8 and cfg["gradient_accumulation_steps"] == 2

@@ -247,7 +247,7 @@ def test_capped_knobs_the_user_gave_are_reported():
     given = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=1_000_000_000, optimizer_buffer_count=8)
     notes = zero.knob_notes(given, "memascend")
     assert len(notes) == 2
-    assert any(n.startswith("reduce_bucket_size 1,000,000,000 is capped to 50,000,000") for n in notes)
+    assert any(n.startswith("reduce_bucket_size 1,000,000,000 is capped to 2,097,152") for n in notes)
     assert any(n.startswith("optimizer_buffer_count 8 is replaced by 4") for n in notes)
     assert zero.knob_notes(given, "tuned") == notes
     assert zero.knob_notes(given, "stock") == []  # stock runs every knob as given
