@@ -128,6 +128,11 @@ class GradientStream:
             self.held_bytes -= grad.numel() * grad.element_size()
             self.write(key, grad)
 
+    def drop_held(self) -> None:
+        """Forget every held gradient (the step that kept them for a redo committed without one)."""
+        self.held.clear()
+        self.held_bytes = 0
+
     @staticmethod
     def key(param_id) -> str:
         return f"{GRAD_PREFIX}{param_id}"

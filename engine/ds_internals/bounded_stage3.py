@@ -250,9 +250,10 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     if self.dtype == torch.float16:
                         self._ma_overflow_local |= self._ma_nonfinite(grad)
                 if spec is not None:
-                    fell_back = spec.offer(*self._ma_param_pos[param.ds_id], grad)
-                    if fell_back or keep_grads:
-                        self._ma_stream.write(key, grad)
+                    if spec.offer(*self._ma_param_pos[param.ds_id], grad):
+                        self._ma_stream.write(key, grad)  # a chunk of it is stepped after backward
+                    elif keep_grads:
+                        self._ma_stream.hold(key, grad)  # for a redo: the DRAM window, else the SSD
                     else:
                         self._ma_stream.written.pop(key, None)  # its chunks are stepped: no gradient on the SSD
                 elif boundary:
@@ -309,7 +310,8 @@ def BoundedStage3Mixin(ctx: PluginContext):
             done, rest = spec.finish() if spec is not None else ([], [])
             if self._ma_spec is not None:
                 self._ma_spec.skipped = False
-            self._ma_stream.spill()  # nothing is held at a managed boundary; an unmanaged one spilled already
+            if spec is None:
+                self._ma_stream.spill()  # nothing is held at a managed boundary; an unmanaged one spilled already
             self._ma_stream.flush()
             self._pre_step()
             self._partition_all_parameters()
@@ -324,6 +326,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 if self._loss_scale_update_and_overflow_cleanup():
                     if spec is not None:  # the step is skipped: the parameters back from the old masters
                         spec.drop()
+                        self._ma_stream.drop_held()
                         self._ma_pipeline.run(lambda ci, chunk, slot: None, with_grads=False, writes="params",
                                               chunks=done)
                         ctx.overlap.steps_rolled_back += 1
@@ -336,14 +339,17 @@ def BoundedStage3Mixin(ctx: PluginContext):
             if spec is not None and _same_scale(inv_scale, self._ma_spec_inv_scale):
                 self._ma_commit_steps(done)
                 spec.commit(done)
+                self._ma_stream.drop_held()  # the gradients kept for a redo
                 self._ma_pipeline.run(compute, chunks=rest)
             else:
                 if spec is not None:  # clipping or a new loss scale: step every chunk from the old states
                     spec.drop()
                     ctx.overlap.steps_redone += 1
                     if not (self.clip_grad > 0. or self.dtype == torch.float16):
-                        raise RuntimeError("memascend overlap: a redo without the gradients on the SSD "
+                        raise RuntimeError("memascend overlap: a redo without the gradients kept "
                                            f"(loss scale {self.loss_scale}, clip {self.clip_grad})")
+                    self._ma_stream.spill()
+                    self._ma_stream.flush()
                 self._ma_pipeline.run(compute)
             self._post_step(set())
 

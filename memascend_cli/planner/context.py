@@ -117,6 +117,9 @@ class Context:
         # to the SSD only for a possible redo (clipping on, or fp16's loss scale changing).
         self.overlap = self.bounded and job.overlap_optimizer
         self.overlap_keeps_grads = job.gradient_clipping > 0 or job.dtype == "fp16"
+        # Gradients a DRAM window can hold instead of the SSD: running sums between micro-batches, and the last
+        # micro-batch's kept for a redo (dropped when the step commits).
+        self.holds_gradients = job.grad_accum_steps > 1 or (self.overlap and self.overlap_keeps_grads)
         self.windows = job.windows or zero.EngineWindows(
             optimizer_chunk_numel=zero.chunk_numel_for(self.k.sub_group_size),
             checkpoint_offload=job.checkpoint_offload)
@@ -155,7 +158,7 @@ class Context:
             return zero.split_budget(
                 job.host_budget_bytes, elem_bytes=self.E, layer_checkpoint_bytes=layer,
                 num_layers=self.m.num_hidden_layers, base=self.windows,
-                accumulated_gradient_bytes=(self.G * self.part.ns if job.grad_accum_steps > 1 and job.accumulate_in_dram
+                accumulated_gradient_bytes=(self.G * self.part.ns if self.holds_gradients and job.accumulate_in_dram
                                             else 0),
                 param_pool_bytes=lambda k: zero.model_param_pool_plan(self.m, self.k, world_size=self.world,
                                                                       elem_bytes=self.E, prefetch_layers=k).total_bytes)

@@ -224,9 +224,9 @@ def bounded_items(c: Context, add_pinned) -> None:
     add_pinned("host/gradient_window", "gradient staging window (to the SSD)", raw, c.pin_exact(raw),
                formula=f"{w.gradient_slots} slots x {w.gradient_slot_bytes // MiB} MiB",
                source="memascend_engine.bounded.GradientStream (Lin et al.: gradients to the SSD at once, 16-bit)")
-    if c.job.grad_accum_steps > 1 and w.accumulation_bytes:
+    if c.holds_gradients and w.accumulation_bytes:
         raw = min(w.accumulation_bytes, c.G * c.ns)
-        add_pinned("host/gradient_accumulation", "accumulated gradients held in DRAM between micro-batches", raw,
+        add_pinned("host/gradient_accumulation", "gradients held in DRAM (accumulation; a redo)", raw,
                    (raw, "", 0), formula=f"min(window {w.accumulation_bytes / GiB:.2f} GiB, Ns {c.ns:,} x {c.G} B)",
                    source="memascend_engine.bounded.GradientStream.hold (LoHan, arXiv 2403.06504: accumulation in "
                           "DRAM)")

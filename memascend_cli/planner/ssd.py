@@ -62,21 +62,21 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     fetches = PARAM_FETCHES_PER_STEP[job.checkpointing]
     read = {"params": ga * fetches * E * swapped, "optimizer_states": 12 * opt}
     write = {"optimizer_states": 12 * opt, "params": E * swapped}
+    held = 0
     if c.bounded:
         # Each micro-batch writes its gradient; later micro-batches read the running sum back first. Partitions held
         # in the DRAM accumulation window (zero.EngineWindows.accumulation_bytes) go to the SSD once, at the boundary.
-        held = min(opt, c.windows.accumulation_bytes // G) if ga > 1 else 0
+        held = min(opt, c.windows.accumulation_bytes // G) if c.holds_gradients else 0
         read["gradients"] = write["gradients"] = G * (held + (opt - held) * ga)
         grad = (f"gradients {G} B x {ga} micro-batch(es) each way" if not held else
                 f"gradients {G} B each way, x {ga} for the {opt - held:,} elements beyond the DRAM window")
         if c.overlap:
             # The last micro-batch's gradients are stepped in DRAM as they are reduced (memascend_engine.overlap):
-            # the optimizer reads none back, and they are written only for a possible redo.
-            read["gradients"] -= G * opt
-            if not c.overlap_keeps_grads:
-                write["gradients"] -= G * opt
-            grad += "; the last micro-batch's stepped during backward, " + (
-                "written for a redo (clipping on)" if c.overlap_keeps_grads else "never on the SSD")
+            # the optimizer reads none back; kept for a possible redo, they go to the DRAM window, else the SSD.
+            read["gradients"] = G * (opt - held) * (ga - 1)
+            write["gradients"] = G * (opt - held) * (ga if c.overlap_keeps_grads else ga - 1)
+            grad += "; the last micro-batch's stepped during backward" + (
+                ", kept for a redo (clipping on)" if c.overlap_keeps_grads else ", never on the SSD")
     else:
         read["gradients"] = 4 * opt
         write["gradients"] = 4 * opt
@@ -87,7 +87,7 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     n = max(1, c.ns)
     ckpt = read.get("activation_checkpoints", 0) / n
     grad_read = 0 if c.overlap else G * opt
-    grad_write = 0 if c.overlap and not c.overlap_keeps_grads else G * opt
+    grad_write = (G * (opt - held) if c.overlap_keeps_grads else 0) if c.overlap else G * opt
     minimum = ((2 * E * swapped + grad_read + 12 * opt) / n + ckpt, (E * swapped + grad_write + 12 * opt) / n + ckpt)
     return SsdTraffic(read, write, params_per_rank=c.ns,
                       formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}",

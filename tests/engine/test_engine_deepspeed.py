@@ -233,15 +233,24 @@ def test_gradient_accumulation_in_the_dram_window_is_exact_and_writes_once_per_s
     """Four micro-batches per step: stock accumulates in its fp32 buffer, the engine through the SSD (window off) or
     in its DRAM window (each partition written once, at the boundary). fp32: all three bit-identical."""
     ga, steps = 4, 2  # 8 micro-batches a run: the SSD path reads back and rewrites 3 times a step
-    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    for d in "abc":
+        (tmp_path / d).mkdir()
     common = ("--dtype", "fp32", "--grad-accum", str(ga), "--micro-batch", "1", "--steps", str(steps))
     base = run(tmp_path, "stock-ga", "--mode", "stock", *common, "--nvme-dir", str(tmp_path / "swap"))
+    # The overlap off: its own test counts what it holds for a redo.
     held = run(tmp_path, "engine-ga-window", "--mode", "engine", *common, "--region",
-               make_region(tmp_path / "a", "512MiB"), "--accumulation-bytes", str(1 << 30))
+               make_region(tmp_path / "a", "512MiB"), "--accumulation-bytes", str(1 << 30), "--off", "overlap_optimizer")
     ssd = run(tmp_path, "engine-ga-ssd", "--mode", "engine", *common, "--region",
-              make_region(tmp_path / "b", "512MiB"), "--accumulation-bytes", str(1 << 30), "--off", "accumulate_in_dram")
+              make_region(tmp_path / "b", "512MiB"), "--accumulation-bytes", str(1 << 30), "--off", "accumulate_in_dram",
+              "--off", "overlap_optimizer")
+    overlapped = run(tmp_path, "engine-ga-overlap", "--mode", "engine", *common, "--region",
+                     make_region(tmp_path / "c", "512MiB"), "--accumulation-bytes", str(1 << 30), "--clip", "100")
     assert len(base["losses"]) == ga * steps
     assert held["losses"] == base["losses"] and ssd["losses"] == base["losses"]
+    # With the overlap the last micro-batch's sums are stepped as they complete: still exact, nothing read back.
+    ref = run(tmp_path, "stock-ga-clip", "--mode", "stock", *common, "--clip", "100", "--nvme-dir", str(tmp_path / "s2"))
+    assert overlapped["losses"] == ref["losses"] and overlapped["stats"]["overlap"]["steps_committed"] == steps
+    assert overlapped["stats"]["bounded_io"]["gradient_read_bytes"] == 0
     io_held, io_ssd = held["stats"]["bounded_io"], ssd["stats"]["bounded_io"]
     assert held["stats"]["bounded"]["accumulation_window_bytes"] == 1 << 30
     assert ssd["stats"]["bounded"]["accumulation_window_bytes"] == 0 and io_ssd["gradient_held_bytes"] == 0
@@ -255,15 +264,19 @@ def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_p
     """fp32 with clipping at 8.3, inside the tiny model's gradient norms (7.9-8.7): steps under it commit the
     speculative update made during backward, steps over it are redone from the old states, and after a clipped step
     the next one does not speculate. Losses and norms equal stock's and the engine's without the overlap, bit for
-    bit; the committed steps read no gradient back."""
-    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    bit; the committed steps read no gradient back. With a DRAM window the gradients kept for a redo stay in memory
+    and reach the SSD only when a step is redone or not speculated."""
+    for d in "abc":
+        (tmp_path / d).mkdir()
     common = ("--dtype", "fp32", "--clip", "8.3")
     ref = run(tmp_path, "stock-clip", "--mode", "stock", *common, "--nvme-dir", str(tmp_path / "swap"))
     on = run(tmp_path, "engine-overlap", "--mode", "engine", *common, "--region", make_region(tmp_path / "a", "512MiB"))
     off = run(tmp_path, "engine-no-overlap", "--mode", "engine", *common, "--region",
               make_region(tmp_path / "b", "512MiB"), "--off", "overlap_optimizer")
-    assert on["losses"] == off["losses"] == ref["losses"]
-    assert on["grad_norms"] == off["grad_norms"] == ref["grad_norms"]
+    win = run(tmp_path, "engine-overlap-window", "--mode", "engine", *common, "--region",
+              make_region(tmp_path / "c", "512MiB"), "--accumulation-bytes", str(1 << 30))
+    assert on["losses"] == off["losses"] == win["losses"] == ref["losses"]
+    assert on["grad_norms"] == off["grad_norms"] == win["grad_norms"] == ref["grad_norms"]
     clipped = [n > 8.3 for n in ref["grad_norms"]]
     assert any(clipped) and not all(clipped), ref["grad_norms"]
     o = on["stats"]["overlap"]
@@ -276,6 +289,10 @@ def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_p
     assert io_on["gradient_write_bytes"] == io_off["gradient_write_bytes"]
     per_step = io_off["gradient_read_bytes"] // STEPS
     assert io_on["gradient_read_bytes"] == (STEPS - o["steps_committed"]) * per_step
+    io_win = win["stats"]["bounded_io"]
+    assert win["stats"]["overlap"] == o
+    assert io_win["gradient_write_bytes"] == io_win["gradient_read_bytes"] == (STEPS - o["steps_committed"]) * per_step
+    assert io_win["gradient_held_bytes"] == (o["steps_committed"] + o["steps_redone"]) * per_step
 
 
 def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):

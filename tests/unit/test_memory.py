@@ -384,6 +384,12 @@ def test_overlap_steps_the_last_gradients_in_dram_and_doubles_the_state_extents(
     ga = estimate(replace(base, grad_accum_steps=4), GPU, "memascend")
     ga_off = estimate(replace(base, grad_accum_steps=4, overlap_optimizer=False), GPU, "memascend")
     assert ga_off.traffic.read_bytes["gradients"] - ga.traffic.read_bytes["gradients"] == g
+    # A host budget's leftover keeps the gradients for a redo in DRAM: none written while steps commit.
+    roomy = estimate(replace(base, host_budget_bytes=clip.budget.total_bytes + 64 * GiB), GPU, "memascend")
+    assert roomy.item("host/gradient_accumulation").bytes == g
+    assert roomy.traffic.write_bytes["gradients"] == 0 == roomy.traffic.read_bytes["gradients"]
+    assert estimate(replace(base, host_budget_bytes=clip.budget.total_bytes + 64 * GiB, gradient_clipping=0.0), GPU,
+                    "memascend").item("host/gradient_accumulation") is None  # nothing to keep without clipping
     # The tuned stock estimate does not change.
     assert estimate(base, GPU, "tuned").traffic.read_bytes == estimate(replace(base, overlap_optimizer=False), GPU,
                                                                        "tuned").traffic.read_bytes
