@@ -48,7 +48,7 @@ def accumulation_lines(runs: list) -> list[str]:
     def key(doc: dict) -> tuple:
         j = doc["job"]
         return (j["model"], j["seq_len"], j["micro_batch"], j["dtype"], j.get("ssd_bandwidth_bytes_per_s"),
-                j.get("host_budget_bytes"))
+                j.get("host_budget_bytes"), j.get("gradient_clipping"))
 
     ones = {key(d): d for _, d in runs if d["job"].get("grad_accum", 1) == 1}
     out = []
@@ -63,6 +63,38 @@ def accumulation_lines(runs: list) -> list[str]:
         out.append(f"- {ga} micro-batches a step against 1 ({_limit(doc)}, host budget "
                    f"{'default' if not budget else f'{budget / 2**30:.2f} GiB'}): time per token "
                    + ", ".join(cells) + f" (`{os.path.basename(path)}`; the bar: memascend at most x1.10).")
+    return out
+
+
+def overlap_lines(runs: list) -> list[str]:
+    """Issue 26's bars on the optimizer overlapped with backward, per document with a memascend run that counted it:
+    its s/step against tuned stock's and its own without the overlap, the losses against that run, what the steps did
+    (memascend_engine.overlap: committed, redone, not speculated) and SSD bytes per parameter."""
+    out = []
+    for path, doc in runs:
+        by = {r["name"]: r for r in doc["runs"] if r["ok"]}
+        m, tuned, plain = by.get("memascend"), by.get("tuned"), by.get("memascend-no-overlap_optimizer")
+        o = ((m or {}).get("engine_stats") or [{}])[0].get("overlap") if m else None
+        if o is None or tuned is None or plain is None:
+            continue
+        j = doc["job"]
+        clip = j.get("gradient_clipping")
+        budget = j.get("host_budget_bytes")
+        norms = [n for n in m.get("grad_norms") or [] if n is not None]
+        bpp = {k: r["ssd_bytes_per_param"]["read"] + r["ssd_bytes_per_param"]["write"] for k, r in
+               (("m", m), ("plain", plain))}
+        out.append(
+            f"- {_limit(doc)}, {j['dtype']}, gradient clipping "
+            + ("1.0 (DeepSpeed's default)" if clip is None else "off" if clip == 0 else f"at {clip:g}")
+            + (f", host budget {budget / 2**30:.2f} GiB" if budget else "")
+            + f": memascend {m['seconds_per_step']:.2f} s/step, x{m['seconds_per_step'] / tuned['seconds_per_step']:.2f}"
+            f" of tuned stock (the bar: at most x0.70) and x{m['seconds_per_step'] / plain['seconds_per_step']:.2f}"
+            f" of itself without the overlap; losses {'equal' if m['losses'] == plain['losses'] else 'NOT equal'}"
+            f" to it bit for bit; steps committed / redone / not speculated {o['steps_committed']} / "
+            f"{o['steps_redone']} / {o['steps_not_speculated']}"
+            + (f" (gradient norms {min(norms):.1f}-{max(norms):.1f})" if norms else "")
+            + f"; SSD {bpp['m']:.1f} B/param read + write ({bpp['plain']:.1f} without; the bar for the default: at "
+            f"most 32) (`{os.path.basename(path)}`).")
     return out
 
 
@@ -118,6 +150,10 @@ def section_ssd_bound(runs: list) -> str:
     ga = accumulation_lines(runs)
     if ga:
         out += ga + [""]
+    ov = overlap_lines(runs)
+    if ov:
+        out += ["The optimizer overlapped with backward (`memascend_engine.overlap`; memascend-no-overlap_optimizer is "
+                "the same engine without it):", ""] + ov + [""]
     for path, doc in runs:
         cmd = (doc.get("meta") or {}).get("command", "?")
         out.append(f"- `{os.path.basename(path)}` ({(doc.get('meta') or {}).get('date', '?')}): `{cmd}`")
