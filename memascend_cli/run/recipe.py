@@ -130,6 +130,9 @@ class Recipe(_Strict):
     checkpoint_offload: Literal["ssd", "dram"] = "ssd"
     """Where the memascend engine keeps activation checkpoints: ssd (a few layers' window in DRAM, the rest on the
     region) or dram (one pinned buffer per layer)."""
+    overlap_optimizer: bool = True
+    """The memascend engine steps the optimizer during the last micro-batch's backward (exact; 12 B/param more SSD
+    space for the speculative states); false: after backward, as stock does."""
     host_budget: str | None = None
     """memascend's pinned + staging host memory per rank, e.g. 4GiB, split between the parameter pool, optimizer
     pipeline, gradient and checkpoint windows; with gradient accumulation, what is left over holds the accumulated

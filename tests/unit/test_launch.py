@@ -209,6 +209,11 @@ def test_dry_run_writes_the_engine_windows_the_plan_chose(cli, tmp_path):
     with open(tmp_path / "run" / "engine.json") as f:
         chosen = json.load(f)
     assert chosen["checkpoint_offload"] == "dram" and chosen["windows"]["optimizer_depth"] == 3
+    assert chosen["overlap_optimizer"] is True
+    res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "off"), "--set", "overlap_optimizer=false")
+    assert res.exit_code == 0, res.stderr
+    with open(tmp_path / "off" / "engine.json") as f:
+        assert json.load(f)["overlap_optimizer"] is False
 
 
 def test_engine_stock_runs_deepspeeds_documented_knobs(cli, tmp_path):
