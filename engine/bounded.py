@@ -249,6 +249,9 @@ class OptimizerPipeline:
         self.io_alignment = max(int(store.io_alignment), 1)
         self.states_written: set[int] = set()
         """Chunks whose current generation holds Adam states (absent before the first step: read as zeros, no I/O)."""
+        self.settle: Callable[[], None] | None = None
+        """Called before read_state / write_state take a slot: the overlap (engine/overlap.py) finishes its chunks
+        in flight first, or their buffers would be overwritten under their I/O."""
         self.generation = [0] * len(self.chunks)
         """Which of a chunk's two extent sets holds its current master and moments: the optimizer overlapped with
         backward (engine/overlap.py) writes a speculative update into the other one and flips this on commit."""
@@ -436,6 +439,8 @@ class OptimizerPipeline:
 
     def read_state(self, ci: int) -> dict[str, torch.Tensor]:
         """A copy of chunk ci's master and Adam states (zeros before the first step), for checkpoints."""
+        if self.settle is not None:
+            self.settle()
         slot = self.slots[0]
         n = self.chunks[ci].numel
         self.store.complete(self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
@@ -450,6 +455,8 @@ class OptimizerPipeline:
     def write_state(self, ci: int, tensors: dict[str, torch.Tensor], *, params: bool = True) -> None:
         """Overwrite chunk ci's master (and Adam states when given) and, with `params`, its 16-bit parameters
         (checkpoint load; DeepSpeed's tensor-fragment setters leave the parameters to the next step)."""
+        if self.settle is not None:
+            self.settle()
         slot = self.slots[0]
         chunk = self.chunks[ci]
         n = chunk.numel

@@ -38,6 +38,7 @@ lock if the process dies.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -74,6 +75,10 @@ class RegionDataError(MemascendError):
         self.key = key
         self.device_offset = device_offset
 
+    def __reduce__(self):
+        # Picklable with its keywords: a rank's error reaches the parent process (multiprocessing) intact.
+        return functools.partial(RegionDataError, key=self.key, device_offset=self.device_offset), (self.message,)
+
 
 class RegionIOError(MemascendError):
     """A read or write of the region failed (the kernel returned an error or a short transfer)."""
@@ -83,6 +88,9 @@ class RegionIOError(MemascendError):
         self.key = key
         self.op = op
         self.errno = errno_
+
+    def __reduce__(self):
+        return functools.partial(RegionIOError, key=self.key, op=self.op, errno_=self.errno), (self.message,)
 
 
 @dataclass

@@ -74,9 +74,16 @@ class Speculator:
         for ci, chunk in enumerate(pipeline.chunks):
             for p in chunk.pieces:
                 self.pieces.setdefault((chunk.sub_group, p.param), []).append((ci, p))
+        pipeline.settle = self.settle
         self.step: _Step | None = None
+        self.finished: tuple[list[int], list[int]] | None = None
+        """finish()'s result once taken (by settle() before step())."""
         self.skipped = False
         """This step decided not to speculate (reset by step())."""
+        self.invalidated = False
+        """Optimizer states or gradients were set between backward and step(): the step is redone (reset with it)."""
+        self.consumed: set[str] = set()
+        """Gradient keys stepped during backward and kept nowhere (clipping off): unreadable until step()."""
         self._busy: list[Slot] = []
         """Slots whose speculative writes are in flight, oldest first."""
 
@@ -141,9 +148,19 @@ class Speculator:
         st.state[ci] = DONE
         self._busy.append(slot)
 
+    def settle(self) -> None:
+        """Finish the speculation now: a checkpoint or DeepSpeed's tensor-fragment API reads the optimizer states
+        through the pipeline's slots between backward and step() (they see the states before the step)."""
+        if self.step is not None and self.finished is None:
+            self.finished = self._finish()
+
     def finish(self) -> tuple[list[int], list[int]]:
         """End of backward: update the chunks still assembling (their missing pieces had no gradient: zeros, as in
         DeepSpeed's zeroed buffer) and wait for every write. Returns (speculated, not speculated) chunk indices."""
+        self.settle()
+        return self.finished
+
+    def _finish(self) -> tuple[list[int], list[int]]:
         st = self.step
         for ci in sorted(st.slot_of):
             self._update(ci)
@@ -169,9 +186,10 @@ class Speculator:
             pipe.states_written.add(ci)
         self.counters.chunks_committed += len(done)
         self.counters.steps_committed += 1
-        self.step = None
+        self.drop()
 
     def drop(self) -> None:
         """Forget the speculation (the old generation stays current)."""
-        self.step = None
+        self.step, self.finished, self.invalidated = None, None, False
+        self.consumed.clear()
 

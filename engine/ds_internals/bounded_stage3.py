@@ -165,6 +165,29 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 spec.begin(self._ma_adam(self._ma_spec_inv_scale, speculative=True))
             return spec
 
+        def _ma_spec_invalidate(self) -> None:
+            """Optimizer states or gradients are being set between backward and step() (a checkpoint load, DeepSpeed's
+            tensor-fragment setters): step() redoes the step from them instead of committing the speculation."""
+            spec = self._ma_spec
+            if spec is None or not spec.active:
+                return
+            if spec.consumed:
+                raise RuntimeError("memascend: optimizer state or gradients set between backward and step() while "
+                                   "the optimizer, overlapped with backward and without gradient clipping, has "
+                                   "already used and dropped the gradients; set them after step(), or install with "
+                                   "EngineOptions(overlap_optimizer=False)")
+            spec.settle()
+            spec.invalidated = True
+            self._ma_stream.spill()  # the kept gradients to the SSD first, where a setter may replace them
+            self._ma_stream.flush()
+
+        def _ma_check_readable(self, key: str) -> None:
+            spec = self._ma_spec
+            if spec is not None and key in spec.consumed:
+                raise RuntimeError("memascend: this gradient was stepped during backward and dropped (the optimizer "
+                                   "overlapped with backward, gradient clipping off); read gradients between backward "
+                                   "and step() with gradient clipping on or EngineOptions(overlap_optimizer=False)")
+
         def _ma_inv_scale(self, scaled_norm):
             """(1 / (loss scale x clip factor), whether clipping triggered), as stage3.py unscale_and_clip_grads
             (2979) computes it; `scaled_norm` None: the factor when clipping does not trigger (what a speculation
@@ -256,6 +279,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                         self._ma_stream.hold(key, grad)  # for a redo: the DRAM window, else the SSD
                     else:
                         self._ma_stream.written.pop(key, None)  # its chunks are stepped: no gradient on the SSD
+                        spec.consumed.add(key)
                 elif boundary:
                     self._ma_stream.write(key, grad)
                 else:
@@ -336,7 +360,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
             self._global_grad_norm = scaled_global_grad_norm / self.loss_scale
             inv_scale, self._ma_last_clipped = self._ma_inv_scale(scaled_global_grad_norm)
             compute = self._ma_adam(inv_scale, speculative=False)
-            if spec is not None and _same_scale(inv_scale, self._ma_spec_inv_scale):
+            if spec is not None and not spec.invalidated and _same_scale(inv_scale, self._ma_spec_inv_scale):
                 self._ma_commit_steps(done)
                 spec.commit(done)
                 self._ma_stream.drop_held()  # the gradients kept for a redo

@@ -152,6 +152,7 @@ def DeepSpeedApiMixin(ctx: PluginContext):
             grad = torch.zeros(n, dtype=torch.float32)
             elem = torch.tensor([], dtype=self.gradient_accumulation_dtype).element_size()
             for key, off, count in self._ma_subgroup_grads(g):
+                self._ma_check_readable(key)
                 if key in self._ma_stream.written:
                     written = self._ma_stream.written[key] // elem
                     grad.narrow(0, off, written).copy_(self._ma_stream.read(key, written,
@@ -190,6 +191,8 @@ def DeepSpeedApiMixin(ctx: PluginContext):
 
         def _ma_write_back(self, g: int, *, state: bool, grads: bool) -> None:
             fp32 = self.fp32_partitioned_groups_flat[g]
+            if state or (grads and fp32.grad is not None):
+                self._ma_spec_invalidate()
             if state:
                 st = self.optimizer.state.get(fp32, {})
                 for ci, off in self._ma_subgroup_chunks(g):

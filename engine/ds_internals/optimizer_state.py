@@ -116,6 +116,7 @@ class OptimizerStateAccess:
         if self.bounded:
             if step is None:
                 tensors = {"fp32": tensors["fp32"]}
+            self.opt._ma_spec_invalidate()
             self.opt._ma_pipeline.write_state(i, tensors)
             if step is not None:
                 self._step_state(i)["step"] = step

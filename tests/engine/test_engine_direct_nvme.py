@@ -125,8 +125,14 @@ def test_unwritten_key_is_an_error_unless_declared_zero_and_short_read_is_refuse
     h.sync_pread(t, "adam/exp_avg-1.swp")
     assert torch.equal(t, torch.ones(1024))
     h.sync_pwrite(torch.ones(1024), "short.swp")
-    with pytest.raises(RegionDataError, match="holds only 4096 B written"):
+    with pytest.raises(RegionDataError, match="holds only 4096 B written") as caught:
         h.sync_pread(torch.empty(2048), "short.swp")
+    # A rank's error crosses to its parent process (multiprocessing pickles it) with its message and key.
+    import pickle
+
+    back = pickle.loads(pickle.dumps(caught.value))
+    assert (type(back), str(back), back.key, back.hint) == (RegionDataError, str(caught.value), caught.value.key,
+                                                            caught.value.hint)
 
 
 def test_growing_a_key_reallocates(store_and_handle):
