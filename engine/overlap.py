@@ -46,9 +46,6 @@ class OverlapCounters:
     steps_not_speculated: int = 0
     """Steps that did not speculate because the previous step clipped (a redo is then likely)."""
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
 
 @dataclass
 class _Step:

@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from memascend_engine import trainer_config
@@ -326,14 +326,12 @@ class Installed:
                                   "host_bytes_peak": stash.host_bytes if getattr(stash, "on_ssd", False)
                                   else stash.peak_bytes}
         if self.ctx is not None and self.ctx.io is not None:
-            from dataclasses import asdict
-
             d["bounded_io"] = asdict(self.ctx.io)
             bounded = stage3.bounded_stats(self.ctx)
             if bounded is not None:
                 d["bounded"] = bounded
         if self.ctx is not None and self.ctx.overlap is not None:
-            d["overlap"] = self.ctx.overlap.to_dict()
+            d["overlap"] = asdict(self.ctx.overlap)
         d["fused_kernels"] = list(self.fused_kernels_applied)
         return d
 

@@ -110,44 +110,35 @@ def BoundedStage3Mixin(ctx: PluginContext):
                                   for j, p in enumerate(group)}
             self._ma_spec = None
             if ctx.overlap is not None:
-                spec_targets = [[self._ma_spec_target_fn(param, self.fp16_partitioned_groups[g][j])
-                                 for j, param in enumerate(group)] for g, group in enumerate(self.fp16_groups)]
-                self._ma_spec = overlap.Speculator(self._ma_pipeline, spec_targets, ctx.overlap)
+                self._ma_spec = overlap.Speculator(self._ma_pipeline, self._ma_targets(during_backward=True),
+                                                   ctx.overlap)
             self._ma_spec_inv_scale = None
             self._ma_last_clipped = False
             dist.barrier()
             self._ma_pipeline.initialize()
             dist.barrier()
 
-        def _ma_targets(self):
+        def _ma_targets(self, *, during_backward: bool = False):
             """targets[g][j](): where parameter j of sub-group g lives now (DeepSpeed can fetch or release it)."""
-            out = []
-            for g, group in enumerate(self.fp16_groups):
-                row = []
-                for j, param in enumerate(group):
-                    row.append(self._ma_target_fn(param, self.fp16_partitioned_groups[g][j]))
-                out.append(row)
-            return out
+            return [[self._ma_target_fn(param, self.fp16_partitioned_groups[g][j], during_backward)
+                     for j, param in enumerate(group)] for g, group in enumerate(self.fp16_groups)]
 
-        def _ma_target_fn(self, param, partitioned):
-            def resolve() -> bounded.ParamTarget:
+        def _ma_target_fn(self, param, partitioned, during_backward: bool):
+            def in_memory() -> bool:
+                if during_backward:
+                    # DeepSpeed may still hold a swapped partition in a pool buffer; it drops it unwritten
+                    # (partition_parameters.py _partition_param: remove_partition_and_release_buffers), so the
+                    # overlap's update goes to the extent of any partition whose home is the SSD.
+                    return getattr(partitioned, "final_location", None) != OffloadDeviceEnum.nvme
                 # As _partitioned_params_swap_out (stage3.py 1271): an available partition is updated in memory,
                 # any other one on the SSD.
-                if partitioned.status == PartitionedParamStatus.AVAILABLE or param.nvme_swapper is None:
+                return partitioned.status == PartitionedParamStatus.AVAILABLE
+
+            def resolve() -> bounded.ParamTarget:
+                if param.nvme_swapper is None or in_memory():
                     return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data)
                 path = param.nvme_swapper.get_path(param, must_exist=True)
                 return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
-            return resolve
-
-        def _ma_spec_target_fn(self, param, partitioned):
-            def resolve() -> bounded.ParamTarget:
-                # During backward DeepSpeed may still hold a swapped partition in a pool buffer; it drops it unwritten
-                # (partition_parameters.py _partition_param: remove_partition_and_release_buffers), so a speculative
-                # update goes to the partition's extent. Partitions DeepSpeed keeps in memory are updated there.
-                if getattr(partitioned, "final_location", None) == OffloadDeviceEnum.nvme and param.nvme_swapper:
-                    path = param.nvme_swapper.get_path(param, must_exist=True)
-                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
-                return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data)
             return resolve
 
         # -- the optimizer overlapped with backward (memascend_engine.overlap) --------------------------
@@ -164,6 +155,11 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 self._ma_spec_inv_scale, _ = self._ma_inv_scale(None)
                 spec.begin(self._ma_adam(self._ma_spec_inv_scale, speculative=True))
             return spec
+
+        def _ma_keeps_grads(self) -> bool:
+            """A speculated chunk's gradients are needed again only by a redo: clipping, or fp16's loss scale
+            changing at the step."""
+            return self.clip_grad > 0. or self.dtype == torch.float16
 
         def _ma_spec_invalidate(self) -> None:
             """Optimizer states or gradients are being set between backward and step() (a checkpoint load, DeepSpeed's
@@ -222,9 +218,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     # A sub-group's later chunks see the bias correction its first chunk set, as stock's one call
                     # per sub-group did.
                     if chunk.index == 0:
-                        if len(state) == 0:
-                            state["step"] = 0
-                        state["step"] += 1
+                        _count_step(state)
                     step = state["step"]
                 grad = slot.grad.narrow(0, 0, n)
                 grad.mul_(inv_scale)
@@ -236,14 +230,10 @@ def BoundedStage3Mixin(ctx: PluginContext):
 
         def _ma_commit_steps(self, done) -> None:
             """Count the step of each sub-group whose first chunk the commit takes (compute did not)."""
-            inner = self.optimizer
             for ci in done:
                 chunk = self._ma_chunks[ci]
                 if chunk.index == 0:
-                    state = inner.state.setdefault(self.fp32_partitioned_groups_flat[chunk.sub_group], {})
-                    if len(state) == 0:
-                        state["step"] = 0
-                    state["step"] += 1
+                    _count_step(self.optimizer.state.setdefault(self.fp32_partitioned_groups_flat[chunk.sub_group], {}))
 
         # -- backward: gradient streaming ----------------------------------------------------------------
         def partition_grads(self, params_to_release, grad_partitions):
@@ -251,8 +241,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 return super().partition_grads(params_to_release, grad_partitions)
             boundary = self.is_gradient_accumulation_boundary()
             spec = self._ma_speculation(boundary)
-            # A speculated chunk's gradient is needed again only by a redo (clipping, or fp16's loss scale changing).
-            keep_grads = self.clip_grad > 0. or self.dtype == torch.float16
+            keep_grads = self._ma_keeps_grads()
             for param, grad_partition in zip(params_to_release, grad_partitions):
                 contains_real_data = param.partition_numel() * self._get_param_partition_rank(param) < param.ds_numel
                 if not contains_real_data:
@@ -369,7 +358,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 if spec is not None:  # clipping or a new loss scale: step every chunk from the old states
                     spec.drop()
                     ctx.overlap.steps_redone += 1
-                    if not (self.clip_grad > 0. or self.dtype == torch.float16):
+                    if not self._ma_keeps_grads():
                         raise RuntimeError("memascend overlap: a redo without the gradients kept "
                                            f"(loss scale {self.loss_scale}, clip {self.clip_grad})")
                     self._ma_stream.spill()
@@ -379,6 +368,13 @@ def BoundedStage3Mixin(ctx: PluginContext):
 
     scan_dtypes_ = (torch.float16, torch.bfloat16, torch.float32)
     return Mixin
+
+
+def _count_step(state: dict) -> None:
+    """One more Adam step of a sub-group, as DeepSpeedCPUAdam.step counts it (ops/adam/cpu_adam.py)."""
+    if len(state) == 0:
+        state["step"] = 0
+    state["step"] += 1
 
 
 def _same_scale(a, b) -> bool:
