@@ -75,10 +75,11 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
         peaks = {}
         for name, doc in by_run.items():
             for r in doc["runs"]:
-                if not r["ok"]:
-                    rows.append([f"{model} {name} (failed: {r.get('error') or '?'})"] + ["-"] * (len(HEADER) - 1))
-                    continue
                 p = _replan(doc, r, kit.get("cuda_constants"), storage)
+                if not r["ok"]:
+                    rows.append(_failed_row(model, name, r, p))
+                    lines.append(_failed_line(model, name, r, p))
+                    continue
                 t = p.get("time") or {}
                 plan_s, sps = t.get("seconds_per_step"), r["seconds_per_step"]
                 bpp = r.get("ssd_bytes_per_param") or {}
@@ -91,11 +92,43 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
                              "-" if not plan_s else pct(100.0 * (plan_s / sps - 1)), f"{r['tokens_per_s']:.0f}",
                              f"{bpp.get('read', 0):.1f} / {bpp.get('write', 0):.1f}",
                              f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "-"])
-        if "memascend" in peaks:
-            vs = [f"{pct(100.0 * (peaks['memascend'] / peaks[ref] - 1))} vs {ref}" for ref in ("stock", "tuned")
-                  if ref in peaks]
+        vs = [f"{pct(100.0 * (peaks['memascend'] / peaks[ref] - 1))} vs {ref}" for ref in ("stock", "tuned")
+              if ref in peaks and "memascend" in peaks]
+        if vs:
             lines.append(f"- {model}: memascend's peak system memory {', '.join(vs)}.")
+        for name, doc in by_run.items():
+            for r in doc["runs"]:
+                ov = next((s.get("overlap") for s in (r.get("engine_stats") or [])[:1]), None)
+                if not ov:
+                    continue
+                norms = ", ".join(f"{g:.2f}" for g in r.get("grad_norms") or [])
+                clip = (doc["runs"][0].get("config") or {}).get("gradient_clipping", "DeepSpeed's default 1.0")
+                lines.append(f"- {model} {name}, the optimizer overlapped with backward: "
+                             f"{ov.get('steps_committed', 0)} step(s) committed, {ov.get('steps_redone', 0)} redone, "
+                             f"{ov.get('steps_rolled_back', 0)} rolled back, {ov.get('steps_not_speculated', 0)} not "
+                             f"speculated; gradient norms {norms or '?'} against clipping at {clip} (a clipped step "
+                             "is redone and the next one is not speculated).")
+    for d in bench.get("decisions") or []:
+        if d.get("reason"):
+            lines.append(f"- {d.get('model', '?')}: {d['reason']} (the kit's time budget), so the last engine of "
+                         "the call's list did not run.")
     return rows, lines
+
+
+def _failed_row(model: str, name: str, r: dict, p: dict) -> list[str]:
+    """A run that failed: its peak until then next to the plan's."""
+    peak = r.get("peak_system_bytes")
+    return ([f"{model} {name}: failed at step {len(r.get('losses') or []) + 1}", gib(peak),
+             gib(p["host_peak_bytes_per_rank"]),
+             pct(100.0 * (p["host_peak_bytes_per_rank"] / peak - 1)) if peak else "-"]
+            + ["-"] * (len(HEADER) - 4))
+
+
+def _failed_line(model: str, name: str, r: dict, p: dict) -> str:
+    planned = [e for e in p.get("config_errors") or []]
+    return (f"- {model} {name} failed at step {len(r.get('losses') or []) + 1}: `{r.get('error') or '?'}`. "
+            + (f"Today's plan of its config predicts it: {planned[0]}." if planned else
+               "Today's plan of its config does not predict it."))
 
 
 def section_gpu(docs: list) -> str:

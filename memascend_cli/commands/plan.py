@@ -369,7 +369,8 @@ def verdict_line(ests, verdicts, engine: str, hw) -> str:
         head = (f"does not fit with {engine} ({RESOURCE_NAMES[verdicts[engine].binding]} binds): "
                 + "; ".join(verdicts[engine].reasons))
     if engine == "memascend" and m.fits and not b.fits:
-        head += "; stock DeepSpeed does not fit (" + RESOURCE_NAMES[b.binding] + ")"
+        head += "; stock DeepSpeed does not fit (" + RESOURCE_NAMES[b.binding] + (
+            ": " + "; ".join(b.reasons) if b.binding == "config" else "") + ")"
     elif engine == "memascend" and m.fits and b.fits:
         head += "; stock DeepSpeed fits too"
     return head

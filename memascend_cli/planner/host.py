@@ -9,7 +9,7 @@ too small to swap.
 
 from __future__ import annotations
 
-from memascend_cli.planner import measured, zero
+from memascend_cli.planner import measured, param_buffers, zero
 from memascend_cli.planner.breakdown import Item
 from memascend_cli.planner.compute import activation_parts, compute_items, flush_copies, loss_backward_blocks
 from memascend_cli.planner.context import Context
@@ -96,6 +96,7 @@ def host_items(c: Context) -> list[Item]:
         add_pinned("host/param_swap_pool", "P1 parameter swap pool", raw, c.pin_swap_pool(raw),
                    formula=f"buffer_count {k.param_buffer_count} x A(buffer_size {buffer_size:,}, {c.a_p}) x {E} B",
                    source="runtime/swap_tensor/partitioned_param_swapper.py _configure_aio (lines 100-125)")
+        _param_buffer_failure(c, job)
     else:
         raw, desc = adaptive_param_pool(c)
         add_pinned("host/param_swap_pool", "parameter pools (size classes)", raw, c.pin_swap_pool(raw),
@@ -348,3 +349,23 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
                     add(key, label, int(k * block * L), f"{k} x L {L} x block s*b*{dim}*E {block:,}",
                         "glibc heap growth, mallinfo2 at phase starts; fitted by scripts/fit_planner.py", kind)
     return out
+
+
+def _param_buffer_failure(c: Context, job) -> None:
+    """Stock's parameter swap buffers run out at step 2 when NVMe partitions are kept for reuse (param_buffers.py)."""
+    k = c.k
+    if k.max_reuse_distance <= 0 or c.ns <= k.max_in_cpu:
+        return
+    from memascend_cli.models import layer_template
+
+    part = c.part
+    nvme = param_buffers.nvme_resident(part.partition_numels, part.sub_groups, k.max_in_cpu, c.swappable)
+    head, layer, tail = layer_template(c.m)
+    last = max(i for i, t in enumerate(layer) if t.role not in ("norm", "bias"))
+    order = param_buffers.trace(len(head), len(layer), c.m.num_hidden_layers, len(tail),
+                                recompute=job.checkpointing != "none", last_module=last)
+    found = param_buffers.failure(part.full_numels, nvme, order, buffer_count=k.param_buffer_count,
+                                  persistent_below=k.param_persistence_threshold,
+                                  max_reuse_distance=k.max_reuse_distance)
+    if found:
+        c.config_errors.append(found)

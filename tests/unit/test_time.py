@@ -146,6 +146,9 @@ def test_fastest_fits_and_beats_micro_batch_1_where_the_ssd_binds():
     base = tm.engine_times(job, estimate_all(job, hw), dev, read_gbps=7, write_gbps=5, cpu_cores=hw.cpu_cores)
     best = tm.fastest(job, hw, dev, read_gbps=7, write_gbps=5)
     assert base["memascend"].binding.startswith("SSD")
+    # Stock as its docs configure it cannot run a 7B model at all: its NVMe partitions outnumber the swap buffers at
+    # step 2 (planner/param_buffers.py), so it has no fastest shape.
+    assert best.pop("stock") is None
     for e, b in best.items():
         assert b["tokens_per_s"] > 2 * base[e].tokens_per_s
         from dataclasses import replace
