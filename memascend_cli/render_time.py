@@ -28,8 +28,11 @@ def render_time(doc: dict, tokens: int | None) -> None:
     for e, d in doc["engines"].items():
         r = d["resource_seconds"]
         ssd = None if r["SSD read"] is None or r["SSD write"] is None else r["SSD read"] + r["SSD write"]
-        row = [e, _s(r["compute"]), _s(ssd), _s(r["CPU Adam"]), _s(d["seconds_per_step"]),
-               _s(d["tokens_per_s"]), d["binding"]]
+        low = d.get("seconds_per_step_at_least")
+        step, tok = _s(d["seconds_per_step"]), _s(d["tokens_per_s"])
+        if d["seconds_per_step"] is None and low:
+            step, tok = "≥" + _s(low), "≤" + _s(d["tokens_per_step"] / low)
+        row = [e, _s(r["compute"]), _s(ssd), _s(r["CPU Adam"]), step, tok, d["binding"]]
         if tokens:
             row.append(_s(d["hours"]))
         t.add_row(*row)
@@ -37,8 +40,9 @@ def render_time(doc: dict, tokens: int | None) -> None:
     if dev["gflops"] is None:
         out.print(f"[dim]note: compute rate {dev['source']}[/dim]")
     elif len(bw) < 2:
-        out.print("[dim]note: an SSD bandwidth not shown above is unknown (not counted): give --nvme-read-gbps / "
-                  "--nvme-write-gbps or --nvme-path a region made by `memascend prepare-ssd`[/dim]")
+        out.print("[dim]note: SSD bandwidth unknown: s/step is at least the time without the SSD, which may well "
+                  "bind; give --nvme-read-gbps / --nvme-write-gbps or --nvme-path a region made by `memascend "
+                  "prepare-ssd`[/dim]")
     if doc.get("fastest"):
         f = Table(title="most tokens/s that fits in memory (context held)", title_justify="left")
         for c in ("", "micro-batch", "grad-accum", "s/step", "tok/s", "binds"):

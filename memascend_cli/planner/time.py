@@ -114,6 +114,8 @@ class StepTime:
     binding: str
     overlap: str
     unknown: list[str] = field(default_factory=list)
+    at_least_s: float | None = None
+    """With an SSD rate unknown: the step without that SSD time (step_s is then None: the SSD may well bind)."""
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -126,7 +128,8 @@ class StepTime:
     def to_dict(self, tokens: int | None = None) -> dict:
         d = {"seconds_per_step": _r(self.step_s), "tokens_per_step": self.tokens_per_step,
              "tokens_per_s": _r(self.tokens_per_s), "binding": self.binding, "overlap": self.overlap,
-             "resource_seconds": {k: _r(v) for k, v in self.seconds.items()}, "unknown": list(self.unknown)}
+             "resource_seconds": {k: _r(v) for k, v in self.seconds.items()}, "unknown": list(self.unknown),
+             "seconds_per_step_at_least": _r(self.at_least_s)}
         if tokens:
             d["tokens"] = tokens
             d["hours"] = _r(self.hours_for(tokens))
@@ -230,9 +233,12 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
                "PCIe": pcie if device.gpu else None}
     # Binding: the resource whose busy time is the largest share of the step.
     known = {k: v for k, v in seconds.items() if v is not None}
-    binding = max(known, key=lambda k: known[k]) if compute is not None else "unknown"
-    step = None if compute is None else fb + opt
-    return StepTime(engine, seconds, step, tokens_per_step, binding, overlap, unknown)
+    if unknown:
+        # An unknown rate may be the one that binds: no step time, only its lower bound without that resource.
+        at_least = None if compute is None else fb + opt
+        return StepTime(engine, seconds, None, tokens_per_step, "unknown", overlap, unknown, at_least)
+    binding = max(known, key=lambda k: known[k])
+    return StepTime(engine, seconds, fb + opt, tokens_per_step, binding, overlap, unknown)
 
 
 def _bursts_within_slice(write_s: float, optimizer_elems: int, sub_group_elems: int | None) -> bool:
@@ -307,14 +313,14 @@ SEARCH_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 def fastest(job, hw, device: Device, *, read_gbps: float | None, write_gbps: float | None,
             vary_context: bool = False) -> dict[str, dict | None]:
     """Per engine, the micro-batch x gradient accumulation (x context, with `vary_context`: powers of two up to the
-    model's max_position_embeddings) with the most tokens/s among those that fit in memory (search.check). None
-    where the compute rate is unknown or nothing fits. Pure."""
+    model's max_position_embeddings) with the most tokens/s among those that fit in memory (search.check). Empty
+    where the compute rate or an SSD rate is unknown (the step time is), None for an engine where nothing fits. Pure."""
     from dataclasses import replace
 
     from memascend_cli.planner.memory import estimate_all
     from memascend_cli.planner.search import check
 
-    if device.flops_per_s is None:
+    if device.flops_per_s is None or not read_gbps or not write_gbps:
         return {}
     limit = job.model.max_position_embeddings or max(SEARCH_SEQ_LENS)
     seqs = sorted({job.seq_len} | ({s for s in SEARCH_SEQ_LENS if s <= limit} if vary_context else set()))
