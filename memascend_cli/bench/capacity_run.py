@@ -82,7 +82,9 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
         timeout_s = probe_timeout_s
         if timeout_s is None:
             planned_time = point.predict(run.mode, _config(run, point, nvme_dir)).get("time") or {}
-            timeout_s = capacity.probe_timeout_s(planned_time.get("seconds_per_step"), point.steps)
+            # Without the SSD's rate (a probe's fresh region) the step's lower bound: compute binds on a CPU.
+            timeout_s = capacity.probe_timeout_s(planned_time.get("seconds_per_step")
+                                                 or planned_time.get("seconds_per_step_at_least"), point.steps)
         doc = runner.run_point(point, [run], out_dir=probe_dir, nvme_dir=nvme_dir, nvme_info=nvme_info, region=None,
                                engine_ok=engine_ok, settle_cap_s=settle_cap_s, dram_cap_bytes=cap_bytes,
                                timeout_s=timeout_s)

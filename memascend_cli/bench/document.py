@@ -203,6 +203,14 @@ def predicted_step_s(run: dict) -> float | None:
     return ((run.get("predicted") or {}).get("time") or {}).get("seconds_per_step")
 
 
+def _plan_s_text(run: dict, plan_s: float | None) -> str:
+    """The plan's s/step, or its lower bound where the run's SSD rate is unknown ('≥12.3'), else '-'."""
+    if plan_s is not None:
+        return f"{plan_s:.2f}"
+    low = ((run.get("predicted") or {}).get("time") or {}).get("seconds_per_step_at_least")
+    return f"≥{low:.2f}" if low else "-"
+
+
 def throttle_text(job: dict) -> str | None:
     """'SSD throttled to 400 MB/s (vda)' for a run under --ssd-bandwidth, else None. Pure."""
     bps = job.get("ssd_bandwidth_bytes_per_s")
@@ -229,7 +237,7 @@ def table_rows(doc: dict) -> list[tuple[str, ...]]:
             r["name"] + ("" if r["ok"] else " (failed)"),
             g(r["peak_system_bytes"]), g(r["ru_maxrss_bytes"]),
             "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}",
-            "-" if plan_s is None else f"{plan_s:.2f}", "-" if tps is None else f"{tps:.0f}",
+            _plan_s_text(r, plan_s), "-" if tps is None else f"{tps:.0f}",
             "-" if not bpp else f"{bpp['read']:.1f}/{bpp['write']:.1f}", g(pred),
             "-" if err is None else f"{err:+.1f}%",
         )

@@ -280,6 +280,10 @@ def test_document_and_table_shape(tmp_path):
     assert all(len(row) == len(document.TABLE_COLUMNS) for row in rows)
     assert rows[0] == ("stock", "4.00", "2.00", "2.00", "2.50", "256", "-", "3.60", "-10.0%")
     assert rows[1][3:6] == ("2.20", "-", "233")  # no time prediction recorded
+    # The SSD's rate unknown: the plan gives only the step's lower bound.
+    low = {**doc["runs"][1], "predicted": {"node_host_peak_bytes": GiB,
+                                           "time": {"seconds_per_step": None, "seconds_per_step_at_least": 1.5}}}
+    assert document.table_rows({**doc, "runs": [low]})[0][4] == "≥1.50"
     assert document.throttle_text(doc["job"]) == "SSD throttled to 400 MB/s (vda)"
     assert document.throttle_text({**doc["job"], "ssd_bandwidth_bytes_per_s": None}) is None
     assert rows[2][0] == "memascend (failed)" and rows[2][1] == "-"
