@@ -8,6 +8,7 @@
 #include "buffers.h"
 #include "checksum.h"
 #include "io_engine.h"
+#include "moments.h"
 #include "scan.h"
 
 namespace py = pybind11;
@@ -238,6 +239,21 @@ torch.frombuffer, numpy); close() refuses while views exist.
           py::arg("address"), py::arg("numel"), py::arg("dtype"), py::arg("num_threads") = 0, release_gil(),
           "True if any of ``numel`` elements at ``address`` is inf or nan. dtype: float16, bfloat16 or float32. "
           "One multi-threaded pass, no allocation proportional to numel. num_threads=0: all cores.");
+    m.def("bf16_narrow_sr",
+          [](uintptr_t address, size_t numel, uint32_t seed) {
+              bf16_narrow_sr(reinterpret_cast<void*>(address), numel, seed);
+          },
+          py::arg("address"), py::arg("numel"), py::arg("seed"), release_gil(),
+          "In place: the numel fp32 values at address become bf16 values in its first 2 x numel bytes, rounded "
+          "stochastically with noise hashed from each index and seed (moments.h).");
+    m.def("bf16_widen",
+          [](uintptr_t address, size_t numel, size_t upper_byte) {
+              bf16_widen(reinterpret_cast<void*>(address), numel, upper_byte);
+          },
+          py::arg("address"), py::arg("numel"), py::arg("upper_byte"), release_gil(),
+          "In place: the numel bf16 values at address + upper_byte (>= 2 x numel) become fp32 values at address.");
+    m.def("sr_noise", &sr_noise, py::arg("index"), py::arg("seed"),
+          "The 16 random bits bf16_narrow_sr adds to element index under seed (for tests).");
     m.def("dio_alignment",
           [](const std::string& path) {
               DioAlignment a = query_dio_alignment(path);

@@ -87,6 +87,8 @@ def parse_args(argv):
     ap.add_argument("--engine-windows", default=None,
                     help="memascend mode: JSON of zero.EngineWindows (the planner's split of the host budget)")
     ap.add_argument("--prefetch-layers", type=int, default=None, help="memascend mode: layers in the parameter pool")
+    ap.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
+                    help="memascend mode: Adam's moments on the SSD (EngineOptions.optimizer_moments)")
     return ap.parse_args(argv)
 
 
@@ -164,6 +166,7 @@ def run(args, rank: int, ev: Events) -> int:
             extra["windows"] = EngineWindows(**json.loads(args.engine_windows))
         if args.prefetch_layers:
             extra["prefetch_layers"] = args.prefetch_layers
+        extra["optimizer_moments"] = args.optimizer_moments
         opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES}, **extra)
         ev.phase("engine_install")
         # The region has one sub-region per local rank (prepare-ssd --ranks).

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from memascend_cli.planner import zero
+from memascend_engine import native
 
 GRAD_PREFIX = "memascend/grad/"
 OPT_PREFIX = "memascend/opt/"
@@ -199,6 +200,16 @@ class ParamTarget:
     """The in-memory partition (DeepSpeed keeps partitions below min_aio_bytes, and persistent ones, in memory)."""
 
 
+def rounding_seed(*parts: int) -> int:
+    """A 32-bit seed from integers (chunk, moment, optimizer step): the noise stream of 16-bit moments' stochastic
+    rounding (csrc/moments.h), fresh every step and the same on every path of one step (the overlap's speculation and
+    its redo)."""
+    h = 0x811C9DC5
+    for p in parts:
+        h = ((h ^ (int(p) & 0xFFFFFFFF)) * 0x01000193) & 0xFFFFFFFF  # FNV-1a over 32-bit words
+    return h
+
+
 @dataclass
 class Slot:
     """One chunk's buffers in the optimizer pipeline."""
@@ -212,6 +223,8 @@ class Slot:
     pending: list = field(default_factory=list)
     placements: list = field(default_factory=list)
     """(piece, staging byte offset) of the chunk in this slot."""
+    widen: int = 0
+    """Elements of 16-bit moments read into the upper halves of exp_avg / exp_avg_sq, to widen once they land."""
 
 
 class OptimizerPipeline:
@@ -225,7 +238,8 @@ class OptimizerPipeline:
     def __init__(self, store, allocator, windows: zero.EngineWindows, chunks: Sequence[zero.Chunk],
                  targets: Sequence[Sequence[Callable[[], ParamTarget]]], grad_keys: Sequence[Sequence[str]], *,
                  param_dtype: torch.dtype, grad_dtype: torch.dtype, counters: IOCounters,
-                 grad_written: dict | None = None, key_prefix: str = OPT_PREFIX):
+                 grad_written: dict | None = None, key_prefix: str = OPT_PREFIX,
+                 moments_dtype: torch.dtype = torch.float32):
         self.store = store
         self.key_prefix = key_prefix
         """Prefix of the chunk keys: one per optimizer, so two engines in one process never share a key."""
@@ -238,6 +252,12 @@ class OptimizerPipeline:
         self.param_bytes = torch.tensor([], dtype=param_dtype).element_size()
         self.grad_bytes = torch.tensor([], dtype=grad_dtype).element_size()
         self.elem_bytes = max(self.param_bytes, self.grad_bytes)
+        if moments_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"optimizer moments on the SSD in {moments_dtype}: fp32 or bf16 only")
+        self.moment_bytes = torch.tensor([], dtype=moments_dtype).element_size()
+        """Bytes per element of exp_avg / exp_avg_sq on the SSD (in the slots they are fp32, as CPU Adam needs)."""
+        self.rounding_step = 0
+        """The optimizer step whose moments are written (bounded_stage3 sets it): 16-bit moments' rounding noise."""
         self.counters = counters
         n = windows.optimizer_chunk_numel
         self.chunk_numel = n
@@ -292,9 +312,7 @@ class OptimizerPipeline:
         slot.pending = [self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
         self.counters.optimizer_read_bytes += n * 4
         if moments and ci in self.states_written:
-            for name, t in (("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
-                slot.pending.append(self.store.submit("r", t.data_ptr(), n * 4, self.state_key(ci, name), 0))
-            self.counters.optimizer_read_bytes += 2 * n * 4
+            self._submit_moment_reads(ci, slot)
         elif moments:
             # Before the first step: CPU Adam's states start as zeros (cpu_adam.py zeros_like), no read needed.
             slot.exp_avg.narrow(0, 0, n).zero_()
@@ -317,6 +335,17 @@ class OptimizerPipeline:
                     slot.pending.append(self.store.submit("r", view.data_ptr(), p.numel * gb, key, p.param_offset * gb))
                 self.counters.gradient_read_bytes += p.numel * gb
 
+    def _submit_moment_reads(self, ci: int, slot: Slot) -> None:
+        """exp_avg / exp_avg_sq of chunk ci into the slot; 16-bit moments land in the upper half of each fp32 buffer
+        (from byte 2 x chunk_numel: O_DIRECT-aligned) and _complete widens them."""
+        n = self.chunks[ci].numel
+        mb = self.moment_bytes
+        upper = 0 if mb == 4 else 2 * self.chunk_numel
+        for name, t in (("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
+            slot.pending.append(self.store.submit("r", t.data_ptr() + upper, n * mb, self.state_key(ci, name), 0))
+        self.counters.optimizer_read_bytes += 2 * n * mb
+        slot.widen = n if mb == 2 else 0
+
     def _complete(self, slot: Slot) -> None:
         first = None
         for pending in slot.pending:
@@ -326,7 +355,12 @@ class OptimizerPipeline:
                 first = first or exc
         slot.pending = []
         if first is not None:
+            slot.widen = 0
             raise first
+        if slot.widen:
+            for t in (slot.exp_avg, slot.exp_avg_sq):
+                native.bf16_widen_tensor(t, slot.widen, 2 * self.chunk_numel)
+            slot.widen = 0
 
     # -- writes -----------------------------------------------------------------------------------------
     def _submit_writes(self, ci: int, slot: Slot, *, generation: int | None = None,
@@ -334,12 +368,24 @@ class OptimizerPipeline:
         """Master, moments (into `generation`, default the current one) and parameters of chunk ci."""
         chunk = self.chunks[ci]
         n = chunk.numel
-        for name, t in (("fp32", slot.master), ("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
-            slot.pending.append(self.store.submit("w", t.data_ptr(), n * 4, self.state_key(ci, name, generation), 0))
-        self.counters.optimizer_write_bytes += 3 * n * 4
+        slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4,
+                                              self.state_key(ci, "fp32", generation), 0))
+        self._submit_moment_writes(ci, slot, generation)
+        self.counters.optimizer_write_bytes += n * 4
         if generation is None or generation == self.generation[ci]:
             self.states_written.add(ci)
         self._write_params(chunk, slot, targets)
+
+    def _submit_moment_writes(self, ci: int, slot: Slot, generation: int | None = None) -> None:
+        """exp_avg / exp_avg_sq of chunk ci from the slot; 16-bit moments are narrowed in place into the lower half
+        of each fp32 buffer first (the slot's fp32 moments are spent then)."""
+        n = self.chunks[ci].numel
+        mb = self.moment_bytes
+        for which, (name, t) in enumerate((("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq))):
+            if mb == 2:
+                native.bf16_narrow_sr_tensor(t, n, rounding_seed(ci, which, self.rounding_step))
+            slot.pending.append(self.store.submit("w", t.data_ptr(), n * mb, self.state_key(ci, name, generation), 0))
+        self.counters.optimizer_write_bytes += 2 * n * mb
 
     def _write_params(self, chunk: zero.Chunk, slot: Slot,
                       targets: Sequence[Sequence[Callable[[], ParamTarget]]] | None = None) -> None:
@@ -443,13 +489,14 @@ class OptimizerPipeline:
             self.settle()
         slot = self.slots[0]
         n = self.chunks[ci].numel
-        self.store.complete(self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
+        slot.pending = [self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
+        self.counters.optimizer_read_bytes += n * 4
+        if ci in self.states_written:
+            self._submit_moment_reads(ci, slot)
+        self._complete(slot)
         out = {"fp32": slot.master.narrow(0, 0, n).clone()}
-        for name, t in (("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
-            if ci in self.states_written:
-                self.store.complete(self.store.submit("r", t.data_ptr(), n * 4, self.state_key(ci, name), 0))
-                out[name] = t.narrow(0, 0, n).clone()
-        self.counters.optimizer_read_bytes += n * 4 * len(out)
+        if ci in self.states_written:
+            out.update(exp_avg=slot.exp_avg.narrow(0, 0, n).clone(), exp_avg_sq=slot.exp_avg_sq.narrow(0, 0, n).clone())
         return out
 
     def write_state(self, ci: int, tensors: dict[str, torch.Tensor], *, params: bool = True) -> None:
@@ -461,16 +508,15 @@ class OptimizerPipeline:
         chunk = self.chunks[ci]
         n = chunk.numel
         slot.master.narrow(0, 0, n).copy_(tensors["fp32"])
-        names = [("fp32", slot.master)]
+        slot.pending = [self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
+        self.counters.optimizer_write_bytes += n * 4
         if "exp_avg" in tensors:
             slot.exp_avg.narrow(0, 0, n).copy_(tensors["exp_avg"])
             slot.exp_avg_sq.narrow(0, 0, n).copy_(tensors["exp_avg_sq"])
-            names += [("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)]
+            self._submit_moment_writes(ci, slot)
             self.states_written.add(ci)
         else:
             self.states_written.discard(ci)
-        slot.pending = [self.store.submit("w", t.data_ptr(), n * 4, self.state_key(ci, name), 0) for name, t in names]
-        self.counters.optimizer_write_bytes += n * 4 * len(names)
         slot.placements = self._place(chunk)
         if params:
             self._write_params(chunk, slot)

@@ -44,6 +44,7 @@ _NATIVE_NAMES = frozenset(
         "crc32c_at",
         "crc32c_chunks",
         "crc32c_backend",
+        "sr_noise",
     }
 )
 SCAN_DTYPES = ("float16", "bfloat16", "float32")
@@ -150,3 +151,26 @@ def as_tensor(buf: Any, dtype: Any, shape: int | tuple[int, ...] | list[int] | N
     # a buffer export on `buf`.
     t = torch.frombuffer(view, dtype=dt, count=count)
     return t.view(dims)
+
+
+def bf16_narrow_sr_tensor(t: Any, n: int, seed: int) -> None:
+    """In place: the first n elements of the contiguous fp32 CPU tensor `t` become bf16 values in its first 2n bytes,
+    rounded stochastically under `seed` (csrc/moments.h)."""
+    _check_fp32(t, n)
+    _require().bf16_narrow_sr(t.data_ptr(), int(n), int(seed) & 0xFFFFFFFF)
+
+
+def bf16_widen_tensor(t: Any, n: int, upper_byte: int) -> None:
+    """In place: the n bf16 values at byte `upper_byte` (>= 2n) of the contiguous fp32 CPU tensor `t` become its first
+    n elements (csrc/moments.h)."""
+    _check_fp32(t, n)
+    if upper_byte + 2 * n > t.numel() * 4:
+        raise ValueError(f"bf16_widen_tensor: {n} bf16 values at byte {upper_byte} run past the tensor")
+    _require().bf16_widen(t.data_ptr(), int(n), int(upper_byte))
+
+
+def _check_fp32(t: Any, n: int) -> None:
+    if t.device.type != "cpu" or not t.is_contiguous() or str(t.dtype) != "torch.float32":
+        raise ValueError(f"needs a contiguous fp32 CPU tensor, got {t.dtype} on {t.device}")
+    if not 0 <= n <= t.numel():
+        raise ValueError(f"{n} elements of a tensor of {t.numel()}")

@@ -88,6 +88,8 @@ def main(argv=None) -> dict:
                     help="fp16: start dynamic loss scaling at 2**N (a large N overflows the first steps)")
     ap.add_argument("--force-cpu-fp16", action="store_true",
                     help="fp16 on a CPU without oneDNN fp16 (DeepSpeed refuses it; slow kernels, tiny models only)")
+    ap.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
+                    help="engine: Adam's moments on the SSD (EngineOptions.optimizer_moments)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args = ap.parse_args(argv)
@@ -137,7 +139,8 @@ def main(argv=None) -> dict:
                 zero.from_ds_config(cfg).sub_group_size), checkpoint_offload=args.checkpoint_offload,
                 accumulation_bytes=args.accumulation_bytes)
         opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
-                                              checkpoint_offload=args.checkpoint_offload, windows=windows)
+                                              checkpoint_offload=args.checkpoint_offload, windows=windows,
+                                              optimizer_moments=args.optimizer_moments)
         handle = memascend_engine.install(cfg, region=args.region, model_spec=None if args.no_model_spec else spec,
                                           options=opts)
 

@@ -104,7 +104,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 ctx.store, ctx.pinned_allocator or plain_allocator(), ctx.windows, self._ma_chunks,
                 self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
                 counters=ctx.io, grad_written=self._ma_stream.written,
-                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/")
+                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/", moments_dtype=ctx.moments_dtype)
             self._ma_overflow_local = False
             self._ma_param_pos = {p.ds_id: (g, j) for g, group in enumerate(self.fp16_groups)
                                   for j, p in enumerate(group)}
@@ -220,6 +220,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     if chunk.index == 0:
                         _count_step(state)
                     step = state["step"]
+                self._ma_pipeline.rounding_step = step  # 16-bit moments: this step's rounding noise
                 grad = slot.grad.narrow(0, 0, n)
                 grad.mul_(inv_scale)
                 inner.ds_opt_adam.adam_update(inner.opt_id, step, group["lr"], beta1, beta2, group["eps"],

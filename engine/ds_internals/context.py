@@ -38,6 +38,8 @@ class PluginContext:
     """zero.EngineWindows when the bounded engine (gradient streaming + optimizer pipeline) is on, else None."""
     io: Any = None
     """memascend_engine.bounded.IOCounters of the bounded engine."""
+    moments_dtype: Any = None
+    """torch dtype of Adam's exp_avg / exp_avg_sq on the SSD (EngineOptions.optimizer_moments) for the bounded engine."""
     overlap: Any = None
     """memascend_engine.overlap.OverlapCounters when the optimizer overlaps backward (EngineOptions.overlap_optimizer),
     else None."""

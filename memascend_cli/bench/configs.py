@@ -84,7 +84,8 @@ def bench_launcher_processes(ranks: int) -> int:
 
 def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
              checkpointing: str, deepspeed_version: str, disabled: tuple[str, ...] = (),
-             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, loss: str = "hf"):
+             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, loss: str = "hf",
+             moments: str = "fp32"):
     """(the planner's JobSpec of one run, the estimate's engine: stock code with the run's own knobs for stock and
     tuned). `disabled`: the memascend techniques switched off (ablation runs). Pure."""
     from memascend_cli.planner.memory import JobSpec
@@ -98,6 +99,7 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   checkpoint_copies=0, streaming="streaming" not in disabled,
                   accumulate_in_dram="accumulate_in_dram" not in disabled,
                   overlap_optimizer="overlap_optimizer" not in disabled,
+                  optimizer_moments=moments if mode == "memascend" else "fp32",
                   gradient_clipping=float(cfg.get("gradient_clipping", DEEPSPEED_GRADIENT_CLIPPING)),
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
@@ -108,7 +110,7 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
             checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, timing: dict | None = None,
-            loss: str = "hf") -> dict:
+            loss: str = "hf", moments: str = "fp32") -> dict:
     """memascend plan's estimate for one run (plan_job): node peak plus the host items (for recalibration), and
     with `timing` ({device: planner.time.Device, read_gbps, write_gbps}: the SSD bandwidth the run gets, the
     throttle's under --ssd-bandwidth) the plan's step time (`time`, planner.time.engine_times)."""
@@ -116,7 +118,8 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
 
     job, engine = plan_job(mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
                            checkpointing=checkpointing, deepspeed_version=deepspeed_version, disabled=disabled,
-                           checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes, loss=loss)
+                           checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes, loss=loss,
+                           moments=moments)
     est = estimate(job, hw, engine)
     step = None
     if timing is not None and est.traffic is not None:
@@ -197,7 +200,8 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
                 disabled=disabled, host_budget_bytes=j.get("host_budget_bytes"),
-                loss=j.get("loss", "hf"))  # jobs recorded before the chunked loss ran transformers' own
+                loss=j.get("loss", "hf"),  # jobs recorded before the chunked loss ran transformers' own
+                moments=run.get("optimizer_moments", "fp32"))
 
 
 def speculation_committed(run: dict) -> bool:

@@ -33,6 +33,7 @@ class RunResult:
     mode: str
     disabled: list[str]
     ok: bool
+    optimizer_moments: str = "fp32"
     error: str | None = None
     idle_bytes: int = 0
     settle: dict = field(default_factory=dict)
@@ -196,7 +197,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     from memascend_cli.run import lifeline
     from memascend_cli.run.cgroup import THRASH_FULL_SHARE, THRASH_WINDOW_S, RunCgroup
 
-    res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg)
+    res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg,
+                    optimizer_moments=run.moments)
     run_dir = os.path.join(out_dir, "runs", run.name)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
@@ -210,6 +212,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled), "--loss-impl", loss_impl(run.mode, loss)]
     for t in run.disabled:
         args += ["--disable", t]
+    if run.moments != "fp32":
+        args += ["--optimizer-moments", run.moments]
     args += list(extra_args or [])
     if region is not None:
         args += ["--region", region]
@@ -449,17 +453,17 @@ class Point:
                 self.checkpointing]
         return args + (["--layers", str(self.layers)] if self.layers else [])
 
-    def plan_job(self, mode: str, cfg: dict, disabled: tuple[str, ...] = ()):
+    def plan_job(self, mode: str, cfg: dict, disabled: tuple[str, ...] = (), moments: str = "fp32"):
         """(the planner's JobSpec of this point's run, the estimate's engine): configs.plan_job."""
         return plan_job(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
                         ranks=self.ranks, checkpointing=self.checkpointing, deepspeed_version=self.deepspeed_version,
-                        disabled=disabled, host_budget_bytes=self.host_budget_bytes, loss=self.loss)
+                        disabled=disabled, host_budget_bytes=self.host_budget_bytes, loss=self.loss, moments=moments)
 
-    def predict(self, mode: str, cfg: dict, disabled: tuple[str, ...] = ()) -> dict:
+    def predict(self, mode: str, cfg: dict, disabled: tuple[str, ...] = (), moments: str = "fp32") -> dict:
         return predict(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
                        ranks=self.ranks, checkpointing=self.checkpointing, hw=self.hw,
                        deepspeed_version=self.deepspeed_version, disabled=disabled,
-                       host_budget_bytes=self.host_budget_bytes, timing=self.timing, loss=self.loss)
+                       host_budget_bytes=self.host_budget_bytes, timing=self.timing, loss=self.loss, moments=moments)
 
 
 def median_run(repeats: list[RunResult]) -> RunResult:
@@ -520,7 +524,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                             aio_block_size=aio_block, aio_queue_depth=aio_depth, grad_accum=p.grad_accum,
                             gradient_clipping=p.gradient_clipping)
             for run in run_specs]
-    predictions = [p.predict(run.mode, cfg, run.disabled) for run, cfg in zip(run_specs, cfgs)]
+    predictions = [p.predict(run.mode, cfg, run.disabled, run.moments) for run, cfg in zip(run_specs, cfgs)]
     measured: list[list[RunResult]] = [[] for _ in run_specs]
     with step_progress(err) as progress:
         # A run's repeats follow each other: smallest planned peak first also across repeats (see execution_order).

@@ -19,6 +19,8 @@ LOSSES = ("chunked", "hf")
 """A bench job's loss: `chunked` (memascend_engine.chunked_loss, no b x s x V logits) or `hf` (transformers' own)."""
 ABLATION_PREFIX = "memascend-no-"
 """Run name of memascend with one technique off: memascend-no-<technique>."""
+OPT_IN_RUNS = {"memascend-bf16_moments": "bf16"}
+"""memascend with an opt-in switched on: run name -> EngineOptions.optimizer_moments."""
 ACCELERATORS = ("auto", "cpu", "cuda")
 
 
@@ -34,6 +36,8 @@ class RunSpec:
     name: str
     mode: str
     disabled: tuple[str, ...] = ()
+    moments: str = "fp32"
+    """memascend's Adam moments on the SSD (EngineOptions.optimizer_moments)."""
 
 
 def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
@@ -42,13 +46,14 @@ def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
     if not names:
         raise BadInput("--runs is empty", "give e.g. --runs stock,tuned,memascend")
     ablated = {f"{ABLATION_PREFIX}{t}": t for t in TECHNIQUES}
-    bad = [n for n in names if n not in MODES and n not in ablated]
+    bad = [n for n in names if n not in MODES and n not in ablated and n not in OPT_IN_RUNS]
     if bad:
-        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES) + f", or {ABLATION_PREFIX}X with X one "
-                       "of " + ", ".join(TECHNIQUES))
+        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES + tuple(OPT_IN_RUNS)) +
+                       f", or {ABLATION_PREFIX}X with X one of " + ", ".join(TECHNIQUES))
     if len(set(names)) != len(names):
         raise BadInput("--runs names a run twice", "list each of " + ", ".join(MODES) + " at most once")
-    runs = [RunSpec(n, "memascend", (ablated[n],)) if n in ablated else RunSpec(n, n) for n in names]
+    runs = [RunSpec(n, "memascend", (ablated[n],)) if n in ablated else
+            RunSpec(n, "memascend", moments=OPT_IN_RUNS[n]) if n in OPT_IN_RUNS else RunSpec(n, n) for n in names]
     if ablation:
         # The ablation separates config from technique: tuned is "stock + memascend's knobs only", and each
         # memascend-no-X run differs from full memascend in X alone.

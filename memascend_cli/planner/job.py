@@ -12,6 +12,9 @@ from memascend_cli.planner.zero import ZeroSettings
 from memascend_cli.versions import DEFAULT_DEEPSPEED_VERSION, parse_version
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+MOMENT_BYTES = {"fp32": 4, "bf16": 2}
+"""Bytes per element of memascend's Adam moments on the SSD (EngineOptions.optimizer_moments; csrc/moments.h)."""
+MOMENT_DTYPES = tuple(MOMENT_BYTES)
 DEEPSPEED_GRADIENT_CLIPPING = 1.0
 """DeepSpeed's gradient_clipping when a config omits it (runtime/constants.py GRADIENT_CLIPPING_DEFAULT)."""
 CHECKPOINTING = ("none", "selective", "full", "offload")
@@ -61,6 +64,9 @@ class JobSpec:
     gradient_clipping: float = DEEPSPEED_GRADIENT_CLIPPING
     """DeepSpeed's gradient_clipping (its default 1.0; 0 = off). With the overlap, a clipping step is redone from
     the gradients on the SSD, so they still go there; without clipping (bf16 / fp32) they never do."""
+    optimizer_moments: str = "fp32"
+    """memascend's Adam moments on the SSD: fp32, or bf16 (EngineOptions.optimizer_moments: 8 B per parameter less
+    SSD traffic per step). Stock and tuned keep fp32 states."""
     checkpoint_offload: str = "ssd"
     """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
     windows: zero.EngineWindows | None = None
@@ -86,6 +92,8 @@ class JobSpec:
             raise BadInput(f"unknown checkpointing {self.checkpointing!r}", "use " + ", ".join(CHECKPOINTING))
         if self.checkpoint_offload not in ("ssd", "dram"):
             raise BadInput(f"unknown checkpoint offload {self.checkpoint_offload!r}", "use ssd or dram")
+        if self.optimizer_moments not in MOMENT_DTYPES:
+            raise BadInput(f"unknown optimizer moments dtype {self.optimizer_moments!r}", "use " + " or ".join(MOMENT_DTYPES))
         for name in ("seq_len", "micro_batch", "grad_accum_steps"):
             if int(getattr(self, name)) < 1:
                 raise BadInput(f"{name.replace('_', '-')} must be at least 1", "give a positive whole number")

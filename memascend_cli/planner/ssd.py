@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from memascend_cli.planner.breakdown import Item, SsdTraffic
 from memascend_cli.planner.context import Context
+from memascend_cli.planner.job import MOMENT_BYTES
 from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES
+
+def state_bytes_per_elem(c: Context) -> int:
+    """SSD bytes of the fp32 master and the two Adam moments per element: 12, or 8 with memascend's bf16 moments
+    (EngineOptions.optimizer_moments; stock keeps fp32 states, optimizer_utils.py)."""
+    return 4 + 2 * (MOMENT_BYTES[c.job.optimizer_moments] if c.bounded else 4)
+
 
 def nvme_items(c: Context) -> list[Item]:
     """SSD bytes per rank: the swapped parameters (E B), fp32 master + Adam moments (12 B) and fp32 gradients (4 B) per
@@ -14,18 +21,21 @@ def nvme_items(c: Context) -> list[Item]:
     params = part.aligned_sum("params", -(-c.min_aio_bytes // E), E, align)
     opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 4, align)
     where = "region extents" if c.memascend else "swap files"
+    states = state_bytes_per_elem(c)
+    moments = "exp_avg + exp_avg_sq" if states == 12 else "bf16 exp_avg + exp_avg_sq"
     items = [
         Item("nvme/params", f"parameters ({where})", "nvme", params, "steady", "", 0,
              "sum A(partition x E) over swappable params", "runtime/swap_tensor/partitioned_param_swapper.py"),
-        Item("nvme/optimizer_states", "fp32 master + exp_avg + exp_avg_sq", "nvme", 3 * opt, "steady", "", 0,
-             "3 x 4 B x swappable sub-group elements", "runtime/swap_tensor/optimizer_utils.py"),
+        Item("nvme/optimizer_states", f"fp32 master + {moments}", "nvme", states * opt // 4, "steady", "", 0,
+             f"{states} B x swappable sub-group elements", "runtime/swap_tensor/optimizer_utils.py"),
         Item("nvme/gradients", "fp32 gradients", "nvme", opt, "steady", "", 0,
              "4 B x swappable sub-group elements",
              "runtime/zero/stage3.py _offload_grad_partition_at_boundary (line 1453)"),
     ]
     if c.overlap:
-        items.append(Item("nvme/optimizer_states_speculative", "speculative master + moments", "nvme", 3 * opt,
-                          "steady", "", 0, "3 x 4 B x sub-group elements: the overlap's second extent set",
+        items.append(Item("nvme/optimizer_states_speculative", "speculative master + moments", "nvme",
+                          states * opt // 4, "steady", "", 0,
+                          f"{states} B x sub-group elements: the overlap's second extent set",
                           "memascend_engine.overlap (the old states stay until step() commits)"))
     if c.job.checkpoint_copies:
         items.append(Item("nvme/checkpoints", f"checkpoint copies ({c.job.checkpoint_copies})", "nvme",
@@ -60,8 +70,9 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     swapped = max(0, part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1) - in_cpu)
     opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 1, 1)
     fetches = PARAM_FETCHES_PER_STEP[job.checkpointing]
-    read = {"params": ga * fetches * E * swapped, "optimizer_states": 12 * opt}
-    write = {"optimizer_states": 12 * opt, "params": E * swapped}
+    states = state_bytes_per_elem(c)
+    read = {"params": ga * fetches * E * swapped, "optimizer_states": states * opt}
+    write = {"optimizer_states": states * opt, "params": E * swapped}
     held = 0
     if c.bounded:
         # Each micro-batch writes its gradient; later micro-batches read the running sum back first. Partitions held
@@ -88,7 +99,9 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     ckpt = read.get("activation_checkpoints", 0) / n
     grad_read = 0 if c.overlap else G * opt
     grad_write = (G * (opt - held) if c.overlap_keeps_grads else 0) if c.overlap else G * opt
-    minimum = ((2 * E * swapped + grad_read + 12 * opt) / n + ckpt, (E * swapped + grad_write + 12 * opt) / n + ckpt)
+    minimum = ((2 * E * swapped + grad_read + states * opt) / n + ckpt,
+               (E * swapped + grad_write + states * opt) / n + ckpt)
     return SsdTraffic(read, write, params_per_rank=c.ns,
-                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer 12 B each way; {grad}",
+                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer {states} B each way; "
+                              f"{grad}",
                       minimum_per_param=minimum)

@@ -53,7 +53,8 @@ def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, engin
                    dtype=r.precision, ranks_per_node=ranks, checkpointing=checkpointing_mode(r, engine),
                    deepspeed_version=deepspeed_version, knobs=settings, checkpoint_copies=0,
                    checkpoint_offload=r.checkpoint_offload, host_budget_bytes=budget, chunked_loss=r.chunked_loss,
-                   gradient_clipping=r.max_grad_norm, overlap_optimizer=r.overlap_optimizer)
+                   gradient_clipping=r.max_grad_norm, overlap_optimizer=r.overlap_optimizer,
+                   optimizer_moments=r.optimizer_moments)
 
 
 def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
@@ -386,7 +387,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     with open(os.path.join(run_dir, RECIPE_JSON), "w") as f:
         json.dump(resolved, f, indent=2)
     # The engine's windows as the planner split the host budget (the worker builds EngineOptions from them).
-    engine_options = {"checkpoint_offload": recipe.checkpoint_offload, "overlap_optimizer": recipe.overlap_optimizer}
+    engine_options = {"checkpoint_offload": recipe.checkpoint_offload, "overlap_optimizer": recipe.overlap_optimizer,
+                      "optimizer_moments": recipe.optimizer_moments}
     if est.budget is not None:
         engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
     with open(os.path.join(run_dir, ENGINE_JSON), "w") as f:

@@ -133,6 +133,9 @@ class Recipe(_Strict):
     overlap_optimizer: bool = True
     """The memascend engine steps the optimizer during the last micro-batch's backward (exact; 12 B/param more SSD
     space for the speculative states); false: after backward, as stock does."""
+    optimizer_moments: Literal["fp32", "bf16"] = "fp32"
+    """Adam's exp_avg / exp_avg_sq on the SSD with the memascend engine: fp32, or bf16 (8 B per parameter less SSD
+    traffic per step, rounded stochastically; opt-in until the quality check in docs/results.md says otherwise)."""
     host_budget: str | None = None
     """memascend's pinned + staging host memory per rank, e.g. 4GiB, split between the parameter pool, optimizer
     pipeline, gradient and checkpoint windows; with gradient accumulation, what is left over holds the accumulated

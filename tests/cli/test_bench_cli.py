@@ -153,6 +153,18 @@ def test_parse_runs():
     assert len(runs) == 2 + len(R.TECHNIQUES)
     assert runs[1] == R.RunSpec("tuned", "tuned")  # the "knobs only" row
     assert runs[2] == R.RunSpec(f"memascend-no-{R.TECHNIQUES[0]}", "memascend", (R.TECHNIQUES[0],))
+    # An opt-in: memascend with Adam's moments in bf16 on the SSD; planned with them too.
+    (bf16,) = R.parse_runs("memascend-bf16_moments", False)
+    assert bf16 == R.RunSpec("memascend-bf16_moments", "memascend", moments="bf16")
+    spec = load_model("tiny-llama")
+    cfg = configs.build_ds_config("memascend", spec, micro_batch=1, dtype="fp32", nvme_dir="/x", ranks=1)
+    job, _ = configs.plan_job("memascend", cfg, spec, seq_len=64, micro_batch=1, dtype="fp32", ranks=1,
+                              checkpointing="full", deepspeed_version="0.19.8", moments="bf16")
+    assert job.optimizer_moments == "bf16"
+    assert configs.recorded_plan_job({"job": {"model": "tiny-llama", "seq_len": 64, "micro_batch": 1, "dtype": "fp32",
+                                              "ranks": 1, "checkpointing": "full", "deepspeed_version": "0.19.8"}},
+                                     {"mode": "memascend", "config": cfg, "optimizer_moments": "bf16"}
+                                     )[0].optimizer_moments == "bf16"
     for bad in ("", "stock,fast", "stock,stock"):
         with pytest.raises(BadInput):
             R.parse_runs(bad, False)

@@ -1,8 +1,9 @@
 """DeepSpeed's own checkpoint API (engine.save_checkpoint / load_checkpoint) with memascend's engine installed.
 
 Real DeepSpeed ZeRO-3 on the CPU accelerator through memascend_engine.parity (tiny-llama, params and optimizer on
-NVMe, fp32 so losses compare bit for bit), in both engine modes: the bounded engine (default) and DeepSpeed's own
-optimizer swapper on region keys (EngineOptions(streaming=False)). A run saves with DeepSpeed's API after step 3 and
+NVMe, fp32 so losses compare bit for bit), in three modes: the bounded engine (default), DeepSpeed's own
+optimizer swapper on region keys (EngineOptions(streaming=False)), and the bounded engine with bf16 moments on the SSD
+(checkpoints hold them widened to fp32). A run saves with DeepSpeed's API after step 3 and
 goes on to step 6; a fresh process loads that checkpoint and runs steps 4-6: its losses must equal the uninterrupted
 run's. The checkpoint is DeepSpeed's layout with the optimizer state in offloaded_tensors/rank00 (never the empty swap
 folder), checked against its manifest on load; partial loads are refused at once.
@@ -22,7 +23,7 @@ from test_engine_deepspeed import run
 from test_engine_direct_nvme import make_region
 
 pytestmark = pytest.mark.slow
-MODES = {"streaming": (), "swapper": ("--off", "streaming")}
+MODES = {"streaming": (), "swapper": ("--off", "streaming"), "bf16_moments": ("--optimizer-moments", "bf16")}
 
 
 def _dir(p):

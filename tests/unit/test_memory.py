@@ -394,3 +394,26 @@ def test_overlap_steps_the_last_gradients_in_dram_and_doubles_the_state_extents(
     # The tuned stock estimate does not change.
     assert estimate(base, GPU, "tuned").traffic.read_bytes == estimate(replace(base, overlap_optimizer=False), GPU,
                                                                        "tuned").traffic.read_bytes
+
+
+def test_bf16_moments_take_8_bytes_per_parameter_off_the_step_and_4_off_each_state_extent():
+    """memascend's Adam moments in bf16 on the SSD (EngineOptions.optimizer_moments): master 4 B + moments 2 x 2 B
+    each way per element instead of 12 B; the state extents (and the overlap's second set) shrink alike; stock and
+    tuned keep fp32 states; an unknown dtype is bad input."""
+    base = job(dtype="bf16", gradient_clipping=0.0)
+    f32 = estimate(base, GPU, "memascend")
+    b16 = estimate(replace(base, optimizer_moments="bf16"), GPU, "memascend")
+    n = f32.traffic.read_bytes["optimizer_states"] // 12
+    assert b16.traffic.read_bytes["optimizer_states"] == 8 * n == b16.traffic.write_bytes["optimizer_states"]
+    per_param = [sum(t.values()) / f32.traffic.params_per_rank for t in (f32.traffic.read_bytes,
+                                                                         f32.traffic.write_bytes)]
+    per_param16 = [sum(t.values()) / b16.traffic.params_per_rank for t in (b16.traffic.read_bytes,
+                                                                           b16.traffic.write_bytes)]
+    assert sum(per_param) - sum(per_param16) == pytest.approx(8, abs=0.01)
+    for key in ("nvme/optimizer_states", "nvme/optimizer_states_speculative"):
+        assert b16.item(key).bytes * 12 == f32.item(key).bytes * 8
+    for engine in ("stock", "tuned"):
+        assert (estimate(replace(base, optimizer_moments="bf16"), GPU, engine).traffic.read_bytes
+                == estimate(base, GPU, engine).traffic.read_bytes)
+    with pytest.raises(BadInput):
+        job(optimizer_moments="fp8")
