@@ -441,6 +441,28 @@ def section_smollm2(path: str) -> str:
         _script("smollm2_sft_report").tables(doc), ""]) + "\n"
 
 
+def section_moments(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+    rel = os.path.relpath(path, REPO)
+    r = doc["recipe"]
+    return "\n".join([
+        "## Quality check: bf16 Adam moments on the SSD against fp32 (SmolLM2 SFT)", "",
+        "```bash",
+        f"memascend train presets/train/smollm2-sft.yaml --steps {r['steps']} --output-dir /var/tmp/smollm2-fp32m",
+        f"memascend train presets/train/smollm2-sft.yaml --steps {r['steps']} --set optimizer_moments=bf16 "
+        "--output-dir /var/tmp/smollm2-bf16m",
+        f"python benchmarks/moments_quality.py --fp32 /var/tmp/smollm2-fp32m --bf16 /var/tmp/smollm2-bf16m --out {rel}",
+        "```", "",
+        "The real SmolLM2-135M-Instruct fine-tuned by `memascend train` twice, the same recipe, seed and data, "
+        "precision " + r["precision"] + ", once with Adam's exp_avg / exp_avg_sq on the SSD in fp32 and once in "
+        "bf16 (EngineOptions.optimizer_moments; stochastic rounding, csrc/moments.h); Adam itself runs on fp32 "
+        "moments in both. The 2-core VM ran other work beside them (step times are noisy). Measured " + doc["date"]
+        + f". Raw: `{rel}`.", "",
+        _script("moments_quality").tables(doc), ""]) + "\n"
+
+
 def section_data_path(path: str) -> str:
     doc = load_one(path)
     if doc is None:
@@ -686,6 +708,7 @@ def render() -> str:
     parts.append(section_generic("memascend plan", load(os.path.join(BENCH, "plans", "*.json")),
                                  "Outputs of `memascend plan --json`."))
     parts.append(section_smollm2(os.path.join(DOCS, "raw", "smollm2-sft.json")))
+    parts.append(section_moments(os.path.join(DOCS, "raw", "smollm2-moments.json")))
     parts.append(section_data_path(os.path.join(DOCS, "raw", "data-path-memory.json")))
     parts.append(section_user_scripts(os.path.join(DOCS, "raw", "user-script-bench.json")))
     parts.append(section_parity_repeat(os.path.join(DOCS, "raw", "parity-repeat.json")))
