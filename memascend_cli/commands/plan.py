@@ -64,6 +64,9 @@ def plan_command(
     checkpoint_offload: str = typer.Option(None, "--checkpoint-offload", help="Where memascend's offloaded "
                                            "activation checkpoints go: ssd or dram. [default: ssd]",
                                            rich_help_panel=_M, show_default=False),
+    optimizer_moments: str = typer.Option(None, "--optimizer-moments", help="memascend's Adam moments on the SSD: "
+                                          "fp32, or bf16 (8 B per parameter less SSD traffic per step). "
+                                          "[default: fp32, or the recipe's]", rich_help_panel=_M, show_default=False),
     liger: bool = typer.Option(False, "--liger", help="Liger-Kernel fused linear cross-entropy.",
                                rich_help_panel=_M),
     chunked_loss: bool = typer.Option(None, "--chunked-loss/--full-logits", help="memascend train's loss in "
@@ -145,6 +148,7 @@ def plan_command(
     from memascend_cli.hardware import resolve_hardware
     from memascend_cli.planner import zero
     from memascend_cli.console import warn
+    from memascend_cli.planner.job import MOMENT_DTYPES
     from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec
     from memascend_cli.run.prepared import recipe_job
 
@@ -162,6 +166,8 @@ def plan_command(
     budget_bytes = parse_size(host_budget, "--host-budget") if host_budget else None
     if checkpoint_offload not in (None, "ssd", "dram"):
         raise BadInput(f"unknown --checkpoint-offload {checkpoint_offload!r}", "use ssd or dram")
+    if optimizer_moments not in (None, *MOMENT_DTYPES):
+        raise BadInput(f"unknown --optimizer-moments {optimizer_moments!r}", "use " + " or ".join(MOMENT_DTYPES))
     pin_memory = _on_off(pin_memory, "--pin-memory")
     zero_init = not no_zero_init
     recipe = None
@@ -216,6 +222,8 @@ def plan_command(
                          ranks=ranks, flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
                          deepspeed_version=ds_version, host_budget_bytes=budget_bytes,
                          checkpoint_offload=checkpoint_offload, base=base, chunked_loss=chunked_loss)
+        if optimizer_moments:
+            job = replace(job, optimizer_moments=optimizer_moments)
         world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
         stock_knobs = zero.resolve("stock", model=spec, world_size=world, elem_bytes=DTYPE_BYTES[job.dtype], base=base)
         if param_buffer_size:
@@ -242,7 +250,7 @@ def plan_command(
                   grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
                   zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
-                  checkpoint_offload=checkpoint_offload or "ssd",
+                  checkpoint_offload=checkpoint_offload or "ssd", optimizer_moments=optimizer_moments or "fp32",
                   chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss)
     return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing)
 

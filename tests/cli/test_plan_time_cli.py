@@ -58,3 +58,17 @@ def test_bad_tokens_is_one_line(cli):
     r = cli("plan", "--model", "qwen2.5-0.5b", "--hardware", "cpu-24g", "--tokens", "lots", "--no-search")
     assert r.exit_code == 2
     assert "error: --tokens 'lots'" in r.stderr and "hint:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bf16_moments_flag_takes_8_bytes_per_parameter_off_memascend_only(cli):
+    def per_param(*extra):
+        r = cli("plan", "--model", "qwen2.5-0.5b", "--hardware", "cpu-24g", "--no-search", "--json", *extra)
+        assert r.exit_code == 0, r.stderr
+        e = json.loads(r.stdout)["engines"]
+        return {k: e[k]["ssd_traffic"]["read_bytes_per_param"] + e[k]["ssd_traffic"]["write_bytes_per_param"]
+                for k in ("stock", "memascend")}
+    fp32, bf16 = per_param(), per_param("--optimizer-moments", "bf16")
+    assert fp32["memascend"] - bf16["memascend"] == pytest.approx(8, abs=0.05)
+    assert fp32["stock"] == bf16["stock"]
+    bad = cli("plan", "--model", "qwen2.5-0.5b", "--optimizer-moments", "fp8")
+    assert bad.exit_code == 2 and "error: unknown --optimizer-moments 'fp8'" in bad.stderr
