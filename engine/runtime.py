@@ -240,6 +240,9 @@ class Installed:
         self.allocator = PinnedAllocator(lock=o.pinned, cuda_register=None if o.pinned else False)
         self.patches = patches.Patches()
         use_direct = o.direct_nvme and (self.param_nvme or self.opt_nvme)
+        if o.optimizer_moments != "fp32" and not (use_direct and o.streaming and self.opt_nvme):
+            raise ValueError(f"optimizer_moments={o.optimizer_moments!r} needs the bounded engine: streaming and "
+                             "direct_nvme on, the optimizer offloaded to NVMe")
         self.ctx = context.PluginContext(
             fused_overflow=o.fused_overflow, malloc_trim=o.malloc_trim,
             adam_in_place=o.adam_in_place and use_direct and self.opt_nvme,

@@ -102,3 +102,16 @@ def test_bad_arguments_are_refused():
         native.bf16_widen_tensor(torch.zeros(4), 4, 4)  # would run past the tensor
     with pytest.raises(ValueError):
         native.bf16_widen_tensor(torch.zeros(8), 4, 4)  # below byte 2n: the widening would overwrite its input
+
+
+def test_bf16_moments_need_the_bounded_engine(tmp_path):
+    pytest.importorskip("deepspeed")
+    from memascend_engine import EngineOptions, install
+
+    nvme = {"device": "nvme", "nvme_path": str(tmp_path)}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+           "zero_optimization": {"stage": 3, "offload_param": dict(nvme), "offload_optimizer": dict(nvme)}}
+    with pytest.raises(ValueError, match="needs the bounded engine"):
+        install(cfg, region=None, options=EngineOptions(optimizer_moments="bf16", streaming=False, direct_nvme=False))
+    with pytest.raises(ValueError, match="use fp32 or bf16"):
+        EngineOptions(optimizer_moments="fp8")
