@@ -66,8 +66,8 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                "1024:memascend",
                                                                "bench-llama-136m-seq512-fp32-ssd400mbs-ga8.json:8:512:"
                                                                "memascend",
-                                                               "bench-llama-136m-seq512-bf16-ssd400mbs-overlap-clip10"
-                                                               ".json:8:512:tuned",
+                                                               *(f"bench-llama-136m-seq512-bf16-ssd400mbs-{d}-clip10"
+                                                                 ".json:8:512:tuned" for d in ("overlap", "bf16-moments")),
                                                                *(f"{_SSD}unthrottled-overlap-clip10.json:8:512:{run}"
                                                                  for run in ("stock", "tuned", "memascend")),
                                                                # +19%: the allocator calibration at seq 4096
