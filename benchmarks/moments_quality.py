@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     doc = collect(args.fp32, args.bf16)
     with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump(doc, f, separators=(",", ":"))
     print(tables(doc))
     return 0
 

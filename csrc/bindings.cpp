@@ -252,8 +252,6 @@ torch.frombuffer, numpy); close() refuses while views exist.
           },
           py::arg("address"), py::arg("numel"), py::arg("upper_byte"), release_gil(),
           "In place: the numel bf16 values at address + upper_byte (>= 2 x numel) become fp32 values at address.");
-    m.def("sr_noise", &sr_noise, py::arg("index"), py::arg("seed"),
-          "The 16 random bits bf16_narrow_sr adds to element index under seed (for tests).");
     m.def("dio_alignment",
           [](const std::string& path) {
               DioAlignment a = query_dio_alignment(path);

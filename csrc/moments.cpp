@@ -9,8 +9,8 @@ namespace memascend {
 namespace {
 constexpr size_t kBlock = 4096;
 constexpr uint32_t kExp = 0x7f800000u;
-}  // namespace
 
+// The 16 random bits added to element `index` under `seed` (tests/engine/test_native_moments.py mirrors it in numpy).
 uint32_t sr_noise(uint64_t index, uint32_t seed) {
     uint32_t h = static_cast<uint32_t>(index) * 0x9e3779b1u ^ seed;
     h ^= h >> 16;
@@ -20,6 +20,8 @@ uint32_t sr_noise(uint64_t index, uint32_t seed) {
     h ^= h >> 16;
     return h & 0xffffu;
 }
+
+}  // namespace
 
 void bf16_narrow_sr(void* data, size_t n, uint32_t seed) {
     if (n == 0) return;

@@ -14,7 +14,6 @@
 
 namespace memascend {
 
-uint32_t sr_noise(uint64_t index, uint32_t seed);
 void bf16_narrow_sr(void* data, size_t n, uint32_t seed);
 void bf16_widen(void* data, size_t n, size_t upper_byte);
 

@@ -238,8 +238,7 @@ class OptimizerPipeline:
     def __init__(self, store, allocator, windows: zero.EngineWindows, chunks: Sequence[zero.Chunk],
                  targets: Sequence[Sequence[Callable[[], ParamTarget]]], grad_keys: Sequence[Sequence[str]], *,
                  param_dtype: torch.dtype, grad_dtype: torch.dtype, counters: IOCounters,
-                 grad_written: dict | None = None, key_prefix: str = OPT_PREFIX,
-                 moments_dtype: torch.dtype = torch.float32):
+                 grad_written: dict | None = None, key_prefix: str = OPT_PREFIX, moment_bytes: int = 4):
         self.store = store
         self.key_prefix = key_prefix
         """Prefix of the chunk keys: one per optimizer, so two engines in one process never share a key."""
@@ -252,15 +251,17 @@ class OptimizerPipeline:
         self.param_bytes = torch.tensor([], dtype=param_dtype).element_size()
         self.grad_bytes = torch.tensor([], dtype=grad_dtype).element_size()
         self.elem_bytes = max(self.param_bytes, self.grad_bytes)
-        if moments_dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"optimizer moments on the SSD in {moments_dtype}: fp32 or bf16 only")
-        self.moment_bytes = torch.tensor([], dtype=moments_dtype).element_size()
+        if moment_bytes not in (2, 4):
+            raise ValueError(f"optimizer moments of {moment_bytes} B on the SSD: 4 (fp32) or 2 (bf16) only")
+        self.moment_bytes = moment_bytes
         """Bytes per element of exp_avg / exp_avg_sq on the SSD (in the slots they are fp32, as CPU Adam needs)."""
         self.rounding_step = 0
         """The optimizer step whose moments are written (bounded_stage3 sets it): 16-bit moments' rounding noise."""
         self.counters = counters
         n = windows.optimizer_chunk_numel
         self.chunk_numel = n
+        self.moment_upper_byte = 2 * n
+        """Where 16-bit moments are read into a slot's fp32 moment buffer: its upper half (O_DIRECT-aligned)."""
         staging_bytes = zero.align_up(2 * n * self.elem_bytes, zero.PAGE_BYTES)
         self.slots = [Slot(master=allocator.empty(n, torch.float32), exp_avg=allocator.empty(n, torch.float32),
                            exp_avg_sq=allocator.empty(n, torch.float32), grad=allocator.empty(n, torch.float32),
@@ -337,10 +338,10 @@ class OptimizerPipeline:
 
     def _submit_moment_reads(self, ci: int, slot: Slot) -> None:
         """exp_avg / exp_avg_sq of chunk ci into the slot; 16-bit moments land in the upper half of each fp32 buffer
-        (from byte 2 x chunk_numel: O_DIRECT-aligned) and _complete widens them."""
+        (moment_upper_byte) and _complete widens them."""
         n = self.chunks[ci].numel
         mb = self.moment_bytes
-        upper = 0 if mb == 4 else 2 * self.chunk_numel
+        upper = 0 if mb == 4 else self.moment_upper_byte
         for name, t in (("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq)):
             slot.pending.append(self.store.submit("r", t.data_ptr() + upper, n * mb, self.state_key(ci, name), 0))
         self.counters.optimizer_read_bytes += 2 * n * mb
@@ -359,7 +360,7 @@ class OptimizerPipeline:
             raise first
         if slot.widen:
             for t in (slot.exp_avg, slot.exp_avg_sq):
-                native.bf16_widen_tensor(t, slot.widen, 2 * self.chunk_numel)
+                native.bf16_widen_tensor(t, slot.widen, self.moment_upper_byte)
             slot.widen = 0
 
     # -- writes -----------------------------------------------------------------------------------------

@@ -44,7 +44,6 @@ _NATIVE_NAMES = frozenset(
         "crc32c_at",
         "crc32c_chunks",
         "crc32c_backend",
-        "sr_noise",
     }
 )
 SCAN_DTYPES = ("float16", "bfloat16", "float32")

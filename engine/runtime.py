@@ -261,11 +261,11 @@ class Installed:
                 self.ctx.declare_zero = self.store.declare_zero
                 aio.patch_aio_builders(self.patches, DirectNvmeBuilder(self.store, self.allocator))
                 if o.streaming and self.opt_nvme:
-                    import torch
+                    from memascend_cli.planner.job import MOMENT_BYTES
 
                     self.ctx.store = self.store
                     self.ctx.windows = self.windows()
-                    self.ctx.moments_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[o.optimizer_moments]
+                    self.ctx.moment_bytes = MOMENT_BYTES[o.optimizer_moments]
                     if o.overlap_optimizer:
                         from memascend_engine.overlap import OverlapCounters
 

@@ -98,11 +98,11 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
             lines.append(f"- {model}: memascend's peak system memory {', '.join(vs)}.")
         for name, doc in by_run.items():
             for r in doc["runs"]:
-                ov = next((s.get("overlap") for s in (r.get("engine_stats") or [])[:1]), None)
+                ov = ((r.get("engine_stats") or [{}])[0] or {}).get("overlap")
                 if not ov:
                     continue
                 norms = ", ".join(f"{g:.2f}" for g in r.get("grad_norms") or [])
-                clip = (doc["runs"][0].get("config") or {}).get("gradient_clipping", "DeepSpeed's default 1.0")
+                clip = (r.get("config") or {}).get("gradient_clipping", "DeepSpeed's default 1.0")
                 lines.append(f"- {model} {name}, the optimizer overlapped with backward: "
                              f"{ov.get('steps_committed', 0)} step(s) committed, {ov.get('steps_redone', 0)} redone, "
                              f"{ov.get('steps_rolled_back', 0)} rolled back, {ov.get('steps_not_speculated', 0)} not "
@@ -115,18 +115,23 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
     return rows, lines
 
 
+def _failed_step(r: dict) -> int:
+    """The step a failed run died in: the one after its last recorded loss."""
+    return len(r.get("losses") or []) + 1
+
+
 def _failed_row(model: str, name: str, r: dict, p: dict) -> list[str]:
     """A run that failed: its peak until then next to the plan's."""
     peak = r.get("peak_system_bytes")
-    return ([f"{model} {name}: failed at step {len(r.get('losses') or []) + 1}", gib(peak),
+    return ([f"{model} {name}: failed at step {_failed_step(r)}", gib(peak),
              gib(p["host_peak_bytes_per_rank"]),
              pct(100.0 * (p["host_peak_bytes_per_rank"] / peak - 1)) if peak else "-"]
             + ["-"] * (len(HEADER) - 4))
 
 
 def _failed_line(model: str, name: str, r: dict, p: dict) -> str:
-    planned = [e for e in p.get("config_errors") or []]
-    return (f"- {model} {name} failed at step {len(r.get('losses') or []) + 1}: `{r.get('error') or '?'}`. "
+    planned = p.get("config_errors") or []
+    return (f"- {model} {name} failed at step {_failed_step(r)}: `{r.get('error') or '?'}`. "
             + (f"Today's plan of its config predicts it: {planned[0]}." if planned else
                "Today's plan of its config does not predict it."))
 

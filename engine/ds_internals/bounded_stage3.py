@@ -104,7 +104,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 ctx.store, ctx.pinned_allocator or plain_allocator(), ctx.windows, self._ma_chunks,
                 self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
                 counters=ctx.io, grad_written=self._ma_stream.written,
-                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/", moments_dtype=ctx.moments_dtype)
+                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/", moment_bytes=ctx.moment_bytes)
             self._ma_overflow_local = False
             self._ma_param_pos = {p.ds_id: (g, j) for g, group in enumerate(self.fp16_groups)
                                   for j, p in enumerate(group)}

@@ -38,8 +38,9 @@ class PluginContext:
     """zero.EngineWindows when the bounded engine (gradient streaming + optimizer pipeline) is on, else None."""
     io: Any = None
     """memascend_engine.bounded.IOCounters of the bounded engine."""
-    moments_dtype: Any = None
-    """torch dtype of Adam's exp_avg / exp_avg_sq on the SSD (EngineOptions.optimizer_moments) for the bounded engine."""
+    moment_bytes: int = 4
+    """Bytes per element of Adam's exp_avg / exp_avg_sq on the SSD for the bounded engine
+    (EngineOptions.optimizer_moments, memascend_cli.planner.job.MOMENT_BYTES)."""
     overlap: Any = None
     """memascend_engine.overlap.OverlapCounters when the optimizer overlaps backward (EngineOptions.overlap_optimizer),
     else None."""

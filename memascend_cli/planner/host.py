@@ -96,7 +96,7 @@ def host_items(c: Context) -> list[Item]:
         add_pinned("host/param_swap_pool", "P1 parameter swap pool", raw, c.pin_swap_pool(raw),
                    formula=f"buffer_count {k.param_buffer_count} x A(buffer_size {buffer_size:,}, {c.a_p}) x {E} B",
                    source="runtime/swap_tensor/partitioned_param_swapper.py _configure_aio (lines 100-125)")
-        _param_buffer_failure(c, job)
+        _param_buffer_failure(c)
     else:
         raw, desc = adaptive_param_pool(c)
         add_pinned("host/param_swap_pool", "parameter pools (size classes)", raw, c.pin_swap_pool(raw),
@@ -351,7 +351,7 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
     return out
 
 
-def _param_buffer_failure(c: Context, job) -> None:
+def _param_buffer_failure(c: Context) -> None:
     """Stock's parameter swap buffers run out at step 2 when NVMe partitions are kept for reuse (param_buffers.py)."""
     k = c.k
     if k.max_reuse_distance <= 0 or c.ns <= k.max_in_cpu:
@@ -363,7 +363,7 @@ def _param_buffer_failure(c: Context, job) -> None:
     head, layer, tail = layer_template(c.m)
     last = max(i for i, t in enumerate(layer) if t.role not in ("norm", "bias"))
     order = param_buffers.trace(len(head), len(layer), c.m.num_hidden_layers, len(tail),
-                                recompute=job.checkpointing != "none", last_module=last)
+                                recompute=c.job.checkpointing != "none", last_module=last)
     found = param_buffers.failure(part.full_numels, nvme, order, buffer_count=k.param_buffer_count,
                                   persistent_below=k.param_persistence_threshold,
                                   max_reuse_distance=k.max_reuse_distance)

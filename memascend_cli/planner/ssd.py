@@ -7,6 +7,7 @@ from memascend_cli.planner.context import Context
 from memascend_cli.planner.job import MOMENT_BYTES
 from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES
 
+
 def state_bytes_per_elem(c: Context) -> int:
     """SSD bytes of the fp32 master and the two Adam moments per element: 12, or 8 with memascend's bf16 moments
     (EngineOptions.optimizer_moments; stock keeps fp32 states, optimizer_utils.py)."""

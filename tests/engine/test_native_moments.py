@@ -19,7 +19,7 @@ SIZES = [1, 2, 4095, 4096, 4097, 12289, 65537]
 
 
 def _noise(n: int, seed: int) -> np.ndarray:
-    """moments.cpp sr_noise for indices 0..n-1, in numpy's wrapping uint32 arithmetic."""
+    """csrc/moments.cpp's sr_noise for indices 0..n-1, in numpy's wrapping uint32 arithmetic."""
     with np.errstate(over="ignore"):
         h = np.arange(n, dtype=np.uint32) * np.uint32(0x9E3779B1) ^ np.uint32(seed)
         h ^= h >> np.uint32(16)
