@@ -36,6 +36,7 @@ def wheel_venv(tmp_path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its peaks are machine-wide (MemTotal - MemAvailable): the other worker's jobs move them
 def test_tiny_bench_from_an_installed_wheel(tmp_path):
     require_async_io()
     py = wheel_venv(tmp_path)
