@@ -91,12 +91,18 @@ def comparisons(doc: dict) -> list[str]:
     lines = []
     for ref in ("stock", "tuned"):
         for name, c in (doc.get(f"vs_{ref}") or {}).items():
-            if name.startswith("memascend") or (ref == "stock" and name == "tuned"):
+            if name.startswith("memascend") or (ref == "stock" and name == "tuned") or name.startswith("tuned-"):
                 st = c["step_time_change_percent"]
                 lines.append(f"- {name}: **{c['peak_reduction_percent']:.1f}% less** peak system memory than {ref}"
                              + ("" if st is None else f", step time {st:+.1f}%"))
     # Ablation runs against full memascend: what switching one technique off changes.
     full = next((r for r in doc["runs"] if r["name"] == "memascend" and r["ok"]), None)
+    # memascend against tuned given an environment of its own (runs.ENV_RUNS): system peak and the rank's own.
+    for r in doc["runs"]:
+        if full is not None and r["ok"] and r["name"].startswith("tuned-"):
+            lines.append(f"- memascend against {r['name']}: "
+                         f"{100.0 * (1 - full['peak_system_bytes'] / r['peak_system_bytes']):.1f}% less peak system "
+                         f"memory, {100.0 * (1 - full['ru_maxrss_bytes'] / r['ru_maxrss_bytes']):.1f}% less ru_maxrss")
     for r in doc["runs"]:
         if full is not None and r["ok"] and r["name"].startswith("memascend-no-"):
             dpeak = 100.0 * (r["peak_system_bytes"] - full["peak_system_bytes"]) / full["peak_system_bytes"]

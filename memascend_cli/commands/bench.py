@@ -84,7 +84,9 @@ def bench_command(
                                     "2GiB. Default: what full overlap needs.", rich_help_panel=_J, show_default=False),
     runs: str = typer.Option("stock,tuned,memascend", "--runs", help="Comma list of stock (DeepSpeed as its docs "
                              "configure it), tuned (stock given every stock knob memascend sets), memascend, "
-                             "memascend-no-X (one technique off, e.g. memascend-no-verify_checksums).",
+                             "memascend-no-X (one technique off, e.g. memascend-no-verify_checksums), "
+                             "memascend-bf16_moments, tuned-glibc_threshold (tuned with glibc's mmap threshold "
+                             "fixed at 1 MiB by GLIBC_TUNABLES, the engine's allocator policy).",
                              rich_help_panel=_R),
     ablation: bool = typer.Option(False, "--ablation", help="Add one memascend run per technique switched off "
                                   "(everything else identical; tuned is the 'knobs only' row).", rich_help_panel=_R),

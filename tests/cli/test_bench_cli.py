@@ -156,6 +156,9 @@ def test_parse_runs():
     # An opt-in: memascend with Adam's moments in bf16 on the SSD; planned with them too.
     (bf16,) = R.parse_runs("memascend-bf16_moments", False)
     assert bf16 == R.RunSpec("memascend-bf16_moments", "memascend", moments="bf16")
+    # tuned with the engine's glibc policy as an environment variable: tuned's config, its own child environment.
+    (glibc,) = R.parse_runs("tuned-glibc_threshold", False)
+    assert (glibc.mode, dict(glibc.env)) == ("tuned", {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1048576"})
     spec = load_model("tiny-llama")
     cfg = configs.build_ds_config("memascend", spec, micro_batch=1, dtype="fp32", nvme_dir="/x", ranks=1)
     job, _ = configs.plan_job("memascend", cfg, spec, seq_len=64, micro_batch=1, dtype="fp32", ranks=1,
