@@ -149,7 +149,7 @@ def _div(work: float, rate: float | None) -> float | None:
 def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_per_s: float | None,
               write_bytes_per_s: float | None, optimizer_elems: int, cpu_cores: int, tokens_per_step: int,
               pipelined_optimizer: bool = False, grad_accum: int = 1, elem_bytes: int = 2, duplex_io: bool = False,
-              sub_group_elems: int | None = None, overlap_window: float = 0.0) -> StepTime:
+              sub_group_elems: int | None = None, overlap_window: float = 0.0, tail_elems: int = 0) -> StepTime:
     """The step time of `engine` (stock, tuned or memascend) for one rank.
 
     `duplex_io`: reads and writes have budgets of their own (`bench --ssd-bandwidth`: the kernel throttles each
@@ -172,7 +172,10 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
       read + write time (unless `duplex_io`).
     - memascend with the optimizer overlapped with backward (`overlap_window`: the share of forward + backward that
       is the last micro-batch's backward, memascend_engine.overlap): each chunk is stepped as its gradients are
-      reduced, so the optimizer's I/O runs beside that backward, and its Adam on the thread that drives it.
+      reduced, so the optimizer's I/O runs beside that backward, and its Adam on the thread that drives it. The
+      chunks of the `tail_elems` whose gradients come last (the input embedding: backward ends with it, and a tied
+      LM head's gradient completes only then) have nothing left to hide behind: they are read, stepped and written
+      after backward, their reads, Adam and writes pipelined with each other.
     """
     rd, wr = dict(traffic.read_bytes), dict(traffic.write_bytes)
     bounded = engine == "memascend"
@@ -209,10 +212,14 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         overlap = "forward/backward: compute + SSD (CPU accelerator)"
     if bounded and overlap_window > 0:
         w = min(1.0, overlap_window)
-        io = max(z(fb_r) * w + z(op_r), z(fb_w) * w + z(op_w)) if duplex_io else fb_io * w + op_io
-        # The step is what precedes the last backward plus the longer of (that backward + Adam) and its I/O.
-        opt = max(fb * w + adam, io) - fb * w
-        overlap += "; optimizer: during the last backward, max(backward + Adam, SSD)"
+        t = min(1.0, tail_elems / optimizer_elems) if optimizer_elems else 0.0
+        o_r, o_w, o_adam = z(op_r) * (1 - t), z(op_w) * (1 - t), adam * (1 - t)
+        io = max(z(fb_r) * w + o_r, z(fb_w) * w + o_w) if duplex_io else fb_io * w + o_r + o_w
+        tail = max(z(op_r) * t, z(op_w) * t, adam * t) if duplex_io else max((z(op_r) + z(op_w)) * t, adam * t)
+        # The step is what precedes the last backward plus the longer of (that backward + Adam) and its I/O, then
+        # the chunks whose gradients come last.
+        opt = max(fb * w + o_adam, io) - fb * w + tail
+        overlap += "; optimizer: during the last backward, max(backward + Adam, SSD), then the embedding's chunks"
     elif duplex_io and (bounded or pipelined_optimizer):
         opt = max(z(op_r), z(op_w), adam)
         overlap += "; optimizer: max(SSD read, SSD write, Adam) (separate read / write budgets)"
@@ -290,7 +297,8 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype], duplex_io=duplex_io,
             sub_group_elems=job.knobs.sub_group_size if job.knobs else None,
             overlap_window=(backward_share(job.checkpointing) / ga
-                            if name == "memascend" and job.streaming and job.overlap_optimizer else 0.0))
+                            if name == "memascend" and job.streaming and job.overlap_optimizer else 0.0),
+            tail_elems=job.model.vocab_size * job.model.hidden_size // max(1, est.world_size))
     return out
 
 

@@ -82,6 +82,24 @@ def test_overlapped_optimizer_runs_beside_the_last_backward():
     assert tm.backward_share("none") == pytest.approx(2 / 3) and tm.backward_share("offload") == 0.75
 
 
+def test_the_embeddings_chunks_are_stepped_after_backward():
+    """The chunks whose gradients come last (tail_elems: the input embedding) cannot hide behind backward: their
+    reads, Adam and writes follow it. Where backward's compute binds the window that adds their time; where the I/O
+    binds it, the same bytes move either way."""
+    kw = dict(flops=40e9, device=tm.cpu_device(1.0, "t"), read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+              optimizer_elems=1000, cpu_cores=1, tokens_per_step=100, duplex_io=True, overlap_window=0.75)
+    tr = _traffic(params=3e9, states=12e9, grads=0)
+    fb = 40 + 3
+    none = tm.step_time("memascend", traffic=tr, **kw)
+    tail = tm.step_time("memascend", traffic=tr, tail_elems=250, **kw)  # a quarter of the optimizer's elements
+    assert none.step_s == pytest.approx(fb)  # everything hid behind the 32.25 s of the last backward
+    assert tail.step_s == pytest.approx(fb + 0.25 * (12 + 1))  # the quarter's writes (states + params) after it
+    io_bound = _traffic(params=3e9, states=120e9, grads=0)
+    # (to within the window's reads, which the other direction then hides: 133.25 against 133.0 s)
+    assert tm.step_time("memascend", traffic=io_bound, tail_elems=250, **kw).step_s == \
+        pytest.approx(tm.step_time("memascend", traffic=io_bound, **kw).step_s, rel=0.01)
+
+
 def test_cpu_accelerator_adds_fetches_to_compute():
     tr = _traffic(params=3e9)
     cpu = _step("tuned", tr, gflops=1.0)
