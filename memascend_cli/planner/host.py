@@ -303,14 +303,22 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         head = params + loss_bwd + kept
         copies = flush_copies(c)
         flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
-        working = max(head, flush)
+        # A tied LM head / input embedding: autograd sums a leaf's gradients in its input buffer before the
+        # AccumulateGrad node runs (torch/csrc/autograd/input_buffer.cpp), so the LM head's gradient waits there
+        # through the whole backward and meets the embedding's dense gradient at its end, beside the gathered matrix.
+        # That dense gradient is V x h x 4 B for a 16-bit matrix too (torch 2.13 on the CPU, measured: 0.93 GB for
+        # a 151,936 x 1,536 bf16 embedding's backward).
+        vocab = c.m.vocab_size * c.m.hidden_size
+        tied = vocab * (2 * c.E + max(c.E, 4)) if c.m.tie_word_embeddings else 0
+        working = max(head, flush, tied)
         # Its blocks below the mmap threshold first fill the heap zero.Init left free (counted there already).
         reused = min(zero_init_heap, backward_heap, working)
         add("host/compute/forward_backward", "forward/backward working set", working - reused,
             f"max(gathered params {params:,} + loss backward {loss_bwd:,} (b*s*V*(E + 8), or b*s*V*(E + 4) + "
             f"the lm_head gradient) + activations kept for backward {kept:,}, gathered params + their grads "
             f"{gathered:,} + activations "
-            f"{by_key['activations'].bytes:,} + {copies} bucket copies {copies * c.E * bucket:,})"
+            f"{by_key['activations'].bytes:,} + {copies} bucket copies {copies * c.E * bucket:,}"
+            + (f", tied embedding at the end of backward: its matrix + 2 gradients {tied:,}" if tied else "") + ")"
             + (f" - heap blocks placed in zero.Init's free heap {reused:,}" if reused else ""),
             "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced "
             "(torch.cat) + torch ProcessGroupGloo reduce_scatter_tensor (input copy)", "backward")

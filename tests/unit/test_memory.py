@@ -176,12 +176,28 @@ def test_cpu_bucket_flush_holds_two_copies_of_the_bucket():
     """torch.cat of the bucket plus gloo's copy of its input (tests/integration/test_planner_assumptions.py)."""
     small = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=10**7)
     big = replace(zero.DEEPSPEED_DEFAULTS, reduce_bucket_size=3 * 10**7)
-    # seq 16: the flush, not the loss backward, is the larger moment
+    # seq 16: the flush, not the loss backward, is the larger moment (an untied model: no tied-embedding moment)
     # zero_init off: the zero.Init heap the backward reuses is tested on its own below
-    fb = [estimate(job("qwen2.5-0.5b", seq_len=16, dtype="fp32", checkpointing="full", knobs=k, zero_init=False), CPU,
-                   "stock")
+    fb = [estimate(job("bench-llama-136m", seq_len=16, dtype="fp32", checkpointing="full", knobs=k, zero_init=False),
+                   CPU, "stock")
           .item("host/compute/forward_backward").bytes for k in (small, big)]
     assert fb[1] - fb[0] == 2 * 4 * 2 * 10**7
+
+
+def test_tied_embedding_holds_two_gradients_at_the_end_of_backward():
+    """A tied matrix's LM-head gradient waits in autograd's input buffer until the embedding's dense gradient (V x h
+    x 4 B, for a 16-bit matrix too) arrives at the end of backward, beside the gathered matrix
+    (docs/bench/ssd-bound/llama-3.2-1b-...-noclip-memascend.json peaks there)."""
+    m = load_preset("qwen2.5-0.5b")
+    assert m.tie_word_embeddings
+    V_h = m.vocab_size * m.hidden_size
+    for dtype, per_elem in (("fp32", 3 * 4), ("bf16", 2 * 2 + 4)):
+        tied = estimate(job("qwen2.5-0.5b", seq_len=16, dtype=dtype, checkpointing="full", zero_init=False), CPU,
+                        "memascend").item("host/compute/forward_backward")
+        assert tied.bytes == V_h * per_elem, dtype  # the larger moment at seq 16
+        untied = estimate(JobSpec(model=replace(m, tie_word_embeddings=False), seq_len=16, dtype=dtype,
+                                  checkpointing="full", zero_init=False), CPU, "memascend")
+        assert untied.item("host/compute/forward_backward").bytes < tied.bytes
 
 
 def test_loss_backward_counts_gathered_params_but_no_gradients():
