@@ -56,7 +56,8 @@ def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
     ablated = {f"{ABLATION_PREFIX}{t}": t for t in TECHNIQUES}
     bad = [n for n in names if n not in MODES and n not in ablated and n not in OPT_IN_RUNS and n not in ENV_RUNS]
     if bad:
-        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES + tuple(OPT_IN_RUNS) + tuple(ENV_RUNS)) +
+        named = MODES + tuple(OPT_IN_RUNS) + tuple(ENV_RUNS)
+        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(named) +
                        f", or {ABLATION_PREFIX}X with X one of " + ", ".join(TECHNIQUES))
     if len(set(names)) != len(names):
         raise BadInput("--runs names a run twice", "list each of " + ", ".join(MODES) + " at most once")
