@@ -97,7 +97,7 @@ def comparisons(doc: dict) -> list[str]:
                              + ("" if st is None else f", step time {st:+.1f}%"))
     # Ablation runs against full memascend: what switching one technique off changes.
     full = next((r for r in doc["runs"] if r["name"] == "memascend" and r["ok"]), None)
-    # memascend against tuned given an environment of its own (runs.ENV_RUNS): system peak and the rank's own.
+    # memascend against tuned given an environment of its own (runs.NAMED_RUNS): system peak and the rank's own.
     for r in doc["runs"]:
         if full is not None and r["ok"] and r["name"].startswith("tuned-"):
             lines.append(f"- memascend against {r['name']}: "

@@ -217,10 +217,10 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     args += list(extra_args or [])
     if region is not None:
         args += ["--region", region]
-    env = {**child_env(run.mode, cfg, os.environ, accelerator=accelerator), **dict(run.env),
-           lifeline.ENV: lifeline.token()}
+    run_env = dict(run.env)
+    env = {**child_env(run.mode, cfg, os.environ, accelerator=accelerator), **run_env, lifeline.ENV: lifeline.token()}
     res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
-                                   "MEMASCEND_VERIFY_CHECKSUMS", *ENGINE_ENV, *dict(run.env)) if k in env}
+                                   "MEMASCEND_VERIFY_CHECKSUMS", *ENGINE_ENV, *run_env) if k in env}
     task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
 
     def tick(waited_s, spread):

@@ -19,14 +19,14 @@ LOSSES = ("chunked", "hf")
 """A bench job's loss: `chunked` (memascend_engine.chunked_loss, no b x s x V logits) or `hf` (transformers' own)."""
 ABLATION_PREFIX = "memascend-no-"
 """Run name of memascend with one technique off: memascend-no-<technique>."""
-OPT_IN_RUNS = {"memascend-bf16_moments": "bf16"}
-"""memascend with an opt-in switched on: run name -> EngineOptions.optimizer_moments."""
-ENV_RUNS = {"tuned-glibc_threshold": ("tuned", (("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1048576"),))}
-"""A mode run with environment variables of its own: run name -> (mode, variables). tuned-glibc_threshold is tuned
-stock with glibc's mmap threshold fixed at 1 MiB through glibc's own tunable, no code: the allocator policy the
-memascend engine sets with mallopt (memascend_engine.ds_internals.allocator.MMAP_THRESHOLD_BYTES) given to stock
-DeepSpeed, to measure how much of memascend's lead over tuned that one variable closes. The plan of such a run is
-its mode's (the planner models DeepSpeed under glibc's default policy)."""
+NAMED_RUNS = {"memascend-bf16_moments": ("memascend", {"moments": "bf16"}),
+              "tuned-glibc_threshold": ("tuned", {"env": (("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1048576"),)})}
+"""Runs of a mode with something switched on: run name -> (mode, RunSpec fields). memascend-bf16_moments: memascend
+with Adam's moments in bf16 on the SSD (EngineOptions.optimizer_moments). tuned-glibc_threshold: tuned stock with
+glibc's mmap threshold fixed at 1 MiB through glibc's own tunable, no code: the allocator policy the memascend engine
+sets with mallopt (memascend_engine.ds_internals.allocator.MMAP_THRESHOLD_BYTES) given to stock DeepSpeed, to measure
+how much of memascend's lead over tuned that one variable closes. Each run is planned as its mode (the planner models
+DeepSpeed under glibc's default policy)."""
 ACCELERATORS = ("auto", "cpu", "cuda")
 
 
@@ -45,7 +45,7 @@ class RunSpec:
     moments: str = "fp32"
     """memascend's Adam moments on the SSD (EngineOptions.optimizer_moments)."""
     env: tuple[tuple[str, str], ...] = ()
-    """Environment variables the run's child gets on top of its mode's (ENV_RUNS)."""
+    """Environment variables the run's child gets on top of its mode's (NAMED_RUNS)."""
 
 
 def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
@@ -54,16 +54,14 @@ def parse_runs(text: str, ablation: bool) -> list[RunSpec]:
     if not names:
         raise BadInput("--runs is empty", "give e.g. --runs stock,tuned,memascend")
     ablated = {f"{ABLATION_PREFIX}{t}": t for t in TECHNIQUES}
-    bad = [n for n in names if n not in MODES and n not in ablated and n not in OPT_IN_RUNS and n not in ENV_RUNS]
+    bad = [n for n in names if n not in MODES and n not in ablated and n not in NAMED_RUNS]
     if bad:
-        named = MODES + tuple(OPT_IN_RUNS) + tuple(ENV_RUNS)
-        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(named) +
+        raise BadInput(f"unknown run {bad[0]!r}", "runs are " + ", ".join(MODES + tuple(NAMED_RUNS)) +
                        f", or {ABLATION_PREFIX}X with X one of " + ", ".join(TECHNIQUES))
     if len(set(names)) != len(names):
         raise BadInput("--runs names a run twice", "list each of " + ", ".join(MODES) + " at most once")
     runs = [RunSpec(n, "memascend", (ablated[n],)) if n in ablated else
-            RunSpec(n, "memascend", moments=OPT_IN_RUNS[n]) if n in OPT_IN_RUNS else
-            RunSpec(n, ENV_RUNS[n][0], env=ENV_RUNS[n][1]) if n in ENV_RUNS else RunSpec(n, n) for n in names]
+            RunSpec(n, NAMED_RUNS[n][0], **NAMED_RUNS[n][1]) if n in NAMED_RUNS else RunSpec(n, n) for n in names]
     if ablation:
         # The ablation separates config from technique: tuned is "stock + memascend's knobs only", and each
         # memascend-no-X run differs from full memascend in X alone.

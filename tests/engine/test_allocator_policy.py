@@ -14,18 +14,14 @@ from memascend_engine.ds_internals.allocator import MMAP_THRESHOLD_BYTES
 # malloc 2 MiB, free it, malloc 2 MiB again; print the bytes glibc then holds in mmapped chunks (mallinfo2 hblkhd).
 CHILD = """
 import ctypes
+from memascend_engine.procfs import malloc_state
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-libc.mallinfo2.restype = MallInfo2
 n = 2 << 20
 libc.free(libc.malloc(n))
 p = libc.malloc(n)
-print(libc.mallinfo2().hblkhd)
+print(malloc_state()["mmapped_bytes"])
 libc.free(p)
 """
 
