@@ -43,11 +43,14 @@ committed bench documents come from, their steps ran at 175.5 GFLOP/s (tests/uni
 probe, on the same VM shared with other jobs, read 73-119 GFLOP/s; a fraction cannot be fitted on a shared machine,
 so the probe is taken at face value (pessimistic there)."""
 
-THROTTLE_SLICE_S = 0.1
-"""The accounting slice of the kernel's per-cgroup throttle (block/blk-throttle.c DFL_THROTL_SLICE_HD, HZ / 10 on a
-rotational queue such as the bench VM's virtio disk; HZ / 50 on a non-rotational one): each direction's budget is
-bps x the time since its slice started (tg_within_bps_limit), and a slice survives idle gaps shorter than itself, so
-a direction that waits less than a slice for the other one loses none of its budget."""
+THROTTLE_OVERLAP_BURST_S = 0.19
+"""The longest burst one direction can make while the other waits, under a per-direction cgroup throttle, without
+the waiting direction losing budget: block/blk-throttle.c keeps a direction's slice alive for a slice
+(DFL_THROTL_SLICE_HD, HZ / 10 on a rotational queue such as the bench VM's virtio disk) after its last dispatch and
+counts its budget over the elapsed time rounded up to whole slices (tg_within_bps_limit), so a gap of up to about two
+slices costs nothing and a longer one starts a new slice with none. Measured by benchmarks/throttle_bursts.py
+(docs/bench/micro/throttle-bursts.json, 400 MB/s each way): serial read-then-write bursts of 0.19 s or less take as
+long as one direction, of 0.2 s or more as long as both."""
 
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
 
@@ -149,14 +152,14 @@ def _div(work: float, rate: float | None) -> float | None:
 def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_per_s: float | None,
               write_bytes_per_s: float | None, optimizer_elems: int, cpu_cores: int, tokens_per_step: int,
               pipelined_optimizer: bool = False, grad_accum: int = 1, elem_bytes: int = 2, duplex_io: bool = False,
-              sub_group_elems: int | None = None, overlap_window: float = 0.0, tail_elems: int = 0) -> StepTime:
+              sub_group_numels: tuple[int, ...] = (), overlap_window: float = 0.0, tail_elems: int = 0) -> StepTime:
     """The step time of `engine` (stock, tuned or memascend) for one rank.
 
     `duplex_io`: reads and writes have budgets of their own (`bench --ssd-bandwidth`: the kernel throttles each
     direction separately), so reads and writes that overlap (forward / backward's parameter reads and gradient
     writes, the optimizer's) take the longer of the two, and so do
-    stock's serial swap-in / swap-out when a sub-group's write takes less than THROTTLE_SLICE_S
-    (`sub_group_elems`: stock's sub_group_size).
+    stock's serial swap-in / swap-out of the sub-groups whose write takes at most THROTTLE_OVERLAP_BURST_S
+    (`sub_group_numels`: the partition elements of each of stock's optimizer sub-groups).
 
     Phases and overlap:
     - forward + backward: on a GPU the matmuls overlap the parameter fetches (DeepSpeed's prefetch of the next
@@ -226,12 +229,12 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     elif bounded or pipelined_optimizer:
         opt = max(op_io, adam)
         overlap += "; optimizer: max(SSD, Adam)"
-    elif duplex_io and _bursts_within_slice(z(op_w), optimizer_elems, sub_group_elems):
+    elif duplex_io and sub_group_numels:
         # Stock waits for each sub-group's swap-in and swap-out (runtime/swap_tensor/partitioned_optimizer_swapper.py
-        # _swap_out_optimizer_state: aio_handle.wait()), but each wait is shorter than the throttle's slice: the
-        # idle direction keeps its budget and catches up in its next burst.
-        opt = max(z(op_r), z(op_w)) + adam
-        overlap += "; optimizer: max(SSD read, SSD write) + Adam (sub-groups within the throttle's slice)"
+        # _swap_out_optimizer_state: aio_handle.wait()). A sub-group whose write burst is short enough
+        # loses nothing to the wait (the idle direction keeps its budget); a longer one reads, then writes.
+        opt = _serial_swaps(z(op_r), z(op_w), sub_group_numels) + adam
+        overlap += "; optimizer: per sub-group, SSD read then write (their max for short bursts) + Adam"
     else:
         opt = op_io + adam
         overlap += "; optimizer: SSD read + Adam + SSD write"
@@ -248,11 +251,15 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     return StepTime(engine, seconds, fb + opt, tokens_per_step, binding, overlap, unknown)
 
 
-def _bursts_within_slice(write_s: float, optimizer_elems: int, sub_group_elems: int | None) -> bool:
-    """A sub-group's share of the optimizer's write time is below THROTTLE_SLICE_S."""
-    if not sub_group_elems or not optimizer_elems:
-        return False
-    return write_s * min(1.0, sub_group_elems / optimizer_elems) < THROTTLE_SLICE_S
+def _serial_swaps(read_s: float, write_s: float, sub_group_numels: tuple[int, ...]) -> float:
+    """Stock's optimizer I/O under a per-direction throttle: each sub-group's share of the reads and writes, the longer
+    of the two where its write takes at most THROTTLE_OVERLAP_BURST_S, else their sum."""
+    total = sum(sub_group_numels)
+    out = 0.0
+    for n in sub_group_numels:
+        r, w = read_s * n / total, write_s * n / total
+        out += max(r, w) if w <= THROTTLE_OVERLAP_BURST_S else r + w
+    return out
 
 
 def parse_tokens(text: str) -> int:
@@ -295,11 +302,21 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             tokens_per_step=rank_tokens * est.world_size,
             pipelined_optimizer=bool(job.knobs and (job.knobs.pipeline_read or job.knobs.pipeline_write)),
             grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype], duplex_io=duplex_io,
-            sub_group_elems=job.knobs.sub_group_size if job.knobs else None,
+            sub_group_numels=_sub_group_numels(job, est.world_size),
             overlap_window=(backward_share(job.checkpointing) / ga
                             if name == "memascend" and job.streaming and job.overlap_optimizer else 0.0),
             tail_elems=job.model.vocab_size * job.model.hidden_size // max(1, est.world_size))
     return out
+
+
+def _sub_group_numels(job, world_size: int) -> tuple[int, ...]:
+    """Partition elements of each optimizer sub-group of `job` (one parameter group, module order)."""
+    from memascend_cli.planner import zero
+
+    if not job.knobs:
+        return ()
+    parts = [n for n, _ in zero.model_partitions(job.model, world_size)]
+    return zero.sub_group_numels(parts, int(job.knobs.sub_group_size))
 
 
 def time_document(times: dict[str, StepTime], device: Device, *, read_gbps: float | None, write_gbps: float | None,

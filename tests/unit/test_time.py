@@ -186,8 +186,32 @@ def test_a_per_direction_throttle_overlaps_reads_and_writes_where_they_alternate
     assert tm.step_time("memascend", **kw).step_s == pytest.approx(4)  # one drive: read + write
     assert tm.step_time("memascend", duplex_io=True, **kw).step_s == pytest.approx(2)  # separate budgets: the longer
     # Stock waits for every sub-group's swap-in and swap-out: serial, unless a sub-group's write (here 2 GB x 1/1000
-    # at 1 GB/s = 2 ms) is shorter than the throttle's slice, so the waiting direction keeps its budget.
+    # at 1 GB/s = 2 ms) is short enough that the waiting direction keeps its budget.
     adam = 100_000_000 / tm.CPU_ADAM_ELEMS_PER_S_PER_CORE
-    assert tm.step_time("stock", duplex_io=True, sub_group_elems=100_000, **kw).step_s == pytest.approx(2 + adam)
-    one_group = tm.step_time("stock", duplex_io=True, sub_group_elems=10**9, **kw)
-    assert one_group.step_s == pytest.approx(4 + adam) and "SSD read + Adam + SSD write" in one_group.overlap
+    small = (100_000,) * 1000
+    assert tm.step_time("stock", duplex_io=True, sub_group_numels=small, **kw).step_s == pytest.approx(2 + adam)
+    one_group = tm.step_time("stock", duplex_io=True, sub_group_numels=(100_000_000,), **kw)
+    assert one_group.step_s == pytest.approx(4 + adam)
+    # Sub-group by sub-group: a parameter larger than sub_group_size is a sub-group of its own (an embedding), whose
+    # 1 s of writes does not fit; the 1,000 small ones beside it still overlap.
+    mixed = (50_000_000,) + (50_000,) * 1000
+    assert tm.step_time("stock", duplex_io=True, sub_group_numels=mixed, **kw).step_s == pytest.approx(1 + 2 + adam)
+    edge = tm.THROTTLE_OVERLAP_BURST_S
+    groups = (int(edge * 5e7), 100_000_000 - int(edge * 5e7))  # the first one's write takes exactly the edge
+    t = tm.step_time("stock", duplex_io=True, sub_group_numels=groups, **kw).step_s
+    assert t == pytest.approx(edge + 2 * (2 - edge) + adam)  # the first overlaps, the second is serial
+
+
+def test_stock_sub_groups_follow_deepspeeds_grouping():
+    """The time model's sub-groups are DeepSpeed's: parameters in module order, a group closing once it reaches
+    sub_group_size (stage3.py _create_fp16_sub_groups), so an embedding larger than it is a group of its own."""
+    from memascend_cli.planner import zero
+    from memascend_cli.planner.memory import JobSpec
+
+    m = load_model("bench-llama-136m").scaled(8)
+    job = JobSpec(model=m, seq_len=512, micro_batch=1, dtype="fp32", deepspeed_version="0.19.8",
+                  knobs=zero.resolve("tuned", model=m, world_size=1, elem_bytes=4))
+    groups = tm._sub_group_numels(job, 1)
+    assert sum(groups) == m.num_params
+    assert job.knobs.sub_group_size < m.vocab_size * m.hidden_size <= max(groups)
+    assert len(groups) > 8  # every layer's matrices, not one group
