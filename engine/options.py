@@ -22,6 +22,10 @@ class EngineOptions:
     reduce bucket, max_in_cpu, ...) do not depend on this switch: they are config, not technique."""
     fused_overflow: bool = True
     """The ZeRO-3 overflow check uses the native one-pass scan (no per-element temporaries)."""
+    bounded_norm: bool = True
+    """Gradient norms in fp64 pieces of memascend_cli.defaults.NORM_CHUNK_NUMEL elements (needs streaming); off:
+    DeepSpeed's 250M-element pieces, an 8 B x min(250M, partition) temporary at each gradient partition, 2 GB for a
+    billion-scale model's embedding at the end of backward."""
     direct_nvme: bool = True
     """Swap I/O goes to extents of a `memascend prepare-ssd` region; off: one file per tensor."""
     offload_checkpointing: bool = True

@@ -244,7 +244,7 @@ class Installed:
             raise ValueError(f"optimizer_moments={o.optimizer_moments!r} needs the bounded engine: streaming and "
                              "direct_nvme on, the optimizer offloaded to NVMe")
         self.ctx = context.PluginContext(
-            fused_overflow=o.fused_overflow, malloc_trim=o.malloc_trim,
+            fused_overflow=o.fused_overflow, malloc_trim=o.malloc_trim, bounded_norm=o.bounded_norm,
             adam_in_place=o.adam_in_place and use_direct and self.opt_nvme,
             pool_plan_factory=self._param_plan if (o.adaptive_pool and self.param_nvme) else None,
             pinned_allocator=self.allocator if o.pinned else None)

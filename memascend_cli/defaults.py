@@ -32,3 +32,12 @@ allocation, so it has to be in the environment before torch starts). With the en
 tensors are fresh mappings; huge pages cut their page faults and TLB misses 512-fold: bench-llama-136m at 32 layers,
 seq 512, fp32 on the CPU machine ran at 27.0 s/step (45.1 and 40.8 without, in earlier sittings) with the same flat
 peak RSS, 1.40 GiB (docs/results.md, allocator policy experiments)."""
+
+DS_NORM_BUFFER_NUMEL = 250_000_000
+"""Elements DeepSpeed converts to fp64 at a time for a gradient's norm (deepspeed/runtime/zero/stage3.py
+_constant_buffered_norm2, buffer_size default; the norm dtype is fp64 wherever the accelerator has it,
+runtime/zero/utils.py get_norm_dtype): an 8 B x min(this, partition) host temporary per gradient partition."""
+NORM_CHUNK_NUMEL = 1 << 24
+"""The same in the memascend bounded engine (memascend_engine.EngineOptions.bounded_norm): 128 MiB of fp64 at a time,
+where stock's 2 GB temporary is the end of a CPU rank's backward at billion scale (a 128K-250K vocabulary's embedding
+gradient)."""

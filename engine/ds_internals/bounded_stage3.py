@@ -18,8 +18,9 @@ def BoundedStage3Mixin(ctx: PluginContext):
     * _configure_tensor_swapping (839): no OptimizerSwapper and no swap pool; the pipeline's slots are the pool;
     * _setup_for_real_optimizer (761): fp32 placeholders per sub-group, no gradient flat buffer (P5), no
       initialize_optimizer_states gradient buffer; fp32 masters created chunk by chunk on the SSD;
-    * partition_grads (2006): each reduced partition to the SSD in the gradient dtype, its norm (1446) and fp16
-      overflow scan taken as it streams; micro-batches accumulate by reading the partition back;
+    * partition_grads (2006): each reduced partition to the SSD in the gradient dtype, its norm (1446; fp64 in
+      pieces of NORM_CHUNK_NUMEL, not _constant_buffered_norm2's 250M) and fp16 overflow scan taken as it
+      streams; micro-batches accumulate by reading the partition back;
     * step (2873): DeepSpeed's overflow / norm / loss-scale logic, then the pipeline over chunks with the same
       unscale-and-clip (2979) and the same DeepSpeedCPUAdam op calls (ops/adam/cpu_adam.py step) per chunk.
     """
@@ -32,6 +33,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
     from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
     from memascend_engine import bounded, native, overlap
 
+    from memascend_cli.defaults import NORM_CHUNK_NUMEL
     from memascend_cli.planner import zero
 
     class _SwapperFacade:
@@ -259,7 +261,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     grad = self._ma_stream.read(key, grad_partition.numel(), dtype, grad_partition.device)
                     grad.add_(grad_partition.to(dtype).view(grad.shape))
                 if boundary:
-                    self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
+                    self.norm_for_param_grads[self.get_param_id(param)] = self._ma_norm(grad)
                     if self.dtype == torch.float16:
                         self._ma_overflow_local |= self._ma_nonfinite(grad)
                 if spec is not None:
@@ -278,6 +280,13 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     param.grad.record_stream(get_accelerator().current_stream())
                 param.grad = None
             return []
+
+        def _ma_norm(self, grad):
+            # DeepSpeed's own norm, fp64 a NORM_CHUNK_NUMEL piece at a time instead of 250M elements (a 2 GB
+            # temporary for a billion-scale embedding's gradient). Tensors up to that size sum exactly as in stock.
+            if not ctx.bounded_norm:
+                return self._constant_buffered_norm2(grad)
+            return self._constant_buffered_norm2(grad, NORM_CHUNK_NUMEL)
 
         def _ma_nonfinite(self, grad) -> bool:
             if grad.device.type == "cpu" and ctx.fused_overflow and grad.dtype in scan_dtypes_:
@@ -312,7 +321,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                         continue
                     grad = self._ma_stream.read(key, self._ma_stream.written[key] // elem, dtype,
                                                 get_accelerator().current_device_name())
-                    self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad)
+                    self.norm_for_param_grads[self.get_param_id(param)] = self._ma_norm(grad)
                     if self.dtype == torch.float16:
                         self._ma_overflow_local |= self._ma_nonfinite(grad)
 

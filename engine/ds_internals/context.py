@@ -20,6 +20,8 @@ class PluginContext:
     """(elem_bytes, min_aio_bytes, intra_op_parallelism, largest_partition_numel=None) -> zero.PoolPlan, or None
     while the inventory is unknown (no model spec: asked again with the largest real partition); the factory itself
     is None for DeepSpeed's stock pool."""
+    bounded_norm: bool = True
+    """Gradient norms in fp64 pieces of NORM_CHUNK_NUMEL (EngineOptions.bounded_norm), in the bounded engine."""
     pinned_allocator: Any = None
     """Set when the pinned technique is on: the gradient flat buffer is then allocated pinned in place."""
     declare_zero: Callable[[str, int], None] | None = None

@@ -97,6 +97,7 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   grad_accum_steps=int(cfg.get("gradient_accumulation_steps", 1)),
                   checkpointing=ck, deepspeed_version=deepspeed_version, knobs=run_settings(mode, cfg),
                   checkpoint_copies=0, streaming="streaming" not in disabled,
+                  bounded_norm="bounded_norm" not in disabled,
                   accumulate_in_dram="accumulate_in_dram" not in disabled,
                   overlap_optimizer="overlap_optimizer" not in disabled,
                   optimizer_moments=moments if mode == "memascend" else "fp32",
@@ -197,6 +198,9 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
         disabled += ("overlap_optimizer",)  # recorded before the overlap and its reduce bucket (tuned runs too)
     elif run.get("mode") == "memascend" and not speculation_committed(run):
         disabled += ("overlap_optimizer",)  # its steps clipped: not speculated
+    options = ((run.get("engine_stats") or [{}])[0] or {}).get("options") or {}
+    if run.get("mode") == "memascend" and "bounded_norm" not in options:
+        disabled += ("bounded_norm",)  # recorded before the bounded norm: DeepSpeed's 250M-element fp64 pieces
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
                 disabled=disabled, host_budget_bytes=j.get("host_budget_bytes"),

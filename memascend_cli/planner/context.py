@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from memascend_cli.defaults import DS_NORM_BUFFER_NUMEL, NORM_CHUNK_NUMEL
 from memascend_cli.errors import BadInput
 from memascend_cli.models import ModelSpec, numels_roles
 from memascend_cli.planner import zero
@@ -113,6 +114,8 @@ class Context:
         # memascend's bounded engine (memascend_engine.bounded): gradients stream to the SSD, the optimizer runs as a
         # pipeline of chunks; it replaces P2, P4, P5, P7 and the init / fp32-copy transients below.
         self.bounded = self.memascend and job.streaming
+        # Elements of a gradient partition converted to fp64 at a time for its norm.
+        self.norm_chunk = NORM_CHUNK_NUMEL if self.bounded and job.bounded_norm else DS_NORM_BUFFER_NUMEL
         # The optimizer overlapped with backward (memascend_engine.overlap), planned as committing; the gradients go
         # to the SSD only for a possible redo (clipping on, or fp16's loss scale changing).
         self.overlap = self.bounded and job.overlap_optimizer

@@ -305,12 +305,16 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
         # A tied LM head / input embedding: autograd sums a leaf's gradients in its input buffer before the
         # AccumulateGrad node runs (torch/csrc/autograd/input_buffer.cpp), so the LM head's gradient waits there
-        # through the whole backward and meets the embedding's dense gradient at its end, beside the gathered matrix.
-        # That dense gradient is V x h x 4 B for a 16-bit matrix too (torch 2.13 on the CPU, measured: 0.93 GB for
-        # a 151,936 x 1,536 bf16 embedding's backward).
+        # through the whole backward and meets the embedding's dense gradient at its end (the matrix itself is in
+        # the parameter pool).
         vocab = c.m.vocab_size * c.m.hidden_size
-        tied = vocab * (2 * c.E + max(c.E, 4)) if c.m.tie_word_embeddings else 0
-        working = max(head, flush, tied)
+        tied = 2 * c.E * vocab if c.m.tie_word_embeddings else 0
+        # Each reduced gradient partition's norm is taken on an fp64 copy, c.norm_chunk elements at a time
+        # (stage3.py _constant_buffered_norm2, from partition_grads): the largest partition (an embedding's, at the
+        # end of backward) beside that copy and, in the bounded engine, its copy in the gradient dtype.
+        largest = c.part.largest_partition_numel
+        reduce_norm = largest * (c.E + (c.G if c.bounded and c.G != c.E else 0)) + 8 * min(c.norm_chunk, largest)
+        working = max(head, flush, tied, reduce_norm)
         # Its blocks below the mmap threshold first fill the heap zero.Init left free (counted there already).
         reused = min(zero_init_heap, backward_heap, working)
         add("host/compute/forward_backward", "forward/backward working set", working - reused,
@@ -318,10 +322,13 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
             f"the lm_head gradient) + activations kept for backward {kept:,}, gathered params + their grads "
             f"{gathered:,} + activations "
             f"{by_key['activations'].bytes:,} + {copies} bucket copies {copies * c.E * bucket:,}"
-            + (f", tied embedding at the end of backward: its matrix + 2 gradients {tied:,}" if tied else "") + ")"
+            + (f", tied embedding at the end of backward: 2 gradients {tied:,}" if tied else "")
+            + f", largest gradient partition + its fp64 norm copy ({c.norm_chunk:,} elements at a time) "
+              f"{reduce_norm:,})"
             + (f" - heap blocks placed in zero.Init's free heap {reused:,}" if reused else ""),
             "Korthikanti et al. 2205.05198; DeepSpeed runtime/comm/coalesced_collectives.py reduce_scatter_coalesced "
-            "(torch.cat) + torch ProcessGroupGloo reduce_scatter_tensor (input copy)", "backward")
+            "(torch.cat) + torch ProcessGroupGloo reduce_scatter_tensor (input copy); runtime/zero/stage3.py "
+            "_constant_buffered_norm2", "backward")
 
     # -- optimizer step.
     if not c.memascend and job.dtype == "fp16":

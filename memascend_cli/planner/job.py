@@ -55,6 +55,9 @@ class JobSpec:
     streaming: bool = True
     """memascend's bounded engine (gradient streaming + optimizer pipeline); False models DeepSpeed's gradient and
     optimizer path with the engine's other techniques (memascend_engine.EngineOptions.streaming)."""
+    bounded_norm: bool = True
+    """memascend's bounded engine takes gradient norms in fp64 pieces of defaults.NORM_CHUNK_NUMEL
+    (EngineOptions.bounded_norm); False: DeepSpeed's defaults.DS_NORM_BUFFER_NUMEL."""
     accumulate_in_dram: bool = True
     """memascend keeps accumulated gradients in the DRAM a host budget leaves over (EngineOptions.accumulate_in_dram);
     False: every micro-batch's read-modify-write goes through the SSD."""
