@@ -136,8 +136,8 @@ def test_fp16_overflow_skips_exactly_like_stock(tmp_path):
     assert 1 <= r["stats"]["overlap"]["steps_rolled_back"] <= ref["skipped_steps"]
 
 
-@pytest.mark.parametrize("off", ["streaming", "pinned", "adaptive_pool", "fused_overflow", "malloc_trim",
-                                 "adam_in_place"])
+@pytest.mark.parametrize("off", ["streaming", "pinned", "adaptive_pool", "fused_overflow", "bounded_norm",
+                                 "malloc_trim", "adam_in_place"])
 def test_each_technique_switches_off(tmp_path, stock, off):
     r = run(tmp_path, f"off-{off}", "--mode", "engine", "--dtype", "fp32", "--region", make_region(tmp_path, "512MiB"),
             "--off", off, "--overflow-probe")
