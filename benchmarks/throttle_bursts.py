@@ -102,7 +102,7 @@ def main(argv=None) -> int:
            "meta": {"command": "python " + " ".join(["benchmarks/throttle_bursts.py"] + (argv or sys.argv[1:])),
                     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                     "host": platform.node()}}
-    text = json.dumps(doc, indent=1) + "\n"
+    text = json.dumps(doc, separators=(",", ":")) + "\n"  # compact: the repository counts lines
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
