@@ -108,7 +108,7 @@ def main(argv=None) -> int:
             f.write(text)
     else:
         sys.stdout.write(text)
-    for i, rows in enumerate(zip(*runs)):
+    for rows in zip(*runs):
         print(f"{rows[0]['burst_bytes'] // MiB:5d} MiB ({rows[0]['burst_s_at_limit']:.3f} s at the limit): "
               + " ".join(f"{r['over_one_direction']:.2f}" for r in rows), file=sys.stderr)
     return 0

@@ -198,8 +198,7 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
         disabled += ("overlap_optimizer",)  # recorded before the overlap and its reduce bucket (tuned runs too)
     elif run.get("mode") == "memascend" and not speculation_committed(run):
         disabled += ("overlap_optimizer",)  # its steps clipped: not speculated
-    options = ((run.get("engine_stats") or [{}])[0] or {}).get("options") or {}
-    if run.get("mode") == "memascend" and "bounded_norm" not in options:
+    if run.get("mode") == "memascend" and "bounded_norm" not in (_engine_stats(run).get("options") or {}):
         disabled += ("bounded_norm",)  # recorded before the bounded norm: DeepSpeed's 250M-element fp64 pieces
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
@@ -208,12 +207,16 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
                 moments=run.get("optimizer_moments", "fp32"))
 
 
+def _engine_stats(run: dict) -> dict:
+    """The first rank's engine stats of a recorded run ({} for stock, tuned and runs recorded without them)."""
+    return (run.get("engine_stats") or [{}])[0] or {}
+
+
 def speculation_committed(run: dict) -> bool:
     """Most of a recorded memascend run's steps committed the optimizer's overlap with backward (its engine
     counters; memascend_engine.overlap). The plan assumes they do; a run whose gradient norm stayed above the clip
     did not speculate, and is planned as such. Pure."""
-    stats = (run.get("engine_stats") or [{}])[0] or {}
-    o = stats.get("overlap") or {}
+    o = _engine_stats(run).get("overlap") or {}
     done = o.get("steps_committed", 0)
     return done > 0 and done >= o.get("steps_redone", 0) + o.get("steps_not_speculated", 0)
 

@@ -310,13 +310,12 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
 
 
 def _sub_group_numels(job, world_size: int) -> tuple[int, ...]:
-    """Partition elements of each optimizer sub-group of `job` (one parameter group, module order)."""
-    from memascend_cli.planner import zero
+    """Partition elements of each optimizer sub-group of `job` (the planner's partitioning, context.partition)."""
+    from memascend_cli.planner.context import partition
 
     if not job.knobs:
         return ()
-    parts = [n for n, _ in zero.model_partitions(job.model, world_size)]
-    return zero.sub_group_numels(parts, int(job.knobs.sub_group_size))
+    return partition(job.model, world_size, int(job.knobs.sub_group_size)).sub_group_numels
 
 
 def time_document(times: dict[str, StepTime], device: Device, *, read_gbps: float | None, write_gbps: float | None,
