@@ -204,11 +204,18 @@ def main_run(args: argparse.Namespace) -> int:
 def write_summary(kit: Kit, results: dict, t0: float, problems: list[str] | None = None) -> dict:
     summary = {"schema_version": 2, "ok": bool(results) and all(results.values()) and not problems,
                "phases": results, "problems": problems or [], "seconds": round(time.monotonic() - t0, 1),
-               "budget_s": kit.args.budget_s, "call": getattr(kit.args, "call", None), "facts": kit.facts,
+               "budget_s": kit.args.budget_s, "call": getattr(kit.args, "call", None), "run_args": run_args(kit.args),
+               "facts": kit.facts,
                "storage": kit.storage, "steps": [asdict(s) for s in kit.steps], **kit.summary}
     with open(os.path.join(kit.out_dir, "gpu_check.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def run_args(args: argparse.Namespace) -> str:
+    """The `gpu_check.py run` options that decide what was measured (results.md names a hand-chosen run by them)."""
+    return (f"--phases {args.phases} --models {args.models} --runs {args.runs} --seq-len {args.seq_len} "
+            f"--steps {args.steps} --budget-s {args.budget_s:g}")
 
 
 def cleanup(kit: Kit) -> None:
@@ -251,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="here: the calls' output folders merged into docs/bench/gpu/ (results.py)")
     rec.add_argument("folders", nargs="+", help="the folders the device tool copied back, in call order")
     rec.add_argument("--out-dir", default=os.path.join(REPO, "docs", "bench", "gpu"))
+    rec.add_argument("--run-args", default=None,
+                     help="the `run` options of folders whose gpu_check.json predates recording them")
     k = sub.add_parser("call", help="one device call (gpukit/calls.py), setup included; --dry-run anywhere")
     k.add_argument("call", type=int, choices=[x.number for x in CALLS])
     k.add_argument("--dry-run", action="store_true", help="check the inputs and print every command; run nothing")
@@ -265,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "record":
         try:
-            print("wrote", record(args.folders, args.out_dir))
+            print("wrote", record(args.folders, args.out_dir, args.run_args))
         except (OSError, ValueError) as exc:
             print(f"error: {exc}\nhint: pass the folders the device tool copied back (its files_at)", file=sys.stderr)
             return 2

@@ -41,6 +41,16 @@ def _region_probe_text(storage: dict) -> str:
             f"{p.get('best_queue_depth', '?')}, {p.get('backend', '?')})")
 
 
+def _constants_text(constants: dict | None) -> str:
+    if usable(constants):
+        return "the CUDA constants that call measured"
+    if constants:
+        return ("the planner's typical CUDA runtime (the call's constants were measured before a training step, "
+                "schema 1; these runs are the calibration of that typical value, RUNTIME_CUDA_BYTES in "
+                "memascend_cli/planner/host.py, so their memory errors validate nothing)")
+    return "the planner's typical CUDA runtime (RUNTIME_CUDA_BYTES in memascend_cli/planner/host.py; no call measured it)"
+
+
 def _replan(doc: dict, run: dict, constants: dict | None, storage: dict) -> dict:
     """Today's plan of a recorded GPU run: the CUDA constants that call measured and the SSD rates its probe
     measured (the bench's region carries no probe of its own)."""
@@ -72,7 +82,7 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
     storage = bench.get("storage") or {}
     rows, lines = [], []
     for model, by_run in (bench.get("documents") or {}).items():
-        peaks = {}
+        peaks, steps_s = {}, {}
         for name, doc in by_run.items():
             for r in doc["runs"]:
                 p = _replan(doc, r, kit.get("cuda_constants"), storage)
@@ -85,6 +95,7 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
                 bpp = r.get("ssd_bytes_per_param") or {}
                 losses = r.get("losses") or []
                 peaks[name] = r["peak_system_bytes"]
+                steps_s[name] = sps
                 rows.append([f"{model} {name}", gib(r["peak_system_bytes"]), gib(p["host_peak_bytes_per_rank"]),
                              pct(100.0 * (p["host_peak_bytes_per_rank"] / r["peak_system_bytes"] - 1)),
                              gib(r.get("peak_gpu_bytes")), gib(p.get("gpu_peak_bytes")), f"{sps:.2f}",
@@ -96,6 +107,11 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
               if ref in peaks and "memascend" in peaks]
         if vs:
             lines.append(f"- {model}: memascend's peak system memory {', '.join(vs)}.")
+        times = [f"x{steps_s['memascend'] / steps_s[ref]:.2f} {ref}'s" for ref in ("stock", "tuned")
+                 if ref in steps_s and "memascend" in steps_s]
+        if times:
+            lines.append(f"- {model}: memascend's s/step {', '.join(times)} "
+                         f"(one sitting; each the mean of {next(iter(by_run.values()))['job']['steps'] - 1} step(s)).")
         for name, doc in by_run.items():
             for r in doc["runs"]:
                 ov = ((r.get("engine_stats") or [{}])[0] or {}).get("overlap")
@@ -148,7 +164,8 @@ def section_gpu(docs: list) -> str:
         torch = facts.get("torch") or {}
         bench = kit.get("bench") or {}
         storage = bench.get("storage") or {}
-        calls = ", ".join(f"call {c.get('call')}" for c in kit["calls"])
+        calls = ", ".join(f"call {c['call']}" if c.get("call") is not None else
+                          f"`run {c.get('run_args') or '(options not recorded)'}`" for c in kit["calls"])
         out += [f"### {kit['device']}, {kit.get('measured_at', '?')}", "",
                 f"Device calls of `scripts/gpu_check.sh` ({calls}); "
                 f"one {kit['device']}, {facts.get('cpu_count', '?')} cores, "
@@ -167,10 +184,7 @@ def section_gpu(docs: list) -> str:
             out += [f"`memascend bench` per engine, random weights, {j['dtype']}, seq {j['seq_len']}, micro-batch "
                     f"{j['micro_batch']}, {j['steps']} steps, loss {j.get('loss', 'hf')}. Peak = system memory above "
                     "idle; GPU = torch's peak allocated. Plan = today's planner on each run's config with "
-                    + ("the CUDA constants that call measured" if usable(kit.get("cuda_constants")) else
-                       "the planner's typical CUDA runtime (the call's constants were measured before a training "
-                       "step, schema 1; these three runs are the calibration of that typical value, "
-                       "RUNTIME_CUDA_BYTES in memascend_cli/planner/host.py, so their memory errors validate nothing)")
+                    + _constants_text(kit.get("cuda_constants"))
                     + f" and the SSD rates of {ssd_rates(storage)[2]} (the time model's compute is the "
                     f"device table's {(j.get('timing') or {}).get('device_source', '?')}). s/step averages the steps "
                     "after the first.", "", table(HEADER, rows), ""] + lines + [""]

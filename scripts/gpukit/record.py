@@ -43,12 +43,15 @@ def _read(folder: str, name: str):
         return json.load(f)
 
 
-def merge(folders: list[str]) -> dict:
+def merge(folders: list[str], run_args: str | None = None) -> dict:
     """One document from the calls' output folders, in call order (a later call's phase output wins)."""
     doc: dict = {"kind": KIND, "schema_version": SCHEMA_VERSION, "calls": []}
     for folder in folders:
         check = _read(folder, "gpu_check.json") or {}
-        doc["calls"].append({k: check.get(k) for k in ("call", "ok", "phases", "problems", "seconds", "budget_s")})
+        call = {k: check.get(k) for k in ("call", "ok", "phases", "problems", "seconds", "budget_s", "run_args")}
+        if call["call"] is None and not call["run_args"]:
+            call["run_args"] = run_args
+        doc["calls"].append(call)
         doc["facts"] = check.get("facts") or doc.get("facts")
         for key, name in (("bench", "gpu_bench.json"), ("cuda_constants", "cuda_constants.json"),
                           ("tests", "pytest_gpu.xml")):
@@ -72,8 +75,8 @@ def default_name(doc: dict) -> str:
     return f"{device}-{models}-{(doc.get('measured_at') or '?')[:10]}.json"
 
 
-def record(folders: list[str], out_dir: str) -> str:
-    doc = merge(folders)
+def record(folders: list[str], out_dir: str, run_args: str | None = None) -> str:
+    doc = merge(folders, run_args)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, default_name(doc))
     with open(path, "w") as f:

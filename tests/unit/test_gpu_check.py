@@ -410,3 +410,26 @@ def test_record_merges_the_calls_outputs_into_one_compact_document(tmp_path):
     assert by_test["tests.integration.test_b"]["message"] == "could not import 'trl'"
     with pytest.raises(ValueError, match="holds a GPU kit output"):
         record.merge([str(tmp_path / "out")])
+
+
+def test_a_hand_chosen_run_is_recorded_by_its_options(tmp_path):
+    """A `run` (not a numbered call) keeps its options: those it wrote, else the ones given to `record`."""
+    import argparse
+
+    import gpu_check
+    from gpukit import record
+
+    args = argparse.Namespace(phases="setup,bench", models="llama-3.2-1b", runs="tuned,memascend", seq_len=2048,
+                              steps=2, budget_s=530.0)
+    written = gpu_check.run_args(args)
+    assert written == ("--phases setup,bench --models llama-3.2-1b --runs tuned,memascend --seq-len 2048 --steps 2 "
+                       "--budget-s 530")
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir(), old.mkdir()
+    (new / "gpu_check.json").write_text(json.dumps({"call": None, "run_args": written, "facts": {}}))
+    (old / "gpu_check.json").write_text(json.dumps({"call": None, "facts": {}}))
+    for folder in (new, old):
+        (folder / "cuda_constants.json").write_text(json.dumps({"device": "NVIDIA H100", "measured_at": "2026-11-26"}))
+    assert record.merge([str(new)], "--phases other")["calls"][0]["run_args"] == written
+    assert record.merge([str(old)], "--phases bench")["calls"][0]["run_args"] == "--phases bench"
+    assert record.merge([str(old)])["calls"][0]["run_args"] is None
