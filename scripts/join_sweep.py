@@ -32,7 +32,7 @@ def main(argv=None) -> int:
                       "host": metas[0].get("host"),
                       "command": " ; ".join(dict.fromkeys(m.get("command", "?") for m in metas))
                       + " ; python scripts/join_sweep.py"}
-    write_document(result, args.out)
+    write_document(result, args.out, compact=True)
     print(f"wrote {args.out}")
     return 0
 

@@ -126,7 +126,7 @@ def main(argv=None) -> int:
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "host": f"{platform.node()} ({os.cpu_count()} cores)", "examples": results}
     with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump(doc, f, separators=(",", ":"))  # one line: the repository counts tracked lines
         f.write("\n")
     return 0 if not any(r[s]["traceback"] for r in results for s in ("plan", "dry_run")) else 1
 

@@ -46,3 +46,18 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def phase_seconds(run: dict, steps: int) -> dict[str, float] | None:
+    """A bench run's measured forward + backward and optimizer seconds, each the mean over steps 2..`steps` (the
+    bench marks each phase's start: engine/bench_job.py), keyed like planner.time's phases; None without the marks
+    (gradient accumulation marks each micro-batch instead)."""
+    at = {p["name"]: p["at_s"] for p in run.get("phases") or []}
+    fb, opt = [], []
+    for n in range(2, steps + 1):
+        end = at.get(f"step{n + 1}_forward", at.get("finish"))
+        if None in (at.get(f"step{n}_forward"), at.get(f"step{n}_optimizer"), end):
+            return None
+        fb.append(at[f"step{n}_optimizer"] - at[f"step{n}_forward"])
+        opt.append(end - at[f"step{n}_optimizer"])
+    return {"forward+backward": sum(fb) / len(fb), "optimizer": sum(opt) / len(opt)} if fb else None

@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 
-from results_common import gib, pct, table
+from results_common import gib, pct, phase_seconds, table
 
 from memascend_cli.units import GiB
 
@@ -96,6 +96,11 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
                 losses = r.get("losses") or []
                 peaks[name] = r["peak_system_bytes"]
                 steps_s[name] = sps
+                got, planned = phase_seconds(r, doc["job"]["steps"]), t.get("phase_seconds") or {}
+                if got and planned:
+                    lines.append(f"- {model} {name}, seconds measured / planned: " + ", ".join(
+                        f"{k.replace('+', ' + ')} {got[k]:.2f} / {planned[k]:.2f}" for k in got if k in planned)
+                        + ".")
                 rows.append([f"{model} {name}", gib(r["peak_system_bytes"]), gib(p["host_peak_bytes_per_rank"]),
                              pct(100.0 * (p["host_peak_bytes_per_rank"] / r["peak_system_bytes"] - 1)),
                              gib(r.get("peak_gpu_bytes")), gib(p.get("gpu_peak_bytes")), f"{sps:.2f}",

@@ -123,7 +123,8 @@ def section_ssd_bound(runs: list) -> str:
             bpp = r.get("ssd_bytes_per_param")
             rows.append([_limit(doc), name, f"{sps:.2f}", "-" if not plan_s else f"{plan_s:.2f}", pct(err),
                          f"{r['tokens_per_s']:.0f}", "-" if not bpp else f"{bpp['read']:.1f} / {bpp['write']:.1f}",
-                         f"{res.get('compute', 0):.1f} / {res.get('SSD read', 0):.1f} / {res.get('SSD write', 0):.1f}",
+                         " / ".join("?" if res.get(k) is None else f"{res[k]:.1f}"
+                                    for k in ("compute", "SSD read", "SSD write")),
                          t.get("binding", "-"), f"{r['first_step_seconds']:.1f}",
                          "-" if taken is None else f"{taken:.2f} of {cores}",
                          "-" if got_s is None else f"{got_s:.2f} ({pct(100.0 * (got_s - sps) / sps)})",

@@ -129,9 +129,10 @@ def split_timelines(doc: dict) -> tuple[dict, list[dict]]:
     return strip(doc), entries
 
 
-def write_document(doc: dict, path: str) -> dict:
+def write_document(doc: dict, path: str, *, compact: bool = False) -> dict:
     """Write the summary to `path` and its runs' timelines beside it (timeline_path, gzip, a fixed mtime so the same
-    timelines give the same bytes); returns the summary, which names the side file in `timeline_file`."""
+    timelines give the same bytes); returns the summary, which names the side file in `timeline_file`. `compact`:
+    one line (for documents committed to the repository)."""
     summary, timelines = split_timelines(doc)
     side = timeline_path(path)
     summary["timeline_file"] = os.path.basename(side)
@@ -141,7 +142,7 @@ def write_document(doc: dict, path: str) -> dict:
     with open(side, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
         f.write(json.dumps(payload, separators=(",", ":")).encode())
     with open(path, "w") as f:
-        json.dump(summary, f, indent=1)
+        json.dump(summary, f, **({"separators": (",", ":")} if compact else {"indent": 1}))
     return summary
 
 

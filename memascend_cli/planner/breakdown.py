@@ -44,6 +44,10 @@ class Estimate:
     """Settings the engine would reject at start-up (e.g. buffer_size below the largest partition)."""
     traffic: SsdTraffic | None = None
     """SSD bytes moved per optimizer step (see ssd_traffic)."""
+    sub_group_numels: tuple[int, ...] = ()
+    """Partition elements of each optimizer sub-group, with the knobs the engine runs with (the time model's)."""
+    pipelined_optimizer: bool = False
+    """Stock's optimizer swaps overlap Adam (offload_optimizer pipeline_read / pipeline_write)."""
     budget: zero.BudgetPlan | None = None
     """memascend's host budget split (bounded engine only)."""
     budget_error: BadInput | None = None

@@ -56,6 +56,8 @@ def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
     items += nvme_items(c)
     est = Estimate(engine=c.engine, items=items, ranks_per_node=c.ranks, world_size=c.world,
                    compute_on_host=not c.gpu, config_errors=c.config_errors, traffic=ssd_traffic(c), budget=c.budget,
+                   sub_group_numels=c.part.sub_group_numels,
+                   pipelined_optimizer=bool(c.k.pipeline_read or c.k.pipeline_write),
                    budget_error=c.budget_error)
     if not c.gpu:
         est.notes.append("CPU-only job: DeepSpeed runs on the CPU accelerator (gloo); compute memory is host memory")

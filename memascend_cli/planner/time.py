@@ -53,6 +53,7 @@ slices costs nothing and a longer one starts a new slice with none. Measured by 
 long as one direction, of 0.2 s or more as long as both."""
 
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
+PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER = "forward+backward", "optimizer"
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class StepTime:
     unknown: list[str] = field(default_factory=list)
     at_least_s: float | None = None
     """With an SSD rate unknown: the step without that SSD time (step_s is then None: the SSD may well bind)."""
+    phase_s: dict[str, float] = field(default_factory=dict)
+    """The step's two phases: forward + backward, and what follows backward (with the optimizer overlapped, the
+    time its I/O adds to the last backward counts there)."""
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -132,7 +136,8 @@ class StepTime:
         d = {"seconds_per_step": _r(self.step_s), "tokens_per_step": self.tokens_per_step,
              "tokens_per_s": _r(self.tokens_per_s), "binding": self.binding, "overlap": self.overlap,
              "resource_seconds": {k: _r(v) for k, v in self.seconds.items()}, "unknown": list(self.unknown),
-             "seconds_per_step_at_least": _r(self.at_least_s)}
+             "seconds_per_step_at_least": _r(self.at_least_s),
+             "phase_seconds": {k: _r(v) for k, v in self.phase_s.items()}}
         if tokens:
             d["tokens"] = tokens
             d["hours"] = _r(self.hours_for(tokens))
@@ -248,7 +253,8 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         at_least = None if compute is None else fb + opt
         return StepTime(engine, seconds, None, tokens_per_step, "unknown", overlap, unknown, at_least)
     binding = max(known, key=lambda k: known[k])
-    return StepTime(engine, seconds, fb + opt, tokens_per_step, binding, overlap, unknown)
+    return StepTime(engine, seconds, fb + opt, tokens_per_step, binding, overlap, unknown,
+                    phase_s={PHASE_FORWARD_BACKWARD: fb, PHASE_OPTIMIZER: opt})
 
 
 def _serial_swaps(read_s: float, write_s: float, sub_group_numels: tuple[int, ...]) -> float:
@@ -300,22 +306,14 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             optimizer_elems=est.traffic.params_per_rank,
             cpu_cores=max(1, cpu_cores // ranks),
             tokens_per_step=rank_tokens * est.world_size,
-            pipelined_optimizer=bool(job.knobs and (job.knobs.pipeline_read or job.knobs.pipeline_write)),
+            # The sub-groups and pipelining the engine runs with (tuned: memascend's knobs on the job's).
+            pipelined_optimizer=est.pipelined_optimizer,
             grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype], duplex_io=duplex_io,
-            sub_group_numels=_sub_group_numels(job, est.world_size),
+            sub_group_numels=est.sub_group_numels,
             overlap_window=(backward_share(job.checkpointing) / ga
                             if name == "memascend" and job.streaming and job.overlap_optimizer else 0.0),
             tail_elems=job.model.vocab_size * job.model.hidden_size // max(1, est.world_size))
     return out
-
-
-def _sub_group_numels(job, world_size: int) -> tuple[int, ...]:
-    """Partition elements of each optimizer sub-group of `job` (the planner's partitioning, context.partition)."""
-    from memascend_cli.planner.context import partition
-
-    if not job.knobs:
-        return ()
-    return partition(job.model, world_size, int(job.knobs.sub_group_size)).sub_group_numels
 
 
 def time_document(times: dict[str, StepTime], device: Device, *, read_gbps: float | None, write_gbps: float | None,

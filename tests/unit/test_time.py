@@ -204,14 +204,20 @@ def test_a_per_direction_throttle_overlaps_reads_and_writes_where_they_alternate
 
 def test_stock_sub_groups_follow_deepspeeds_grouping():
     """The time model's sub-groups are DeepSpeed's: parameters in module order, a group closing once it reaches
-    sub_group_size (stage3.py _create_fp16_sub_groups), so an embedding larger than it is a group of its own."""
+    sub_group_size (stage3.py _create_fp16_sub_groups), so an embedding larger than it is a group of its own. They
+    are the engine's own: tuned runs with memascend's sub_group_size whatever the job's knobs say (the plan's job
+    carries stock's, DeepSpeed's default of one group)."""
+    from memascend_cli.hardware import load_hardware_profile
     from memascend_cli.planner import zero
-    from memascend_cli.planner.memory import JobSpec
+    from memascend_cli.planner.memory import JobSpec, estimate
 
+    hw = load_hardware_profile("rtx4090-128g")
     m = load_model("bench-llama-136m").scaled(8)
-    job = JobSpec(model=m, seq_len=512, micro_batch=1, dtype="fp32", deepspeed_version="0.19.8",
-                  knobs=zero.resolve("tuned", model=m, world_size=1, elem_bytes=4))
-    groups = tm._sub_group_numels(job, 1)
-    assert sum(groups) == m.num_params
-    assert job.knobs.sub_group_size < m.vocab_size * m.hidden_size <= max(groups)
-    assert len(groups) > 8  # every layer's matrices, not one group
+    for knobs_of in ("tuned", "stock"):
+        job = JobSpec(model=m, seq_len=512, micro_batch=1, dtype="fp32", deepspeed_version="0.19.8",
+                      knobs=zero.resolve(knobs_of, model=m, world_size=1, elem_bytes=4))
+        groups = estimate(job, hw, "tuned").sub_group_numels
+        assert sum(groups) == m.num_params
+        assert zero.MEMASCEND_SUB_GROUP_SIZE < m.vocab_size * m.hidden_size <= max(groups)
+        assert len(groups) > 8  # every layer's matrices, not one group
+    assert estimate(job, hw, "stock").sub_group_numels == (m.num_params,)
