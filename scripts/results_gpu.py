@@ -77,7 +77,8 @@ def _replan(doc: dict, run: dict, constants: dict | None, storage: dict) -> dict
             os.environ[measured.ENV] = before
 
 
-def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
+def bench_rows(kit: dict, phase_ratios: dict[str, list[float]] | None = None) -> tuple[list[list[str]], list[str]]:
+    """The table rows and the lines under it; `phase_ratios` collects measured / planned seconds per phase."""
     bench = kit.get("bench") or {}
     storage = bench.get("storage") or {}
     rows, lines = [], []
@@ -97,6 +98,10 @@ def bench_rows(kit: dict) -> tuple[list[list[str]], list[str]]:
                 peaks[name] = r["peak_system_bytes"]
                 steps_s[name] = sps
                 got, planned = phase_seconds(r, doc["job"]["steps"]), t.get("phase_seconds") or {}
+                if got and planned and phase_ratios is not None:
+                    for k in got:
+                        if planned.get(k):
+                            phase_ratios.setdefault(k, []).append(got[k] / planned[k])
                 if got and planned:
                     lines.append(f"- {model} {name}, seconds measured / planned: " + ", ".join(
                         f"{k.replace('+', ' + ')} {got[k]:.2f} / {planned[k]:.2f}" for k in got if k in planned)
@@ -164,6 +169,8 @@ def section_gpu(docs: list) -> str:
                    "bench as device calls; `bash scripts/gpu_check.sh record DIR...` stores their outputs in "
                    "`docs/bench/gpu/`.")
         return "\n".join(out) + "\n"
+    phase_ratios: dict[str, list[float]] = {}
+    summary_at = len(out)
     for path, kit in docs:
         facts = kit.get("facts") or {}
         torch = facts.get("torch") or {}
@@ -183,7 +190,7 @@ def section_gpu(docs: list) -> str:
                 + _region_probe_text(storage) + ". "
                 f"Raw: `{path}`.", ""]
         if bench.get("documents"):
-            rows, lines = bench_rows(kit)
+            rows, lines = bench_rows(kit, phase_ratios)
             first = next(iter(next(iter(bench["documents"].values())).values()))
             j = first["job"]
             out += [f"`memascend bench` per engine, random weights, {j['dtype']}, seq {j['seq_len']}, micro-batch "
@@ -206,4 +213,11 @@ def section_gpu(docs: list) -> str:
             out += [f"`pytest -m gpu`: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
                     + (f" ({'; '.join(skipped)})" if skipped else "") + "."
                     + (f" Failed: {', '.join(failed)}." if failed else ""), ""]
+    if phase_ratios:
+        spans = [f"{k.replace('+', ' + ')} x{min(v):.2f}-{max(v):.2f}" for k, v in phase_ratios.items()]
+        out[summary_at:summary_at] = [
+            f"Measured over planned seconds per phase, every GPU run below ({len(next(iter(phase_ratios.values())))} "
+            f"runs): {', '.join(spans)}. Where forward + backward runs long, the parameter fetches reach less than "
+            "the bandwidth the plan takes (a likely cause, not measured yet: they keep fewer requests in flight than "
+            "the probe's best queue depth).", ""]
     return "\n".join(out) + "\n"

@@ -47,3 +47,18 @@ def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_
     assert tuned[8] == "plan above the cap: as measured"
     doc["runs"][1]["predicted"]["node_host_peak_bytes"] = 11 << 30
     assert results.capped_rows(doc)[1][8] == "**plan below the cap: wrong**"
+
+
+def test_phase_seconds_are_the_mean_of_the_steps_after_the_first():
+    """A run's forward + backward and optimizer seconds from the bench's phase marks (each phase's start)."""
+    _results_module()  # puts scripts/ on sys.path
+    from results_common import phase_seconds
+
+    marks = [("step1_forward", 10.0), ("step1_backward", 11.0), ("step1_optimizer", 12.0),
+             ("step2_forward", 20.0), ("step2_backward", 21.0), ("step2_optimizer", 23.0),
+             ("step3_forward", 30.0), ("step3_backward", 31.5), ("step3_optimizer", 34.0), ("finish", 40.0)]
+    run = {"phases": [{"name": n, "at_s": t} for n, t in marks]}
+    assert phase_seconds(run, 3) == {"forward+backward": 3.5, "optimizer": 6.5}
+    assert phase_seconds(run, 1) is None  # no step after the first
+    accumulated = {"phases": [{"name": "step2.1_forward", "at_s": 1.0}, {"name": "finish", "at_s": 2.0}]}
+    assert phase_seconds(accumulated, 2) is None

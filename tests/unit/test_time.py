@@ -61,6 +61,9 @@ def test_ssd_bound_step_binds_on_the_ssd_and_memascend_overlaps_its_optimizer():
     # Optimizer I/O: 16 GB read + 13 GB written, Adam 0 s: both take the I/O time; forward/backward max(0.1, 3 + 4)
     assert stock.step_s == pytest.approx(7 + 16 + 13)
     assert mem.step_s == pytest.approx(stock.step_s)
+    # The two phases the bench marks, as the plan splits the step.
+    assert stock.phase_s == pytest.approx({tm.PHASE_FORWARD_BACKWARD: 7, tm.PHASE_OPTIMIZER: 16 + 13})
+    assert stock.to_dict()["phase_seconds"] == {"forward+backward": 7.0, "optimizer": 29.0}
 
 
 def test_overlapped_optimizer_runs_beside_the_last_backward():
