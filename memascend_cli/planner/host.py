@@ -300,7 +300,11 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         # autograd frees a layer's saved tensors only when its backward node runs (torch/csrc/autograd/engine.cpp).
         loss_bwd = max(sum(moment) for moment in loss_backward_blocks(c))
         kept = activation_parts(c)[0]
-        head = params + loss_bwd + kept
+        # The gathered matrix there is the LM head; on one CPU rank DeepSpeed gathers nothing (partition_parameters.py
+        # _no_gather_coalesced / NoGatherHandle: param.data = ds_tensor.data.to(cpu), the pool's own tensor).
+        # The flush moment below keeps its gathered term: without it loss-chunked memascend at seq 8192 falls to
+        # -15%, so it stands in for memory not itemised yet.
+        head = (params if c.world > 1 else 0) + loss_bwd + kept
         copies = flush_copies(c)
         flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
         # A tied LM head / input embedding: autograd sums a leaf's gradients in its input buffer before the
