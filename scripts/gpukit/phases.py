@@ -224,7 +224,9 @@ def _region_probe(kit: Kit, path: str) -> dict:
     kit.capture(cli + ["--wipe", f, "--yes"], timeout=60)
     if not probe:
         return {"region_probe": {"error": err.strip()[-300:]}}
-    return {"region_probe": {k: v for k, v in probe.items() if k != "samples"}}
+    # The samples (GB/s per block size and queue depth) stay: the forward / backward parameter fetches keep fewer
+    # requests in flight than the best, and the time model's fetch rate is to be checked against them.
+    return {"region_probe": probe}
 
 
 def phase_probe(kit: Kit) -> bool:

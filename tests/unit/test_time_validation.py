@@ -47,6 +47,10 @@ measured / modelled s/step over the six runs of the calibration document (tuned 
 #   bf16 step on this CPU gets neither; the model has no bf16 CPU rate of its own yet. The same at 400 MB/s on
 #   bench-llama-136m bf16 (ssd-bound/...-bf16-...-overlap-clip10, 2026-11-26): memascend -13% / -11%. And again in
 #   capped/...-bounded-norm (2026-11-26, another VM): memascend 63.2 s/step, the calibrated rate 85 s (+35%).
+# - llama-3.2-1b fp32 under a 12 GiB cap, capped/llama-...-bounded-norm (2026-11-26, an AMD EPYC VM whose fp32 probe
+#   reads 172 GFLOP/s): 96.0 s/step where the calibrated rate (fitted on the earlier VM) gives 71.0 (-26%); the same
+#   job on that earlier VM ran 81.9 s/step (capped/llama-3.2-1b-fp32-seq1024-cap12gib, within 15%). The capped runs
+#   record no SSD rate, so the test plans them at the calibrated CPU rate, not the machine's own.
 # - unthrottled with the overlap (ssd-bound/...-unthrottled-overlap-clip10, 2026-11-26, no other jobs): stock -30%,
 #   tuned -16%, memascend -34%. The plan's compute (the probe's 144.5 GFLOP/s on both cores) is short of the sitting's
 #   for every engine, as in the earlier unthrottled sittings; memascend's more so: on the CPU its overlapped Adam,
@@ -74,6 +78,8 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                "1024:memascend",
                                                                "qwen2.5-1.5b-bf16-seq1024-cap12gib-bounded-norm.json:"
                                                                "28:1024:memascend",
+                                                               "llama-3.2-1b-fp32-seq1024-cap12gib-bounded-norm.json:"
+                                                               "16:1024:memascend",
                                                                "bench-llama-136m-seq512-fp32-ssd400mbs-ga8.json:8:512:"
                                                                "memascend",
                                                                *(f"{_SSD}unthrottled-overlap-clip10.json:8:512:{run}"
