@@ -48,7 +48,8 @@ def _constants_text(constants: dict | None) -> str:
         return ("the planner's typical CUDA runtime (the call's constants were measured before a training step, "
                 "schema 1; these runs are the calibration of that typical value, RUNTIME_CUDA_BYTES in "
                 "memascend_cli/planner/host.py, so their memory errors validate nothing)")
-    return "the planner's typical CUDA runtime (RUNTIME_CUDA_BYTES in memascend_cli/planner/host.py; no call measured it)"
+    return ("the planner's typical CUDA runtime (RUNTIME_CUDA_BYTES in memascend_cli/planner/host.py; no call "
+            "measured it)")
 
 
 def _replan(doc: dict, run: dict, constants: dict | None, storage: dict) -> dict:
