@@ -214,8 +214,10 @@ def write_summary(kit: Kit, results: dict, t0: float, problems: list[str] | None
 
 def run_args(args: argparse.Namespace) -> str:
     """The `gpu_check.py run` options that decide what was measured (results.md names a hand-chosen run by them)."""
+    clip = getattr(args, "gradient_clipping", None)
     return (f"--phases {args.phases} --models {args.models} --runs {args.runs} --seq-len {args.seq_len} "
-            f"--steps {args.steps} --budget-s {args.budget_s:g}")
+            f"--steps {args.steps} --budget-s {args.budget_s:g}"
+            + ("" if clip is None else f" --gradient-clipping {clip:g}"))
 
 
 def cleanup(kit: Kit) -> None:
@@ -236,6 +238,9 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--runs", default=",".join(BENCH_RUNS), help="bench runs per preset, the most wanted first")
     r.add_argument("--seq-len", type=int, default=2048)
     r.add_argument("--steps", type=int, default=3, help="bench steps per run (s/step averages steps 2..N)")
+    r.add_argument("--gradient-clipping", type=float, default=None,
+                   help="bench: clip at this norm (default DeepSpeed's 1.0; random weights' norms are 5-10, so "
+                        "memascend's overlapped optimizer redoes every step there)")
     r.add_argument("--sweep-seq-lens", default=",".join(map(str, SWEEP_SEQ_LENS)), help="the sweep's contexts")
     r.add_argument("--settle-cap-s", type=float, default=20.0, help="bench: longest wait for memory to settle")
     r.add_argument("--accelerator", default="cuda", choices=["cuda", "cpu"],

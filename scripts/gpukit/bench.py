@@ -126,6 +126,7 @@ def phase_bench(kit: Kit) -> bool:
 def _bench_cmd(kit: Kit, model: str, run: str, seq_len: int, steps: int, out: str) -> list[str]:
     return [kit.py, "-m", "memascend_cli", "bench", "--model", model, "--seq-len", str(seq_len), "--steps", str(steps),
             "--runs", run, "--accelerator", kit.args.accelerator, "--settle-cap", str(kit.args.settle_cap_s),
+            *([] if kit.args.gradient_clipping is None else ["--gradient-clipping", f"{kit.args.gradient_clipping:g}"]),
             "--out", out, "--json"]
 
 

@@ -313,7 +313,7 @@ def test_gpu_peak_comparable_with_the_plan_and_sweep_stops():
 
 
 def test_the_calls_fit_the_device_tool():
-    assert [c.number for c in calls.CALLS] == [1, 2, 3, 4]
+    assert [c.number for c in calls.CALLS] == [1, 2, 3, 4, 5]
     for c in calls.CALLS:
         cmd = c.command()
         assert len(cmd) <= calls.COMMAND_LIMIT_CHARS and cmd.startswith("set -o pipefail;")
@@ -424,6 +424,8 @@ def test_a_hand_chosen_run_is_recorded_by_its_options(tmp_path):
     written = gpu_check.run_args(args)
     assert written == ("--phases setup,bench --models llama-3.2-1b --runs tuned,memascend --seq-len 2048 --steps 2 "
                        "--budget-s 530")
+    assert gpu_check.run_args(argparse.Namespace(**vars(args), gradient_clipping=10.0)).endswith(
+        " --gradient-clipping 10")
     new, old = tmp_path / "new", tmp_path / "old"
     new.mkdir(), old.mkdir()
     (new / "gpu_check.json").write_text(json.dumps({"call": None, "run_args": written, "facts": {}}))
