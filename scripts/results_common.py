@@ -7,6 +7,7 @@ import glob
 import json
 import os
 
+from memascend_cli.planner.time import PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER
 from memascend_cli.units import GiB
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,4 +61,4 @@ def phase_seconds(run: dict, steps: int) -> dict[str, float] | None:
             return None
         fb.append(at[f"step{n}_optimizer"] - at[f"step{n}_forward"])
         opt.append(end - at[f"step{n}_optimizer"])
-    return {"forward+backward": sum(fb) / len(fb), "optimizer": sum(opt) / len(opt)} if fb else None
+    return {PHASE_FORWARD_BACKWARD: sum(fb) / len(fb), PHASE_OPTIMIZER: sum(opt) / len(opt)} if fb else None
