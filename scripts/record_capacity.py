@@ -3,8 +3,9 @@
     memascend bench --capacity seq --layers 8 --loss hf --dram-cap 8GiB --dtype fp32 --settle-cap 30 --out /work/cap/s8g
     python scripts/record_capacity.py /work/cap/s8g cap8gib-seq-fp32 && python scripts/results.py
 
-Keeps capacity.json and each probe's bench.json (written compact) with its memory timeline side file; leaves out the
-regions, swap files, logs and plots. A sitting that did not finish has no capacity.json and is refused.
+Keeps capacity.json and, in one gzip file beside it (probes.json.gz: memascend_cli.bench.document
+.write_recorded_probes), each probe's bench.json and memory timelines; leaves out the regions, swap files, logs and
+plots. A sitting that did not finish has no capacity.json and is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import os
 import shutil
 import sys
+
+from memascend_cli.bench.document import write_recorded_probes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEST = os.path.join(REPO, "docs", "bench", "capacity")
@@ -26,18 +29,9 @@ def record(src: str, name: str) -> str:
     dst = os.path.join(DEST, name)
     shutil.rmtree(dst, ignore_errors=True)
     os.makedirs(dst)
-    shutil.copy(doc_path, dst)
-    for engine in doc["engines"]:
-        for probe in engine["probes"]:
-            rel = os.path.dirname(probe["document"])
-            os.makedirs(os.path.join(dst, rel), exist_ok=True)
-            with open(os.path.join(src, probe["document"])) as f:
-                bench = json.load(f)
-            with open(os.path.join(dst, probe["document"]), "w") as f:
-                f.write(json.dumps(bench, separators=(",", ":")) + "\n")
-            timeline = os.path.join(src, rel, "bench.timeline.json.gz")
-            if os.path.exists(timeline):
-                shutil.copy(timeline, os.path.join(dst, rel))
+    with open(os.path.join(dst, "capacity.json"), "w") as f:
+        f.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    write_recorded_probes(dst, [q["document"] for e in doc["engines"] for q in e["probes"]], src)
     return dst
 
 

@@ -15,7 +15,8 @@ here):
   docs/bench/calibration/*.json     bench runs the planner's constants were fitted on
   docs/bench/validation/*.json      bench runs the planner was NOT fitted on (its error must stay within 10%)
   docs/bench/capped/*.json          `memascend bench --dram-cap` runs at billion-parameter scale
-  docs/bench/capacity/*/capacity.json  `memascend bench --capacity` summaries, one sitting each, beside their probes' bench.json
+  docs/bench/capacity/*/capacity.json  `memascend bench --capacity` summaries, one sitting each, beside their probes
+                                       (probes.json.gz)
   docs/bench/ssd-bound/*.json       `memascend bench` with and without --ssd-bandwidth: s/step against the time model
   docs/bench/gpu/*.json             the GPU kit's outputs (`bash scripts/gpu_check.sh record`), when a GPU was lent
   docs/bench/train/*.json           `memascend train` runs (metrics summaries)
@@ -33,6 +34,7 @@ import os
 import sys
 
 from memascend_cli.bench import capacity
+from memascend_cli.bench.document import recorded_probe
 from memascend_cli.units import GiB
 
 # The sections' modules sit beside this script (also when it is loaded by path, as the tests do).
@@ -742,7 +744,7 @@ def section_capacity(docs: list[tuple[str, dict]]) -> str:
         today[path] = {}
         for e in doc["engines"]:
             if e["probes"]:
-                probe = load_one(os.path.join(REPO, os.path.dirname(path), e["probes"][0]["document"]))
+                probe = recorded_probe(os.path.join(REPO, os.path.dirname(path)), e["probes"][0]["document"])
                 today[path][e["name"]] = capacity.replanned_max(doc, e, probe)
     return capacity.results_section(docs, today)
 

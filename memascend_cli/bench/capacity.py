@@ -195,14 +195,31 @@ def within_one_step(g: Grid, planned: int | None, c: Conclusion) -> bool | None:
 # --- the document -------------------------------------------------------------------------------------------------
 
 
-def probe_record(value: int, run: dict, document: str) -> dict:
-    """One probe of the summary: the value, its outcome and peaks (cgroup's own, system-wide), the plan there."""
+def probe_record(value: int, run: dict, document: str, sitting: str | None = None) -> dict:
+    """One probe of the summary: the value, its outcome and peaks (cgroup's own, system-wide), the plan there;
+    `sitting`: when the bench command that ran it started (a resumed search reuses earlier sittings' probes)."""
     cg = run.get("cgroup") or {}
-    return {"value": value, "outcome": outcome(run), "error": run.get("error"), "steps_done": len(run["losses"]),
+    return {"value": value, "sitting": sitting, "outcome": outcome(run), "error": run.get("error"),
+            "steps_done": len(run["losses"]),
             "cgroup_peak_bytes": cg.get("peak_bytes"), "peak_system_bytes": run.get("peak_system_bytes"),
             "ru_maxrss_bytes": run.get("ru_maxrss_bytes"),
             "planned_peak_bytes": (run.get("predicted") or {}).get("node_host_peak_bytes"),
             "seconds_per_step": run.get("seconds_per_step"), "wall_s": run.get("wall_s"), "document": document}
+
+
+RESUMED_JOB_KEYS = ("model", "layers", "seq_len", "micro_batch", "grad_accum", "gradient_clipping", "steps", "dtype",
+                    "seed", "checkpointing", "loss", "ranks", "accelerator", "host_budget_bytes", "deepspeed_version",
+                    "dram_cap_bytes")
+"""What a stored probe's job must share with the probe a resumed search would run at its value."""
+
+
+def job_mismatch(stored: dict, expected: dict) -> str | None:
+    """The first RESUMED_JOB_KEYS field in which a stored probe's job differs from the one expected there, as
+    'key: stored, not expected'; None when it is the same job. Pure."""
+    for key in RESUMED_JOB_KEYS:
+        if stored.get(key) != expected.get(key):
+            return f"{key}: {stored.get(key)!r}, not {expected.get(key)!r}"
+    return None
 
 
 def engine_entry(run_name: str, mode: str, g: Grid, planned: tuple[int | None, str], top: tuple[int | None, str],
@@ -288,7 +305,7 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
         out += [f"### {meta.get('title') or path}", "", f"`{meta.get('command', '?')}`", "",
                 f"{j['model']}, {fixed}, {j['steps']} steps, {j['dtype']}, checkpointing {j['checkpointing']}, "
                 f"{j['ranks']} rank(s), tuned and memascend loss {j.get('loss', 'hf')} (stock: hf); "
-                f"{meta.get('date', '?')}, host `{meta.get('host', '?')}`. Raw: `{path}`.", "",
+                f"{_when(doc)}, host `{meta.get('host', '?')}`. Raw: `{path}`.", "",
                 "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
         for e in doc["engines"]:
             probes = "; ".join(f"{q['value']}: {q['outcome']}" + ("" if q["cgroup_peak_bytes"] is None else
@@ -309,6 +326,14 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
                         f"{fmt_max(tuned['measured_max'], tuned['at_least'])})."]
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _when(doc: dict) -> str:
+    """The sitting's date, or the dates of the sittings a resumed search's probes come from."""
+    sittings = sorted({q["sitting"] for e in doc["engines"] for q in e["probes"] if q.get("sitting")})
+    if len(sittings) > 1:
+        return "resumed: probes of the sittings started " + ", ".join(sittings)
+    return (doc.get("meta") or {}).get("date", "?")
 
 
 def _today(g: Grid, planned_by_engine: dict, e: dict) -> str:

@@ -58,10 +58,40 @@ def plan_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, nvme_dir:
     return planned, top
 
 
+def stored_probes(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir: str) -> list[dict]:
+    """--resume: the probe records of `run` already in OUT (OUT/<run>/<axis>-<value>/bench.json, smallest value
+    first). A folder without bench.json (a probe cut off before it ended) is not a probe: it runs again. A stored
+    probe of another job is bad input: its outcome says nothing of this search."""
+    from memascend_cli.errors import BadInput
+
+    root = os.path.join(out_dir, run.name)
+    found = []
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        value_text = name.removeprefix(f"{axis}-")
+        path = os.path.join(root, name, "bench.json")
+        if value_text == name or not value_text.isdigit() or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            doc = json.load(f)
+        value = int(value_text)
+        expected = {**probe_point(base, axis, value).job_identity(), "dram_cap_bytes": cap_bytes}
+        why = capacity.job_mismatch(doc["job"], expected)
+        if why is None and [r["name"] for r in doc["runs"]] != [run.name]:
+            why = f"runs: {[r['name'] for r in doc['runs']]}, not [{run.name!r}]"
+        if why:
+            raise BadInput(f"--resume: {path} is another job ({why})",
+                           "resume with that sitting's options (its capacity.json or bench.json meta), or give a "
+                           "new --out")
+        found.append(capacity.probe_record(value, doc["runs"][0], os.path.relpath(path, out_dir),
+                                           (doc.get("meta") or {}).get("date")))
+    return sorted(found, key=lambda q: q["value"])
+
+
 def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir: str, nvme_dir: str, nvme_info: dict,
                   usable_disk_bytes: int, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float | None,
-                  meta: dict) -> dict:
-    """One engine's search: the plan's maximum under the cap, the SSD ceiling, then probes until a conclusion."""
+                  meta: dict, stored: list[dict]) -> dict:
+    """One engine's search: the plan's maximum under the cap, the SSD ceiling, then probes until a conclusion;
+    `stored`: probes of an earlier sitting (stored_probes), counted as if run now."""
     from memascend_cli.console import err
 
     g = capacity.grid(axis)
@@ -70,8 +100,11 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
     err.print(f"{run.name}: planned max {capacity.fmt_max(planned[0])} {g.unit} under {cap_bytes / GiB:.2f} GiB "
               f"(binds: {search.RESOURCE_NAMES.get(planned[1], planned[1])}); probes stop at "
               f"{capacity.fmt_max(top[0])}: {top[1]}")
-    results: list[tuple[int, str]] = []
-    probes: list[dict] = []
+    probes: list[dict] = list(stored)
+    results: list[tuple[int, str]] = [(q["value"], q["outcome"]) for q in stored]
+    if stored:
+        err.print(f"{run.name}: resumed {len(stored)} probes of earlier sittings: "
+                  + ", ".join(f"{q['value']} {q['outcome']}" for q in stored))
     while True:
         nxt = capacity.next_probe(g, planned[0], top[0], top[1], results)
         if isinstance(nxt, capacity.Conclusion):
@@ -94,7 +127,8 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
         if os.path.exists(region):
             os.unlink(region)  # the next probe makes its own: keep the SSD space for it
         r = summary["runs"][0]
-        q = capacity.probe_record(nxt, r, os.path.relpath(os.path.join(probe_dir, "bench.json"), out_dir))
+        q = capacity.probe_record(nxt, r, os.path.relpath(os.path.join(probe_dir, "bench.json"), out_dir),
+                                  meta.get("date"))
         q["timeout_s"] = timeout_s
         probes.append(q)
         results.append((nxt, q["outcome"]))
@@ -107,10 +141,14 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
 
 def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: int, out_dir: str, nvme_dir: str,
                  nvme_info: dict, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float | None,
-                 meta: dict) -> tuple[dict, bool]:
+                 meta: dict, resume: bool = False) -> tuple[dict, bool]:
     """Every engine's search, one after another; (the summary as written to OUT/capacity.json, no probe failed
-    other than by an OOM kill)."""
+    other than by an OOM kill). `resume`: reuse the probes an earlier sitting left in OUT (stored_probes), all
+    checked before any probe runs."""
     from memascend_cli.hardware import free_space_at
+
+    stored = {run.name: stored_probes(run, axis, base, cap_bytes=cap_bytes, out_dir=out_dir) if resume else []
+              for run in run_specs}
 
     where, free_bytes = free_space_at(out_dir)
     if nvme_dir:
@@ -118,7 +156,8 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
     usable = max(0, free_bytes - capacity.DISK_KEEP_FREE_BYTES)
     engines = [search_engine(run, axis, base, cap_bytes=cap_bytes, out_dir=out_dir, nvme_dir=nvme_dir,
                              nvme_info=nvme_info, usable_disk_bytes=usable, engine_ok=engine_ok,
-                             settle_cap_s=settle_cap_s, probe_timeout_s=probe_timeout_s, meta=meta)
+                             settle_cap_s=settle_cap_s, probe_timeout_s=probe_timeout_s, meta=meta,
+                             stored=stored[run.name])
                for run in run_specs]
     job = {k: getattr(base, k) for k in ("model", "layers", "seq_len", "micro_batch", "steps", "dtype", "seed",
                                          "checkpointing", "ranks", "accelerator", "host_budget_bytes",
@@ -134,6 +173,10 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
              " is killed and reads 'stalled' (does not fit: at its cap a job can crawl re-reading its evicted "
              "libraries instead of being OOM-killed); so is one whose tasks all stalled on memory "
              f"{THRASH_FULL_SHARE:.0%} of {THRASH_WINDOW_S:.0f} s (memory pressure, systemd-oomd's limit)"]
+    sittings = sorted({q["sitting"] for e in engines for q in e["probes"] if q["sitting"]})
+    if len(sittings) > 1:
+        notes.append("resumed (--resume): the probes come from the sittings started at " + ", ".join(sittings)
+                     + " (each probe's `sitting`)")
     doc = capacity.capacity_document(g=capacity.grid(axis), cap_bytes=cap_bytes, job=job,
                                      hardware=cap_hardware(base.hw, cap_bytes).to_dict(),
                                      disk={"path": where, "free_bytes": free_bytes,

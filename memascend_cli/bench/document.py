@@ -170,6 +170,39 @@ def read_document(summary_path: str) -> dict:
     return doc
 
 
+RECORDED_PROBES_FILE = "probes.json.gz"
+"""A capacity sitting committed to the repository (scripts/record_capacity.py): every probe's summary and timelines
+in one gzip file beside capacity.json, keyed by the probe's `document` path, instead of two small files per probe."""
+
+
+def write_recorded_probes(folder: str, probe_paths: list[str], src: str) -> None:
+    """Bundle the probe documents `probe_paths` (relative to `src`, the sitting's OUT) and their timeline side files
+    into `folder`/RECORDED_PROBES_FILE (fixed gzip mtime: the same probes give the same bytes)."""
+    bundle = {"schema_version": 1, "documents": {}, "timelines": {}}
+    for rel in probe_paths:
+        path = os.path.join(src, rel)
+        with open(path) as f:
+            bundle["documents"][rel] = json.load(f)
+        side = timeline_path(path)
+        if os.path.exists(side):
+            with gzip.open(side, "rt") as f:
+                bundle["timelines"][rel] = json.load(f)
+    with open(os.path.join(folder, RECORDED_PROBES_FILE), "wb") as raw, \
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        f.write(json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode())
+
+
+def recorded_probe(folder: str, rel: str) -> dict:
+    """The summary of the probe whose `document` is `rel` in the capacity sitting at `folder`: from its bundle in
+    the repository, else (a sitting's own OUT) from the probe's bench.json."""
+    bundle = os.path.join(folder, RECORDED_PROBES_FILE)
+    if os.path.exists(bundle):
+        with gzip.open(bundle, "rt") as f:
+            return json.load(f)["documents"][rel]
+    with open(os.path.join(folder, rel)) as f:
+        return json.load(f)
+
+
 def ssd_minimum(run: dict) -> tuple[float, float] | None:
     """(read, write) bytes per parameter per step of the run's placement roofline, as planned for its config
     (memory.SsdTraffic.minimum_per_param); None for runs recorded without it. Pure."""

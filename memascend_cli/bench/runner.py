@@ -454,6 +454,16 @@ class Point:
                 self.checkpointing]
         return args + (["--layers", str(self.layers)] if self.layers else [])
 
+    def job_identity(self) -> dict:
+        """What makes two runs the same job, as the point's document records it under `job` (run_point)."""
+        spec = self.spec
+        return {"model": self.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params,
+                "seq_len": self.seq_len, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                "gradient_clipping": self.gradient_clipping, "steps": self.steps, "dtype": self.dtype,
+                "seed": self.seed, "checkpointing": self.checkpointing, "loss": self.loss, "ranks": self.ranks,
+                "accelerator": self.accelerator, "host_budget_bytes": self.host_budget_bytes,
+                "deepspeed_version": self.deepspeed_version}
+
     def plan_job(self, mode: str, cfg: dict, disabled: tuple[str, ...] = (), moments: str = "fp32"):
         """(the planner's JobSpec of this point's run, the estimate's engine): configs.plan_job."""
         return plan_job(mode, cfg, self.spec, seq_len=self.seq_len, micro_batch=self.micro_batch, dtype=self.dtype,
@@ -545,13 +555,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
     if repeat > 1:
         notes.append(f"each run is the repeat with the median peak of {repeat}, taken one after another in one "
                      "sitting; runs[].repeats lists every repeat")
-    job = {"model": p.model, "layers": spec.num_hidden_layers, "num_params": spec.num_params, "seq_len": p.seq_len,
-           "micro_batch": p.micro_batch, "grad_accum": p.grad_accum, "gradient_clipping": p.gradient_clipping,
-           "steps": p.steps, "dtype": p.dtype, "seed": p.seed,
-           "checkpointing": p.checkpointing, "loss": p.loss, "ranks": ranks, "accelerator": p.accelerator,
-           "host_budget_bytes": p.host_budget_bytes, "deepspeed_version": p.deepspeed_version, "nvme_dir": nvme_dir,
-           "nvme_dir_fstype": nvme_info.get("fstype"), "region": region, "region_header": region_info,
-           "dram_cap_bytes": dram_cap_bytes,
+    job = {**p.job_identity(), "nvme_dir": nvme_dir, "nvme_dir_fstype": nvme_info.get("fstype"), "region": region,
+           "region_header": region_info, "dram_cap_bytes": dram_cap_bytes,
            "ssd_bandwidth_bytes_per_s": io_limits[0].read_bytes_per_s if io_limits else None,
            "ssd_throttle": [lim.to_dict() for lim in io_limits] or None, "timing": _timing_doc(p.timing)}
     return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)

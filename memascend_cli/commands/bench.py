@@ -120,6 +120,10 @@ def bench_command(
                                         "its cap a job can crawl re-reading its libraries instead of being "
                                         f"OOM-killed). Default: {PROBE_TIMEOUT_RULE}.", rich_help_panel=_R,
                                         show_default=False),
+    resume: bool = typer.Option(False, "--resume", help="With --capacity: reuse the probes an earlier, cut-off "
+                                "sitting left in --out (same job and cap, checked first; a probe without its "
+                                "bench.json runs again); each probe's `sitting` says when it ran.",
+                                rich_help_panel=_R),
     settle_cap: float = typer.Option(150.0, "--settle-cap", help="Longest wait, in seconds, for memory to settle "
                                      "before each run.", rich_help_panel=_R),
     out_dir: str = typer.Option("bench-out", "--out", help="Output directory (bench.json, its memory timelines in "
@@ -167,8 +171,9 @@ def bench_command(
                         repeat=repeat, region=region)
         if ssd_bandwidth is not None:
             raise BadInput("--ssd-bandwidth does not apply to --capacity", "drop --ssd-bandwidth")
-    elif probe_timeout is not None:
-        raise BadInput("--probe-timeout applies to --capacity only", "add --capacity AXIS, or drop --probe-timeout")
+    elif probe_timeout is not None or resume:
+        flag = "--probe-timeout" if probe_timeout is not None else "--resume"
+        raise BadInput(f"{flag} applies to --capacity only", f"add --capacity AXIS, or drop {flag}")
     if probe_timeout is not None and probe_timeout <= 0:
         raise BadInput("--probe-timeout must be positive", "give seconds, e.g. --probe-timeout 1800")
     seq_lens = _int_list(seq_len or ("2048" if capacity else "512"), "--seq-len")
@@ -256,7 +261,7 @@ def bench_command(
         doc, all_ok = capacity_run.run_capacity(capacity, base, run_specs, cap_bytes=dram_cap_bytes, out_dir=out_dir,
                                                 nvme_dir=nvme_dir, nvme_info=nvme_info, engine_ok=engine_ok,
                                                 settle_cap_s=settle_cap, meta=meta,
-                                                probe_timeout_s=probe_timeout)
+                                                probe_timeout_s=probe_timeout, resume=resume)
         if as_json:
             print_json(doc)
         else:

@@ -380,6 +380,7 @@ def test_repeats_report_the_median_peak_and_keep_every_repeat():
     (("--capacity", "seq", "--dram-cap", "4GiB", "--repeat", "3"), "--repeat does not apply to --capacity"),
     (("--capacity", "seq", "--dram-cap", "4GiB", "--region", "/x"), "--region does not apply to --capacity"),
     (("--probe-timeout", "60"), "--probe-timeout applies to --capacity only"),
+    (("--resume",), "--resume applies to --capacity only"),
     (("--ssd-bandwidth", "fast"), "cannot read --ssd-bandwidth 'fast'"),
     (("--ssd-bandwidth", "0MB/s"), "--ssd-bandwidth must be positive"),
     (("--capacity", "seq", "--dram-cap", "4GiB", "--ssd-bandwidth", "400MB/s"), "--ssd-bandwidth does not apply"),

@@ -9,6 +9,7 @@ import pytest
 from memascend_cli.bench import capacity, capacity_run, runner
 from memascend_cli.bench.capacity import FAILED, FIT, OOM, STALLED, Conclusion, Grid, next_probe
 from memascend_cli.bench.configs import ssd_space_bytes
+from memascend_cli.bench.document import recorded_probe
 from memascend_cli.bench.runs import RunSpec
 from memascend_cli.models import load_model
 from memascend_cli.planner import search
@@ -202,6 +203,11 @@ def test_results_section():
     assert "| 4.00 | layers | tuned | 12 (DRAM) | 12 (OOM-killed at 13) | yes | - | 12: fit 3.00; 13: oom 4.00 |" in text
     assert "| 4.00 | layers | memascend | 137 (SSD space) | at least 137 (SSD space (...)) | yes |" in text
     assert "bench-llama-136m, seq len 2048, micro batch 1, 2 steps" in text  # the searched axis is not listed
+    assert "2 steps, fp32, checkpointing full, 1 rank(s), tuned and memascend loss hf (stock: hf); d, host `h`" in text
+    # A resumed search names the sittings its probes come from.
+    doc = _doc()
+    doc["engines"][1]["probes"][0]["sitting"], doc["engines"][1]["probes"][1]["sitting"] = "day 1", "day 2"
+    assert "; resumed: probes of the sittings started day 1, day 2, host" in capacity.results_section([("p", doc)])
 
 
 def test_a_probe_gets_the_plans_step_time_with_slack_or_the_fallback_without_one():
@@ -220,10 +226,8 @@ def test_todays_plan_of_a_recorded_table():
     folder = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench", "capacity", "cap4gib-layers-fp32")
     with open(os.path.join(folder, "capacity.json")) as f:
         doc = json.load(f)
-    today = {}
-    for e in doc["engines"]:
-        with open(os.path.join(folder, e["probes"][0]["document"])) as f:
-            today[e["name"]] = capacity.replanned_max(doc, e, json.load(f))
+    today = {e["name"]: capacity.replanned_max(doc, e, recorded_probe(folder, e["probes"][0]["document"]))
+             for e in doc["engines"]}
     assert today["stock"] is None  # stock's buffers alone exceed 4 GiB
     assert today["memascend"] == next(e["ceiling"] for e in doc["engines"] if e["name"] == "memascend")  # the disk
     assert 1 <= today["tuned"] < today["memascend"]
@@ -231,3 +235,85 @@ def test_todays_plan_of_a_recorded_table():
     g = capacity.grid("layers")
     assert capacity._today(g, {"tuned": 11}, e) == "11 (within)" and capacity._today(g, {"tuned": 13}, e) == "13 (off)"
     assert capacity._today(g, {}, e) == "-"
+
+
+def _store_probe(out, run: str, point: runner.Point, cap_bytes: int, ok: bool, date: str = "2026-01-01T00:00:00Z",
+                 **job_changes) -> None:
+    import json
+    import os
+
+    folder = os.path.join(out, run, f"layers-{point.spec.num_hidden_layers}")
+    os.makedirs(folder)
+    job = {**point.job_identity(), "dram_cap_bytes": cap_bytes, "nvme_dir": "/elsewhere", **job_changes}
+    r = {"name": run, "ok": ok, "oom_killed": not ok, "losses": [1.0, 0.9] if ok else [],
+         "cgroup": {"peak_bytes": cap_bytes - (GiB if ok else 0)}}
+    with open(os.path.join(folder, "bench.json"), "w") as f:
+        json.dump({"job": job, "runs": [r], "meta": {"date": date}}, f)
+
+
+def test_resume_reuses_an_earlier_sittings_probes_and_runs_none_it_has(tmp_path, monkeypatch):
+    """--resume: stored probes of the same job count as run now (with their sitting), a folder a cut-off probe left
+    without bench.json is not a probe, and the search concludes from them without running a probe."""
+    fixed, run, cap = _fixed(), RunSpec("tuned", "tuned"), 4 * GiB
+    _store_probe(tmp_path, "tuned", capacity_run.probe_point(fixed, "layers", 6), cap, ok=True)
+    _store_probe(tmp_path, "tuned", capacity_run.probe_point(fixed, "layers", 7), cap, ok=False)
+    (tmp_path / "tuned" / "layers-9" / "runs").mkdir(parents=True)  # cut off: no bench.json
+    stored = capacity_run.stored_probes(run, "layers", fixed, cap_bytes=cap, out_dir=str(tmp_path))
+    assert [(q["value"], q["outcome"], q["sitting"]) for q in stored] == [
+        (6, FIT, "2026-01-01T00:00:00Z"), (7, OOM, "2026-01-01T00:00:00Z")]
+    assert stored[0]["document"] == "tuned/layers-6/bench.json" and stored[0]["cgroup_peak_bytes"] == 3 * GiB
+    assert capacity_run.stored_probes(RunSpec("memascend", "memascend"), "layers", fixed, cap_bytes=cap,
+                                      out_dir=str(tmp_path)) == []
+
+    def no_probe(*a, **k):
+        raise AssertionError("a stored probe ran again")
+
+    monkeypatch.setattr(runner, "run_point", no_probe)
+    entry = capacity_run.search_engine(run, "layers", fixed, cap_bytes=cap, out_dir=str(tmp_path), nvme_dir="/unused",
+                                       nvme_info={}, usable_disk_bytes=1 << 50, engine_ok=True, settle_cap_s=1,
+                                       probe_timeout_s=None, meta={"date": "now"}, stored=stored)
+    assert entry["measured_max"] == 6 and not entry["at_least"] and entry["reason"] == "OOM-killed at 7"
+    assert [q["value"] for q in entry["probes"]] == [6, 7]
+
+
+@pytest.mark.parametrize("change, says", [({"dram_cap_bytes": 8 * GiB}, "dram_cap_bytes: 8589934592, not 4294967296"),
+                                          ({"steps": 3}, "steps: 3, not 2"), ({"dtype": "bf16"}, "dtype: 'bf16'")])
+def test_resume_refuses_a_stored_probe_of_another_job(tmp_path, change, says):
+    from memascend_cli.errors import BadInput
+
+    fixed, cap = _fixed(), 4 * GiB
+    _store_probe(tmp_path, "tuned", capacity_run.probe_point(fixed, "layers", 6), cap, ok=True, **change)
+    with pytest.raises(BadInput, match="is another job") as e:
+        capacity_run.stored_probes(RunSpec("tuned", "tuned"), "layers", fixed, cap_bytes=cap, out_dir=str(tmp_path))
+    assert says in str(e.value)
+
+
+def test_a_recorded_sitting_is_its_summary_and_one_bundle_of_probes(tmp_path, monkeypatch):
+    """scripts/record_capacity.py: capacity.json plus probes.json.gz (each probe's bench.json and timelines), read
+    back by document.recorded_probe exactly as the sitting's OUT has them."""
+    import importlib.util
+    import json
+    import os
+
+    from memascend_cli.bench import document
+
+    spec = importlib.util.spec_from_file_location(
+        "record_capacity", os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "record_capacity.py"))
+    rec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rec)
+    out = tmp_path / "out"
+    doc = _doc()
+    for e in doc["engines"]:
+        for q in e["probes"]:
+            run = {"name": e["name"], "ok": q["outcome"] == FIT, "losses": [], "timeline": [[0.0, 1]]}
+            os.makedirs(out / os.path.dirname(q["document"]), exist_ok=True)
+            document.write_document({"job": {"layers": q["value"], "seq_len": 64}, "runs": [run]},
+                                    str(out / q["document"]))
+    (out / "capacity.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(rec, "DEST", str(tmp_path / "docs"))
+    dst = rec.record(str(out), "cap4gib-layers")
+    assert sorted(os.listdir(dst)) == ["capacity.json", document.RECORDED_PROBES_FILE]
+    q = doc["engines"][1]["probes"][1]
+    with open(out / q["document"]) as f:
+        assert document.recorded_probe(dst, q["document"]) == json.load(f) == document.recorded_probe(str(out),
+                                                                                                     q["document"])
