@@ -276,6 +276,10 @@ class OptimizerPipeline:
         self.generation = [0] * len(self.chunks)
         """Which of a chunk's two extent sets holds its current master and moments: the optimizer overlapped with
         backward (engine/overlap.py) writes a speculative update into the other one and flips this on commit."""
+        self.mirrored: set[int] = set()
+        """fp32 training: chunks whose parameter partitions hold exactly their current master (the master is copied to
+        them bit for bit): the overlap takes such a master from partitions DeepSpeed holds in memory during backward
+        instead of reading it from the SSD (overlap.Speculator). Anything that writes one without the other drops it."""
 
     @property
     def host_bytes(self) -> int:
@@ -305,13 +309,15 @@ class OptimizerPipeline:
         return slot.staging[byte_off:byte_off + nbytes].view(dtype)
 
     # -- reads ------------------------------------------------------------------------------------------
-    def _submit_reads(self, ci: int, slot: Slot, *, with_grads: bool, moments: bool = True) -> None:
-        """Queue chunk ci's master (and, with `moments`, exp_avg / exp_avg_sq; with `with_grads`, its gradient
-        pieces) into `slot`."""
+    def _submit_reads(self, ci: int, slot: Slot, *, with_grads: bool, moments: bool = True,
+                      master: bool = True) -> None:
+        """Queue chunk ci's master (unless not `master`; with `moments`, exp_avg / exp_avg_sq; with `with_grads`, its
+        gradient pieces) into `slot`."""
         chunk = self.chunks[ci]
         n = chunk.numel
-        slot.pending = [self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
-        self.counters.optimizer_read_bytes += n * 4
+        slot.pending = []
+        if master:
+            self.read_master(ci, slot, wait=False)
         if moments and ci in self.states_written:
             self._submit_moment_reads(ci, slot)
         elif moments:
@@ -335,6 +341,23 @@ class OptimizerPipeline:
                     view = self._piece_view(slot, off, p.numel, self.grad_dtype)
                     slot.pending.append(self.store.submit("r", view.data_ptr(), p.numel * gb, key, p.param_offset * gb))
                 self.counters.gradient_read_bytes += p.numel * gb
+
+    def read_master(self, ci: int, slot: Slot, *, wait: bool) -> None:
+        """Chunk ci's current master from the SSD into the slot (`wait`: now, else with the slot's other reads)."""
+        pending = self.store.submit("r", slot.master.data_ptr(), self.chunks[ci].numel * 4, self.state_key(ci, "fp32"),
+                                    0)
+        self.counters.optimizer_read_bytes += self.chunks[ci].numel * 4
+        if wait:
+            self.store.complete(pending)
+        else:
+            slot.pending.append(pending)
+
+    def _mirror(self, ci: int, same: bool) -> None:
+        """Whether chunk ci's parameters now hold its current master exactly (fp32 only: see `mirrored`)."""
+        if same and self.param_bytes == 4:
+            self.mirrored.add(ci)
+        else:
+            self.mirrored.discard(ci)
 
     def _submit_moment_reads(self, ci: int, slot: Slot) -> None:
         """exp_avg / exp_avg_sq of chunk ci into the slot; 16-bit moments land in the upper half of each fp32 buffer
@@ -373,9 +396,11 @@ class OptimizerPipeline:
                                               self.state_key(ci, "fp32", generation), 0))
         self._submit_moment_writes(ci, slot, generation)
         self.counters.optimizer_write_bytes += n * 4
-        if generation is None or generation == self.generation[ci]:
+        current = generation is None or generation == self.generation[ci]
+        if current:
             self.states_written.add(ci)
         self._write_params(chunk, slot, targets)
+        self._mirror(ci, current)  # a speculative update's parameters are ahead of the current master
 
     def _submit_moment_writes(self, ci: int, slot: Slot, generation: int | None = None) -> None:
         """exp_avg / exp_avg_sq of chunk ci from the slot; 16-bit moments are narrowed in place into the lower half
@@ -443,6 +468,7 @@ class OptimizerPipeline:
                     self._submit_writes(ci, slot)
                 elif writes == "params":
                     self._write_params(self.chunks[ci], slot)
+                    self._mirror(ci, True)
                 if next_read < len(order):
                     start_read(next_read)
                     next_read += 1
@@ -483,6 +509,7 @@ class OptimizerPipeline:
                 dst.copy_(view)
             self.store.complete(self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
             self.counters.optimizer_write_bytes += n * 4
+            self._mirror(ci, True)
 
     def read_state(self, ci: int) -> dict[str, torch.Tensor]:
         """A copy of chunk ci's master and Adam states (zeros before the first step), for checkpoints."""
@@ -490,8 +517,8 @@ class OptimizerPipeline:
             self.settle()
         slot = self.slots[0]
         n = self.chunks[ci].numel
-        slot.pending = [self.store.submit("r", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
-        self.counters.optimizer_read_bytes += n * 4
+        slot.pending = []
+        self.read_master(ci, slot, wait=False)
         if ci in self.states_written:
             self._submit_moment_reads(ci, slot)
         self._complete(slot)
@@ -521,6 +548,7 @@ class OptimizerPipeline:
         slot.placements = self._place(chunk)
         if params:
             self._write_params(chunk, slot)
+        self._mirror(ci, params)
         self._complete(slot)
 
 

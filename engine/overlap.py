@@ -13,6 +13,10 @@ decides:
 * rollback: an overflow or an invalid norm skips the step: the speculation is dropped and the parameters are rewritten
   from the old masters.
 
+In fp32 the parameter partitions are the master's exact copy (OptimizerPipeline.mirrored): a chunk then takes its
+master from the partitions backward fetched, as DeepSpeed drops them (Speculator.released), and reads only its moments
+(EngineOptions.master_from_params: 4 B per parameter less read per step).
+
 Both paths make the same DeepSpeedCPUAdam op calls on the same values, so a committed step is bit-identical to the step
 without overlap (speculation, then validation: SuperOffload, arXiv 2509.21271; the optimizer overlapped with backward:
 LoHan, arXiv 2403.06504).
@@ -45,6 +49,8 @@ class OverlapCounters:
     """Steps an overflow or invalid norm skipped: the parameters rewritten from the old masters."""
     steps_not_speculated: int = 0
     """Steps that did not speculate because the previous step clipped (a redo is then likely)."""
+    master_bytes_from_memory: int = 0
+    """fp32: master bytes copied from parameter partitions DeepSpeed held in memory instead of read from the SSD."""
 
 
 @dataclass
@@ -53,6 +59,9 @@ class _Step:
     state: list[str]
     remaining: list[int]
     slot_of: dict[int, Slot] = field(default_factory=dict)
+    copied: dict[int, set[int]] = field(default_factory=dict)
+    """Chunks taking their master from the parameters (OptimizerPipeline.mirrored) -> chunk offsets of the pieces
+    copied so far."""
 
 
 class Speculator:
@@ -62,8 +71,11 @@ class Speculator:
     swapped partition even while DeepSpeed holds a copy in memory, which it drops unwritten after backward).
     """
 
-    def __init__(self, pipeline: OptimizerPipeline, spec_targets, counters: OverlapCounters):
+    def __init__(self, pipeline: OptimizerPipeline, spec_targets, counters: OverlapCounters, *,
+                 master_from_params: bool = False):
         self.pipeline = pipeline
+        self.master_from_params = master_from_params
+        """EngineOptions.master_from_params: copy the fp32 master of a mirrored chunk from its parameters."""
         self.spec_targets = spec_targets
         self.counters = counters
         self.pieces: dict[tuple[int, int], list[tuple[int, object]]] = {}
@@ -115,19 +127,15 @@ class Speculator:
         fell_back = False
         for ci, p in self.pieces.get((g, j), ()):
             if st.state[ci] == NEW:
-                slot = self._free_slot()
-                if slot is None:
-                    st.state[ci] = FALLBACK
-                    self.counters.chunks_fallback += 1
-                else:
-                    st.state[ci] = ASSEMBLING
-                    st.slot_of[ci] = slot
-                    self.pipeline._submit_reads(ci, slot, with_grads=False)
-                    slot.grad.narrow(0, 0, self.pipeline.chunks[ci].numel).zero_()
+                self._start(ci)
             if st.state[ci] == FALLBACK:
                 fell_back = True
                 continue
             slot = st.slot_of[ci]
+            if ci in st.copied:
+                target = self.pipeline.targets[g][j]()
+                if target.key is None:  # a partition DeepSpeed keeps in memory
+                    self._copy_master(ci, p, target.tensor)
             if flat is not None:
                 slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(flat.narrow(0, p.param_offset, p.numel))
             st.remaining[ci] -= 1
@@ -135,11 +143,52 @@ class Speculator:
                 self._update(ci)
         return fell_back
 
+    def _start(self, ci: int) -> None:
+        """Chunk ci's first piece: a slot and its reads (moments; the master too unless the chunk's parameters mirror
+        it), or FALLBACK without a free slot."""
+        st, pipe = self.step, self.pipeline
+        slot = self._free_slot()
+        if slot is None:
+            st.state[ci] = FALLBACK
+            self.counters.chunks_fallback += 1
+            return
+        st.state[ci] = ASSEMBLING
+        st.slot_of[ci] = slot
+        mirrored = self.master_from_params and ci in pipe.mirrored
+        if mirrored:
+            st.copied[ci] = set()
+        pipe._submit_reads(ci, slot, with_grads=False, master=not mirrored)
+        slot.grad.narrow(0, 0, pipe.chunks[ci].numel).zero_()
+
+    def released(self, g: int, j: int, partition: torch.Tensor) -> None:
+        """DeepSpeed is about to drop parameter j's swapped-in partition (backward is done with it): fp32, its values
+        are the master's (OptimizerPipeline.mirrored), so each chunk of it not yet updated takes its master piece
+        from here instead of the SSD; a chunk not started starts now. Releases while backward has not reduced a
+        gradient yet come before begin() and are not seen (those chunks read their master)."""
+        st = self.step
+        for ci, p in self.pieces.get((g, j), ()):
+            if st.state[ci] == NEW and ci in self.pipeline.mirrored:
+                self._start(ci)
+            if st.state[ci] == ASSEMBLING and ci in st.copied:
+                self._copy_master(ci, p, partition)
+
+    def _copy_master(self, ci: int, p, partition: torch.Tensor) -> None:
+        """Piece p of a parameter's partition (fp32, in memory) into chunk ci's master in its slot."""
+        copied = self.step.copied[ci]
+        if p.chunk_offset in copied:
+            return
+        flat = partition.reshape(-1)
+        self.step.slot_of[ci].master.narrow(0, p.chunk_offset, p.numel).copy_(flat.narrow(0, p.param_offset, p.numel))
+        copied.add(p.chunk_offset)
+        self.counters.master_bytes_from_memory += p.numel * 4
+
     def _update(self, ci: int) -> None:
         st = self.step
         slot = st.slot_of.pop(ci)
         pipe = self.pipeline
-        pipe._complete(slot)  # the master and moments
+        pipe._complete(slot)  # the master (or the moments only: see _copy_master) and moments
+        if len(st.copied.pop(ci, pipe.chunks[ci].pieces)) < len(pipe.chunks[ci].pieces):
+            pipe.read_master(ci, slot, wait=True)  # a piece's partition was not in memory: the SSD has every piece
         st.compute(ci, pipe.chunks[ci], slot)
         pipe._submit_writes(ci, slot, generation=1 - pipe.generation[ci], targets=self.spec_targets)
         st.state[ci] = DONE
@@ -181,6 +230,7 @@ class Speculator:
         for ci in done:
             pipe.generation[ci] = 1 - pipe.generation[ci]
             pipe.states_written.add(ci)
+            pipe._mirror(ci, True)  # the speculation wrote the parameters from this master
         self.counters.chunks_committed += len(done)
         self.counters.steps_committed += 1
         self.drop()

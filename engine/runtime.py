@@ -270,6 +270,7 @@ class Installed:
                         from memascend_engine.overlap import OverlapCounters
 
                         self.ctx.overlap = OverlapCounters()
+                        self.ctx.master_from_params = o.master_from_params
             elif o.pinned and self.allocator.cuda_register:
                 aio.patch_aio_builders(self.patches, aio.pinning_aio_builder(self.allocator))
             if o.pinned:

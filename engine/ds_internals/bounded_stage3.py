@@ -112,8 +112,11 @@ def BoundedStage3Mixin(ctx: PluginContext):
                                   for j, p in enumerate(group)}
             self._ma_spec = None
             if ctx.overlap is not None:
+                from_params = ctx.master_from_params and self.dtype == torch.float32
                 self._ma_spec = overlap.Speculator(self._ma_pipeline, self._ma_targets(during_backward=True),
-                                                   ctx.overlap)
+                                                   ctx.overlap, master_from_params=from_params)
+                if from_params:
+                    ctx.partition_released = self._ma_partition_released
             self._ma_spec_inv_scale = None
             self._ma_last_clipped = False
             dist.barrier()
@@ -144,6 +147,20 @@ def BoundedStage3Mixin(ctx: PluginContext):
             return resolve
 
         # -- the optimizer overlapped with backward (memascend_engine.overlap) --------------------------
+        def _ma_partition_released(self, param) -> None:
+            """The param swapper drops `param`'s partition: while a step speculates, its chunks take their fp32
+            master from it (Speculator.released). Inside the boundary micro-batch's backward (base_optimizer.py
+            ZeROOptimizer._backward_active_depth) the speculation starts here, before the first gradient is reduced:
+            the last layers' partitions are dropped before their bucket is."""
+            pos = self._ma_param_pos.get(param.ds_id)
+            if pos is None or self.fp16_groups[pos[0]][pos[1]] is not param:
+                return
+            spec = self._ma_spec
+            if not spec.active and self._backward_active_depth > 0:
+                spec = self._ma_speculation(self.is_gradient_accumulation_boundary())
+            if spec is not None and spec.active:
+                spec.released(*pos, param.ds_tensor.data)
+
         def _ma_speculation(self, boundary: bool):
             """The Speculator when this micro-batch's gradients are final and the step speculates, else None."""
             spec = self._ma_spec

@@ -46,6 +46,11 @@ class PluginContext:
     overlap: Any = None
     """memascend_engine.overlap.OverlapCounters when the optimizer overlaps backward (EngineOptions.overlap_optimizer),
     else None."""
+    master_from_params: bool = False
+    """EngineOptions.master_from_params (with the overlap)."""
+    partition_released: Any = None
+    """Called with each parameter whose swapped-in partition the param swapper is about to drop (its buffer goes back
+    to the pool): the optimizer overlapped with backward copies an fp32 master from it (overlap.Speculator)."""
     heap: GlibcHeap = field(default_factory=GlibcHeap)
 
     def trim_heap(self, counter: str = "malloc_trims") -> None:

@@ -222,6 +222,8 @@ def adaptive_param_swapper_class(ctx: PluginContext):
         def remove_partition_and_release_buffers(self, params):
             for param in params:
                 param_id = param.ds_id
+                if ctx.partition_released is not None and param.ds_tensor.status == Status.AVAILABLE:
+                    ctx.partition_released(param)
                 if self._release_slot(param_id):
                     self.param_id_to_swap_buffer.pop(param_id, None)
                     if param_id in self.available_params:

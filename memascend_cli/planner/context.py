@@ -120,6 +120,8 @@ class Context:
         # to the SSD only for a possible redo (clipping on, or fp16's loss scale changing).
         self.overlap = self.bounded and job.overlap_optimizer
         self.overlap_keeps_grads = job.gradient_clipping > 0 or job.dtype == "fp16"
+        # fp32: the speculation copies the master from the parameters backward fetched (Speculator.released).
+        self.master_from_params = self.overlap and job.master_from_params and self.E == 4
         # Gradients a DRAM window can hold instead of the SSD: running sums between micro-batches, and the last
         # micro-batch's kept for a redo (dropped when the step commits).
         self.holds_gradients = job.grad_accum_steps > 1 or (self.overlap and self.overlap_keeps_grads)

@@ -64,6 +64,9 @@ class JobSpec:
     overlap_optimizer: bool = True
     """memascend steps each optimizer chunk during the last micro-batch's backward (EngineOptions.overlap_optimizer),
     the common case planned: the step commits the speculation (no clipping triggered, no overflow)."""
+    master_from_params: bool = True
+    """fp32 with the overlap: memascend copies each chunk's master from the parameters backward fetched instead of
+    reading it (EngineOptions.master_from_params)."""
     gradient_clipping: float = DEEPSPEED_GRADIENT_CLIPPING
     """DeepSpeed's gradient_clipping (its default 1.0; 0 = off). With the overlap, a clipping step is redone from
     the gradients on the SSD, so they still go there; without clipping (bf16 / fp32) they never do."""

@@ -89,6 +89,11 @@ def ssd_traffic(c: Context) -> SsdTraffic:
             write["gradients"] = G * (opt - held) * (ga if c.overlap_keeps_grads else ga - 1)
             grad += "; the last micro-batch's stepped during backward" + (
                 ", kept for a redo (clipping on)" if c.overlap_keeps_grads else ", never on the SSD")
+        if c.master_from_params:
+            # fp32: the parameter partitions are the master's exact copy; the speculation copies each chunk's master
+            # from the partitions backward drops (memascend_engine.overlap Speculator.released) instead of reading it.
+            read["optimizer_states"] -= 4 * opt
+            grad += "; the fp32 master taken from the parameters backward fetched"
     else:
         read["gradients"] = 4 * opt
         write["gradients"] = 4 * opt
@@ -100,7 +105,8 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     ckpt = read.get("activation_checkpoints", 0) / n
     grad_read = 0 if c.overlap else G * opt
     grad_write = (G * (opt - held) if c.overlap_keeps_grads else 0) if c.overlap else G * opt
-    minimum = ((2 * E * swapped + grad_read + states * opt) / n + ckpt,
+    master_read = 0 if c.master_from_params else 4 * opt
+    minimum = ((2 * E * swapped + grad_read + states * opt - 4 * opt + master_read) / n + ckpt,
                (E * swapped + grad_write + states * opt) / n + ckpt)
     return SsdTraffic(read, write, params_per_rank=c.ns,
                       formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer {states} B each way; "

@@ -285,6 +285,10 @@ def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_p
     assert o["chunks_committed"] == o["steps_committed"] * on["stats"]["bounded"]["chunks"]
     assert off["stats"].get("overlap") is None
     io_on, io_off = on["stats"]["bounded_io"], off["stats"]["bounded_io"]
+    # fp32: every speculating step takes the whole master from the partitions backward fetched, none from the SSD.
+    # Without the overlap each step reads the master (4 B/param), from the second step the moments too (8 B).
+    master_per_step = io_off["optimizer_read_bytes"] // (1 + 3 * (STEPS - 1))
+    assert o["master_bytes_from_memory"] == (o["steps_committed"] + o["steps_redone"]) * master_per_step
     # Clipping is on, so every gradient still goes to the SSD (for a redo); committed steps read none back.
     assert io_on["gradient_write_bytes"] == io_off["gradient_write_bytes"]
     per_step = io_off["gradient_read_bytes"] // STEPS
@@ -306,6 +310,7 @@ def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
     assert r["stats"]["overlap"]["steps_committed"] == STEPS
     io = r["stats"]["bounded_io"]
     assert io["gradient_write_bytes"] == 0 and io["gradient_read_bytes"] == 0
+    assert r["stats"]["overlap"]["master_bytes_from_memory"] == 0  # bf16 parameters are not the fp32 master
 
 
 def test_bf16_moments_halve_the_moment_bytes_and_round_the_same_on_every_path(tmp_path):
