@@ -163,8 +163,8 @@ class Speculator:
     def released(self, g: int, j: int, partition: torch.Tensor) -> None:
         """DeepSpeed is about to drop parameter j's swapped-in partition (backward is done with it): fp32, its values
         are the master's (OptimizerPipeline.mirrored), so each chunk of it not yet updated takes its master piece
-        from here instead of the SSD; a chunk not started starts now. Releases while backward has not reduced a
-        gradient yet come before begin() and are not seen (those chunks read their master)."""
+        from here instead of the SSD; a chunk not started starts now (the swapper drops a layer's partitions before
+        its gradients' bucket is reduced). A chunk with a piece never seen here reads its whole master."""
         st = self.step
         for ci, p in self.pieces.get((g, j), ()):
             if st.state[ci] == NEW and ci in self.pipeline.mirrored:
