@@ -50,7 +50,8 @@ class OverlapCounters:
     steps_not_speculated: int = 0
     """Steps that did not speculate because the previous step clipped (a redo is then likely)."""
     master_bytes_from_memory: int = 0
-    """fp32: master bytes copied from parameter partitions DeepSpeed held in memory instead of read from the SSD."""
+    """fp32: master bytes taken from parameter partitions DeepSpeed held in memory instead of read from the SSD (a
+    chunk missing a piece reads its whole master: its copies do not count)."""
 
 
 @dataclass
@@ -105,6 +106,11 @@ class Speculator:
         chunks = self.pipeline.chunks
         self.step = _Step(compute, [NEW] * len(chunks), [len(c.pieces) for c in chunks])
 
+    def _spare_slots(self) -> int:
+        """Slots no assembling chunk holds."""
+        held = {id(s) for s in self.step.slot_of.values()}
+        return sum(id(s) not in held for s in self.pipeline.slots)
+
     def _free_slot(self) -> Slot | None:
         held = {id(s) for s in self.step.slot_of.values()}
         free = [s for s in self.pipeline.slots if id(s) not in held]
@@ -146,8 +152,10 @@ class Speculator:
     def _start(self, ci: int) -> None:
         """Chunk ci's first piece: a slot and its reads (moments; the master too unless the chunk's parameters mirror
         it), or FALLBACK without a free slot."""
+        self._begin(ci, self._free_slot())
+
+    def _begin(self, ci: int, slot: Slot | None) -> None:
         st, pipe = self.step, self.pipeline
-        slot = self._free_slot()
         if slot is None:
             st.state[ci] = FALLBACK
             self.counters.chunks_fallback += 1
@@ -167,8 +175,10 @@ class Speculator:
         its gradients' bucket is reduced). A chunk with a piece never seen here reads its whole master."""
         st = self.step
         for ci, p in self.pieces.get((g, j), ()):
-            if st.state[ci] == NEW and ci in self.pipeline.mirrored:
-                self._start(ci)
+            if st.state[ci] == NEW and ci in self.pipeline.mirrored and self._spare_slots() >= 2:
+                # A layer's release spans several chunks whose gradients come later: starting them all would take
+                # the slot the gradient being reduced now needs (a fallback); one stays for the offers.
+                self._begin(ci, self._free_slot())
             if st.state[ci] == ASSEMBLING and ci in st.copied:
                 self._copy_master(ci, p, partition)
 
@@ -187,8 +197,11 @@ class Speculator:
         slot = st.slot_of.pop(ci)
         pipe = self.pipeline
         pipe._complete(slot)  # the master (or the moments only: see _copy_master) and moments
-        if len(st.copied.pop(ci, pipe.chunks[ci].pieces)) < len(pipe.chunks[ci].pieces):
+        pieces = pipe.chunks[ci].pieces
+        copied = st.copied.pop(ci, None)
+        if copied is not None and len(copied) < len(pieces):
             pipe.read_master(ci, slot, wait=True)  # a piece's partition was not in memory: the SSD has every piece
+            self.counters.master_bytes_from_memory -= sum(4 * p.numel for p in pieces if p.chunk_offset in copied)
         st.compute(ci, pipe.chunks[ci], slot)
         pipe._submit_writes(ci, slot, generation=1 - pipe.generation[ci], targets=self.spec_targets)
         st.state[ci] = DONE
