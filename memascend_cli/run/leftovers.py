@@ -8,6 +8,11 @@
   /proc/<pid>/maps) belongs to a job that is gone.
 * memascend's engine: the key folder it makes in the temp directory when the DeepSpeed config names no nvme_path
   (``memascend-keys-<pid>-*``, engine/runtime.py); stale when that pid is gone.
+* torch's JIT op builds: a process building or loading one of DeepSpeed's ops holds ``<extensions dir>/<op>/lock``
+  (torch/utils/file_baton.py FileBaton, created O_EXCL and removed when done, holding no descriptor); one killed in
+  between (an OOM kill, a SIGKILL during startup) leaves it, and every later load of that op sleeps on it forever.
+  Stale when older than EXT_LOCK_GRACE_S and no live process has a file open, mapped or its cwd in that op's folder
+  (a build runs ninja there).
 
 Only entries of this user are touched (the segment's name and owner must carry our uid). Pure parts (names, parsing)
 are separate from the /proc and /dev/shm scans.
@@ -15,14 +20,19 @@ are separate from the /proc and /dev/shm scans.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "deepspeed_allreduce_buffer_"
 KEY_DIR_PREFIX = "memascend-keys-"
+EXT_LOCK = "lock"
+EXT_LOCK_GRACE_S = 60.0
+"""A loaded op holds its lock for well under a second; a build holds it minutes, from its folder (its cwd)."""
 """engine/runtime.py names its temporary key folder KEY_DIR_PREFIX + '<pid>-' + random."""
 
 
@@ -76,6 +86,52 @@ def held_paths(prefix: str, proc: str = "/proc") -> set[str]:
     return held
 
 
+def busy_dirs(prefix: str, proc: str = "/proc") -> set[str]:
+    """Working directories under `prefix` of live processes (a compiler building an op runs in its folder)."""
+    out = set()
+    for pid in os.listdir(proc):
+        if pid.isdigit():
+            try:
+                cwd = os.readlink(os.path.join(proc, pid, "cwd"))
+            except OSError:
+                continue
+            if cwd.startswith(prefix):
+                out.add(cwd)
+    return out
+
+
+def extension_dirs(env=None) -> list[str]:
+    """Where torch builds JIT ops: TORCH_EXTENSIONS_DIR, and its default under ~/.cache (torch/utils/
+    cpp_extension.py _get_build_directory)."""
+    env = os.environ if env is None else env
+    dirs = [env.get("TORCH_EXTENSIONS_DIR"), os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")]
+    return [d for d in dirs if d and os.path.isdir(d)]
+
+
+def stale_extension_locks(root: str, *, now: float | None = None, proc: str = "/proc") -> list[str]:
+    """The op build locks under `root` (<op>/lock, or <python tag>/<op>/lock) a killed process left (see the
+    module's docstring)."""
+    now = time.time() if now is None else now
+    old = []
+    for depth in ("*", os.path.join("*", "*")):
+        for lock in glob.glob(os.path.join(root, depth, EXT_LOCK)):
+            try:
+                if now - os.lstat(lock).st_mtime > EXT_LOCK_GRACE_S:
+                    old.append(lock)
+            except OSError:
+                continue
+    if not old:
+        return []
+    prefix = os.path.join(os.path.realpath(root), "")
+    used = {os.path.dirname(p) for p in held_paths(prefix, proc)} | busy_dirs(prefix, proc)
+    stale = []
+    for lock in old:
+        op_dir = os.path.realpath(os.path.dirname(lock))
+        if not any(u == op_dir or u.startswith(op_dir + os.sep) for u in used):
+            stale.append(lock)
+    return stale
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -107,7 +163,7 @@ class Sweep:
         if not self.removed:
             return None
         return (f"removed {len(self.removed)} leftover(s) of finished jobs ({self.removed_bytes / 2**20:,.0f} MiB: "
-                "DeepSpeed's shared-memory allreduce buffers, memascend key folders)")
+                "DeepSpeed's shared-memory allreduce buffers, memascend key folders, stale op build locks)")
 
 
 def _tree_bytes(path: str) -> int:
@@ -121,8 +177,10 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
-def sweep(*, shm_dir: str = SHM_DIR, tmp_dir: str | None = None, proc: str = "/proc", uid: int | None = None) -> Sweep:
-    """Remove this user's DeepSpeed segments that no live process holds and memascend key folders of dead pids."""
+def sweep(*, shm_dir: str = SHM_DIR, tmp_dir: str | None = None, proc: str = "/proc", uid: int | None = None,
+          ext_dirs: list[str] | None = None) -> Sweep:
+    """Remove this user's DeepSpeed segments that no live process holds, memascend key folders of dead pids and
+    stale op build locks (`ext_dirs`, default extension_dirs())."""
     uid = os.getuid() if uid is None else uid
     out = Sweep()
     try:
@@ -167,6 +225,13 @@ def sweep(*, shm_dir: str = SHM_DIR, tmp_dir: str | None = None, proc: str = "/p
         size = _tree_bytes(path)
         shutil.rmtree(path, ignore_errors=True)
         out.removed.append({"path": path, "bytes": size})
+    for root in extension_dirs() if ext_dirs is None else ext_dirs:
+        for lock in stale_extension_locks(root, proc=proc):
+            try:
+                os.unlink(lock)
+                out.removed.append({"path": lock, "bytes": 0})
+            except FileNotFoundError:
+                pass
     return out
 
 

@@ -56,17 +56,17 @@ def test_sweep_removes_only_segments_nobody_holds(tmp_path):
     unrelated.write_bytes(b"x")
     holder = _hold(live)
     try:
-        s = leftovers.sweep(shm_dir=str(shm), tmp_dir=str(tmp_path / "none"))
+        s = leftovers.sweep(shm_dir=str(shm), tmp_dir=str(tmp_path / "none"), ext_dirs=[])
         assert [r["path"] for r in s.removed] == [stale] and s.removed_bytes == 8192 and s.kept_live == 1
         assert os.path.exists(live) and os.path.exists(other_user) and unrelated.exists()
         assert "1 leftover(s)" in s.note()
     finally:
         holder.kill()
         holder.wait()
-    s = leftovers.sweep(shm_dir=str(shm), tmp_dir=str(tmp_path / "none"))
+    s = leftovers.sweep(shm_dir=str(shm), tmp_dir=str(tmp_path / "none"), ext_dirs=[])
     assert [r["path"] for r in s.removed] == [live] and s.kept_live == 0
     assert os.path.exists(other_user)  # another user's segment is never ours to remove
-    assert leftovers.sweep(shm_dir=str(shm), tmp_dir=str(tmp_path / "none")).note() is None
+    assert leftovers.sweep(shm_dir=str(shm), tmp_dir=str(tmp_path / "none"), ext_dirs=[]).note() is None
 
 
 def test_sweep_removes_key_folders_of_dead_processes_only(tmp_path):
@@ -79,7 +79,7 @@ def test_sweep_removes_key_folders_of_dead_processes_only(tmp_path):
     mine.mkdir()
     old_style = tmp_path / "memascend-keys-xyz"
     old_style.mkdir()
-    s = leftovers.sweep(shm_dir=str(tmp_path / "no-shm"), tmp_dir=str(tmp_path))
+    s = leftovers.sweep(shm_dir=str(tmp_path / "no-shm"), tmp_dir=str(tmp_path), ext_dirs=[])
     assert [r["path"] for r in s.removed] == [str(gone)] and s.removed_bytes == 3
     assert mine.exists() and old_style.exists()
 
@@ -106,3 +106,32 @@ def test_held_paths_sees_a_real_dev_shm_mapping():
         assert leftovers.shm_used_bytes() > 0
     finally:
         os.unlink(path)
+
+
+def test_sweep_removes_an_op_build_lock_a_killed_process_left_and_no_other(tmp_path):
+    """torch's FileBaton lock of a JIT op (<dir>/<op>/lock): one older than the grace with nobody in the op's folder
+    is stale (every later load of the op would sleep on it forever); a fresh one, or an old one while a process works
+    in that folder (a build: ninja runs there), stays."""
+    ext = tmp_path / "ext"
+    old_time = time.time() - 2 * leftovers.EXT_LOCK_GRACE_S
+    locks = {}
+    for op in ("cpu_adam", "async_io", "py311_cpu/pin_memory", "fresh"):
+        (ext / op).mkdir(parents=True)
+        locks[op] = ext / op / "lock"
+        locks[op].touch()
+        if op != "fresh":
+            os.utime(locks[op], (old_time, old_time))
+    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=ext / "async_io")
+    try:
+        time.sleep(0.2)
+        assert sorted(leftovers.stale_extension_locks(str(ext))) == sorted(
+            [str(locks["cpu_adam"]), str(locks["py311_cpu/pin_memory"])])
+        s = leftovers.sweep(shm_dir=str(tmp_path / "no-shm"), tmp_dir=str(tmp_path / "none"), ext_dirs=[str(ext)])
+        assert sorted(r["path"] for r in s.removed) == sorted([str(locks["cpu_adam"]),
+                                                                str(locks["py311_cpu/pin_memory"])])
+        assert "stale op build locks" in s.note()
+        assert locks["async_io"].exists() and locks["fresh"].exists() and not locks["cpu_adam"].exists()
+    finally:
+        builder.kill()
+        builder.wait()
+    assert leftovers.stale_extension_locks(str(ext)) == [str(locks["async_io"])]  # the build is gone now
