@@ -152,10 +152,8 @@ class Speculator:
     def _start(self, ci: int) -> None:
         """Chunk ci's first piece: a slot and its reads (moments; the master too unless the chunk's parameters mirror
         it), or FALLBACK without a free slot."""
-        self._begin(ci, self._free_slot())
-
-    def _begin(self, ci: int, slot: Slot | None) -> None:
         st, pipe = self.step, self.pipeline
+        slot = self._free_slot()
         if slot is None:
             st.state[ci] = FALLBACK
             self.counters.chunks_fallback += 1
@@ -178,7 +176,7 @@ class Speculator:
             if st.state[ci] == NEW and ci in self.pipeline.mirrored and self._spare_slots() >= 2:
                 # A layer's release spans several chunks whose gradients come later: starting them all would take
                 # the slot the gradient being reduced now needs (a fallback); one stays for the offers.
-                self._begin(ci, self._free_slot())
+                self._start(ci)
             if st.state[ci] == ASSEMBLING and ci in st.copied:
                 self._copy_master(ci, p, partition)
 

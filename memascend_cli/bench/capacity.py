@@ -207,16 +207,10 @@ def probe_record(value: int, run: dict, document: str, sitting: str | None = Non
             "seconds_per_step": run.get("seconds_per_step"), "wall_s": run.get("wall_s"), "document": document}
 
 
-RESUMED_JOB_KEYS = ("model", "layers", "seq_len", "micro_batch", "grad_accum", "gradient_clipping", "steps", "dtype",
-                    "seed", "checkpointing", "loss", "ranks", "accelerator", "host_budget_bytes", "deepspeed_version",
-                    "dram_cap_bytes")
-"""What a stored probe's job must share with the probe a resumed search would run at its value."""
-
-
 def job_mismatch(stored: dict, expected: dict) -> str | None:
-    """The first RESUMED_JOB_KEYS field in which a stored probe's job differs from the one expected there, as
-    'key: stored, not expected'; None when it is the same job. Pure."""
-    for key in RESUMED_JOB_KEYS:
+    """The first field of `expected` (what makes a probe the same job: runner.Point.job_identity and the cap) in which
+    a stored probe's job differs, as 'key: stored, not expected'; None when it is the same job. Pure."""
+    for key in expected:
         if stored.get(key) != expected.get(key):
             return f"{key}: {stored.get(key)!r}, not {expected.get(key)!r}"
     return None
@@ -328,11 +322,16 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
     return "\n".join(out) + "\n"
 
 
+def sittings(engines: list[dict]) -> list[str]:
+    """When the bench commands that ran the engines' probes started: more than one for a resumed search."""
+    return sorted({q["sitting"] for e in engines for q in e["probes"] if q.get("sitting")})
+
+
 def _when(doc: dict) -> str:
     """The sitting's date, or the dates of the sittings a resumed search's probes come from."""
-    sittings = sorted({q["sitting"] for e in doc["engines"] for q in e["probes"] if q.get("sitting")})
-    if len(sittings) > 1:
-        return "resumed: probes of the sittings started " + ", ".join(sittings)
+    sittings_ = sittings(doc["engines"])
+    if len(sittings_) > 1:
+        return "resumed: probes of the sittings started " + ", ".join(sittings_)
     return (doc.get("meta") or {}).get("date", "?")
 
 

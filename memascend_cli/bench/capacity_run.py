@@ -173,7 +173,7 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
              " is killed and reads 'stalled' (does not fit: at its cap a job can crawl re-reading its evicted "
              "libraries instead of being OOM-killed); so is one whose tasks all stalled on memory "
              f"{THRASH_FULL_SHARE:.0%} of {THRASH_WINDOW_S:.0f} s (memory pressure, systemd-oomd's limit)"]
-    sittings = sorted({q["sitting"] for e in engines for q in e["probes"] if q["sitting"]})
+    sittings = capacity.sittings(engines)
     if len(sittings) > 1:
         notes.append("resumed (--resume): the probes come from the sittings started at " + ", ".join(sittings)
                      + " (each probe's `sitting`)")

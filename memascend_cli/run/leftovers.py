@@ -62,16 +62,17 @@ def key_dir_pid(name: str) -> int | None:
 
 
 def held_paths(prefix: str, proc: str = "/proc") -> set[str]:
-    """Paths under `prefix` that a live process has open or mapped (the processes /proc lets us read)."""
+    """Paths under `prefix` that a live process has open, mapped or as its working directory (the processes /proc lets
+    us read)."""
     held: set[str] = set()
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
         base = os.path.join(proc, pid)
         try:
-            for fd in os.listdir(os.path.join(base, "fd")):
+            for link in [os.path.join("fd", fd) for fd in os.listdir(os.path.join(base, "fd"))] + ["cwd"]:
                 try:
-                    target = os.readlink(os.path.join(base, "fd", fd))
+                    target = os.readlink(os.path.join(base, link))
                 except OSError:
                     continue
                 if target.startswith(prefix):
@@ -84,20 +85,6 @@ def held_paths(prefix: str, proc: str = "/proc") -> set[str]:
         except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
             continue
     return held
-
-
-def busy_dirs(prefix: str, proc: str = "/proc") -> set[str]:
-    """Working directories under `prefix` of live processes (a compiler building an op runs in its folder)."""
-    out = set()
-    for pid in os.listdir(proc):
-        if pid.isdigit():
-            try:
-                cwd = os.readlink(os.path.join(proc, pid, "cwd"))
-            except OSError:
-                continue
-            if cwd.startswith(prefix):
-                out.add(cwd)
-    return out
 
 
 def extension_dirs(env=None) -> list[str]:
@@ -123,7 +110,7 @@ def stale_extension_locks(root: str, *, now: float | None = None, proc: str = "/
     if not old:
         return []
     prefix = os.path.join(os.path.realpath(root), "")
-    used = {os.path.dirname(p) for p in held_paths(prefix, proc)} | busy_dirs(prefix, proc)
+    used = held_paths(prefix, proc)  # a build's files, or its cwd: ninja runs in the op's folder
     stale = []
     for lock in old:
         op_dir = os.path.realpath(os.path.dirname(lock))
