@@ -306,13 +306,15 @@ def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_p
 
 def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
     """bf16 with clipping off: every step commits and no gradient byte touches the SSD; the losses equal stock's
-    without clipping."""
+    without clipping, with chunks read ahead in the last step's order."""
     ref = run(tmp_path, "stock-noclip", "--mode", "stock", "--dtype", "bf16", "--clip", "0",
               "--nvme-dir", str(tmp_path / "swap"))
     r = run(tmp_path, "engine-noclip", "--mode", "engine", "--dtype", "bf16", "--clip", "0",
             "--region", make_region(tmp_path, "512MiB"))
     assert r["losses"] == ref["losses"]
     assert r["stats"]["overlap"]["steps_committed"] == STEPS
+    # From the second step on, chunks are read in the order the step before took them, ahead of their gradients.
+    assert r["stats"]["overlap"]["chunks_read_ahead"] > 0
     io = r["stats"]["bounded_io"]
     assert io["gradient_write_bytes"] == 0 and io["gradient_read_bytes"] == 0
     assert r["stats"]["overlap"]["master_bytes_from_memory"] == 0  # bf16 parameters are not the fp32 master
