@@ -106,8 +106,8 @@ class Speculator:
         """The order in which the last speculated step's chunks took a slot: backward reduces the same gradients in
         the same order every step, so the next step reads them in that order ahead of their gradients."""
         self.lookahead = max(1, len(pipeline.slots) - 2)
-        """Chunks read ahead at once: with 3 slots one, so that two hold writes in flight (the SSD-bound case is
-        write-bound: 16 B per parameter written against 12 read)."""
+        """Chunks read ahead at once: with 3 slots one, so that two hold writes in flight (fp32 writes 16 B per
+        parameter a step against 12 read)."""
 
     @property
     def active(self) -> bool:
@@ -223,9 +223,9 @@ class Speculator:
     def _read_ahead(self) -> None:
         """Start the next chunks of the last step's order: their moments (and a master not taken from the
         parameters) are read while backward computes the gradients they wait for, instead of after the first one
-        arrives, with the thread that drives backward waiting on them (docs/bench/ssd-bound/, a py-spy profile: 15%
-        of a 400 MB/s fp32 step). Up to `lookahead` chunks assemble at once, and a slot always stays for a chunk out
-        of that order (none free: it falls back)."""
+        arrives, with the thread that drives backward waiting on them (a py-spy profile of bench-llama-136m's fp32
+        step at 400 MB/s: 15% of it). Up to `lookahead` chunks assemble at once, and a slot always stays for a chunk
+        out of that order (none free: it falls back)."""
         st = self.step
         while len(st.slot_of) < self.lookahead and self._spare_slots() >= 2:
             while st.cursor < len(self.order) and st.state[self.order[st.cursor]] != NEW:
