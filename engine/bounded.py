@@ -33,6 +33,16 @@ GRAD_PREFIX = "memascend/grad/"
 OPT_PREFIX = "memascend/opt/"
 ACT_PREFIX = "memascend/act/"
 STATE_NAMES = ("fp32", "exp_avg", "exp_avg_sq")
+SHADOW_SUFFIX = "~next"
+SPEC_RESIDENT_MAX_BYTES = 64 << 20
+"""Resident partitions (OptimizerPipeline.spec_resident) a speculation holds next values of: DeepSpeed keeps only
+small ones in memory (below min_aio_bytes, persistent) unless offload_param.max_in_cpu keeps more; beyond this a chunk
+with such pieces writes its master instead."""
+
+
+def shadow_key(key: str) -> str:
+    """Where a speculation writes the next values of the parameter partition `key` (OptimizerPipeline.shadowed)."""
+    return key + SHADOW_SUFFIX
 
 
 def _bytes_view(t: torch.Tensor) -> torch.Tensor:
@@ -198,6 +208,9 @@ class ParamTarget:
     key: str | None = None
     tensor: torch.Tensor | None = None
     """The in-memory partition (DeepSpeed keeps partitions below min_aio_bytes, and persistent ones, in memory)."""
+    resident: bool = False
+    """The in-memory partition is the parameter's home (not a swapped one DeepSpeed holds for now): in fp32 it holds
+    the master as an SSD partition does (OptimizerPipeline.params_hold_master)."""
 
 
 def rounding_seed(*parts: int) -> int:
@@ -238,7 +251,8 @@ class OptimizerPipeline:
     def __init__(self, store, allocator, windows: zero.EngineWindows, chunks: Sequence[zero.Chunk],
                  targets: Sequence[Sequence[Callable[[], ParamTarget]]], grad_keys: Sequence[Sequence[str]], *,
                  param_dtype: torch.dtype, grad_dtype: torch.dtype, counters: IOCounters,
-                 grad_written: dict | None = None, key_prefix: str = OPT_PREFIX, moment_bytes: int = 4):
+                 grad_written: dict | None = None, key_prefix: str = OPT_PREFIX, moment_bytes: int = 4,
+                 params_hold_master: bool = False):
         self.store = store
         self.key_prefix = key_prefix
         """Prefix of the chunk keys: one per optimizer, so two engines in one process never share a key."""
@@ -280,6 +294,24 @@ class OptimizerPipeline:
         """fp32 training: chunks whose parameter partitions hold exactly their current master (the master is copied to
         them bit for bit): the overlap takes such a master from partitions DeepSpeed holds in memory during backward
         instead of reading it from the SSD (overlap.Speculator). Anything that writes one without the other drops it."""
+        self.params_hold_master = params_hold_master and self.param_bytes == 4
+        """EngineOptions.params_hold_master: in fp32 a chunk whose parameter pieces are all on the SSD keeps its master
+        there only (the partitions hold its exact values): no master written, 4 B per parameter a step less."""
+        self.master_in_params: set[int] = set()
+        """Chunks whose current master is their SSD parameter pieces (their master key is stale or absent)."""
+        self.shadowed: set[str] = set()
+        """Parameter keys a speculation wrote to their shadow (shadow_key), exchanged with them at its commit: until
+        then the partitions keep the current master a redo or a rollback needs."""
+        self.spec_in_params: set[int] = set()
+        """Speculated chunks that wrote no master (their next master is in the shadows)."""
+        self.spec_resident: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """A speculation's next values of resident partitions' pieces (destination view, values), copied in at its
+        commit: the partitions keep the current master until then."""
+        self.buffer_resident = False
+        """Speculations hold resident partitions' next values apart (prepare_speculation: they are small enough)."""
+        self.read_from: dict[str, str] = {}
+        """From a commit to the end of its step: parameter key -> the key now holding its values before the step (the
+        exchanged shadow), for chunks stepped after the commit (their pieces of the new partition are stale)."""
 
     @property
     def host_bytes(self) -> int:
@@ -343,14 +375,28 @@ class OptimizerPipeline:
                 self.counters.gradient_read_bytes += p.numel * gb
 
     def read_master(self, ci: int, slot: Slot, *, wait: bool) -> None:
-        """Chunk ci's current master from the SSD into the slot (`wait`: now, else with the slot's other reads)."""
-        pending = self.store.submit("r", slot.master.data_ptr(), self.chunks[ci].numel * 4, self.state_key(ci, "fp32"),
-                                    0)
-        self.counters.optimizer_read_bytes += self.chunks[ci].numel * 4
-        if wait:
-            self.store.complete(pending)
+        """Chunk ci's current master from the SSD into the slot (`wait`: now, else with the slot's other reads): its
+        master key, or its parameter pieces (master_in_params)."""
+        chunk = self.chunks[ci]
+        pending = []
+        if ci in self.master_in_params:
+            for p in chunk.pieces:
+                target = self.targets[chunk.sub_group][p.param]()
+                dst = slot.master.narrow(0, p.chunk_offset, p.numel)
+                if target.key is None:  # DeepSpeed holds the partition in memory: the same values
+                    dst.copy_(target.tensor.narrow(0, p.param_offset, p.numel))
+                    continue
+                pending.append(self.store.submit("r", dst.data_ptr(), p.numel * 4,
+                                                 self.read_from.get(target.key, target.key), p.param_offset * 4))
         else:
-            slot.pending.append(pending)
+            pending.append(self.store.submit("r", slot.master.data_ptr(), chunk.numel * 4,
+                                             self.state_key(ci, "fp32"), 0))
+        self.counters.optimizer_read_bytes += chunk.numel * 4
+        if wait:
+            for request in pending:
+                self.store.complete(request)
+        else:
+            slot.pending.extend(pending)
 
     def _mirror(self, ci: int, same: bool) -> None:
         """Whether chunk ci's parameters now hold its current master exactly (fp32 only: see `mirrored`)."""
@@ -389,18 +435,38 @@ class OptimizerPipeline:
     # -- writes -----------------------------------------------------------------------------------------
     def _submit_writes(self, ci: int, slot: Slot, *, generation: int | None = None,
                        targets: Sequence[Sequence[Callable[[], ParamTarget]]] | None = None) -> None:
-        """Master, moments (into `generation`, default the current one) and parameters of chunk ci."""
+        """Master (unless the parameters hold it), moments (into `generation`, default the current one) and
+        parameters of chunk ci. Another generation's (a speculation's) SSD parameters go to their shadows when the
+        parameters hold the master."""
         chunk = self.chunks[ci]
         n = chunk.numel
-        slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4,
-                                              self.state_key(ci, "fp32", generation), 0))
-        self._submit_moment_writes(ci, slot, generation)
-        self.counters.optimizer_write_bytes += n * 4
+        resolved = self._resolve(chunk, targets or self.targets)
         current = generation is None or generation == self.generation[ci]
+        in_params = self.params_hold_master and all(t.key is not None or (t.resident and (current or self._buffers(t)))
+                                                     for t in resolved)
+        if not in_params:
+            slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4,
+                                                  self.state_key(ci, "fp32", generation), 0))
+            self.counters.optimizer_write_bytes += n * 4
+        self._submit_moment_writes(ci, slot, generation)
         if current:
             self.states_written.add(ci)
-        self._write_params(chunk, slot, targets)
-        self._mirror(ci, current)  # a speculative update's parameters are ahead of the current master
+            (self.master_in_params.add if in_params else self.master_in_params.discard)(ci)
+            self._write_params(chunk, slot, resolved)
+            self._mirror(ci, True)
+            return
+        (self.spec_in_params.add if in_params else self.spec_in_params.discard)(ci)
+        self._write_params(chunk, slot, resolved, shadow=self.params_hold_master)
+        if not in_params:
+            self.mirrored.discard(ci)  # pieces written in place are ahead of the current master
+
+    def _buffers(self, target: ParamTarget) -> bool:
+        """Whether a speculation holds its next values of this resident partition apart (spec_resident)."""
+        return target.resident and self.buffer_resident
+
+    def _resolve(self, chunk: zero.Chunk, targets) -> list[ParamTarget]:
+        """Where each piece of `chunk` is now, in chunk.pieces order."""
+        return [targets[chunk.sub_group][p.param]() for p in chunk.pieces]
 
     def _submit_moment_writes(self, ci: int, slot: Slot, generation: int | None = None) -> None:
         """exp_avg / exp_avg_sq of chunk ci from the slot; 16-bit moments are narrowed in place into the lower half
@@ -413,26 +479,86 @@ class OptimizerPipeline:
             slot.pending.append(self.store.submit("w", t.data_ptr(), n * mb, self.state_key(ci, name, generation), 0))
         self.counters.optimizer_write_bytes += 2 * n * mb
 
-    def _write_params(self, chunk: zero.Chunk, slot: Slot,
-                      targets: Sequence[Sequence[Callable[[], ParamTarget]]] | None = None) -> None:
-        """The chunk's updated master to the 16-bit parameter partitions (copy in memory, or write to the SSD)."""
+    def _write_params(self, chunk: zero.Chunk, slot: Slot, resolved: Sequence[ParamTarget] | None = None, *,
+                      shadow: bool = False) -> None:
+        """The chunk's updated master to the 16-bit parameter partitions (copy in memory, or write to the SSD; with
+        `shadow`, to the SSD partitions' shadows)."""
         pb = self.param_bytes
-        targets = targets or self.targets
-        for p, off in slot.placements:
-            target = targets[chunk.sub_group][p.param]()
+        resolved = resolved or self._resolve(chunk, self.targets)
+        for (p, off), target in zip(slot.placements, resolved):
             src = slot.master.narrow(0, p.chunk_offset, p.numel)
             if target.key is None:
-                target.tensor.narrow(0, p.param_offset, p.numel).copy_(src)
+                dst = target.tensor.narrow(0, p.param_offset, p.numel)
+                if shadow and self._buffers(target):
+                    self.spec_resident.append((dst, src.clone()))
+                else:
+                    dst.copy_(src)
                 continue
+            key = target.key
+            if shadow:
+                self.shadowed.add(key)
+                key = shadow_key(key)
             nbytes = p.numel * pb
             if off is None:
                 tmp = src.to(self.param_dtype)
-                self.store.complete(self.store.submit("w", tmp.data_ptr(), nbytes, target.key, p.param_offset * pb))
+                self.store.complete(self.store.submit("w", tmp.data_ptr(), nbytes, key, p.param_offset * pb))
             else:
                 view = self._piece_view(slot, off, p.numel, self.param_dtype)
                 view.copy_(src)
-                slot.pending.append(self.store.submit("w", view.data_ptr(), nbytes, target.key, p.param_offset * pb))
+                slot.pending.append(self.store.submit("w", view.data_ptr(), nbytes, key, p.param_offset * pb))
             self.counters.param_write_bytes += nbytes
+
+    # -- a speculation's generation (engine/overlap.py) -------------------------------------------------
+    def commit_speculation(self, done: Sequence[int]) -> None:
+        """The speculative updates of `done` (written, completed) become the current states: their generation flips
+        and the shadows written become the parameter partitions (an extent exchange, no I/O)."""
+        self.read_from.clear()
+        for key in sorted(self.shadowed):
+            self.store.exchange(key, shadow_key(key))
+            self.read_from[key] = shadow_key(key)
+        self.shadowed.clear()
+        for dst, values in self.spec_resident:
+            dst.copy_(values)
+        self.spec_resident.clear()
+        for ci in done:
+            self.generation[ci] = 1 - self.generation[ci]
+            self.states_written.add(ci)
+            (self.master_in_params.add if ci in self.spec_in_params else self.master_in_params.discard)(ci)
+            self._mirror(ci, True)  # the speculation wrote the parameters from this master
+        self.spec_in_params.clear()
+
+    def drop_speculation(self, done: Sequence[int] = ()) -> list[int]:
+        """Forget a speculation: the current states stay. Returns the chunks of `done` whose parameters it wrote in
+        place (in memory, or without shadows): a rollback rewrites them from the current master."""
+        back = [ci for ci in done if ci not in self.spec_in_params]
+        self.shadowed.clear()
+        self.spec_resident.clear()
+        self.spec_in_params.clear()
+        return back
+
+    def end_step(self) -> None:
+        """Every chunk of the step is stepped: the exchanged shadows' old values are no longer needed."""
+        self.read_from.clear()
+
+    def prepare_speculation(self, targets) -> None:
+        """Before the first speculation writing to `targets` (params_hold_master): a full copy of each SSD parameter
+        partition under its shadow key (reserved at its length, so a speculation can write any piece of it and its
+        exchange hands DeepSpeed a partition of the same length); resident partitions are buffered if small."""
+        buf = self.slots[0].master
+        cap = buf.numel() * buf.element_size()
+        resolved = [fn() for group in targets for fn in group]
+        self.buffer_resident = sum(4 * t.numel for t in resolved if t.resident) <= SPEC_RESIDENT_MAX_BYTES
+        for key in sorted({t.key for t in resolved if t.key is not None}):
+            total = self.store.written_bytes(key)
+            if not total or self.store.written_bytes(shadow_key(key)):
+                continue
+            self.store.reserve(shadow_key(key), total)
+            for off in range(0, total, cap):
+                m = min(cap, total - off)
+                self.store.complete(self.store.submit("r", buf.data_ptr(), m, key, off))
+                self.store.complete(self.store.submit("w", buf.data_ptr(), m, shadow_key(key), off))
+                self.counters.param_read_bytes += m
+                self.counters.param_write_bytes += m
 
     # -- the pipelined walk -----------------------------------------------------------------------------
     def run(self, compute: Callable[[int, zero.Chunk, Slot], None], *, with_grads: bool = True,
@@ -489,13 +615,19 @@ class OptimizerPipeline:
                 slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(self._piece_view(slot, off, p.numel,
                                                                                      self.grad_dtype))
 
-    def initialize(self, read_param: Callable[[ParamTarget, int, int, torch.Tensor], None] | None = None) -> None:
+    def initialize(self) -> None:
         """Create every chunk's fp32 master from the 16-bit parameter partitions (exp_avg/exp_avg_sq stay absent
-        until the first step writes them: they start as zeros, as CPU Adam creates them)."""
+        until the first step writes them: they start as zeros, as CPU Adam creates them). A chunk whose fp32
+        partitions are all on the SSD already holds it there (params_hold_master)."""
         for ci, chunk in enumerate(self.chunks):
             slot = self.slots[0]
             n = chunk.numel
             pb = self.param_bytes
+            if self.params_hold_master and all(t.key is not None or t.resident
+                                               for t in self._resolve(chunk, self.targets)):
+                self.master_in_params.add(ci)
+                self._mirror(ci, True)
+                continue
             for p in chunk.pieces:
                 target = self.targets[chunk.sub_group][p.param]()
                 dst = slot.master.narrow(0, p.chunk_offset, p.numel)
@@ -536,8 +668,13 @@ class OptimizerPipeline:
         chunk = self.chunks[ci]
         n = chunk.numel
         slot.master.narrow(0, 0, n).copy_(tensors["fp32"])
-        slot.pending = [self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0)]
-        self.counters.optimizer_write_bytes += n * 4
+        slot.pending = []
+        resolved = self._resolve(chunk, self.targets)
+        in_params = params and self.params_hold_master and all(t.key is not None or t.resident for t in resolved)
+        if not in_params:
+            slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
+            self.counters.optimizer_write_bytes += n * 4
+        (self.master_in_params.add if in_params else self.master_in_params.discard)(ci)
         if "exp_avg" in tensors:
             slot.exp_avg.narrow(0, 0, n).copy_(tensors["exp_avg"])
             slot.exp_avg_sq.narrow(0, 0, n).copy_(tensors["exp_avg_sq"])
@@ -547,7 +684,7 @@ class OptimizerPipeline:
             self.states_written.discard(ci)
         slot.placements = self._place(chunk)
         if params:
-            self._write_params(chunk, slot)
+            self._write_params(chunk, slot, resolved)
         self._mirror(ci, params)
         self._complete(slot)
 

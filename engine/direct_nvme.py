@@ -253,6 +253,29 @@ class RegionStore:
                 st = self._keys[key] = _KeyState()
             st.zero_bytes = max(st.zero_bytes, int(nbytes))
 
+    def reserve(self, key: str, nbytes: int) -> None:
+        """Allocate ``key``'s extent for ``nbytes`` before it is written piece by piece (a first write
+        would otherwise size it to its own end)."""
+        self.extent_for_write(key, 0, int(nbytes))
+
+    def written_bytes(self, key: str) -> int:
+        """Logical bytes written to ``key`` (0: never written)."""
+        with self._mutex:
+            st = self._keys.get(key)
+            return st.written_bytes if st is not None else 0
+
+    def exchange(self, a: str, b: str) -> None:
+        """Swap two keys' extents and what is known of their content: ``b``, written as the next
+        version of ``a``, becomes ``a`` and the old ``a`` stays readable as ``b``. No I/O; nothing
+        of either may be in flight."""
+        with self._mutex:
+            self.allocator.exchange(a, b)
+            sa, sb = self._keys.pop(a, None), self._keys.pop(b, None)
+            if sb is not None:
+                self._keys[a] = sb
+            if sa is not None:
+                self._keys[b] = sa
+
     def forget(self, key: str) -> None:
         """Free ``key``'s extent (e.g. when a swapper drops a tensor for good)."""
         with self._mutex:

@@ -15,7 +15,10 @@ decides:
 
 In fp32 the parameter partitions are the master's exact copy (OptimizerPipeline.mirrored): a chunk then takes its
 master from the partitions backward fetched, as DeepSpeed drops them (Speculator.released), and reads only its moments
-(EngineOptions.master_from_params: 4 B per parameter less read per step).
+(EngineOptions.master_from_params: 4 B per parameter less read per step). With EngineOptions.params_hold_master the
+partitions on the SSD are the only master: the speculation writes the next parameters to shadow partitions, exchanged
+with the current ones at the commit, so a redo or a rollback still finds the old master in place (4 B per parameter
+less written per step).
 
 Both paths make the same DeepSpeedCPUAdam op calls on the same values, so a committed step is bit-identical to the step
 without overlap (speculation, then validation: SuperOffload, arXiv 2509.21271; the optimizer overlapped with backward:
@@ -269,17 +272,15 @@ class Speculator:
 
     def commit(self, done: list[int]) -> None:
         """The speculative updates of `done` become the current states."""
-        pipe = self.pipeline
-        for ci in done:
-            pipe.generation[ci] = 1 - pipe.generation[ci]
-            pipe.states_written.add(ci)
-            pipe._mirror(ci, True)  # the speculation wrote the parameters from this master
+        self.pipeline.commit_speculation(done)
         self.counters.chunks_committed += len(done)
         self.counters.steps_committed += 1
         self.drop()
 
-    def drop(self) -> None:
-        """Forget the speculation (the old generation stays current)."""
+    def drop(self, done: list[int] = ()) -> list[int]:
+        """Forget the speculation (the old generation stays current). Returns the chunks of `done` whose parameters
+        it wrote in place: a rollback rewrites them."""
         self.step, self.finished, self.invalidated = None, None, False
         self.consumed.clear()
+        return self.pipeline.drop_speculation(done)
 

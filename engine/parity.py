@@ -88,6 +88,8 @@ def main(argv=None) -> dict:
                     help="fp16: start dynamic loss scaling at 2**N (a large N overflows the first steps)")
     ap.add_argument("--force-cpu-fp16", action="store_true",
                     help="fp16 on a CPU without oneDNN fp16 (DeepSpeed refuses it; slow kernels, tiny models only)")
+    ap.add_argument("--nan-step", type=int, default=None,
+                    help="backward a NaN loss at this step (0-based): its gradient norm is invalid, the step skipped")
     ap.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
                     help="engine: Adam's moments on the SSD (EngineOptions.optimizer_moments)")
     ap.add_argument("--out", required=True)
@@ -187,7 +189,7 @@ def main(argv=None) -> dict:
             continue  # done before the checkpoint: same data from here on
         for x in xs:  # engine.step() steps the optimizer at the last micro-batch (the accumulation boundary)
             loss = engine(input_ids=x, labels=x).loss
-            engine.backward(loss)
+            engine.backward(loss * float("nan") if step == args.nan_step else loss)
             if args.overflow_probe and step == 0:
                 from memascend_engine.ds_internals import probes
 

@@ -266,6 +266,7 @@ class Installed:
                     self.ctx.store = self.store
                     self.ctx.windows = self.windows()
                     self.ctx.moment_bytes = MOMENT_BYTES[o.optimizer_moments]
+                    self.ctx.params_hold_master = o.params_hold_master
                     if o.overlap_optimizer:
                         from memascend_engine.overlap import OverlapCounters
 

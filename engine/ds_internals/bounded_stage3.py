@@ -106,7 +106,8 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 ctx.store, ctx.pinned_allocator or plain_allocator(), ctx.windows, self._ma_chunks,
                 self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
                 counters=ctx.io, grad_written=self._ma_stream.written,
-                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/", moment_bytes=ctx.moment_bytes)
+                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/", moment_bytes=ctx.moment_bytes,
+                params_hold_master=ctx.params_hold_master)
             self._ma_overflow_local = False
             self._ma_param_pos = {p.ds_id: (g, j) for g, group in enumerate(self.fp16_groups)
                                   for j, p in enumerate(group)}
@@ -121,6 +122,8 @@ def BoundedStage3Mixin(ctx: PluginContext):
             self._ma_last_clipped = False
             dist.barrier()
             self._ma_pipeline.initialize()
+            if self._ma_spec is not None and self._ma_pipeline.params_hold_master:
+                self._ma_pipeline.prepare_speculation(self._ma_targets(during_backward=True))
             dist.barrier()
 
         def _ma_targets(self, *, during_backward: bool = False):
@@ -141,7 +144,9 @@ def BoundedStage3Mixin(ctx: PluginContext):
 
             def resolve() -> bounded.ParamTarget:
                 if param.nvme_swapper is None or in_memory():
-                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data)
+                    resident = getattr(partitioned, "final_location", None) != OffloadDeviceEnum.nvme
+                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data,
+                                               resident=resident)
                 path = param.nvme_swapper.get_path(param, must_exist=True)
                 return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
             return resolve
@@ -365,10 +370,10 @@ def BoundedStage3Mixin(ctx: PluginContext):
                         self.overflow = True
                 if self._loss_scale_update_and_overflow_cleanup():
                     if spec is not None:  # the step is skipped: the parameters back from the old masters
-                        spec.drop()
+                        back = spec.drop(done)
                         self._ma_stream.drop_held()
                         self._ma_pipeline.run(lambda ci, chunk, slot: None, with_grads=False, writes="params",
-                                              chunks=done)
+                                              chunks=back)
                         ctx.overlap.steps_rolled_back += 1
                     return
             finally:
@@ -381,6 +386,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 spec.commit(done)
                 self._ma_stream.drop_held()  # the gradients kept for a redo
                 self._ma_pipeline.run(compute, chunks=rest)
+                self._ma_pipeline.end_step()
             else:
                 if spec is not None:  # clipping or a new loss scale: step every chunk from the old states
                     spec.drop()

@@ -48,6 +48,8 @@ class PluginContext:
     else None."""
     master_from_params: bool = False
     """EngineOptions.master_from_params (with the overlap)."""
+    params_hold_master: bool = False
+    """EngineOptions.params_hold_master (with streaming)."""
     partition_released: Any = None
     """Called with each parameter whose swapped-in partition the param swapper is about to drop (its buffer goes back
     to the pool): the optimizer overlapped with backward copies an fp32 master from it (overlap.Speculator)."""

@@ -101,6 +101,7 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   accumulate_in_dram="accumulate_in_dram" not in disabled,
                   overlap_optimizer="overlap_optimizer" not in disabled,
                   master_from_params="master_from_params" not in disabled,
+                  params_hold_master="params_hold_master" not in disabled,
                   optimizer_moments=moments if mode == "memascend" else "fp32",
                   gradient_clipping=float(cfg.get("gradient_clipping", DEEPSPEED_GRADIENT_CLIPPING)),
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
@@ -203,6 +204,8 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
         disabled += ("bounded_norm",)  # recorded before the bounded norm: DeepSpeed's 250M-element fp64 pieces
     if run.get("mode") == "memascend" and "master_from_params" not in (_engine_stats(run).get("options") or {}):
         disabled += ("master_from_params",)  # recorded before it: the master read from the SSD
+    if run.get("mode") == "memascend" and "params_hold_master" not in (_engine_stats(run).get("options") or {}):
+        disabled += ("params_hold_master",)  # recorded before it: the master written beside the parameters
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
                 disabled=disabled, host_budget_bytes=j.get("host_budget_bytes"),

@@ -67,6 +67,8 @@ class JobSpec:
     master_from_params: bool = True
     """fp32 with the overlap: memascend copies each chunk's master from the parameters backward fetched instead of
     reading it (EngineOptions.master_from_params)."""
+    params_hold_master: bool = True
+    """fp32: memascend writes no master beside the parameter partitions on the SSD (EngineOptions.params_hold_master)."""
     gradient_clipping: float = DEEPSPEED_GRADIENT_CLIPPING
     """DeepSpeed's gradient_clipping (its default 1.0; 0 = off). With the overlap, a clipping step is redone from
     the gradients on the SSD, so they still go there; without clipping (bf16 / fp32) they never do."""

@@ -24,16 +24,25 @@ def nvme_items(c: Context) -> list[Item]:
     where = "region extents" if c.memascend else "swap files"
     states = state_bytes_per_elem(c)
     moments = "exp_avg + exp_avg_sq" if states == 12 else "bf16 exp_avg + exp_avg_sq"
+    if c.params_hold_master:  # memascend_engine.bounded OptimizerPipeline.params_hold_master: no master extent
+        states, label = states - 4, f"{moments} (fp32 master: the parameters)"
+    else:
+        label = f"fp32 master + {moments}"
     items = [
         Item("nvme/params", f"parameters ({where})", "nvme", params, "steady", "", 0,
              "sum A(partition x E) over swappable params", "runtime/swap_tensor/partitioned_param_swapper.py"),
-        Item("nvme/optimizer_states", f"fp32 master + {moments}", "nvme", states * opt // 4, "steady", "", 0,
+        Item("nvme/optimizer_states", label, "nvme", states * opt // 4, "steady", "", 0,
              f"{states} B x swappable sub-group elements", "runtime/swap_tensor/optimizer_utils.py"),
         Item("nvme/gradients", "fp32 gradients", "nvme", opt, "steady", "", 0,
              "4 B x swappable sub-group elements",
              "runtime/zero/stage3.py _offload_grad_partition_at_boundary (line 1453)"),
     ]
-    if c.overlap:
+    if c.overlap and c.params_hold_master:
+        items.append(Item("nvme/optimizer_states_speculative", "speculative moments + shadow parameters", "nvme",
+                          states * opt // 4 + params, "steady", "", 0,
+                          f"{states} B x sub-group elements + the parameters again: the overlap's second extent set",
+                          "memascend_engine.overlap (the old states stay until step() commits)"))
+    elif c.overlap:
         items.append(Item("nvme/optimizer_states_speculative", "speculative master + moments", "nvme",
                           states * opt // 4, "steady", "", 0,
                           f"{states} B x sub-group elements: the overlap's second extent set",
@@ -94,6 +103,10 @@ def ssd_traffic(c: Context) -> SsdTraffic:
             # from the partitions backward drops (memascend_engine.overlap Speculator.released) instead of reading it.
             read["optimizer_states"] -= 4 * opt
             grad += "; the fp32 master taken from the parameters backward fetched"
+        if c.params_hold_master:
+            # fp32: the parameters written back are the master (OptimizerPipeline.params_hold_master): none beside them.
+            write["optimizer_states"] -= 4 * opt
+            grad += "; no master written beside the parameters"
     else:
         read["gradients"] = 4 * opt
         write["gradients"] = 4 * opt
@@ -106,8 +119,9 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     grad_read = 0 if c.overlap else G * opt
     grad_write = (G * (opt - held) if c.overlap_keeps_grads else 0) if c.overlap else G * opt
     master_read = 0 if c.master_from_params else 4 * opt
+    master_write = 0 if c.params_hold_master else 4 * opt
     minimum = ((2 * E * swapped + grad_read + states * opt - 4 * opt + master_read) / n + ckpt,
-               (E * swapped + grad_write + states * opt) / n + ckpt)
+               (E * swapped + grad_write + states * opt - 4 * opt + master_write) / n + ckpt)
     return SsdTraffic(read, write, params_per_rank=c.ns,
                       formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer {states} B each way; "
                               f"{grad}",

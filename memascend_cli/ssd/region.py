@@ -659,6 +659,12 @@ class ExtentAllocator:
         self._live[key] = ext
         return ext
 
+    def exchange(self, a, b) -> None:
+        """Swap the extents of two live keys (a shadow copy becomes the current one without moving a byte)."""
+        if a not in self._live or b not in self._live:
+            raise KeyError(f"exchange of {a!r} and {b!r}: both need an extent")
+        self._live[a], self._live[b] = self._live[b], self._live[a]
+
     def free(self, key) -> None:
         """Release `key`'s extent and merge it with adjacent holes."""
         ext = self._live.pop(key, None)

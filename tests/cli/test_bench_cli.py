@@ -462,14 +462,17 @@ def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
     cfg = configs.build_ds_config("memascend", configs.recorded_spec(job), micro_batch=1, dtype="fp32",
                                   nvme_dir="/x", ranks=1)
     doc = {"job": job, "hardware": {"cpu_cores": 2}}
-    committed = {"mode": "memascend", "config": cfg, "engine_stats": [{"overlap": {"steps_committed": 2}}]}
+    committed = {"mode": "memascend", "config": cfg,
+                 "engine_stats": [{"overlap": {"steps_committed": 2}, "options": {
+                     "bounded_norm": True, "master_from_params": True, "params_hold_master": True}}]}
     again = configs.repredict(doc, committed)["time"]
     live = configs.predict("memascend", cfg, configs.recorded_spec(job), seq_len=64, micro_batch=1, dtype="fp32",
                            ranks=1, checkpointing="full", hw=hw, deepspeed_version="0.19.8", timing=t)["time"]
     assert again["seconds_per_step"] == live["seconds_per_step"] > 0
-    # A run whose steps did not speculate (recorded before the overlap, or clipped) is planned without it.
+    # A run whose steps did not speculate (recorded before the overlap, or clipped) is planned without it; one
+    # recorded without its engine's options, as before params_hold_master too.
     plain = configs.predict("memascend", cfg, configs.recorded_spec(job), seq_len=64, micro_batch=1, dtype="fp32",
                             ranks=1, checkpointing="full", hw=hw, deepspeed_version="0.19.8", timing=t,
-                            disabled=("overlap_optimizer",))["time"]
+                            disabled=("overlap_optimizer", "params_hold_master"))["time"]
     assert configs.repredict(doc, {"mode": "memascend", "config": cfg})["time"] == plain != live
     assert configs.recorded_timing({**job, "timing": None}) is None

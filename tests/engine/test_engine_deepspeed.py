@@ -320,6 +320,30 @@ def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
     assert r["stats"]["overlap"]["master_bytes_from_memory"] == 0  # bf16 parameters are not the fp32 master
 
 
+def test_fp32_parameters_hold_the_master_and_an_invalid_norm_rolls_back_exactly(tmp_path):
+    """fp32 without clipping, a NaN loss at step 3: stock skips that step. The engine speculates every step into
+    shadow parameter partitions (EngineOptions.params_hold_master) and its extents are exchanged at each commit; the
+    NaN step's speculation is dropped with the current partitions untouched, and every loss equals stock's. With the
+    master written beside the parameters instead, the same losses for 4 B per element and step more written."""
+    for d in "ab":
+        (tmp_path / d).mkdir()
+    kw = ("--dtype", "fp32", "--clip", "0", "--nan-step", "2")
+    ref = run(tmp_path, "stock-nan", "--mode", "stock", *kw, "--nvme-dir", str(tmp_path / "swap"))
+    on = run(tmp_path, "engine-nan", "--mode", "engine", *kw, "--region", make_region(tmp_path / "a", "512MiB"))
+    off = run(tmp_path, "engine-nan-master", "--mode", "engine", *kw, "--off", "params_hold_master",
+              "--region", make_region(tmp_path / "b", "512MiB"))
+    assert ref["skipped_steps"] == on["skipped_steps"] == off["skipped_steps"] == 1
+    assert on["losses"] == off["losses"] == ref["losses"]
+    for r in (on, off):
+        o = r["stats"]["overlap"]
+        assert (o["steps_committed"], o["steps_rolled_back"]) == (STEPS - 1, 1)
+    io_on, io_off = on["stats"]["bounded_io"], off["stats"]["bounded_io"]
+    # Per element: moments 8 B per step (the NaN step's speculative ones too) against 4 B more of master per step
+    # and initialize()'s.
+    n = (io_off["optimizer_write_bytes"] - io_on["optimizer_write_bytes"]) // (4 * (STEPS + 1))
+    assert n > 0 and io_on["optimizer_write_bytes"] == 8 * STEPS * n
+
+
 def test_bf16_moments_halve_the_moment_bytes_and_round_the_same_on_every_path(tmp_path):
     """Adam's moments on the SSD in bf16 (EngineOptions.optimizer_moments): 8 B per element of master + moments
     each way instead of 12; the losses stay within 1e-3 of fp32 moments over 5 fp32 steps; and with the stochastic
@@ -342,9 +366,10 @@ def test_bf16_moments_halve_the_moment_bytes_and_round_the_same_on_every_path(tm
     # Same traffic shape without the overlap's speculative writes: master 4 B + moments 2 x 2 B instead of 2 x 4 B.
     io32_plain = run(tmp_path, "fp32-moments-no-overlap", *common, "--off", "overlap_optimizer",
                      "--region", make_region(tmp_path / "d", "512MiB"))["stats"]["bounded_io"]
-    # Per element: the first step reads only the master (its moments start as zeros); initialize() writes the master.
+    # Per element: the first step reads only the master (its moments start as zeros). fp32 parameters are the
+    # master (EngineOptions.params_hold_master): it is read from them and never written beside them.
     n = io32_plain["optimizer_read_bytes"] // (4 * STEPS + 8 * (STEPS - 1))
     assert io16["optimizer_read_bytes"] == n * (4 * STEPS + 4 * (STEPS - 1))
-    assert io32_plain["optimizer_write_bytes"] == n * (4 + 12 * STEPS)
-    assert io16["optimizer_write_bytes"] == n * (4 + 8 * STEPS)
+    assert io32_plain["optimizer_write_bytes"] == n * 8 * STEPS
+    assert io16["optimizer_write_bytes"] == n * 4 * STEPS
     assert io32["optimizer_write_bytes"] > bf16["stats"]["bounded_io"]["optimizer_write_bytes"]

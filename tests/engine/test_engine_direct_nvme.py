@@ -145,6 +145,29 @@ def test_growing_a_key_reallocates(store_and_handle):
     assert store.snapshot()["reallocations"] == 1
 
 
+def test_exchange_hands_a_key_its_shadow_content_and_checksums(store_and_handle):
+    """A shadow reserved at its key's length, written piece by piece in any order, becomes the key by an extent
+    exchange (no I/O), and the old content stays readable, checksums and all, under the shadow's name."""
+    store, h, _ = store_and_handle
+    n = 3 * 16384  # three 64 KiB pieces
+    h.sync_pwrite(torch.ones(n), "p.swp")
+    key = store.key("p.swp")
+    store.reserve(key + "~next", store.written_bytes(key))
+    h.sync_pwrite(torch.zeros(n), key + "~next")  # the first full copy, as prepare_speculation makes it
+    for piece in (2, 0):  # the next values of two pieces, out of order
+        h.sync_pwrite(torch.full((16384,), float(piece + 2)), key + "~next", file_offset=piece * 16384 * 4)
+    before = store.snapshot()["requests"]
+    store.exchange(key, key + "~next")
+    assert store.snapshot()["requests"] == before
+    out = torch.empty(n)
+    h.sync_pread(out, "p.swp")
+    assert out[:16384].eq(2).all() and out[16384:32768].eq(0).all() and out[32768:].eq(4).all()
+    h.sync_pread(out, key + "~next")
+    assert out.eq(1).all()
+    with pytest.raises(KeyError):
+        store.exchange(key, "never-written")
+
+
 def test_wait_counts_per_handle(store_and_handle):
     store, h, alloc = store_and_handle
     from memascend_engine.direct_nvme import DirectNvmeHandle

@@ -445,6 +445,29 @@ def test_fp32_overlap_takes_the_master_from_the_parameters_not_the_ssd():
                                                                        "tuned").traffic.read_bytes
 
 
+def test_fp32_parameters_hold_the_master_no_master_written_nor_kept():
+    """fp32 (EngineOptions.params_hold_master): no master written beside the parameters, 4 B per element less written
+    per step; its extent goes, and with the overlap the second set holds shadow parameters instead of a master.
+    Reads, bf16 jobs and tuned stock are unchanged."""
+    base = job(dtype="fp32", gradient_clipping=0.0)
+    on = estimate(base, GPU, "memascend")
+    off = estimate(replace(base, params_hold_master=False), GPU, "memascend")
+    n = off.traffic.write_bytes["optimizer_states"] // 12
+    assert on.traffic.write_bytes["optimizer_states"] == 8 * n and on.traffic.read_bytes == off.traffic.read_bytes
+    assert on.traffic.minimum_per_param[1] == pytest.approx(off.traffic.minimum_per_param[1] - 4, abs=0.1)
+    params = on.item("nvme/params").bytes
+    assert on.item("nvme/optimizer_states").bytes == off.item("nvme/optimizer_states").bytes * 2 // 3
+    assert (on.item("nvme/optimizer_states_speculative").bytes
+            == off.item("nvme/optimizer_states_speculative").bytes * 2 // 3 + params)
+    plain = replace(base, overlap_optimizer=False)
+    assert estimate(plain, GPU, "memascend").item("nvme/optimizer_states_speculative") is None
+    bf16 = replace(base, dtype="bf16")
+    assert (estimate(bf16, GPU, "memascend").traffic.write_bytes
+            == estimate(replace(bf16, params_hold_master=False), GPU, "memascend").traffic.write_bytes)
+    assert (estimate(base, GPU, "tuned").traffic.write_bytes
+            == estimate(replace(base, params_hold_master=False), GPU, "tuned").traffic.write_bytes)
+
+
 def test_bf16_moments_take_8_bytes_per_parameter_off_the_step_and_4_off_each_state_extent():
     """memascend's Adam moments in bf16 on the SSD (EngineOptions.optimizer_moments): master 4 B + moments 2 x 2 B
     each way per element instead of 12 B; the state extents (and the overlap's second set) shrink alike; stock and

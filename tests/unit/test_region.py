@@ -267,6 +267,17 @@ def test_free_coalesces_back_to_one_hole():
     assert alloc.free_bytes == alloc.capacity_bytes
 
 
+def test_exchange_swaps_two_live_extents_and_nothing_else():
+    alloc = ExtentAllocator(_sub(), 4096)
+    a, b = alloc.allocate("a", 4096), alloc.allocate("b", 2 * 4096)
+    holes = alloc.holes()
+    alloc.exchange("a", "b")
+    assert (alloc.lookup("a"), alloc.lookup("b"), alloc.holes()) == (b, a, holes)
+    with pytest.raises(KeyError):
+        alloc.exchange("a", "missing")
+    assert alloc.lookup("a") == b  # a refused exchange changes nothing
+
+
 def test_best_fit_prefers_the_smallest_hole():
     alloc = ExtentAllocator(_sub(), 4096)
     for k, n in enumerate([8, 1, 2, 1, 4, 1]):
