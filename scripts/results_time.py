@@ -42,6 +42,17 @@ def plan_at_cores_got(plan: dict, run: dict, cores: int) -> float | None:
     return plan["seconds_per_step"] + compute * (cores / max(0.25, cores - taken) - 1.0)
 
 
+def step_seconds(run: dict) -> tuple[float, str]:
+    """A run's s/step and how it was taken: with `bench --repeat`, the median of its repeats' (the run's other numbers
+    are those of the repeat with the median peak, runner.median_run), each listed in the order run."""
+    reps = [r["seconds_per_step"] for r in run.get("repeats") or [] if r.get("ok") and r.get("seconds_per_step")]
+    if len(reps) < 2:
+        return run["seconds_per_step"], ""
+    ranked, n = sorted(reps), len(reps)
+    median = ranked[n // 2] if n % 2 else (ranked[n // 2 - 1] + ranked[n // 2]) / 2
+    return median, f" (median of {n}: " + ", ".join(f"{x:.2f}" for x in reps) + ")"
+
+
 def accumulation_lines(runs: list) -> list[str]:
     """Issue 26's bar on gradient accumulation: time per token at N micro-batches a step against 1, per run of a
     document with grad_accum N and the memascend run of its 1 micro-batch twin (same job, limit and host budget)."""
@@ -83,13 +94,13 @@ def overlap_lines(runs: list) -> list[str]:
         norms = [n for n in m.get("grad_norms") or [] if n is not None]
         bpp = {k: r["ssd_bytes_per_param"]["read"] + r["ssd_bytes_per_param"]["write"] for k, r in
                (("m", m), ("plain", plain))}
+        (m_s, m_how), (t_s, t_how), (p_s, p_how) = step_seconds(m), step_seconds(tuned), step_seconds(plain)
         out.append(
             f"- {_limit(doc)}, {j['dtype']}, gradient clipping "
             + ("1.0 (DeepSpeed's default)" if clip is None else "off" if clip == 0 else f"at {clip:g}")
             + (f", host budget {budget / 2**30:.2f} GiB" if budget else "")
-            + f": memascend {m['seconds_per_step']:.2f} s/step, x{m['seconds_per_step'] / tuned['seconds_per_step']:.2f}"
-            f" of tuned stock (the bar: at most x0.70) and x{m['seconds_per_step'] / plain['seconds_per_step']:.2f}"
-            f" of itself without the overlap; losses {'equal' if m['losses'] == plain['losses'] else 'NOT equal'}"
+            + f": memascend {m_s:.2f} s/step{m_how}, x{m_s / t_s:.2f} of tuned stock ({t_s:.2f}{t_how}; the bar: at "
+            f"most x0.70) and x{m_s / p_s:.2f} of itself without the overlap ({p_s:.2f}{p_how}); losses {'equal' if m['losses'] == plain['losses'] else 'NOT equal'}"
             f" to it bit for bit; steps committed / redone / not speculated {o['steps_committed']} / "
             f"{o['steps_redone']} / {o['steps_not_speculated']}"
             + (f" (gradient norms {min(norms):.1f}-{max(norms):.1f})" if norms else "")

@@ -62,3 +62,16 @@ def test_phase_seconds_are_the_mean_of_the_steps_after_the_first():
     assert phase_seconds(run, 1) is None  # no step after the first
     accumulated = {"phases": [{"name": "step2.1_forward", "at_s": 1.0}, {"name": "finish", "at_s": 2.0}]}
     assert phase_seconds(accumulated, 2) is None
+
+
+def test_a_repeated_run_reads_as_the_median_of_its_repeats_step_times():
+    """`bench --repeat`: the bar's s/step is the median of the repeats' (the run's own fields are the median-peak
+    repeat's), listed in the order run; a single run is its own."""
+    _results_module()
+    from results_time import step_seconds
+
+    reps = [{"ok": True, "seconds_per_step": s} for s in (8.9, 8.1, 8.4)]
+    assert step_seconds({"seconds_per_step": 8.9, "repeats": reps}) == (8.4, " (median of 3: 8.90, 8.10, 8.40)")
+    four = reps + [{"ok": False, "seconds_per_step": None}, {"ok": True, "seconds_per_step": 9.0}]
+    assert step_seconds({"seconds_per_step": 8.9, "repeats": four})[0] == (8.4 + 8.9) / 2  # the failed one left out
+    assert step_seconds({"seconds_per_step": 7.5}) == (7.5, "")
