@@ -50,7 +50,7 @@ def step_seconds(run: dict) -> tuple[float, str]:
         return run["seconds_per_step"], ""
     ranked, n = sorted(reps), len(reps)
     median = ranked[n // 2] if n % 2 else (ranked[n // 2 - 1] + ranked[n // 2]) / 2
-    return median, f" (median of {n}: " + ", ".join(f"{x:.2f}" for x in reps) + ")"
+    return median, f"median of {n}: " + ", ".join(f"{x:.2f}" for x in reps)
 
 
 def accumulation_lines(runs: list) -> list[str]:
@@ -99,8 +99,9 @@ def overlap_lines(runs: list) -> list[str]:
             f"- {_limit(doc)}, {j['dtype']}, gradient clipping "
             + ("1.0 (DeepSpeed's default)" if clip is None else "off" if clip == 0 else f"at {clip:g}")
             + (f", host budget {budget / 2**30:.2f} GiB" if budget else "")
-            + f": memascend {m_s:.2f} s/step{m_how}, x{m_s / t_s:.2f} of tuned stock ({t_s:.2f}{t_how}; the bar: at "
-            f"most x0.70) and x{m_s / p_s:.2f} of itself without the overlap ({p_s:.2f}{p_how}); losses {'equal' if m['losses'] == plain['losses'] else 'NOT equal'}"
+            + f": memascend {m_s:.2f} s/step{f' ({m_how})' if m_how else ''}, x{m_s / t_s:.2f} of tuned stock "
+            f"({t_s:.2f}{f', {t_how}' if t_how else ''}; the bar: at most x0.70) and x{m_s / p_s:.2f} of itself "
+            f"without the overlap ({p_s:.2f}{f', {p_how}' if p_how else ''}); losses {'equal' if m['losses'] == plain['losses'] else 'NOT equal'}"
             f" to it bit for bit; steps committed / redone / not speculated {o['steps_committed']} / "
             f"{o['steps_redone']} / {o['steps_not_speculated']}"
             + (f" (gradient norms {min(norms):.1f}-{max(norms):.1f})" if norms else "")

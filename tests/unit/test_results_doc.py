@@ -71,7 +71,7 @@ def test_a_repeated_run_reads_as_the_median_of_its_repeats_step_times():
     from results_time import step_seconds
 
     reps = [{"ok": True, "seconds_per_step": s} for s in (8.9, 8.1, 8.4)]
-    assert step_seconds({"seconds_per_step": 8.9, "repeats": reps}) == (8.4, " (median of 3: 8.90, 8.10, 8.40)")
+    assert step_seconds({"seconds_per_step": 8.9, "repeats": reps}) == (8.4, "median of 3: 8.90, 8.10, 8.40")
     four = reps + [{"ok": False, "seconds_per_step": None}, {"ok": True, "seconds_per_step": 9.0}]
     assert step_seconds({"seconds_per_step": 8.9, "repeats": four})[0] == (8.4 + 8.9) / 2  # the failed one left out
     assert step_seconds({"seconds_per_step": 7.5}) == (7.5, "")
