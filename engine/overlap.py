@@ -264,6 +264,7 @@ class Speculator:
         self._busy = []
         if first is not None:
             self.step = None
+            self.pipeline.drop_speculation()
             raise first
         self.order = st.started
         done = [ci for ci, s in enumerate(st.state) if s == DONE]
