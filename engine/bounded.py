@@ -442,8 +442,7 @@ class OptimizerPipeline:
         n = chunk.numel
         resolved = self._resolve(chunk, targets or self.targets)
         current = generation is None or generation == self.generation[ci]
-        in_params = self.params_hold_master and all(t.key is not None or (t.resident and (current or self._buffers(t)))
-                                                     for t in resolved)
+        in_params = self._in_params(resolved, speculative=not current)
         if not in_params:
             slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4,
                                                   self.state_key(ci, "fp32", generation), 0))
@@ -459,6 +458,12 @@ class OptimizerPipeline:
         self._write_params(chunk, slot, resolved, shadow=self.params_hold_master)
         if not in_params:
             self.mirrored.discard(ci)  # pieces written in place are ahead of the current master
+
+    def _in_params(self, resolved: Sequence[ParamTarget], *, speculative: bool = False) -> bool:
+        """Whether the parameter partitions at `resolved` hold the chunk's master once written: each on the SSD, or
+        resident (a speculation's next values of it held apart: _buffers)."""
+        return self.params_hold_master and all(
+            t.key is not None or (t.resident and (not speculative or self._buffers(t))) for t in resolved)
 
     def _buffers(self, target: ParamTarget) -> bool:
         """Whether a speculation holds its next values of this resident partition apart (spec_resident)."""
@@ -623,8 +628,7 @@ class OptimizerPipeline:
             slot = self.slots[0]
             n = chunk.numel
             pb = self.param_bytes
-            if self.params_hold_master and all(t.key is not None or t.resident
-                                               for t in self._resolve(chunk, self.targets)):
+            if self._in_params(self._resolve(chunk, self.targets)):
                 self.master_in_params.add(ci)
                 self._mirror(ci, True)
                 continue
@@ -670,7 +674,7 @@ class OptimizerPipeline:
         slot.master.narrow(0, 0, n).copy_(tensors["fp32"])
         slot.pending = []
         resolved = self._resolve(chunk, self.targets)
-        in_params = params and self.params_hold_master and all(t.key is not None or t.resident for t in resolved)
+        in_params = params and self._in_params(resolved)
         if not in_params:
             slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
             self.counters.optimizer_write_bytes += n * 4

@@ -4,6 +4,7 @@ against the plan's time model (memascend_cli/planner/time.py). Stdlib only (scri
 from __future__ import annotations
 
 import os
+import statistics
 
 from results_common import pct, table
 
@@ -48,9 +49,7 @@ def step_seconds(run: dict) -> tuple[float, str]:
     reps = [r["seconds_per_step"] for r in run.get("repeats") or [] if r.get("ok") and r.get("seconds_per_step")]
     if len(reps) < 2:
         return run["seconds_per_step"], ""
-    ranked, n = sorted(reps), len(reps)
-    median = ranked[n // 2] if n % 2 else (ranked[n // 2 - 1] + ranked[n // 2]) / 2
-    return median, f"median of {n}: " + ", ".join(f"{x:.2f}" for x in reps)
+    return statistics.median(reps), f"median of {len(reps)}: " + ", ".join(f"{x:.2f}" for x in reps)
 
 
 def accumulation_lines(runs: list) -> list[str]:
@@ -101,8 +100,9 @@ def overlap_lines(runs: list) -> list[str]:
             + (f", host budget {budget / 2**30:.2f} GiB" if budget else "")
             + f": memascend {m_s:.2f} s/step{f' ({m_how})' if m_how else ''}, x{m_s / t_s:.2f} of tuned stock "
             f"({t_s:.2f}{f', {t_how}' if t_how else ''}; the bar: at most x0.70) and x{m_s / p_s:.2f} of itself "
-            f"without the overlap ({p_s:.2f}{f', {p_how}' if p_how else ''}); losses {'equal' if m['losses'] == plain['losses'] else 'NOT equal'}"
-            f" to it bit for bit; steps committed / redone / not speculated {o['steps_committed']} / "
+            f"without the overlap ({p_s:.2f}{f', {p_how}' if p_how else ''}); losses "
+            f"{'equal' if m['losses'] == plain['losses'] else 'NOT equal'} to it bit for bit; steps committed / "
+            f"redone / not speculated {o['steps_committed']} / "
             f"{o['steps_redone']} / {o['steps_not_speculated']}"
             + (f" (gradient norms {min(norms):.1f}-{max(norms):.1f})" if norms else "")
             + f"; SSD {bpp['m']:.1f} B/param read + write ({bpp['plain']:.1f} without; the bar for the default: at "
