@@ -52,6 +52,23 @@ def _local_rank() -> int:
     return 0
 
 
+def inventory_spec(model) -> Any:
+    """The ModelSpec of a transformers model from its config, when that config describes exactly the parameters the
+    module has (names and sizes; ds_numel under zero.Init), else None (a wrapped, adapted or unsupported model)."""
+    from memascend_cli.errors import BadInput
+    from memascend_cli.models import spec_from_hf_config
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict") or not hasattr(model, "named_parameters"):
+        return None
+    try:
+        spec = spec_from_hf_config(config.to_dict(), name=type(model).__name__, origin="the model's config")
+    except BadInput:
+        return None
+    have = {n: int(getattr(p, "ds_numel", None) or p.numel()) for n, p in model.named_parameters()}
+    return spec if have == {t.name: t.numel for t in spec.tensors()} else None
+
+
 def _resolve_spec(model_spec):
     if model_spec is None:
         return None
@@ -81,6 +98,9 @@ class Installed:
         self.fused_kernels_applied: list[str] = []
         self.config_changes: dict[str, Any] = {}
         self.param_pool_plan: zero.PoolPlan | None = None
+        self.inventory_spec = None
+        """Without a model_spec: the inventory of the model deepspeed.initialize received (inventory_spec), which
+        sizes the parameter pool exactly as with one."""
         self.settings: zero.ZeroSettings | None = None
         """The effective stock ZeRO settings after install (None when nothing is offloaded to NVMe)."""
         self._installed = False
@@ -178,6 +198,14 @@ class Installed:
                 warnings.warn("memascend_engine: deepspeed.initialize got its config as a path, so the 'auto' ZeRO "
                               "values install() deferred were never rewritten; pass the config as a dict",
                               stacklevel=2)
+            if self.spec is None and self.inventory_spec is None:
+                # deepspeed.initialize(args=None, model=None, ...): the model is its second positional parameter.
+                self.inventory_spec = inventory_spec(kwargs.get("model", args[1] if len(args) > 1 else None))
+                if self.inventory_spec is not None and self.ctx is not None:
+                    for sw in self.ctx.param_swappers:  # a pool built before: sized to the largest partition only
+                        if sw.pool_plan is not None and sw.resize_pool(
+                                self._param_plan(sw.swap_element_size, sw.min_aio_bytes, sw._iop)):
+                            self.param_pool_plan = sw.pool_plan
             return initialize(*args, **kwargs)
 
         return wrapper
@@ -205,10 +233,13 @@ class Installed:
                     largest_partition_numel: int | None = None) -> zero.PoolPlan | None:
         """The parameter pool's size classes (the adaptive swapper asks when DeepSpeed creates it).
 
-        Without a model spec the inventory is unknown then: None defers the pool until the swapper knows the real
-        partitions and asks again with the largest one; the pool is then DeepSpeed's buffer_count slots of that
-        size, never larger than stock's buffer_count x buffer_size (which must hold the largest partition anyway)."""
-        if self.spec is None:
+        Without a model spec, the inventory of the model deepspeed.initialize received where its config describes
+        it (inventory_spec; zero.Init's writes come first and borrow buffers until the first fetch asks again), else
+        None defers the pool until the swapper knows the real partitions and asks again with the largest one; the
+        pool is then DeepSpeed's buffer_count slots of that size, never larger than stock's buffer_count x
+        buffer_size (which must hold the largest partition anyway)."""
+        spec = self.spec or self.inventory_spec
+        if spec is None:
             if largest_partition_numel is None:
                 return None
             op = self.ds_config["zero_optimization"]["offload_param"]
@@ -217,8 +248,8 @@ class Installed:
                                                            int(float(op.get("buffer_size", 1e8)))),
                                           elem_bytes=elem_bytes, intra_op_parallelism=iop)
         else:
-            plan = zero.param_pool_plan(zero.model_partitions(self.spec, _world_size()), elem_bytes=elem_bytes,
-                                        per_layer_counts=zero.per_layer_role_counts(self.spec),
+            plan = zero.param_pool_plan(zero.model_partitions(spec, _world_size()), elem_bytes=elem_bytes,
+                                        per_layer_counts=zero.per_layer_role_counts(spec),
                                         prefetch_layers=self.options.prefetch_layers, min_aio_bytes=min_aio_bytes,
                                         intra_op_parallelism=iop)
         self.param_pool_plan = plan

@@ -263,15 +263,22 @@ def load_config_json(path: str) -> ModelSpec:
     data = load_json(cfg)
     if not isinstance(data, dict):
         raise BadInput(f"{cfg}: expected a JSON object", "check the file")
+    dirname = os.path.basename(os.path.dirname(os.path.abspath(cfg))) if not os.path.isdir(path) else os.path.basename(os.path.abspath(path))
+    return spec_from_hf_config(data, name=dirname, origin=cfg, source=os.path.abspath(cfg))
+
+
+def spec_from_hf_config(data: dict, *, name: str, origin: str, source: str | None = None) -> ModelSpec:
+    """A spec from a Hugging Face config as a dict (a config.json, or a transformers config's to_dict()).
+    Raises BadInput."""
     # Multimodal / wrapped configs keep the language model under text_config.
     if data.get("model_type") not in SUPPORTED_MODEL_TYPES and isinstance(data.get("text_config"), dict):
         data = data["text_config"]
-    dirname = os.path.basename(os.path.dirname(os.path.abspath(cfg))) if not os.path.isdir(path) else os.path.basename(os.path.abspath(path))
     # HF defaults when a key is absent (LlamaConfig / Qwen2Config): untied embeddings, no biases.
     data = dict(data)
     data.setdefault("tie_word_embeddings", False)
-    data["source"] = os.path.abspath(cfg)
-    return _from_mapping(data, name=dirname, origin=cfg, strict=False)
+    if source is not None:
+        data["source"] = source
+    return _from_mapping(data, name=name, origin=origin, strict=False)
 
 
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

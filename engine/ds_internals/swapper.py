@@ -161,6 +161,17 @@ def adaptive_param_swapper_class(ctx: PluginContext):
             self._build_pool(ctx.pool_plan_factory(self.swap_element_size, self.min_aio_bytes, self._iop,
                                                    largest_partition_numel=max(swapped)))
 
+        def resize_pool(self, plan) -> bool:
+            """Replace a pool sized without the model's inventory (_ensure_pool, at a fetch before
+            deepspeed.initialize: a weight initialisation under zero.Init) by `plan`, while no partition holds one of
+            its slots. Returns whether it did; the old pool is freed with its last view."""
+            if self.pool_plan is None or plan is None or plan == self.pool_plan or self._reserved \
+                    or any(slot[0] != "overflow" for slot in self._slot_of.values()):
+                return False
+            self.pool_tensors, self._free_slots, self.pool_plan = [], [], None
+            self._build_pool(plan)
+            return True
+
         # -- slots ---------------------------------------------------------------------------
         @property
         def pool_bytes(self) -> int:

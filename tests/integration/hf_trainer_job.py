@@ -23,9 +23,27 @@ STEPS = 3
 SEQ = 32
 
 
+def _status_kib(*fields: str) -> dict[str, int]:
+    with open("/proc/self/status") as st:
+        return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in st) if k in fields}
+
+
 class Losses(TrainerCallback):
+    """The losses, and the process's high-water mark at each step's end (where in the run the peak falls)."""
+
     def __init__(self):
         self.losses: list[float] = []
+        self.phases: list[dict] = []
+
+    def _phase(self, name: str) -> None:
+        kib = _status_kib("VmHWM", "RssAnon")
+        self.phases.append({"phase": name, "hwm_kib": kib["VmHWM"], "rss_anon_kib": kib["RssAnon"]})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._phase("initialize")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._phase(f"step {state.global_step - 1}")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
@@ -75,10 +93,9 @@ def write_result(out: str, handle, losses: Losses, args, nvme_path: str) -> None
     stats = handle.stats() if handle is not None else None
     files = [os.path.join(d, n) for d, _, names in os.walk(nvme_path) for n in names]
     with open(out, "w") as f:
-        with open("/proc/self/status") as st:
-            hwm_kib = next(int(line.split()[1]) for line in st if line.startswith("VmHWM:"))
-        json.dump({"stats": stats, "losses": losses.losses, "files": files, "vm_hwm_kib": hwm_kib,
-                   "trainer_config": args.hf_deepspeed_config.config}, f, default=str)
+        json.dump({"stats": stats, "losses": losses.losses, "phases": losses.phases, "files": files,
+                   "vm_hwm_kib": _status_kib("VmHWM")["VmHWM"], "trainer_config": args.hf_deepspeed_config.config},
+                  f, default=str)
     if handle is not None:
         handle.uninstall()
 

@@ -133,3 +133,39 @@ def test_package_file_reference(tmp_path):
     assert resolve_package_file("package:memascend_presets/models/tiny-llama.yaml").endswith("tiny-llama.yaml")
     with pytest.raises(BadInput, match="not installed"):
         resolve_package_file("package:no_such_pkg_xyz/x.gguf")
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "qwen2.5-0.5b", "bench-llama-136m"])
+def test_the_engine_reads_a_models_inventory_from_its_transformers_config(name):
+    """install() without a model_spec sizes the parameter pool from the model deepspeed.initialize receives: its
+    config gives the spec when it describes exactly the module's parameters; anything else gives None."""
+    torch = pytest.importorskip("torch", reason="needs torch")
+    pytest.importorskip("transformers", reason="needs transformers")
+    from memascend_engine.hf_models import causal_lm_factory
+    from memascend_engine.runtime import inventory_spec
+
+    spec = load_preset(name)
+    with torch.device("meta"):
+        model = causal_lm_factory(spec)()
+        assert [(t.name, t.numel) for t in inventory_spec(model).tensors()] == \
+            [(t.name, t.numel) for t in spec.tensors()]
+        model.model.layers[0].mlp.extra = torch.nn.Parameter(torch.empty(3))  # e.g. an adapter's weight
+        assert inventory_spec(model) is None
+    assert inventory_spec(torch.nn.Linear(2, 2)) is None  # no transformers config
+
+
+def test_without_any_inventory_the_pool_is_deepspeeds_shape_sized_to_the_largest_partition():
+    from memascend_engine.options import EngineOptions
+    from memascend_engine.runtime import Installed
+
+    from memascend_cli.planner import zero
+
+    cfg = {"zero_optimization": {"offload_param": {"device": "nvme", "buffer_count": 5, "buffer_size": 1e8}}}
+    inst = Installed(options=EngineOptions(), ds_config=cfg, spec=None, rank=0, region=None)
+    assert inst._param_plan(4, 16384, 1) is None  # deferred until the swapper knows the partitions
+    assert inst._param_plan(4, 16384, 1, largest_partition_numel=524_288) == \
+        zero.uniform_pool_plan(buffer_count=5, buffer_numel=524_288, elem_bytes=4)
+    inst.inventory_spec = spec = load_preset("tiny-llama")
+    assert inst._param_plan(4, 16384, 1) == zero.param_pool_plan(
+        zero.model_partitions(spec, 1), elem_bytes=4, per_layer_counts=zero.per_layer_role_counts(spec),
+        prefetch_layers=EngineOptions().prefetch_layers, min_aio_bytes=16384)
