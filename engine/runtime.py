@@ -464,9 +464,10 @@ def install(ds_config: dict, *, region: str | None, model_spec=None, options: En
 
     ``region``: a region made by `memascend prepare-ssd` (device, partition or file); needed when
     ``direct_nvme`` is on and something is offloaded to NVMe. ``model_spec``: a memascend ModelSpec
-    or preset name / model directory, for the adaptive pool's size classes (without it the parameter
-    pool is DeepSpeed's ``buffer_count x buffer_size``, still exact-size). ``rank``: the region
-    sub-region to use (default: LOCAL_RANK).
+    or preset name / model directory, for the adaptive pool's size classes (without it they come from the
+    transformers model deepspeed.initialize receives, where its config describes its parameters; else the
+    parameter pool is DeepSpeed's ``buffer_count`` slots of the largest partition, still exact-size). ``rank``:
+    the region sub-region to use (default: LOCAL_RANK).
     """
     global _active
     if _active is not None:
