@@ -203,9 +203,9 @@ class Installed:
                 self.inventory_spec = inventory_spec(kwargs.get("model", args[1] if len(args) > 1 else None))
                 if self.inventory_spec is not None and self.ctx is not None:
                     for sw in self.ctx.param_swappers:  # a pool built before: sized to the largest partition only
-                        if sw.pool_plan is not None and sw.resize_pool(
-                                self._param_plan(sw.swap_element_size, sw.min_aio_bytes, sw._iop)):
-                            self.param_pool_plan = sw.pool_plan
+                        if sw.pool_plan is not None:
+                            sw.resize_pool(self._param_plan(sw.swap_element_size, sw.min_aio_bytes, sw._iop))
+                            self.param_pool_plan = sw.pool_plan  # what is allocated, resized or not
             return initialize(*args, **kwargs)
 
         return wrapper

@@ -18,14 +18,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 import memascend_engine
+from memascend_engine.procfs import status_kib
 
 STEPS = 3
 SEQ = 32
-
-
-def _status_kib(*fields: str) -> dict[str, int]:
-    with open("/proc/self/status") as st:
-        return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in st) if k in fields}
 
 
 class Losses(TrainerCallback):
@@ -36,8 +32,7 @@ class Losses(TrainerCallback):
         self.phases: list[dict] = []
 
     def _phase(self, name: str) -> None:
-        kib = _status_kib("VmHWM", "RssAnon")
-        self.phases.append({"phase": name, "hwm_kib": kib["VmHWM"], "rss_anon_kib": kib["RssAnon"]})
+        self.phases.append({"phase": name, "hwm_kib": status_kib("VmHWM"), "rss_anon_kib": status_kib("RssAnon")})
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._phase("initialize")
@@ -94,7 +89,7 @@ def write_result(out: str, handle, losses: Losses, args, nvme_path: str) -> None
     files = [os.path.join(d, n) for d, _, names in os.walk(nvme_path) for n in names]
     with open(out, "w") as f:
         json.dump({"stats": stats, "losses": losses.losses, "phases": losses.phases, "files": files,
-                   "vm_hwm_kib": _status_kib("VmHWM")["VmHWM"], "trainer_config": args.hf_deepspeed_config.config},
+                   "vm_hwm_kib": status_kib("VmHWM"), "trainer_config": args.hf_deepspeed_config.config},
                   f, default=str)
     if handle is not None:
         handle.uninstall()
