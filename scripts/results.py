@@ -380,7 +380,7 @@ def section_checksums(runs: list) -> str:
 
 
 def section_micro(runs: list) -> str:
-    """benchmarks/io_bench.py, scan_bench.py and zero_init_heap.py outputs in docs/bench/micro/."""
+    """The outputs of benchmarks/io_bench.py, scan_bench.py, zero_init_heap.py, layer_backward_memory.py."""
     import statistics
 
     out = []
@@ -413,6 +413,19 @@ def section_micro(runs: list) -> str:
                     f"({doc['date']}, {doc['libc']}); one fresh process per measurement; the plan's "
                     "`host/zero_init_heap` item is the upper mode. Raw: `" + path + "`.", "",
                     table(["model", "layers", "dtype", "kept GiB (repeats)", "plan GiB"], rows), ""]
+        elif doc.get("kind") == "layer_backward_memory":
+            layer = doc.get("part", "layer") == "layer"
+            what = {"layer": "One recomputed decoder layer's backward", "loss-hf": "The LM head and transformers' loss",
+                    "loss-chunked": "The LM head and memascend's chunked loss"}[doc.get("part", "layer")]
+            rows = [[r["model"], f"{r['tokens']:,}", f"{r['peak_rise_bytes'] / 2**20:.1f}",
+                     f"{r['planned_bytes'] / 2**20:.1f}", f"{100 * r['plan_error']:+.1f}%"]
+                    + ([f"{r['korthikanti_layer_activation_bytes'] / 2**20:.1f}"] if layer else []) for r in doc["rows"]]
+            out += [f"## {what} on the CPU, {doc['dtype']}", "",
+                    f"`{doc['meta']['command']}` ({doc['meta']['date']}); peak RSS rise of a fresh process over its "
+                    "forward + backward (glibc's mmap threshold at 64 KiB), the least of the repeats, against the "
+                    "plan's moment" + (" and Korthikanti et al.'s activations of one layer" if layer else "")
+                    + ". Raw: `" + path + "`.", "", table(["model", "tokens", "measured MiB", "plan MiB", "plan error"]
+                                                          + (["Korthikanti MiB"] if layer else []), rows), ""]
     return "\n".join(out) + ("\n" if out else "")
 
 

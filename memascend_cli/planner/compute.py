@@ -21,15 +21,16 @@ def flush_copies(c: Context) -> int:
 
 def loss_backward_blocks(c: Context) -> tuple[list[int], list[int]]:
     """The blocks live at the loss backward's two moments, beyond the gathered params. First cross_entropy's
-    backward (torch.nn.functional.cross_entropy = log_softmax + nll_loss): the logits (E), the fp32 log-softmax
-    kept for backward and the fp32 gradient it returns. Then lm_head's backward: the logits, their fp32 gradient
-    and the lm_head weight's gradient, the first parameter gradient of the step (autograd runs the loss's nodes
-    before the model's)."""
+    backward (torch.nn.functional.cross_entropy = log_softmax + nll_loss): the fp32 logits (transformers'
+    ForCausalLMLoss upcasts them, loss/loss_utils.py; 16-bit logits are freed once upcast, fp32 ones are those), the
+    log-softmax kept for backward and the gradient it returns. Then lm_head's backward: that gradient in the logits'
+    dtype and the lm_head weight's gradient, the first parameter gradient of the step (autograd runs the loss's nodes
+    before the model's). Both measured to 0.5% by benchmarks/layer_backward_memory.py --part loss-hf
+    (docs/bench/micro/loss-backward-hf-*.json)."""
     if c.job.chunked_loss:
         return chunked_loss_blocks(c)
     bs_vocab = c.job.micro_batch * c.job.seq_len * c.m.vocab_size
-    logits = bs_vocab * c.E
-    return [logits, 4 * bs_vocab, 4 * bs_vocab], [logits, 4 * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
+    return [4 * bs_vocab] * 3, [c.E * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
 
 
 def loss_chunk_tokens(vocab_size: int, chunk_logits_bytes: int = LOSS_CHUNK_LOGITS_BYTES) -> int:
@@ -40,16 +41,14 @@ def loss_chunk_tokens(vocab_size: int, chunk_logits_bytes: int = LOSS_CHUNK_LOGI
 def chunked_loss_blocks(c: Context) -> tuple[list[int], list[int]]:
     """The chunked loss's two moments (memascend_engine/chunked_loss.py FusedLinearCrossEntropy). At the last chunk
     of its forward: the hidden states' gradient (b*s*h*E), the weight's fp32 gradient (V*h*4), the chunk's fp32
-    logits and logsumexp's temporary of the same size (torch.logsumexp: max-shifted exp), plus the E-typed matmul
-    output before its upcast when E is not fp32. At its backward: the two gradients and the weight gradient cast
-    to E when E is not fp32."""
+    logits and logsumexp's temporary of the same size (torch.logsumexp: max-shifted exp; a 16-bit matmul output is
+    freed once upcast). At its backward: the two gradients and the weight gradient cast to E when E is not fp32.
+    Measured by benchmarks/layer_backward_memory.py --part loss-chunked (docs/bench/micro/loss-backward-chunked-*)."""
     m, E = c.m, c.E
     tokens = c.job.micro_batch * c.job.seq_len
     chunk = min(tokens, loss_chunk_tokens(m.vocab_size)) * m.vocab_size
     grads = [tokens * m.hidden_size * E, 4 * m.vocab_size * m.hidden_size]
-    upcast = E != 4
-    return (grads + [8 * chunk + (chunk * E if upcast else 0)],
-            grads + [m.vocab_size * m.hidden_size * E if upcast else 0])
+    return grads + [8 * chunk], grads + [m.vocab_size * m.hidden_size * E if E != 4 else 0]
 
 
 def activation_parts(c: Context) -> tuple[int, int, str]:
@@ -78,6 +77,27 @@ def activation_parts(c: Context) -> tuple[int, int, str]:
         again = full_layer
         desc = ("one layer recomputed" if kept == 0 else "L x 2sbh checkpoints + one layer recomputed")
     return int(kept * scale), int(again * scale), desc
+
+
+# One recomputed decoder layer's backward on a CPU rank peaks in its MLP backward, just after down_proj's weight
+# gradient is allocated: per token, this many tensors of the activation dtype are live beside that gradient (hidden-,
+# intermediate- and key/value-wide), the layer's checkpointed input and the gradient arriving from above not counted;
+# in bf16 / fp16 also LAYER_BACKWARD_UPCAST_BYTES_PER_HIDDEN (transformers' RMSNorm computes in fp32). Measured with
+# transformers' Llama and Qwen2 decoder layers (SDPA) by benchmarks/layer_backward_memory.py: the counts give the
+# measured bytes per token of four shapes in fp32 and four in bf16 to 0.1% (docs/bench/micro/layer-backward-*.json).
+LAYER_BACKWARD_TENSORS_PER_TOKEN = {"hidden": 8, "intermediate": 6, "kv": 2}
+LAYER_BACKWARD_UPCAST_BYTES_PER_HIDDEN = 6
+
+
+def layer_backward_bytes(c: Context) -> int:
+    """One recomputed layer's CPU backward at its peak: LAYER_BACKWARD_TENSORS_PER_TOKEN + down_proj's gradient."""
+    m, t = c.m, LAYER_BACKWARD_TENSORS_PER_TOKEN
+    tokens = c.job.micro_batch * c.job.seq_len
+    per_token = c.E * (t["hidden"] * m.hidden_size + t["intermediate"] * m.intermediate_size
+                       + t["kv"] * m.num_key_value_heads * m.head_dim_)
+    if c.E < 4:
+        per_token += LAYER_BACKWARD_UPCAST_BYTES_PER_HIDDEN * m.hidden_size
+    return tokens * per_token + m.hidden_size * m.intermediate_size * c.E
 
 
 def activation_bytes(c: Context) -> tuple[int, str]:

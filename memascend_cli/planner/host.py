@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from memascend_cli.planner import measured, param_buffers, zero
 from memascend_cli.planner.breakdown import Item
-from memascend_cli.planner.compute import activation_parts, compute_items, flush_copies, loss_backward_blocks
+from memascend_cli.planner.compute import (
+    activation_parts,
+    compute_items,
+    flush_copies,
+    layer_backward_bytes,
+    loss_backward_blocks,
+)
 from memascend_cli.planner.context import Context
 from memascend_cli.planner.heap import (
     ACTIVATION_HEAP_BLOCKS_PER_LAYER,
@@ -35,7 +41,7 @@ RUNTIME_CUDA_BYTES = int(1.77 * GiB)
 # What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
 # extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
 # (scripts/fit_planner.py).
-ENGINE_RUNTIME_BYTES = int(0.07 * GiB)
+ENGINE_RUNTIME_BYTES = int(0.11 * GiB)
 # A launcher process per node beside the ranks (it imports torch and waits): RssAnon after importing
 # deepspeed.launcher.launch 162 MiB, torch.distributed.run 144 MiB (torch 2.13, DeepSpeed 0.19.8, CPU; re-measured by
 # tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the
@@ -302,17 +308,29 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         kept = activation_parts(c)[0]
         # The gathered matrix there is the LM head; on one CPU rank DeepSpeed gathers nothing (partition_parameters.py
         # _no_gather_coalesced / NoGatherHandle: param.data = ds_tensor.data.to(cpu), the pool's own tensor).
-        # The flush moment below keeps its gathered term: without it loss-chunked memascend at seq 8192 falls to
-        # -15%, so it stands in for memory not itemised yet.
-        head = (params if c.world > 1 else 0) + loss_bwd + kept
+        gathered_params = params if c.world > 1 else 0
+        head = gathered_params + loss_bwd + kept
         copies = flush_copies(c)
-        flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
         # A tied LM head / input embedding: autograd sums a leaf's gradients in its input buffer before the
         # AccumulateGrad node runs (torch/csrc/autograd/input_buffer.cpp), so the LM head's gradient waits there
         # through the whole backward and meets the embedding's dense gradient at its end (the matrix itself is in
         # the parameter pool).
         vocab = c.m.vocab_size * c.m.hidden_size
-        tied = 2 * c.E * vocab if c.m.tie_word_embeddings else 0
+        head_grad = c.E * vocab if c.m.tie_word_embeddings else 0
+        tied = 2 * head_grad
+        tokens_h = job.micro_batch * job.seq_len * c.m.hidden_size * c.E
+        if c.memascend and job.checkpointing in ("full", "offload"):
+            # A bucket flush inside a recomputed layer's backward: that layer at its peak (layer_backward_bytes), the
+            # gradient arriving from the layer above, its checkpointed input when the checkpoints are not kept in
+            # memory (read back), and a tied LM head's waiting gradient. Stock and tuned keep the gathered-params
+            # form below: their allocator retention (heap.py, host/allocator_retention) is fitted on it.
+            layer_bwd = layer_backward_bytes(c) + tokens_h * (1 if kept else 2)
+            flush = gathered_params + kept + layer_bwd + head_grad + copies * c.E * bucket
+            flush_desc = (f"checkpoints kept {kept:,} + one recomputed layer's backward {layer_bwd:,}"
+                          + (f" + the tied LM head's waiting gradient {head_grad:,}" if head_grad else ""))
+        else:
+            flush = gathered + by_key["activations"].bytes + copies * c.E * bucket
+            flush_desc = f"gathered params + their grads {gathered:,} + activations {by_key['activations'].bytes:,}"
         # Each reduced gradient partition's norm is taken on an fp64 copy, c.norm_chunk elements at a time
         # (stage3.py _constant_buffered_norm2, from partition_grads): the largest partition (an embedding's, at the
         # end of backward) beside that copy and, in the bounded engine, its copy in the gradient dtype.
@@ -322,10 +340,9 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         # Its blocks below the mmap threshold first fill the heap zero.Init left free (counted there already).
         reused = min(zero_init_heap, backward_heap, working)
         add("host/compute/forward_backward", "forward/backward working set", working - reused,
-            f"max(gathered params {params:,} + loss backward {loss_bwd:,} (b*s*V*(E + 8), or b*s*V*(E + 4) + "
-            f"the lm_head gradient) + activations kept for backward {kept:,}, gathered params + their grads "
-            f"{gathered:,} + activations "
-            f"{by_key['activations'].bytes:,} + {copies} bucket copies {copies * c.E * bucket:,}"
+            f"max(gathered params {gathered_params:,} + loss backward {loss_bwd:,} (3 fp32 b*s*V, or b*s*V*E + "
+            f"the lm_head gradient) + activations kept for backward {kept:,}, {flush_desc} + {copies} bucket "
+            f"copies {copies * c.E * bucket:,}"
             + (f", tied embedding at the end of backward: 2 gradients {tied:,}" if tied else "")
             + f", largest gradient partition + its fp64 norm copy ({c.norm_chunk:,} elements at a time) "
               f"{reduce_norm:,})"
