@@ -52,6 +52,17 @@ slices costs nothing and a longer one starts a new slice with none. Measured by 
 (docs/bench/micro/throttle-bursts.json, 400 MB/s each way): serial read-then-write bursts of 0.19 s or less take as
 long as one direction, of 0.2 s or more as long as both."""
 
+STOCK_CPU_HOST_NS_PER_ELEMENT = {"backward": 10.4, "optimizer": 9.3}
+"""Stock DeepSpeed's host work per optimizer element on its CPU accelerator beyond the matmuls, the SSD and Adam. In
+backward: the gradient's copy into the reduce bucket, reduce_scatter_coalesced's torch.cat and gloo's copy of its
+input, the partition's copy, its fp64 norm copy and the swap-out buffer copy (runtime/zero/stage3.py
+__add_grad_to_ipg_bucket, __avg_scatter_grads, partition_grads, _constant_buffered_norm2); in the step: the
+gradients' swap-in copy, unscale and clip, and the parameters' copy back (stage3.py step, unscale_and_clip_grads,
+_reassign_or_swap_out_partitioned_parameters). Fitted on one sitting as (measured - modelled) phase seconds per
+element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engines-clip10-budget1gib.json (AMD
+EPYC VM, 400 MB/s: backward +1.42 s, step +1.26 s over 136.3M elements); the other stock sittings, on two VMs,
+throttled and not, are its validation (tests/unit/test_time_validation.py)."""
+
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
 PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER = "forward+backward", "optimizer"
 
@@ -209,6 +220,10 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     # bandwidth, under a per-direction throttle each has its own.
     fb_io = max(z(fb_r), z(fb_w)) if duplex_io else z(fb_r) + z(fb_w)
     op_io = z(op_r) + z(op_w)
+    # Stock's host passes over each element on the CPU accelerator, on the cores of the matmuls (on a GPU its
+    # gradients are handled on the device: not modelled there).
+    host_fb, host_opt = (optimizer_elems * STOCK_CPU_HOST_NS_PER_ELEMENT[k] * 1e-9 for k in ("backward", "optimizer")) \
+        if engine == "stock" and not device.gpu else (0.0, 0.0)
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
         overlap = "forward/backward: max(compute, SSD, PCIe)"
@@ -216,8 +231,8 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         # DeepSpeed's CPU accelerator: the parameter fetches block the module that needs them (the bench documents'
         # forward and backward phases grow by the fetch time, not by max(compute, I/O)), and the aio/io_uring
         # completions run on the cores that do the matmuls.
-        fb = z(compute) + fb_io
-        overlap = "forward/backward: compute + SSD (CPU accelerator)"
+        fb = z(compute) + fb_io + host_fb
+        overlap = "forward/backward: compute + SSD" + (" + host copies" if host_fb else "") + " (CPU accelerator)"
     if bounded and overlap_window > 0:
         w = min(1.0, overlap_window)
         t = min(1.0, tail_elems / optimizer_elems) if optimizer_elems else 0.0
@@ -238,11 +253,13 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         # Stock waits for each sub-group's swap-in and swap-out (runtime/swap_tensor/partitioned_optimizer_swapper.py
         # _swap_out_optimizer_state: aio_handle.wait()). A sub-group whose write burst is short enough
         # loses nothing to the wait (the idle direction keeps its budget); a longer one reads, then writes.
-        opt = _serial_swaps(z(op_r), z(op_w), sub_group_numels) + adam
+        opt = _serial_swaps(z(op_r), z(op_w), sub_group_numels) + adam + host_opt
         overlap += "; optimizer: per sub-group, SSD read then write (their max for short bursts) + Adam"
     else:
-        opt = op_io + adam
+        opt = op_io + adam + host_opt
         overlap += "; optimizer: SSD read + Adam + SSD write"
+    if host_opt:
+        overlap += " + host copies"
     seconds = {"compute": compute, "SSD read": None if fb_r is None or op_r is None else fb_r + op_r,
                "SSD write": None if fb_w is None or op_w is None else fb_w + op_w, "CPU Adam": adam,
                "PCIe": pcie if device.gpu else None}

@@ -113,12 +113,30 @@ def test_stock_optimizer_is_serial_unless_pipelined():
     tr = _traffic(states=1e9)
     kw = dict(flops=0, traffic=tr, device=tm.cpu_device(1.0, "t"), read_bytes_per_s=1e9, write_bytes_per_s=1e9,
               optimizer_elems=int(3 * tm.CPU_ADAM_ELEMS_PER_S_PER_CORE), cpu_cores=1, tokens_per_step=1)
-    serial = tm.step_time("stock", **kw)
-    piped = tm.step_time("stock", pipelined_optimizer=True, **kw)
+    serial = tm.step_time("tuned", **kw)
+    piped = tm.step_time("tuned", pipelined_optimizer=True, **kw)
     bounded = tm.step_time("memascend", **kw)
     assert serial.step_s == pytest.approx(1 + 3 + 1)
     assert piped.step_s == pytest.approx(3) == bounded.step_s
     assert serial.binding == "CPU Adam"
+    # stock runs the same code: the serial step plus its host copies on the CPU accelerator
+    assert tm.step_time("stock", **kw).step_s == pytest.approx(1 + 3 + 1 + _stock_host_s(kw["optimizer_elems"]))
+
+
+def _stock_host_s(elems: int) -> float:
+    return elems * sum(tm.STOCK_CPU_HOST_NS_PER_ELEMENT.values()) * 1e-9
+
+
+def test_stock_host_copies_count_on_the_cpu_accelerator_only():
+    tr = _traffic(params=1e8, states=1e9, grads=1e8)
+    for gpu, extra in ((False, _stock_host_s(10**8)), (True, 0.0)):
+        dev = tm.gpu_device("H100", measured_tflops=1.0) if gpu else tm.cpu_device(1.0, "t")
+        kw = dict(flops=1e9, traffic=tr, device=dev, read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+                  optimizer_elems=10**8, cpu_cores=2, tokens_per_step=1)
+        stock, tuned = tm.step_time("stock", **kw), tm.step_time("tuned", **kw)
+        assert stock.step_s - tuned.step_s == pytest.approx(extra)
+        assert stock.phase_s[tm.PHASE_FORWARD_BACKWARD] - tuned.phase_s[tm.PHASE_FORWARD_BACKWARD] == \
+            pytest.approx(10**8 * tm.STOCK_CPU_HOST_NS_PER_ELEMENT["backward"] * 1e-9 if not gpu else 0.0)
 
 
 def test_compute_bound_step_and_hours():
@@ -190,7 +208,7 @@ def test_a_per_direction_throttle_overlaps_reads_and_writes_where_they_alternate
     assert tm.step_time("memascend", duplex_io=True, **kw).step_s == pytest.approx(2)  # separate budgets: the longer
     # Stock waits for every sub-group's swap-in and swap-out: serial, unless a sub-group's write (here 2 GB x 1/1000
     # at 1 GB/s = 2 ms) is short enough that the waiting direction keeps its budget.
-    adam = 100_000_000 / tm.CPU_ADAM_ELEMS_PER_S_PER_CORE
+    adam = 100_000_000 / tm.CPU_ADAM_ELEMS_PER_S_PER_CORE + _stock_host_s(100_000_000)  # stock's host copies too
     small = (100_000,) * 1000
     assert tm.step_time("stock", duplex_io=True, sub_group_numels=small, **kw).step_s == pytest.approx(2 + adam)
     one_group = tm.step_time("stock", duplex_io=True, sub_group_numels=(100_000_000,), **kw)
