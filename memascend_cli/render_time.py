@@ -22,7 +22,7 @@ def render_time(doc: dict, tokens: int | None) -> None:
     bw = [f"{k} {doc[f'ssd_{k}_gbps']:g} GB/s" for k in ("read", "write") if doc[f"ssd_{k}_gbps"]]
     t = Table(title=f"time per step ({dev['name']} {rate}; SSD {', '.join(bw) or 'bandwidth unknown'})",
               title_justify="left")
-    cols = ["", "compute", "SSD", "Adam", "s/step", "tok/s", "binds"] + (["hours"] if tokens else [])
+    cols = ["", "compute", "SSD", "CPU", "s/step", "tok/s", "binds"] + (["hours"] if tokens else [])
     for c in cols:
         t.add_column(c, justify="left" if c in ("", "binds") else "right", no_wrap=True)
     for e, d in doc["engines"].items():
@@ -32,7 +32,8 @@ def render_time(doc: dict, tokens: int | None) -> None:
         step, tok = _s(d["seconds_per_step"]), _s(d["tokens_per_s"])
         if d["seconds_per_step"] is None and low:
             step, tok = "≥" + _s(low), "≤" + _s(d["tokens_per_step"] / low)
-        row = [e, _s(r["compute"]), _s(ssd), _s(r["CPU Adam"]), step, tok, d["binding"]]
+        cpu = r["CPU Adam"] + (r.get("host copies") or 0.0)  # the host's own work: Adam, stock's copies
+        row = [e, _s(r["compute"]), _s(ssd), _s(cpu), step, tok, d["binding"]]
         if tokens:
             row.append(_s(d["hours"]))
         t.add_row(*row)

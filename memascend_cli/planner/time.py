@@ -63,7 +63,7 @@ element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engin
 EPYC VM, 400 MB/s: backward +1.42 s, step +1.26 s over 136.3M elements); the other stock sittings, on two VMs,
 throttled and not, are its validation (tests/unit/test_time_validation.py)."""
 
-RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "PCIe")
+RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "host copies", "PCIe")
 PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER = "forward+backward", "optimizer"
 
 
@@ -262,7 +262,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         overlap += " + host copies"
     seconds = {"compute": compute, "SSD read": None if fb_r is None or op_r is None else fb_r + op_r,
                "SSD write": None if fb_w is None or op_w is None else fb_w + op_w, "CPU Adam": adam,
-               "PCIe": pcie if device.gpu else None}
+               "host copies": host_fb + host_opt, "PCIe": pcie if device.gpu else None}
     # Binding: the resource whose busy time is the largest share of the step.
     known = {k: v for k, v in seconds.items() if v is not None}
     if unknown:
