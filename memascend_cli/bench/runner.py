@@ -569,7 +569,8 @@ def _timing_doc(timing: dict | None) -> dict | None:
     dev = timing["device"]
     return {"device": dev.name, "gflops": None if dev.flops_per_s is None else round(dev.flops_per_s / 1e9, 1),
             "device_source": dev.source, "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
-            "bandwidth_source": timing.get("source"), "cpu_model": timing.get("cpu_model")}
+            "bandwidth_source": timing.get("source"), "cpu_model": timing.get("cpu_model"),
+            **({"probe_samples": timing["probe_samples"]} if timing.get("probe_samples") else {})}
 
 
 def execution_order(planned_peak_bytes: list[int]) -> list[int]:

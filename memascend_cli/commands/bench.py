@@ -224,10 +224,15 @@ def bench_command(
         # The stock runs' swap files and memascend's region (a fresh one goes into OUT).
         io_limits = tuple(resolve_limits([nvme_dir, os.path.abspath(region) if region else out_dir], ssd_bytes_per_s))
     hw = resolve_hardware(None, None)
+    probe_samples = None
     if region is not None and os.path.exists(region):
         from memascend_cli.hardware import apply_region
+        from memascend_cli.ssd.region import read_header
 
         hw = apply_region(hw, region)  # its probed bandwidth, when prepare-ssd measured one
+        probe = read_header(region).probe
+        probe_samples = [[s.block_bytes, s.queue_depth, s.write_gbps, s.read_gbps] for s in probe.samples] \
+            if probe is not None and probe.samples else None
     if accelerator == "auto":
         accelerator = "cuda" if hw.num_gpus > 0 else "cpu"
     if accelerator == "cpu" and hw.num_gpus > 0:
@@ -248,7 +253,7 @@ def bench_command(
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
             **({"title": title} if title else {})}
     # Every point's job but its depth and context (a capacity search also varies micro-batch).
-    timing = _timing(hw, dtype, cpu_gflops, ssd_bytes_per_s)
+    timing = _timing(hw, dtype, cpu_gflops, ssd_bytes_per_s, probe_samples)
     template = runner.Point(model=model, spec=base_spec, layers=None, seq_len=seq_lens[0], micro_batch=micro_batch,
                             steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing, ranks=ranks,
                             host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw,
@@ -304,10 +309,13 @@ def bench_command(
         raise typer.Exit(EXIT_FAIL)
 
 
-def _timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | None) -> dict:
+def _timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | None,
+            probe_samples: list | None = None) -> dict:
     """The time model's inputs for the runs' predicted s/step: the compute device as `plan` resolves it, and the SSD
     bandwidth each run gets: the throttle where it is below the drive's (a drive of unknown speed is taken to be
-    faster), else the drive's as prepare-ssd probed it (a region given with --region), else unknown."""
+    faster), else the drive's as prepare-ssd probed it (a region given with --region), else unknown. The probe's
+    every setting ([block bytes, queue depth, write GB/s, read GB/s]) goes along: the engines do not all issue
+    requests of its best setting's size and depth."""
     from memascend_cli.compute_probe import plan_device
     from memascend_cli.hardware import local_cpu_model
 
@@ -321,4 +329,4 @@ def _timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | Non
         source = "--ssd-bandwidth"
     # A throttle limits reads and writes separately (planner/time.py step_time duplex_io).
     return {"device": device, "read_gbps": read, "write_gbps": write, "source": source, "cpu_model": cpu_model,
-            "duplex_io": ssd_bytes_per_s is not None}
+            "duplex_io": ssd_bytes_per_s is not None, "probe_samples": probe_samples}

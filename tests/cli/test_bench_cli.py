@@ -476,3 +476,7 @@ def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
                             disabled=("overlap_optimizer", "params_hold_master"))["time"]
     assert configs.repredict(doc, {"mode": "memascend", "config": cfg})["time"] == plain != live
     assert configs.recorded_timing({**job, "timing": None}) is None
+    # The probe's every setting is recorded with the rates, for planning each engine at its own request size.
+    samples = [[1 << 20, 8, 2.29, 1.23], [4 << 20, 8, 4.24, 2.79]]
+    assert runner._timing_doc(cmd._timing(probed, "fp32", 150.0, None, samples))["probe_samples"] == samples
+    assert "probe_samples" not in job["timing"]
