@@ -41,6 +41,7 @@ import ctypes
 import functools
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from memascend_engine import native
@@ -115,6 +116,15 @@ class RegionStats:
     """Bytes whose CRC-32C was checked on read (whole chunks, widened reads included)."""
     widened_read_bytes: int = 0
     """Extra bytes read to verify chunks that a read only partly covered."""
+    read_wait_s: float = 0.0
+    """Seconds callers spent blocked in complete() until their reads had landed (any thread): the share of the
+    region's time the caller could not hide (the time model overlaps it)."""
+    write_wait_s: float = 0.0
+    """The same for writes."""
+    checksum_s: float = 0.0
+    """Seconds computing writes' CRC-32C at submission, on the submitting thread."""
+    verify_s: float = 0.0
+    """Seconds checking reads' CRC-32C in complete(), on the waiting thread."""
 
 
 @dataclass
@@ -361,7 +371,9 @@ class RegionStore:
         image_end = file_offset + sum(n for _, n in image)
         if op == "w":
             # Checksummed while the transfer is in flight (both only read the buffer).
+            t0 = time.perf_counter()
             crcs = native.crc32c_chunks(image, self.chunk_bytes) if self.verify else b""
+            crc_s = time.perf_counter() - t0
             self._note_written(key, file_offset, end, image_end, crcs)
         elif self.verify:
             pending.verify = self._plan_verify(pending, key, ext, file_offset, image_end, image)
@@ -370,6 +382,7 @@ class RegionStore:
             if op == "w":
                 self.stats.write_requests += 1
                 self.stats.bytes_written += nbytes
+                self.stats.checksum_s += crc_s
                 self.stats.checksummed_bytes += image_end - file_offset if self.verify else 0
             else:
                 self.stats.read_requests += 1
@@ -456,6 +469,7 @@ class RegionStore:
     def complete(self, pending: _Pending) -> None:
         """Wait for ``pending``'s native requests, verify a read's checksums, then finish bounced reads."""
         first_error = None
+        t0 = time.perf_counter()
         for rid in pending.request_ids:
             try:
                 self.engine.wait(rid)
@@ -463,11 +477,18 @@ class RegionStore:
                 first_error = first_error or self._io_error(pending, exc)
             except Exception as exc:  # noqa: BLE001
                 first_error = first_error or exc
+        t1 = time.perf_counter()
         try:
             if first_error is not None:
                 raise first_error
             if pending.verify is not None:
                 self._check(pending.verify)
+            with self._mutex:
+                if pending.op == "w":
+                    self.stats.write_wait_s += t1 - t0
+                else:
+                    self.stats.read_wait_s += t1 - t0
+                    self.stats.verify_s += time.perf_counter() - t1 if pending.verify is not None else 0.0
             for dst, src, n in pending.copies:
                 _MEMMOVE(dst, src, n)
         finally:

@@ -74,6 +74,8 @@ def test_roundtrip_aligned_goes_straight_to_the_region(store_and_handle):
     assert s["bytes_written"] == s["bytes_read"] == 2 * MiB
     assert s["engine_bytes_written"] == s["engine_bytes_read"] == 2 * MiB  # counted by the native engine
     assert s["bounce_bytes"] == 0
+    # Where the caller's time went: blocked on each direction, computing and checking the CRC-32C.
+    assert s["write_wait_s"] > 0 and s["read_wait_s"] > 0 and s["checksum_s"] > 0 and s["verify_s"] > 0
     ext = store.allocator.lookup(store.key("/keys/zero_stage_3/float32params/rank0/3_param.tensor.swp"))
     assert store.subregion.offset_bytes <= ext.offset_bytes < ext.end_bytes <= store.subregion.end_bytes
     # The bytes really are at the extent's offset of the region file.
