@@ -42,13 +42,13 @@ def child(model: str, tokens: int, dtype: str, part: str = "layer") -> dict:
     torch.manual_seed(0)
     spec = load_model(model)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    cfg = to_hf_config(spec)
-    cfg._attn_implementation = "sdpa"  # transformers' default, as the bench and train build the model
-    from transformers import AutoModelForCausalLM
-
     h = spec.hidden_size
     x = torch.randn(1, tokens, h, dtype=dt, requires_grad=True)
     if part == "layer":
+        from transformers import AutoModelForCausalLM
+
+        cfg = to_hf_config(spec)
+        cfg._attn_implementation = "sdpa"  # transformers' default, as the bench and train build the model
         model_class = AutoModelForCausalLM._model_mapping[type(cfg)]
         module = __import__(model_class.__module__, fromlist=["_"])
         layer_cls = next(getattr(module, n) for n in dir(module) if n.endswith("DecoderLayer"))

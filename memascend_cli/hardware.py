@@ -757,20 +757,23 @@ def free_space_at(path: str) -> tuple[str, int]:
     return folder, vfs.f_bavail * vfs.f_frsize
 
 
-def apply_region(spec: HardwareSpec, path: str) -> HardwareSpec:
-    """If `path` holds a memascend region, its data area is the SSD space and its probe the bandwidth.
-
-    A region that is corrupt is an error here (the plan would otherwise use a wrong size); a path
-    without a region (a swap directory) keeps the file system's free space.
-    """
+def region_header(path: str):
+    """The memascend region header at `path` (ssd.region.RegionHeader), or None for a path without a region (a swap
+    directory, another file). A region that is corrupt is an error (the plan would otherwise use a wrong size)."""
     from memascend_cli.ssd import region
 
     if os.path.isdir(path) or (os.path.isfile(path) and os.path.getsize(path) < region.HEADER_BYTES):
-        return spec
+        return None
     block = region.read_block(path, 0, region.HEADER_BYTES)
-    if not region.looks_like_region(block):
+    return region.decode(block) if region.looks_like_region(block) else None
+
+
+def apply_region(spec: HardwareSpec, path: str) -> HardwareSpec:
+    """If `path` holds a memascend region (region_header), its data area is the SSD space and its probe the
+    bandwidth; a path without a region keeps the file system's free space."""
+    header = region_header(path)
+    if header is None:
         return spec
-    header = region.decode(block)
     probe_result = header.probe
     return dataclasses.replace(
         spec,

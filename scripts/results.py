@@ -414,9 +414,9 @@ def section_micro(runs: list) -> str:
                     "`host/zero_init_heap` item is the upper mode. Raw: `" + path + "`.", "",
                     table(["model", "layers", "dtype", "kept GiB (repeats)", "plan GiB"], rows), ""]
         elif doc.get("kind") == "layer_backward_memory":
-            layer = doc.get("part", "layer") == "layer"
+            layer = doc["part"] == "layer"
             what = {"layer": "One recomputed decoder layer's backward", "loss-hf": "The LM head and transformers' loss",
-                    "loss-chunked": "The LM head and memascend's chunked loss"}[doc.get("part", "layer")]
+                    "loss-chunked": "The LM head and memascend's chunked loss"}[doc["part"]]
             rows = [[r["model"], f"{r['tokens']:,}", f"{r['peak_rise_bytes'] / 2**20:.1f}",
                      f"{r['planned_bytes'] / 2**20:.1f}", f"{100 * r['plan_error']:+.1f}%"]
                     + ([f"{r['korthikanti_layer_activation_bytes'] / 2**20:.1f}"] if layer else []) for r in doc["rows"]]

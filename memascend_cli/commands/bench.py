@@ -226,13 +226,11 @@ def bench_command(
     hw = resolve_hardware(None, None)
     probe_samples = None
     if region is not None and os.path.exists(region):
-        from memascend_cli.hardware import apply_region
-        from memascend_cli.ssd.region import read_header
+        from memascend_cli.hardware import apply_region, region_header
 
         hw = apply_region(hw, region)  # its probed bandwidth, when prepare-ssd measured one
-        probe = read_header(region).probe
-        probe_samples = [[s.block_bytes, s.queue_depth, s.write_gbps, s.read_gbps] for s in probe.samples] \
-            if probe is not None and probe.samples else None
+        probe = getattr(region_header(region), "probe", None)
+        probe_samples = probe.sample_rows() if probe is not None and probe.samples else None
     if accelerator == "auto":
         accelerator = "cuda" if hw.num_gpus > 0 else "cpu"
     if accelerator == "cpu" and hw.num_gpus > 0:

@@ -318,12 +318,12 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         vocab = c.m.vocab_size * c.m.hidden_size
         head_grad = c.E * vocab if c.m.tie_word_embeddings else 0
         tied = 2 * head_grad
-        tokens_h = job.micro_batch * job.seq_len * c.m.hidden_size * c.E
         if c.memascend and job.checkpointing in ("full", "offload"):
             # A bucket flush inside a recomputed layer's backward: that layer at its peak (layer_backward_bytes), the
             # gradient arriving from the layer above, its checkpointed input when the checkpoints are not kept in
             # memory (read back), and a tied LM head's waiting gradient. Stock and tuned keep the gathered-params
             # form below: their allocator retention (heap.py, host/allocator_retention) is fitted on it.
+            tokens_h = job.micro_batch * job.seq_len * c.m.hidden_size * c.E
             layer_bwd = layer_backward_bytes(c) + tokens_h * (1 if kept else 2)
             flush = gathered_params + kept + layer_bwd + head_grad + copies * c.E * bucket
             flush_desc = (f"checkpoints kept {kept:,} + one recomputed layer's backward {layer_bwd:,}"

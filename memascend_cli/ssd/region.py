@@ -156,6 +156,10 @@ class ProbeResult:
     samples: list[ProbeSample] = field(default_factory=list)
     """Every measured setting, for `--info`."""
 
+    def sample_rows(self) -> list[list]:
+        """The samples as [block bytes, queue depth, write GB/s, read GB/s] rows (the header's and bench's form)."""
+        return [[s.block_bytes, s.queue_depth, s.write_gbps, s.read_gbps] for s in self.samples]
+
 
 @dataclass(kw_only=True, slots=True)
 class RegionHeader:
@@ -298,7 +302,7 @@ def _body_dict(h: RegionHeader) -> dict:
             "backend": p.backend,
             "measured_at": p.measured_at,
             "probe_bytes": p.probe_bytes,
-            "samples": [[s.block_bytes, s.queue_depth, s.write_gbps, s.read_gbps] for s in p.samples],
+            "samples": p.sample_rows(),
         }
     return {
         "uuid": h.uuid,
