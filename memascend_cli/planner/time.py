@@ -189,9 +189,10 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
       optimizer (engine/bounded.py) keeps three chunk slots in flight: the next chunk's read ahead and the last
       chunk's write behind the current chunk's Adam. Reads and writes share one drive, so overlapped I/O takes
       read + write time (unless `duplex_io`).
-    - memascend with the optimizer overlapped with backward (`overlap_window`: the share of forward + backward that
-      is the last micro-batch's backward, memascend_engine.overlap): each chunk is stepped as its gradients are
-      reduced, so the optimizer's I/O runs beside that backward, and its Adam on the thread that drives it. The
+    - memascend with the optimizer overlapped with backward (`overlap_window`: the last micro-batch's backward's
+      share of the FLOPs, memascend_engine.overlap): each chunk is stepped as its gradients are reduced, so the
+      optimizer's I/O runs beside that backward, with the transfers of the backward itself (its parameter fetch,
+      checkpoint reads and gradient writes), and its Adam on the thread that drives it. The
       chunks of the `tail_elems` whose gradients come last (the input embedding: backward ends with it, and a tied
       LM head's gradient completes only then) have nothing left to hide behind: they are read, stepped and written
       after backward, their reads, Adam and writes pipelined with each other.
@@ -237,11 +238,29 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         w = min(1.0, overlap_window)
         t = min(1.0, tail_elems / optimizer_elems) if optimizer_elems else 0.0
         o_r, o_w, o_adam = z(op_r) * (1 - t), z(op_w) * (1 - t), adam * (1 - t)
-        io = max(z(fb_r) * w + o_r, z(fb_w) * w + o_w) if duplex_io else fb_io * w + o_r + o_w
+        # The last backward's own traffic, by where each transfer happens rather than by its share of the FLOPs:
+        # each micro-batch fetches the parameters twice (forward, then recompute / backward: zero.py's traffic
+        # formula), writes its checkpoints in forward and reads them back in backward, and sends its gradients to
+        # the SSD in backward (the accumulated ones read back in micro-batches 2..ga).
+        win_read = rd.get("params", 0) / (2 * ga) + rd.get("activation_checkpoints", 0) / ga \
+            + (grad_rd_bwd / (ga - 1) if ga > 1 else 0)
+        win_write = wr.get("gradients", 0) / ga
+        win_r, win_w = z(_div(win_read, read_bytes_per_s)), z(_div(win_write, write_bytes_per_s))
+        pre_r, pre_w = z(fb_r) - win_r, z(fb_w) - win_w
+        pre_io = max(pre_r, pre_w) if duplex_io else pre_r + pre_w
+        if device.gpu:
+            before = max(z(compute) * (1 - w), pre_io, z(pcie) * (1 - w))
+            window_work = max(z(compute) * w + o_adam, z(pcie) * w)
+        else:
+            # On the CPU accelerator the fetches block the layer that needs them, and Adam runs on the thread that
+            # drives backward (memascend_engine.overlap): they add to the window's compute.
+            before = z(compute) * (1 - w) + pre_io
+            window_work = z(compute) * w + win_r + o_adam
+        io = max(win_r + o_r, win_w + o_w) if duplex_io else win_r + win_w + o_r + o_w
         tail = max(z(op_r) * t, z(op_w) * t, adam * t) if duplex_io else max((z(op_r) + z(op_w)) * t, adam * t)
-        # The step is what precedes the last backward plus the longer of (that backward + Adam) and its I/O, then
-        # the chunks whose gradients come last.
-        opt = max(fb * w + o_adam, io) - fb * w + tail
+        # The step is what precedes the last backward, the longer of (that backward + Adam) and the I/O beside it,
+        # then the chunks whose gradients come last.
+        fb, opt = before + max(window_work, io), tail
         overlap += "; optimizer: during the last backward, max(backward + Adam, SSD), then the embedding's chunks"
     elif duplex_io and (bounded or pipelined_optimizer):
         opt = max(z(op_r), z(op_w), adam)

@@ -85,6 +85,26 @@ def test_overlapped_optimizer_runs_beside_the_last_backward():
     assert tm.backward_share("none") == pytest.approx(2 / 3) and tm.backward_share("offload") == 0.75
 
 
+def test_the_last_backwards_window_holds_its_own_transfers():
+    """The window beside which the optimizer runs holds the transfers that happen in backward (the second of the two
+    parameter fetches, every gradient write), not a FLOP share of all of them: the forward before it reads the other
+    half of the parameters and writes nothing (bench documents: throttled memascend forwards write no bytes)."""
+    tr = _traffic(params=4e9, states=8e9, grads=6e9)  # reads: params 4, states 8, gradients 6; writes 4/3, 8, 6
+    kw = dict(flops=8e9, traffic=tr, device=tm.cpu_device(1.0, "t"), read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+              optimizer_elems=0, cpu_cores=1, tokens_per_step=100, duplex_io=True, overlap_window=0.75)
+    got = tm.step_time("memascend", **kw)
+    forward = 8 * 0.25 + 2  # the forward's compute, then its fetch of half the parameters (the CPU adds them)
+    window = max(8 * 0.75 + 2,  # backward's compute and its own fetch
+                 2 + (8 + 6),  # reads beside it: that fetch, the optimizer states and gradients
+                 6 + (8 + 4 / 3))  # writes: every gradient, then the states and parameters
+    assert got.step_s == pytest.approx(forward + window)
+    assert got.phase_s == pytest.approx({tm.PHASE_FORWARD_BACKWARD: forward + window, tm.PHASE_OPTIMIZER: 0})
+    # Accumulating 2 micro-batches: the first micro-batch's transfers all precede the window.
+    acc = tm.step_time("memascend", **{**kw, "overlap_window": 0.375, "grad_accum": 2,
+                                       "traffic": _traffic(params=8e9, states=8e9, grads=6e9)})
+    assert acc.phase_s[tm.PHASE_FORWARD_BACKWARD] > got.phase_s[tm.PHASE_FORWARD_BACKWARD]
+
+
 def test_the_embeddings_chunks_are_stepped_after_backward():
     """The chunks whose gradients come last (tail_elems: the input embedding) cannot hide behind backward: their
     reads, Adam and writes follow it. Where backward's compute binds the window that adds their time; where the I/O

@@ -97,19 +97,23 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                  for d in ("overlap-clip1", "overlap-clip10",
                                                                            "overlap-clip10-budget1gib",
                                                                            "overlap-noclip", "bf16-moments-clip10")),
-                                                               # -24%: plan 6.89 s, its SSD floor 5.5 s each way;
+                                                               # -17%: plan 7.53 s, its SSD floor 5.5 s each way;
                                                                # memascend took 9.1 s with and 9.3 without the master
-                                                               # copy on this AMD VM: not yet found what binds
+                                                               # copy on this AMD VM: its backward's reads and writes
+                                                               # ran at 70-85% of the throttle (a 50 Hz trace of the
+                                                               # disk's counters, 2026-11-27)
                                                                f"{_SSD}ssd400mbs-master-from-params-clip10-budget1gib"
                                                                ".json:8:512:memascend",
-                                                               # -25%: the same job with chunks read ahead
-                                                               # (2026-11-27): 9.3 s against 7.0; a py-spy profile
+                                                               # -19%: the same job with chunks read ahead
+                                                               # (2026-11-27): 9.3 s against 7.6; a py-spy profile
                                                                # has backward's thread blocked on reads (parameters,
                                                                # moments) 22% of the step, which the model overlaps
                                                                f"{_SSD}ssd400mbs-read-ahead-clip10-budget1gib"
                                                                ".json:8:512:memascend",
                                                                # -28%: the same job with the master written nowhere
-                                                               # but the parameters (2026-11-27): 8.9 s against 6.4;
+                                                               # but the parameters (2026-11-27): 8.9 s against 6.4
+                                                               # (reads and writes balanced: 1.7 / 1.6 GB beside the
+                                                               # backward, which moved them at ~270 MB/s each);
                                                                # older sittings of it overlapped better (7.8-9.0 s
                                                                # with 4 B more read), so reads serial with backward
                                                                # is not the rule either
@@ -125,11 +129,11 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                # stock run is STOCK_HOST_CALIBRATION
                                                                f"{_SSD}ssd400mbs-three-engines-clip10-budget1gib"
                                                                ".json:8:512:memascend",
-                                                               # -27%: again without the budget (2026-11-27, fresh:
-                                                               # stock -2%, tuned +5%): 8.9 s against 6.5; its
-                                                               # backward (7.1 s) is about compute + the optimizer's
-                                                               # SSD time, where the model overlaps them; a deeper
-                                                               # optimizer pipeline (8 chunks, +0.29 GiB) gave 8.4 s
+                                                               # -16%: again without the budget (2026-11-27, fresh:
+                                                               # stock -2%, tuned +5%): 8.9 s against 7.5; a sitting
+                                                               # of the same job 3 h later (-memascend-clip10-amd) is
+                                                               # within (8.3 s, -10%); a deeper optimizer pipeline (8
+                                                               # chunks, +0.29 GiB) gave 8.4 s
                                                                f"{_SSD}ssd400mbs-three-engines-clip10.json:8:512:"
                                                                "memascend",
                                                                # Unthrottled on the AMD VM (2026-11-27, no other
@@ -141,6 +145,16 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                *(f"{_SSD}unthrottled-three-engines-clip10-amd.json"
                                                                  f":8:512:{run}" for run in ("stock", "tuned",
                                                                                              "memascend")),
+                                                               # The same sitting again with the region store's wait
+                                                               # counters (2026-11-27 13:34): stock -5%, tuned -31%,
+                                                               # memascend -50%; memascend's thread blocked ~1.0 s a
+                                                               # step on reads, 0.2 s on writes, 0.25 s in CRC-32C;
+                                                               # the engine's own request pattern (8 MiB, 1-3 in
+                                                               # flight, many buffers) reads 1.0-2.0 GB/s here where
+                                                               # the probe (one buffer, 32 in flight) reads 3.5
+                                                               *(f"{_SSD}unthrottled-three-engines-clip10-amd-counters"
+                                                                 f".json:8:512:{run}" for run in ("tuned",
+                                                                                                  "memascend")),
                                                                # +19%: the allocator calibration at seq 4096
                                                                "tuned-heap-l16-seq4096-fp32.json:16:4096:tuned"}
 
