@@ -17,6 +17,12 @@ Usage (CPU; seconds to a minute per case, ~15 minutes for the fp32 document):
         --case llama-3.2-1b:1024,4096,8192 --case qwen2.5-1.5b:1024,4096,8192 \\
         --out docs/bench/micro/layer-backward-fp32.json
     python benchmarks/layer_backward_memory.py --dtype bf16 ... --out docs/bench/micro/layer-backward-bf16.json
+    python benchmarks/layer_backward_memory.py --part head-hf --case bench-llama-136m:1024,4096,16384 \
+        --case qwen2.5-0.5b:1024,2048 --case llama-3.2-1b:1024,4096 --out docs/bench/micro/head-backward-hf-fp32.json
+
+--part loss-hf / loss-chunked measure the LM head and the loss alone (their input a leaf made before the peak is
+reset); head-hf / head-chunked the model's top with them: the last layer's output made in the measured forward and
+the model's own final RMSNorm, whose tensors live from the end of forward to the LM head's backward.
 """
 
 from __future__ import annotations
@@ -65,14 +71,20 @@ def child(model: str, tokens: int, dtype: str, part: str = "layer") -> dict:
             out.backward(grad_out)
     else:
         # The LM head and the loss of the model's last hidden states: transformers' own (ForCausalLMLoss on the
-        # full logits) or memascend's chunked one (memascend_engine/chunked_loss.py).
+        # full logits) or memascend's chunked one (memascend_engine/chunked_loss.py). head-*: the model's top as
+        # well, the last layer's output made in forward and the model's own final RMSNorm before the LM head.
         layer = torch.nn.Linear(h, spec.vocab_size, bias=False).to(dt)
         labels = torch.randint(0, spec.vocab_size, (1, tokens))
-        if part == "loss-hf":
+        norm = _final_norm(spec, dt) if part.startswith("head-") else None
+
+        def top(inp):
+            return inp if norm is None else norm(inp * 1.0)
+
+        if part.endswith("-hf"):
             from transformers.loss.loss_utils import ForCausalLMLoss
 
             def run() -> None:
-                ForCausalLMLoss(layer(x), labels, spec.vocab_size).backward()
+                ForCausalLMLoss(layer(top(x)), labels, spec.vocab_size).backward()
         else:
             from memascend_cli.planner.compute import loss_chunk_tokens
             from memascend_engine.chunked_loss import fused_linear_cross_entropy
@@ -80,7 +92,7 @@ def child(model: str, tokens: int, dtype: str, part: str = "layer") -> dict:
             chunk = loss_chunk_tokens(spec.vocab_size)
 
             def run() -> None:
-                fused_linear_cross_entropy(x, layer.weight, labels, chunk).backward()
+                fused_linear_cross_entropy(top(x), layer.weight, labels, chunk).backward()
     layer_param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
 
     run()  # warm-up: kernels, thread pools and the grads' first allocation
@@ -98,22 +110,36 @@ def child(model: str, tokens: int, dtype: str, part: str = "layer") -> dict:
             "peak_rise_bytes": (peak_kib - base_kib) * 1024, "threads": torch.get_num_threads()}
 
 
+def _final_norm(spec, dt):
+    """The preset's model type's own final RMSNorm (transformers), in dtype `dt`."""
+    from transformers import AutoModelForCausalLM
+
+    from memascend_engine.hf_models import to_hf_config
+
+    cfg = to_hf_config(spec)
+    module = __import__(AutoModelForCausalLM._model_mapping[type(cfg)].__module__, fromlist=["_"])
+    norm_cls = next(getattr(module, n) for n in dir(module) if n.endswith("RMSNorm"))
+    return norm_cls(spec.hidden_size, eps=cfg.rms_norm_eps).to(dt)
+
+
 def planned(model: str, tokens: int, dtype: str, part: str) -> dict:
     """The planner's view of the same moment: layer_backward_bytes (with Korthikanti et al.'s count of one layer's
     activations beside it), or the loss backward's larger moment (loss_backward_blocks)."""
     from memascend_cli.models import load_model
-    from memascend_cli.planner.compute import activation_parts, layer_backward_bytes, loss_backward_blocks
+    from memascend_cli.planner.compute import (activation_parts, layer_backward_bytes, loss_backward_blocks,
+                                               model_top_bytes)
     from memascend_cli.planner.context import Context
     from memascend_cli.planner.job import JobSpec
     from memascend_cli.planner.spec import HardwareSpec
 
     spec = load_model(model)
     job = JobSpec(model=spec, seq_len=tokens, micro_batch=1, dtype=dtype, checkpointing="full",
-                  chunked_loss=part == "loss-chunked")
+                  chunked_loss=part.endswith("-chunked"))
     hw = HardwareSpec(name="local", dram_gib=24.0, cpu_cores=2)
     c = Context(job, hw, "memascend")
     if part != "layer":
-        return {"planned_bytes": max(sum(moment) for moment in loss_backward_blocks(c))}
+        top = model_top_bytes(c) if part.startswith("head-") else 0
+        return {"planned_bytes": max(sum(moment) for moment in loss_backward_blocks(c)) + top}
     _, again, _ = activation_parts(c)
     return {"planned_bytes": layer_backward_bytes(c), "korthikanti_layer_activation_bytes": again}
 
@@ -122,8 +148,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", default=[], help="MODEL:TOKENS[,TOKENS...]")
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    ap.add_argument("--part", default="layer", choices=("layer", "loss-hf", "loss-chunked"),
-                    help="one recomputed decoder layer, or the LM head with transformers' loss or the chunked one")
+    ap.add_argument("--part", default="layer", choices=("layer", "loss-hf", "loss-chunked", "head-hf", "head-chunked"),
+                    help="one recomputed decoder layer; the LM head with transformers' loss or the chunked one; the "
+                         "same with the model's top (the last layer's output and the final RMSNorm)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out")
     ap.add_argument("--child", nargs=4, metavar=("MODEL", "TOKENS", "DTYPE", "PART"), help=argparse.SUPPRESS)

@@ -416,7 +416,9 @@ def section_micro(runs: list) -> str:
         elif doc.get("kind") == "layer_backward_memory":
             layer = doc["part"] == "layer"
             what = {"layer": "One recomputed decoder layer's backward", "loss-hf": "The LM head and transformers' loss",
-                    "loss-chunked": "The LM head and memascend's chunked loss"}[doc["part"]]
+                    "loss-chunked": "The LM head and memascend's chunked loss",
+                    "head-hf": "The model's top (last layer's output, final RMSNorm), LM head and transformers' loss",
+                    "head-chunked": "The model's top, LM head and memascend's chunked loss"}[doc["part"]]
             rows = [[r["model"], f"{r['tokens']:,}", f"{r['peak_rise_bytes'] / 2**20:.1f}",
                      f"{r['planned_bytes'] / 2**20:.1f}", f"{100 * r['plan_error']:+.1f}%"]
                     + ([f"{r['korthikanti_layer_activation_bytes'] / 2**20:.1f}"] if layer else []) for r in doc["rows"]]

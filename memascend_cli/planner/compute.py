@@ -33,6 +33,17 @@ def loss_backward_blocks(c: Context) -> tuple[list[int], list[int]]:
     return [4 * bs_vocab] * 3, [c.E * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
 
 
+def model_top_bytes(c: Context) -> int:
+    """The model's top from the end of forward through the LM head's backward, beside the loss's blocks: the final
+    RMSNorm's input in fp32 (kept for its backward: the last layer's output itself in fp32, its upcast in 16-bit,
+    transformers' LlamaRMSNorm / Qwen2RMSNorm hidden_states.to(torch.float32)), its normalized product (kept for its
+    weight's gradient) and its output (the LM head's input) in the model dtype: 12 B per hidden unit and token in
+    fp32, 8 in bf16. Measured with the model's own RMSNorm and either loss to 1% by
+    benchmarks/layer_backward_memory.py --part head-hf / head-chunked (docs/bench/micro/head-backward-*.json)."""
+    tokens = c.job.micro_batch * c.job.seq_len
+    return tokens * c.m.hidden_size * (4 + 2 * c.E)
+
+
 def loss_chunk_tokens(vocab_size: int, chunk_logits_bytes: int = LOSS_CHUNK_LOGITS_BYTES) -> int:
     """Tokens per chunk of the chunked loss: its fp32 logits take `chunk_logits_bytes`."""
     return max(1, chunk_logits_bytes // (4 * vocab_size))

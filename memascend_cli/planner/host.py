@@ -17,6 +17,7 @@ from memascend_cli.planner.compute import (
     flush_copies,
     layer_backward_bytes,
     loss_backward_blocks,
+    model_top_bytes,
 )
 from memascend_cli.planner.context import Context
 from memascend_cli.planner.heap import (
@@ -305,11 +306,12 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         # the activations forward left for backward (all of them without checkpointing, else the checkpoints):
         # autograd frees a layer's saved tensors only when its backward node runs (torch/csrc/autograd/engine.cpp).
         loss_bwd = max(sum(moment) for moment in loss_backward_blocks(c))
+        top = model_top_bytes(c)
         kept = activation_parts(c)[0]
         # The gathered matrix there is the LM head; on one CPU rank DeepSpeed gathers nothing (partition_parameters.py
         # _no_gather_coalesced / NoGatherHandle: param.data = ds_tensor.data.to(cpu), the pool's own tensor).
         gathered_params = params if c.world > 1 else 0
-        head = gathered_params + loss_bwd + kept
+        head = gathered_params + loss_bwd + top + kept
         copies = flush_copies(c)
         # A tied LM head / input embedding: autograd sums a leaf's gradients in its input buffer before the
         # AccumulateGrad node runs (torch/csrc/autograd/input_buffer.cpp), so the LM head's gradient waits there
@@ -341,7 +343,8 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         reused = min(zero_init_heap, backward_heap, working)
         add("host/compute/forward_backward", "forward/backward working set", working - reused,
             f"max(gathered params {gathered_params:,} + loss backward {loss_bwd:,} (3 fp32 b*s*V, or b*s*V*E + "
-            f"the lm_head gradient) + activations kept for backward {kept:,}, {flush_desc} + {copies} bucket "
+            f"the lm_head gradient) + the last layer's output and final norm {top:,} + activations kept for "
+            f"backward {kept:,}, {flush_desc} + {copies} bucket "
             f"copies {copies * c.E * bucket:,}"
             + (f", tied embedding at the end of backward: 2 gradients {tied:,}" if tied else "")
             + f", largest gradient partition + its fp64 norm copy ({c.norm_chunk:,} elements at a time) "

