@@ -99,13 +99,40 @@ def _largest_int(ok, lo: int, hi: int, start: int | None = None) -> int | None:
     return good
 
 
+BELOW_CHECKS = 64
+"""Grid values below a search's answer checked to fit too (all of them, or this many evenly spaced)."""
+
+
+def _largest_below_failures(ok, lo: int, hi: int, start: int) -> int | None:
+    """_largest_int for an `ok` that is not always monotone: the plan's allocator model changes regime where a tensor
+    crosses glibc's mmap threshold (heap.py), so a value can fit above values that do not. A job is no answer
+    when a smaller one of the same kind does not fit: the values below the answer are checked (BELOW_CHECKS of
+    them) and the search goes on under the first one that fails."""
+    n = _largest_int(ok, lo, hi, start=start)
+    while n is not None and n > lo:
+        stride = max(1, -(-(n - lo) // BELOW_CHECKS))
+        bad = next((x for x in range(lo, n, stride) if not ok(x)), None)
+        if bad is None:
+            return n
+        n = None if bad == lo else _largest_int(ok, lo, bad - 1, start=lo)
+    return n
+
+
 def _largest_bound(verdict_at, lo: int, hi: int, start: int) -> tuple[int | None, str]:
-    """(largest x in [lo, hi] whose verdict fits, what binds there): the resource the next grid point runs out of,
-    GRID_END when x is the grid's end, or what already fails at lo when nothing fits."""
-    n = _largest_int(lambda x: verdict_at(x).fits, lo, hi, start=start)
+    """(largest x in [lo, hi] whose verdict fits and every BELOW_CHECKS-sampled one below too, what binds there): the
+    resource the next grid point runs out of, GRID_END when x is the grid's end, or what already fails at lo when
+    nothing fits."""
+    cache: dict[int, Verdict] = {}
+
+    def at(x: int) -> Verdict:
+        if x not in cache:
+            cache[x] = verdict_at(x)
+        return cache[x]
+
+    n = _largest_below_failures(lambda x: at(x).fits, lo, hi, start)
     if n is None:
-        return None, verdict_at(lo).binding
-    return n, GRID_END if n == hi else verdict_at(n + 1).binding
+        return None, at(lo).binding
+    return n, GRID_END if n == hi else at(n + 1).binding
 
 
 def max_micro_batch(job: JobSpec, hw: HardwareSpec, engine: str,

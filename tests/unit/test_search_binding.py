@@ -31,6 +31,19 @@ def test_the_next_grid_point_names_the_binding_resource():
     assert _largest_bound(verdicts({"memlock": 0}), 1, 100, start=4) == (None, "memlock")
 
 
+def test_no_answer_above_a_value_that_does_not_fit():
+    """The plan's allocator model can fit a job above one that does not (tuned stock at a 4 GiB cap: seq 8192-8704
+    fit in the plan, 4608-7680 do not, capacity/cap4gib-seq-fp32); the search answers below the first failure."""
+    def dip(x):
+        fits = x <= 18 or 32 <= x <= 34
+        return Verdict(fits=fits, binding="dram", utilisation={}, reasons=[] if fits else ["dram"])
+    for start in (1, 8, 20, 33, 60):
+        assert _largest_bound(dip, 1, 100, start=start) == (18, "dram"), start
+    # a failure narrower than the sampling of the values below can pass unseen, a wide one cannot
+    wide = [x for x in range(1, 1001) if not (x <= 100 or 900 <= x <= 950)]
+    assert _largest_bound(lambda x: Verdict(x not in wide, "dram", {}, []), 1, 1000, start=920)[0] == 100
+
+
 def test_ssd_space_binds_a_deep_model_on_a_small_disk():
     job = JobSpec(model=load_preset("qwen2.5-0.5b"), seq_len=1024, micro_batch=1)
     small_disk, big_disk = max_layers(job, CPU, "memascend"), max_layers(job, replace(CPU, nvme_free_gib=1e6),
