@@ -119,7 +119,9 @@ def plan_command(job: Job, *, model_dir: str, python: str = sys.executable) -> l
     cmd = [python, "-m", "memascend_cli", "plan", "--model", model_dir, "--seq-len", str(job.seq_len),
            "--micro-batch", str(job.micro_batch), "--dtype", "bf16",
            "--checkpointing", "full" if job.checkpointing else "none", "--no-search", "--json"]
-    return cmd + (hf_auto_knobs(MODEL["hidden_size"]) if job.script in HF_SCRIPTS else [])
+    if job.script not in HF_SCRIPTS:
+        return cmd
+    return cmd + hf_auto_knobs(MODEL["hidden_size"]) + ["--trainer", "trl" if job.script == "trl" else "hf"]
 
 
 def prediction(plan: dict, engine: str) -> dict:

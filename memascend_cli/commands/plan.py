@@ -121,6 +121,9 @@ def plan_command(
                                    "(default: the version's default).", rich_help_panel=_K, show_default=False),
     no_zero_init: bool = typer.Option(False, "--no-zero-init", help="Model built without deepspeed.zero.Init "
                                       "(every rank first builds the whole model).", rich_help_panel=_K),
+    trainer: str = typer.Option("deepspeed", "--trainer", help="What drives the training loop: deepspeed (its API, "
+                                "memascend train), hf (the Hugging Face Trainer, also under accelerate) or trl "
+                                "(TRL's SFTTrainer): their imports take host memory too.", rich_help_panel=_K),
     engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: stock, "
                                "tuned or memascend (baseline: stock, or tuned for a RECIPE).", rich_help_panel=_O),
     search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
@@ -251,7 +254,7 @@ def plan_command(
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
                   zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
                   checkpoint_offload=checkpoint_offload or "ssd", optimizer_moments=optimizer_moments or "fp32",
-                  chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss)
+                  chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss, trainer=trainer)
     return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing)
 
 

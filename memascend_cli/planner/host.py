@@ -48,6 +48,11 @@ ENGINE_RUNTIME_BYTES = int(0.11 * GiB)
 # tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the
 # bench torchrun for more than one rank (1).
 LAUNCHER_PROCESS_BYTES = int(0.15 * GiB)
+# What a Hugging Face trainer's imports add to a DeepSpeed script's (deepspeed, torch, transformers' model classes):
+# RssAnon after `from transformers import Trainer, TrainingArguments` 44.8 MiB more, and with TRL's SFTConfig /
+# SFTTrainer and datasets 49.1 MiB (transformers 5.24, TRL 1.16, datasets 5.2, torch 2.13, CPU; re-measured by
+# tests/integration/test_planner_assumptions.py).
+TRAINER_IMPORT_BYTES = {"deepspeed": 0, "hf": 45 * MiB, "trl": 49 * MiB}
 
 
 
@@ -84,6 +89,10 @@ def host_items(c: Context) -> list[Item]:
                                else (RUNTIME_CPU_BYTES, calibration))
     add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")", runtime,
         formula="measured constant per process", source=runtime_source)
+    if TRAINER_IMPORT_BYTES[c.job.trainer]:
+        add("host/trainer_imports", f"the {c.job.trainer} trainer's imports", TRAINER_IMPORT_BYTES[c.job.trainer],
+            formula="measured constant per process", source="RssAnon of its imports beyond a DeepSpeed script's "
+            "(tests/integration/test_planner_assumptions.py)")
     if c.memascend:
         add("host/engine_runtime", "memascend engine (native core, io_uring rings, region map)",
             ENGINE_RUNTIME_BYTES, formula="measured constant per process",

@@ -18,6 +18,9 @@ MOMENT_DTYPES = tuple(MOMENT_BYTES)
 DEEPSPEED_GRADIENT_CLIPPING = 1.0
 """DeepSpeed's gradient_clipping when a config omits it (runtime/constants.py GRADIENT_CLIPPING_DEFAULT)."""
 CHECKPOINTING = ("none", "selective", "full", "offload")
+TRAINERS = ("deepspeed", "hf", "trl")
+"""What drives the training loop: DeepSpeed's API (memascend train, a plain DeepSpeed script), the Hugging Face
+Trainer (also under accelerate launch) or TRL's SFTTrainer."""
 
 
 class BudgetError(BadInput):
@@ -86,6 +89,8 @@ class JobSpec:
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
     zero_init: bool = True
     """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
+    trainer: str = "deepspeed"
+    """TRAINERS: the Hugging Face trainers import more of their own (host/trainer_imports)."""
     launcher_processes: int = 2
     """Launcher processes per node beside the ranks: 2 for `memascend train` (DeepSpeed's runner and launch.py)."""
     checkpoint_copies: int = 1
@@ -98,6 +103,8 @@ class JobSpec:
             raise BadInput(f"unknown grad accumulation dtype {self.grad_accum_dtype!r}", "use bf16, fp16 or fp32")
         if self.checkpointing not in CHECKPOINTING:
             raise BadInput(f"unknown checkpointing {self.checkpointing!r}", "use " + ", ".join(CHECKPOINTING))
+        if self.trainer not in TRAINERS:
+            raise BadInput(f"unknown trainer {self.trainer!r}", "use " + ", ".join(TRAINERS))
         if self.checkpoint_offload not in ("ssd", "dram"):
             raise BadInput(f"unknown checkpoint offload {self.checkpoint_offload!r}", "use ssd or dram")
         if self.optimizer_moments not in MOMENT_DTYPES:

@@ -76,6 +76,7 @@ def test_capped_knobs_are_warned(cli):
     (("--sub-group-size", "lots"), "cannot read"),
     (("--nvme-path", "/nonexistent/swap"), "/nonexistent/swap"),
     (("--gpus", "-1"), "gpus"),
+    (("--trainer", "lightning"), "unknown trainer"),
 ])
 def test_bad_input_is_one_error_line(cli, args, fragment):
     r = cli("plan", *args)
@@ -84,6 +85,18 @@ def test_bad_input_is_one_error_line(cli, args, fragment):
     assert fragment in r.stderr.splitlines()[0]
     assert any(line.startswith("hint:") for line in r.stderr.splitlines())
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_trainer_imports_count_for_the_hugging_face_trainers(cli):
+    def peak(trainer):
+        r = cli("plan", "--model", "qwen2.5-0.5b", *FIXED_HW, "--no-search", "--json", "--trainer", trainer)
+        d = json.loads(r.stdout)
+        items = {i["key"]: i["bytes"] for i in d["engines"]["memascend"]["items"]}
+        return d["job"]["trainer"], d["engines"]["memascend"]["host_peak_bytes"], items.get("host/trainer_imports")
+    ds, hf, trl = peak("deepspeed"), peak("hf"), peak("trl")
+    assert ds[0] == "deepspeed" and ds[2] is None
+    assert hf[0] == "hf" and hf[1] - ds[1] == hf[2] > 0
+    assert trl[2] > hf[2]
 
 
 def test_yaml_model_with_unknown_key(cli, tmp_path):

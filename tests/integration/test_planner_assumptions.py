@@ -67,3 +67,32 @@ def test_launcher_process_footprint_matches_the_constant(module):
     pytest.importorskip("deepspeed")
     r = _run(LAUNCHER.replace("MODULE", repr(module)))
     assert 0.7 * memory.LAUNCHER_PROCESS_BYTES <= r["anon_bytes"] <= 1.3 * memory.LAUNCHER_PROCESS_BYTES, r
+
+
+TRAINER_IMPORTS = r"""
+import json, sys
+def anon():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("RssAnon"))
+import deepspeed, torch
+from transformers import AutoConfig, LlamaForCausalLM
+before = anon()
+from transformers import Trainer, TrainerCallback, TrainingArguments
+if TRAINER == "trl":
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+print(json.dumps({"extra_bytes": anon() - before}))
+"""
+
+
+@pytest.mark.parametrize("trainer", ["hf", "trl"])
+def test_trainer_imports_match_the_constant(trainer):
+    """host/trainer_imports: what the Hugging Face trainers' imports add to a DeepSpeed script's."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("transformers")
+    if trainer == "trl":
+        pytest.importorskip("trl")
+    from memascend_cli.planner.host import TRAINER_IMPORT_BYTES
+
+    r = _run(TRAINER_IMPORTS.replace("TRAINER", repr(trainer)))
+    expected = TRAINER_IMPORT_BYTES[trainer]
+    assert 0.7 * expected <= r["extra_bytes"] <= 1.3 * expected, r

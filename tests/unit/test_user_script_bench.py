@@ -68,6 +68,11 @@ def test_plan_command_matches_the_job():
     h = usb.MODEL["hidden_size"]
     assert "--no-zero-init" in hf and hf[hf.index("--reduce-bucket-size") + 1] == str(h * h)
     assert "--no-zero-init" not in usb.plan_command(usb.Job("ds", False), model_dir="/m")
+    # the trainer's imports: the HF Trainer's (also under accelerate) or TRL's; a DeepSpeed script's are the runtime's
+    for script, trainer in (("hf", "hf"), ("accelerate", "hf"), ("trl", "trl")):
+        cmd = usb.plan_command(usb.Job(script, False), model_dir="/m")
+        assert cmd[cmd.index("--trainer") + 1] == trainer
+    assert "--trainer" not in usb.plan_command(usb.Job("ds", False), model_dir="/m")
 
 
 def test_error_percent():
