@@ -80,7 +80,18 @@ def child(model: str, tokens: int, dtype: str, part: str = "layer") -> dict:
         def top(inp):
             return inp if norm is None else norm(inp * 1.0)
 
-        if part.endswith("-hf"):
+        if part == "loss-trl":
+            from trl.trainer import utils as trl_utils
+
+            flat = x.view(tokens, h)
+
+            def run() -> None:
+                # SFTTrainer's fused LM head (trl/trainer/utils.py add_fused_lm_head) on the hidden states
+                log_probs = trl_utils._ChunkedLogProbFunction.apply(
+                    flat, layer.weight, None, labels.view(-1), 1.0, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+                    ("log_probs", "entropy", "is_top1"))[0]
+                (-log_probs.sum() / tokens).backward()
+        elif part.endswith("-hf"):
             from transformers.loss.loss_utils import ForCausalLMLoss
 
             def run() -> None:
@@ -134,7 +145,7 @@ def planned(model: str, tokens: int, dtype: str, part: str) -> dict:
 
     spec = load_model(model)
     job = JobSpec(model=spec, seq_len=tokens, micro_batch=1, dtype=dtype, checkpointing="full",
-                  chunked_loss=part.endswith("-chunked"))
+                  chunked_loss=part.endswith("-chunked"), trainer="trl" if part == "loss-trl" else "deepspeed")
     hw = HardwareSpec(name="local", dram_gib=24.0, cpu_cores=2)
     c = Context(job, hw, "memascend")
     if part != "layer":
@@ -148,9 +159,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", default=[], help="MODEL:TOKENS[,TOKENS...]")
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    ap.add_argument("--part", default="layer", choices=("layer", "loss-hf", "loss-chunked", "head-hf", "head-chunked"),
-                    help="one recomputed decoder layer; the LM head with transformers' loss or the chunked one; the "
-                         "same with the model's top (the last layer's output and the final RMSNorm)")
+    ap.add_argument("--part", default="layer",
+                    choices=("layer", "loss-hf", "loss-chunked", "loss-trl", "head-hf", "head-chunked"),
+                    help="one recomputed decoder layer; the LM head with transformers' loss, the chunked one or TRL's "
+                         "fused LM head; the same with the model's top (the last layer's output and the final RMSNorm)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out")
     ap.add_argument("--child", nargs=4, metavar=("MODEL", "TOKENS", "DTYPE", "PART"), help=argparse.SUPPRESS)

@@ -416,7 +416,7 @@ def section_micro(runs: list) -> str:
         elif doc.get("kind") == "layer_backward_memory":
             layer = doc["part"] == "layer"
             what = {"layer": "One recomputed decoder layer's backward", "loss-hf": "The LM head and transformers' loss",
-                    "loss-chunked": "The LM head and memascend's chunked loss",
+                    "loss-chunked": "The LM head and memascend's chunked loss", "loss-trl": "TRL's fused LM head",
                     "head-hf": "The model's top (last layer's output, final RMSNorm), LM head and transformers' loss",
                     "head-chunked": "The model's top, LM head and memascend's chunked loss"}[doc["part"]]
             rows = [[r["model"], f"{r['tokens']:,}", f"{r['peak_rise_bytes'] / 2**20:.1f}",

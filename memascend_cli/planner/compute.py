@@ -27,10 +27,33 @@ def loss_backward_blocks(c: Context) -> tuple[list[int], list[int]]:
     dtype and the lm_head weight's gradient, the first parameter gradient of the step (autograd runs the loss's nodes
     before the model's). Both measured to 0.5% by benchmarks/layer_backward_memory.py --part loss-hf
     (docs/bench/micro/loss-backward-hf-*.json)."""
+    if c.job.trainer == "trl":
+        return trl_loss_blocks(c)
     if c.job.chunked_loss:
         return chunked_loss_blocks(c)
     bs_vocab = c.job.micro_batch * c.job.seq_len * c.m.vocab_size
     return [4 * bs_vocab] * 3, [c.E * bs_vocab, c.m.vocab_size * c.m.hidden_size * c.E]
+
+
+TRL_TILE_TOKENS = 4096
+"""TRL's fused LM head (trl/trainer/utils.py add_fused_lm_head, which SFTTrainer puts on the model) projects tiles of
+this many tokens (trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE, TRL 1.16) ..."""
+TRL_TILE_VOCAB = 32768
+"""... by this many vocabulary entries (trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE)."""
+TRL_TILE_FP32_BYTES = 29
+"""Bytes per tile element beside the matmul tile in the compute dtype: the fp32 temporaries of its torch fold on a
+device without Triton (chunked_logprob.py _forward_tile, and the backward's recomputed tile); measured with
+log_probs, entropy and is_top1 (SFTTrainer's outputs) by benchmarks/layer_backward_memory.py --part loss-trl."""
+
+
+def trl_loss_blocks(c: Context) -> tuple[list[int], list[int]]:
+    """TRL's fused LM head instead of the model's loss: one tile's temporaries, the weight's and the hidden states'
+    gradients accumulated in fp32 (chunked_logprob.py ChunkedLogProbFunction.backward)."""
+    m, E = c.m, c.E
+    tokens = c.job.micro_batch * c.job.seq_len
+    tile = min(tokens, TRL_TILE_TOKENS) * min(m.vocab_size, TRL_TILE_VOCAB)
+    moment = [tile * (TRL_TILE_FP32_BYTES + E), 4 * m.vocab_size * m.hidden_size, 4 * tokens * m.hidden_size]
+    return moment, moment
 
 
 def model_top_bytes(c: Context) -> int:

@@ -503,8 +503,8 @@ far above it in a memascend CPU backward."""
 def test_layer_and_loss_backward_moments_are_the_measured_ones():
     """layer_backward_bytes, loss_backward_blocks and model_top_bytes reproduce every committed measurement of
     benchmarks/layer_backward_memory.py (docs/bench/micro/{layer,loss,head}-backward-*.json): a recomputed decoder
-    layer, transformers' loss and the chunked one, each with the model's top (the last layer's output and the final
-    RMSNorm) too, fp32 and bf16, within 3% (the chunked loss's hidden-state gradient is torch.empty: its pages count
+    layer, transformers' loss, the chunked one and TRL's fused LM head, the first two with the model's top (the last
+    layer's output and the final RMSNorm) too, fp32 and bf16, within 3% (the chunked loss's hidden-state gradient is torch.empty: its pages count
     only as the chunks fill them)."""
     import glob
     import json
@@ -516,12 +516,14 @@ def test_layer_and_loss_backward_moments_are_the_measured_ones():
     micro = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench", "micro")
     docs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(micro, "*-backward-*.json")))]
     assert {(d["part"], d["dtype"]) for d in docs} == {
-        (p, dt) for p in ("layer", "loss-hf", "loss-chunked", "head-hf", "head-chunked") for dt in ("fp32", "bf16")}
+        (p, dt) for p in ("layer", "loss-hf", "loss-chunked", "loss-trl", "head-hf", "head-chunked")
+        for dt in ("fp32", "bf16")}
     for d in docs:
         assert {r["model"] for r in d["rows"]} >= {"bench-llama-136m", "llama-3.2-1b"}
         for r in d["rows"]:
             c = Context(job(r["model"], seq_len=r["tokens"], dtype=d["dtype"], checkpointing="full",
-                            chunked_loss=d["part"].endswith("-chunked")), CPU, "memascend")
+                            chunked_loss=d["part"].endswith("-chunked"),
+                            trainer="trl" if d["part"] == "loss-trl" else "deepspeed"), CPU, "memascend")
             plan = layer_backward_bytes(c) if d["part"] == "layer" else \
                 max(sum(moment) for moment in loss_backward_blocks(c)) + \
                 (model_top_bytes(c) if d["part"].startswith("head-") else 0)
