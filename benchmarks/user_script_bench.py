@@ -155,22 +155,41 @@ def _pct(x) -> str:
     return "?" if x is None else f"{x:+.1f}%"
 
 
-def rows(doc: dict) -> list[list[str]]:
-    """One table row per run: engine, script, checkpointing, measured peaks, plan, errors. Pure."""
+def rows(doc: dict, today: dict | None = None) -> list[list[str]]:
+    """One table row per run: engine, script, checkpointing, measured peaks, plan, errors; with `today` (job name ->
+    plan JSON, todays_plans) today's planner's peak and its errors too. Pure."""
     out = []
     for r in doc["runs"]:
         others = r.get("others_rss_change_at_peak_bytes")
-        out.append([r["engine"], r["script"], "full" if r["checkpointing"] else "none",
-                    _gib(r.get("peak_system_bytes")), _gib(r.get("ru_maxrss_bytes")),
-                    "?" if others is None else f"{others / GiB:+.2f}",
-                    _gib(r["plan"]["host_peak_bytes"]), _pct(r.get("error_percent")),
-                    _pct(r.get("error_percent_ru_maxrss")), "yes" if r.get("ok") else "no: " + str(r.get("error"))])
+        row = [r["engine"], r["script"], "full" if r["checkpointing"] else "none",
+               _gib(r.get("peak_system_bytes")), _gib(r.get("ru_maxrss_bytes")),
+               "?" if others is None else f"{others / GiB:+.2f}",
+               _gib(r["plan"]["host_peak_bytes"]), _pct(r.get("error_percent")),
+               _pct(r.get("error_percent_ru_maxrss"))]
+        if today is not None:
+            p = prediction(today[r["job"]], r["engine"])["host_peak_bytes"]
+            row += [_gib(p), _pct(error_percent(p, r.get("peak_system_bytes"))),
+                    _pct(error_percent(p, r.get("ru_maxrss_bytes")))]
+        out.append(row + ["yes" if r.get("ok") else "no: " + str(r.get("error"))])
     return out
 
 
 HEADER = ["engine", "script", "checkpointing", "peak system GiB", "ru_maxrss GiB", "others' RSS change at peak GiB",
           "plan GiB", "plan error",
           "plan error vs ru_maxrss", "ok"]
+TODAY_HEADER = ["today's plan GiB", "today's error", "today's error vs ru_maxrss"]
+"""The columns rows() adds before "ok" with today's plans."""
+
+
+def todays_plans(doc: dict) -> dict[str, dict]:
+    """Today's `memascend plan --json` for each job of a recorded sitting, its model's config.json written to a
+    temporary directory (each run keeps the plan of its own day)."""
+    jobs = {r["job"]: Job(r["script"], r["checkpointing"], **{k: r[k] for k in ("seq_len", "micro_batch", "steps")
+                                                               if k in r}) for r in doc["runs"]}
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(doc["model"], f)
+        return {name: run_plan(job, d) for name, job in jobs.items()}
 
 
 def ratios(doc: dict, key: str = "peak_system_bytes") -> list[tuple[str, float | None]]:
@@ -239,10 +258,11 @@ def merge_runs(kept: list[dict], new: list[dict]) -> list[dict]:
                   key=lambda r: (order.get(r["job"], len(order)), ENGINES.index(r["engine"])))
 
 
-def table(doc: dict) -> str:
-    """The markdown table of one document (scripts/results.py renders it). Pure."""
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(doc)]
+def table(doc: dict, today: dict | None = None) -> str:
+    """The markdown table of one document (scripts/results.py renders it, with todays_plans). Pure."""
+    header = HEADER[:-1] + (TODAY_HEADER if today is not None else []) + HEADER[-1:]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(doc, today)]
     def listed(pairs):
         return ", ".join(f"{j} {'?' if x is None else f'{x:.2f}'}" for j, x in pairs)
 

@@ -506,6 +506,7 @@ def section_user_scripts(path: str) -> str:
     doc = load_one(path)
     if doc is None:
         return ""
+    usb = _script("user_script_bench")
     rel = os.path.relpath(path, REPO)
     return "\n".join([
         "## Plan accuracy on user scripts", "",
@@ -530,12 +531,12 @@ def section_user_scripts(path: str) -> str:
         "engine sizes its parameter pool from the model deepspeed.initialize receives (the `param_pool_bytes` of "
         "each run's engine stats equal the plan's pool). Known misses: the system peak of a run exceeds its "
         "ru_maxrss by up to ~0.2 GiB, pages freed but not yet back in MemFree (this VM's balloon free-page "
-        "reporting, see the allocator section), which the plan, a process's memory, does not count; and the HF "
-        "Trainer and TRL add memory of their own that `memascend plan` does not know a script has: their imports "
-        "(+47 and +51 MiB RssAnon over the DeepSpeed script's), and TRL's fused LM head (trl/trainer/utils.py "
-        "add_fused_lm_head: log-probabilities, entropy and top-1 over chunks of 32,768 tokens in fp32). "
+        "reporting, see the allocator section), which the plan, a process's memory, does not count. The HF "
+        "Trainer and TRL add memory of their own: their imports and TRL's fused LM head, which today's plan counts "
+        "with `--trainer hf` / `--trainer trl` (the harness passes it since 2026-11-27; \"today's plan\" is today's "
+        "planner on each recorded job). "
         f"Raw data: `{rel}`.", "",
-        _script("user_script_bench").table(doc), ""]) + "\n"
+        usb.table(doc, usb.todays_plans(doc)), ""]) + "\n"
 
 
 def section_generic(title: str, runs: list, intro: str) -> str:

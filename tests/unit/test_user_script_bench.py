@@ -178,3 +178,4 @@ def test_results_section_renders_a_document(tmp_path):
             f"print(results.section_user_scripts({str(path)!r}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.startswith("## Plan accuracy on user scripts") and "| memascend | ds | none |" in out
+    assert "today's plan GiB" in out  # today's planner on the recorded jobs
