@@ -25,8 +25,9 @@ TOLERANCE = 0.10
 # like the tiny calibration run the runtime constant is fitted on.
 # The loss pair at seq 8192 (2026-11-25): tuned with the chunked loss peaks 4.11 GiB, the plan 2.98 (-28%): glibc
 # kept 0.76-1.0 GiB free in stock's heap (mallinfo2 at the phase starts) where the plan expects every activation
-# block to be mmapped (8192 x hidden 1024 x 4 B = 32 MiB); with transformers' loss memascend peaks 2.24 GiB, the plan
-# 2.61 (+17%): the loss backward's b*s*V*(E + 8) moment holds less than three vocabulary-wide blocks.
+# block to be mmapped (8192 x hidden 1024 x 4 B = 32 MiB); with transformers' loss memascend peaks 2.24 GiB on the
+# system counter, the plan 2.64 (+18%, with the model's top since 2026-11-27), while its own ru_maxrss is 2.77 GiB
+# (-5%): that run's system peak (idle 0.87 GiB subtracted) is 0.53 GiB below its own process's peak RSS.
 # tiny-llama fp16 memascend (2026-11-27): +10.9% (0.65 GiB planned, 0.58 measured; ru_maxrss 0.62, +5%) since the
 # engine runtime was refitted on the tiny fp32 calibration run after the measured layer backward
 # (planner/compute.py layer_backward_bytes) replaced the gathered-params stand-in of the bucket-flush moment:
