@@ -61,7 +61,7 @@ def model_top_bytes(c: Context) -> int:
     RMSNorm's input in fp32 (kept for its backward: the last layer's output itself in fp32, its upcast in 16-bit,
     transformers' LlamaRMSNorm / Qwen2RMSNorm hidden_states.to(torch.float32)), its normalized product (kept for its
     weight's gradient) and its output (the LM head's input) in the model dtype: 12 B per hidden unit and token in
-    fp32, 8 in bf16. Measured with the model's own RMSNorm and either loss to 1% by
+    fp32, 8 in bf16. Measured with the model's own RMSNorm and either loss to 2% by
     benchmarks/layer_backward_memory.py --part head-hf / head-chunked (docs/bench/micro/head-backward-*.json)."""
     tokens = c.job.micro_batch * c.job.seq_len
     return tokens * c.m.hidden_size * (4 + 2 * c.E)
