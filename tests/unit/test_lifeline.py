@@ -46,8 +46,10 @@ def test_the_job_ends_when_the_cli_is_killed(tmp_path):
            f"p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], env=env, start_new_session=True, "
            "preexec_fn=lifeline.die_with_parent()); print(p.pid, flush=True); time.sleep(120)")
     pid_file = tmp_path / "rank.pid"
+    # Written beside it, then renamed: the test must never read the file between its creation and its write.
     rank = ("import os, time; from memascend_cli.run import lifeline; assert lifeline.watch(); "
-            f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+            f"open({str(pid_file) + '.tmp'!r}, 'w').write(str(os.getpid())); "
+            f"os.replace({str(pid_file) + '.tmp'!r}, {str(pid_file)!r}); time.sleep(120)")
     launcher = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}]); time.sleep(120)"
     p = subprocess.Popen([sys.executable, "-c", cli, launcher], stdout=subprocess.PIPE, text=True)
     launcher_pid = int(p.stdout.readline())
