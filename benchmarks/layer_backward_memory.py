@@ -135,9 +135,9 @@ def _final_norm(spec, dt):
 
 def planned(model: str, tokens: int, dtype: str, part: str) -> dict:
     """The planner's view of the same moment: layer_backward_bytes (with Korthikanti et al.'s count of one layer's
-    activations beside it), or the loss backward's larger moment (loss_backward_blocks)."""
+    activations beside it), or the loss backward's larger moment (loss_backward_bytes)."""
     from memascend_cli.models import load_model
-    from memascend_cli.planner.compute import (activation_parts, layer_backward_bytes, loss_backward_blocks,
+    from memascend_cli.planner.compute import (activation_parts, layer_backward_bytes, loss_backward_bytes,
                                                model_top_bytes)
     from memascend_cli.planner.context import Context
     from memascend_cli.planner.job import JobSpec
@@ -150,7 +150,7 @@ def planned(model: str, tokens: int, dtype: str, part: str) -> dict:
     c = Context(job, hw, "memascend")
     if part != "layer":
         top = model_top_bytes(c) if part.startswith("head-") else 0
-        return {"planned_bytes": max(sum(moment) for moment in loss_backward_blocks(c)) + top}
+        return {"planned_bytes": loss_backward_bytes(c) + top}
     _, again, _ = activation_parts(c)
     return {"planned_bytes": layer_backward_bytes(c), "korthikanti_layer_activation_bytes": again}
 

@@ -47,13 +47,17 @@ log_probs, entropy and is_top1 (SFTTrainer's outputs) by benchmarks/layer_backwa
 
 
 def trl_loss_blocks(c: Context) -> tuple[list[int], list[int]]:
-    """TRL's fused LM head instead of the model's loss: one tile's temporaries, the weight's and the hidden states'
-    gradients accumulated in fp32 (chunked_logprob.py ChunkedLogProbFunction.backward)."""
+    """TRL's fused LM head instead of the model's loss, one moment: one tile's temporaries, the weight's and the hidden
+    states' gradients accumulated in fp32 (chunked_logprob.py ChunkedLogProbFunction.backward)."""
     m, E = c.m, c.E
     tokens = c.job.micro_batch * c.job.seq_len
     tile = min(tokens, TRL_TILE_TOKENS) * min(m.vocab_size, TRL_TILE_VOCAB)
-    moment = [tile * (TRL_TILE_FP32_BYTES + E), 4 * m.vocab_size * m.hidden_size, 4 * tokens * m.hidden_size]
-    return moment, moment
+    return [tile * (TRL_TILE_FP32_BYTES + E), 4 * m.vocab_size * m.hidden_size, 4 * tokens * m.hidden_size], []
+
+
+def loss_backward_bytes(c: Context) -> int:
+    """The larger of the loss backward's moments (loss_backward_blocks)."""
+    return max(sum(moment) for moment in loss_backward_blocks(c))
 
 
 def model_top_bytes(c: Context) -> int:

@@ -16,7 +16,7 @@ from memascend_cli.planner.compute import (
     compute_items,
     flush_copies,
     layer_backward_bytes,
-    loss_backward_blocks,
+    loss_backward_bytes,
     model_top_bytes,
 )
 from memascend_cli.planner.context import Context
@@ -89,8 +89,9 @@ def host_items(c: Context) -> list[Item]:
                                else (RUNTIME_CPU_BYTES, calibration))
     add("host/runtime", "runtime (python, torch, deepspeed" + (", CUDA" if c.gpu else "") + ")", runtime,
         formula="measured constant per process", source=runtime_source)
-    if TRAINER_IMPORT_BYTES[c.job.trainer]:
-        add("host/trainer_imports", f"the {c.job.trainer} trainer's imports", TRAINER_IMPORT_BYTES[c.job.trainer],
+    trainer_imports = TRAINER_IMPORT_BYTES[c.job.trainer]
+    if trainer_imports:
+        add("host/trainer_imports", f"the {c.job.trainer} trainer's imports", trainer_imports,
             formula="measured constant per process", source="RssAnon of its imports beyond a DeepSpeed script's "
             "(tests/integration/test_planner_assumptions.py)")
     if c.memascend:
@@ -314,7 +315,7 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         # No parameter has a gradient yet while the loss backward runs: only the gathered params count there, with
         # the activations forward left for backward (all of them without checkpointing, else the checkpoints):
         # autograd frees a layer's saved tensors only when its backward node runs (torch/csrc/autograd/engine.cpp).
-        loss_bwd = max(sum(moment) for moment in loss_backward_blocks(c))
+        loss_bwd = loss_backward_bytes(c)
         top = model_top_bytes(c)
         kept = activation_parts(c)[0]
         # The gathered matrix there is the LM head; on one CPU rank DeepSpeed gathers nothing (partition_parameters.py
