@@ -108,7 +108,7 @@ def test_every_call_dry_runs_where_the_gpu_machine_runs_it(device_tree, call):
                 3: ("[cuda-constants]", "--model llama-3.2-1b --seq-len 2048 --steps 2 --runs memascend",
                     "[validate-bench]"),
                 4: ("[sweep-memascend-8192]", "[sweep-stock-131072]", "the plan's largest context"),
-                5: ("--model llama-3.2-1b --seq-len 2048 --steps 3 --runs memascend", "--gradient-clipping 10",
+                5: ("--model llama-3.2-1b --seq-len 2048 --steps 3 --runs memascend", "--gradient-clipping 100",
                     "[bench-llama-3.2-1b-tuned]")}[call.number]
     for text in expected:
         assert text in out, text
