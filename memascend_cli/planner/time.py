@@ -63,6 +63,20 @@ element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engin
 EPYC VM, 400 MB/s: backward +1.42 s, step +1.26 s over 136.3M elements); the other stock sittings, on two VMs,
 throttled and not, are its validation (tests/unit/test_time_validation.py)."""
 
+MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 23.0
+"""memascend's host work per optimizer element on the CPU accelerator beyond the matmuls, the SSD and Adam, on the
+thread that drives backward while the optimizer is overlapped with it: the gradient's reduce-scatter copy (gloo,
+runtime/zero/stage3.py __avg_scatter_grads), the partition's norm and copy into the gradient stream
+(engine/ds_internals/bounded_stage3.py partition_grads, _ma_norm), the overlapped optimizer's master copy and chunk
+hand-offs (engine/overlap.py), CRC-32C of every region write and read (engine/direct_nvme.py), the waits on requests
+the pipeline could not hide, and the model's CPU kernels beyond its matmuls (a plain transformers step of
+bench-llama-136m at seq 512 ran at 0.84 of the matmul probe's GFLOP/s on the same VM). A py-spy profile of an
+unthrottled step (2026-11-27, 100 Hz) had that thread 1.6 s a step in gradient partitioning and the overlapped
+optimizer, 0.7 s blocked on region requests, 0.3 s in backward's epilogue. Fitted on one run:
+docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip10-amd-counters.json, memascend
+(AMD EPYC VM, unthrottled: +3.1 s over 136.3M elements); every other bench run validates it
+(tests/unit/test_time_validation.py)."""
+
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "host copies", "PCIe")
 PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER = "forward+backward", "optimizer"
 
@@ -223,11 +237,22 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     op_io = z(op_r) + z(op_w)
     # Stock's host passes over each element on the CPU accelerator, on the cores of the matmuls (on a GPU its
     # gradients are handled on the device: not modelled there).
+    # Tuned stock runs the same stage3.py code, so the same passes (on a GPU its gradients are handled on the device:
+    # not modelled there).
+    stage3 = engine in ("stock", "tuned")
     host_fb, host_opt = (optimizer_elems * STOCK_CPU_HOST_NS_PER_ELEMENT[k] * 1e-9 for k in ("backward", "optimizer")) \
-        if engine == "stock" and not device.gpu else (0.0, 0.0)
+        if stage3 and not device.gpu else (0.0, 0.0)
+    host_window = optimizer_elems * MEMASCEND_CPU_HOST_NS_PER_ELEMENT * 1e-9 \
+        if bounded and overlap_window > 0 and not device.gpu else 0.0
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
         overlap = "forward/backward: max(compute, SSD, PCIe)"
+    elif engine == "tuned":
+        # Tuned stock's parameter prefetch (runtime/zero/partitioned_param_coordinator.py fetch_sub_module, with the
+        # buffers tuned sizes for it: planner.zero) keeps the next modules' reads in flight while the current ones
+        # compute: the bench documents' forward + backward took compute + host passes, or the reads where longer.
+        fb = max(z(compute) + host_fb, fb_io)
+        overlap = "forward/backward: max(compute + host copies, SSD) (CPU accelerator)"
     else:
         # DeepSpeed's CPU accelerator: the parameter fetches block the module that needs them (the bench documents'
         # forward and backward phases grow by the fetch time, not by max(compute, I/O)), and the aio/io_uring
@@ -255,19 +280,18 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
             # On the CPU accelerator the fetches block the layer that needs them, and Adam runs on the thread that
             # drives backward (memascend_engine.overlap): they add to the window's compute.
             before = z(compute) * (1 - w) + pre_io
-            window_work = z(compute) * w + win_r + o_adam
+            window_work = z(compute) * w + win_r + o_adam + host_window
         io = max(win_r + o_r, win_w + o_w) if duplex_io else win_r + win_w + o_r + o_w
         tail = max(z(op_r) * t, z(op_w) * t, adam * t) if duplex_io else max((z(op_r) + z(op_w)) * t, adam * t)
         # The step is what precedes the last backward, the longer of (that backward + Adam) and the I/O beside it,
         # then the chunks whose gradients come last.
         fb, opt = before + max(window_work, io), tail
         overlap += "; optimizer: during the last backward, max(backward + Adam, SSD), then the embedding's chunks"
-    elif duplex_io and (bounded or pipelined_optimizer):
-        opt = max(z(op_r), z(op_w), adam)
-        overlap += "; optimizer: max(SSD read, SSD write, Adam) (separate read / write budgets)"
     elif bounded or pipelined_optimizer:
-        opt = max(op_io, adam)
-        overlap += "; optimizer: max(SSD, Adam)"
+        # Tuned's host passes of the step run on the CPU while the pipelined swapper's reads and writes are in flight.
+        opt = max(max(z(op_r), z(op_w)) if duplex_io else op_io, adam + host_opt)
+        overlap += "; optimizer: max(" + ("SSD read, SSD write" if duplex_io else "SSD") + ", Adam" \
+            + (" + host copies)" if host_opt else ")") + (" (separate read / write budgets)" if duplex_io else "")
     elif duplex_io and sub_group_numels:
         # Stock waits for each sub-group's swap-in and swap-out (runtime/swap_tensor/partitioned_optimizer_swapper.py
         # _swap_out_optimizer_state: aio_handle.wait()). A sub-group whose write burst is short enough
@@ -277,11 +301,11 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     else:
         opt = op_io + adam + host_opt
         overlap += "; optimizer: SSD read + Adam + SSD write"
-    if host_opt:
+    if host_opt and not (bounded or pipelined_optimizer):
         overlap += " + host copies"
     seconds = {"compute": compute, "SSD read": None if fb_r is None or op_r is None else fb_r + op_r,
                "SSD write": None if fb_w is None or op_w is None else fb_w + op_w, "CPU Adam": adam,
-               "host copies": host_fb + host_opt, "PCIe": pcie if device.gpu else None}
+               "host copies": host_fb + host_opt + host_window, "PCIe": pcie if device.gpu else None}
     # Binding: the resource whose busy time is the largest share of the step.
     known = {k: v for k, v in seconds.items() if v is not None}
     if unknown:
