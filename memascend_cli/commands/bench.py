@@ -95,7 +95,8 @@ def bench_command(
     nvme_dir: str = typer.Option(None, "--nvme-dir", help="Swap directory of the stock runs, on a real SSD file "
                                  "system (tmpfs is refused). Default: OUT/swap.", rich_help_panel=_R),
     region: str = typer.Option(None, "--region", help="memascend region (file or device) for the memascend runs. "
-                               "Default: create one in OUT with prepare-ssd's checks.", rich_help_panel=_R),
+                               "Default: create one in OUT with prepare-ssd's checks and bandwidth probe (the time model's "
+                               "SSD rate).", rich_help_panel=_R),
     repeat: int = typer.Option(1, "--repeat", help="Runs of each engine, one after another in one sitting; the "
                                "table and JSON report the repeat with the median peak, every repeat's peak is "
                                "kept in the JSON.", rich_help_panel=_R),
@@ -311,7 +312,8 @@ def _timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | Non
             probe_samples: list | None = None) -> dict:
     """The time model's inputs for the runs' predicted s/step: the compute device as `plan` resolves it, and the SSD
     bandwidth each run gets: the throttle where it is below the drive's (a drive of unknown speed is taken to be
-    faster), else the drive's as prepare-ssd probed it (a region given with --region), else unknown. The probe's
+    faster), else the drive's as prepare-ssd probed it (a region given with --region; runner.with_region_rates adds
+    those of a region the bench creates), else unknown. The probe's
     every setting ([block bytes, queue depth, write GB/s, read GB/s]) goes along: the engines do not all issue
     requests of its best setting's size and depth."""
     from memascend_cli.compute_probe import plan_device

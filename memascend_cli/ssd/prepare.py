@@ -207,9 +207,11 @@ def checked_facts(target: str, operation: str, force: bool, requested_size_bytes
 
 
 
-def create_region_file(path: str, size_bytes: int, *, ranks: int, label: str) -> region.RegionHeader:
-    """A fresh, unprobed region file of `size_bytes` with `ranks` sub-regions, with prepare-ssd's own safety checks
-    and steps (what `train` and `bench` create when no region is given). An existing file at `path` is replaced."""
+def create_region_file(path: str, size_bytes: int, *, ranks: int, label: str,
+                       probe_mib: int | None = None) -> region.RegionHeader:
+    """A fresh region file of `size_bytes` with `ranks` sub-regions, with prepare-ssd's own safety checks and steps
+    (what `train` and `bench` create when no region is given), its bandwidth probed over `probe_mib` MiB when given.
+    An existing file at `path` is replaced."""
     if os.path.isfile(path):
         from memascend_cli.ssd.owner import require_unused
 
@@ -220,5 +222,10 @@ def create_region_file(path: str, size_bytes: int, *, ranks: int, label: str) ->
     header = region.new_header(capacity_bytes=region.align_down(size_bytes, alignment_bytes), num_ranks=ranks,
                                logical_block_bytes=facts.logical_block_bytes, device_alignment_bytes=alignment_bytes,
                                label=label, created_by=__version__)
-    header, _ = apply_actions(facts, header, build_actions(facts, header, None), None, progress=False)
+    probe_plan = None
+    if probe_mib is not None:
+        from memascend_cli.ssd.probe import plan_probe
+
+        probe_plan = plan_probe(header, probe_mib)
+    header, _ = apply_actions(facts, header, build_actions(facts, header, probe_plan), probe_plan, progress=False)
     return header
