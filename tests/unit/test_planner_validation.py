@@ -109,9 +109,17 @@ def _billion_runs():
     for path in sorted(paths):
         with open(path) as f:
             doc = json.load(f)
-        out += [pytest.param(doc, r, id=f"{os.path.basename(path)}:{r['name']}") for r in doc["runs"] if r["ok"]]
+        out += [pytest.param(doc, r, id=f"{os.path.basename(path)}:{r['name']}",
+                             marks=[pytest.mark.xfail(strict=True, reason=BILLION_MISSES[r["name"]])]
+                             if r["name"] in BILLION_MISSES else []) for r in doc["runs"] if r["ok"]]
     return out
 
+
+BILLION_MISSES = {
+    "memascend-no-params_hold_master": "an ablation the plan does not model: without the master in the parameters' "
+                                       "extents its initialization peaked at 5.58 GiB (ru_maxrss 4.06) where the "
+                                       "default engine's plan says 4.03 (llama-3.2-1b fp32, 2026-11-27)"}
+"""Billion-scale runs of an engine variant the planner does not model, by run name."""
 
 BILLION = _billion_runs()
 
