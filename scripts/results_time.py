@@ -155,8 +155,7 @@ def section_ssd_bound(runs: list) -> str:
            "stock's stage3 passes (STOCK_CPU_HOST_NS_PER_ELEMENT) and memascend's backward-thread work "
            "(MEMASCEND_CPU_HOST_NS_PER_ELEMENT), each fitted on one run named in its docstring in "
            "memascend_cli/planner/time.py: those two rows are calibration, every other row validation. Cores "
-           "taken: the CPU "
-           "seconds the bench's own memory samplers (>= 1 kHz) and the machine's other jobs used during the run, over "
+           "taken: the CPU seconds the bench's own memory samplers (>= 1 kHz) and the machine's other jobs used during the run, over "
            "its wall time; the plan takes the probe's rate for all cores, so a run that got fewer computes slower. "
            "Plan at the cores got scales the plan's compute time by cores / (cores - cores taken): a diagnostic of "
            "the model's structure on a shared machine, not the plan's prediction. Each document is one sitting.", "",

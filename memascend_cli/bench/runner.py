@@ -413,25 +413,24 @@ def check_nvme_dir(path: str) -> dict:
     return info.to_dict()
 
 
-def create_region(path: str, size_bytes: int, ranks: int, *, probe: bool = False) -> dict:
+def create_region(path: str, size_bytes: int, ranks: int, *, probe: bool = False):
     """A fresh region file for the memascend runs (prepare-ssd's checks and steps), with prepare-ssd's default
     bandwidth probe when `probe` (a few seconds: the time model's SSD rate when the bench knows none)."""
     from memascend_cli.ssd.prepare import create_region_file
     from memascend_cli.ssd.probe import DEFAULT_PROBE_MIB
 
     return create_region_file(path, size_bytes, ranks=ranks, label="memascend-bench",
-                              probe_mib=DEFAULT_PROBE_MIB if probe else None).to_dict()
+                              probe_mib=DEFAULT_PROBE_MIB if probe else None)
 
 
-def with_region_rates(timing: dict | None, header: dict) -> dict | None:
-    """`timing` with the SSD rates of a region the bench created and probed, where it had none (no --region, no
-    --ssd-bandwidth): the same drive's rates prepare-ssd would have recorded. Pure."""
-    probe = (header or {}).get("probe") or {}
-    if timing is None or timing.get("read_gbps") or not probe.get("read_gbps"):
+def with_region_rates(timing: dict | None, header) -> dict | None:
+    """`timing` with the SSD rates of a region (ssd.region.RegionHeader) the bench created and probed, where it had
+    none (no --region, no --ssd-bandwidth): the same drive's rates prepare-ssd would have recorded. Pure."""
+    probe = getattr(header, "probe", None)
+    if timing is None or timing.get("read_gbps") or probe is None:
         return timing
-    rows = [[s["block_bytes"], s["queue_depth"], s["write_gbps"], s["read_gbps"]] for s in probe.get("samples") or []]
-    return {**timing, "read_gbps": probe["read_gbps"], "write_gbps": probe["write_gbps"],
-            "source": "the probe of the region the bench created", "probe_samples": rows or None}
+    return {**timing, "read_gbps": probe.read_gbps, "write_gbps": probe.write_gbps,
+            "source": "the probe of the region the bench created", "probe_samples": probe.sample_rows() or None}
 
 
 @dataclass
@@ -538,8 +537,9 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                                                      gradient_clipping=p.gradient_clipping))
         size_bytes = ssd_space_bytes("memascend", est, ranks)
         err.print(f"creating region {region} ({size_bytes / GiB:.1f} GiB)")
-        region_info = create_region(region, size_bytes, ranks, probe=not (p.timing or {}).get("read_gbps"))
-        p = replace(p, timing=with_region_rates(p.timing, region_info))
+        header = create_region(region, size_bytes, ranks, probe=not (p.timing or {}).get("read_gbps"))
+        region_info = header.to_dict()
+        p = replace(p, timing=with_region_rates(p.timing, header))
     aio_block, aio_depth = None, None
     if region is not None and os.path.exists(region) and region_info is None:
         # A region given with --region: its probe's best request size and depth for every engine, as in `train`. The

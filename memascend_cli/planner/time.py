@@ -235,13 +235,10 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     # bandwidth, under a per-direction throttle each has its own.
     fb_io = max(z(fb_r), z(fb_w)) if duplex_io else z(fb_r) + z(fb_w)
     op_io = z(op_r) + z(op_w)
-    # Stock's host passes over each element on the CPU accelerator, on the cores of the matmuls (on a GPU its
-    # gradients are handled on the device: not modelled there).
-    # Tuned stock runs the same stage3.py code, so the same passes (on a GPU its gradients are handled on the device:
-    # not modelled there).
-    stage3 = engine in ("stock", "tuned")
+    # Stock's host passes over each element on the CPU accelerator, on the cores of the matmuls; tuned stock runs
+    # the same stage3.py code (on a GPU its gradients are handled on the device: not modelled there).
     host_fb, host_opt = (optimizer_elems * STOCK_CPU_HOST_NS_PER_ELEMENT[k] * 1e-9 for k in ("backward", "optimizer")) \
-        if stage3 and not device.gpu else (0.0, 0.0)
+        if engine in ("stock", "tuned") and not device.gpu else (0.0, 0.0)
     host_window = optimizer_elems * MEMASCEND_CPU_HOST_NS_PER_ELEMENT * 1e-9 \
         if bounded and overlap_window > 0 and not device.gpu else 0.0
     if device.gpu:

@@ -80,7 +80,7 @@ CALLS = (
             "optimizer commits instead of redoing every step)",
          # At DeepSpeed's default clipping (1.0) random weights' gradient norms (5-10) made every speculated step a
          # redo in the H100 call of 2026-11-26 (memascend x0.83 of tuned there, from the pipelined optimizer alone);
-        # at clipping 10 the H200 call of 2026-11-27 measured norms 10.48-10.62 at seq 2048, still a redo (x0.82).
+         # at clipping 10 the H200 call of 2026-11-27 measured norms 10.48-10.62 at seq 2048, still a redo (x0.82).
          ("--phases", "setup,probe,bench", "--models", "llama-3.2-1b", "--runs", "memascend,tuned", "--seq-len",
           "2048", "--steps", "3", "--gradient-clipping", "100"),
          work_s=20 + 2 * 170,  # 2-step runs of 97-127 s on an H100 (2026-11-26), ~25 s per further step

@@ -487,13 +487,12 @@ def test_a_region_the_bench_creates_is_probed_for_the_time_model(tmp_path):
     its runs get a predicted s/step; rates the bench already had (a throttle, a given region) are kept."""
     probed = runner.create_region(str(tmp_path / "probed.region"), 64 * MiB, 1, probe=True)
     plain = runner.create_region(str(tmp_path / "plain.region"), 64 * MiB, 1)
-    assert probed["probe"]["read_gbps"] > 0 and probed["probe"]["samples"] and plain["probe"] is None
+    assert probed.probe.read_gbps > 0 and probed.probe.samples and plain.probe is None
     unknown = {"device": None, "read_gbps": None, "write_gbps": None, "source": None, "duplex_io": False}
     got = runner.with_region_rates(unknown, probed)
-    assert (got["read_gbps"], got["write_gbps"]) == (probed["probe"]["read_gbps"], probed["probe"]["write_gbps"])
+    assert (got["read_gbps"], got["write_gbps"]) == (probed.probe.read_gbps, probed.probe.write_gbps)
     assert got["source"] == "the probe of the region the bench created"
-    assert [r[:2] for r in got["probe_samples"]] == [[s["block_bytes"], s["queue_depth"]]
-                                                    for s in probed["probe"]["samples"]]
+    assert [r[:2] for r in got["probe_samples"]] == [[s.block_bytes, s.queue_depth] for s in probed.probe.samples]
     throttled = {**unknown, "read_gbps": 0.4, "write_gbps": 0.4, "source": "--ssd-bandwidth", "duplex_io": True}
     assert runner.with_region_rates(throttled, probed) is throttled
     assert runner.with_region_rates(unknown, plain) is unknown
