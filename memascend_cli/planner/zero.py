@@ -164,16 +164,15 @@ def sub_groups_and_numels(partition_numels: Sequence[int], sub_group_size: int
     total = sum(partition_numels)
     if sub_group_size >= total:
         return (range(n),), (total,)
-    groups: list[range] = []
-    numels: list[int] = []
-    start, acc = 0, 0
-    for i, p in enumerate(partition_numels):
+    # Only the running sum per parameter (the plan's depth search walks models of 1000s of layers); ranges at the end.
+    ends, numels, acc = [], [], 0
+    for i, p in enumerate(partition_numels, 1):
         acc += p
-        if acc >= sub_group_size or i == n - 1:
-            groups.append(range(start, i + 1))
+        if acc >= sub_group_size or i == n:
+            ends.append(i)
             numels.append(acc)
-            start, acc = i + 1, 0
-    return tuple(groups), tuple(numels)
+            acc = 0
+    return tuple(map(range, [0, *ends[:-1]], ends)), tuple(numels)
 
 
 def sub_groups(partition_numels: Sequence[int], sub_group_size: int) -> tuple[tuple[int, ...], ...]:
