@@ -148,12 +148,23 @@ def layer_template(spec: ModelSpec) -> tuple[tuple[TensorSpec, ...], tuple[Tenso
     return one[:first], one[first:last + 1], one[last + 1:]
 
 
+@lru_cache(maxsize=256)
+def template_numels_roles(spec: ModelSpec) -> tuple[tuple[tuple[int, str], ...], ...]:
+    """((numel, role) per tensor) before the layers, of one layer, after: layer_template's sizes."""
+    return tuple(tuple((t.numel, t.role) for t in part) for part in layer_template(spec))
+
+
 @lru_cache(maxsize=1024)
 def numels_roles(spec: ModelSpec) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Element counts and roles of every tensor in module order (same order as tensors())."""
-    head, layer, tail = layer_template(spec)
-    seq = head + layer * spec.num_hidden_layers + tail
-    return tuple(t.numel for t in seq), tuple(t.role for t in seq)
+    """Element counts and roles of every tensor in module order (same order as tensors()). Built by repeating one
+    layer's tuple: the plan's depth search asks for models of 1000s of layers."""
+    head, layer, tail = template_numels_roles(spec)
+
+    def column(i: int) -> tuple:
+        head_i, layer_i, tail_i = (tuple(t[i] for t in part) for part in (head, layer, tail))
+        return head_i + layer_i * spec.num_hidden_layers + tail_i
+
+    return column(0), column(1)
 
 
 def _totals(spec: ModelSpec) -> tuple[int, int]:

@@ -266,7 +266,7 @@ def _warn_capped(base, defaults, spec, world: int, elem_bytes: int, stock_knobs,
     from memascend_cli.planner import zero
 
     given = replace(base, param_buffer_size=stock_knobs.param_buffer_size) if param_buffer_size else base
-    largest = zero.largest_swappable_partition(zero.model_partitions(spec, world), base, elem_bytes)
+    largest = zero.largest_swappable_partition(zero.distinct_model_partitions(spec, world), base, elem_bytes)
     for note in zero.knob_notes(given, "memascend", defaults=defaults, largest_partition_numel=largest or None):
         warn(note)
 

@@ -155,8 +155,8 @@ def compute_items(c: Context, tier: str) -> list[Item]:
 
     if tier == "gpu":
         add("cuda_context", "CUDA context", CUDA_CONTEXT_BYTES, "constant", "typical CUDA 12 context + torch kernels")
-    small = [n for n in c.part.full_numels if n < k.param_persistence_threshold]
-    add("persistent_params", "persistent small params (whole)", sum(small) * E,
+    small = sum(n * count for n, count in c.part.full_counts.items() if n < k.param_persistence_threshold)
+    add("persistent_params", "persistent small params (whole)", small * E,
         f"params below stage3_param_persistence_threshold {k.param_persistence_threshold:,} x E",
         "runtime/zero/parameter_offload.py mark_persistent_parameters (line 317)")
     layer = m.layer_numel()

@@ -9,8 +9,8 @@ from functools import lru_cache
 
 from memascend_cli.defaults import DS_NORM_BUFFER_NUMEL, NORM_CHUNK_NUMEL
 from memascend_cli.errors import BadInput
-from memascend_cli.models import ModelSpec, numels_roles
-from memascend_cli.planner import zero
+from memascend_cli.models import ModelSpec, numels_roles, template_numels_roles
+from memascend_cli.planner import subgroups, zero
 from memascend_cli.planner.job import DTYPE_BYTES, BudgetError, JobSpec, resolve_ranks
 from memascend_cli.planner.spec import HardwareSpec
 from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, ENGINES, PAGE_BYTES, align_up
@@ -32,35 +32,52 @@ class Partitioning:
     """ceil(numel/world) per parameter, in module order (Init._partition_param pads to world size)."""
     full_numels: tuple[int, ...]
     roles: tuple[str, ...]
-    sub_groups: tuple[tuple[int, ...], ...]
-    """Parameter indices per optimizer sub-group (stage3._create_fp16_sub_groups)."""
+    group_ends: tuple[int, ...]
+    """One past the last parameter index of each optimizer sub-group (stage3._create_fp16_sub_groups)."""
 
     sub_group_numels: tuple[int, ...]
     """Partition elements per sub-group."""
+    partition_counts: dict[int, int] = field(compare=False, hash=False, repr=False)
+    """How many partitions have each size (sums over partitions in O(distinct sizes))."""
+    full_counts: dict[int, int] = field(compare=False, hash=False, repr=False)
+    """How many parameters have each full size."""
+    group_counts: dict[int, int] = field(compare=False, hash=False, repr=False)
+    """How many sub-groups have each size."""
     _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     """Derived sums, computed once per (rule, threshold): searches estimate the same partitioning many times."""
 
-    def swappable_groups(self, min_numel: int) -> tuple[int, ...]:
-        """Sub-groups of at least min_numel elements (DeepSpeed swaps only those)."""
-        key = ("groups", min_numel)
-        if key not in self._memo:
-            self._memo[key] = tuple(g for g, n in enumerate(self.sub_group_numels) if n >= min_numel)
-        return self._memo[key]
+    @property
+    def sub_groups(self) -> tuple[range, ...]:
+        """Parameter indices per optimizer sub-group."""
+        if "ranges" not in self._memo:
+            self._memo["ranges"] = subgroups.group_ranges(self.group_ends)
+        return self._memo["ranges"]
+
+    def sub_group(self, g: int) -> range:
+        """Parameter indices of sub-group g."""
+        return range(self.group_ends[g - 1] if g else 0, self.group_ends[g])
+
+    def groups_from(self, min_numel: int) -> tuple[tuple[int, int], ...]:
+        """(size, count) of the sub-groups of at least min_numel elements (DeepSpeed swaps only those)."""
+        return tuple((n, k) for n, k in self.group_counts.items() if n >= min_numel)
 
     def aligned_sum(self, what: str, min_numel: int, elem_bytes: int, align_bytes: int) -> int:
         """Sum of A(numel x elem_bytes, align) over the swappable partitions ('params') or sub-groups ('groups')."""
         key = (what, min_numel, elem_bytes, align_bytes)
         if key not in self._memo:
-            numels = (self.partition_numels if what == "params"
-                      else [self.sub_group_numels[g] for g in self.swappable_groups(min_numel)])
+            counts = self.partition_counts if what == "params" else self.group_counts
             # Layers repeat the same shapes: sum over distinct sizes.
-            self._memo[key] = sum(align_up(n * elem_bytes, align_bytes) * k for n, k in Counter(numels).items()
+            self._memo[key] = sum(align_up(n * elem_bytes, align_bytes) * k for n, k in counts.items()
                                   if n >= min_numel)
         return self._memo[key]
 
     @property
     def ns(self) -> int:
-        return sum(self.partition_numels)
+        return sum(n * k for n, k in self.partition_counts.items())
+
+    def partitions_below(self, min_numel: int) -> tuple[tuple[int, int], ...]:
+        """(size, count) of the partitions below min_numel (those DeepSpeed does not swap)."""
+        return tuple((n, k) for n, k in self.partition_counts.items() if n < min_numel)
 
     def sub_group_numel(self, g: int) -> int:
         return self.sub_group_numels[g]
@@ -71,16 +88,34 @@ class Partitioning:
 
     @property
     def largest_partition_numel(self) -> int:
-        return max(self.partition_numels)
+        return max(self.partition_counts)
+
+    def largest_partition_from(self, min_numel: int) -> int:
+        """Largest partition of at least min_numel elements (0 if none)."""
+        return max((n for n in self.partition_counts if n >= min_numel), default=0)
+
+
+def _counts(head: tuple[int, ...], layer: tuple[int, ...], num_layers: int, tail: tuple[int, ...]) -> dict[int, int]:
+    out = Counter(head + tail)
+    for n, k in Counter(layer).items():
+        out[n] += k * num_layers
+    return dict(out)
 
 
 @lru_cache(maxsize=512)
 def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partitioning:
-    """Partition sizes and optimizer sub-groups, one param group in module order (zero.py's rules)."""
+    """Partition sizes and optimizer sub-groups, one param group in module order (zero.py's rules), derived from one
+    decoder layer: the plan's depth search asks for models of 1000s of layers."""
     full, roles = numels_roles(model)
-    parts = full if world_size <= 1 else tuple(n for n, _ in zero.model_partitions(model, world_size))
-    groups, numels = zero.sub_groups_and_numels(parts, sub_group_size)
-    return Partitioning(parts, full, roles, groups, numels)
+    L = model.num_hidden_layers
+    head, layer, tail = (tuple(n for n, _ in part) for part in template_numels_roles(model))
+    full_counts = _counts(head, layer, L, tail)
+    if world_size > 1:
+        head, layer, tail = (tuple(zero.partition_numel(n, world_size) for n in part) for part in (head, layer, tail))
+    parts = head + layer * L + tail
+    ends, numels = subgroups.layered_sub_group_ends(head, layer, L, tail, sub_group_size)
+    return Partitioning(parts, full, roles, ends, numels, _counts(head, layer, L, tail), full_counts,
+                        dict(Counter(numels)))
 
 
 class Context:
@@ -106,7 +141,8 @@ class Context:
         self.M = 4  # fp32 master weights and Adam states
         if engine in ("tuned", "memascend"):
             # The stock knobs the engine's install() sets on any config (zero.py is the one home).
-            largest = zero.largest_swappable_partition(zero.model_partitions(self.m, self.world), self.k, self.E)
+            largest = zero.largest_swappable_partition(zero.distinct_model_partitions(self.m, self.world), self.k,
+                                                      self.E)
             self.k = zero.memascend_knobs(self.k, largest_partition_numel=largest or None,
                                           overlap=job.overlap_optimizer)
         self.sub_group_size = self.k.sub_group_size
@@ -154,10 +190,8 @@ class Context:
         self.min_aio_bytes = zero.min_aio_bytes(self.k)
         self.pin_memory = self.k.pin_memory
         self.flash = job.flash_attention if job.flash_attention is not None else True
-        key = ("swappable", self.min_aio_bytes, self.E)
-        if key not in self.part._memo:
-            self.part._memo[key] = tuple(n * self.E >= self.min_aio_bytes for n in self.part.partition_numels)
-        self.swappable = self.part._memo[key]
+        # Partitions of at least this many elements go through the swapper (n x E >= min_aio_bytes).
+        self.min_swap_numel = -(-self.min_aio_bytes // self.E)
 
     def _split_budget(self, job: JobSpec) -> zero.BudgetPlan:
         layer = (job.micro_batch * job.seq_len * self.m.hidden_size * self.E

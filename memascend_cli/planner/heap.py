@@ -45,9 +45,8 @@ def backward_heap_bytes(c: Context, bucket: int, part_bucket: int) -> int:
     act_heap = act if widest < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
     flush = gathered + act_heap + flush_copies(c) * arena_bytes(E * bucket)
     # the fp32 copies for swap-out are one block per parameter partition (stock's path: no bounded engine here)
-    parts = c.part.partition_numels
-    small = sum(n for n in parts if n * 4 < GLIBC_MMAP_THRESHOLD_MAX_BYTES)
-    copies = 4 * part_bucket * small // max(1, sum(parts))
+    small = sum(n * k for n, k in c.part.partitions_below(-(-GLIBC_MMAP_THRESHOLD_MAX_BYTES // 4)))
+    copies = 4 * part_bucket * small // max(1, c.part.ns)
     return copies + max(live_heap + loss, flush)
 
 

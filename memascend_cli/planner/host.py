@@ -99,8 +99,7 @@ def host_items(c: Context) -> list[Item]:
             ENGINE_RUNTIME_BYTES, formula="measured constant per process",
             source="memascend bench calibration runs (scripts/fit_planner.py): memascend's residual beyond the runtime")
 
-    swappable_parts = [n for n, s in zip(part.partition_numels, c.swappable) if s]
-    largest_swappable = max(swappable_parts, default=0)
+    largest_swappable = part.largest_partition_from(c.min_swap_numel)
 
     # P1: parameter swap pool.
     if not c.memascend:
@@ -133,19 +132,19 @@ def host_items(c: Context) -> list[Item]:
     # P2: partitioned swap buffer, only when some sub-group stays on NVMe (params beyond max_in_cpu).
     if c.ns > max_in_cpu and not c.bounded:
         # reserve_partitioned_swap_space gets the FULL numels (param.ds_numel) of the largest sub-group.
-        g = max(range(len(part.sub_groups)), key=part.sub_group_numel)
-        raw = sum(align_up(part.full_numels[i], c.a_p) for i in part.sub_groups[g]) * E
+        g = part.sub_group_numels.index(c.lsg)  # the first largest
+        raw = sum(align_up(part.full_numels[i], c.a_p) for i in part.sub_group(g)) * E
         if c.memascend:  # partition numels (not full), io-aligned, one page-rounded buffer
-            raw = align_up(sum(align_up(part.partition_numels[i], c.a_p) for i in part.sub_groups[g]) * E, PAGE_BYTES)
+            raw = align_up(sum(align_up(part.partition_numels[i], c.a_p) for i in part.sub_group(g)) * E, PAGE_BYTES)
         add_pinned("host/partitioned_swap_buffer", "P2 partitioned swap buffer", raw, c.pin_swap_pool(raw),
                    formula="sum A(numel, a) over the largest sub-group x E",
                    source="runtime/swap_tensor/partitioned_param_swapper.py reserve_partitioned_swap_space (line 393)")
 
     # P4: optimizer swap pool, when some sub-group is large enough to swap.
     # Every chunk of the bounded engine lives on the SSD; DeepSpeed swaps sub-groups of at least min_aio_bytes.
-    swappable_groups = part.swappable_groups(0 if c.bounded else -(-c.min_aio_bytes // c.M))
+    min_group_numel = 0 if c.bounded else -(-c.min_aio_bytes // c.M)
     need = zero.optimizer_buffer_count(pipeline_read=k.pipeline_read, pipeline_write=k.pipeline_write)
-    if swappable_groups and not c.bounded:
+    if part.groups_from(min_group_numel) and not c.bounded:
         bc_o = k.optimizer_buffer_count
         if bc_o < need:
             c.config_errors.append(f"offload_optimizer.buffer_count {bc_o} < {need} needed for Adam with this "
@@ -165,21 +164,22 @@ def host_items(c: Context) -> list[Item]:
                    source="runtime/zero/stage3.py _setup_for_real_optimizer (lines 791-795)")
 
     # P6: partitions below min_aio_bytes never swap; each is pinned separately.
-    small = [n for n, s in zip(part.partition_numels, c.swappable) if not s]
+    small = part.partitions_below(c.min_swap_numel)  # (size, count)
     if small:
-        raw = sum(n * E for n in small)
+        raw = sum(n * E * count for n, count in small)
         if c.memascend:
-            pin = (sum(align_up(n * E, PAGE_BYTES) for n in small), c.pin_exact(0)[1], 0)
+            pin = (sum(align_up(n * E, PAGE_BYTES) * count for n, count in small), c.pin_exact(0)[1], 0)
         else:
-            per = [c.pin_accel(n * E, c.pin_memory) for n in small]
-            pin = (sum(p[0] for p in per), per[0][1], sum(p[2] for p in per))
-        add_pinned("host/small_params", f"P6 small params ({len(small)} partitions < {c.min_aio_bytes // MiB} MiB)",
+            per = [(c.pin_accel(n * E, c.pin_memory), count) for n, count in small]
+            pin = (sum(p[0] * count for p, count in per), per[0][0][1], sum(p[2] * count for p, count in per))
+        n_small = sum(count for _, count in small)
+        add_pinned("host/small_params", f"P6 small params ({n_small} partitions < {c.min_aio_bytes // MiB} MiB)",
                    raw, pin, formula="sum of partitions below min_aio_bytes x E",
                    source="runtime/zero/partition_parameters.py _partition_param (lines 1820-1823: only swappable "
                           "partitions go to NVMe)")
 
     # P7: sub-groups too small to swap keep fp32 master + m + v + fp32 grad in DRAM.
-    n = sum(part.sub_group_numels) - sum(part.sub_group_numels[g] for g in swappable_groups)
+    n = sum(numel * count for numel, count in part.group_counts.items() if numel < min_group_numel)
     if n:
         add("host/small_optimizer_groups", "P7 non-swappable optimizer sub-groups", 16 * n,
             formula=f"{n:,} elements x 16 B (fp32 master, grad, exp_avg, exp_avg_sq)",
@@ -408,7 +408,8 @@ def _param_buffer_failure(c: Context) -> None:
     from memascend_cli.models import layer_template
 
     part = c.part
-    nvme = param_buffers.nvme_resident(part.partition_numels, part.sub_groups, k.max_in_cpu, c.swappable)
+    swappable = tuple(map(c.min_swap_numel.__le__, part.partition_numels))
+    nvme = param_buffers.nvme_resident(part.partition_numels, part.sub_groups, k.max_in_cpu, swappable)
     head, layer, tail = layer_template(c.m)
     last = max(i for i, t in enumerate(layer) if t.role not in ("norm", "bias"))
     order = param_buffers.trace(len(head), len(layer), c.m.num_hidden_layers, len(tail),

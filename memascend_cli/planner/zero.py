@@ -1,5 +1,5 @@
-"""ZeRO-3 settings, decided once: DeepSpeed's defaults, the stock knobs memascend sets, the partition and
-sub-group rules, the swap-pool sizing, and `resolve`, which turns a job into its effective settings.
+"""ZeRO-3 settings, decided once: DeepSpeed's defaults, the stock knobs memascend sets, the partition rule (the
+sub-group rule: subgroups.py), the swap-pool sizing, and `resolve`, which turns a job into its effective settings.
 
 Everything that decides a ZeRO number calls this module: the planner (memascend_cli/planner/),
 the DeepSpeed config builder (memascend_cli/run/dsconfig.py), `train`, `bench`, and the engine
@@ -153,38 +153,6 @@ def partition_numel(numel: int, world_size: int) -> int:
     return -(-int(numel) // max(1, int(world_size)))
 
 
-def sub_groups_and_numels(partition_numels: Sequence[int], sub_group_size: int
-                          ) -> tuple[tuple[range, ...], tuple[int, ...]]:
-    """Parameter indices (as ranges) and partition elements per optimizer sub-group, one param group in module
-    order: a group closes once it reaches sub_group_size, so it can exceed it by one partition
-    (stage3.py _create_fp16_sub_groups)."""
-    n = len(partition_numels)
-    if n == 0:
-        return (), ()
-    total = sum(partition_numels)
-    if sub_group_size >= total:
-        return (range(n),), (total,)
-    # Only the running sum per parameter (the plan's depth search walks models of 1000s of layers); ranges at the end.
-    ends, numels, acc = [], [], 0
-    for i, p in enumerate(partition_numels, 1):
-        acc += p
-        if acc >= sub_group_size or i == n:
-            ends.append(i)
-            numels.append(acc)
-            acc = 0
-    return tuple(map(range, [0, *ends[:-1]], ends)), tuple(numels)
-
-
-def sub_groups(partition_numels: Sequence[int], sub_group_size: int) -> tuple[tuple[int, ...], ...]:
-    """Parameter indices per optimizer sub-group (see sub_groups_and_numels)."""
-    return tuple(tuple(g) for g in sub_groups_and_numels(partition_numels, sub_group_size)[0])
-
-
-def sub_group_numels(partition_numels: Sequence[int], sub_group_size: int) -> tuple[int, ...]:
-    """Partition elements per optimizer sub-group (see sub_groups_and_numels)."""
-    return sub_groups_and_numels(partition_numels, sub_group_size)[1]
-
-
 def min_aio_bytes(s: ZeroSettings) -> int:
     """Smallest partition / sub-group that swaps (partitioned_param_swapper.py _configure_aio, optimizer_utils.py)."""
     return max(MIN_AIO_BYTES, int(s.aio_block_size))
@@ -194,23 +162,30 @@ def min_aio_bytes(s: ZeroSettings) -> int:
 def model_partitions(model, world_size: int) -> tuple[tuple[int, str], ...]:
     """(partition numel, role) of every parameter of a memascend ModelSpec, in module order (cached: the planner's
     searches ask for the same model many times)."""
-    from memascend_cli.models import numels_roles
+    from memascend_cli.models import template_numels_roles
 
-    numels, roles = numels_roles(model)
     w = max(1, int(world_size))
-    if w == 1:
-        return tuple(zip(numels, roles))
-    return tuple((-(-n // w), r) for n, r in zip(numels, roles))
+    head, layer, tail = (tuple((partition_numel(n, w), r) for n, r in part) for part in template_numels_roles(model))
+    return head + layer * model.num_hidden_layers + tail
 
 
 @lru_cache(maxsize=1024)
-def _largest_swappable(partitions: tuple, min_bytes: int, elem_bytes: int) -> int:
+def distinct_model_partitions(model, world_size: int) -> frozenset[tuple[int, str]]:
+    """The distinct (partition numel, role) pairs of model_partitions, from one decoder layer."""
+    from memascend_cli.models import template_numels_roles
+
+    w = max(1, int(world_size))
+    return frozenset((partition_numel(n, w), r) for part in template_numels_roles(model) for n, r in part)
+
+
+@lru_cache(maxsize=1024)
+def _largest_swappable(partitions: frozenset, min_bytes: int, elem_bytes: int) -> int:
     return max((n for n, _ in partitions if n * elem_bytes >= min_bytes), default=0)
 
 
 def largest_swappable_partition(partitions: Iterable[tuple[int, str]], s: ZeroSettings, elem_bytes: int) -> int:
     """Largest partition that goes through the parameter swap pool (0 if none swaps)."""
-    return _largest_swappable(tuple(partitions), min_aio_bytes(s), elem_bytes)
+    return _largest_swappable(frozenset(partitions), min_aio_bytes(s), elem_bytes)
 
 
 # --- the engines ------------------------------------------------------------------------------------
@@ -305,7 +280,7 @@ def resolve(engine: str, *, model, world_size: int, elem_bytes: int, base: ZeroS
     s = base or DEEPSPEED_DEFAULTS
     if notes is not None and base is not None:
         notes.extend(knob_notes(base, engine))
-    largest = largest_swappable_partition(model_partitions(model, world_size), s, elem_bytes)
+    largest = largest_swappable_partition(distinct_model_partitions(model, world_size), s, elem_bytes)
     if engine == "stock":
         # What a user must write for the job to start: buffer_size at least the largest swapped partition.
         return replace(s, param_buffer_size=max(int(s.param_buffer_size), largest))
@@ -313,7 +288,7 @@ def resolve(engine: str, *, model, world_size: int, elem_bytes: int, base: ZeroS
         s = replace(s, aio_block_size=int(aio_block_size))
     if aio_queue_depth:
         s = replace(s, aio_queue_depth=int(aio_queue_depth))
-    largest = largest_swappable_partition(model_partitions(model, world_size), s, elem_bytes)
+    largest = largest_swappable_partition(distinct_model_partitions(model, world_size), s, elem_bytes)
     return memascend_knobs(s, largest_partition_numel=largest or None)
 
 
@@ -557,7 +532,7 @@ def model_param_pool_plan(model, s: ZeroSettings, *, world_size: int, elem_bytes
                           prefetch_layers: int = DEFAULT_PREFETCH_LAYERS) -> PoolPlan:
     """param_pool_plan for a ModelSpec under settings `s` (what the engine allocates and the planner charges)."""
     # Only the largest partition per role matters: distinct (numel, role) pairs are enough.
-    return param_pool_plan(set(model_partitions(model, world_size)), elem_bytes=elem_bytes,
+    return param_pool_plan(distinct_model_partitions(model, world_size), elem_bytes=elem_bytes,
                            per_layer_counts=per_layer_role_counts(model), prefetch_layers=prefetch_layers,
                            min_aio_bytes=min_aio_bytes(s), intra_op_parallelism=s.intra_op_parallelism)
 

@@ -9,7 +9,7 @@ import pytest
 
 from memascend_cli.run.dsconfig import adamw, ds_config
 from memascend_cli.models import list_model_presets, load_model
-from memascend_cli.planner import memory, zero
+from memascend_cli.planner import memory, subgroups, zero
 from memascend_cli.planner import zero as pools
 from memascend_cli.planner.context import Context
 from memascend_cli.planner.host import adaptive_param_pool
@@ -113,7 +113,7 @@ def test_sub_groups_match_planner_partitioning():
     spec = load_model("qwen2.5-7b")
     parts = [n for n, _ in pools.model_partitions(spec, 2)]
     expected = memory.partition(spec, 2, zero.MEMASCEND_SUB_GROUP_SIZE).sub_group_numels
-    assert tuple(pools.sub_group_numels(parts, zero.MEMASCEND_SUB_GROUP_SIZE)) == expected
+    assert tuple(subgroups.sub_group_numels(parts, zero.MEMASCEND_SUB_GROUP_SIZE)) == expected
 
 
 def test_optimizer_pool_bytes_is_exact_and_page_aligned():
@@ -221,13 +221,6 @@ def test_old_deepspeed_did_not_pin_by_default():
 def test_resolve_rejects_unknown_engine():
     with pytest.raises(ValueError):
         zero.resolve("fast", model=load_model("tiny-llama"), world_size=1, elem_bytes=2)
-
-
-def test_sub_groups_close_after_reaching_the_size():
-    assert zero.sub_groups([3, 3, 3, 3], 5) == ((0, 1), (2, 3))
-    assert zero.sub_groups([10, 1, 1], 5) == ((0,), (1, 2))
-    assert zero.sub_groups([1, 1], 100) == ((0, 1),)
-    assert zero.sub_groups([], 5) == ()
 
 
 def test_deepspeed_key_aliases_are_read_and_written_under_the_name_the_config_uses():
