@@ -13,6 +13,8 @@ Scripts (one CPU process each, a random-weight transformers Llama built from MOD
       (one process; the measured tree holds accelerate's launcher and the rank it starts).
   trl  tests/integration/trl_sft_job.py: TRL's SFTTrainer with the same config, a text dataset it tokenizes and
       packs into seq-length blocks itself; install() before SFTConfig in the engine run, never in the stock run.
+      Checkpointed: SFTConfig turns gradient checkpointing on by default (trl/trainer/sft_config.py), the HF
+      Trainer leaves it off.
 
 Each run: sync, drop caches (root), wait until MemTotal - MemAvailable is flat, launch the script, sample it at
 >= 1 kHz until it exits (memascend_cli/bench/sampling.py); peak = max(MemTotal - MemAvailable) - idle, next to the
@@ -22,7 +24,7 @@ it fills for "auto" and no zero.Init), taken before the run.
 
     python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json
     python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json --update \
-        --jobs accelerate-nockpt,trl-nockpt --repeat 3
+        --jobs accelerate-nockpt,trl-ckpt --repeat 3
 
 `--repeat N` runs stock and memascend in turn N times per job and keeps, per engine, the run with the median system
 peak of the clean repeats (other processes' RSS moved by at most CLEAN_OTHERS_BYTES between idle and the peak; of all
@@ -76,7 +78,7 @@ class Job:
         return f"{self.script}-{'ckpt' if self.checkpointing else 'nockpt'}"
 
 
-JOBS = (Job("ds", False), Job("ds", True), Job("hf", False), Job("accelerate", False), Job("trl", False))
+JOBS = (Job("ds", False), Job("ds", True), Job("hf", False), Job("accelerate", False), Job("trl", True))
 HF_SCRIPTS = ("hf", "accelerate", "trl")
 """The jobs whose script is a Hugging Face trainer: it fills the config's "auto" values and never uses zero.Init."""
 
@@ -93,8 +95,9 @@ def script_command(job: Job, engine: str, *, model_dir: str, region: str, nvme_p
         return cmd + (["--region", region] if engine == "memascend" else [])
     if job.script not in HF_SCRIPTS:
         raise ValueError(f"unknown script {job.script!r}")
-    if job.checkpointing or job.micro_batch != 2:
-        raise ValueError("the Hugging Face trainer scripts run micro-batch 2 without checkpointing")
+    if job.checkpointing != (job.script == "trl") or job.micro_batch != 2:
+        raise ValueError("the Hugging Face trainer scripts run micro-batch 2 with their trainer's default "
+                         "checkpointing: off in the HF Trainer, on in TRL's SFTTrainer")
     script = TRL_SCRIPT if job.script == "trl" else HF_SCRIPT
     cmd = [python, script, "before" if engine == "memascend" else "plain", config, region, nvme_path, out,
            model_dir, str(job.seq_len), str(job.steps)]
@@ -240,22 +243,24 @@ def median_runs(runs: list[dict]) -> list[dict]:
 
 def kept_sittings(sittings: list[dict]) -> list[dict]:
     """The sittings (oldest first) that still hold a job's runs: a sitting whose jobs were all measured again in a
-    later one is gone. Pure."""
+    later one, or are no longer in JOBS, is gone. Pure."""
     covered: set[str] = set()
+    current = {j.name for j in JOBS}
     out = []
     for s in reversed(sittings):
-        if set(s["jobs"]) - covered:
+        if set(s["jobs"]) & current - covered:
             out.append(s)
         covered |= set(s["jobs"])
     return out[::-1]
 
 
 def merge_runs(kept: list[dict], new: list[dict]) -> list[dict]:
-    """`kept` without the jobs `new` measured again, then `new`, in JOBS order. Pure."""
+    """`kept` without the jobs `new` measured again or no longer in JOBS (a job redefined gets a new name), then
+    `new`, in JOBS order. Pure."""
     again = {r["job"] for r in new}
     order = {j.name: i for i, j in enumerate(JOBS)}
-    return sorted([r for r in kept if r["job"] not in again] + new,
-                  key=lambda r: (order.get(r["job"], len(order)), ENGINES.index(r["engine"])))
+    return sorted([r for r in kept if r["job"] not in again and r["job"] in order] + new,
+                  key=lambda r: (order[r["job"]], ENGINES.index(r["engine"])))
 
 
 def table(doc: dict, today: dict | None = None) -> str:

@@ -45,7 +45,7 @@ def test_accelerate_and_trl_run_the_same_knobs_stock_and_memascend():
     i = stock.index(usb.HF_SCRIPT)
     assert stock[i + 1:i + 3] == ["plain", "/w/ds.json"] and mem[i + 1] == "before"
     assert [w for w in stock if w not in ("plain", "before")] == [w for w in mem if w not in ("plain", "before")]
-    trl = usb.Job("trl", False)
+    trl = usb.Job("trl", True)
     t_stock, t_mem = usb.script_command(trl, "stock", **kw), usb.script_command(trl, "memascend", **kw)
     assert t_stock[:3] == ["/venv/bin/python", usb.TRL_SCRIPT, "plain"] and t_mem[2] == "before"
     assert t_stock[3:] == t_mem[3:] == ["/w/ds.json", "/r.bin", "/n", "/o.json", "/m", "512", "3"]
@@ -53,9 +53,14 @@ def test_accelerate_and_trl_run_the_same_knobs_stock_and_memascend():
         assert "--no-zero-init" in usb.plan_command(job, model_dir="/m")
 
 
-def test_hf_script_cannot_checkpoint():
-    with pytest.raises(ValueError):
-        usb.script_command(usb.Job("hf", True), "stock", model_dir="/m", region="/r", nvme_path="/n", out="/o")
+def test_trainer_scripts_run_with_their_trainers_default_checkpointing():
+    # The HF Trainer leaves activation checkpointing off; TRL's SFTConfig turns it on by default.
+    for job in (usb.Job("hf", True), usb.Job("accelerate", True), usb.Job("trl", False)):
+        with pytest.raises(ValueError):
+            usb.script_command(job, "stock", model_dir="/m", region="/r", nvme_path="/n", out="/o")
+    trl = usb.plan_command(usb.Job("trl", True), model_dir="/m")
+    assert trl[trl.index("--checkpointing") + 1] == "full" and trl[trl.index("--trainer") + 1] == "trl"
+    assert [j.name for j in usb.JOBS if j.script == "trl"] == ["trl-ckpt"]
 
 
 def test_plan_command_matches_the_job():
@@ -119,7 +124,7 @@ def test_merge_replaces_the_jobs_measured_again_and_keeps_jobs_order():
     old = [{"job": "ds-nockpt", "engine": "stock", "v": 1}, {"job": "ds-nockpt", "engine": "memascend", "v": 1},
            {"job": "hf-nockpt", "engine": "stock", "v": 1}, {"job": "hf-nockpt", "engine": "memascend", "v": 1}]
     new = [{"job": "ds-nockpt", "engine": "memascend", "v": 2}, {"job": "ds-nockpt", "engine": "stock", "v": 2}]
-    merged = usb.merge_runs(old, new)
+    merged = usb.merge_runs(old + [{"job": "trl-nockpt", "engine": "stock", "v": 1}], new)  # a retired job: dropped
     assert [(r["job"], r["engine"], r["v"]) for r in merged] == [
         ("ds-nockpt", "stock", 2), ("ds-nockpt", "memascend", 2), ("hf-nockpt", "stock", 1),
         ("hf-nockpt", "memascend", 1)]
@@ -127,7 +132,7 @@ def test_merge_replaces_the_jobs_measured_again_and_keeps_jobs_order():
 
 def test_median_of_repeats_keeps_the_middle_run_and_every_peak():
     def run(engine, peak, ok=True, others=0):
-        return {"job": "trl-nockpt", "engine": engine, "peak_system_bytes": peak, "ok": ok, "ru_maxrss_bytes": 1,
+        return {"job": "trl-ckpt", "engine": engine, "peak_system_bytes": peak, "ok": ok, "ru_maxrss_bytes": 1,
                 "others_rss_change_at_peak_bytes": others}
     runs = [run("stock", 4), run("memascend", 9), run("stock", 5), run("memascend", 1, ok=False),
             run("stock", 3), run("memascend", 2)]
@@ -141,7 +146,7 @@ def test_median_of_repeats_keeps_the_middle_run_and_every_peak():
 
 def test_runs_other_processes_disturbed_are_left_out_of_the_median():
     def run(peak, others):
-        return {"job": "trl-nockpt", "engine": "stock", "peak_system_bytes": peak, "ok": True,
+        return {"job": "trl-ckpt", "engine": "stock", "peak_system_bytes": peak, "ok": True,
                 "others_rss_change_at_peak_bytes": others}
     # Another job freed 0.9 GiB during the first run (its system peak reads low) and grew during the third.
     runs = [run(3 * GiB, -GiB * 9 // 10), run(4 * GiB, 10 << 20), run(11 * GiB, 7 * GiB), run(int(4.2 * GiB), 0)]
@@ -152,10 +157,13 @@ def test_runs_other_processes_disturbed_are_left_out_of_the_median():
     assert unclean["median_of"] == "all 2 (none clean)" and unclean["peak_system_bytes"] == 3 * GiB
 
 
-def test_a_sitting_measured_again_in_later_ones_is_gone():
-    s = [{"jobs": ["ds", "hf"]}, {"jobs": ["acc", "trl"]}, {"jobs": ["trl"]}, {"jobs": ["acc"]}]
+def test_a_sitting_measured_again_in_later_ones_or_of_retired_jobs_is_gone():
+    s = [{"jobs": ["ds-nockpt", "hf-nockpt"]}, {"jobs": ["accelerate-nockpt", "trl-ckpt"]}, {"jobs": ["trl-ckpt"]},
+         {"jobs": ["accelerate-nockpt"]}]
     assert usb.kept_sittings(s) == [s[0], s[2], s[3]]
-    assert usb.kept_sittings(s[:3]) == s[:3]  # the first sitting's acc runs are still its own
+    assert usb.kept_sittings(s[:3]) == s[:3]  # the second sitting's accelerate runs are still its own
+    # trl-nockpt was TRL's SFTTrainer measured as if it did not checkpoint (it does by default): retired.
+    assert usb.kept_sittings([{"jobs": ["trl-nockpt"]}, s[0]]) == [s[0]]
 
 
 def test_table_has_a_row_per_run_and_the_ratio_line():
