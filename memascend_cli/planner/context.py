@@ -95,7 +95,8 @@ class Partitioning:
         return max((n for n in self.partition_counts if n >= min_numel), default=0)
 
 
-def _counts(head: tuple[int, ...], layer: tuple[int, ...], num_layers: int, tail: tuple[int, ...]) -> dict[int, int]:
+def _counts(head: tuple[int, ...], layer: tuple[int, ...], tail: tuple[int, ...], num_layers: int) -> dict[int, int]:
+    """How many of head + layer x num_layers + tail have each size."""
     out = Counter(head + tail)
     for n, k in Counter(layer).items():
         out[n] += k * num_layers
@@ -108,14 +109,11 @@ def partition(model: ModelSpec, world_size: int, sub_group_size: int) -> Partiti
     decoder layer: the plan's depth search asks for models of 1000s of layers."""
     full, roles = numels_roles(model)
     L = model.num_hidden_layers
-    head, layer, tail = (tuple(n for n, _ in part) for part in template_numels_roles(model))
-    full_counts = _counts(head, layer, L, tail)
-    if world_size > 1:
-        head, layer, tail = (tuple(zero.partition_numel(n, world_size) for n in part) for part in (head, layer, tail))
-    parts = head + layer * L + tail
+    full_counts = _counts(*(tuple(n for n, _ in part) for part in template_numels_roles(model)), L)
+    head, layer, tail = (tuple(n for n, _ in part) for part in zero.template_partitions(model, world_size))
     ends, numels = subgroups.layered_sub_group_ends(head, layer, L, tail, sub_group_size)
-    return Partitioning(parts, full, roles, ends, numels, _counts(head, layer, L, tail), full_counts,
-                        dict(Counter(numels)))
+    return Partitioning(head + layer * L + tail, full, roles, ends, numels, _counts(head, layer, tail, L),
+                        full_counts, dict(Counter(numels)))
 
 
 class Context:

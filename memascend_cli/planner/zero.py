@@ -158,24 +158,28 @@ def min_aio_bytes(s: ZeroSettings) -> int:
     return max(MIN_AIO_BYTES, int(s.aio_block_size))
 
 
+@lru_cache(maxsize=1024)
+def template_partitions(model, world_size: int) -> tuple[tuple[tuple[int, str], ...], ...]:
+    """(partition numel, role) per tensor before the decoder layers, of one layer, and after (all layers are alike:
+    the plan's depth search asks for models of 1000s of layers)."""
+    from memascend_cli.models import template_numels_roles
+
+    w = max(1, int(world_size))
+    return tuple(tuple((partition_numel(n, w), r) for n, r in part) for part in template_numels_roles(model))
+
+
 @lru_cache(maxsize=256)
 def model_partitions(model, world_size: int) -> tuple[tuple[int, str], ...]:
     """(partition numel, role) of every parameter of a memascend ModelSpec, in module order (cached: the planner's
     searches ask for the same model many times)."""
-    from memascend_cli.models import template_numels_roles
-
-    w = max(1, int(world_size))
-    head, layer, tail = (tuple((partition_numel(n, w), r) for n, r in part) for part in template_numels_roles(model))
+    head, layer, tail = template_partitions(model, world_size)
     return head + layer * model.num_hidden_layers + tail
 
 
 @lru_cache(maxsize=1024)
 def distinct_model_partitions(model, world_size: int) -> frozenset[tuple[int, str]]:
-    """The distinct (partition numel, role) pairs of model_partitions, from one decoder layer."""
-    from memascend_cli.models import template_numels_roles
-
-    w = max(1, int(world_size))
-    return frozenset((partition_numel(n, w), r) for part in template_numels_roles(model) for n, r in part)
+    """The distinct (partition numel, role) pairs of model_partitions."""
+    return frozenset(pair for part in template_partitions(model, world_size) for pair in part)
 
 
 @lru_cache(maxsize=1024)
