@@ -13,12 +13,14 @@ decides:
 * rollback: an overflow or an invalid norm skips the step: the speculation is dropped and the parameters are rewritten
   from the old masters.
 
-In fp32 the parameter partitions are the master's exact copy (OptimizerPipeline.mirrored): a chunk then takes its
-master from the partitions backward fetched, as DeepSpeed drops them (Speculator.released), and reads only its moments
-(EngineOptions.master_from_params: 4 B per parameter less read per step). With EngineOptions.params_hold_master the
-partitions on the SSD are the only master: the speculation writes the next parameters to shadow partitions, exchanged
-with the current ones at the commit, so a redo or a rollback still finds the old master in place (4 B per parameter
-less written per step).
+In fp32 the parameter partitions are the master's exact copy (OptimizerPipeline.mirrored): a chunk then takes its master
+from the partitions backward fetched, as DeepSpeed drops them (Speculator.released), and reads only its moments
+(EngineOptions.master_from_params: 4 B per parameter less read per step). DeepSpeed drops a layer's partitions before
+its gradients are reduced, when most of its chunks cannot have a slot yet: the param swapper keeps such a partition in
+its pool slot until the gradient's offer has copied it (engine/ds_internals/swapper.py _keeps_for_master), or until a
+fetch needs the slot. With EngineOptions.params_hold_master the partitions on the SSD are the only master: the
+speculation writes the next parameters to shadow partitions, exchanged with the current ones at the commit, so a redo or
+a rollback still finds the old master in place (4 B per parameter less written per step).
 
 Both paths make the same DeepSpeedCPUAdam op calls on the same values, so a committed step is bit-identical to the step
 without overlap (speculation, then validation: SuperOffload, arXiv 2509.21271; the optimizer overlapped with backward:
@@ -68,8 +70,10 @@ class _Step:
     copied: dict[int, set[int]] = field(default_factory=dict)
     """Chunks taking their master from the parameters (OptimizerPipeline.mirrored) -> chunk offsets of the pieces
     copied so far."""
-    started: list[int] = field(default_factory=list)
-    """Chunk indices in the order they took a slot: the next step's read-ahead order."""
+    updated: list[int] = field(default_factory=list)
+    """Chunk indices in the order they were updated (their gradients complete in that order every step): the next
+    step's read-ahead order. Not the order they took a slot: a chunk started at its partition's release (the tied
+    embedding's, long before its gradient) would then be read ahead first and hold its slot through backward."""
     cursor: int = 0
     """Position in the read-ahead order (Speculator.order) up to which every chunk has started."""
 
@@ -176,19 +180,21 @@ class Speculator:
             return
         st.state[ci] = ASSEMBLING
         st.slot_of[ci] = slot
-        st.started.append(ci)
         mirrored = self.master_from_params and ci in pipe.mirrored
         if mirrored:
             st.copied[ci] = set()
         pipe._submit_reads(ci, slot, with_grads=False, master=not mirrored)
         slot.grad.narrow(0, 0, pipe.chunks[ci].numel).zero_()
 
-    def released(self, g: int, j: int, partition: torch.Tensor) -> None:
+    def released(self, g: int, j: int, partition: torch.Tensor) -> bool:
         """DeepSpeed is about to drop parameter j's swapped-in partition (backward is done with it): fp32, its values
         are the master's (OptimizerPipeline.mirrored), so each chunk of it not yet updated takes its master piece
-        from here instead of the SSD; a chunk not started starts now (the swapper drops a layer's partitions before
-        its gradients' bucket is reduced). A chunk with a piece never seen here reads its whole master."""
+        from here instead of the SSD; a chunk not started starts now if a slot is spare (the swapper drops a layer's
+        partitions before its gradients' bucket is reduced). Returns whether a chunk of it has still to start: the
+        swapper then keeps the partition until the gradient's offer copies it (or it needs the slot). A chunk with a
+        piece never seen in memory reads its whole master."""
         st = self.step
+        waiting = False
         for ci, p in self.pieces.get((g, j), ()):
             if st.state[ci] == NEW and ci in self.pipeline.mirrored and self._spare_slots() >= 2:
                 # A layer's release spans several chunks whose gradients come later: starting them all would take
@@ -196,6 +202,8 @@ class Speculator:
                 self._start(ci)
             if st.state[ci] == ASSEMBLING and ci in st.copied:
                 self._copy_master(ci, p, partition)
+            waiting |= st.state[ci] == NEW and ci in self.pipeline.mirrored
+        return waiting
 
     def _copy_master(self, ci: int, p, partition: torch.Tensor) -> None:
         """Piece p of a parameter's partition (fp32, in memory) into chunk ci's master in its slot."""
@@ -220,6 +228,7 @@ class Speculator:
         st.compute(ci, pipe.chunks[ci], slot)
         pipe._submit_writes(ci, slot, generation=1 - pipe.generation[ci], targets=self.spec_targets)
         st.state[ci] = DONE
+        st.updated.append(ci)
         self._busy.append(slot)
         self._read_ahead()
 
@@ -266,7 +275,7 @@ class Speculator:
             self.step = None
             self.pipeline.drop_speculation()
             raise first
-        self.order = st.started
+        self.order = st.updated
         done = [ci for ci, s in enumerate(st.state) if s == DONE]
         rest = [ci for ci, s in enumerate(st.state) if s != DONE]
         return done, rest

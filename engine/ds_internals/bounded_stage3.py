@@ -152,19 +152,25 @@ def BoundedStage3Mixin(ctx: PluginContext):
             return resolve
 
         # -- the optimizer overlapped with backward (memascend_engine.overlap) --------------------------
-        def _ma_partition_released(self, param) -> None:
+        def _ma_partition_released(self, param) -> bool:
             """The param swapper drops `param`'s partition: while a step speculates, its chunks take their fp32
             master from it (Speculator.released). Inside the boundary micro-batch's backward (base_optimizer.py
             ZeROOptimizer._backward_active_depth) the speculation starts here, before the first gradient is reduced:
             the last layers' partitions are dropped before their bucket is."""
             pos = self._ma_param_pos.get(param.ds_id)
             if pos is None or self.fp16_groups[pos[0]][pos[1]] is not param:
-                return
+                return False
             spec = self._ma_spec
             if not spec.active and self._backward_active_depth > 0:
                 spec = self._ma_speculation(self.is_gradient_accumulation_boundary())
-            if spec is not None and spec.active:
-                spec.released(*pos, param.ds_tensor.data)
+            return spec is not None and spec.active and spec.released(*pos, param.ds_tensor.data)
+
+        def _ma_offered(self, param) -> None:
+            """Every chunk of `param` has its gradient piece (and its master piece, if its partition was kept for
+            that): the swapper drops a partition it kept for the speculation."""
+            swapper = getattr(param, "nvme_swapper", None)
+            if swapper is not None and hasattr(swapper, "release_kept_master"):
+                swapper.release_kept_master(param)
 
         def _ma_speculation(self, boundary: bool):
             """The Speculator when this micro-batch's gradients are final and the step speculates, else None."""
@@ -273,6 +279,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     param.grad = None
                     if spec is not None:
                         spec.offer(*self._ma_param_pos[param.ds_id], None)
+                        self._ma_offered(param)
                     continue
                 self._offload_boundary_param_ids.add(param.ds_id)
                 key = bounded.GradientStream.key(param.ds_id)
@@ -287,7 +294,9 @@ def BoundedStage3Mixin(ctx: PluginContext):
                     if self.dtype == torch.float16:
                         self._ma_overflow_local |= self._ma_nonfinite(grad)
                 if spec is not None:
-                    if spec.offer(*self._ma_param_pos[param.ds_id], grad):
+                    fell_back = spec.offer(*self._ma_param_pos[param.ds_id], grad)
+                    self._ma_offered(param)
+                    if fell_back:
                         self._ma_stream.write(key, grad)  # a chunk of it is stepped after backward
                     elif keep_grads:
                         self._ma_stream.hold(key, grad)  # for a redo: the DRAM window, else the SSD
@@ -351,6 +360,8 @@ def BoundedStage3Mixin(ctx: PluginContext):
         def step(self, closure=None):
             if not getattr(self, "_ma_bounded", False):
                 return super().step(closure)
+            for swapper in ctx.param_swappers:  # a kept partition goes stale once the step writes the parameters
+                swapper.drop_kept()
             spec = self._ma_spec if self._ma_spec is not None and self._ma_spec.active else None
             done, rest = spec.finish() if spec is not None else ([], [])
             if self._ma_spec is not None:

@@ -30,7 +30,7 @@ class PluginContext:
         "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "layer_trims": 0, "mmap_threshold_bytes": 0,
         "adam_states_in_place": 0,
         "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
-        "prefetch_skipped": 0, "prefetch_duplicates": 0,
+        "prefetch_skipped": 0, "prefetch_duplicates": 0, "master_partitions_evicted": 0,
         "grad_buffer_in_place": 0})
     param_swappers: list = field(default_factory=list)
     optimizers: list = field(default_factory=list)
@@ -52,7 +52,8 @@ class PluginContext:
     """EngineOptions.params_hold_master (with streaming)."""
     partition_released: Any = None
     """Called with each parameter whose swapped-in partition the param swapper is about to drop (its buffer goes back
-    to the pool): the optimizer overlapped with backward copies an fp32 master from it (overlap.Speculator)."""
+    to the pool): the optimizer overlapped with backward copies an fp32 master from it (overlap.Speculator) and returns
+    whether a chunk of it has still to start (the swapper then keeps it until the gradient's offer)."""
     heap: GlibcHeap = field(default_factory=GlibcHeap)
 
     def trim_heap(self, counter: str = "malloc_trims") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from memascend_cli.planner.breakdown import Item, SsdTraffic
 from memascend_cli.planner.context import Context
 from memascend_cli.planner.job import MOMENT_BYTES
-from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES
+from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES, template_partitions
 
 
 def state_bytes_per_elem(c: Context) -> int:
@@ -55,12 +55,39 @@ def nvme_items(c: Context) -> list[Item]:
     return items
 
 
-PARAM_FETCHES_PER_STEP = {"none": 2, "selective": 2, "full": 2, "offload": 2}
-"""Times each swapped parameter partition is read per micro-batch: forward and backward. A checkpointed layer's
-recomputed forward runs right before its backward, and that backward finds the parameters the recompute fetched
-still resident: measured, tuned stock reads 24.2 B/param per fp32 step at 8 layers, seq 512 (12 B Adam states + 4 B
-gradients + 2 x 4 B parameters; docs/bench/ssd-bound/), memascend 23.0 (its pool keeps the last forward layers for
-the first backward ones)."""
+TIED_EXTRA_FETCHES = 1
+"""A tied embedding is used three times a micro-batch, at the embedding and the LM head in forward and once more in
+backward, and is released after each (runtime/zero/partitioned_param_coordinator.py release_sub_module with
+stage3_max_reuse_distance 0): one fetch more than a layer's."""
+
+
+def _tied_swapped(c: Context, swapped: int) -> int:
+    """Swapped elements of a tied embedding's partition (0 if untied or kept in DRAM)."""
+    n = -(-c.m.vocab_size * c.m.hidden_size // max(1, c.world))
+    return min(swapped, n) if c.m.tie_word_embeddings and n >= c.min_swap_numel else 0
+
+
+def param_fetch_bytes(c: Context, swapped: int, in_cpu: int = 0) -> tuple[int, int]:
+    """(forward, backward) parameter bytes read per micro-batch: every swapped partition once each way, a tied
+    embedding once more (TIED_EXTRA_FETCHES, counted in forward); `in_cpu`: the elements max_in_cpu keeps in DRAM (never
+    fetched: the first sub-groups, the embedding first).
+
+    A checkpointed layer's recomputed forward runs right before its backward, and that backward finds the parameters
+    the recompute fetched still resident: measured, tuned stock reads 24.2 B/param per fp32 step at 8 layers, seq 512
+    (12 B Adam states + 4 B gradients + 2 x 4 B parameters; docs/bench/ssd-bound/). memascend's pool holds
+    prefetch_layers layers (zero.param_pool_plan): the last ones of forward are still there for the first ones of
+    backward."""
+    E = c.E
+    tied = _tied_swapped(c, swapped) if in_cpu == 0 else 0
+    if not c.memascend:
+        return E * (swapped + TIED_EXTRA_FETCHES * tied), E * swapped
+    # With the master taken from the parameters (fp32, the overlap) the swapper keeps a partition released in
+    # backward until its gradient's offer (engine/ds_internals/swapper.py _keeps_for_master): the tied embedding,
+    # released after the LM head's backward, is still there for the embedding's.
+    forward = E * (swapped + (0 if c.master_from_params else TIED_EXTRA_FETCHES) * tied)
+    layer = sum(n for n, _ in template_partitions(c.m, c.world)[1] if n >= c.min_swap_numel)
+    kept = min(c.prefetch_layers, c.m.num_hidden_layers, swapped // max(1, layer)) * layer
+    return forward, E * (swapped - kept)
 
 
 def ssd_traffic(c: Context) -> SsdTraffic:
@@ -79,9 +106,9 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     in_cpu = min(job.knobs.max_in_cpu, c.ns) if job.knobs is not None else 0
     swapped = max(0, part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1) - in_cpu)
     opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 1, 1)
-    fetches = PARAM_FETCHES_PER_STEP[job.checkpointing]
     states = state_bytes_per_elem(c)
-    read = {"params": ga * fetches * E * swapped, "optimizer_states": states * opt}
+    fwd, bwd = param_fetch_bytes(c, swapped, in_cpu)
+    read = {"params": ga * (fwd + bwd), "optimizer_states": states * opt}
     write = {"optimizer_states": states * opt, "params": E * swapped}
     held = 0
     if c.bounded:
@@ -120,9 +147,10 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     grad_write = (G * (opt - held) if c.overlap_keeps_grads else 0) if c.overlap else G * opt
     master_read = 0 if c.master_from_params else 4 * opt
     master_write = 0 if c.params_hold_master else 4 * opt
-    minimum = ((2 * E * swapped + grad_read + states * opt - 4 * opt + master_read) / n + ckpt,
+    minimum = ((E * swapped + bwd + grad_read + states * opt - 4 * opt + master_read) / n + ckpt,
                (E * swapped + grad_write + states * opt - 4 * opt + master_write) / n + ckpt)
+    per = max(1, E * swapped)
+    fetched = f"params {(fwd + bwd) / per:.2f} fetches x {E} B read ({fwd / per:.2f} forward, {bwd / per:.2f} backward)"
     return SsdTraffic(read, write, params_per_rank=c.ns,
-                      formula=f"params {fetches} fetches x {E} B read, {E} B written; optimizer {states} B each way; "
-                              f"{grad}",
-                      minimum_per_param=minimum)
+                      formula=f"{fetched}, {E} B written; optimizer {states} B each way; {grad}",
+                      minimum_per_param=minimum, backward_param_read_bytes=ga * bwd)

@@ -264,7 +264,9 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         # each micro-batch fetches the parameters twice (forward, then recompute / backward: zero.py's traffic
         # formula), writes its checkpoints in forward and reads them back in backward, and sends its gradients to
         # the SSD in backward (the accumulated ones read back in micro-batches 2..ga).
-        win_read = rd.get("params", 0) / (2 * ga) + rd.get("activation_checkpoints", 0) / ga \
+        bwd_params = traffic.backward_param_read_bytes
+        win_read = (rd.get("params", 0) / 2 if bwd_params is None else bwd_params) / ga \
+            + rd.get("activation_checkpoints", 0) / ga \
             + (grad_rd_bwd / (ga - 1) if ga > 1 else 0)
         win_write = wr.get("gradients", 0) / ga
         win_r, win_w = z(_div(win_read, read_bytes_per_s)), z(_div(win_write, write_bytes_per_s))

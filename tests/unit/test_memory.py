@@ -550,3 +550,30 @@ def test_memascend_cpu_backward_grows_with_context_by_one_recomputed_layer():
     per_token = 4 * (8 * m.hidden_size + 6 * m.intermediate_size + 2 * m.num_key_value_heads * m.head_dim_
                      + 2 * m.hidden_size)
     assert fb[1] - fb[0] == 8192 * per_token
+
+
+
+def test_tied_embedding_and_memascends_pool_in_the_parameter_reads():
+    """Llama-3.2-1B (tied, 262,668,288-element embedding), fp32, every parameter on the SSD: each engine fetches every
+    partition in forward and in backward and the tied embedding once more (at the LM head); memascend's pool of two
+    layers still holds the last two forward layers when backward starts (not fetched again)."""
+    knobs = replace(zero.DEEPSPEED_DEFAULTS, max_in_cpu=0)
+    base = job("llama-3.2-1b", dtype="fp32", checkpointing="full", knobs=knobs)
+    emb, layer, total = 262_668_288, 60_817_408, 1_235_814_400
+    swapped = total - 33 * 2048  # the norms stay resident (below min_aio_bytes)
+    ma = estimate(base, GPU, "memascend").traffic
+    stock = estimate(base, GPU, "stock").traffic
+    # fp32 with the overlap: the embedding's partition, released after the LM head's backward, is kept for its
+    # master until its gradient comes, so the embedding's backward finds it; bf16 (no master in the parameters)
+    # fetches it again.
+    assert ma.read_bytes["params"] == 4 * (swapped + swapped - 2 * layer)
+    assert ma.backward_param_read_bytes == 4 * (swapped - 2 * layer)
+    bf16 = estimate(replace(base, dtype="bf16"), GPU, "memascend").traffic
+    assert bf16.read_bytes["params"] == 2 * (swapped + emb + swapped - 2 * layer)
+    assert stock.read_bytes["params"] == 4 * (2 * swapped + emb)
+    assert stock.backward_param_read_bytes == 4 * swapped
+    # Untied: two fetches each for stock; with max_in_cpu the embedding (first) stays in DRAM, never fetched.
+    untied = estimate(job("bench-llama-136m", dtype="fp32", checkpointing="full", knobs=knobs), GPU, "stock").traffic
+    assert untied.read_bytes["params"] == 2 * untied.write_bytes["params"]
+    in_cpu = estimate(replace(base, knobs=replace(knobs, max_in_cpu=300_000_000)), GPU, "stock").traffic
+    assert in_cpu.read_bytes["params"] == 2 * in_cpu.write_bytes["params"]
