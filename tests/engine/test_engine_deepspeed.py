@@ -320,6 +320,19 @@ def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
     assert r["stats"]["overlap"]["master_bytes_from_memory"] == 0  # bf16 parameters are not the fp32 master
 
 
+def test_fp32_overlap_takes_every_master_from_the_partitions_backward_fetched(tmp_path):
+    """fp32, clipping off: DeepSpeed drops a layer's partitions before its gradients are reduced; the swapper keeps
+    them until each chunk has copied its master (engine/ds_internals/swapper.py _keeps_for_master), so every committed
+    step reads no master from the SSD, no chunk falls back and nothing is evicted or allocated beyond the pool."""
+    r = run(tmp_path, "engine-fp32-noclip", "--mode", "engine", "--dtype", "fp32", "--clip", "0",
+            "--region", make_region(tmp_path, "512MiB"))
+    o, counters = r["stats"]["overlap"], r["stats"]["counters"]
+    assert o["steps_committed"] == STEPS and o["chunks_fallback"] == 0
+    assert o["master_bytes_from_memory"] == STEPS * 6_294_016 * 4
+    assert counters["master_partitions_evicted"] == 0 and counters["pool_overflow_allocations"] == 0
+    assert r["stats"]["bounded_io"]["gradient_write_bytes"] == 0
+
+
 def test_fp32_parameters_hold_the_master_and_an_invalid_norm_rolls_back_exactly(tmp_path):
     """fp32 without clipping, a NaN loss at step 3: stock skips that step. The engine speculates every step into
     shadow parameter partitions (EngineOptions.params_hold_master) and its extents are exchanged at each commit; the
