@@ -151,9 +151,10 @@ class SsdTraffic:
     """Partition elements of the rank (the denominator of the per-parameter rates)."""
     formula: str = ""
     minimum_per_param: tuple[float, float] = (0.0, 0.0)
-    """(read, write) bytes per parameter per step of the placement's roofline: parameters fetched once for forward
-    and once for backward (but those memascend's pool still holds from forward), the gradient written and read once in the training dtype, fp32 master + Adam moments read
-    and written once, parameters written back once (what an engine with no extra traffic moves)."""
+    """(read, write) bytes per parameter per step of the placement's roofline: parameters fetched once for forward and
+    once for backward (but those memascend's pool still holds from forward), the gradient written and read once in the
+    training dtype, fp32 master + Adam moments read and written once, parameters written back once (what an engine with
+    no extra traffic moves)."""
     backward_param_read_bytes: int | None = None
     """Of read_bytes["params"], the bytes read in backward (the time model's overlap window); None: half."""
 

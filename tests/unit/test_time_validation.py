@@ -161,7 +161,7 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                # backward (their bytes now within 2% of the plan's)
                                                                # moves them past 15%:
                                                                # 136M sitting 1 at 400 MB/s (2026-11-25, Intel VM), 13.7
-                                                               # s/step against 11.5 (-16%), and llama-3.2-1b at 400 MB/s
+                                                               # s/step against 11.5 (-16%), and llama-3.2-1b at 400MB/s
                                                                # on 2026-11-26, 119.7 against 137.9 (+15.2%)
                                                                f"{_SSD}ssd400mbs-sitting1.json:8:512:memascend",
                                                                "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend."
@@ -180,7 +180,7 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                # forward 40-47 s, backward 95-103 s; the same bytes
                                                                "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-"
                                                                "kept-master-rerun.json:16:1024:memascend",
-                                                               # Unthrottled on 2026-11-28 00:30-00:45, after 2.5 hours of
+                                                               # Unthrottled on 2026-11-28 00:30-00:45, after 2.5 h of
                                                                # benches: a 2048^2 matmul ran 160 GFLOP/s where the
                                                                # recorded probe says 181.6, and tuned stock took 6.45,
                                                                # then 8.0 s/step (plan 6.7) in two sittings 15 minutes
@@ -189,8 +189,8 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                # its reads the plan's, 15.75 against 15.71 B/param)
                                                                *(f"{_SSD}unthrottled-three-engines-clip10-kept-master."
                                                                  f"json:8:512:{run}" for run in ("stock", "memascend")),
-                                                               f"{_SSD}unthrottled-kept-master-ablation-clip10.json:8:512:"
-                                                               "memascend",
+                                                               f"{_SSD}unthrottled-kept-master-ablation-clip10.json:8:"
+                                                               "512:memascend",
                                                                "llama-3.2-1b-seq1024-fp32-unthrottled-noclip-memascend-"
                                                                "kept-master.json:16:1024:memascend",
                                                                # -20%: the same without params_hold_master (18:37): 152.7 s
