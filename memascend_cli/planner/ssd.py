@@ -5,7 +5,7 @@ from __future__ import annotations
 from memascend_cli.planner.breakdown import Item, SsdTraffic
 from memascend_cli.planner.context import Context
 from memascend_cli.planner.job import MOMENT_BYTES
-from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES, template_partitions
+from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES, partition_numel, template_partitions
 
 
 def state_bytes_per_elem(c: Context) -> int:
@@ -63,7 +63,7 @@ stage3_max_reuse_distance 0): one fetch more than a layer's."""
 
 def _tied_swapped(c: Context, swapped: int) -> int:
     """Swapped elements of a tied embedding's partition (0 if untied or kept in DRAM)."""
-    n = -(-c.m.vocab_size * c.m.hidden_size // max(1, c.world))
+    n = partition_numel(c.m.vocab_size * c.m.hidden_size, max(1, c.world))
     return min(swapped, n) if c.m.tie_word_embeddings and n >= c.min_swap_numel else 0
 
 

@@ -552,7 +552,6 @@ def test_memascend_cpu_backward_grows_with_context_by_one_recomputed_layer():
     assert fb[1] - fb[0] == 8192 * per_token
 
 
-
 def test_tied_embedding_and_memascends_pool_in_the_parameter_reads():
     """Llama-3.2-1B (tied, 262,668,288-element embedding), fp32, every parameter on the SSD: each engine fetches every
     partition in forward and in backward and the tied embedding once more (at the LM head); memascend's pool of two
