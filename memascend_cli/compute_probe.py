@@ -10,6 +10,9 @@ import sys
 
 from memascend_cli.planner import time as tm
 
+PROBE_SOURCE = "`memascend inspect --cpu-probe`"
+"""How a device's source names the probe (the rate is then the probe's times CPU_ACHIEVED_FRACTION)."""
+
 PROBE_N = 2048
 """Square matmul side: 17 GFLOP per multiply, enough for the BLAS kernels' steady state; ~1 s in all on 2 cores."""
 
@@ -32,14 +35,19 @@ def cache_path() -> str:
     return os.path.join(cache_home("probe"), "cpu-matmul.json")
 
 
+def run_probe(timeout_s: float = 60.0) -> dict | None:
+    """The probe's GFLOP/s ({"fp32_gflops", "bf16_gflops", "threads"}), not cached; None when it fails."""
+    try:
+        res = subprocess.run([sys.executable, "-c", _PROBE_SRC], capture_output=True, text=True, timeout=timeout_s)
+        return json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
 def probe_cpu(cpu_model: str | None, cpu_cores: int, timeout_s: float = 60.0) -> dict | None:
     """fp32 and bf16 matmul GFLOP/s of this CPU (torch in a child process), cached; None when torch is missing or
     the probe fails (the plan then says the compute time is unknown)."""
-    try:
-        res = subprocess.run([sys.executable, "-c", _PROBE_SRC], capture_output=True, text=True, timeout=timeout_s)
-        found = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        found = None
+    found = run_probe(timeout_s)
     if found is None:
         return None
     found.update(cpu_model=cpu_model, cpu_cores=cpu_cores)
@@ -77,6 +85,6 @@ def plan_device(hw, dtype: str, *, cpu_gflops: float | None = None, gpu_tflops: 
         key = "fp32_gflops" if dtype == "fp32" else "bf16_gflops"
         if found and found.get(key):
             return tm.cpu_device(found[key] * tm.CPU_ACHIEVED_FRACTION,
-                                 f"`memascend inspect --cpu-probe` {found[key]:g} GFLOP/s x "
+                                 f"{PROBE_SOURCE} {found[key]:g} GFLOP/s x "
                                  f"{tm.CPU_ACHIEVED_FRACTION}")
     return tm.cpu_device(None, "unknown: run `memascend inspect --cpu-probe` or give --cpu-gflops")

@@ -583,8 +583,12 @@ def _timing_doc(timing: dict | None) -> dict | None:
     """The time model's inputs as the document records them."""
     if timing is None:
         return None
+    from memascend_cli.compute_probe import PROBE_SOURCE
+    from memascend_cli.planner.time import CPU_ACHIEVED_FRACTION
+
     dev = timing["device"]
     return {"device": dev.name, "gflops": None if dev.flops_per_s is None else round(dev.flops_per_s / 1e9, 1),
+            **({"cpu_fraction": CPU_ACHIEVED_FRACTION} if dev.source.startswith(PROBE_SOURCE) else {}),
             "device_source": dev.source, "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
             "bandwidth_source": timing.get("source"), "cpu_model": timing.get("cpu_model"),
             **({"probe_samples": timing["probe_samples"]} if timing.get("probe_samples") else {})}

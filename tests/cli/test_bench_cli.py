@@ -482,6 +482,27 @@ def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
     assert "probe_samples" not in job["timing"]
 
 
+def test_a_recorded_cpu_probe_is_replanned_with_todays_achieved_fraction(monkeypatch):
+    """A document records its CPU rate as the probe's times the fraction of its day (cpu_fraction; documents before it
+    took the probe at face value): today's fraction applies to the probe. A rate given with --cpu-gflops is the
+    user's, taken as given."""
+    from memascend_cli.compute_probe import PROBE_SOURCE
+    from memascend_cli.planner import time as tm
+
+    probe = {"device": tm.cpu_device(100.0 * tm.CPU_ACHIEVED_FRACTION, f"{PROBE_SOURCE} 100 GFLOP/s x "
+                                     f"{tm.CPU_ACHIEVED_FRACTION}"), "read_gbps": 1.0, "write_gbps": 1.0}
+    doc = runner._timing_doc(probe)
+    assert doc["cpu_fraction"] == tm.CPU_ACHIEVED_FRACTION
+    old = {**doc, "gflops": 100.0, "device_source": f"{PROBE_SOURCE} 100 GFLOP/s x 1.0"}
+    del old["cpu_fraction"]
+    monkeypatch.setattr(tm, "CPU_ACHIEVED_FRACTION", 0.5)
+    for timing in (doc, old):
+        assert configs.recorded_timing({"timing": timing})["device"].flops_per_s == pytest.approx(50e9)
+    given = runner._timing_doc({**probe, "device": tm.cpu_device(70.0, "--cpu-gflops")})
+    assert "cpu_fraction" not in given
+    assert configs.recorded_timing({"timing": given})["device"].flops_per_s == pytest.approx(70e9)
+
+
 def test_a_region_the_bench_creates_is_probed_for_the_time_model(tmp_path):
     """Without --region and --ssd-bandwidth the bench's own region is probed (prepare-ssd's probe, on this disk), so
     its runs get a predicted s/step; rates the bench already had (a throttle, a given region) are kept."""
