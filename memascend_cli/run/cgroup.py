@@ -181,6 +181,10 @@ class CapResult:
     inferred from hitting the limit plus a SIGKILLed run)."""
     peak_bytes: int | None
     """The cgroup's own high-water mark (RSS + page cache + kernel memory charged to it); None if not kept."""
+    left_charged_bytes: dict[str, int] | None = None
+    """What memory.stat still charged to the cgroup once the run had ended (anon, file = page cache incl. shmem,
+    dirty, writeback, shmem; v2 also kernel): the page cache of the run's buffered file I/O stays charged after its
+    processes exit, and is part of what the peak counts beside their RSS. None where memory.stat was unreadable."""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -188,8 +192,16 @@ class CapResult:
 
 _PAGE_SLACK_BYTES = 1 << 20
 """A peak this close to the cap counts as having reached it (limits are rounded to pages)."""
-V2_FILES = ("memory.events", "memory.peak")
-V1_FILES = ("memory.oom_control", "memory.max_usage_in_bytes", "memory.failcnt", "memory.memsw.failcnt")
+V2_FILES = ("memory.events", "memory.peak", "memory.stat")
+V1_FILES = ("memory.oom_control", "memory.max_usage_in_bytes", "memory.failcnt", "memory.memsw.failcnt", "memory.stat")
+STAT_KEYS = {
+    # Documentation/admin-guide/cgroup-v2.rst (memory.stat) and cgroup-v1/memory.rst (5.2 stat file: the total_
+    # fields count the cgroup with its descendants).
+    2: {"anon": "anon", "file": "file", "dirty": "file_dirty", "writeback": "file_writeback", "shmem": "shmem",
+        "kernel": "kernel"},
+    1: {"anon": "total_rss", "file": "total_cache", "dirty": "total_dirty", "writeback": "total_writeback",
+        "shmem": "total_shmem"},
+}
 
 
 def judge(version: int, cap_bytes: int, files: dict[str, str | None], sigkilled: bool) -> CapResult:
@@ -211,7 +223,10 @@ def judge(version: int, cap_bytes: int, files: dict[str, str | None], sigkilled:
         hit_limit = any((single_value(files.get(n)) or 0) > 0 for n in ("memory.failcnt", "memory.memsw.failcnt")) \
             or (peak is not None and peak >= cap_bytes - _PAGE_SLACK_BYTES)
     killed = kills > 0 if kills is not None else hit_limit and sigkilled
-    return CapResult(version=version, cap_bytes=cap_bytes, oom_killed=killed, oom_kills=kills, peak_bytes=peak)
+    stat = flat_keyed(files.get("memory.stat") or "")
+    left = {k: stat[f] for k, f in STAT_KEYS[version].items() if f in stat} or None
+    return CapResult(version=version, cap_bytes=cap_bytes, oom_killed=killed, oom_kills=kills, peak_bytes=peak,
+                     left_charged_bytes=left)
 
 
 def limit_writes(version: int, cap_bytes: int, swap_file_present: bool) -> list[tuple[str, str]]:

@@ -55,6 +55,18 @@ def test_a_child_past_its_cap_is_oom_killed_and_the_next_run_is_unaffected():
     assert ours() == []
 
 
+def test_the_page_cache_a_run_leaves_charged_is_reported(tmp_path):
+    """A child's buffered file writes stay charged to its cgroup as page cache after it exits (what the cgroup's peak
+    counts beside RSS); anonymous memory does not."""
+    path = tmp_path / "written"
+    write = f"import os\nwith open({str(path)!r}, 'wb') as f:\n    f.write(os.urandom(64 << 20))\n"
+    with cgroup.MemoryCap(512 * MiB, label="test") as cap:
+        p = subprocess.run([sys.executable, "-c", write], preexec_fn=cap.join)
+        left = cap.result().left_charged_bytes
+    assert p.returncode == 0 and left is not None
+    assert left["file"] >= 32 * MiB and left["anon"] < 8 * MiB, left
+
+
 def test_grandchildren_are_capped_and_killed_with_the_cgroup():
     # The child starts a grandchild that outlives it; leaving the context kills it and removes the cgroup.
     script = ("import subprocess, sys\n"

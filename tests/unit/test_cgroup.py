@@ -82,6 +82,20 @@ def test_counters_say_whether_the_oom_killer_fired_and_the_peak(case, killed, ki
     assert (r.oom_killed, r.oom_kills, r.peak_bytes) == (killed, kills, peak)
 
 
+def test_what_stays_charged_after_the_run_is_read_from_memory_stat():
+    """The page cache of a run's buffered writes stays charged to its cgroup after it exits (v1: a child that touched
+    50 MiB and wrote an 80 MiB file under a 200 MiB cap, copied from the CI machine); v2 names the same in its own
+    keys; a cgroup without memory.stat gives None."""
+    v1 = C.judge(1, 200 * MiB, counters("v1_page_cache"), sigkilled=False)
+    assert not v1.oom_killed and v1.peak_bytes == 208621568
+    assert v1.left_charged_bytes == {"anon": 0, "file": 60 * MiB, "dirty": 0, "writeback": 0, "shmem": 0}
+    v2 = C.judge(2, 200 * MiB, counters("v2_ok"), sigkilled=False)
+    assert v2.left_charged_bytes == {"anon": 0, "file": 60 * MiB, "dirty": 4096, "writeback": 0, "shmem": 0,
+                                     "kernel": 1318912}
+    assert C.judge(2, 200 * MiB, counters("v2_oom"), sigkilled=True).left_charged_bytes is None
+    assert "left_charged_bytes" in v1.to_dict()
+
+
 def test_kernel_without_an_oom_kill_counter_needs_the_limit_reached_and_a_sigkill():
     files = counters("v1_no_oom_kill_counter")
     assert C.judge(1, 200 * MiB, files, sigkilled=True).oom_killed
