@@ -112,6 +112,9 @@ def overlap_lines(runs: list) -> list[str]:
 
 def section_ssd_bound(runs: list) -> str:
     """One row per run of the documents under docs/bench/ssd-bound/: measured and planned s/step."""
+    from memascend_cli.bench.configs import recorded_probe_gflops
+    from memascend_cli.planner import time as tm
+
     if not runs:
         return ""
     # Unthrottled first, then by limit.
@@ -143,9 +146,8 @@ def section_ssd_bound(runs: list) -> str:
                          f"`{os.path.basename(path)}`"])
     first = runs[0][1]
     timing = first["job"].get("timing") or {}
-    from memascend_cli.planner import time as tm
-
-    probe_gflops = round(timing["gflops"] / timing.get("cpu_fraction", 1.0), 1) if timing.get("gflops") else "?"
+    probe = recorded_probe_gflops(timing)
+    probe_gflops = "?" if probe is None else round(probe, 1)
     out = ["## The SSD-bound regime: step time, measured and planned", "",
            "`memascend bench --ssd-bandwidth` throttles each engine's reads and writes to the block device under its "
            "region and swap directory (its own io cgroup), so that a CPU step spends several times its compute on "
@@ -153,8 +155,7 @@ def section_ssd_bound(runs: list) -> str:
            "on each run's recorded job and config, with the rates the bench recorded: the CPU's from `memascend "
            f"inspect --cpu-probe` ({probe_gflops} GFLOP/s fp32 here) times CPU_ACHIEVED_FRACTION "
            f"({tm.CPU_ACHIEVED_FRACTION}: a plain transformers step over the probe, benchmarks/cpu_step_rate.py), "
-           "the SSD's from the region's "
-           "prepare-ssd probe, or the throttle. s/step is the mean of the steps after the first (the first also "
+           "the SSD's from the region's prepare-ssd probe, or the throttle. s/step is the mean of the steps after the first (the first also "
            "writes the Adam states); SSD bytes per parameter are a steady step's /proc/self/io. On the CPU "
            "accelerator the plan also counts each engine's host passes over the optimizer elements: stock and tuned "
            "stock's stage3 passes (STOCK_CPU_HOST_NS_PER_ELEMENT) and memascend's backward-thread work "

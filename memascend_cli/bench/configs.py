@@ -240,22 +240,29 @@ def repredict(doc: dict, run: dict) -> dict:
                    timing=recorded_timing(j), **_recorded_job_args(j, run))
 
 
+def recorded_probe_gflops(timing: dict) -> float | None:
+    """The CPU probe's own GFLOP/s behind a recorded `job.timing`: its rate over the fraction of its day
+    (`cpu_fraction`; 1.0 before documents recorded it); None for a rate that is not the probe's (--cpu-gflops, a
+    GPU). Pure."""
+    from memascend_cli.compute_probe import PROBE_SOURCE
+
+    if not timing.get("gflops") or not (timing.get("device_source") or "").startswith(PROBE_SOURCE):
+        return None
+    return timing["gflops"] / timing.get("cpu_fraction", 1.0)
+
+
 def recorded_timing(job: dict) -> dict | None:
     """The time model's inputs a bench job recorded (`job.timing`: the device's GFLOP/s, the SSD GB/s the runs
     got), for predict; None for jobs recorded without them or with a rate unknown. Pure."""
-    from memascend_cli.compute_probe import PROBE_SOURCE
     from memascend_cli.planner import time as tm
 
     t = job.get("timing") or {}
     if not (t.get("gflops") and t.get("read_gbps") and t.get("write_gbps")):
         return None
     cuda = job.get("accelerator") == "cuda"
-    source = t.get("device_source") or "recorded"
-    gflops = t["gflops"]
-    if not cuda and source.startswith(PROBE_SOURCE):
-        # The probe's rate times the fraction of its day (1.0 before documents recorded cpu_fraction), re-predicted
-        # with today's fraction.
-        gflops = gflops / t.get("cpu_fraction", 1.0) * tm.CPU_ACHIEVED_FRACTION
-    device = tm.gpu_device(t.get("device"), measured_tflops=gflops / 1e3) if cuda else tm.cpu_device(gflops, source)
+    probe = None if cuda else recorded_probe_gflops(t)
+    gflops = t["gflops"] if probe is None else probe * tm.CPU_ACHIEVED_FRACTION  # replanned with today's fraction
+    device = tm.gpu_device(t.get("device"), measured_tflops=gflops / 1e3) if cuda else \
+        tm.cpu_device(gflops, t.get("device_source") or "recorded")
     return {"device": device, "read_gbps": t["read_gbps"], "write_gbps": t["write_gbps"],
             "duplex_io": bool(job.get("ssd_bandwidth_bytes_per_s"))}

@@ -62,8 +62,8 @@ __add_grad_to_ipg_bucket, __avg_scatter_grads, partition_grads, _constant_buffer
 gradients' swap-in copy, unscale and clip, and the parameters' copy back (stage3.py step, unscale_and_clip_grads,
 _reassign_or_swap_out_partitioned_parameters). Fitted on one sitting as (measured - modelled) phase seconds per
 element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engines-clip10-budget1gib.json (AMD
-EPYC VM, 400 MB/s: backward +0.83 s, step +1.26 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); the other stock sittings, on two VMs,
-throttled and not, are its validation (tests/unit/test_time_validation.py)."""
+EPYC VM, 400 MB/s: backward +0.83 s, step +1.26 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); the
+other stock sittings, on two VMs, throttled and not, are its validation (tests/unit/test_time_validation.py)."""
 
 MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 19.2
 """memascend's host work per optimizer element on the CPU accelerator beyond the matmuls, the SSD and Adam, on the
@@ -364,9 +364,9 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
         dev = device if device.gpu or device.flops_per_s is None else \
             Device(device.name, device.flops_per_s / ranks, device.source, False)
         rank_tokens = job.micro_batch * job.seq_len * ga
-        fwd_bwd = phase_flops(job.model, tokens=rank_tokens, seq_len=job.seq_len, checkpointing=job.checkpointing,
-                              chunked_loss=job.chunked_loss)
-        flops, bwd_flops = sum(fwd_bwd), fwd_bwd[1]
+        fwd_flops, bwd_flops = phase_flops(job.model, tokens=rank_tokens, seq_len=job.seq_len,
+                                           checkpointing=job.checkpointing, chunked_loss=job.chunked_loss)
+        flops = fwd_flops + bwd_flops
         out[name] = step_time(
             name, flops=flops, traffic=est.traffic, device=dev,
             read_bytes_per_s=read_gbps * 1e9 / ranks if read_gbps else None,
@@ -378,7 +378,7 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             pipelined_optimizer=est.pipelined_optimizer,
             grad_accum=ga, elem_bytes=DTYPE_BYTES[job.dtype], duplex_io=duplex_io,
             sub_group_numels=est.sub_group_numels,
-            overlap_window=(bwd_flops / sum(fwd_bwd) / ga
+            overlap_window=(bwd_flops / flops / ga
                             if name == "memascend" and job.streaming and job.overlap_optimizer else 0.0),
             tail_elems=job.model.vocab_size * job.model.hidden_size // max(1, est.world_size))
     return out

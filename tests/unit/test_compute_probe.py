@@ -32,8 +32,9 @@ def test_cpu_plan_uses_the_cache_of_this_cpu_only(cache):
     with open(cp.cache_path(), "w") as f:
         json.dump({"fp32_gflops": 100.0, "bf16_gflops": 400.0, "threads": 2, "cpu_model": "X", "cpu_cores": 2}, f)
     # The probe's rate times the fraction a whole step achieves of it; --cpu-gflops is taken as given.
-    assert cp.plan_device(_local(), "fp32", cpu_model="X").flops_per_s == pytest.approx(100e9 * tm.CPU_ACHIEVED_FRACTION)
-    assert cp.plan_device(_local(), "bf16", cpu_model="X").flops_per_s == pytest.approx(400e9 * tm.CPU_ACHIEVED_FRACTION)
+    fraction = tm.CPU_ACHIEVED_FRACTION
+    assert cp.plan_device(_local(), "fp32", cpu_model="X").flops_per_s == pytest.approx(100e9 * fraction)
+    assert cp.plan_device(_local(), "bf16", cpu_model="X").flops_per_s == pytest.approx(400e9 * fraction)
     assert cp.plan_device(_local(), "fp32", cpu_model="Y").flops_per_s is None
     # A profile describes another machine: this CPU's probe says nothing about it.
     assert cp.plan_device(HardwareSpec(name="cpu-24g", dram_gib=24, cpu_cores=2), "fp32",
