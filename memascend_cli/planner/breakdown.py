@@ -65,11 +65,14 @@ class Estimate:
 
     def phase_bytes(self) -> dict[str, int]:
         """Host bytes on top of the steady level in each phase; 'retained' memory (what the allocator
-        kept after backward) adds to the optimizer step."""
+        kept after the first backward) adds to the optimizer step and to every later backward, with the blocks
+        that backward maps afresh ('later_backward')."""
+        retained = self._sum("host", "retained")
         return {
             "init": self._sum("host", "init"),
             "backward": self._sum("host", "backward"),
-            "optimizer": self._sum("host", "optimizer") + self._sum("host", "retained"),
+            "optimizer": self._sum("host", "optimizer") + retained,
+            "later_backward": retained + self._sum("host", "later_backward") if retained else 0,
         }
 
     @property

@@ -4,7 +4,7 @@ zero.Init, the backward and the checkpointed layers leave memory the optimizer s
 from __future__ import annotations
 
 from memascend_cli.models import ModelSpec, layer_template
-from memascend_cli.planner.compute import activation_bytes, flush_copies, loss_backward_blocks
+from memascend_cli.planner.compute import activation_bytes, activation_parts, flush_copies, loss_backward_blocks
 from memascend_cli.planner.context import Context
 from memascend_cli.units import MiB
 
@@ -50,18 +50,40 @@ def backward_heap_bytes(c: Context, bucket: int, part_bucket: int) -> int:
     return copies + max(live_heap + loss, flush)
 
 
+def mapped_backward_bytes(c: Context) -> int:
+    """The CPU backward's blocks of GLIBC_MMAP_THRESHOLD_MAX_BYTES or more at its highest moment: glibc maps them
+    afresh every step, so from the second step on they come on top of the heap the first step left kept (the
+    arena blocks reuse it). Moments as backward_heap_bytes: the loss backward beside the model's top, or one
+    recomputed layer's activations."""
+    job, m, E = c.job, c.m, c.E
+    tokens = job.micro_batch * job.seq_len
+    loss = max(sum(b for b in moment if not arena_bytes(b)) for moment in loss_backward_blocks(c))
+    hidden_block = tokens * m.hidden_size
+    top = 0 if arena_bytes(4 * hidden_block) else hidden_block * (4 + 2 * E)  # compute.model_top_bytes' blocks
+    kept, again, _ = activation_parts(c)
+    # activation_parts' one recomputed layer, split by width: the SwiGLU blocks are intermediate-wide (8sbI in
+    # 16-bit units), the rest hidden-wide.
+    inter = 8 * tokens * m.intermediate_size * E // 2 if job.checkpointing != "none" else 0
+    layer = ((inter if not arena_bytes(tokens * m.intermediate_size * E) else 0)
+             + (again - inter if not arena_bytes(hidden_block * E) else 0))
+    return max(loss + top, layer)
+
+
 def zero_init_heap_bytes(m: ModelSpec) -> int:
-    """Heap stock DeepSpeed's zero.Init leaves free but kept (glibc mallinfo2 fordblks) on a CPU rank. Pure.
+    """Heap stock DeepSpeed's zero.Init and the weights pass after it leave free but kept (glibc mallinfo2 fordblks)
+    on a CPU rank. Pure.
 
     Each parameter is built full-size in fp32 on the host, partitioned and swapped out (partition_parameters.py
     Init._post_init_method). The first freed mmapped weight raises glibc's mmap threshold to its size, so the
-    later ones come from the heap, and the small allocations made between them split every freed block: the heap
-    grows by about one layer's largest weights per layer (recorded in docs/bench/micro/zero-init-heap.json:
-    32.5 MiB per bench-llama layer = its three MLP matrices, 28 MiB per SmolLM2 layer; weights of 32 MiB or more
-    stay mmapped). Not every shape fragments this way (Qwen2.5-0.5B keeps ~0.06 GiB at 8 layers)."""
+    later ones come from the heap, and the small allocations made between them split every freed block. Then the
+    weights are written once more, one module's parameters gathered at a time (transformers' initialize_weights_zero3
+    after _from_config, _load_state_dict_into_zero3_model for a checkpoint, the bench's init_weights_under_zero3):
+    afterwards the heap keeps about every fp32 weight of a layer per layer (benchmarks/zero_init_heap.py,
+    docs/bench/micro/zero-init-heap-weights-pass.json: 0.52-0.57 GiB at 8 bench-llama layers, 0.82-0.85 at 16,
+    1.46-1.49 at 32, whose layers' weights take 48 MiB each; zero.Init alone kept the three MLP matrices, 32.5 MiB;
+    within 0.2 GiB for the eight recorded shapes). Weights of 32 MiB or more stay mmapped."""
     layer = layer_template(m)[1]
-    largest = largest_layer_numel(m)
-    return m.num_hidden_layers * sum(arena_bytes(4 * t.numel) for t in layer if t.numel == largest)
+    return m.num_hidden_layers * sum(arena_bytes(4 * t.numel) for t in layer)
 
 
 def largest_layer_numel(m: ModelSpec) -> int:

@@ -25,6 +25,7 @@ from memascend_cli.planner.heap import (
     GLIBC_MMAP_THRESHOLD_MAX_BYTES,
     activation_heap_block,
     backward_heap_bytes,
+    mapped_backward_bytes,
     zero_init_heap_bytes,
 )
 from memascend_cli.planner.zero import PAGE_BYTES, align_up
@@ -221,9 +222,9 @@ def host_items(c: Context) -> list[Item]:
     # weights are built in device memory.
     zi_heap = zero_init_heap_bytes(c.m) if not c.memascend and not c.gpu and job.zero_init else 0
     if zi_heap:
-        add("host/zero_init_heap", "zero.Init: freed weights kept in the heap", zi_heap,
-            formula=f"L {c.m.num_hidden_layers} x fp32 bytes of each layer's largest weights (below "
-                    f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB)",
+        add("host/zero_init_heap", "zero.Init + weights pass: freed weights kept in the heap", zi_heap,
+            formula=f"L {c.m.num_hidden_layers} x fp32 bytes of a layer's weights below "
+                    f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB each",
             source="glibc malloc/malloc.c dynamic mmap threshold; mallinfo2 after zero.Init "
                    "(benchmarks/zero_init_heap.py)")
     items.extend(transient_items(c, zi_heap))
@@ -397,6 +398,10 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
                     k = ACTIVATION_HEAP_BLOCKS_PER_LAYER[width][part]
                     add(key, label, int(k * block * L), f"{k} x L {L} x block s*b*{dim}*E {block:,}",
                         "glibc heap growth, mallinfo2 at phase starts; fitted by scripts/fit_planner.py", kind)
+            add("host/mapped_backward", "later steps' backward: blocks mapped above the kept heap",
+                mapped_backward_bytes(c), f"the backward's blocks of {GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB or "
+                "more at its highest moment (loss backward, or a recomputed layer)",
+                "glibc malloc/malloc.c mmap threshold; memascend bench: step 2's backward peaks", "later_backward")
     return out
 
 
