@@ -1,13 +1,14 @@
-"""How much heap stock DeepSpeed's zero.Init leaves free but kept by glibc, per model: the data behind the planner's
-host/zero_init_heap item (memascend_cli/planner/heap.py zero_init_heap_bytes).
+"""How much heap stock DeepSpeed's zero.Init and the weights pass after it leave free but kept by glibc, per model: the
+data behind the planner's host/zero_init_heap item (memascend_cli/planner/heap.py zero_init_heap_bytes).
 
 Each case builds the model under deepspeed.zero.Init with the bench's tuned-stock config (params and optimizer on
-NVMe, every layer swapped out) in a fresh process and reads glibc's mallinfo2 before and after: free_kept_bytes is
-heap the process still holds (it counts in RSS) though no tensor uses it.
+NVMe, every layer swapped out) in a fresh process, writes its weights once more a module at a time (as transformers
+does after its zero.Init) and reads glibc's mallinfo2 before, between and after: free_kept_bytes (zero.Init) and
+weights_pass_free_kept_bytes (the pass) are heap the process still holds (it counts in RSS) though no tensor uses it.
 
 Usage (CPU; a few seconds to a minute per case):
     DS_ACCELERATOR=cpu python benchmarks/zero_init_heap.py --nvme-dir /var/tmp/zi \\
-        --case bench-llama-136m:8 --case smollm2-360m --repeat 3 --out docs/bench/micro/zero-init-heap.json
+        --case bench-llama-136m:8 --case smollm2-360m --repeat 2 --out docs/bench/micro/zero-init-heap-weights-pass.json
 """
 
 from __future__ import annotations
