@@ -98,7 +98,8 @@ def main(argv=None) -> int:
                   f"plan {rec['predicted_bytes'] / GiB:.3f} GiB; the weights pass kept "
                   f"{rec['weights_pass_free_kept_bytes'] / GiB:.3f} GiB more", file=sys.stderr)
     doc = {"kind": "zero_init_heap",
-           "title": "Heap left free but kept by glibc after stock DeepSpeed's zero.Init and after the weights pass that follows it (tuned config)",
+           "title": ("Heap left free but kept by glibc after stock DeepSpeed's zero.Init and after the weights pass "
+                     "that follows it (tuned config)"),
            "command": "python benchmarks/zero_init_heap.py " + " ".join(f"--case {c}" for c in args.case)
                       + f" --repeat {args.repeat}",
            "date": datetime.date.today().isoformat(), "machine": platform.node(),

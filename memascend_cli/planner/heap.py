@@ -60,10 +60,10 @@ def mapped_backward_bytes(c: Context) -> int:
     loss = max(sum(b for b in moment if not arena_bytes(b)) for moment in loss_backward_blocks(c))
     hidden_block = tokens * m.hidden_size
     top = 0 if arena_bytes(4 * hidden_block) else hidden_block * (4 + 2 * E)  # compute.model_top_bytes' blocks
-    kept, again, _ = activation_parts(c)
-    # activation_parts' one recomputed layer, split by width: the SwiGLU blocks are intermediate-wide (8sbI in
-    # 16-bit units), the rest hidden-wide.
-    inter = 8 * tokens * m.intermediate_size * E // 2 if job.checkpointing != "none" else 0
+    _, again, _ = activation_parts(c)
+    # activation_parts' one recomputed layer, split by width: with full recomputation its SwiGLU blocks are
+    # intermediate-wide (8sbI in 16-bit units), the rest hidden-wide.
+    inter = 8 * tokens * m.intermediate_size * E // 2 if job.checkpointing in ("full", "offload") else 0
     layer = ((inter if not arena_bytes(tokens * m.intermediate_size * E) else 0)
              + (again - inter if not arena_bytes(hidden_block * E) else 0))
     return max(loss + top, layer)

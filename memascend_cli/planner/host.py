@@ -225,7 +225,7 @@ def host_items(c: Context) -> list[Item]:
         add("host/zero_init_heap", "zero.Init + weights pass: freed weights kept in the heap", zi_heap,
             formula=f"L {c.m.num_hidden_layers} x fp32 bytes of a layer's weights below "
                     f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB each",
-            source="glibc malloc/malloc.c dynamic mmap threshold; mallinfo2 after zero.Init "
+            source="glibc malloc/malloc.c dynamic mmap threshold; mallinfo2 after zero.Init and the weights pass "
                    "(benchmarks/zero_init_heap.py)")
     items.extend(transient_items(c, zi_heap))
     return items
