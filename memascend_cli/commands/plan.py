@@ -73,6 +73,10 @@ def plan_command(
                                       "chunks of logits, or transformers' loss over the full b x s x V logits. "
                                       "[default: the recipe's, else chunked]", rich_help_panel=_M,
                                       show_default=False),
+    overlap_optimizer: bool = typer.Option(None, "--overlap/--no-overlap", help="memascend's optimizer during "
+                                           "backward, with a second set of optimizer states on the SSD until the "
+                                           "step commits. [default: the recipe's, else on]", rich_help_panel=_M,
+                                           show_default=False),
     ranks: int = typer.Option(None, "--ranks", help="Processes per node (default: one per GPU, 1 on CPU).",
                               rich_help_panel=_M),
     hardware: str = typer.Option(None, "--hardware", help="Hardware profile name or YAML (default: probe this "
@@ -224,7 +228,8 @@ def plan_command(
                          micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing,
                          ranks=ranks, flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
                          deepspeed_version=ds_version, host_budget_bytes=budget_bytes,
-                         checkpoint_offload=checkpoint_offload, base=base, chunked_loss=chunked_loss)
+                         checkpoint_offload=checkpoint_offload, base=base, chunked_loss=chunked_loss,
+                         overlap_optimizer=overlap_optimizer)
         if optimizer_moments:
             job = replace(job, optimizer_moments=optimizer_moments)
         world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
@@ -254,7 +259,8 @@ def plan_command(
                   flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
                   zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
                   checkpoint_offload=checkpoint_offload or "ssd", optimizer_moments=optimizer_moments or "fp32",
-                  chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss, trainer=trainer)
+                  chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss, trainer=trainer,
+                  overlap_optimizer=True if overlap_optimizer is None else overlap_optimizer)
     return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing)
 
 

@@ -41,6 +41,15 @@ class Verdict:
                 "utilisation": {k: round(v, 4) for k, v in self.utilisation.items()}, "reasons": self.reasons}
 
 
+def _overlap_share(est: Estimate, free_bytes: float) -> str:
+    """The part of a memascend job's SSD need that its optimizer overlap adds, said when the job fits without it."""
+    extra = sum(i.bytes for i in est.items if i.key == "nvme/optimizer_states_speculative") * est.ranks_per_node
+    if not extra or est.node_nvme_bytes - extra > free_bytes:
+        return ""
+    return (f" ({extra / GiB:.1f} GiB of it the optimizer overlap's second set of states: "
+            f"{(est.node_nvme_bytes - extra) / GiB:.1f} GiB with --no-overlap, recipe overlap_optimizer: false)")
+
+
 def check(est: Estimate, hw: HardwareSpec) -> Verdict:
     """Compare an estimate with the machine (deepspeed-notes §3.1 'Feasible iff ...')."""
     util: dict[str, float] = {}
@@ -63,7 +72,8 @@ def check(est: Estimate, hw: HardwareSpec) -> Verdict:
         util["nvme_space"] = est.node_nvme_bytes / (hw.nvme_free_gib * GiB) if hw.nvme_free_gib > 0 else float("inf")
         if util["nvme_space"] > 1:
             where = f" at {hw.nvme_path}" if hw.nvme_path else ""
-            reasons.append(f"needs {est.node_nvme_bytes / GiB:.1f} GiB on the SSD, {hw.nvme_free_gib:.1f} GiB free{where}")
+            reasons.append(f"needs {est.node_nvme_bytes / GiB:.1f} GiB on the SSD, {hw.nvme_free_gib:.1f} GiB free{where}"
+                           + _overlap_share(est, hw.nvme_free_gib * GiB))
     if not hw.can_lock_unlimited and hw.memlock_limit_gib is not None:
         limit = hw.memlock_limit_gib * GiB
         util["memlock"] = est.locked_bytes / limit if limit > 0 else (float("inf") if est.locked_bytes else 0.0)

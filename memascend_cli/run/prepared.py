@@ -59,7 +59,7 @@ def job_spec(r: Recipe, model_spec, *, ranks: int | None, world_size: int, engin
 
 def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accum, dtype, checkpointing, ranks,
                flash_attn, liger, grad_accum_dtype, deepspeed_version, host_budget_bytes=None,
-               checkpoint_offload=None, base=None, chunked_loss=None):
+               checkpoint_offload=None, base=None, chunked_loss=None, overlap_optimizer=None):
     """The JobSpec `train RECIPE` plans (job_spec, with the recipe's region probe), with the options
     given on the command line on top."""
     import dataclasses
@@ -72,7 +72,8 @@ def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accu
     given = {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum_steps": grad_accum, "dtype": dtype,
              "checkpointing": checkpointing, "flash_attention": flash_attn, "grad_accum_dtype": grad_accum_dtype,
              "fused_cross_entropy": liger or None, "host_budget_bytes": host_budget_bytes,
-             "checkpoint_offload": checkpoint_offload, "chunked_loss": chunked_loss}
+             "checkpoint_offload": checkpoint_offload, "chunked_loss": chunked_loss,
+             "overlap_optimizer": overlap_optimizer}
     return dataclasses.replace(job, **{k: v for k, v in given.items() if v is not None})
 
 
@@ -87,7 +88,7 @@ def job_document(job, est) -> dict:
         "deepspeed_version": job.deepspeed_version,
         "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
         "knobs": job.knobs.to_dict(), "zero_init": job.zero_init, "trainer": job.trainer,
-        "checkpoint_copies": job.checkpoint_copies,
+        "checkpoint_copies": job.checkpoint_copies, "overlap_optimizer": job.overlap_optimizer,
     }
 
 

@@ -232,3 +232,21 @@ def test_each_largest_line_names_what_binds_and_the_grid_end_is_at_least(cli, mo
     assert "at least 2048 (5.37B) [grid end]" in row("deepest scaled model")
     for label in ("largest micro-batch", "longest context", "largest preset in family"):
         assert row(label).count("[") == 2, row(label)  # stock's and memascend's binding resource
+
+
+def test_no_overlap_optimizer_plans_memascend_without_the_second_set_of_states(cli, tmp_path):
+    """--no-overlap (and a recipe's overlap_optimizer: false) plans the job train runs without the overlap:
+    one set of optimizer states on the SSD; stock's need does not change."""
+    args = ("plan", "--model", "llama-3.2-1b", "--dtype", "bf16", *FIXED_HW, "--json", "--no-search")
+    on, off = (json.loads(cli(*args, *flag).stdout) for flag in ((), ("--no-overlap",)))
+    assert on["job"]["overlap_optimizer"] is True and off["job"]["overlap_optimizer"] is False
+    ssd = {doc["job"]["overlap_optimizer"]: {e: doc["engines"][e]["nvme_bytes"] for e in ("stock", "memascend")}
+           for doc in (on, off)}
+    assert ssd[True]["stock"] == ssd[False]["stock"] and ssd[False]["memascend"] < ssd[True]["memascend"]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: llama-3.2-1b\ndataset: d.jsonl\noutput_dir: {tmp_path / 'run'}\nprecision: bf16\n"
+                      "overlap_optimizer: false\n")
+    doc = json.loads(cli("plan", str(recipe), *FIXED_HW, "--json", "--no-search").stdout)
+    assert doc["job"]["overlap_optimizer"] is False
+    assert json.loads(cli("plan", str(recipe), *FIXED_HW, "--json", "--no-search", "--overlap").stdout)[
+        "job"]["overlap_optimizer"] is True

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 from memascend_cli.hardware import free_space_at
 from memascend_cli.models import load_preset
-from memascend_cli.planner.memory import JobSpec
-from memascend_cli.planner.search import GRID_END, Verdict, _largest_bound, largest_family_member, max_layers, search
+from memascend_cli.planner.memory import JobSpec, estimate
+from memascend_cli.planner.search import (GRID_END, Verdict, _largest_bound, check, largest_family_member, max_layers,
+                                         search)
 from memascend_cli.planner.spec import HardwareSpec
 from memascend_cli.run.rundir import ssd_location
 
@@ -66,3 +67,20 @@ def test_free_space_of_the_folder_a_path_would_be_created_in(tmp_path):
     folder, free = free_space_at(str(tmp_path / "runs" / "memascend" / "region.bin"))
     vfs = os.statvfs(tmp_path)
     assert folder == str(tmp_path) and abs(free - vfs.f_bavail * vfs.f_frsize) < 1 << 30
+
+
+def test_a_disk_too_small_only_for_the_overlap_says_what_it_needs_without_it():
+    """The overlap keeps a second set of optimizer states on the SSD until its step commits (memascend_engine.overlap):
+    where that set is what does not fit, the reason gives the need without it and how to turn it off."""
+    job = JobSpec(model=load_preset("llama-3.2-1b"), seq_len=1024, micro_batch=1, dtype="bf16", checkpoint_copies=0)
+    with_overlap, without = estimate(job, CPU, "memascend"), estimate(replace(job, overlap_optimizer=False), CPU,
+                                                                     "memascend")
+    extra = with_overlap.node_nvme_bytes - without.node_nvme_bytes
+    assert extra > 0.3 * without.node_nvme_bytes  # moments (+ master) once more
+    between = replace(CPU, nvme_free_gib=(without.node_nvme_bytes + extra / 2) / 2**30)
+    reason = " ".join(check(with_overlap, between).reasons)
+    assert f"{extra / 2**30:.1f} GiB of it the optimizer overlap's" in reason and "--no-overlap" in reason
+    assert f"{without.node_nvme_bytes / 2**30:.1f} GiB with --no-overlap" in reason
+    assert check(without, between).fits
+    too_small = replace(CPU, nvme_free_gib=without.node_nvme_bytes / 2 / 2**30)  # no help: not said
+    assert "overlap" not in " ".join(check(with_overlap, too_small).reasons)
