@@ -509,6 +509,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
               dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = ()) -> dict:
     """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
     document (median_run stands for the repeats of a run)."""
+    import shutil
+
     from memascend_cli.console import err, step_progress
 
     notes: list[str] = [
@@ -558,6 +560,13 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         # A run's repeats follow each other: smallest planned peak first also across repeats (see execution_order).
         for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
             run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
+            shutil.rmtree(nvme_dir, ignore_errors=True)  # the last run's swap files are not this run's free space
+            short = swap_space_short(run.mode, predicted, ranks, nvme_dir)
+            if short:  # stock's swap files would fill the disk mid-run (ENOSPC); the other engines still run
+                err.print(f"{run.name}: {short}")
+                measured[i] = [RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False,
+                                         error=short, config=cfg, predicted=predicted, optimizer_moments=run.moments)]
+                continue
             for k in range(repeat):
                 res = run_one(run, job_args=p.job_args(), cfg=cfg,
                               out_dir=out_dir if repeat == 1 else os.path.join(out_dir, f"repeat{k + 1}"),
@@ -592,6 +601,21 @@ def _timing_doc(timing: dict | None) -> dict | None:
             "device_source": dev.source, "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
             "bandwidth_source": timing.get("source"), "cpu_model": timing.get("cpu_model"),
             **({"probe_samples": timing["probe_samples"]} if timing.get("probe_samples") else {})}
+
+
+def swap_space_short(mode: str, predicted: dict, ranks: int, nvme_dir: str) -> str | None:
+    """Why a stock or tuned run cannot start: its swap files (the plan's SSD bytes) need more than the file system
+    of `nvme_dir` has free; None when they fit, and for memascend, whose region is allocated before any run."""
+    from memascend_cli.hardware import free_space_at
+
+    if mode == "memascend":
+        return None
+    need = ssd_space_bytes(mode, predicted, ranks)
+    where, free = free_space_at(nvme_dir)
+    if need <= free:
+        return None
+    return (f"does not fit: its swap files need {need / GiB:.1f} GiB on the SSD, {free / GiB:.1f} GiB free at "
+            f"{where}")
 
 
 def execution_order(planned_peak_bytes: list[int]) -> list[int]:

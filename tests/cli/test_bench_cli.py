@@ -147,6 +147,18 @@ def test_runs_execute_smallest_planned_peak_first():
     assert runner.execution_order([]) == []
 
 
+def test_a_stock_run_whose_swap_files_do_not_fit_on_the_disk_is_refused_before_it_starts(tmp_path):
+    """stock's and tuned's swap files would fill the disk mid-run; memascend's region is allocated before any run."""
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    swap = str(tmp_path / "swap")  # not there yet: its nearest existing folder's file system counts
+    big, small = {"nvme_bytes_per_rank": 2 * free}, {"nvme_bytes_per_rank": free // 4}
+    why = runner.swap_space_short("stock", big, 1, swap)
+    assert why.startswith("does not fit: its swap files need") and f"free at {tmp_path}" in why
+    assert runner.swap_space_short("tuned", small, 2, swap) is None
+    assert runner.swap_space_short("tuned", small, 8, swap) is not None  # every rank's files
+    assert runner.swap_space_short("memascend", big, 1, swap) is None
+
+
 def test_parse_runs():
     assert [r.name for r in R.parse_runs("stock, tuned", False)] == ["stock", "tuned"]
     runs = R.parse_runs("memascend", True)
