@@ -21,7 +21,7 @@ from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSample
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.run.launch import free_port
-from memascend_cli.units import GiB, MiB
+from memascend_cli.units import GiB, MiB, fmt_bytes
 
 JOB_MODULE = "memascend_engine.bench_job"
 """The child of every run (`python -m memascend_engine.bench_job`): works from an installed wheel."""
@@ -186,11 +186,12 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
             settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None,
             loss: str, dram_cap_bytes: int | None = None, timeout_s: float | None = None,
-            io_limits: tuple = ()) -> RunResult:
+            io_limits: tuple = (), predicted: dict | None = None) -> RunResult:
     """Settle, launch the child (in a memory cgroup of dram_cap_bytes and an io cgroup throttled to io_limits
     (run/iolimit.py) if given), sample until it exits or runs past
     timeout_s (then it is killed, its ranks die with it), collect its events. The child dies with this process
-    (run/lifeline.py)."""
+    (run/lifeline.py). A stock or tuned run whose swap files (`predicted`, the run's plan) do not fit on the disk is
+    refused before it starts."""
     import shutil
     from contextlib import ExitStack
 
@@ -204,6 +205,9 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     os.makedirs(run_dir)
     shutil.rmtree(nvme_dir, ignore_errors=True)  # stale swap files would be read back as data
     os.makedirs(nvme_dir)
+    res.error = swap_space_short(run.mode, predicted, ranks, nvme_dir) if predicted else None
+    if res.error:  # stock's swap files would fill the disk mid-run (ENOSPC); the other engines still run
+        return res
     cfg_path = os.path.join(run_dir, "ds_config.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
@@ -509,8 +513,6 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
               dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = ()) -> dict:
     """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
     document (median_run stands for the repeats of a run)."""
-    import shutil
-
     from memascend_cli.console import err, step_progress
 
     notes: list[str] = [
@@ -560,13 +562,6 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         # A run's repeats follow each other: smallest planned peak first also across repeats (see execution_order).
         for i in execution_order([pred["node_host_peak_bytes"] for pred in predictions]):
             run, cfg, predicted = run_specs[i], cfgs[i], predictions[i]
-            shutil.rmtree(nvme_dir, ignore_errors=True)  # the last run's swap files are not this run's free space
-            short = swap_space_short(run.mode, predicted, ranks, nvme_dir)
-            if short:  # stock's swap files would fill the disk mid-run (ENOSPC); the other engines still run
-                err.print(f"{run.name}: {short}")
-                measured[i] = [RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False,
-                                         error=short, config=cfg, predicted=predicted, optimizer_moments=run.moments)]
-                continue
             for k in range(repeat):
                 res = run_one(run, job_args=p.job_args(), cfg=cfg,
                               out_dir=out_dir if repeat == 1 else os.path.join(out_dir, f"repeat{k + 1}"),
@@ -574,7 +569,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
                               settle_cap_s=settle_cap_s, accelerator=p.accelerator,
                               extra_args=engine_args(predicted) if run.mode == "memascend" else None,
-                              dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits, loss=p.loss)
+                              dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits, loss=p.loss,
+                              predicted=predicted)
                 res.predicted = predicted
                 measured[i].append(res)
     results = [median_run(rs) for rs in measured]
@@ -614,8 +610,7 @@ def swap_space_short(mode: str, predicted: dict, ranks: int, nvme_dir: str) -> s
     where, free = free_space_at(nvme_dir)
     if need <= free:
         return None
-    return (f"does not fit: its swap files need {need / GiB:.1f} GiB on the SSD, {free / GiB:.1f} GiB free at "
-            f"{where}")
+    return f"does not fit: its swap files need {fmt_bytes(need)} on the SSD, {fmt_bytes(free)} free at {where}"
 
 
 def execution_order(planned_peak_bytes: list[int]) -> list[int]:

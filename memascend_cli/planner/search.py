@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from memascend_cli.models import ModelSpec, family_members
 from memascend_cli.planner.memory import Estimate, JobSpec, estimate
 from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.planner.ssd import SPECULATIVE_STATES_KEY
 from memascend_cli.units import GiB
 
 RESOURCES = ("config", "dram", "gpu_memory", "nvme_space", "memlock")
@@ -43,7 +44,8 @@ class Verdict:
 
 def _overlap_share(est: Estimate, free_bytes: float) -> str:
     """The part of a memascend job's SSD need that its optimizer overlap adds, said when the job fits without it."""
-    extra = sum(i.bytes for i in est.items if i.key == "nvme/optimizer_states_speculative") * est.ranks_per_node
+    item = est.item(SPECULATIVE_STATES_KEY)
+    extra = item.bytes * est.ranks_per_node if item else 0
     if not extra or est.node_nvme_bytes - extra > free_bytes:
         return ""
     return (f" ({extra / GiB:.1f} GiB of it the optimizer overlap's second set of states: "

@@ -8,6 +8,10 @@ from memascend_cli.planner.job import MOMENT_BYTES
 from memascend_cli.planner.zero import AIO_ALIGNED_BYTES, PAGE_BYTES, partition_numel, template_partitions
 
 
+SPECULATIVE_STATES_KEY = "nvme/optimizer_states_speculative"
+"""The item of the overlap's second set of optimizer states (memascend_engine.overlap)."""
+
+
 def state_bytes_per_elem(c: Context) -> int:
     """SSD bytes of the fp32 master and the two Adam moments per element: 12, or 8 with memascend's bf16 moments
     (EngineOptions.optimizer_moments; stock keeps fp32 states, optimizer_utils.py)."""
@@ -38,12 +42,12 @@ def nvme_items(c: Context) -> list[Item]:
              "runtime/zero/stage3.py _offload_grad_partition_at_boundary (line 1453)"),
     ]
     if c.overlap and c.params_hold_master:
-        items.append(Item("nvme/optimizer_states_speculative", "speculative moments + shadow parameters", "nvme",
+        items.append(Item(SPECULATIVE_STATES_KEY, "speculative moments + shadow parameters", "nvme",
                           states * opt // 4 + params, "steady", "", 0,
                           f"{states} B x sub-group elements + the parameters again: the overlap's second extent set",
                           "memascend_engine.overlap (the old states stay until step() commits)"))
     elif c.overlap:
-        items.append(Item("nvme/optimizer_states_speculative", "speculative master + moments", "nvme",
+        items.append(Item(SPECULATIVE_STATES_KEY, "speculative master + moments", "nvme",
                           states * opt // 4, "steady", "", 0,
                           f"{states} B x sub-group elements: the overlap's second extent set",
                           "memascend_engine.overlap (the old states stay until step() commits)"))
