@@ -199,7 +199,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     from memascend_cli.run.cgroup import THRASH_FULL_SHARE, THRASH_WINDOW_S, RunCgroup
 
     res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg,
-                    optimizer_moments=run.moments)
+                    predicted=predicted, optimizer_moments=run.moments)
     run_dir = os.path.join(out_dir, "runs", run.name)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
@@ -571,7 +571,6 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               extra_args=engine_args(predicted) if run.mode == "memascend" else None,
                               dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits, loss=p.loss,
                               predicted=predicted)
-                res.predicted = predicted
                 measured[i].append(res)
     results = [median_run(rs) for rs in measured]
     if repeat > 1:
