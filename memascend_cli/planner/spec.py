@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from memascend_cli.units import GiB, MiB
-
-# Library pages a job's processes keep mapped (torch, DeepSpeed's ops, Python): a memory cgroup is charged for them
-# and can only reclaim them by thrashing, so a cap holds them beside the job's anonymous memory. RssFile of a bench
-# rank, 108-110 MiB at every phase from the first step on (the phases' rss_file_bytes in docs/bench/capacity/).
-CGROUP_FILE_PAGES_BYTES = 110 * MiB
+from memascend_cli.units import GiB
 
 
 @dataclass(kw_only=True)
@@ -58,10 +53,13 @@ class HardwareSpec:
         return max(0.0, self.dram_gib - reserve)
 
     def under_dram_cap(self, cap_bytes: int) -> HardwareSpec:
-        """This node as a job in a memory cgroup of `cap_bytes` sees it: the cap is its DRAM, and what the cgroup
-        holds besides the job's own allocations is its mapped library pages (nothing else of the OS)."""
-        return replace(self, dram_gib=cap_bytes / GiB, dram_available_gib=None,
-                       os_reserve_gib=CGROUP_FILE_PAGES_BYTES / GiB)
+        """This node as a job in a memory cgroup of `cap_bytes` sees it: the cap is its DRAM, all of it the job's.
+        Nothing is set aside for the library pages the job maps: the plan's runtime item is fitted on what runs add
+        to MemTotal - MemAvailable, and it tracks their ru_maxrss, file pages included; and pages already in the page
+        cache stay charged to the cgroup that read them first (Documentation/admin-guide/cgroup-v1/memory.rst 2.3).
+        Under a cap, memascend's runs fit up to a plan of cap + 0.04 GiB and were OOM-killed from cap + 0.05
+        (docs/bench/capacity/)."""
+        return replace(self, dram_gib=cap_bytes / GiB, dram_available_gib=None, os_reserve_gib=0.0)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -108,8 +108,8 @@ def test_the_plan_and_preflight_see_the_cap(tmp_path):
                                "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
 
     small = dry_run("400MiB")
-    # 400 MiB less the libraries the ranks keep mapped (CGROUP_FILE_PAGES_BYTES)
-    assert small.returncode == 1 and "does not fit" in small.stderr and "0.3 GiB usable" in small.stderr
+    # the whole cap is the job's (HardwareSpec.under_dram_cap)
+    assert small.returncode == 1 and "does not fit" in small.stderr and "0.4 GiB usable" in small.stderr
     fits = dry_run("4GiB")
     assert fits.returncode == 0, fits.stderr[-2000:]
     doc = json.loads(fits.stdout)

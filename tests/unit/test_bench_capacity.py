@@ -13,7 +13,7 @@ from memascend_cli.bench.document import recorded_probe
 from memascend_cli.bench.runs import RunSpec
 from memascend_cli.models import load_model
 from memascend_cli.planner import search
-from memascend_cli.planner.spec import CGROUP_FILE_PAGES_BYTES, HardwareSpec
+from memascend_cli.planner.spec import HardwareSpec
 from memascend_cli.units import GiB, MiB
 
 LAYERS = capacity.grid("layers")
@@ -135,7 +135,7 @@ def test_the_planned_max_is_the_planner_search_with_the_cap_as_dram():
     for L in (6, 7):
         p = capacity_run.probe_point(fixed, "layers", L)
         peaks[L] = p.predict("tuned", capacity_run._config(run, p, "/unused"))["node_host_peak_bytes"]
-    cap = (peaks[6] + peaks[7]) // 2 + CGROUP_FILE_PAGES_BYTES  # the cap also holds the mapped libraries
+    cap = (peaks[6] + peaks[7]) // 2
     planned, top = capacity_run.plan_engine(run, "layers", fixed, cap_bytes=cap, nvme_dir="/unused",
                                             usable_disk_bytes=1 << 50)
     assert planned == (6, "dram") and top == (search.MAX_LAYERS, f"grid end ({search.MAX_LAYERS} layers)")
