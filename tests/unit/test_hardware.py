@@ -422,3 +422,11 @@ def test_resolve_hardware_missing_path():
     with pytest.raises(BadInput) as exc:
         resolve_hardware(None, "/nonexistent/memascend")
     assert "--nvme-path" in exc.value.message and "mkdir -p" in exc.value.hint
+
+
+def test_a_dram_cap_is_all_the_jobs():
+    """Under a cap the plan gets the whole cap: its runtime item already counts the libraries a rank maps."""
+    box = HardwareSpec(name="box", dram_gib=24, dram_available_gib=20, cpu_cores=2)
+    assert box.usable_dram_gib < 24  # the OS's reserve
+    capped = box.under_dram_cap(8 * GiB)
+    assert capped.usable_dram_gib == 8 and capped.dram_available_gib is None and capped.cpu_cores == 2
