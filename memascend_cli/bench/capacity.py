@@ -289,7 +289,8 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
            "next grid value is OOM-killed. \"At least\" marks a search that stopped at the grid's end, the SSD space "
            "or a failed run. The grids are the planner search's (layers 1, 2, ...; seq multiples of "
            f"{search.SEQ_GRANULE}; micro-batch 1, 2, ...). \"Today's plan\" is the current planner's maximum for "
-           "the same job and cap, beside the one the search started from.", ""]
+           "the same job and cap, beside the one the search started from; a probe at or below it that did not fit is "
+           "named there (the plan said that job fits).", ""]
     for path, doc in docs:
         g = grid(doc["axis"])
         j, meta = doc["job"], doc.get("meta") or {}
@@ -336,10 +337,14 @@ def _when(doc: dict) -> str:
 
 
 def _today(g: Grid, planned_by_engine: dict, e: dict) -> str:
-    """Today's planned maximum of engine entry `e` and whether it is within one grid step of the measured one."""
+    """Today's planned maximum of engine entry `e`, whether it is within one grid step of the measured one, and the
+    smallest probe OOM-killed (or stalled) at or below it: a job that plan says fits and that did not."""
     if e["name"] not in planned_by_engine:
         return "-"
     planned = planned_by_engine[e["name"]]
     within = within_one_step(g, planned, Conclusion(e["measured_max"], e["at_least"], e["reason"]))
-    return f"{fmt_max(planned)} ({'within' if within else 'off' if within is False else '-'})"
+    killed = [q["value"] for q in e.get("probes", ()) if q["outcome"] in DOES_NOT_FIT
+              and planned is not None and q["value"] <= planned]
+    unsafe = f"; {min(killed)} did not fit" if killed else ""
+    return f"{fmt_max(planned)} ({'within' if within else 'off' if within is False else '-'}{unsafe})"
 

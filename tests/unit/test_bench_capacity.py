@@ -235,6 +235,10 @@ def test_todays_plan_of_a_recorded_table():
     g = capacity.grid("layers")
     assert capacity._today(g, {"tuned": 11}, e) == "11 (within)" and capacity._today(g, {"tuned": 13}, e) == "13 (off)"
     assert capacity._today(g, {}, e) == "-"
+    # A plan above the measured maximum says a job fits that was OOM-killed: the column names it.
+    e["probes"] = [{"value": 10, "outcome": capacity.FIT}, {"value": 11, "outcome": OOM}]
+    assert capacity._today(g, {"tuned": 11}, e) == "11 (within; 11 did not fit)"
+    assert capacity._today(g, {"tuned": 10}, e) == "10 (within)"
 
 
 def _store_probe(out, run: str, point: runner.Point, cap_bytes: int, ok: bool, date: str = "2026-01-01T00:00:00Z",
