@@ -32,7 +32,8 @@ from memascend_cli.planner.zero import PAGE_BYTES, align_up
 from memascend_cli.units import GiB, MiB
 
 # Host memory of a rank before any model data: python + torch + deepspeed (+ transformers), as the system sees it
-# (MemTotal - MemAvailable: anonymous memory; shared-library pages are page cache and stay available). CPU-only value
+# (MemTotal - MemAvailable; about a rank's RSS, RssFile included: RssAnon 0.27 + RssFile 0.09 GiB once torch and
+# DeepSpeed are loaded, the phases of docs/bench/capacity/ probes). CPU-only value
 # fitted by scripts/fit_planner.py on the calibration runs of a 6M-parameter model (docs/bench/calibration): what the
 # stock and tuned runs measured beyond every other item (medians of 3 repeats), 0.381 and 0.353 GiB. The CUDA value
 # adds the CUDA runtime, cuBLAS, NCCL and the kernels a first training step loads: fitted the same way on the GPU

@@ -54,11 +54,10 @@ class HardwareSpec:
 
     def under_dram_cap(self, cap_bytes: int) -> HardwareSpec:
         """This node as a job in a memory cgroup of `cap_bytes` sees it: the cap is its DRAM, all of it the job's.
-        Nothing is set aside for the library pages the job maps: the plan's runtime item is fitted on what runs add
-        to MemTotal - MemAvailable, and it tracks their ru_maxrss, file pages included; and pages already in the page
-        cache stay charged to the cgroup that read them first (Documentation/admin-guide/cgroup-v1/memory.rst 2.3).
-        Under a cap, memascend's runs fit up to a plan of cap + 0.04 GiB and were OOM-killed from cap + 0.05
-        (docs/bench/capacity/)."""
+        Nothing is set aside for the library pages the job maps (the cgroup is charged for them): the plan's runtime
+        item already holds them, as it tracks the runs' ru_maxrss, file pages included (a rank's RssAnon 0.27 GiB +
+        RssFile 0.09 once torch and DeepSpeed are loaded, against host/runtime 0.37). Under a cap, memascend's runs
+        fit up to a plan of cap + 0.04 GiB and were OOM-killed from cap + 0.05 (docs/bench/capacity/)."""
         return replace(self, dram_gib=cap_bytes / GiB, dram_available_gib=None, os_reserve_gib=0.0)
 
     def to_dict(self) -> dict:
