@@ -216,6 +216,13 @@ def job_mismatch(stored: dict, expected: dict) -> str | None:
     return None
 
 
+def killed_where_planned_to_fit(probes: list[dict], planned: int | None) -> list[int]:
+    """The probes that did not fit at or below the plan's maximum `planned`: jobs the plan says fit."""
+    if planned is None:
+        return []
+    return [q["value"] for q in probes if q["outcome"] in DOES_NOT_FIT and q["value"] <= planned]
+
+
 def engine_entry(run_name: str, mode: str, g: Grid, planned: tuple[int | None, str], top: tuple[int | None, str],
                  probes: list[dict], c: Conclusion) -> dict:
     """Per engine: the plan's maximum under the cap and what binds it, the probes' ceiling, every probe, the measured
@@ -225,8 +232,7 @@ def engine_entry(run_name: str, mode: str, g: Grid, planned: tuple[int | None, s
             "planned_binding": search.RESOURCE_NAMES.get(binding, binding), "ceiling": top[0],
             "ceiling_reason": top[1], "measured_max": c.measured_max, "at_least": c.at_least, "reason": c.reason,
             "within_one_step": within_one_step(g, p_max, c),
-            "killed_where_planned_to_fit": [q["value"] for q in probes if q["outcome"] in DOES_NOT_FIT
-                                            and p_max is not None and q["value"] <= p_max],
+            "killed_where_planned_to_fit": killed_where_planned_to_fit(probes, p_max),
             "probes": probes}
 
 
@@ -343,8 +349,7 @@ def _today(g: Grid, planned_by_engine: dict, e: dict) -> str:
         return "-"
     planned = planned_by_engine[e["name"]]
     within = within_one_step(g, planned, Conclusion(e["measured_max"], e["at_least"], e["reason"]))
-    killed = [q["value"] for q in e.get("probes", ()) if q["outcome"] in DOES_NOT_FIT
-              and planned is not None and q["value"] <= planned]
+    killed = killed_where_planned_to_fit(e.get("probes", []), planned)
     unsafe = f"; {min(killed)} did not fit" if killed else ""
     return f"{fmt_max(planned)} ({'within' if within else 'off' if within is False else '-'}{unsafe})"
 
