@@ -195,11 +195,19 @@ def within_one_step(g: Grid, planned: int | None, c: Conclusion) -> bool | None:
 # --- the document -------------------------------------------------------------------------------------------------
 
 
+def probe_repeats(run: dict) -> int:
+    """How many runs a probe's bench run stands for (bench --repeat; runner.median_run lists them). Pure."""
+    return len(run.get("repeats") or ()) or 1
+
+
 def probe_record(value: int, run: dict, document: str, sitting: str | None = None) -> dict:
-    """One probe of the summary: the value, its outcome and peaks (cgroup's own, system-wide), the plan there;
-    `sitting`: when the bench command that ran it started (a resumed search reuses earlier sittings' probes)."""
+    """One probe of the summary: the value, its outcome and peaks (cgroup's own, system-wide), the plan there, how
+    many of its repeats fit; `sitting`: when the bench command that ran it started (a resumed search reuses earlier
+    sittings' probes)."""
     cg = run.get("cgroup") or {}
+    fits = sum(bool(r["ok"]) for r in run["repeats"]) if run.get("repeats") else int(bool(run["ok"]))
     return {"value": value, "sitting": sitting, "outcome": outcome(run), "error": run.get("error"),
+            "repeats": probe_repeats(run), "repeats_fit": fits,
             "steps_done": len(run["losses"]),
             "cgroup_peak_bytes": cg.get("peak_bytes"), "peak_system_bytes": run.get("peak_system_bytes"),
             "ru_maxrss_bytes": run.get("ru_maxrss_bytes"),
@@ -305,11 +313,13 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
                           if j.get(k) is not None)  # the searched axis is None
         out += [f"### {meta.get('title') or path}", "", f"`{meta.get('command', '?')}`", "",
                 f"{j['model']}, {fixed}, {j['steps']} steps, {j['dtype']}, checkpointing {j['checkpointing']}, "
-                f"{j['ranks']} rank(s), tuned and memascend loss {j.get('loss', 'hf')} (stock: hf); "
+                f"{j['ranks']} rank(s), tuned and memascend loss {j.get('loss', 'hf')} (stock: hf)"
+                + (f", {j['repeat']} runs per probe (fits when all fit)" if j.get("repeat", 1) > 1 else "") + "; "
                 f"{_when(doc)}, host `{meta.get('host', '?')}`. Raw: `{path}`.", "",
                 "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
         for e in doc["engines"]:
-            probes = "; ".join(f"{q['value']}: {q['outcome']}" + ("" if q["cgroup_peak_bytes"] is None else
+            probes = "; ".join(f"{q['value']}: {q['outcome']}" + _repeats_cell(q)
+                               + ("" if q["cgroup_peak_bytes"] is None else
                                                                  f" {q['cgroup_peak_bytes'] / GiB:.2f}")
                                + ("" if q.get("ru_maxrss_bytes") is None
                                   else f" / {q['ru_maxrss_bytes'] / GiB:.2f}")
@@ -327,6 +337,14 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
                         f"{fmt_max(tuned['measured_max'], tuned['at_least'])})."]
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _repeats_cell(q: dict) -> str:
+    """' (k of n fit)' for a probe of several runs (bench --capacity --repeat), ' (all n)' when it fit, else ''."""
+    n = q.get("repeats", 1)
+    if n == 1:
+        return ""
+    return f" (all {n})" if q["outcome"] == FIT else f" ({q['repeats_fit']} of {n} fit)"
 
 
 def sittings(engines: list[dict]) -> list[str]:

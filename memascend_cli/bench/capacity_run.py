@@ -58,7 +58,7 @@ def plan_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, nvme_dir:
     return planned, top
 
 
-def stored_probes(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir: str) -> list[dict]:
+def stored_probes(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir: str, repeat: int = 1) -> list[dict]:
     """--resume: the probe records of `run` already in OUT (OUT/<run>/<axis>-<value>/bench.json, smallest value
     first). A folder without bench.json (a probe cut off before it ended) is not a probe: it runs again. A stored
     probe of another job is bad input: its outcome says nothing of this search."""
@@ -78,6 +78,8 @@ def stored_probes(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
         why = capacity.job_mismatch(doc["job"], expected)
         if why is None and [r["name"] for r in doc["runs"]] != [run.name]:
             why = f"runs: {[r['name'] for r in doc['runs']]}, not [{run.name!r}]"
+        if why is None and capacity.probe_repeats(doc["runs"][0]) != repeat:
+            why = f"repeat: {capacity.probe_repeats(doc['runs'][0])}, not {repeat}"
         if why:
             raise BadInput(f"--resume: {path} is another job ({why})",
                            "resume with that sitting's options (its capacity.json or bench.json meta), or give a "
@@ -89,9 +91,10 @@ def stored_probes(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
 
 def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir: str, nvme_dir: str, nvme_info: dict,
                   usable_disk_bytes: int, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float | None,
-                  meta: dict, stored: list[dict]) -> dict:
+                  meta: dict, stored: list[dict], repeat: int = 1) -> dict:
     """One engine's search: the plan's maximum under the cap, the SSD ceiling, then probes until a conclusion;
-    `stored`: probes of an earlier sitting (stored_probes), counted as if run now."""
+    `stored`: probes of an earlier sitting (stored_probes), counted as if run now; `repeat`: runs per probe, a value
+    fits only when every one of them fits (runner.median_run reports a failed repeat)."""
     from memascend_cli.console import err
 
     g = capacity.grid(axis)
@@ -120,7 +123,7 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
                                                  or planned_time.get("seconds_per_step_at_least"), point.steps)
         doc = runner.run_point(point, [run], out_dir=probe_dir, nvme_dir=nvme_dir, nvme_info=nvme_info, region=None,
                                engine_ok=engine_ok, settle_cap_s=settle_cap_s, dram_cap_bytes=cap_bytes,
-                               timeout_s=timeout_s)
+                               timeout_s=timeout_s, repeat=repeat)
         doc["meta"] = meta
         summary = document.write_document(doc, os.path.join(probe_dir, "bench.json"))
         region = os.path.join(probe_dir, "bench.region")
@@ -141,13 +144,14 @@ def search_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
 
 def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: int, out_dir: str, nvme_dir: str,
                  nvme_info: dict, engine_ok: bool, settle_cap_s: float, probe_timeout_s: float | None,
-                 meta: dict, resume: bool = False) -> tuple[dict, bool]:
+                 meta: dict, resume: bool = False, repeat: int = 1) -> tuple[dict, bool]:
     """Every engine's search, one after another; (the summary as written to OUT/capacity.json, no probe failed
     other than by an OOM kill). `resume`: reuse the probes an earlier sitting left in OUT (stored_probes), all
-    checked before any probe runs."""
+    checked before any probe runs; `repeat`: runs per probe (search_engine)."""
     from memascend_cli.hardware import free_space_at
 
-    stored = {run.name: stored_probes(run, axis, base, cap_bytes=cap_bytes, out_dir=out_dir) if resume else []
+    stored = {run.name: stored_probes(run, axis, base, cap_bytes=cap_bytes, out_dir=out_dir, repeat=repeat)
+              if resume else []
               for run in run_specs}
 
     where, free_bytes = free_space_at(out_dir)
@@ -157,15 +161,18 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
     engines = [search_engine(run, axis, base, cap_bytes=cap_bytes, out_dir=out_dir, nvme_dir=nvme_dir,
                              nvme_info=nvme_info, usable_disk_bytes=usable, engine_ok=engine_ok,
                              settle_cap_s=settle_cap_s, probe_timeout_s=probe_timeout_s, meta=meta,
-                             stored=stored[run.name])
+                             stored=stored[run.name], repeat=repeat)
                for run in run_specs]
     job = {k: getattr(base, k) for k in ("model", "layers", "seq_len", "micro_batch", "steps", "dtype", "seed",
                                          "checkpointing", "ranks", "accelerator", "host_budget_bytes",
                                          "deepspeed_version", "loss")}
     job["layers"] = base.layers or base.spec.num_hidden_layers
+    job["repeat"] = repeat
     job[{"layers": "layers", "seq": "seq_len", "micro-batch": "micro_batch"}[axis]] = None  # the searched axis
-    notes = ["each probe is one `memascend bench` run of the engine in its own memory cgroup of the cap; its "
-             "bench.json (path relative to this file) has the whole run",
+    runs = "one `memascend bench` run" if repeat == 1 else f"{repeat} `memascend bench` runs, one after another,"
+    notes = [f"each probe is {runs} of the engine in its own memory cgroup of the cap; its bench.json (path relative "
+             "to this file) has the whole run"
+             + ("" if repeat == 1 else "; it fits only when every run fits (a job OOM-killed in some runs does not)"),
              "cgroup peak: the cgroup's own high-water mark (processes plus the page cache charged to them); an "
              "OOM-killed probe's peak is cut at the cap",
              "a probe still running after " + (f"{probe_timeout_s:.0f} s" if probe_timeout_s is not None else

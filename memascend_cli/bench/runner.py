@@ -502,6 +502,9 @@ def median_run(repeats: list[RunResult]) -> RunResult:
         return repeats[0]
     failed = [r for r in repeats if not r.ok or r.peak_system_bytes is None]
     chosen = failed[0] if failed else sorted(repeats, key=lambda r: r.peak_system_bytes)[(len(repeats) - 1) // 2]
+    if failed and chosen.error:
+        # Near a DRAM cap one job can fit in one repeat and be OOM-killed in the next (stock's glibc heap).
+        chosen.error += f" (failed in {len(failed)} of {len(repeats)} repeats)"
     chosen.repeats = [{"peak_system_bytes": r.peak_system_bytes, "ru_maxrss_bytes": r.ru_maxrss_bytes,
                        "idle_bytes": r.idle_bytes, "peak_phase": r.peak_phase, "seconds_per_step": r.seconds_per_step,
                        "ok": r.ok, "log_path": r.log_path} for r in repeats]

@@ -29,7 +29,7 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def _check_capacity(axis: str, *, dram_cap, layers, seq_len, micro_batch, repeat: int, region) -> None:
+def _check_capacity(axis: str, *, dram_cap, layers, seq_len, micro_batch, region) -> None:
     """--capacity's own rules: a cap to search under, the searched axis left to the search, the others single."""
     from memascend_cli.bench.capacity import AXES
 
@@ -45,8 +45,6 @@ def _check_capacity(axis: str, *, dram_cap, layers, seq_len, micro_batch, repeat
         if given[name] is not None and "," in str(given[name]):
             raise BadInput(f"{flag[name]} {given[name]!r} is a sweep; --capacity searches one axis",
                            f"give one value to {flag[name]}")
-    if repeat != 1:
-        raise BadInput("--repeat does not apply to --capacity", "each probe is one run; drop --repeat")
     if region is not None:
         raise BadInput("--region does not apply to --capacity", "each probe sizes its own region in OUT; drop --region")
 
@@ -98,8 +96,9 @@ def bench_command(
                                "Default: create one in OUT with prepare-ssd's checks and bandwidth probe (the time model's "
                                "SSD rate).", rich_help_panel=_R),
     repeat: int = typer.Option(1, "--repeat", help="Runs of each engine, one after another in one sitting; the "
-                               "table and JSON report the repeat with the median peak, every repeat's peak is "
-                               "kept in the JSON.", rich_help_panel=_R),
+                               "table and JSON report the repeat with the median peak (a failed one if any failed), "
+                               "every repeat's peak is kept in the JSON. With --capacity: runs per probe, a value "
+                               "fits when every one fits.", rich_help_panel=_R),
     dram_cap: str = typer.Option(None, "--dram-cap", help="Run every engine in its own memory cgroup of this size, "
                                  "e.g. 6GiB (needs root): a run OOM-killed in it reads `does not fit` and the others "
                                  "still run.", rich_help_panel=_R, show_default=False),
@@ -169,7 +168,7 @@ def bench_command(
         raise BadInput(f"--ranks {ranks} is not supported", "use --ranks 1 or --ranks 2")
     if capacity is not None:
         _check_capacity(capacity, dram_cap=dram_cap, layers=layers, seq_len=seq_len, micro_batch=micro_batch,
-                        repeat=repeat, region=region)
+                        region=region)
         if ssd_bandwidth is not None:
             raise BadInput("--ssd-bandwidth does not apply to --capacity", "drop --ssd-bandwidth")
     elif probe_timeout is not None or resume:
@@ -265,7 +264,7 @@ def bench_command(
         doc, all_ok = capacity_run.run_capacity(capacity, base, run_specs, cap_bytes=dram_cap_bytes, out_dir=out_dir,
                                                 nvme_dir=nvme_dir, nvme_info=nvme_info, engine_ok=engine_ok,
                                                 settle_cap_s=settle_cap, meta=meta,
-                                                probe_timeout_s=probe_timeout, resume=resume)
+                                                probe_timeout_s=probe_timeout, resume=resume, repeat=repeat)
         if as_json:
             print_json(doc)
         else:

@@ -389,7 +389,6 @@ def test_repeats_report_the_median_peak_and_keep_every_repeat():
     (("--capacity", "seq", "--dram-cap", "4GiB", "--seq-len", "512"), "--seq-len is what --capacity seq searches"),
     (("--capacity", "micro-batch", "--dram-cap", "4GiB", "-b", "2"), "--micro-batch is what --capacity micro-batch"),
     (("--capacity", "seq", "--dram-cap", "4GiB", "--layers", "8,16"), "is a sweep; --capacity searches one axis"),
-    (("--capacity", "seq", "--dram-cap", "4GiB", "--repeat", "3"), "--repeat does not apply to --capacity"),
     (("--capacity", "seq", "--dram-cap", "4GiB", "--region", "/x"), "--region does not apply to --capacity"),
     (("--probe-timeout", "60"), "--probe-timeout applies to --capacity only"),
     (("--resume",), "--resume applies to --capacity only"),

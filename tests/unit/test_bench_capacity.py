@@ -292,6 +292,35 @@ def test_resume_refuses_a_stored_probe_of_another_job(tmp_path, change, says):
     assert says in str(e.value)
 
 
+def test_a_probe_of_several_runs_fits_only_when_every_run_fits():
+    """bench --capacity --repeat N: runner.median_run stands a failed repeat for the probe; the record and the results
+    table say how many of the runs fit."""
+    oom = {"ok": False, "oom_killed": True, "losses": [1.0], "error": "does not fit: OOM-killed at step 2",
+           "cgroup": {"peak_bytes": 4 * GiB},
+           "repeats": [{"ok": False}, {"ok": True}, {"ok": True}]}
+    q = capacity.probe_record(3328, oom, "tuned/seq-3328/bench.json")
+    assert (q["outcome"], q["repeats"], q["repeats_fit"]) == (OOM, 3, 2)
+    one = capacity.probe_record(3072, {"ok": True, "losses": [1.0, 0.9]}, "tuned/seq-3072/bench.json")
+    assert (one["repeats"], one["repeats_fit"]) == (1, 1)
+    doc = _doc()
+    doc["job"]["repeat"] = 3
+    doc["engines"][1]["probes"][0].update(repeats=3, repeats_fit=3)
+    doc["engines"][1]["probes"][1].update(repeats=3, repeats_fit=2)
+    text = capacity.results_section([("p", doc)])
+    assert "12: fit (all 3) 3.00; 13: oom (2 of 3 fit) 4.00" in text
+    assert "(stock: hf), 3 runs per probe (fits when all fit); d" in text
+
+
+def test_resume_refuses_stored_probes_of_another_repeat_count(tmp_path):
+    from memascend_cli.errors import BadInput
+
+    fixed, cap = _fixed(), 4 * GiB
+    _store_probe(tmp_path, "tuned", capacity_run.probe_point(fixed, "layers", 6), cap, ok=True)
+    with pytest.raises(BadInput, match="repeat: 1, not 3"):
+        capacity_run.stored_probes(RunSpec("tuned", "tuned"), "layers", fixed, cap_bytes=cap, out_dir=str(tmp_path),
+                                   repeat=3)
+
+
 def test_a_recorded_sitting_is_its_summary_and_one_bundle_of_probes(tmp_path, monkeypatch):
     """scripts/record_capacity.py: capacity.json plus probes.json.gz (each probe's bench.json and timelines), read
     back by document.recorded_probe exactly as the sitting's OUT has them."""

@@ -4,8 +4,8 @@
 from memascend_cli.bench.runner import RunResult, median_run
 
 
-def _run(peak: int | None, ok: bool = True, log: str = "") -> RunResult:
-    return RunResult(name="tuned", mode="tuned", disabled=[], ok=ok, peak_system_bytes=peak, log_path=log)
+def _run(peak: int | None, ok: bool = True, log: str = "", error: str | None = None) -> RunResult:
+    return RunResult(name="tuned", mode="tuned", disabled=[], ok=ok, peak_system_bytes=peak, log_path=log, error=error)
 
 
 def test_one_repeat_is_the_run_itself():
@@ -29,3 +29,9 @@ def test_an_even_count_takes_the_lower_middle():
 def test_a_failed_repeat_is_reported_rather_than_hidden():
     chosen = median_run([_run(4, log="a"), _run(None, ok=False, log="b"), _run(6, log="c")])
     assert chosen.log_path == "b" and not chosen.ok and len(chosen.repeats) == 3
+
+
+def test_a_failed_repeat_says_how_many_of_the_repeats_failed():
+    oom = "does not fit: OOM-killed at step 2 (step2_backward) under the DRAM cap"
+    chosen = median_run([_run(4, log="a"), _run(None, ok=False, log="b", error=oom), _run(6, log="c")])
+    assert chosen.error == oom + " (failed in 1 of 3 repeats)"
