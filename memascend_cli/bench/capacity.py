@@ -197,7 +197,7 @@ def within_one_step(g: Grid, planned: int | None, c: Conclusion) -> bool | None:
 
 def probe_repeats(run: dict) -> int:
     """How many runs a probe's bench run stands for (bench --repeat; runner.median_run lists them). Pure."""
-    return len(run.get("repeats") or ()) or 1
+    return len(run.get("repeats") or [run])
 
 
 def probe_record(value: int, run: dict, document: str, sitting: str | None = None) -> dict:
@@ -205,9 +205,9 @@ def probe_record(value: int, run: dict, document: str, sitting: str | None = Non
     many of its repeats fit; `sitting`: when the bench command that ran it started (a resumed search reuses earlier
     sittings' probes)."""
     cg = run.get("cgroup") or {}
-    fits = sum(bool(r["ok"]) for r in run["repeats"]) if run.get("repeats") else int(bool(run["ok"]))
+    runs = run.get("repeats") or [run]
     return {"value": value, "sitting": sitting, "outcome": outcome(run), "error": run.get("error"),
-            "repeats": probe_repeats(run), "repeats_fit": fits,
+            "repeats": len(runs), "repeats_fit": sum(bool(r["ok"]) for r in runs),
             "steps_done": len(run["losses"]),
             "cgroup_peak_bytes": cg.get("peak_bytes"), "peak_system_bytes": run.get("peak_system_bytes"),
             "ru_maxrss_bytes": run.get("ru_maxrss_bytes"),
@@ -319,8 +319,7 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
                 "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
         for e in doc["engines"]:
             probes = "; ".join(f"{q['value']}: {q['outcome']}" + _repeats_cell(q)
-                               + ("" if q["cgroup_peak_bytes"] is None else
-                                                                 f" {q['cgroup_peak_bytes'] / GiB:.2f}")
+                               + ("" if q["cgroup_peak_bytes"] is None else f" {q['cgroup_peak_bytes'] / GiB:.2f}")
                                + ("" if q.get("ru_maxrss_bytes") is None
                                   else f" / {q['ru_maxrss_bytes'] / GiB:.2f}")
                                for q in e["probes"])

@@ -78,8 +78,9 @@ def stored_probes(run, axis: str, base: runner.Point, *, cap_bytes: int, out_dir
         why = capacity.job_mismatch(doc["job"], expected)
         if why is None and [r["name"] for r in doc["runs"]] != [run.name]:
             why = f"runs: {[r['name'] for r in doc['runs']]}, not [{run.name!r}]"
-        if why is None and capacity.probe_repeats(doc["runs"][0]) != repeat:
-            why = f"repeat: {capacity.probe_repeats(doc['runs'][0])}, not {repeat}"
+        stored_repeat = capacity.probe_repeats(doc["runs"][0])
+        if why is None and stored_repeat != repeat:
+            why = f"repeat: {stored_repeat}, not {repeat}"
         if why:
             raise BadInput(f"--resume: {path} is another job ({why})",
                            "resume with that sitting's options (its capacity.json or bench.json meta), or give a "
