@@ -763,10 +763,15 @@ def section_capacity(docs: list[tuple[str, dict]]) -> str:
     today = {}
     for path, doc in docs:
         today[path] = {}
+        folder = os.path.join(REPO, os.path.dirname(path))
         for e in doc["engines"]:
             if e["probes"]:
-                probe = recorded_probe(os.path.join(REPO, os.path.dirname(path)), e["probes"][0]["document"])
+                probe = recorded_probe(folder, e["probes"][0]["document"])
                 today[path][e["name"]] = capacity.replanned_max(doc, e, probe)
+            for q in e["probes"]:
+                # sittings recorded before probes kept each run's ru_maxrss: from the probe's own bench.json
+                if q.get("repeats", 1) > 1 and "ru_maxrss_each_bytes" not in q:
+                    q["ru_maxrss_each_bytes"] = capacity.repeat_rss(recorded_probe(folder, q["document"])["runs"][0])
     return capacity.results_section(docs, today)
 
 

@@ -200,6 +200,12 @@ def probe_repeats(run: dict) -> int:
     return len(run.get("repeats") or [run])
 
 
+def repeat_rss(run: dict) -> list[int] | None:
+    """ru_maxrss of each run of a probe of several runs (bench --repeat), in run order; None for one run. Pure."""
+    runs = run.get("repeats") or []
+    return [r.get("ru_maxrss_bytes") for r in runs] if len(runs) > 1 else None
+
+
 def probe_record(value: int, run: dict, document: str, sitting: str | None = None) -> dict:
     """One probe of the summary: the value, its outcome and peaks (cgroup's own, system-wide), the plan there, how
     many of its repeats fit; `sitting`: when the bench command that ran it started (a resumed search reuses earlier
@@ -210,7 +216,7 @@ def probe_record(value: int, run: dict, document: str, sitting: str | None = Non
             "repeats": len(runs), "repeats_fit": sum(bool(r["ok"]) for r in runs),
             "steps_done": len(run["losses"]),
             "cgroup_peak_bytes": cg.get("peak_bytes"), "peak_system_bytes": run.get("peak_system_bytes"),
-            "ru_maxrss_bytes": run.get("ru_maxrss_bytes"),
+            "ru_maxrss_bytes": run.get("ru_maxrss_bytes"), "ru_maxrss_each_bytes": repeat_rss(run),
             "planned_peak_bytes": (run.get("predicted") or {}).get("node_host_peak_bytes"),
             "seconds_per_step": run.get("seconds_per_step"), "wall_s": run.get("wall_s"), "document": document}
 
@@ -304,7 +310,8 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
            "or a failed run. The grids are the planner search's (layers 1, 2, ...; seq multiples of "
            f"{search.SEQ_GRANULE}; micro-batch 1, 2, ...). \"Today's plan\" is the current planner's maximum for "
            "the same job and cap, beside the one the search started from; a probe at or below it that did not fit is "
-           "named there (the plan said that job fits).", ""]
+           "named there (the plan said that job fits). A probe of several runs (`--repeat`) gives the lowest-highest "
+           "ru_maxrss of its runs.", ""]
     for path, doc in docs:
         g = grid(doc["axis"])
         j, meta = doc["job"], doc.get("meta") or {}
@@ -320,9 +327,7 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
         for e in doc["engines"]:
             probes = "; ".join(f"{q['value']}: {q['outcome']}" + _repeats_cell(q)
                                + ("" if q["cgroup_peak_bytes"] is None else f" {q['cgroup_peak_bytes'] / GiB:.2f}")
-                               + ("" if q.get("ru_maxrss_bytes") is None
-                                  else f" / {q['ru_maxrss_bytes'] / GiB:.2f}")
-                               for q in e["probes"])
+                               + _rss_cell(q) for q in e["probes"])
             out.append("| " + " | ".join([cap, doc["axis"], e["name"], fmt_max(e["planned_max"]) +
                                           f" ({e['planned_binding']})", fmt_max(e["measured_max"], e["at_least"]) +
                                           f" ({e['reason']})", _yes_no(e["within_one_step"], True),
@@ -336,6 +341,16 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
                         f"{fmt_max(tuned['measured_max'], tuned['at_least'])})."]
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _rss_cell(q: dict) -> str:
+    """' / ru_maxrss' in GiB; for a probe of several runs the lowest-highest of its runs (their spread is the
+    engine's run-to-run variation at that job)."""
+    each = [b for b in q.get("ru_maxrss_each_bytes") or [] if b is not None]
+    low, high = (f"{f(each) / GiB:.2f}" for f in (min, max)) if len(each) > 1 else ("", "")
+    if low != high:
+        return f" / {low}-{high}"
+    return "" if q.get("ru_maxrss_bytes") is None else f" / {q['ru_maxrss_bytes'] / GiB:.2f}"
 
 
 def _repeats_cell(q: dict) -> str:

@@ -297,17 +297,22 @@ def test_a_probe_of_several_runs_fits_only_when_every_run_fits():
     table say how many of the runs fit."""
     oom = {"ok": False, "oom_killed": True, "losses": [1.0], "error": "does not fit: OOM-killed at step 2",
            "cgroup": {"peak_bytes": 4 * GiB},
-           "repeats": [{"ok": False}, {"ok": True}, {"ok": True}]}
+           "repeats": [{"ok": False, "ru_maxrss_bytes": 4 * GiB}, {"ok": True, "ru_maxrss_bytes": int(3.8 * GiB)},
+                       {"ok": True, "ru_maxrss_bytes": int(3.9 * GiB)}]}
     q = capacity.probe_record(3328, oom, "tuned/seq-3328/bench.json")
     assert (q["outcome"], q["repeats"], q["repeats_fit"]) == (OOM, 3, 2)
+    assert q["ru_maxrss_each_bytes"] == [4 * GiB, int(3.8 * GiB), int(3.9 * GiB)]
     one = capacity.probe_record(3072, {"ok": True, "losses": [1.0, 0.9]}, "tuned/seq-3072/bench.json")
-    assert (one["repeats"], one["repeats_fit"]) == (1, 1)
+    assert (one["repeats"], one["repeats_fit"], one["ru_maxrss_each_bytes"]) == (1, 1, None)
     doc = _doc()
     doc["job"]["repeat"] = 3
-    doc["engines"][1]["probes"][0].update(repeats=3, repeats_fit=3)
-    doc["engines"][1]["probes"][1].update(repeats=3, repeats_fit=2)
+    doc["engines"][1]["probes"][0].update(repeats=3, repeats_fit=3, ru_maxrss_bytes=int(2.95 * GiB),
+                                          ru_maxrss_each_bytes=[int(2.9 * GiB), int(2.95 * GiB), int(2.99 * GiB)])
+    doc["engines"][1]["probes"][1].update(repeats=3, repeats_fit=2, ru_maxrss_bytes=4 * GiB,
+                                          ru_maxrss_each_bytes=[4 * GiB, 4 * GiB, 4 * GiB])
     text = capacity.results_section([("p", doc)])
-    assert "12: fit (all 3) 3.00; 13: oom (2 of 3 fit) 4.00" in text
+    # each run's ru_maxrss as lowest-highest; one value when they agree to the table's precision
+    assert "12: fit (all 3) 3.00 / 2.90-2.99; 13: oom (2 of 3 fit) 4.00 / 4.00" in text
     assert "(stock: hf), 3 runs per probe (fits when all fit); d" in text
 
 
