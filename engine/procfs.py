@@ -4,6 +4,7 @@ the /proc/self/status and /proc/self/io readers."""
 import ctypes
 import functools
 import os
+import xml.etree.ElementTree as ET
 
 
 def status_kib(field: str) -> int:
@@ -64,5 +65,59 @@ def malloc_state() -> dict | None:
     if fn is None:
         return None
     m = fn()
-    return {"arena_bytes": m.arena, "in_use_bytes": m.uordblks, "free_kept_bytes": m.fordblks,
-            "mmapped_bytes": m.hblkhd, "mmapped_chunks": m.hblks}
+    out = {"arena_bytes": m.arena, "in_use_bytes": m.uordblks, "free_kept_bytes": m.fordblks,
+           "mmapped_bytes": m.hblkhd, "mmapped_chunks": m.hblks}
+    arenas = malloc_arenas()
+    if arenas is not None:
+        out["arenas"] = arenas
+    return out
+
+
+@functools.cache
+def _libc():
+    libc = ctypes.CDLL("libc.so.6")
+    for name in ("open_memstream", "malloc_info", "fclose", "free"):
+        if not hasattr(libc, name):
+            return None
+    libc.open_memstream.restype = ctypes.c_void_p
+    libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    libc.free.argtypes = [ctypes.c_void_p]
+    return libc
+
+
+def parse_malloc_info(xml: str) -> list[list[int]]:
+    """[[bytes the arena holds from the OS, of them free in its bins], ...] per arena (main arena first) from
+    glibc's malloc_info(3) XML: each <heap> has <system type="current"> and <total type="fast"|"rest"> sizes
+    (the arena's top chunk is in neither; mallinfo2's fordblks counts it)."""
+    arenas = []
+    for heap in ET.fromstring(xml).iter("heap"):
+        system = sum(int(e.get("size", 0)) for e in heap.findall("system") if e.get("type") == "current")
+        free = sum(int(e.get("size", 0)) for e in heap.findall("total") if e.get("type") in ("fast", "rest"))
+        arenas.append([system, free])
+    return arenas
+
+
+def malloc_arenas() -> list[list[int]] | None:
+    """Per-arena heap state (parse_malloc_info) of this process: glibc gives each thread that allocates under
+    contention its own arena (up to 8 x cores), and what a thread's arena keeps free no other thread reuses. None
+    where the C library has no malloc_info."""
+    try:
+        libc = _libc()
+    except OSError:
+        return None
+    if libc is None:
+        return None
+    buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not stream:
+        return None
+    try:
+        libc.malloc_info(0, stream)
+    finally:
+        libc.fclose(stream)
+    try:
+        return parse_malloc_info(ctypes.string_at(buf, size.value).decode())
+    finally:
+        libc.free(buf)
