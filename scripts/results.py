@@ -48,8 +48,8 @@ from results_time import section_ssd_bound  # noqa: E402
 OUT = os.path.join(DOCS, "results.md")
 # Today's headline documents: the depth and context sweeps of today's engine (tuned and memascend, median of 3) and
 # the stock runs of the depth sweep's points.
-DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-rep3-fp32.json")
-CONTEXT = os.path.join(BENCH, "context-sweep-lt-rep3-fp32.json")
+DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-rep3-fp32.json.gz")
+CONTEXT = os.path.join(BENCH, "context-sweep-lt-rep3-fp32.json.gz")
 STOCK_DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-fp32.json")
 CAPPED = os.path.join(BENCH, "capped")
 PLANNER_TOLERANCE_PERCENT = 10.0

@@ -3,10 +3,9 @@ Stdlib only (scripts/results.py and scripts/results_records.py import it)."""
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 
+from memascend_cli.bench.document import read_summary, recorded_summaries
 from memascend_cli.planner.time import PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER
 from memascend_cli.units import GiB
 
@@ -17,21 +16,14 @@ HISTORY = os.path.join(BENCH, "history.json")
 
 
 def load(pattern: str) -> list[tuple[str, dict]]:
-    out = []
-    for path in sorted(glob.glob(pattern)):
-        if path == HISTORY:
-            continue
-        with open(path) as f:
-            out.append((os.path.relpath(path, REPO), json.load(f)))
-    return out
+    """The recorded summaries `pattern` names (NAME.json, or gzipped NAME.json.gz), as (repository path, document)."""
+    return [(os.path.relpath(path, REPO), read_summary(path)) for path in recorded_summaries(pattern)
+            if path != HISTORY]
 
 
 def load_one(path: str) -> dict | None:
     """The JSON document at `path`, or None when it was not recorded."""
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return read_summary(path) if os.path.exists(path) else None
 
 
 def gib(b) -> str:

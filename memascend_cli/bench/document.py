@@ -3,6 +3,7 @@ the SSD roofline lines. Pure except the writers."""
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import os
@@ -149,19 +150,35 @@ def write_document(doc: dict, path: str, *, compact: bool = False) -> dict:
 def read_timelines(summary_path: str) -> list[dict]:
     """The timeline entries ({layers, seq_len, run, points}) of the summary at `summary_path`; [] without a side
     file."""
-    with open(summary_path) as f:
-        name = json.load(f).get("timeline_file")
+    name = read_summary(summary_path).get("timeline_file")
     if not name:
         return []
     with gzip.open(os.path.join(os.path.dirname(summary_path), name), "rt") as f:
         return json.load(f)["timelines"]
 
 
+RECORDED_GZIP = ".gz"
+"""A large summary committed to the repository may be gzipped whole (docs/bench/NAME.json.gz: a sweep embeds every
+point's document); readers of recorded summaries take either (read_summary, recorded_summaries)."""
+
+
+def read_summary(path: str) -> dict:
+    """The JSON summary at `path`, gzipped or not (RECORDED_GZIP)."""
+    with (gzip.open(path, "rt") if path.endswith(RECORDED_GZIP) else open(path)) as f:
+        return json.load(f)
+
+
+def recorded_summaries(pattern: str) -> list[str]:
+    """Paths of the summaries `pattern` (a glob ending in .json; ** recurses) names, each also gzipped
+    (RECORDED_GZIP), sorted; timeline side files and capacity probe bundles are not summaries."""
+    paths = glob.glob(pattern, recursive=True) + glob.glob(pattern + RECORDED_GZIP, recursive=True)
+    return sorted(p for p in paths if not p.endswith((TIMELINE_SUFFIX, RECORDED_PROBES_FILE)))
+
+
 def read_document(summary_path: str) -> dict:
     """The summary at `summary_path` with every run's timeline back in place from its side file (1 s buckets), as
     write_document takes it: for joining point documents into a sweep (scripts/join_sweep.py)."""
-    with open(summary_path) as f:
-        doc = json.load(f)
+    doc = read_summary(summary_path)
     by_run = {(t["layers"], t["seq_len"], t["run"]): t["points"] for t in read_timelines(summary_path)}
     doc.pop("timeline_file", None)
     for point in doc.get("documents") or [doc]:

@@ -75,3 +75,21 @@ def test_a_repeated_run_reads_as_the_median_of_its_repeats_step_times():
     four = reps + [{"ok": False, "seconds_per_step": None}, {"ok": True, "seconds_per_step": 9.0}]
     assert step_seconds({"seconds_per_step": 8.9, "repeats": four})[0] == (8.4 + 8.9) / 2  # the failed one left out
     assert step_seconds({"seconds_per_step": 7.5}) == (7.5, "")
+
+
+def test_recorded_summaries_are_read_gzipped_or_not(tmp_path):
+    """A summary committed gzipped (NAME.json.gz) reads as its plain twin; timeline side files and capacity probe
+    bundles beside it are not summaries."""
+    import gzip
+    import json
+
+    from memascend_cli.bench.document import read_summary, recorded_summaries
+
+    (tmp_path / "a.json").write_text(json.dumps({"kind": "bench", "n": 1}))
+    with gzip.open(tmp_path / "b.json.gz", "wt") as f:
+        json.dump({"kind": "sweep", "n": 2}, f)
+    for side in ("a.timeline.json.gz", "probes.json.gz"):
+        (tmp_path / side).write_bytes(b"")
+    paths = recorded_summaries(str(tmp_path / "*.json"))
+    assert [os.path.basename(p) for p in paths] == ["a.json", "b.json.gz"]
+    assert [read_summary(p)["n"] for p in paths] == [1, 2]

@@ -1,19 +1,18 @@
 """`memascend plan`'s step time on bench runs it was not fitted on: within 15% of the measured s/step.
 
-The CPU's achieved GFLOP/s (CPU_CALIBRATED_GFLOPS) is fitted on docs/bench/depth-sweep-seq2048-rep3-fp32.json and
+The CPU's achieved GFLOP/s (CPU_CALIBRATED_GFLOPS) is fitted on docs/bench/depth-sweep-seq2048-rep3-fp32.json.gz and
 stock's host copies on the CPU accelerator (planner.time.STOCK_CPU_HOST_NS_PER_ELEMENT) on one stock run
 (STOCK_HOST_CALIBRATION); every other committed bench run is validation. The older documents record no SSD
 bandwidth (their regions were made with --no-probe): READ_GBPS / WRITE_GBPS are the disk's, measured afterwards by
 `memascend prepare-ssd`'s probe, not fitted. Documents that record the time model's inputs (`job.timing`, bench since
 --ssd-bandwidth: their machine's CPU probe, the throttle or the region's probe) are predicted with those."""
 
-import glob
-import json
 import os
 
 import pytest
 
 from memascend_cli.bench import configs
+from memascend_cli.bench.document import RECORDED_GZIP, read_summary, recorded_summaries
 from memascend_cli.planner import time as tm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -182,14 +181,19 @@ def _date(doc: dict) -> str:
 
 
 def _docs():
-    for path in sorted(glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"), recursive=True)):
+    """(name, point document) of every recorded bench summary; the name is the file's, without RECORDED_GZIP."""
+    for path in recorded_summaries(os.path.join(REPO, "docs", "bench", "**", "*.json")):
         if os.sep + "capacity" + os.sep in path:
             continue  # capacity probes: runs at their DRAM cap, where reclaim sets the pace, not the time model
-        with open(path) as f:
-            d = json.load(f)
+        d = read_summary(path)
         for doc in d.get("documents") or [d]:
             if "runs" in doc:
-                yield os.path.basename(path), doc
+                yield os.path.basename(path).removesuffix(RECORDED_GZIP), doc
+
+
+def _ssd_bound(name: str) -> dict:
+    path = os.path.join(REPO, "docs", "bench", "ssd-bound", name)
+    return read_summary(path if os.path.exists(path) else path + RECORDED_GZIP)
 
 
 def predicted_s(doc: dict, run: dict, gflops: float = CPU_CALIBRATED_GFLOPS) -> float:
@@ -275,8 +279,7 @@ def test_stock_host_copies_are_the_fit():
     import statistics
 
     name, layers, seq, run = STOCK_HOST_CALIBRATION.split(":")
-    with open(os.path.join(REPO, "docs", "bench", "ssd-bound", name)) as f:
-        doc = json.load(f)
+    doc = _ssd_bound(name)
     r = next(r for r in doc["runs"] if r["name"] == run)
     at = {p["name"]: p["at_s"] for p in r["phases"]}
     steps = [s for s in range(2, 100) if f"step{s}_optimizer" in at]
@@ -295,8 +298,7 @@ def test_memascend_host_term_is_the_fit():
     """MEMASCEND_CPU_HOST_NS_PER_ELEMENT makes MEMASCEND_HOST_CALIBRATION's memascend run's planned s/step its
     measured one, to 0.1 ns (bisection: the step time grows with the term)."""
     name, _, _, run = MEMASCEND_HOST_CALIBRATION.split(":")
-    with open(os.path.join(REPO, "docs", "bench", "ssd-bound", name)) as f:
-        doc = json.load(f)
+    doc = _ssd_bound(name)
     r = next(r for r in doc["runs"] if r["name"] == run)
     lo, hi = 0.0, 100.0
     try:
