@@ -131,22 +131,33 @@ def section_bench(title: str, path: str, doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _arenas(p: dict) -> list | None:
+    return (p.get("malloc") or {}).get("arenas")
+
+
 def phase_heap_lines(doc: dict) -> list[str]:
-    """Rank 0's anonymous RSS and glibc's free-but-kept heap at each phase boundary (runs recorded with them)."""
+    """Rank 0's anonymous RSS and glibc's free-but-kept heap at each phase boundary (runs recorded with them), and
+    what the arenas of threads other than the main one hold (runs recorded with malloc_info's arenas)."""
     runs = [r for r in doc["runs"] if r["ok"] and any(p.get("malloc") for p in r.get("phases") or [])]
     if not runs:
         return []
+    per_arena = any(_arenas(p) for r in runs for p in r["phases"])
     names = [p["name"] for p in runs[0]["phases"]]
     rows = []
     for name in names:
         cells = []
         for r in runs:
             p = next((q for q in r["phases"] if q["name"] == name), None)
-            cells.append(f"{p['rss_anon_bytes'] / GiB:.2f} / {p['malloc']['free_kept_bytes'] / GiB:.2f}"
-                         if p and p.get("malloc") else "-")
+            cell = f"{p['rss_anon_bytes'] / GiB:.2f} / {p['malloc']['free_kept_bytes'] / GiB:.2f}" \
+                if p and p.get("malloc") else "-"
+            if per_arena and p and _arenas(p):
+                cell += f" / {sum(system for system, _ in _arenas(p)[1:]) / GiB:.2f}"
+            cells.append(cell)
         rows.append([name] + cells)
-    return ["At the start of each phase, rank 0's anonymous RSS / heap glibc keeps free (mallinfo2 fordblks), GiB:", "",
-            table(["phase"] + [r["name"] for r in runs], rows), ""]
+    what = "anonymous RSS / heap glibc keeps free (mallinfo2 fordblks)" + \
+        (" / heap of the arenas of threads other than the main one (malloc_info)" if per_arena else "")
+    return [f"At the start of each phase, rank 0's {what}, GiB:", "", table(["phase"] + [r["name"] for r in runs], rows),
+            ""]
 
 
 def section_sweep(title: str, path: str, doc: dict) -> str:
@@ -171,6 +182,9 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
            "config and job): planned GiB and error.", "",
            table(["run"] + header[1:-2], _sweep_rows(doc, _today_cell)), ""]
     out += _sweep_growth_lines(doc)
+    for d in doc["documents"]:
+        if any(_arenas(p) for r in d["runs"] for p in r.get("phases") or []):
+            out += [f"{_point(d)}:", ""] + phase_heap_lines(d)
     for d in doc["documents"]:
         cmp = [x for x in comparisons(d) if x.startswith("- memascend:")]
         if cmp:

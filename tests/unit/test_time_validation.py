@@ -173,7 +173,16 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                "params-hold-master-amd-quiet.json:16:1024:"
                                                                "memascend-no-params_hold_master",
                                                                # +19%: the allocator calibration at seq 4096
-                                                               "tuned-heap-l16-seq4096-fp32.json:16:4096:tuned"}
+                                                               "tuned-heap-l16-seq4096-fp32.json:16:4096:tuned",
+                                                               # Stock's CPU passes at seq 3072 (2026-11-29, a quiet
+                                                               # VM): 21-27% longer than the model at 8 and 16 layers
+                                                               # in stock and tuned, as at seq 4096 above, where the
+                                                               # hidden-wide blocks strand in glibc's heap; the seq
+                                                               # 2048 calibration and the context sweep's 8192 are
+                                                               # within 15%. Not modelled yet
+                                                               *(f"heap-arenas-seq3072-fp32.json:{L}:3072:{run}"
+                                                                 for L in (8, 16) for run in ("stock", "tuned")),
+                                                               "heap-steps5-tuned-l16-seq3072-fp32.json:16:3072:tuned"}
 
 
 def _date(doc: dict) -> str:
