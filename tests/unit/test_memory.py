@@ -275,6 +275,16 @@ def test_stock_on_a_cpu_is_told_its_heap_varies():
     assert not told(estimate(j, CPU, "memascend")) and not told(estimate(j, GPU, "stock"))
 
 
+def test_stock_on_a_cpu_is_told_where_hidden_wide_blocks_strand():
+    """Where each layer's hidden-wide activation blocks strand in glibc's heap (bench-llama-136m: 12 MiB at seq 3072,
+    above its 11 MiB weights), the plan says it under-counts that heap; at seq 2048 (intermediate-wide blocks) not."""
+    def told(seq_len, engine="stock"):
+        j = job("bench-llama-136m", seq_len=seq_len, dtype="fp32", checkpointing="full")
+        return any("hidden-wide activation blocks (12 MiB)" in n for n in estimate(j, CPU, engine).notes)
+
+    assert told(3072) and told(3072, "tuned") and not told(3072, "memascend") and not told(2048)
+
+
 def test_later_backwards_map_their_large_blocks_above_the_kept_heap():
     """From step 2 on, stock's CPU backward maps its blocks of 32 MiB or more (the hf loss's b x s x V logits) above the
     heap step 1 left kept; bench-llama-136m at 8 layers peaked in step 2's backward at seq 1280, 2304 and 3328."""
