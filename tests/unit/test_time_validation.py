@@ -182,7 +182,17 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                # within 15%. Not modelled yet
                                                                *(f"heap-arenas-seq3072-fp32.json:{L}:3072:{run}"
                                                                  for L in (8, 16) for run in ("stock", "tuned")),
-                                                               "heap-steps5-tuned-l16-seq3072-fp32.json:16:3072:tuned"}
+                                                               "heap-steps5-tuned-l16-seq3072-fp32.json:16:3072:tuned",
+                                                               # -24% to -34%: the calibration document's tuned job
+                                                               # again (2026-11-29 02:30), 22.4 / 36.5 / 72.2 s/step
+                                                               # against its 14.2 / 26.2 / 48.2; memascend at 8 layers
+                                                               # in the next sitting as slow (21.3 against 13.9). The
+                                                               # matmul probe was unchanged (181.2 GFLOP/s), the VM's
+                                                               # disk read 1.6 and wrote 1.3 GB/s (dd, O_DIRECT, 4 MiB),
+                                                               # and step 2's backward took 14-15 s of the 22. Not
+                                                               # explained yet
+                                                               *(f"heap-depth-tuned-seq2048-steps3-fp32.json:{L}:2048:"
+                                                                 "tuned" for L in (8, 16, 32))}
 
 
 def _date(doc: dict) -> str:
