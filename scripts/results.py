@@ -136,13 +136,17 @@ def _arenas(p: dict) -> list | None:
     return (p.get("malloc") or {}).get("arenas")
 
 
+def _has_arenas(runs: list) -> bool:
+    return any(_arenas(p) for r in runs for p in r.get("phases") or [])
+
+
 def phase_heap_lines(doc: dict) -> list[str]:
     """Rank 0's anonymous RSS and glibc's free-but-kept heap at each phase boundary (runs recorded with them), and
     what the arenas of threads other than the main one hold (runs recorded with malloc_info's arenas)."""
     runs = [r for r in doc["runs"] if r["ok"] and any(p.get("malloc") for p in r.get("phases") or [])]
     if not runs:
         return []
-    per_arena = any(_arenas(p) for r in runs for p in r["phases"])
+    per_arena = _has_arenas(runs)
     names = [p["name"] for p in runs[0]["phases"]]
     rows = []
     for name in names:
@@ -184,7 +188,7 @@ def section_sweep(title: str, path: str, doc: dict) -> str:
            table(["run"] + header[1:-2], _sweep_rows(doc, _today_cell)), ""]
     out += _sweep_growth_lines(doc)
     for d in doc["documents"]:
-        if any(_arenas(p) for r in d["runs"] for p in r.get("phases") or []):
+        if _has_arenas(d["runs"]):
             out += [f"{_point(d)}:", ""] + phase_heap_lines(d)
     for d in doc["documents"]:
         cmp = [x for x in comparisons(d) if x.startswith("- memascend:")]

@@ -61,8 +61,8 @@ input, the partition's copy, its fp64 norm copy and the swap-out buffer copy (ru
 __add_grad_to_ipg_bucket, __avg_scatter_grads, partition_grads, _constant_buffered_norm2); in the step: the
 gradients' swap-in copy, unscale and clip, and the parameters' copy back (stage3.py step, unscale_and_clip_grads,
 _reassign_or_swap_out_partitioned_parameters). Fitted on one sitting as (measured - modelled) phase seconds per
-element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engines-clip10-budget1gib.json (AMD
-EPYC VM, 400 MB/s: backward +0.83 s, step +1.26 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); the
+element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engines-clip10-budget1gib.json.gz
+(AMD EPYC VM, 400 MB/s: backward +0.83 s, step +1.26 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); the
 other stock sittings, on two VMs, throttled and not, are its validation (tests/unit/test_time_validation.py)."""
 
 MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 19.2
@@ -74,7 +74,7 @@ hand-offs (engine/overlap.py), CRC-32C of every region write and read (engine/di
 requests the pipeline could not hide (the model's own kernels beyond the probe's rate are CPU_ACHIEVED_FRACTION's). A
 py-spy profile of an unthrottled step (2026-11-27, 100 Hz) had that thread 1.6 s a step in gradient partitioning and
 the overlapped optimizer, 0.7 s blocked on region requests, 0.3 s in backward's epilogue. Fitted on one run:
-docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip10-amd-counters.json, memascend
+docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip10-amd-counters.json.gz, memascend
 (AMD EPYC VM, unthrottled: +2.6 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); every other bench run
 validates it (tests/unit/test_time_validation.py test_memascend_host_term_is_the_fit)."""
 

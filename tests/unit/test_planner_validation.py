@@ -12,6 +12,7 @@ import os
 import pytest
 
 from memascend_cli.bench import configs as bench
+from memascend_cli.bench.document import RECORDED_GZIP, read_summary, recorded_summaries
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 0.10
@@ -103,13 +104,13 @@ def test_measured_constants_are_the_calibration_fit():
 
 
 def _billion_runs():
-    paths = glob.glob(os.path.join(REPO, "docs", "bench", "capped", "*.json")) + \
-        glob.glob(os.path.join(REPO, "docs", "bench", "ssd-bound", "llama-3.2-1b-*.json"))
+    paths = recorded_summaries(os.path.join(REPO, "docs", "bench", "capped", "*.json")) + \
+        recorded_summaries(os.path.join(REPO, "docs", "bench", "ssd-bound", "llama-3.2-1b-*.json"))
     out = []
     for path in sorted(paths):
-        with open(path) as f:
-            doc = json.load(f)
-        out += [pytest.param(doc, r, id=f"{os.path.basename(path)}:{r['name']}",
+        doc = read_summary(path)
+        name = os.path.basename(path).removesuffix(RECORDED_GZIP)
+        out += [pytest.param(doc, r, id=f"{name}:{r['name']}",
                              marks=[pytest.mark.xfail(strict=True, reason=BILLION_MISSES[r["name"]])]
                              if r["name"] in BILLION_MISSES else []) for r in doc["runs"] if r["ok"]]
     return out
