@@ -189,8 +189,13 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                # in the next sitting as slow (21.3 against 13.9). The
                                                                # matmul probe was unchanged (181.2 GFLOP/s), the VM's
                                                                # disk read 1.6 and wrote 1.3 GB/s (dd, O_DIRECT, 4 MiB),
-                                                               # and step 2's backward took 14-15 s of the 22. Not
-                                                               # explained yet
+                                                               # and step 2's backward took 14-15 s of the 22. The
+                                                               # machine, not the code: the code of 2026-11-24
+                                                               # (30e69ff) ran the same job 21.4 s/step on 2026-11-29
+                                                               # 04:45 (today's 20.9); on a RAM-backed ext4 loop device
+                                                               # 18.7; plain transformers forward + backward, no
+                                                               # DeepSpeed, 13.3 s, the calibration's DeepSpeed step's
+                                                               # compute; matmul 152-191 GFLOP/s, copy 31-33 GB/s
                                                                *(f"heap-depth-tuned-seq2048-steps3-fp32.json:{L}:2048:"
                                                                  "tuned" for L in (8, 16, 32))}
 
