@@ -35,6 +35,7 @@ import sys
 
 from memascend_cli.bench import capacity
 from memascend_cli.bench.document import recorded_probe
+from memascend_cli.bench.sitting import sitting_text
 from memascend_cli.units import GiB
 
 # The sections' modules sit beside this script (also when it is loaded by path, as the tests do).
@@ -62,9 +63,11 @@ def machine_line(doc: dict) -> str:
     meta = doc.get("meta") or {}
     gpu = f"{hw.get('num_gpus')} x {hw.get('gpu_name')}" if hw.get("num_gpus") else "no GPU"
     job = doc.get("job") or {}
+    sitting = sitting_text(hw.get("sitting"))
     return (f"Machine: {hw.get('cpu_cores', '?')} cores, {hw.get('dram_gib', 0):.1f} GiB DRAM, {gpu}"
             f"{', accelerator ' + job['accelerator'] if job.get('accelerator') else ''}; "
-            f"DeepSpeed {job.get('deepspeed_version', '?')}; measured {meta.get('date', '?')}.")
+            f"DeepSpeed {job.get('deepspeed_version', '?')}; measured {meta.get('date', '?')}"
+            f"{'; this sitting: ' + sitting if sitting else ''}.")
 
 
 def peak_cell(r: dict) -> str:

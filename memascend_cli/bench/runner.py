@@ -560,6 +560,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                             gradient_clipping=p.gradient_clipping)
             for run in run_specs]
     predictions = [p.predict(run.mode, cfg, run.disabled, run.moments) for run, cfg in zip(run_specs, cfgs)]
+    sitting = _sitting(nvme_dir, p.hw.cpu_cores, err) if engine_ok else None
     measured: list[list[RunResult]] = [[] for _ in run_specs]
     with step_progress(err) as progress:
         # A run's repeats follow each other: smallest planned peak first also across repeats (see execution_order).
@@ -583,7 +584,24 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
            "region_header": region_info, "dram_cap_bytes": dram_cap_bytes,
            "ssd_bandwidth_bytes_per_s": io_limits[0].read_bytes_per_s if io_limits else None,
            "ssd_throttle": [lim.to_dict() for lim in io_limits] or None, "timing": _timing_doc(p.timing)}
-    return build_document(job=job, hardware=p.hw.to_dict(), runs=results, notes=notes)
+    hardware = {**p.hw.to_dict(), **({"sitting": sitting} if sitting else {})}
+    return build_document(job=job, hardware=hardware, runs=results, notes=notes)
+
+
+def _sitting(nvme_dir: str, cpu_cores: int, err) -> dict:
+    """This sitting's matmul and disk rates (bench.sitting), printed with the cached probe's for comparison."""
+    from memascend_cli.bench.sitting import sitting_probe, sitting_text
+    from memascend_cli.compute_probe import cached_cpu
+    from memascend_cli.hardware import local_cpu_model
+
+    probe = sitting_probe(nvme_dir)
+    cached = (cached_cpu(local_cpu_model(), cpu_cores) or {}).get("fp32_gflops")
+    if cached:
+        probe["cached_fp32_gflops"] = cached
+    text = sitting_text(probe)
+    if text:
+        err.print(f"this sitting: {text}", highlight=False)
+    return probe
 
 
 def _timing_doc(timing: dict | None) -> dict | None:

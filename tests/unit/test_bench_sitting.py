@@ -1,0 +1,41 @@
+"""bench.sitting: the machine's rates recorded with a bench sitting (text pure; the disk probe on a real file system)."""
+
+import os
+import subprocess
+
+import pytest
+
+from memascend_cli.bench.sitting import disk_probe, sitting_text
+from memascend_cli.units import MiB
+
+
+def _fstype(path) -> str:
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
+
+
+def test_text_compares_the_matmul_with_the_cached_probe_and_names_the_disk_probe():
+    probe = {"fp32_gflops": 152.0, "cached_fp32_gflops": 181.2, "disk_write_gbps": 1.234, "disk_read_gbps": 0.98,
+             "disk_request_bytes": 4 * MiB}
+    assert sitting_text(probe) == ("matmul 152 GFLOP/s fp32 (cached probe 181.2: -16%), disk 1.23 / 0.98 GB/s write "
+                                   "/ read (O_DIRECT, 4 MiB, one at a time)")
+
+
+def test_text_without_a_cached_probe_or_a_disk():
+    assert sitting_text({"fp32_gflops": 150.5, "disk_error": "no O_DIRECT"}) == (
+        "matmul 150.5 GFLOP/s fp32, disk not measured (no O_DIRECT)")
+    assert sitting_text(None) is None
+    assert sitting_text({}) is None
+
+
+def test_disk_probe_measures_o_direct_and_leaves_nothing_behind(tmp_path):
+    kind = _fstype(tmp_path)
+    if kind in ("tmpfs", "overlayfs", "overlay"):
+        pytest.skip(f"tmp_path is on {kind}: the probe is for the SSD's file system (ext4, xfs)")
+    out = disk_probe(str(tmp_path), size_bytes=8 * MiB, request_bytes=1 * MiB)
+    assert out["write_gbps"] > 0 and out["read_gbps"] > 0, out
+    assert os.listdir(tmp_path) == []
+
+
+def test_disk_probe_reports_a_directory_it_cannot_use(tmp_path):
+    out = disk_probe(str(tmp_path / "missing"))
+    assert set(out) == {"error"} and "cannot create a probe file" in out["error"]
