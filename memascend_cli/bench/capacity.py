@@ -23,6 +23,11 @@ FIT, OOM, STALLED, FAILED = "fit", "oom", "stalled", "failed"
 pages of the libraries it runs for a long time before the OOM killer fires); failed otherwise. OOM and STALLED both mean "does not fit"."""
 DOES_NOT_FIT = (OOM, STALLED)
 _SAYS = {OOM: "OOM-killed", STALLED: "stalled (thrashing or timed out)"}
+CAPACITY_STEPS = 4
+"""Steps a capacity probe trains by default. Stock's and tuned's glibc heap can grow again in step 3 at depth: tuned
+at 30-32 layers, seq 2048, fp32 ran at most 6.7 GiB anon RSS through step 2 and up to 7.2 in step 3, step 4 as step 3
+(docs/bench/capacity/cap8gib-layers-fp32-tuned-repeat3-steps4, docs/bench/heap-depth-tuned-seq2048-steps3-fp32),
+so a 2-step probe said "fits" for jobs a longer run has OOM-killed. memascend's peak repeats from step 2 on."""
 DISK_KEEP_FREE_BYTES = 8 * GiB
 """SSD space the probes leave free on the file system they use (other users of the machine)."""
 PROBE_START_S = 240.0
@@ -318,7 +323,10 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
         cap = f"{doc['dram_cap_bytes'] / GiB:.2f}"
         fixed = ", ".join(f"{k.replace('_', ' ')} {j[k]}" for k in ("layers", "seq_len", "micro_batch")
                           if j.get(k) is not None)  # the searched axis is None
-        out += [f"### {meta.get('title') or path}", "", f"`{meta.get('command', '?')}`", "",
+        command = f"`{meta.get('command', '?')}`"
+        if "--steps" not in command and j["steps"] != CAPACITY_STEPS:
+            command += f" (run when the default was --steps {j['steps']})"
+        out += [f"### {meta.get('title') or path}", "", command, "",
                 f"{j['model']}, {fixed}, {j['steps']} steps, {j['dtype']}, checkpointing {j['checkpointing']}, "
                 f"{j['ranks']} rank(s), tuned and memascend loss {j.get('loss', 'hf')} (stock: hf)"
                 + (f", {j['repeat']} runs per probe (fits when all fit)" if j.get("repeat", 1) > 1 else "") + "; "

@@ -594,6 +594,7 @@ def _sitting(nvme_dir: str, cpu_cores: int, err) -> dict:
     from memascend_cli.compute_probe import cached_cpu
     from memascend_cli.hardware import local_cpu_model
 
+    os.makedirs(nvme_dir, exist_ok=True)  # a capacity search removes it between probes
     probe = sitting_probe(nvme_dir)
     cached = (cached_cpu(local_cpu_model(), cpu_cores) or {}).get("fp32_gflops")
     if cached:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from memascend_cli.bench.capacity import PROBE_TIMEOUT_RULE
+from memascend_cli.bench.capacity import CAPACITY_STEPS, PROBE_TIMEOUT_RULE
 from memascend_cli.errors import EXIT_FAIL, BadInput
 
 _J = "Job"
@@ -66,8 +66,8 @@ def bench_command(
                                             "norm; 0: off). Default: DeepSpeed's, 1.0.", rich_help_panel=_J,
                                             show_default=False),
     steps: int = typer.Option(None, "--steps", help="Training steps per run (s/step averages steps 2..N; step 1 also "
-                              "records the parameter trace and creates the Adam states). Default: 5; 2 with "
-                              "--capacity.", rich_help_panel=_J, show_default=False),
+                              "records the parameter trace and creates the Adam states). Default: 5; 4 with "
+                              "--capacity (the heap of stock and tuned can grow again in step 3).", rich_help_panel=_J, show_default=False),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32.", rich_help_panel=_J),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic token batches.",
                              rich_help_panel=_J),
@@ -178,7 +178,7 @@ def bench_command(
         raise BadInput("--probe-timeout must be positive", "give seconds, e.g. --probe-timeout 1800")
     seq_lens = _int_list(seq_len or ("2048" if capacity else "512"), "--seq-len")
     micro_batch = 1 if micro_batch is None else micro_batch
-    steps = (2 if capacity else 5) if steps is None else steps
+    steps = (CAPACITY_STEPS if capacity else 5) if steps is None else steps
     for name, value in (("--micro-batch", micro_batch), ("--grad-accum", grad_accum), ("--steps", steps),
                         ("--repeat", repeat)):
         if value < 1:

@@ -355,3 +355,15 @@ def test_a_recorded_sitting_is_its_summary_and_one_bundle_of_probes(tmp_path, mo
     with open(out / q["document"]) as f:
         assert document.recorded_probe(dst, q["document"]) == json.load(f) == document.recorded_probe(str(out),
                                                                                                      q["document"])
+
+
+def test_a_recorded_command_names_the_steps_it_ran_with_when_the_default_has_changed():
+    doc = _doc()  # 2 steps, its command without --steps
+    assert capacity.CAPACITY_STEPS != 2
+    text = capacity.results_section([("p", doc)])
+    assert "`memascend bench --capacity layers --dram-cap 4GiB` (run when the default was --steps 2)" in text
+    doc["meta"]["command"] += " --steps 2"
+    assert "run when the default" not in capacity.results_section([("p", doc)])
+    doc = _doc()
+    doc["job"]["steps"] = capacity.CAPACITY_STEPS
+    assert "run when the default" not in capacity.results_section([("p", doc)])
