@@ -25,9 +25,10 @@ DOES_NOT_FIT = (OOM, STALLED)
 _SAYS = {OOM: "OOM-killed", STALLED: "stalled (thrashing or timed out)"}
 CAPACITY_STEPS = 4
 """Steps a capacity probe trains by default. Stock's and tuned's glibc heap can grow again in step 3 at depth: tuned
-at 30-32 layers, seq 2048, fp32 ran at most 6.7 GiB anon RSS through step 2 and up to 7.2 in step 3, step 4 as step 3
-(docs/bench/capacity/cap8gib-layers-fp32-tuned-repeat3-steps4, docs/bench/heap-depth-tuned-seq2048-steps3-fp32),
-so a 2-step probe said "fits" for jobs a longer run has OOM-killed. memascend's peak repeats from step 2 on."""
+at 30-32 layers, seq 2048, fp32 under 8 GiB peaked in step 3's backward in 8 of the 9 runs that trained 4 steps, and
+one at 33 layers trained 2 steps and was OOM-killed in step 3 (docs/bench/capacity/cap8gib-layers-fp32-tuned-repeat3-
+steps4; docs/bench/heap-depth-tuned-seq2048-steps3-fp32: +0.64 GiB of heap in step 3 at 32 layers), so a 2-step probe
+can say "fits" for a job a longer run OOM-kills. memascend's peak repeats from step 2 on."""
 DISK_KEEP_FREE_BYTES = 8 * GiB
 """SSD space the probes leave free on the file system they use (other users of the machine)."""
 PROBE_START_S = 240.0
