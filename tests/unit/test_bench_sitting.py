@@ -39,3 +39,20 @@ def test_disk_probe_measures_o_direct_and_leaves_nothing_behind(tmp_path):
 def test_disk_probe_reports_a_directory_it_cannot_use(tmp_path):
     out = disk_probe(str(tmp_path / "missing"))
     assert set(out) == {"error"} and "cannot create a probe file" in out["error"]
+
+
+def test_the_bench_probes_a_swap_directory_a_capacity_search_removed(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from memascend_cli import compute_probe
+    from memascend_cli.bench import runner
+
+    if _fstype(tmp_path) in ("tmpfs", "overlayfs", "overlay"):
+        pytest.skip("tmp_path is not on an SSD's file system (ext4, xfs)")
+    monkeypatch.setattr(compute_probe, "run_probe", lambda timeout_s=60.0: None)  # the matmul: tested via inspect
+    out = io.StringIO()
+    probe = runner._sitting(str(tmp_path / "swap"), 2, Console(file=out, width=200))
+    assert probe["disk_write_gbps"] > 0 and (tmp_path / "swap").is_dir()
+    assert out.getvalue().startswith("this sitting: disk ")
