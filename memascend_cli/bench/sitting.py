@@ -61,7 +61,7 @@ def sitting_probe(directory: str) -> dict:
     found = run_probe()
     if found:
         out.update({k: found[k] for k in ("fp32_gflops", "bf16_gflops", "threads") if k in found})
-    out.update({("disk_" + k if k != "error" else "disk_error"): v for k, v in disk_probe(directory).items()})
+    out.update({"disk_" + k: v for k, v in disk_probe(directory).items()})
     return out
 
 

@@ -67,7 +67,8 @@ def bench_command(
                                             show_default=False),
     steps: int = typer.Option(None, "--steps", help="Training steps per run (s/step averages steps 2..N; step 1 also "
                               "records the parameter trace and creates the Adam states). Default: 5; 4 with "
-                              "--capacity (the heap of stock and tuned can grow again in step 3).", rich_help_panel=_J, show_default=False),
+                              "--capacity (the heap of stock and tuned can grow again in step 3).",
+                              rich_help_panel=_J, show_default=False),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32.", rich_help_panel=_J),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic token batches.",
                              rich_help_panel=_J),

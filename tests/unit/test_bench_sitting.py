@@ -1,4 +1,5 @@
-"""bench.sitting: the machine's rates recorded with a bench sitting (text pure; the disk probe on a real file system)."""
+"""bench.sitting: the machine's rates recorded with a bench sitting (text pure; the disk probe on a real file
+system)."""
 
 import os
 import subprocess
@@ -9,8 +10,13 @@ from memascend_cli.bench.sitting import disk_probe, sitting_text
 from memascend_cli.units import MiB
 
 
-def _fstype(path) -> str:
-    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
+@pytest.fixture
+def dio_dir(tmp_path):
+    """tmp_path where it is on an SSD's kind of file system (ext4, xfs), which the probe is for."""
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
+    if kind in ("tmpfs", "overlayfs", "overlay"):
+        pytest.skip(f"tmp_path is on {kind}: the probe is for the SSD's file system (ext4, xfs)")
+    return tmp_path
 
 
 def test_text_compares_the_matmul_with_the_cached_probe_and_names_the_disk_probe():
@@ -27,13 +33,10 @@ def test_text_without_a_cached_probe_or_a_disk():
     assert sitting_text({}) is None
 
 
-def test_disk_probe_measures_o_direct_and_leaves_nothing_behind(tmp_path):
-    kind = _fstype(tmp_path)
-    if kind in ("tmpfs", "overlayfs", "overlay"):
-        pytest.skip(f"tmp_path is on {kind}: the probe is for the SSD's file system (ext4, xfs)")
-    out = disk_probe(str(tmp_path), size_bytes=8 * MiB, request_bytes=1 * MiB)
+def test_disk_probe_measures_o_direct_and_leaves_nothing_behind(dio_dir):
+    out = disk_probe(str(dio_dir), size_bytes=8 * MiB, request_bytes=1 * MiB)
     assert out["write_gbps"] > 0 and out["read_gbps"] > 0, out
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(dio_dir) == []
 
 
 def test_disk_probe_reports_a_directory_it_cannot_use(tmp_path):
@@ -41,7 +44,7 @@ def test_disk_probe_reports_a_directory_it_cannot_use(tmp_path):
     assert set(out) == {"error"} and "cannot create a probe file" in out["error"]
 
 
-def test_the_bench_probes_a_swap_directory_a_capacity_search_removed(tmp_path, monkeypatch):
+def test_the_bench_probes_a_swap_directory_a_capacity_search_removed(dio_dir, monkeypatch):
     import io
 
     from rich.console import Console
@@ -49,10 +52,8 @@ def test_the_bench_probes_a_swap_directory_a_capacity_search_removed(tmp_path, m
     from memascend_cli import compute_probe
     from memascend_cli.bench import runner
 
-    if _fstype(tmp_path) in ("tmpfs", "overlayfs", "overlay"):
-        pytest.skip("tmp_path is not on an SSD's file system (ext4, xfs)")
     monkeypatch.setattr(compute_probe, "run_probe", lambda timeout_s=60.0: None)  # the matmul: tested via inspect
     out = io.StringIO()
-    probe = runner._sitting(str(tmp_path / "swap"), 2, Console(file=out, width=200))
-    assert probe["disk_write_gbps"] > 0 and (tmp_path / "swap").is_dir()
+    probe = runner._sitting(str(dio_dir / "swap"), 2, Console(file=out, width=200))
+    assert probe["disk_write_gbps"] > 0 and (dio_dir / "swap").is_dir()
     assert out.getvalue().startswith("this sitting: disk ")
