@@ -7,8 +7,10 @@ The per-process runtime (python + torch + DeepSpeed, memascend_cli/planner/host.
 the runs of a tiny model measure beyond every other modelled item: their model data is a few MiB, so the residual
 is the runtime. The engine runtime (ENGINE_RUNTIME_BYTES) is the memascend run's residual beyond that. Runs of
 larger models are calibration for the rest of the model, not for these constants: their residuals carry the
-model's other errors. The activation-heap blocks per layer (ACTIVATION_HEAP_BLOCKS_PER_LAYER) come from the stock
-runs recorded with glibc's heap state at each phase start. Validation runs (docs/bench/validation) are never read here.
+model's other errors. glibc's heap constants (planner/heap.py: ACTIVATION_HEAP_BLOCKS_PER_LAYER,
+OPTIMIZER_INIT_HEAP_FRACTION, STEP_HEAP_FRACTION) come from the stock and tuned runs recorded with glibc's heap state
+(mallinfo2) at each phase start whose ZeRO settings are today's for their mode: the heap follows the bucket and
+sub-group sizes. Validation runs (docs/bench/validation) are never read here.
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from memascend_cli.bench.configs import recorded_spec, repredict
-from memascend_cli.planner import memory
+from memascend_cli.bench.configs import (
+    recorded_hardware,
+    recorded_plan_job,
+    recorded_spec,
+    repredict,
+    resolve_settings,
+    run_settings,
+)
+from memascend_cli.planner import heap, memory
+from memascend_cli.planner.context import Context
 from memascend_cli.units import GiB
 
 # Runs whose model data is below this are the runtime's calibration.
@@ -64,26 +74,80 @@ def fit(rows: list[dict]) -> dict:
             "runs": rows}
 
 
+def _current_config(doc: dict, run: dict) -> bool:
+    """The run's ZeRO settings are today's for its mode and job: the allocator's behaviour follows the bucket and
+    sub-group sizes, so runs of an earlier tuned config are not fitted on."""
+    j = doc["job"]
+    today = resolve_settings(run["mode"], recorded_spec(j), dtype=j["dtype"], ranks=int(j["ranks"]))
+    return run_settings(run["mode"], run["config"]) == today
+
+
+def _heap_runs(paths: list[str]):
+    """(doc, run, free-kept bytes per phase start) of the stock and tuned runs recorded with mallinfo2, today's
+    config."""
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        for r in doc["runs"]:
+            kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
+            if r["ok"] and r["mode"] != "memascend" and kept and _current_config(doc, r):
+                yield doc, r, kept
+
+
+def optimizer_init_heap_fit(paths: list[str]) -> float | None:
+    """OPTIMIZER_INIT_HEAP_FRACTION: glibc's free-kept heap growth over deepspeed.initialize (the initialize to
+    step-1 forward marks) per fp32 byte of the sub-groups below the mmap threshold, over all the runs (a ratio of
+    sums: a tiny model's few MiB do not weigh as much as a large one's GiB)."""
+    grown = small_total = 0
+    for doc, r, kept in _heap_runs(paths):
+        small = _small_fp32_bytes(doc, r)
+        if small and {"initialize", "step1_forward"} <= kept.keys():
+            grown += kept["step1_forward"] - kept["initialize"]
+            small_total += small
+    return round(grown / small_total, 2) if small_total else None
+
+
+def _small_fp32_bytes(doc: dict, run: dict) -> int:
+    job, engine = recorded_plan_job(doc, run)
+    return heap.small_sub_group_fp32_bytes(Context(job, recorded_hardware(doc), engine))
+
+
+def _stranded(doc: dict):
+    j = doc["job"]
+    return memory.activation_heap_block(recorded_spec(j), j["micro_batch"] * j["seq_len"],
+                                        memory.DTYPE_BYTES[j["dtype"]])
+
+
+def step_heap_fit(paths: list[str]) -> float | None:
+    """STEP_HEAP_FRACTION: the free-kept heap growth over step 1 (forward to optimizer marks) beyond the modelled
+    allocator retention, per fp32 byte of the
+    sub-groups below the mmap threshold, over the runs where no activation block strands (a ratio of sums)."""
+    grown = small_total = 0
+    for doc, r, kept in _heap_runs(paths):
+        small = _small_fp32_bytes(doc, r)
+        if small and not _stranded(doc) and {"step1_forward", "step1_optimizer"} <= kept.keys():
+            # beyond the backward blocks the plan already keeps (host/allocator_retention)
+            retention = _item(repredict(doc, r), "host/allocator_retention")
+            grown += kept["step1_optimizer"] - kept["step1_forward"] - retention
+            small_total += small
+    return round(grown / small_total, 2) if small_total else None
+
+
 def activation_heap_fit(paths: list[str]) -> dict:
     """ACTIVATION_HEAP_BLOCKS_PER_LAYER: glibc's free-kept heap growth (phase starts recorded with mallinfo2) per layer
     over stock's first forward ("forward") and first forward + backward ("retained"), in blocks of
     memory.activation_heap_block, for each width that strands; a width without a calibration run is left out."""
     ks: dict[str, dict[str, list[float]]] = {}
     phases = {"step1_forward", "step1_backward", "step1_optimizer"}
-    for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
-        j = doc["job"]
-        spec = recorded_spec(j)
-        stranded = memory.activation_heap_block(spec, j["micro_batch"] * j["seq_len"], memory.DTYPE_BYTES[j["dtype"]])
-        for r in doc["runs"]:
-            kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
-            if r["ok"] and r["mode"] != "memascend" and stranded and phases <= kept.keys():
-                width, block = stranded
-                per_layer = spec.num_hidden_layers * block
-                fit = ks.setdefault(width, {"retained": [], "forward": []})
-                fit["retained"].append((kept["step1_optimizer"] - kept["step1_forward"]) / per_layer)
-                fit["forward"].append((kept["step1_backward"] - kept["step1_forward"]) / per_layer)
+    for doc, r, kept in _heap_runs(paths):
+        stranded = _stranded(doc)
+        if stranded and phases <= kept.keys():
+            width, block = stranded
+            per_layer = recorded_spec(doc["job"]).num_hidden_layers * block
+            step = heap.STEP_HEAP_FRACTION * _small_fp32_bytes(doc, r)  # the step's own blocks (host/step_heap)
+            fit = ks.setdefault(width, {"retained": [], "forward": []})
+            fit["retained"].append((kept["step1_optimizer"] - kept["step1_forward"] - step) / per_layer)
+            fit["forward"].append((kept["step1_backward"] - kept["step1_forward"]) / per_layer)
     return {w: {part: round(sum(v) / len(v), 1) for part, v in parts.items()} for w, parts in ks.items()}
 
 
@@ -94,9 +158,13 @@ def main(argv=None) -> int:
     paths = sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))
     result = fit(residuals(paths))
     result["activation_heap_blocks_per_layer"] = activation_heap_fit(paths)
+    result["optimizer_init_heap_fraction"] = optimizer_init_heap_fit(paths)
+    result["step_heap_fraction"] = step_heap_fit(paths)
     result["memory_py"] = {"runtime_cpu_gib": round(memory.RUNTIME_CPU_BYTES / GiB, 2),
                            "engine_runtime_gib": round(memory.ENGINE_RUNTIME_BYTES / GiB, 2),
-                           "activation_heap_blocks_per_layer": memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER}
+                           "activation_heap_blocks_per_layer": memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER,
+                           "optimizer_init_heap_fraction": heap.OPTIMIZER_INIT_HEAP_FRACTION,
+                           "step_heap_fraction": heap.STEP_HEAP_FRACTION}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -106,6 +174,9 @@ def main(argv=None) -> int:
           f" memory.py: {result['memory_py']['runtime_cpu_gib']:.2f}, {result['memory_py']['engine_runtime_gib']:.2f}")
     print(f"fitted: activation heap blocks per layer {result['activation_heap_blocks_per_layer']};"
           f" memory.py: {memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER}")
+    print(f"fitted: optimizer init heap fraction {result['optimizer_init_heap_fraction']};"
+          f" heap.py: {heap.OPTIMIZER_INIT_HEAP_FRACTION}")
+    print(f"fitted: step heap fraction {result['step_heap_fraction']}; heap.py: {heap.STEP_HEAP_FRACTION}")
     return 0
 
 

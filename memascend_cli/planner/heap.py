@@ -13,12 +13,22 @@ from memascend_cli.units import MiB
 GLIBC_MMAP_THRESHOLD_MAX_BYTES = 32 * MiB
 # Heap glibc keeps per checkpointed layer after stock's first forward + backward on a CPU rank, in units of the
 # layer's stranded activation block (activation_heap_block): "retained" from the forward's start to the optimizer
-# step, "forward" the part grown during the forward (the checkpointed inputs stay live above the freed blocks).
-# Fitted by scripts/fit_planner.py on mallinfo2 at phase starts: intermediate-wide blocks on
-# docs/bench/calibration/tuned-heap-l32-seq2048-fp32.json (22 MiB blocks), hidden-wide ones, once the intermediate
-# blocks are mmapped, on docs/bench/calibration/tuned-heap-l16-seq4096-fp32.json (16 MiB blocks).
-ACTIVATION_HEAP_BLOCKS_PER_LAYER = {"intermediate": {"retained": 5.4, "forward": 1.9},
-                                    "hidden": {"retained": 11.1, "forward": 7.4}}
+# step beyond the step's own blocks (host/step_heap), "forward" the part grown during the forward (the checkpointed
+# inputs stay live above the freed blocks). Fitted by scripts/fit_planner.py on mallinfo2 at phase starts of the
+# calibration runs of today's tuned config (docs/bench/calibration/tuned-heap-*-steps4-fp32.json): intermediate-wide
+# blocks at seq 2048, hidden-wide ones, once the intermediate blocks are mmapped, at seq 3584.
+ACTIVATION_HEAP_BLOCKS_PER_LAYER = {"intermediate": {"retained": 4.2, "forward": 1.6},
+                                    "hidden": {"retained": 9.2, "forward": 6.5}}
+# Share of the fp32 bytes of the optimizer sub-groups below the mmap threshold that glibc keeps free after
+# deepspeed.initialize on a CPU rank: each such sub-group passes through an unpinned fp32 buffer on its way to NVMe
+# (stage3.py _create_fp32_partitions, offload_optimizer.fast_init off), freed between small allocations. Fitted by
+# scripts/fit_planner.py on mallinfo2 between the initialize and step-1 forward marks of the calibration runs.
+OPTIMIZER_INIT_HEAP_FRACTION = 0.43
+# The same share for the first step's heap growth on a CPU rank when no activation block strands (blocks of 32 MiB
+# and more are mmapped): each bucket's gradients are converted to fp32 for swap-out (stage3.py partition_grads,
+# grad_buffer.to(fp32)) in blocks of the sub-groups' sizes. Fitted by scripts/fit_planner.py on mallinfo2 between the
+# step-1 forward and optimizer marks of the calibration runs without a stranded activation block.
+STEP_HEAP_FRACTION = 0.16
 
 
 def arena_bytes(nbytes: int) -> int:
@@ -84,6 +94,27 @@ def zero_init_heap_bytes(m: ModelSpec) -> int:
     within 0.2 GiB for the eight recorded shapes). Weights of 32 MiB or more stay mmapped."""
     layer = layer_template(m)[1]
     return m.num_hidden_layers * sum(arena_bytes(4 * t.numel) for t in layer)
+
+
+def small_sub_group_fp32_bytes(c: Context) -> int:
+    """fp32 bytes of the optimizer sub-groups whose master copy is a heap block (below glibc's mmap threshold). Pure."""
+    return sum(4 * n * k for n, k in c.part.group_counts.items() if arena_bytes(4 * n))
+
+
+def optimizer_init_heap_bytes(c: Context) -> int:
+    """Heap deepspeed.initialize leaves free but kept on a CPU rank: OPTIMIZER_INIT_HEAP_FRACTION of the sub-groups'
+    fp32 buffers below the mmap threshold. With fast_init the sub-groups are converted in the swapper's pinned
+    buffers instead; with DeepSpeed's default sub_group_size (1e9) the buffer is mmapped and nothing stays. Pure."""
+    if c.k.fast_init:
+        return 0
+    return int(OPTIMIZER_INIT_HEAP_FRACTION * small_sub_group_fp32_bytes(c))
+
+
+def step_heap_bytes(c: Context) -> int:
+    """Heap the first step's fp32 gradient blocks leave free but kept on a CPU rank (STEP_HEAP_FRACTION of the
+    sub-groups' fp32 bytes below the mmap threshold); the stranded activation blocks (ACTIVATION_HEAP_BLOCKS_PER_LAYER)
+    come on top. Pure."""
+    return int(STEP_HEAP_FRACTION * small_sub_group_fp32_bytes(c))
 
 
 def largest_layer_numel(m: ModelSpec) -> int:

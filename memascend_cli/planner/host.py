@@ -23,9 +23,14 @@ from memascend_cli.planner.context import Context
 from memascend_cli.planner.heap import (
     ACTIVATION_HEAP_BLOCKS_PER_LAYER,
     GLIBC_MMAP_THRESHOLD_MAX_BYTES,
+    OPTIMIZER_INIT_HEAP_FRACTION,
+    STEP_HEAP_FRACTION,
     activation_heap_block,
     backward_heap_bytes,
     mapped_backward_bytes,
+    optimizer_init_heap_bytes,
+    small_sub_group_fp32_bytes,
+    step_heap_bytes,
     zero_init_heap_bytes,
 )
 from memascend_cli.planner.zero import PAGE_BYTES, align_up
@@ -39,12 +44,12 @@ from memascend_cli.units import GiB, MiB
 # adds the CUDA runtime, cuBLAS, NCCL and the kernels a first training step loads: fitted the same way on the GPU
 # kit's bench runs (qwen2.5-0.5b bf16, one H200, torch 2.11 + CUDA 13.0, docs/bench/gpu/): memascend 1.77, stock
 # 1.94, tuned 1.54 GiB beyond every other item; the median. A GPU kit's cuda_constants.json replaces it.
-RUNTIME_CPU_BYTES = int(0.37 * GiB)
+RUNTIME_CPU_BYTES = int(0.35 * GiB)
 RUNTIME_CUDA_BYTES = int(1.77 * GiB)
 # What the memascend engine itself adds per process (native core, its threads and io_uring rings, the region's
 # extent map, huge-page rounding of its tensors): the memascend calibration run's residual beyond the runtime
 # (scripts/fit_planner.py).
-ENGINE_RUNTIME_BYTES = int(0.11 * GiB)
+ENGINE_RUNTIME_BYTES = int(0.12 * GiB)
 # A launcher process per node beside the ranks (it imports torch and waits): RssAnon after importing
 # deepspeed.launcher.launch 162 MiB, torch.distributed.run 144 MiB (torch 2.13, DeepSpeed 0.19.8, CPU; re-measured by
 # tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the
@@ -228,6 +233,14 @@ def host_items(c: Context) -> list[Item]:
                     f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB each",
             source="glibc malloc/malloc.c dynamic mmap threshold; mallinfo2 after zero.Init and the weights pass "
                    "(benchmarks/zero_init_heap.py)")
+    if not c.memascend and not c.gpu:  # the bounded engine builds masters in its pipeline slots
+        opt_heap = optimizer_init_heap_bytes(c)
+        if opt_heap:
+            add("host/optimizer_init_heap", "deepspeed.initialize: freed fp32 sub-group buffers kept in the heap",
+                opt_heap, formula=f"{OPTIMIZER_INIT_HEAP_FRACTION} x fp32 bytes of the sub-groups below "
+                                  f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB {small_sub_group_fp32_bytes(c):,}",
+                source="runtime/zero/stage3.py _create_fp32_partitions (unpinned_fp32_buffer); mallinfo2 at the "
+                       "initialize and step-1 marks, fitted by scripts/fit_planner.py")
     items.extend(transient_items(c, zi_heap))
     return items
 
@@ -385,6 +398,12 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
                 f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB)"
                 " less the zero.Init heap they reuse",
                 "glibc malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX; memascend bench phase peaks", "retained")
+            if step_heap_bytes(c):
+                add("host/step_heap", "first step: freed fp32 gradient blocks kept in the heap", step_heap_bytes(c),
+                    f"{STEP_HEAP_FRACTION} x fp32 bytes of the sub-groups below "
+                    f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB {small_sub_group_fp32_bytes(c):,}",
+                    "runtime/zero/stage3.py partition_grads (grad_buffer.to(fp32)); mallinfo2 at the step-1 marks, "
+                    "fitted by scripts/fit_planner.py", "retained")
             stranded = activation_heap_block(c.m, job.micro_batch * job.seq_len, c.E) \
                 if job.checkpointing != "none" else None
             if stranded:
@@ -399,10 +418,16 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
                     k = ACTIVATION_HEAP_BLOCKS_PER_LAYER[width][part]
                     add(key, label, int(k * block * L), f"{k} x L {L} x block s*b*{dim}*E {block:,}",
                         "glibc heap growth, mallinfo2 at phase starts; fitted by scripts/fit_planner.py", kind)
-            add("host/mapped_backward", "later steps' backward: blocks mapped above the kept heap",
-                mapped_backward_bytes(c), f"the backward's blocks of {GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB or "
-                "more at its highest moment (loss backward, or a recomputed layer)",
-                "glibc malloc/malloc.c mmap threshold; memascend bench: step 2's backward peaks", "later_backward")
+            # Measured (docs/bench/calibration/tuned-heap-*-steps4: RSS at the phase starts, steps 2-4 peaks): once
+            # blocks are mapped, the heap blocks made between them do not find the kept holes either and the whole
+            # working set comes on top again (seq 8192: 2.0 GiB over the step-2 start, 1.6 mapped); without mapped
+            # blocks the kept heap takes it.
+            mapped = mapped_backward_bytes(c)
+            add("host/mapped_backward", "later steps' backward above the kept heap",
+                max(mapped, working - reused) if mapped else 0,
+                f"max(the backward's blocks of {GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB or more at its highest "
+                f"moment (loss backward, or a recomputed layer) {mapped:,}, the first backward's working set)",
+                "glibc malloc/malloc.c mmap threshold; memascend bench: steps 2-4's backward peaks", "later_backward")
     return out
 
 

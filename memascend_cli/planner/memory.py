@@ -69,7 +69,7 @@ def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
     if not c.gpu and not c.memascend:
         # The heap glibc keeps varies between runs of one job (mallinfo2 of the capacity probes, docs/bench/capacity/).
         est.notes.append("stock/tuned on a CPU: the freed heap glibc keeps varies between runs of one job (0.1-0.6 "
-                         "GiB; measured up to 0.4 GiB above this plan): leave that headroom, or fix glibc's mmap "
+                         "GiB; measured up to 0.45 GiB above this plan): leave that headroom, or fix glibc's mmap "
                          "threshold as the bench run tuned-glibc_threshold does (memascend fixes it itself)")
         stranded = activation_heap_block(c.m, job.micro_batch * job.seq_len, c.E) \
             if job.checkpointing != "none" else None

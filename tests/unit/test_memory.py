@@ -6,7 +6,7 @@ import pytest
 
 from memascend_cli.errors import BadInput
 from memascend_cli.models import list_model_presets, load_preset
-from memascend_cli.planner import memory, zero
+from memascend_cli.planner import heap, memory, zero
 from memascend_cli.planner.memory import JobSpec, estimate, estimate_all, partition
 from memascend_cli.planner.search import check, max_micro_batch, max_seq_len, search
 from memascend_cli.planner.spec import HardwareSpec
@@ -330,6 +330,41 @@ def test_native_pinning_copies_the_gradient_buffer_at_init_on_cpu():
     assert est.item("host/grad_buffer_init_copy").bytes == est.item("host/grad_flat_buffer").bytes
     assert est.item("host/grad_buffer_init_copy").kind == "init"
     assert "host/grad_buffer_init_copy" not in {i.key for i in estimate(j, CPU, "stock").items}
+
+
+def test_optimizer_init_and_first_step_keep_the_small_sub_groups_fp32_blocks():
+    """stage3.py _create_fp32_partitions passes each sub-group through an unpinned fp32 buffer (fast_init off) and
+    partition_grads converts gradients to fp32 per sub-group: below glibc's 32 MiB threshold those blocks stay in the
+    heap (docs/bench/calibration/tuned-heap-*-steps4-fp32.json). Tuned's 2M-element sub-groups are all heap blocks;
+    stock's default 1e9-element sub-group is one mmapped block."""
+    j = job("bench-llama-136m", seq_len=8192, dtype="fp32", checkpointing="full")
+    tuned = estimate(j, CPU, "tuned")
+    small = sum(4 * n for n in tuned.sub_group_numels if 4 * n < memory.GLIBC_MMAP_THRESHOLD_MAX_BYTES)
+    assert small > 0
+    init, step = tuned.item("host/optimizer_init_heap"), tuned.item("host/step_heap")
+    assert init.bytes == int(heap.OPTIMIZER_INIT_HEAP_FRACTION * small) and init.kind == "steady"
+    assert step.bytes == int(heap.STEP_HEAP_FRACTION * small) and step.kind == "retained"
+    stock = {i.key for i in estimate(j, CPU, "stock").items}
+    assert not {"host/optimizer_init_heap", "host/step_heap"} & stock  # one 136M-element sub-group: mmapped
+    assert not {"host/optimizer_init_heap", "host/step_heap"} & {i.key for i in estimate(j, CPU, "memascend").items}
+    assert not {"host/optimizer_init_heap", "host/step_heap"} & {i.key for i in estimate(j, GPU, "tuned").items}
+    # stock given small sub-groups keeps them too, unless fast_init converts them in the swapper's pinned buffers
+    small_groups = replace(zero.DEEPSPEED_DEFAULTS, sub_group_size=2 * 2**20)
+    kept = estimate(replace(j, knobs=small_groups), CPU, "stock")
+    assert kept.item("host/optimizer_init_heap").bytes == init.bytes
+    fast = estimate(replace(j, knobs=replace(small_groups, fast_init=True)), CPU, "stock")
+    assert "host/optimizer_init_heap" not in {i.key for i in fast.items}
+
+
+def test_later_backward_comes_on_top_of_the_kept_heap_once_blocks_are_mapped():
+    """At seq 8192 the hidden-wide blocks (32 MiB) are mapped and steps 2-4's backward measured its whole working set
+    above the kept heap (tuned-heap-l16-seq8192-steps4-fp32.json); a tiny model maps nothing and the kept heap
+    takes the later backward."""
+    long = estimate(job("bench-llama-136m", seq_len=8192, dtype="fp32", checkpointing="full"), CPU, "tuned")
+    assert long.item("host/mapped_backward").bytes == long.item("host/compute/forward_backward").bytes
+    assert long.item("host/mapped_backward").kind == "later_backward"
+    short = estimate(job("tiny-llama", seq_len=256, dtype="fp32", checkpointing="full"), CPU, "tuned")
+    assert short.item("host/mapped_backward").bytes == 0
 
 
 def test_zero_init_heap_is_the_recorded_upper_mode():

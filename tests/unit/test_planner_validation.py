@@ -20,24 +20,26 @@ TOLERANCE = 0.10
 
 # Validation runs the planner misses by more than TOLERANCE today. Re-recorded 2026-11-24 on an AVX-512 VM (the
 # earlier records were from an AVX2 VM): at 2 ranks both tuned (3.68 -> 4.32 GiB) and memascend (2.54 -> 2.81) peak
-# higher than the earlier records and the plan, which has no per-rank term for it, is 18% short; Qwen2.5's stock run
+# higher than the earlier records and the plan, which has no per-rank term for it, was 18% short (memascend still
+# is); Qwen2.5's stock run
 # measured 12.25 GiB where the plan says 13.59 (+11%). Causes not isolated yet. The tiny-llama runs (0.5-0.6 GiB
 # peaks, spread +-0.04 GiB from run to run) are recorded as the median of 3 repeats (`memascend bench --repeat 3`),
 # like the tiny calibration run the runtime constant is fitted on.
-# The loss pair at seq 8192 (2026-11-25): tuned with the chunked loss peaks 4.11 GiB, the plan 2.98 (-28%): glibc
-# kept 0.76-1.0 GiB free in stock's heap (mallinfo2 at the phase starts) where the plan expects every activation
-# block to be mmapped (8192 x hidden 1024 x 4 B = 32 MiB); with transformers' loss memascend peaks 2.24 GiB on the
-# system counter, the plan 2.64 (+18%, with the model's top since 2026-11-27), while its own ru_maxrss is 2.77 GiB
+# The loss pair at seq 8192 (2026-11-25): tuned with the chunked loss peaks 4.11 GiB, the plan 3.25 (-21%; -28%
+# before 2026-11-29): glibc kept 0.76-1.0 GiB free in stock's heap (mallinfo2 at the phase starts) where the plan has
+# 0.38 + 0.17 + 0.06 for zero.Init, deepspeed.initialize and the first step (every activation block of 32 MiB is
+# mmapped); with transformers' loss memascend peaks 2.24 GiB on the system counter, the plan 2.64 (+18%, with the
+# model's top since 2026-11-27), while its own ru_maxrss is 2.77 GiB
 # (-5%): that run's system peak (idle 0.87 GiB subtracted) is 0.53 GiB below its own process's peak RSS.
-# tiny-llama fp16 memascend (2026-11-27): +10.9% (0.65 GiB planned, 0.58 measured; ru_maxrss 0.62, +5%) since the
-# engine runtime was refitted on the tiny fp32 calibration run after the measured layer backward
-# (planner/compute.py layer_backward_bytes) replaced the gathered-params stand-in of the bucket-flush moment:
-# 0.07 -> 0.11 GiB; the tiny runs' peaks spread +-0.04 GiB from run to run.
 # Strict: a run listed here that comes within TOLERANCE fails until it is taken off the list.
-KNOWN_MISSES: set[str] = {"bench-llama-136m-2ranks-fp32.json:tuned", "bench-llama-136m-2ranks-fp32.json:memascend",
+# Tuned at 2 ranks and with transformers' loss at seq 8192 came within 10% (-9.2% each) on 2026-11-29, when the
+# heap that deepspeed.initialize and the first step keep of the small sub-groups' fp32 blocks
+# (host/optimizer_init_heap, host/step_heap) and the later backward above the kept heap were fitted on the allocator
+# calibration runs; tiny-llama fp16 memascend (+9.2%) when the per-process runtime was refitted with them (0.37 +
+# 0.11 -> 0.35 + 0.12 GiB for memascend).
+KNOWN_MISSES: set[str] = {"bench-llama-136m-2ranks-fp32.json:memascend",
                           "qwen2.5-0.5b-8l-fp32.json:stock", "loss-chunked-l8-seq8192-fp32.json:tuned",
-                          "loss-hf-l8-seq8192-fp32.json:tuned", "loss-hf-l8-seq8192-fp32.json:memascend",
-                          "tiny-llama-fp16.json:memascend"}
+                          "loss-hf-l8-seq8192-fp32.json:memascend"}
 
 
 def _runs(kind: str):
@@ -86,12 +88,12 @@ def test_plan_within_10_percent_of_measured_peak(doc, run):
 
 
 def test_measured_constants_are_the_calibration_fit():
-    """RUNTIME_CPU_BYTES, ENGINE_RUNTIME_BYTES and ACTIVATION_HEAP_BLOCKS_PER_LAYER are what scripts/fit_planner.py
-    fits on the calibration runs (to 0.01 GiB, 0.1 block), so a constant cannot drift onto the validation runs it is
-    judged by."""
+    """RUNTIME_CPU_BYTES, ENGINE_RUNTIME_BYTES, ACTIVATION_HEAP_BLOCKS_PER_LAYER and the heap fractions are what
+    scripts/fit_planner.py fits on the calibration runs (to 0.01 GiB, 0.1 block, 0.01), so a constant cannot drift
+    onto the validation runs it is judged by."""
     import importlib.util
 
-    from memascend_cli.planner import memory
+    from memascend_cli.planner import heap, memory
 
     spec = importlib.util.spec_from_file_location("fit_planner", os.path.join(REPO, "scripts", "fit_planner.py"))
     fit_planner = importlib.util.module_from_spec(spec)
@@ -101,6 +103,8 @@ def test_measured_constants_are_the_calibration_fit():
     assert round(memory.RUNTIME_CPU_BYTES / 2**30, 2) == fitted["runtime_cpu_gib"]
     assert round(memory.ENGINE_RUNTIME_BYTES / 2**30, 2) == fitted["engine_runtime_gib"]
     assert fit_planner.activation_heap_fit(paths) == memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER
+    assert fit_planner.optimizer_init_heap_fit(paths) == heap.OPTIMIZER_INIT_HEAP_FRACTION
+    assert fit_planner.step_heap_fit(paths) == heap.STEP_HEAP_FRACTION
 
 
 def _billion_runs():
