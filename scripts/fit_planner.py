@@ -94,19 +94,6 @@ def _heap_runs(paths: list[str]):
                 yield doc, r, kept
 
 
-def optimizer_init_heap_fit(paths: list[str]) -> float | None:
-    """OPTIMIZER_INIT_HEAP_FRACTION: glibc's free-kept heap growth over deepspeed.initialize (the initialize to
-    step-1 forward marks) per fp32 byte of the sub-groups below the mmap threshold, over all the runs (a ratio of
-    sums: a tiny model's few MiB do not weigh as much as a large one's GiB)."""
-    grown = small_total = 0
-    for doc, r, kept in _heap_runs(paths):
-        small = _small_fp32_bytes(doc, r)
-        if small and {"initialize", "step1_forward"} <= kept.keys():
-            grown += kept["step1_forward"] - kept["initialize"]
-            small_total += small
-    return round(grown / small_total, 2) if small_total else None
-
-
 def _small_fp32_bytes(doc: dict, run: dict) -> int:
     job, engine = recorded_plan_job(doc, run)
     return heap.small_sub_group_fp32_bytes(Context(job, recorded_hardware(doc), engine))
@@ -118,19 +105,31 @@ def _stranded(doc: dict):
                                         memory.DTYPE_BYTES[j["dtype"]])
 
 
-def step_heap_fit(paths: list[str]) -> float | None:
-    """STEP_HEAP_FRACTION: the free-kept heap growth over step 1 (forward to optimizer marks) beyond the modelled
-    allocator retention, per fp32 byte of the
-    sub-groups below the mmap threshold, over the runs where no activation block strands (a ratio of sums)."""
+def _heap_share(paths: list[str], start: str, end: str, *, unstranded_only: bool = False,
+                less: str = "") -> float | None:
+    """glibc's free-kept heap growth from phase mark `start` to `end` (less the plan's item `less`) per fp32 byte of
+    the sub-groups below the mmap threshold, over the runs: a ratio of sums, so a tiny model's few MiB do not weigh
+    as much as a large one's GiB."""
     grown = small_total = 0
     for doc, r, kept in _heap_runs(paths):
         small = _small_fp32_bytes(doc, r)
-        if small and not _stranded(doc) and {"step1_forward", "step1_optimizer"} <= kept.keys():
-            # beyond the backward blocks the plan already keeps (host/allocator_retention)
-            retention = _item(repredict(doc, r), "host/allocator_retention")
-            grown += kept["step1_optimizer"] - kept["step1_forward"] - retention
+        if small and {start, end} <= kept.keys() and not (unstranded_only and _stranded(doc)):
+            grown += kept[end] - kept[start] - (_item(repredict(doc, r), less) if less else 0)
             small_total += small
     return round(grown / small_total, 2) if small_total else None
+
+
+def optimizer_init_heap_fit(paths: list[str]) -> float | None:
+    """OPTIMIZER_INIT_HEAP_FRACTION: the heap growth over deepspeed.initialize (the initialize to step-1 forward
+    marks), over all the runs."""
+    return _heap_share(paths, "initialize", "step1_forward")
+
+
+def step_heap_fit(paths: list[str]) -> float | None:
+    """STEP_HEAP_FRACTION: the heap growth over step 1 (forward to optimizer marks) beyond the backward blocks the
+    plan already keeps (host/allocator_retention), over the runs where no activation block strands."""
+    return _heap_share(paths, "step1_forward", "step1_optimizer", unstranded_only=True,
+                       less="host/allocator_retention")
 
 
 def activation_heap_fit(paths: list[str]) -> dict:

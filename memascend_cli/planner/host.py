@@ -398,8 +398,9 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
                 f"the backward items' blocks below glibc's mmap threshold ({GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB)"
                 " less the zero.Init heap they reuse",
                 "glibc malloc/malloc.c DEFAULT_MMAP_THRESHOLD_MAX; memascend bench phase peaks", "retained")
-            if step_heap_bytes(c):
-                add("host/step_heap", "first step: freed fp32 gradient blocks kept in the heap", step_heap_bytes(c),
+            step_heap = step_heap_bytes(c)
+            if step_heap:
+                add("host/step_heap", "first step: freed fp32 gradient blocks kept in the heap", step_heap,
                     f"{STEP_HEAP_FRACTION} x fp32 bytes of the sub-groups below "
                     f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB {small_sub_group_fp32_bytes(c):,}",
                     "runtime/zero/stage3.py partition_grads (grad_buffer.to(fp32)); mallinfo2 at the step-1 marks, "
