@@ -34,6 +34,7 @@ import os
 import sys
 
 from memascend_cli.bench import capacity
+from memascend_cli.bench.configs import recorded_hardware, recorded_plan_job
 from memascend_cli.bench.document import recorded_probe
 from memascend_cli.bench.sitting import sitting_text
 from memascend_cli.units import GiB
@@ -693,19 +694,23 @@ def _demote(text: str) -> str:
 
 def section_capacity(docs: list[tuple[str, dict]]) -> str:
     """The capacity tables, each engine's maximum replanned by today's planner from its first probe's document."""
-    today = {}
+    today, steps = {}, {}
     for path, doc in docs:
-        today[path] = {}
+        today[path], steps[path] = {}, {}
         folder = os.path.join(REPO, os.path.dirname(path))
         for e in doc["engines"]:
             if e["probes"]:
                 probe = recorded_probe(folder, e["probes"][0]["document"])
                 today[path][e["name"]] = capacity.replanned_max(doc, e, probe)
+                if e["measured_max"]:
+                    job, engine = recorded_plan_job(probe, probe["runs"][0])
+                    hw = recorded_hardware(probe).under_dram_cap(doc["dram_cap_bytes"])
+                    steps[path][e["name"]] = capacity.step_cost_bytes(doc["axis"], job, hw, engine, e["measured_max"])
             for q in e["probes"]:
                 # sittings recorded before probes kept each run's ru_maxrss: from the probe's own bench.json
                 if q.get("repeats", 1) > 1 and "ru_maxrss_each_bytes" not in q:
                     q["ru_maxrss_each_bytes"] = capacity.repeat_rss(recorded_probe(folder, q["document"])["runs"][0])
-    return capacity.results_section(docs, today)
+    return capacity.results_section(docs, today, steps)
 
 
 def main(argv=None) -> int:

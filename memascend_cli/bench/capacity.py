@@ -303,9 +303,12 @@ def replanned_max(doc: dict, engine: dict, probe: dict) -> int | None:
     return planned if planned is None or top is None else min(planned, top)
 
 
-def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int | None]] | None = None) -> str:
+def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int | None]] | None = None,
+                    steps: dict[str, dict[str, int]] | None = None) -> str:
     """docs/results.md's "Capacity under a DRAM cap": one table per document (one sitting); "" without any.
-    today: {path: {engine: today's planned maximum (replanned_max)}}."""
+    today: {path: {engine: today's planned maximum (replanned_max)}}; steps: {path: {engine: the memory one grid step
+    adds at its measured maximum (step_cost_bytes)}}."""
+    steps = steps or {}
     if not docs:
         return ""
     out = ["## Capacity under a DRAM cap", "",
@@ -348,8 +351,77 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
                         f"{mem['measured_max'] / tuned['measured_max']:.1f}x tuned stock's "
                         f"({fmt_max(mem['measured_max'], mem['at_least'])} vs "
                         f"{fmt_max(tuned['measured_max'], tuned['at_least'])})."]
+        mem_step = steps.get(path, {}).get("memascend")
+        out += context_ceiling_lines(doc, mem_step // g.step if mem_step else None)
         out.append("")
+    out += noise_section(docs, steps)
     return "\n".join(out) + "\n"
+
+
+NOISE_INTRO = (
+    "A plan within one grid step of the measured maximum and never above it has to be right to less than the memory "
+    "one grid step adds. Where an engine's own peak for one job differs between its runs by more than that (a probe "
+    "of several runs that all fit, `--repeat`: their ru_maxrss, which the cap clips, so the spread is a lower bound), "
+    "no plan can be both: which grid value fits moves from run to run. One grid step: today's plan one step above "
+    "the measured maximum less the plan at it.")
+
+
+def step_cost_bytes(axis: str, job, hw_cap, engine: str, value: int) -> int:
+    """Host memory per node that one grid step above `value` adds in the plan (planner.memory.estimate). Pure."""
+    from memascend_cli.planner.memory import estimate
+
+    def peak(v: int) -> int:
+        return estimate(with_value(axis, job, v), hw_cap, engine).node_host_peak_bytes
+
+    return peak(value + grid(axis).step) - peak(value)
+
+
+def largest_spread(probes: list[dict]) -> tuple[int, int] | None:
+    """(bytes, value): the largest difference of ru_maxrss between the runs of one probe of several runs that all fit
+    (one job's run-to-run variation) and that probe's value; None without such a probe. Pure."""
+    spreads = []
+    for q in probes:
+        each = [b for b in q.get("ru_maxrss_each_bytes") or [] if b is not None]
+        if q["outcome"] == FIT and len(each) > 1:
+            spreads.append((max(each) - min(each), q["value"]))
+    return max(spreads, default=None)
+
+
+def noise_section(docs: list[tuple[str, dict]], steps: dict[str, dict[str, int]]) -> list[str]:
+    """"One grid step against the run-to-run spread": a row per document and engine with a probe of several runs.
+    steps: {path: {engine: step_cost_bytes at its measured maximum}}."""
+    cols = ("DRAM cap GiB", "axis", "engine", "measured max", "one grid step GiB", "run-to-run spread GiB (at)",
+            "spread in grid steps", "document")
+    rows = []
+    for path, doc in docs:
+        for e in doc["engines"]:
+            spread, step = largest_spread(e["probes"]), steps.get(path, {}).get(e["name"])
+            if spread is None or not step:
+                continue
+            rows.append([f"{doc['dram_cap_bytes'] / GiB:.2f}", doc["axis"], e["name"],
+                         fmt_max(e["measured_max"], e["at_least"]), f"{step / GiB:.3f}",
+                         f"{spread[0] / GiB:.3f} ({spread[1]})", f"{spread[0] / step:.1f}",
+                         f"`{path.split('/')[-2]}`"])
+    if not rows:
+        return []
+    return (["### One grid step against the run-to-run spread", "", NOISE_INTRO, "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(r) + " |" for r in rows] + [""])
+
+
+def context_ceiling_lines(doc: dict, per_token_bytes: int | None) -> list[str]:
+    """For a context table with memascend's and tuned stock's measured maxima: the longest context the cap could hold
+    at memascend's planned bytes per token with no fixed host memory at all, against tuned stock's measured maximum
+    (on a CPU rank every token's activations and loss live in host DRAM, for both engines). Pure."""
+    by = {e["name"]: e for e in doc["engines"]}
+    tuned = by.get("tuned")
+    if doc["axis"] != "seq" or not per_token_bytes or not tuned or not tuned["measured_max"]:
+        return []
+    g = grid("seq")
+    tokens = doc["dram_cap_bytes"] // per_token_bytes // g.step * g.step
+    return ["", f"memascend's plan adds {per_token_bytes / 1024:.0f} KiB of host memory per token at its measured "
+                f"maximum: with no fixed host memory at all the cap would hold at most {tokens} tokens, "
+                f"{tokens / tuned['measured_max']:.1f}x tuned stock's measured maximum."]
 
 
 def _rss_cell(q: dict) -> str:

@@ -367,3 +367,45 @@ def test_a_recorded_command_names_the_steps_it_ran_with_when_the_default_has_cha
     doc = _doc()
     doc["job"]["steps"] = capacity.CAPACITY_STEPS
     assert "run when the default" not in capacity.results_section([("p", doc)])
+
+
+def test_one_grid_step_costs_what_the_plan_adds_there():
+    from memascend_cli.planner.memory import JobSpec, estimate
+
+    job = JobSpec(model=load_model("bench-llama-136m"), seq_len=2048, micro_batch=1, dtype="fp32",
+                  checkpointing="full")
+    hw = HardwareSpec(name="cap", dram_gib=8, cpu_cores=2)
+    peak = {s: estimate(capacity.with_value("seq", job, s), hw, "memascend").node_host_peak_bytes for s in (4096, 4352)}
+    assert capacity.step_cost_bytes("seq", job, hw, "memascend", 4096) == peak[4352] - peak[4096] > 0
+    deeper = capacity.step_cost_bytes("layers", job, hw, "tuned", 12)
+    assert deeper == (estimate(capacity.with_value("layers", job, 13), hw, "tuned").node_host_peak_bytes
+                      - estimate(capacity.with_value("layers", job, 12), hw, "tuned").node_host_peak_bytes) > 0
+
+
+def _repeated(value: int, outcome: str, rss_gib: list[float]) -> dict:
+    return {"value": value, "outcome": outcome, "ru_maxrss_each_bytes": [int(g * GiB) for g in rss_gib]}
+
+
+def test_the_largest_spread_is_of_a_probe_whose_runs_all_fit():
+    probes = [_repeated(30, FIT, [7.2, 7.5]), _repeated(31, FIT, [7.4, 7.9, 7.6]), _repeated(33, OOM, [6.0, 8.0]),
+              {"value": 29, "outcome": FIT, "ru_maxrss_each_bytes": None}]
+    spread, value = capacity.largest_spread(probes)
+    assert value == 31 and spread == int(7.9 * GiB) - int(7.4 * GiB)
+    assert capacity.largest_spread([_repeated(5, FIT, [3.0])]) is None  # one run: no spread
+
+
+def test_the_noise_table_and_the_context_ceiling():
+    doc = _doc()
+    doc["engines"][1]["probes"][0]["ru_maxrss_each_bytes"] = [int(3.5 * GiB), int(3.9 * GiB)]
+    text = capacity.results_section([("docs/bench/capacity/depth-4gib/capacity.json", doc)],
+                                    steps={"docs/bench/capacity/depth-4gib/capacity.json": {"tuned": GiB // 5}})
+    assert "### One grid step against the run-to-run spread" in text
+    assert "| 4.00 | layers | tuned | 12 | 0.200 | 0.400 (12) | 2.0 | `depth-4gib` |" in text
+    assert "| 4.00 | layers | memascend |" not in text.split("run-to-run spread")[-1]  # no probe of several runs
+    assert "One grid step against" not in capacity.results_section([("p", _doc())])
+    seq = dict(doc, axis="seq", engines=[dict(doc["engines"][1], measured_max=4096)])
+    assert capacity.context_ceiling_lines(seq, 256 * 1024) == [
+        "", "memascend's plan adds 256 KiB of host memory per token at its measured maximum: with no fixed host "
+            "memory at all the cap would hold at most 16384 tokens, 4.0x tuned stock's measured maximum."]
+    assert capacity.context_ceiling_lines(doc, 256 * 1024) == []  # a depth table
+    assert capacity.context_ceiling_lines(seq, None) == []
