@@ -17,6 +17,7 @@ here):
   docs/bench/capped/*.json          `memascend bench --dram-cap` runs at billion-parameter scale
   docs/bench/capacity/*/capacity.json  `memascend bench --capacity` summaries, one sitting each, beside their probes
                                        (probes.json.gz)
+  docs/bench/variation/*.json       one job run several times without a cap (bench --repeat): run-to-run spread
   docs/bench/ssd-bound/*.json       `memascend bench` with and without --ssd-bandwidth: s/step against the time model
   docs/bench/gpu/*.json             the GPU kit's outputs (`bash scripts/gpu_check.sh record`), when a GPU was lent
   docs/bench/train/*.json           `memascend train` runs (metrics summaries)
@@ -47,6 +48,7 @@ from results_records import (section_llamafactory_examples, section_long_tests, 
 from results_gpu import section_gpu  # noqa: E402
 from results_micro import section_checksums, section_ds_buffers, section_micro  # noqa: E402
 from results_time import section_ssd_bound  # noqa: E402
+from results_variation import section_variation  # noqa: E402
 
 OUT = os.path.join(DOCS, "results.md")
 # Today's headline documents: the depth and context sweeps of today's engine (tuned and memascend, median of 3) and
@@ -656,6 +658,7 @@ def render() -> str:
     parts.append(section_headline(cal, val))
     parts.append(section_capped(load(os.path.join(CAPPED, "*.json"))))
     parts.append(section_capacity(load(os.path.join(BENCH, "capacity", "*", "capacity.json"))))
+    parts.append(section_variation(load(os.path.join(BENCH, "variation", "*.json"))))
     parts.append(section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))))
     details = len(parts)
     parts.append("## Every document in detail\n")

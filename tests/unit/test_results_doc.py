@@ -93,3 +93,27 @@ def test_recorded_summaries_are_read_gzipped_or_not(tmp_path):
     paths = recorded_summaries(str(tmp_path / "*.json"))
     assert [os.path.basename(p) for p in paths] == ["a.json", "b.json.gz"]
     assert [read_summary(p)["n"] for p in paths] == [1, 2]
+
+
+def test_a_variation_row_is_each_runs_peak_against_one_grid_step_of_todays_plan():
+    """docs/bench/variation: the spread of the repeats' ru_maxrss, and in brackets that spread in grid steps."""
+    import json
+
+    _results_module()  # puts scripts/ on sys.path
+    from results_variation import variation_rows
+
+    from memascend_cli.bench import capacity
+    from memascend_cli.bench.configs import recorded_hardware, recorded_plan_job
+    from memascend_cli.units import GiB
+
+    path = "docs/bench/variation/tuned-l24-seq2048-steps4-repeat5-fp32.json"
+    with open(os.path.join(REPO, path)) as f:
+        doc = json.load(f)
+    (row,) = variation_rows(path, doc)
+    rss = [x["ru_maxrss_bytes"] for x in doc["runs"][0]["repeats"]]
+    assert row[1:3] == ["tuned", "5"] and row[5] == f"{(max(rss) - min(rss)) / GiB:.2f}"
+    job, engine = recorded_plan_job(doc, doc["runs"][0])
+    layer = capacity.step_cost_bytes("layers", job, recorded_hardware(doc), engine, 24)
+    assert row[7] == f"{layer / GiB:.3f} ({(max(rss) - min(rss)) / layer:.1f})"
+    doc["runs"][0]["repeats"] = doc["runs"][0]["repeats"][:1]  # one run: no spread, no row
+    assert variation_rows(path, doc) == []
