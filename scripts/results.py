@@ -35,7 +35,7 @@ import os
 import sys
 
 from memascend_cli.bench import capacity
-from memascend_cli.bench.configs import recorded_hardware, recorded_plan_job
+from memascend_cli.bench.configs import recorded_hardware, recorded_plan_job, repredict
 from memascend_cli.bench.document import recorded_probe
 from memascend_cli.bench.sitting import sitting_text
 from memascend_cli.units import GiB
@@ -243,8 +243,6 @@ def _finished_runs(runs: list) -> list[tuple[str, dict, dict]]:
 def _replan(doc: dict, run: dict) -> tuple[int, float]:
     """Today's plan of a recorded run (memascend_cli.bench.configs.repredict) and its error on the measured peak,
     in %."""
-    from memascend_cli.bench.configs import repredict
-
     planned = repredict(doc, run)["node_host_peak_bytes"]
     return planned, 100.0 * (planned - run["peak_system_bytes"]) / run["peak_system_bytes"]
 
@@ -309,18 +307,21 @@ def _cap_plan_error(r: dict, planned, cap_bytes) -> str:
     return f"{_err_on(planned, r['peak_system_bytes'])} / {_err_on(planned, (r.get('cgroup') or {}).get('peak_bytes'))}"
 
 
-def capped_rows(doc: dict) -> list[list[str]]:
-    """One row per engine of a `bench --dram-cap` document, in CAP_HEADER order. Pure."""
+def capped_rows(doc: dict, plan=None) -> list[list[str]]:
+    """One row per engine of a `bench --dram-cap` document, in CAP_HEADER order; `plan(run)` is today's plan of a
+    run (default: today's planner on its recorded job and config). Pure."""
+    plan = plan or (lambda r: repredict(doc, r)["node_host_peak_bytes"])
     rows = []
     for r in doc["runs"]:
         cg = r.get("cgroup") or {}
-        pred = (r.get("predicted") or {}).get("node_host_peak_bytes")
+        recorded = (r.get("predicted") or {}).get("node_host_peak_bytes")
+        pred = plan(r)
         read, write = r.get("ssd_read_bytes_per_step"), r.get("ssd_write_bytes_per_step")
         bpp = r.get("ssd_bytes_per_param")
         first = r.get("first_step_seconds")
         rows.append([r["name"], _cap_outcome(r), gib(cg.get("peak_bytes")), gib(r["peak_system_bytes"]),
                      gib(r.get("peak_system_minus_others_bytes")), gib(r["ru_maxrss_bytes"]),
-                     r.get("peak_phase") or "-", gib(pred), _cap_plan_error(r, pred, doc["job"].get("dram_cap_bytes")),
+                     r.get("peak_phase") or "-", f"{gib(pred)} ({gib(recorded)})", _cap_plan_error(r, pred, doc["job"].get("dram_cap_bytes")),
                      "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f}"
                      + ("" if first is None else f" (step 1: {first:.1f})"),
                      "-" if read is None else f"{gib(read)} / {gib(write)} ({bpp['read']:.1f} / {bpp['write']:.1f})"])
@@ -328,7 +329,7 @@ def capped_rows(doc: dict) -> list[list[str]]:
 
 
 CAP_HEADER = ["engine", "result", "cgroup peak GiB", "system peak GiB", "system peak less others' RSS change GiB",
-              "ru_maxrss GiB", "peak in phase", "plan GiB", "plan error on system / cgroup peak", "s/step after step 1",
+              "ru_maxrss GiB", "peak in phase", "today's plan GiB (when run)", "today's plan error on system / cgroup peak", "s/step after step 1",
               "SSD GiB per step read / write (B/param)"]
 
 
@@ -346,7 +347,7 @@ def section_capped(runs: list) -> str:
            "(the libraries and the token cache they read after the page cache was dropped, stock's swap-file I/O; the "
            "region's O_DIRECT I/O bypasses it); other processes on the machine do not move it. The system peak is "
            "MemTotal - MemAvailable less the settled idle level, which other processes do move (the next column takes "
-           "their RSS change out, a 1 Hz gauge). The plan's error is (planned - measured) / measured; an OOM-killed "
+           "their RSS change out, a 1 Hz gauge). The plan is today's planner on the run's recorded job and config (in brackets, the plan the bench recorded when it ran); its error is (planned - measured) / measured; an OOM-killed "
            "run's peak is cut at the cap, so its row says whether the plan put it above the cap. An OOM kill is read "
            "from the cgroup's own counter (`memory.oom_control` oom_kill / `memory.events`). Step 1 also records the "
            "parameter trace and creates the Adam states; later steps read and write them.", ""]

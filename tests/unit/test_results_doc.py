@@ -40,13 +40,32 @@ def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_
     doc = {"job": {"dram_cap_bytes": 12 << 30},
            "runs": [_capped_run("memascend", ok=True, cgroup_peak_gib=5.0, system_peak_gib=4.0, planned_gib=5.5),
                     _capped_run("tuned", ok=False, cgroup_peak_gib=12.0, system_peak_gib=11.0, planned_gib=20.5)]}
-    mem, tuned = results.capped_rows(doc)
+    today = {"memascend": int(5.5 * 2**30), "tuned": int(20.5 * 2**30)}
+    mem, tuned = results.capped_rows(doc, plan=lambda r: today[r["name"]])
     assert len(mem) == len(results.CAP_HEADER)
     assert mem[1] == "ran 2 steps" and mem[2] == "5.00" and mem[3] == "4.00" and mem[8] == "+37.5% / +10.0%"
     assert tuned[1] == "**does not fit: OOM-killed at step 1 (initialize)**" and tuned[9] == "-"
     assert tuned[8] == "plan above the cap: as measured"
-    doc["runs"][1]["predicted"]["node_host_peak_bytes"] = 11 << 30
-    assert results.capped_rows(doc)[1][8] == "**plan below the cap: wrong**"
+    today["tuned"] = 11 << 30
+    assert results.capped_rows(doc, plan=lambda r: today[r["name"]])[1][8] == "**plan below the cap: wrong**"
+
+
+def test_a_capped_row_errs_with_todays_plan_and_shows_the_recorded_one_beside_it():
+    """docs/results.md's billion-scale rows: today's planner on the recorded run, the bench's own plan in brackets."""
+    import json
+
+    from memascend_cli.bench.configs import repredict
+
+    results = _results_module()
+    with open(os.path.join(REPO, "docs/bench/capped/qwen2.5-1.5b-bf16-seq1024-cap12gib-bounded-norm.json")) as f:
+        doc = json.load(f)
+    row = results.capped_rows(doc)[0]
+    run = doc["runs"][0]
+    today = repredict(doc, run)["node_host_peak_bytes"]
+    assert today != run["predicted"]["node_host_peak_bytes"]  # the planner moved since that sitting
+    assert row[7] == f"{today / 2**30:.2f} ({run['predicted']['node_host_peak_bytes'] / 2**30:.2f})"
+    measured = run["peak_system_bytes"]
+    assert row[8].startswith(f"{100 * (today - measured) / measured:+.1f}%")
 
 
 def test_phase_seconds_are_the_mean_of_the_steps_after_the_first():
