@@ -321,7 +321,8 @@ def capped_rows(doc: dict, plan=None) -> list[list[str]]:
         first = r.get("first_step_seconds")
         rows.append([r["name"], _cap_outcome(r), gib(cg.get("peak_bytes")), gib(r["peak_system_bytes"]),
                      gib(r.get("peak_system_minus_others_bytes")), gib(r["ru_maxrss_bytes"]),
-                     r.get("peak_phase") or "-", f"{gib(pred)} ({gib(recorded)})", _cap_plan_error(r, pred, doc["job"].get("dram_cap_bytes")),
+                     r.get("peak_phase") or "-", f"{gib(pred)} ({gib(recorded)})",
+                     _cap_plan_error(r, pred, doc["job"].get("dram_cap_bytes")),
                      "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.1f}"
                      + ("" if first is None else f" (step 1: {first:.1f})"),
                      "-" if read is None else f"{gib(read)} / {gib(write)} ({bpp['read']:.1f} / {bpp['write']:.1f})"])
@@ -329,7 +330,8 @@ def capped_rows(doc: dict, plan=None) -> list[list[str]]:
 
 
 CAP_HEADER = ["engine", "result", "cgroup peak GiB", "system peak GiB", "system peak less others' RSS change GiB",
-              "ru_maxrss GiB", "peak in phase", "today's plan GiB (when run)", "today's plan error on system / cgroup peak", "s/step after step 1",
+              "ru_maxrss GiB", "peak in phase", "today's plan GiB (when run)",
+              "today's plan error on system / cgroup peak", "s/step after step 1",
               "SSD GiB per step read / write (B/param)"]
 
 
@@ -347,8 +349,10 @@ def section_capped(runs: list) -> str:
            "(the libraries and the token cache they read after the page cache was dropped, stock's swap-file I/O; the "
            "region's O_DIRECT I/O bypasses it); other processes on the machine do not move it. The system peak is "
            "MemTotal - MemAvailable less the settled idle level, which other processes do move (the next column takes "
-           "their RSS change out, a 1 Hz gauge). The plan is today's planner on the run's recorded job and config (in brackets, the plan the bench recorded when it ran); its error is (planned - measured) / measured; an OOM-killed "
-           "run's peak is cut at the cap, so its row says whether the plan put it above the cap. An OOM kill is read "
+           "their RSS change out, a 1 Hz gauge). The plan is today's planner on the run's recorded job and config (in "
+           "brackets, the plan the bench recorded when it ran); its error is (planned - measured) / measured; an "
+           "OOM-killed run's peak is cut at the cap, so its row says whether the plan put it above the cap. An OOM "
+           "kill is read "
            "from the cgroup's own counter (`memory.oom_control` oom_kill / `memory.events`). Step 1 also records the "
            "parameter trace and creates the Adam states; later steps read and write them.", ""]
     for path, doc in runs:

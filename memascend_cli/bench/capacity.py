@@ -355,6 +355,7 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
         out += context_ceiling_lines(doc, mem_step // g.step if mem_step else None)
         out.append("")
     out += noise_section(docs, steps)
+    out += agreement_section(docs, today or {})
     return "\n".join(out) + "\n"
 
 
@@ -406,6 +407,81 @@ def noise_section(docs: list[tuple[str, dict]], steps: dict[str, dict[str, int]]
         return []
     return (["### One grid step against the run-to-run spread", "", NOISE_INTRO, "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(r) + " |" for r in rows] + [""])
+
+
+def plans_meeting_both(g: Grid, conclusions: list[Conclusion], probes: list[dict]) -> list[int | None] | None:
+    """The planned maxima (None: nothing fits) within one grid step of every sitting's measured maximum and at or
+    below no probe of any of them that did not fit; None when no sitting concluded (a failed probe). Pure.
+
+    Empty where the sittings of one job disagree by more than one grid step and allow no safe plan between them."""
+    judged = [c for c in conclusions if within_one_step(g, None, c) is not None]
+    if not judged:
+        return None
+    top = max(-1 if c.measured_max is None else g.index(c.measured_max) for c in judged) + 1
+    candidates = [None] + [g.value(i) for i in range(min(top, g.size - 1) + 1)]
+    return [p for p in candidates
+            if all(within_one_step(g, p, c) for c in judged) and not killed_where_planned_to_fit(probes, p)]
+
+
+AGREEMENT_COLUMNS = ("DRAM cap GiB", "axis", "engine", "steps", "sittings' measured max", "did not fit (any run)",
+                     "plans meeting both", "today's plan")
+
+
+def _span(values: list[int | None], step: int, open_end: bool = False) -> str:
+    """Grid values as ranges, 'none fits, 1-3, 7'; open_end: the last range goes on ('7 or more'). Pure."""
+    if not values:
+        return "**none**"
+    parts, nums = (["none fits"] if None in values else []), sorted(v for v in values if v is not None)
+    run: list[int] = []
+    for v in nums + [None]:
+        if run and (v is None or v - run[-1] != step):
+            parts.append(f"{run[0]} or more" if open_end and v is None else
+                         str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        if v is not None:
+            run.append(v)
+    return ", ".join(parts)
+
+
+def agreement_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int | None]]) -> list[str]:
+    """"Every sitting of one job against one plan": per cap, axis, engine and job (all its sittings, each with its
+    own probes), the planned maxima that would be within one grid step of each sitting's measured maximum and never
+    above a probe that did not fit, and today's plan against them. today: as results_section's. Pure."""
+    groups: dict[tuple, list[tuple[str, dict]]] = {}
+    for path, doc in docs:
+        j = doc["job"]
+        for e in doc["engines"]:
+            key = (doc["dram_cap_bytes"], doc["axis"], e["name"], j["model"], j.get("layers"), j.get("seq_len"),
+                   j.get("micro_batch"), j["steps"], j["dtype"], j.get("loss", "hf"), j["checkpointing"], j["ranks"])
+            groups.setdefault(key, []).append((path, e))
+    rows = []
+    for key, entries in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        cap, axis, name, steps = key[0], key[1], key[2], key[7]
+        g = grid(axis)
+        conclusions = [Conclusion(e["measured_max"], e["at_least"], e["reason"]) for _, e in entries]
+        probes = [q for _, e in entries for q in e["probes"]]
+        meeting = plans_meeting_both(g, conclusions, probes)
+        if meeting is None:
+            continue
+        largest = max(conclusions, key=lambda c: -1 if c.measured_max is None else g.index(c.measured_max))
+        # a lower bound at the top (a ceiling, no probe above it): every larger plan meets both too
+        open_end = largest.at_least and meeting and meeting[-1] == g.value(g.index(largest.measured_max) + 1)
+        failed = sorted({q["value"] for q in probes if q["outcome"] in DOES_NOT_FIT})
+        plans = sorted({today.get(path, {}).get(name, "?") for path, _ in entries}, key=str)
+        todays = ", ".join(fmt_max(p) + ("" if p in meeting else " (**does not**)") if p != "?" else "-"
+                           for p in plans)
+        rows.append([f"{cap / GiB:.2f}", axis, name, str(steps),
+                     ", ".join(fmt_max(c.measured_max, c.at_least) for c in conclusions),
+                     ", ".join(map(str, failed)) or "-", _span(meeting, g.step, open_end), todays])
+    if not rows:
+        return []
+    return (["### Every sitting of one job against one plan", "",
+             "All the sittings of one job (cap, axis, engine, steps) together: the planned maxima that are within one "
+             "grid step of every sitting's measured maximum and at or below no probe that did not fit in any of its "
+             "runs, in any sitting. \"none\" means no plan can meet both on the recorded runs: the sittings disagree "
+             "by more than one grid step.", "",
+             "| " + " | ".join(AGREEMENT_COLUMNS) + " |", "|" + "---|" * len(AGREEMENT_COLUMNS)]
             + ["| " + " | ".join(r) + " |" for r in rows] + [""])
 
 

@@ -401,7 +401,8 @@ def test_the_noise_table_and_the_context_ceiling():
                                     steps={"docs/bench/capacity/depth-4gib/capacity.json": {"tuned": GiB // 5}})
     assert "### One grid step against the run-to-run spread" in text
     assert "| 4.00 | layers | tuned | 12 | 0.200 | 0.400 (12) | 2.0 | `depth-4gib` |" in text
-    assert "| 4.00 | layers | memascend |" not in text.split("run-to-run spread")[-1]  # no probe of several runs
+    noise = text.split("run-to-run spread")[-1].split("### Every sitting")[0]
+    assert "| 4.00 | layers | memascend |" not in noise  # no probe of several runs
     assert "One grid step against" not in capacity.results_section([("p", _doc())])
     seq = dict(doc, axis="seq", engines=[dict(doc["engines"][1], measured_max=4096)])
     assert capacity.context_ceiling_lines(seq, 256 * 1024) == [
@@ -409,3 +410,38 @@ def test_the_noise_table_and_the_context_ceiling():
             "memory at all the cap would hold at most 16384 tokens, 4.0x tuned stock's measured maximum."]
     assert capacity.context_ceiling_lines(doc, 256 * 1024) == []  # a depth table
     assert capacity.context_ceiling_lines(seq, None) == []
+
+
+def _probe(value: int, outcome: str) -> dict:
+    return {"value": value, "outcome": outcome}
+
+
+def test_plans_meeting_both_are_within_one_step_of_every_sitting_and_below_every_failure():
+    # one sitting: measured 32 (33 OOM-killed): 31 or 32; 33 is within one step but was killed
+    one = [Conclusion(32, False, "OOM-killed at 33")]
+    assert capacity.plans_meeting_both(LAYERS, one, [_probe(32, FIT), _probe(33, OOM)]) == [31, 32]
+    # a second sitting of the same job measured 30 (31 OOM-killed): no plan is within one step of both and safe
+    two = one + [Conclusion(30, False, "OOM-killed at 31")]
+    assert capacity.plans_meeting_both(LAYERS, two, [_probe(32, FIT), _probe(33, OOM), _probe(30, FIT),
+                                                      _probe(31, OOM)]) == []
+    # nothing fits: "none fits" (None), or the grid's first value when it was never killed
+    assert capacity.plans_meeting_both(LAYERS, [Conclusion(None, False, "OOM-killed at 1")], [_probe(1, OOM)]) == [None]
+    # a failed probe concludes nothing
+    assert capacity.plans_meeting_both(LAYERS, [Conclusion(5, True, "the probe at 6 failed")], []) is None
+
+
+def test_the_agreement_table_joins_the_sittings_of_one_job_and_marks_todays_plan():
+    a, b = _doc(), _doc()
+    tuned_b = b["engines"][1]
+    tuned_b.update(measured_max=10, reason="OOM-killed at 11")
+    tuned_b["probes"] = [_probe(10, FIT), _probe(11, OOM)]
+    today = {"a": {"tuned": 12, "memascend": 137, "stock": None}, "b": {"tuned": 12, "memascend": 137, "stock": None}}
+    text = "\n".join(capacity.agreement_section([("a", a), ("b", b)], today))
+    # sittings measured 12 (13 killed) and 10 (11 killed): no plan meets both; today's 12 does not
+    assert "| 4.00 | layers | tuned | 2 | 12, 10 | 11, 13 | **none** | 12 (**does not**) |" in text
+    assert "| 4.00 | layers | memascend | 2 | at least 137, at least 137 | - | 136 or more | 137 |" in text
+    assert "| 4.00 | layers | stock | 2 | none fits, none fits | 1 | none fits | none fits |" in text
+    b["job"] = dict(b["job"], steps=4)  # another job: its own row
+    text = "\n".join(capacity.agreement_section([("a", a), ("b", b)], today))
+    assert "| 4.00 | layers | tuned | 2 | 12 | 13 | 11-12 | 12 |" in text
+    assert "| 4.00 | layers | tuned | 4 | 10 | 11 | 9-10 | 12 (**does not**) |" in text
