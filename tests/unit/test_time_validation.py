@@ -184,6 +184,9 @@ KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-l
                                                                *(f"heap-arenas-seq3072-fp32.json:{L}:3072:{run}"
                                                                  for L in (8, 16) for run in ("stock", "tuned")),
                                                                "heap-steps5-tuned-l16-seq3072-fp32.json:16:3072:tuned",
+                                                               # the same seq-3072 tuned job 5 times (2026-11-29
+                                                               # 10:21, run-to-run variation): 25.7 s/step, plan 21.9
+                                                               "tuned-l8-seq3072-steps4-repeat5-fp32.json:8:3072:tuned",
                                                                # -24% to -34%: the calibration document's tuned job
                                                                # again (2026-11-29 02:30), 22.4 / 36.5 / 72.2 s/step
                                                                # against its 14.2 / 26.2 / 48.2; memascend at 8 layers
