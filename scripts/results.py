@@ -352,8 +352,7 @@ def section_capped(runs: list) -> str:
            "their RSS change out, a 1 Hz gauge). The plan is today's planner on the run's recorded job and config (in "
            "brackets, the plan the bench recorded when it ran); its error is (planned - measured) / measured; an "
            "OOM-killed run's peak is cut at the cap, so its row says whether the plan put it above the cap. An OOM "
-           "kill is read "
-           "from the cgroup's own counter (`memory.oom_control` oom_kill / `memory.events`). Step 1 also records the "
+           "kill is read from the cgroup's own counter (`memory.oom_control` oom_kill / `memory.events`). Step 1 also records the "
            "parameter trace and creates the Adam states; later steps read and write them.", ""]
     for path, doc in runs:
         j, meta = doc["job"], doc.get("meta") or {}

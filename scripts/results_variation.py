@@ -28,8 +28,8 @@ def variation_rows(path: str, doc: dict) -> list[list[str]]:
                  for axis, value in (("layers", j["layers"]), ("seq", j["seq_len"]), ("micro-batch", j["micro_batch"]))}
         rss = [x["ru_maxrss_bytes"] for x in reps]
         spread = max(rss) - min(rss)
-        rows.append([f"`{path.split('/')[-1]}`", r["name"], str(len(reps)), _range([x["peak_system_bytes"] for x in reps]),
-                     _range(rss), f"{spread / GiB:.2f}", f"{repredict(doc, r)['node_host_peak_bytes'] / GiB:.2f}"]
+        rows.append([f"`{path.split('/')[-1]}`", r["name"], str(len(reps)),
+                     _range([x["peak_system_bytes"] for x in reps]), _range(rss), f"{spread / GiB:.2f}", f"{repredict(doc, r)['node_host_peak_bytes'] / GiB:.2f}"]
                     + [f"{steps[a] / GiB:.3f} ({spread / steps[a]:.1f})" for a in ("layers", "seq", "micro-batch")])
     return rows
 

@@ -468,9 +468,8 @@ def agreement_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, i
         # a lower bound at the top (a ceiling, no probe above it): every larger plan meets both too
         open_end = largest.at_least and meeting and meeting[-1] == g.value(g.index(largest.measured_max) + 1)
         failed = sorted({q["value"] for q in probes if q["outcome"] in DOES_NOT_FIT})
-        plans = sorted({today.get(path, {}).get(name, "?") for path, _ in entries}, key=str)
-        todays = ", ".join(fmt_max(p) + ("" if p in meeting else " (**does not**)") if p != "?" else "-"
-                           for p in plans)
+        plans = sorted({today[path][name] for path, _ in entries if name in today.get(path, {})}, key=str)
+        todays = ", ".join(fmt_max(p) + ("" if p in meeting else " (**does not**)") for p in plans) or "-"
         rows.append([f"{cap / GiB:.2f}", axis, name, str(steps),
                      ", ".join(fmt_max(c.measured_max, c.at_least) for c in conclusions),
                      ", ".join(map(str, failed)) or "-", _span(meeting, g.step, open_end), todays])
