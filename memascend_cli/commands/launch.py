@@ -3,8 +3,8 @@
 Thin: check the region (prepared, not held by another job) and the engine -> the program's environment with the
 start-up hook (memascend_cli/run/anyprogram.py) -> run it in its own session, forwarding stop signals, with a progress
 line per step and the plan of the job DeepSpeed sized (memascend_cli/run/launch_progress.py) -> one line per rank that
-says whether the engine engaged (and why not), its steps and its peak against the plan. Exit codes: the program's own
-status, 75 when a signal stopped it (errors.EXIT_STOPPED), 2 bad input.
+says whether the engine engaged (and why not, or where the program failed first), its steps and its peak against the
+plan. Exit codes: the program's own status, 75 when a signal stopped it (errors.EXIT_STOPPED), 2 bad input.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def launch_command(
     --stop-grace, kills them. No process of the program outlives the command. While it trains, a line now and
     then gives the first rank's step, loss, s/step, host memory and SSD traffic, and once its first step ran, the
     plan's host memory for the job DeepSpeed sized (parameters, micro-batch, dtype, ZeRO settings, the sequence
-    length of its batches). At the end one line per rank says whether the engine engaged and what went through the
-    region, or why it never engaged (the program never called deepspeed.initialize, its config offloads nothing to
-    NVMe, its Python cannot import memascend), and its steps and peak memory against the plan.
+    length of its batches). At the end one line per rank says whether the engine engaged (deepspeed.initialize
+    returned with it) and what went through the region, or where the program failed before that (deepspeed.zero.Init,
+    deepspeed.initialize), or why it never engaged (the program never called deepspeed.initialize, its config
+    offloads nothing to NVMe, its Python cannot import memascend), and its steps and peak memory against the plan.
 
     Examples:
 

@@ -179,9 +179,9 @@ def plan_command(
     zero_init = not no_zero_init
     recipe = None
     if recipe_path is not None:
-        from memascend_cli.run.recipe import load_recipe
+        from memascend_cli.run.recipe import load_recipe_noting
 
-        recipe = load_recipe(recipe_path, {"model": model} if model else None)
+        recipe = load_recipe_noting(recipe_path, {"model": model} if model else None)
         if nodes is None and recipe.num_nodes:
             nodes = recipe.num_nodes
     # Without --nvme-path: the SSD space where `train` would put the data (the recipe's region or run directory).

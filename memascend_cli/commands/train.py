@@ -33,7 +33,7 @@ def train_command(
     baseline: bool = typer.Option(False, "--baseline", help="Same as --engine tuned (kept for older scripts).",
                                   rich_help_panel=_M),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run "
-                                "directory.", rich_help_panel=_M),
+                                "directory (of a complete run: say so, exit 0).", rich_help_panel=_M),
     force: bool = typer.Option(False, "--force", help="Launch even when the planner or the DRAM/memlock preflight "
                                "says it does not fit.", rich_help_panel=_M),
     dram_cap: str = typer.Option(None, "--dram-cap", help="Run as if this node had only this much DRAM, e.g. 6GiB: "
@@ -90,7 +90,7 @@ def train_command(
     from memascend_cli.console import err
     from memascend_cli.run.launch import DEFAULT_STOP_GRACE_S, StopPolicy
     from memascend_cli.run.prepared import prepare_run
-    from memascend_cli.run.recipe import load_recipe, merge, parse_set
+    from memascend_cli.run.recipe import load_recipe_noting, merge, parse_set
     from memascend_cli.units import parse_size
 
     started = time.monotonic()
@@ -113,13 +113,12 @@ def train_command(
     flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
              "model": model, "region": region}
     overrides = merge(overrides, {k: v for k, v in flags.items() if v is not None})
-    notes: list[str] = []
-    recipe = load_recipe(recipe_path, overrides, notes=notes)
-    if notes:
-        for note in notes:
-            err.print(f"[dim]note: {note}[/dim]", highlight=False)
+    recipe = load_recipe_noting(recipe_path, overrides)
     prepared = prepare_run(recipe, engine=engine, resume=resume, force=force, dry_run=dry_run,
                            dram_cap_bytes=dram_cap_bytes)
+    if prepared.finished:  # --resume of a run with nothing left to do
+        err.print(prepared.finished, highlight=False, soft_wrap=True)
+        return
     if dry_run:
         from memascend_cli.console import print_json
 

@@ -6,7 +6,7 @@ starts (launchers, ranks, helpers; site.py execsitecustomize). The hook runs the
 calls memascend_engine.autoinstall.start(), which waits for `import deepspeed` and installs the engine at the
 program's first `deepspeed.zero.Init` or `deepspeed.initialize`, with the config that call passes. Each process that
 imports DeepSpeed leaves one JSON record in the status folder (`record_path`); `summarize` turns them into the
-closing lines (engine engaged or not, and why; region bytes read and written).
+closing lines (engine engaged or not, and why, or where the program failed before; region bytes read and written).
 
 Stdlib only: the CLI imports it, and so does every process of the program at start-up.
 """
@@ -35,10 +35,16 @@ NO_ENGINE = "no_engine"
 IMPORTED = "imported"
 """DeepSpeed was imported and nothing called deepspeed.zero.Init or deepspeed.initialize (yet)."""
 FAILED = "failed"
-"""install() raised (field error); the program fails with that exception."""
+"""install() raised, or the program raised inside deepspeed.zero.Init (its call or its `with` block) or
+deepspeed.initialize before that returned (fields error, and `during`: the call, for the latter); the program fails
+with that exception."""
+INSTALLED = "installed"
+"""The engine is installed (fields nvme, zero_stage, offload), at the program's first deepspeed.zero.Init or
+deepspeed.initialize, and deepspeed.initialize has not returned: no engine of the program's uses it yet."""
 ENGAGED = "engaged"
-"""The engine is installed (fields nvme, zero_stage, offload; once deepspeed.initialize returned, job: what
-DeepSpeed sized; at a normal exit also bytes_read, bytes_written, swap_files, vm_hwm_bytes)."""
+"""deepspeed.initialize returned with the engine installed: the program's DeepSpeed engine uses it (fields as
+INSTALLED, and job: what DeepSpeed sized; at a normal exit also bytes_read, bytes_written, swap_files,
+vm_hwm_bytes)."""
 
 LEFTOVER_GRACE_S = 10.0
 """After the program's first process exits: how long what it left in its session gets after SIGTERM before SIGKILL."""
@@ -135,8 +141,9 @@ def who(r: dict) -> str:
 def summarize(records: list[dict]) -> list[tuple[str, str]]:
     """The closing lines, (level, text) with level 'ok', 'warn' or 'error'. Pure.
 
-    Engaged ranks report their region traffic; when no process engaged, one line says why: the program's Python has
-    no memascend, or it never called deepspeed.zero.Init / deepspeed.initialize, or no process imported DeepSpeed."""
+    Engaged ranks report their region traffic, failed ones where they failed; when no process got the engine, one line
+    says why: the program's Python has no memascend, or it never called deepspeed.zero.Init / deepspeed.initialize, or
+    no process imported DeepSpeed."""
     from memascend_cli.units import fmt_bytes
 
     lines: list[tuple[str, str]] = []
@@ -161,9 +168,15 @@ def summarize(records: list[dict]) -> list[tuple[str, str]]:
             lines.append(("ok", f"{name}: engine engaged without a region (no Direct NVMe): "
                                 f"{r.get('swap_files', 0)} DeepSpeed swap files"))
     for r in records:
-        if r.get("state") == FAILED:
+        if r.get("state") == INSTALLED:
+            lines.append(("warn", f"{who(r)}: engine installed, but the process ended before deepspeed.initialize "
+                                  "returned: no DeepSpeed engine used it"))
+        elif r.get("state") == FAILED and r.get("during"):
+            lines.append(("error", f"{who(r)}: the program failed in {r['during']} before the engine was in use: "
+                                   f"{r.get('error')}"))
+        elif r.get("state") == FAILED:
             lines.append(("error", f"{who(r)}: installing the engine failed: {r.get('error')}"))
-    if engaged or any(r.get("state") == FAILED for r in records):
+    if engaged or any(r.get("state") in (FAILED, INSTALLED) for r in records):
         return lines
     missing = [r for r in records if r.get("state") == NO_ENGINE]
     if missing:  # first: a launcher in memascend's Python can import DeepSpeed while the ranks run in another

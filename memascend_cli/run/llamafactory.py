@@ -214,6 +214,30 @@ def is_llamafactory(data: dict) -> bool:
     return any(k in LF_ONLY_KEYS for k in data)
 
 
+# Keys of LLaMA-Factory's "v1" configs (`USE_V1=1 llamafactory-cli train x.yaml`: examples/v1/, the dataclasses of
+# src/llamafactory/v1/config/, at commit ff6d4d12) that neither its default format nor memascend's recipes have.
+# Any of them names the format; its other keys (model, cutoff_len, learning_rate, ...) overlap with both.
+V1_KEYS = ("model_class", "train_dataset", "micro_batch_size", "global_batch_size", "dist_config", "kernel_config",
+           "peft_config", "quant_config", "init_config", "optim_config", "lr_scheduler_config", "batching_strategy",
+           "batching_workers", "enable_activation_checkpointing", "custom_chat_template", "save_ckpt_as_hf",
+           "save_epochs", "dp_size", "cp_size", "cp_mode", "mp_replicate_size", "mp_shard_size")
+
+
+def refuse_v1(data: dict, origin: str) -> None:
+    """One line for a LLaMA-Factory v1 config, instead of one unknown key per v1 name.
+
+    Raises:
+        BadInput: when the mapping has a v1-only key.
+    """
+    found = [str(k) for k in data if k in V1_KEYS]
+    if found:
+        raise BadInput(f"{origin} is a LLaMA-Factory v1 config (USE_V1=1; {', '.join(found[:3])}), a format memascend "
+                       "does not read",
+                       "write it in LLaMA-Factory's default format (model_name_or_path, dataset, "
+                       "per_device_train_batch_size: its examples/train_full/), or as a memascend recipe "
+                       "(presets/train/tiny-cpu.yaml)")
+
+
 def _set(out: dict, dotted: str, value, origin: str, source_key: str) -> None:
     node = out
     *parents, leaf = dotted.split(".")

@@ -379,6 +379,10 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
     data = prepare_data(recipe, run_dir)
     total = total_steps(recipe, data["train_sequences"], world_size)
+    if resume:
+        finished = _finished(recipe, run_dir, total)
+        if finished is not None:
+            return Prepared(recipe=recipe, run_dir=run_dir, finished=finished)
     ds_config = build_ds_config(recipe, settings, swap_dir=swap_dir, world_size=world_size, total_steps=total)
     os.makedirs(run_dir, exist_ok=True)
     resolved = recipe.to_dict()
@@ -408,7 +412,20 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
                     region_path=region_path, ranks=ranks, data=data, total_steps=total,
-                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every)
+                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None)
+
+
+def _finished(recipe, run_dir: str, total: int) -> str | None:
+    """What `train --resume` says of a run with nothing left to do (rundir.finished_checkpoint), else None."""
+    from memascend_cli.run.rundir import finished_checkpoint
+
+    final_dir = final_model_dir(run_dir, in_output_dir=recipe.export_in_output_dir) if recipe.export else None
+    last = finished_checkpoint(run_dir, total, final_dir=final_dir)
+    if last is None:
+        return None
+    return (f"{run_dir} is complete: {last} holds the last of its {total} steps"
+            + (f" and the final model is in {final_dir}" if final_dir else "")
+            + "; nothing to resume (to train further, raise steps: --steps)")
 
 
 def _hostfile_nodes(recipe) -> list:

@@ -466,6 +466,7 @@ def load_recipe(path: str, overrides: dict | None = None, *, notes: list[str] | 
     path = resolve_recipe_path(path)
     data = read_yaml(path)
     base_dir = os.path.dirname(os.path.abspath(path))
+    llamafactory.refuse_v1(data, path)
     if llamafactory.is_llamafactory(data):
         data, lf_notes = llamafactory.translate(data, recipe_dir=base_dir, cwd=os.getcwd(), origin=path,
                                                 native_keys=set(field_names()))
@@ -482,6 +483,19 @@ def load_recipe(path: str, overrides: dict | None = None, *, notes: list[str] | 
             notes.append(f"epochs: ignored (steps {data['steps']} wins)")
         data.pop("epochs")
     return recipe_from_dict(data, origin=path)
+
+
+def load_recipe_noting(path: str, overrides: dict | None = None) -> Recipe:
+    """load_recipe, with what the translation changed said as `note:` lines on stderr (the `deepspeed:` line replaced,
+    a template rendered with the tokenizer's own chat template, keys ignored): `plan RECIPE` and `train RECIPE` say
+    the same."""
+    from memascend_cli.console import err
+
+    notes: list[str] = []
+    recipe = load_recipe(path, overrides, notes=notes)
+    for note in notes:
+        err.print(f"[dim]note: {note}[/dim]", highlight=False)
+    return recipe
 
 
 def recipe_from_json_dict(data: dict) -> Recipe:

@@ -94,6 +94,23 @@ def complete_checkpoints(run_dir: str) -> list[str]:
     return sorted(n for n in os.listdir(d) if n.startswith("step-") and os.path.exists(os.path.join(d, n, COMPLETE)))
 
 
+def checkpoint_step(name: str) -> int:
+    """The step of checkpoint folder step-NNNNNNN."""
+    return int(name.removeprefix("step-"))
+
+
+def finished_checkpoint(run_dir: str, total_steps: int, *, final_dir: str | None) -> str | None:
+    """The newest complete checkpoint of a run with nothing left to do, else None: it holds step `total_steps` (or a
+    later one) and the final model is written (its config.json, written last; `final_dir` None: the run exports
+    nothing)."""
+    done = complete_checkpoints(run_dir)
+    if not done or checkpoint_step(done[-1]) < total_steps:
+        return None
+    if final_dir is not None and not os.path.isfile(os.path.join(final_dir, MODEL_CONFIG)):
+        return None
+    return done[-1]
+
+
 # --- the final model ------------------------------------------------------------------------------
 
 FINAL_MODEL_TMP = ".final-model.tmp"

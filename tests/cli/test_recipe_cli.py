@@ -119,3 +119,51 @@ def test_train_progress_fits_80_columns():
     text = console.export_text()
     assert all(len(l) <= 80 for l in text.splitlines()), text
     assert "12345/20000" in text and "eta" in text and "tok/s" in text
+
+
+def test_plan_prints_the_translation_notes_train_prints(tmp_path, monkeypatch):
+    """The LLaMA-Factory example with its `deepspeed:` line back: `plan RECIPE` says what `train RECIPE --dry-run`
+    says the translation changed (the line replaced, the template, the keys ignored)."""
+    import shutil
+
+    pytest.importorskip("transformers")
+    from memascend_cli.run.recipe import load_recipe
+    from tests.integration.test_llamafactory_cpu import ASSETS, tiny_model_dir
+
+    work = tmp_path / "lf"
+    shutil.copytree(ASSETS, work)
+    text = (work / "tiny_full_sft.yaml").read_text()
+    for old, new in (("MODEL_DIR", tiny_model_dir(str(tmp_path / "tiny-instruct"))), ("OUTPUT_DIR", "saves/sft"),
+                     ("template: qwen", "template: qwen3_nothink"),
+                     ("trust_remote_code: true", "trust_remote_code: true\ndeepspeed: examples/deepspeed/ds_z3.json")):
+        assert old in text
+        text = text.replace(old, new)
+    (work / "recipe.yaml").write_text(text + "max_steps: 5\n")
+    monkeypatch.chdir(work)
+    notes: list[str] = []
+    load_recipe("recipe.yaml", notes=notes)
+    assert any(n.startswith("deepspeed: examples/deepspeed/ds_z3.json replaced") for n in notes)
+    assert any(n.startswith("template: 'qwen3_nothink' rendered with the tokenizer's own") for n in notes)
+    assert any(n.startswith("ddp_timeout: ignored") for n in notes)
+    env = {"MEMASCEND_CACHE": str(tmp_path / "cache")}
+    plan = run("plan", "recipe.yaml", "--cpu-gflops", "10", env=env, cwd=work)
+    assert plan.returncode in (0, 1), plan.stderr
+    dry = run("train", "recipe.yaml", "--dry-run", env=env, cwd=work)
+    assert dry.returncode == 0, dry.stderr
+    for note in notes:
+        assert f"note: {note}" in " ".join(plan.stderr.split()), note
+        assert f"note: {note}" in " ".join(dry.stderr.split()), note
+
+
+@pytest.mark.parametrize("command", [("plan",), ("train", "--dry-run")])
+def test_a_llamafactory_v1_config_is_refused_in_one_line(tmp_path, command):
+    from tests.unit.test_llamafactory import V1_EXAMPLE
+
+    path = tmp_path / "v1.yaml"
+    path.write_text(V1_EXAMPLE)
+    p = run(command[0], str(path), *command[1:])
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    text = " ".join(p.stderr.split())
+    assert [l for l in p.stderr.splitlines() if l.startswith("error:")] == [p.stderr.splitlines()[0]]
+    assert f"error: {path} is a LLaMA-Factory v1 config (USE_V1=1;" in text and "did you mean" not in text
+    assert "hint: write it in LLaMA-Factory's default format" in text

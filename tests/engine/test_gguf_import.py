@@ -22,10 +22,9 @@ PARAMS = 134_515_008  # presets/train/smollm2-sft.yaml
 
 
 def test_a_real_gguf_file_becomes_a_plain_hf_model(tmp_path):
-    from memascend_cli.models import resolve_package_file
-
+    """Named as a recipe's model: names it (package:MODULE/FILE)."""
     out = tmp_path / "smollm2"
-    p = subprocess.run([sys.executable, "-m", "memascend_cli", "import-gguf", resolve_package_file(SMOLLM2), str(out)],
+    p = subprocess.run([sys.executable, "-m", "memascend_cli", "import-gguf", SMOLLM2, str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
@@ -53,3 +52,11 @@ def test_a_file_that_is_not_gguf_is_one_error_line(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert [l for l in p.stderr.splitlines() if l.startswith("error:")], p.stderr
+
+
+def test_a_package_that_is_not_installed_is_one_error_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "memascend_cli", "import-gguf", "package:no_such_pkg_xyz/m.gguf",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "error: package:no_such_pkg_xyz/m.gguf: the Python package 'no_such_pkg_xyz' is not installed" in p.stderr
+    assert not (tmp_path / "out").exists()

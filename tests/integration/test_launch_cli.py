@@ -218,6 +218,38 @@ def test_no_initialize_and_no_nvme_are_said(tmp_path):
     assert [r["state"] for r in records] == ["engaged"]
 
 
+# A program that fails in deepspeed.zero.Init: `call`, DeepSpeed's own check of its config there (train_batch_size is
+# not micro-batch x accumulation x ranks); `block`, building the model in its `with` block.
+FAILS_IN_ZERO_INIT = """
+import sys, deepspeed, torch
+cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+       "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": sys.argv[2]},
+                             "offload_optimizer": {"device": "nvme", "nvme_path": sys.argv[2]}}}
+if sys.argv[1] == "call":
+    cfg["train_batch_size"] = 3
+with deepspeed.zero.Init(config_dict_or_path=cfg):
+    model = torch.nn.Linear(256, 256)
+    if sys.argv[1] == "block":
+        raise RuntimeError("building the model failed")
+deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+"""
+
+
+@pytest.mark.parametrize("where, error", [
+    ("call", "AssertionError: Check batch related parameters. train_batch_size is not equal to"),
+    ("block", "RuntimeError: building the model failed")])
+def test_a_program_that_fails_in_zero_init_is_a_failure_never_engaged(tmp_path, where, error):
+    env = _env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    proc, records = launch(tmp_path, "python", "-c", FAILS_IN_ZERO_INIT, where, str(tmp_path / "nvme"),
+                           region=make_region(tmp_path, "64MiB"), env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert [(r["state"], r["during"]) for r in records] == [("failed", "deepspeed.zero.Init")]
+    assert "engaged" not in proc.stderr
+    assert f"rank 0: the program failed in deepspeed.zero.Init before the engine was in use: {error}" in proc.stderr
+    assert "the program exited with status 1" in proc.stderr
+
+
 # A program that starts a grandchild (not Python) in its process group and says when both run.
 PROGRAM = """
 import os, signal, subprocess, sys, time

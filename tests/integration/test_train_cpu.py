@@ -127,6 +127,18 @@ def test_stop_and_resume_give_identical_fp32_losses(baseline_run, tmp_path):
     assert losses(run) == losses(baseline_run)
 
 
+def test_resume_of_a_finished_run_says_so_and_launches_nothing(baseline_run):
+    files = ("metrics.jsonl", "ds_config.json", "recipe.json", "export/config.json")
+    before = {n: open(os.path.join(baseline_run, n), "rb").read() for n in files}
+    p = memascend(TINY, "--baseline", "--output-dir", baseline_run, "--steps", STEPS, "--set", "checkpoint_every=3",
+                  "--resume")
+    text = " ".join(p.stderr.split())
+    assert (f"{baseline_run} is complete: step-0000008 holds the last of its 8 steps and the final model is in "
+            f"{os.path.join(baseline_run, 'export')}; nothing to resume") in text
+    assert "launching" not in p.stderr
+    assert {n: open(os.path.join(baseline_run, n), "rb").read() for n in files} == before
+
+
 def test_sigkill_during_and_after_checkpoint_then_resume_is_exact(baseline_run, tmp_path):
     run = str(tmp_path / "run")
     ck = os.path.join(run, "checkpoints")

@@ -125,3 +125,20 @@ def test_export_never_replaces_a_folder_that_is_not_a_model(tmp_path):
         with pytest.raises(BadInput, match="exists and is not a model folder") as e:
             export_command(str(run), checkpoint=None, out=str(out), precision=None)
         assert str(run) in e.value.hint
+
+
+def test_a_run_is_finished_with_its_last_checkpoint_and_final_model(tmp_path):
+    run = str(tmp_path / "run")
+    for name in ("step-0000005", "step-0000008", ".tmp-step-0000009"):
+        _files(os.path.join(run, "checkpoints", name), ["trainer.json"])
+    export = os.path.join(run, "export")
+    assert rundir.finished_checkpoint(run, 8, final_dir=export) is None  # no checkpoint is COMPLETE yet
+    for name in ("step-0000005", "step-0000008"):
+        _files(os.path.join(run, "checkpoints", name), [rundir.COMPLETE])
+    assert rundir.finished_checkpoint(run, 8, final_dir=export) is None  # the export is not written
+    assert rundir.finished_checkpoint(run, 8, final_dir=None) == "step-0000008"
+    _files(export, ["model.safetensors"])
+    assert rundir.finished_checkpoint(run, 8, final_dir=export) is None  # config.json is written last
+    _files(export, [rundir.MODEL_CONFIG])
+    assert rundir.finished_checkpoint(run, 8, final_dir=export) == "step-0000008"
+    assert rundir.finished_checkpoint(run, 9, final_dir=export) is None  # more steps asked for: resume trains on

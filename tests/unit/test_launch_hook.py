@@ -99,6 +99,14 @@ def test_summary_of_a_failed_install():
     assert lines == [("error", "rank 0: installing the engine failed: SSDNotReady: too small")]
 
 
+def test_summary_of_a_program_that_failed_before_the_engine_was_in_use():
+    failed = {**_engaged(0), "state": "failed", "during": "deepspeed.zero.Init", "error": "RuntimeError: boom"}
+    assert anyprogram.summarize([failed, {"pid": 7, "rank": None, "state": "imported"}]) == [
+        ("error", "rank 0: the program failed in deepspeed.zero.Init before the engine was in use: RuntimeError: boom")]
+    (level, text), = anyprogram.summarize([{**_engaged(0), "state": "installed"}])
+    assert level == "warn" and "engaged" not in text and "ended before deepspeed.initialize returned" in text
+
+
 @pytest.mark.parametrize("records, why", [
     ([], "no Python process of the program imported DeepSpeed"),
     ([{"pid": 1, "rank": None, "state": "imported"}], "never called deepspeed.zero.Init or deepspeed.initialize"),

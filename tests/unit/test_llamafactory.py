@@ -216,3 +216,48 @@ def test_final_model_goes_to_output_dir_as_in_llamafactory(tmp_path, monkeypatch
     # memascend's own key still decides when given.
     assert load_recipe(lf_recipe(tmp_path, "export_in_output_dir: false\n")).export_in_output_dir is False
     assert load_recipe("tiny-cpu").export_in_output_dir is False
+
+
+# LLaMA-Factory's examples/v1/train_full/train_full_deepspeed.yaml (commit ff6d4d12), run with USE_V1=1.
+V1_EXAMPLE = """model: Qwen/Qwen3-0.6B
+model_class: llm
+
+kernel_config:
+    name: auto
+
+dist_config:
+    name: deepspeed
+    config_file: examples/deepspeed/ds_z3_config.json
+
+### data
+train_dataset: data/v1_sft_demo.yaml
+
+### training
+output_dir: outputs/Qwen3-0.6B-deepspeed
+micro_batch_size: 1
+cutoff_len: 2048
+learning_rate: 1.0e-4
+max_steps: 10
+"""
+
+
+def test_the_v1_format_is_named_in_one_problem(tmp_path):
+    path = tmp_path / "v1.yaml"
+    path.write_text(V1_EXAMPLE)
+    with pytest.raises(BadInput) as e:
+        load_recipe(str(path))
+    assert e.value.message == (f"{path} is a LLaMA-Factory v1 config (USE_V1=1; model_class, kernel_config, "
+                               "dist_config), a format memascend does not read")
+    assert "per_device_train_batch_size" in e.value.hint
+    # Without a key of the default format (cutoff_len) it is still v1, not a memascend recipe with unknown keys.
+    path.write_text("model: tiny-llama\ntrain_dataset: data/v1_sft_demo.yaml\nmicro_batch_size: 1\n")
+    with pytest.raises(BadInput, match="is a LLaMA-Factory v1 config"):
+        load_recipe(str(path))
+
+
+def test_v1_keys_belong_to_no_other_format():
+    from memascend_cli.run.recipe import field_names
+
+    other = set(field_names()) | LF.LF_ONLY_KEYS | set(LF.MAPPED) | set(LF.COMBINED) | set(LF.IGNORED)
+    assert not set(LF.V1_KEYS) & other
+    assert not [k for k in LF.V1_KEYS if LF.method_of(k)]
