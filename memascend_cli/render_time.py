@@ -19,8 +19,8 @@ def render_time(doc: dict, tokens: int | None) -> None:
     dev = doc["device"]
     rate = "unknown" if dev["gflops"] is None else (f"{dev['gflops'] / 1e3:,.0f} TFLOP/s" if dev["gpu"] else
                                                     f"{dev['gflops']:,.0f} GFLOP/s")
-    bw = [f"{k} {doc[f'ssd_{k}_gbps']:g} GB/s" for k in ("read", "write") if doc[f"ssd_{k}_gbps"]]
-    t = Table(title=f"time per step ({dev['name']} {rate}; SSD {', '.join(bw) or 'bandwidth unknown'})",
+    bw = [f"{k} {doc[f'ssd_{k}_gbps']:.3g}" for k in ("read", "write") if doc[f"ssd_{k}_gbps"]]
+    t = Table(title=f"time per step ({dev['name']} {rate}; SSD {', '.join(bw) + ' GB/s' if bw else 'unknown'})",
               title_justify="left")
     cols = ["", "compute", "SSD", "CPU", "s/step", "tok/s", "binds"] + (["hours"] if tokens else [])
     for c in cols:
@@ -38,8 +38,10 @@ def render_time(doc: dict, tokens: int | None) -> None:
             row.append(_s(d["hours"]))
         t.add_row(*row)
     out.print(t)
+    if doc.get("precision_note"):
+        out.print(f"[yellow]note: {doc['precision_note']}[/yellow]", highlight=False)
     if dev["gflops"] is None:
-        out.print(f"[dim]note: compute rate {dev['source']}[/dim]")
+        out.print(f"[dim]note: compute rate {dev['source']}[/dim]", highlight=False)
     elif len(bw) < 2:
         out.print("[dim]note: SSD bandwidth unknown: s/step is at least the time without the SSD, which may well "
                   "bind; give --nvme-read-gbps / --nvme-write-gbps or --nvme-path a region made by `memascend "

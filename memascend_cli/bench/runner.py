@@ -584,7 +584,10 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
            "region_header": region_info, "dram_cap_bytes": dram_cap_bytes,
            "ssd_bandwidth_bytes_per_s": io_limits[0].read_bytes_per_s if io_limits else None,
            "ssd_throttle": [lim.to_dict() for lim in io_limits] or None, "timing": _timing_doc(p.timing)}
-    hardware = {**p.hw.to_dict(), **({"sitting": sitting} if sitting else {})}
+    from memascend_cli.compute_probe import local_cpu_flags
+
+    # The flags that decide torch's kernels per dtype: a bf16 run on a CPU without them takes a slow fallback.
+    hardware = {**p.hw.to_dict(), "cpu_flags": local_cpu_flags(), **({"sitting": sitting} if sitting else {})}
     return build_document(job=job, hardware=hardware, runs=results, notes=notes)
 
 

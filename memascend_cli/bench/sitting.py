@@ -55,12 +55,14 @@ def disk_probe(directory: str, *, size_bytes: int = DISK_PROBE_BYTES,
 def sitting_probe(directory: str) -> dict:
     """This sitting's matmul GFLOP/s (compute_probe's child process; absent when torch fails) and disk_probe's
     rates in `directory`, with what was measured."""
-    from memascend_cli.compute_probe import PROBE_N, run_probe
+    from memascend_cli.compute_probe import run_probe
 
-    out: dict = {"matmul_n": PROBE_N, "disk_request_bytes": DISK_REQUEST_BYTES, "disk_probe_bytes": DISK_PROBE_BYTES}
+    out: dict = {"disk_request_bytes": DISK_REQUEST_BYTES, "disk_probe_bytes": DISK_PROBE_BYTES}
     found = run_probe()
     if found:
-        out.update({k: found[k] for k in ("fp32_gflops", "bf16_gflops", "threads") if k in found})
+        out.update({k: v for k, v in found.items() if k.startswith(("fp32_", "bf16_", "fp16_", "onednn_"))
+                    or k in ("threads", "incomplete")})
+        out["matmul_n"] = found.get("fp32_n")
     out.update({"disk_" + k: v for k, v in disk_probe(directory).items()})
     return out
 

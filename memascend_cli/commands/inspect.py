@@ -267,16 +267,28 @@ def inspect_command(
         return
     for part in render_inventory(inv):
         out.print(part)
-    if matmul:
-        out.print(f"CPU matmul ({'measured now' if cpu_probe else 'cached'}; `memascend plan` uses it): "
-                  f"{matmul['fp32_gflops']:,.1f} GFLOP/s fp32, {matmul['bf16_gflops']:,.1f} bf16 on "
-                  f"{matmul['threads']} threads", highlight=False)
-    else:
-        out.print("CPU matmul: " + ("not measured (torch missing or the probe failed)" if cpu_probe else
-                                    "not measured: `memascend inspect --cpu-probe`"), highlight=False)
+    for line in matmul_lines(matmul, measured_now=cpu_probe):
+        out.print(line, highlight=False)
     if inv.path is not None and inv.path.o_direct_ok is False:
         from rich.markup import escape
 
         from memascend_cli.console import warn
 
         warn(escape(f"{inv.path.path} is not usable for direct I/O: {inv.path.o_direct_reason}"))
+
+
+def matmul_lines(matmul: dict | None, *, measured_now: bool) -> list[str]:
+    """The CPU probe's lines: the rate per dtype, and a note for each reduced precision that is slow here. Pure."""
+    from memascend_cli.compute_probe import slow_precision_note, unknown_rate_hint
+
+    if not matmul or not matmul.get("fp32_gflops"):
+        return ["CPU matmul: " + (unknown_rate_hint().removeprefix("unknown: ") if measured_now else
+                                  "not measured: `memascend inspect --cpu-probe` (plan measures it once too)")]
+    rates = ", ".join(f"{matmul[f'{d}_gflops']:,.1f} GFLOP/s {d}" if matmul.get(f"{d}_gflops") else
+                      f"{d} did not finish in its budget" for d in ("fp32", "bf16", "fp16")
+                      if matmul.get(f"{d}_gflops") or d in (matmul.get("incomplete") or []))
+    lines = [f"CPU matmul ({'measured now' if measured_now else 'cached'}; `memascend plan` uses it): {rates} on "
+             f"{matmul['threads']} threads"]
+    lines += [f"note: {n}" for n in (slow_precision_note(d, matmul) for d in ("bf16", "fp16")) if n]
+    return lines
+

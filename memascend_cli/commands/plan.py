@@ -195,6 +195,7 @@ def plan_command(
     hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
                           nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps,
                           nvme_write_gbps=nvme_write_gbps, memlock=memlock)
+    hw = _measured_ssd(hw)
     timing = {"tokens": _tokens(tokens), "cpu_gflops": cpu_gflops, "gpu_tflops": gpu_tflops}
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name, weights=False)  # a hub id plans from its config.json or preset
@@ -300,19 +301,57 @@ def _tokens(text: str | None) -> int | None:
 
 def _time(job, hw, ests, timing: dict, search: bool) -> dict:
     """The time model's document for the plan (planner.time), with the compute device resolved."""
-    from memascend_cli.compute_probe import plan_device
-    from memascend_cli.hardware import local_cpu_model
+    from memascend_cli.compute_probe import plan_device, slow_precision_note
     from memascend_cli.planner import time as tm
 
+    rates = _local_rates(hw, timing)
     device = plan_device(hw, job.dtype, cpu_gflops=timing["cpu_gflops"], gpu_tflops=timing["gpu_tflops"],
-                         cpu_model=local_cpu_model() if hw.name == "local" else None)
+                         rates=rates)
     times = tm.engine_times(job, ests, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
                             cpu_cores=hw.cpu_cores)
     doc = tm.time_document(times, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps,
                            tokens=timing["tokens"])
+    note = slow_precision_note(job.dtype, rates)
+    if note:
+        doc["precision_note"] = note
     if search:
         doc["fastest"] = tm.fastest(job, hw, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps)
     return doc
+
+
+def _measured_ssd(hw):
+    """This machine's plan without an SSD rate (no region prepared where the data goes, no --nvme-*-gbps): the rate
+    of the folder the data would go to, measured once per device and cached (ssd/folder_probe.py)."""
+    import dataclasses
+    import os
+
+    if hw.name != "local" or (hw.nvme_read_gbps and hw.nvme_write_gbps) or not hw.nvme_path \
+            or not os.path.isdir(hw.nvme_path):
+        return hw
+    from memascend_cli.console import err
+    from memascend_cli.ssd.folder_probe import PROBE_BYTES, folder_rates
+
+    def say() -> None:
+        err.print(f"measuring the SSD at {hw.nvme_path} once ({PROBE_BYTES >> 20} MiB "
+                  "O_DIRECT write and read; cached for later plans)", highlight=False)
+
+    found = folder_rates(hw.nvme_path, on_probe=say)
+    if "error" in found:
+        return hw
+    return dataclasses.replace(hw, nvme_read_gbps=hw.nvme_read_gbps or found["read_gbps"],
+                               nvme_write_gbps=hw.nvme_write_gbps or found["write_gbps"],
+                               source=f"{hw.source} + SSD measured at {hw.nvme_path}")
+
+
+def _local_rates(hw, timing: dict) -> dict | None:
+    """This CPU's matmul probe when the plan is of this CPU-only machine and no rate was given: the cached one, else
+    measured now (once, ~10 s, then cached) so that the plan can show a time."""
+    if hw.num_gpus or hw.name != "local" or timing["cpu_gflops"]:
+        return None
+    from memascend_cli.compute_probe import local_cpu_rates
+    from memascend_cli.hardware import local_cpu_model
+
+    return local_cpu_rates(local_cpu_model(), hw.cpu_cores)
 
 
 def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool,

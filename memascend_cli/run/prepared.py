@@ -317,6 +317,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         node_regions = regions_of(nodes, recipe.region)
     ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
     world_size = ranks * max(1, hw.num_nodes)
+    precision_note = cpu_precision_note(recipe.precision, hw)
 
     # The region's prepare-ssd probe sets the aio block size and queue depth.
     header, region_error, region_rank_bytes = None, None, None
@@ -408,7 +409,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
                     "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": nvme_bytes_per_rank,
                     "world_size": world_size, "zero_settings": settings.to_dict(),
-                    "host_budget": est.budget.to_dict() if est.budget else None}
+                    "host_budget": est.budget.to_dict() if est.budget else None,
+                    **({"precision_note": precision_note} if precision_note else {})}
     return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, baseline=baseline, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
                     region_path=region_path, ranks=ranks, data=data, total_steps=total,
@@ -426,6 +428,21 @@ def _finished(recipe, run_dir: str, total: int) -> str | None:
     return (f"{run_dir} is complete: {last} holds the last of its {total} steps"
             + (f" and the final model is in {final_dir}" if final_dir else "")
             + "; nothing to resume (to train further, raise steps: --steps)")
+
+
+def cpu_precision_note(precision: str, hw) -> str | None:
+    """On a CPU-only node, the note that `precision` (bf16/fp16) matmuls run a slow fallback here, printed now; None
+    with a GPU, in fp32, or where they are fast. Probes this CPU once when no probe is cached."""
+    if hw.num_gpus or precision == "fp32":
+        return None
+    from memascend_cli.compute_probe import local_cpu_rates, slow_precision_note
+    from memascend_cli.console import err
+    from memascend_cli.hardware import local_cpu_model
+
+    note = slow_precision_note(precision, local_cpu_rates(local_cpu_model(), hw.cpu_cores))
+    if note:
+        err.print(f"[yellow]note: {note}[/yellow]", highlight=False)
+    return note
 
 
 def _hostfile_nodes(recipe) -> list:
