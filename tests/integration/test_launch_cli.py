@@ -310,7 +310,7 @@ def test_nothing_outlives_a_killed_cli(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("llamafactory-cli") is None, reason="LLaMA-Factory is not installed (not a memascend "
-                    "dependency; its pins want their own venv, see README 'Any program, unmodified')")
+                    "dependency; its pins want their own venv, see docs/engine.md 'Any program, unmodified')")
 def test_llamafactory_cli_train_recipe(tmp_path):
     """`llamafactory-cli train RECIPE` with LLaMA-Factory's own ZeRO-3 CPU-offload config ("auto" values): the engine
     installs in the rank torchrun starts and moves the offload to the region. The recipe is tests/assets/llamafactory's
