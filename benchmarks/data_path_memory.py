@@ -1,4 +1,4 @@
-"""Host memory of the training data path against dataset size (issue 12's bar: 10x the tokens, same peak).
+"""Host memory of the training data path against dataset size (the target: 10x the tokens, the same peak).
 
 For each size it
   1. writes a synthetic JSONL dataset (text records of ~100 tokens) on disk,

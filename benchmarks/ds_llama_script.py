@@ -1,7 +1,7 @@
 """A plain DeepSpeed training script as a user writes it (the measured job of user_script_bench.py, never a
 calibration input): a transformers Llama built from a config under `deepspeed.zero.Init`, ZeRO-3 with params and
 optimizer states offloaded to NVMe with DeepSpeed's default knobs, random token ids, a few steps. With `--region` it
-calls `memascend_engine.install(config, region=...)` first, as issue 23's user did; nothing else differs.
+calls `memascend_engine.install(config, region=...)` first, as a user's own script does; nothing else differs.
 
 usage: python ds_llama_script.py --model-dir DIR --nvme-path DIR --out OUT.json
            [--region REGION] [--seq-len 512] [--micro-batch 2] [--steps 3] [--checkpointing]

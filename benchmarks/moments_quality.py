@@ -1,4 +1,4 @@
-"""Quality check of memascend's bf16 Adam moments (EngineOptions.optimizer_moments, issue 26 item 3c): the real
+"""Quality check of memascend's bf16 Adam moments (EngineOptions.optimizer_moments): the real
 SmolLM2 SFT with fp32 moments and with bf16 moments, same recipe, seed and data, loss curves side by side.
 
     memascend train presets/train/smollm2-sft.yaml --steps 200 --output-dir /var/tmp/smollm2-fp32m

@@ -1,6 +1,6 @@
 """The plan against plain user scripts: host memory of training scripts written as users write them, run without
-the memascend CLI, stock DeepSpeed and then the same script and knobs with the memascend engine (issue 23 item 5,
-issue 24's HF Trainer bar). Validation only: no number measured here feeds scripts/fit_planner.py.
+the memascend CLI, stock DeepSpeed and then the same script and knobs with the memascend engine
+(a DeepSpeed script and an HF Trainer script). Validation only: no number measured here feeds scripts/fit_planner.py.
 
 Scripts (one CPU process each, a random-weight transformers Llama built from MODEL's config.json, random token ids):
   ds  benchmarks/ds_llama_script.py: DeepSpeed's own API, ZeRO-3 params + optimizer on NVMe, DeepSpeed's default

@@ -48,7 +48,7 @@ case "$mode" in
       log "not root or no apt-get: skipping system packages (tests needing libaio or loop devices will skip)"
     fi
     # CPU-only machines take the CPU wheel of exactly torch 2.13.0; a bare `torch` would pull several
-    # GB of CUDA packages (shared/docs/platform-notes.md §2.1). Install it first so nothing upgrades it.
+    # GB of CUDA (nvidia-*) packages from PyPI. Install it first so nothing upgrades it.
     if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
       if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
         log "GPU found: installing torch (CUDA build)"; "${PIP[@]}" torch

@@ -1,10 +1,11 @@
-"""Soak run of `memascend train`: a long tiny-cpu run stays flat (issue 25, "long runs stay flat").
+"""Soak run of `memascend train`: a long tiny-cpu run stays flat (host memory, descriptors, /dev/shm and
+checkpoints).
 
     python scripts/soak_train.py --steps 2000 --checkpoint-every 100 --keep 2 --output-dir runs/soak --json soak.json
 
 Runs the real CLI (memascend engine, region file in the run directory) and samples every --sample-s seconds each
 rank's open file descriptors, /dev/shm usage (all of it, and the job's DeepSpeed segments) and the number of checkpoints kept; host memory per rank comes from
-metrics.jsonl (logged every step). Prints one JSON summary: the RSS slope after warm-up in MiB per 100 steps (the bar:
+metrics.jsonl (logged every step). Prints one JSON summary: the RSS slope after warm-up in MiB per 100 steps (the target:
 below 1), the most checkpoints seen at once (at most --keep, plus the one being written), and /dev/shm and descriptor
 counts from the first checkpoint to the end. A benchmark: run it on an idle machine (other jobs move both memory and timing).
 """

@@ -53,7 +53,9 @@ def _overlap_share(est: Estimate, free_bytes: float) -> str:
 
 
 def check(est: Estimate, hw: HardwareSpec) -> Verdict:
-    """Compare an estimate with the machine (deepspeed-notes §3.1 'Feasible iff ...')."""
+    """Compare an estimate with the machine: it fits when the node's host peak is within the usable DRAM, each GPU's
+    peak within its memory, the SSD bytes within the free space and, unless the process may lock without limit, the
+    locked bytes within RLIMIT_MEMLOCK."""
     util: dict[str, float] = {}
     reasons: list[str] = []
     if est.config_errors:

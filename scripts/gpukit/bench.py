@@ -38,7 +38,7 @@ def bench_accepts_accelerator(kit: Kit) -> bool:
 def phase_bench(kit: Kit) -> bool:
     if not bench_accepts_accelerator(kit):
         msg = ("`memascend bench` has no --accelerator option yet: it would force DeepSpeed's CPU accelerator and "
-               "measure nothing CUDA-specific; bench skipped (see the issue-11 notes for the change it needs)")
+               "measure nothing CUDA-specific; bench skipped (this kit needs a memascend with `bench --accelerator`)")
         if kit.dry_run:
             print("[bench] WARNING: " + msg)
         else:

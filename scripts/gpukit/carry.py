@@ -111,7 +111,7 @@ def build_carry(dest: str, python: str) -> int:
         subprocess.run(cmd, cwd=cwd, check=True)
 
     # DeepSpeed ships only an sdist; its setup.py finds no torch in the isolated build env, so nothing is
-    # compiled (platform-notes §2.2): a pure-Python wheel whose ops JIT-build on first use.
+    # compiled (it warns 'Unable to import torch, pre-compiling ops will be disabled'): a pure-Python wheel whose ops JIT-build on first use.
     sh(pip + ["wheel", "--no-deps", "--no-cache-dir", "-w", wheels, f"deepspeed=={DEEPSPEED_VERSION}"])
     platform_args = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
     sh(pip + ["download", "--only-binary=:all:", "--python-version", PYTHON_TARGET, "--implementation", "cp",

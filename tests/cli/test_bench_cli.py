@@ -208,8 +208,8 @@ def test_flat_spread_needs_a_full_window():
 
 def test_settle_waits_for_a_decaying_level():
     clock = FakeClock()
-    # Used memory decays from +900 MiB towards 2 GiB with a 10 s time constant (the slow page-cache trim
-    # the platform-notes addendum describes), plus 1 MiB of jitter.
+    # Used memory decays from +900 MiB towards 2 GiB with a 10 s time constant (after a heavy run
+    # MemTotal - MemAvailable stays up to ~0.9 GiB above idle for 1-3 minutes while the kernel trims its caches), plus 1 MiB of jitter.
     def read():
         return int(2 * GiB + 900 * MiB * 2.718 ** (-clock.t / 10) + (MiB if int(clock.t * 4) % 2 else 0))
 

@@ -105,7 +105,7 @@ def test_inspect_subprocess_fast_and_torch_free():
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)
     in_process_s = float(proc.stderr.split("ELAPSED")[-1])
-    # Budget from the issue: well under 1 s. Interpreter start-up is excluded from the in-process figure;
+    # inspect's target: well under 1 s. Interpreter start-up is excluded from the in-process figure;
     # the wall-clock bound is loose because CI machines are shared.
     assert in_process_s < 1.0, f"inspect took {in_process_s:.2f} s"
     assert wall_s < 5.0

@@ -17,7 +17,7 @@ def test_plan_json_time_per_engine(cli):
         assert e["seconds_per_step"] > 0 and e["tokens_per_s"] > 0 and e["hours"] > 0
         assert e["binding"] in ("compute", "SSD read", "SSD write", "CPU Adam", "host copies", "PCIe")
         assert e["hours"] == pytest.approx(50e6 / e["tokens_per_s"] / 3600, rel=1e-3)
-    # One 4090 at 7/5 GB/s is SSD-bound at micro-batch 1 (issue 26: the regime users live in).
+    # One 4090 at 7/5 GB/s is SSD-bound at micro-batch 1 (the regime most users' jobs run in).
     assert t["engines"]["stock"]["binding"].startswith("SSD")
     assert set(t["fastest"]) == {"stock", "tuned", "memascend"}
     best = t["fastest"]["memascend"]

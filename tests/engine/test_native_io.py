@@ -28,7 +28,8 @@ pytestmark = pytest.mark.skipif(not OK, reason=f"native extension unavailable: {
 
 MiB = 1 << 20
 BACKENDS = ["io_uring", "threads"]
-# Filesystems that ignore or cannot do O_DIRECT alignment rules (platform-notes 7.1).
+# Filesystems that ignore or cannot do O_DIRECT alignment rules (tmpfs accepts a 1000-byte O_DIRECT write
+# that ext4 refuses with EINVAL).
 NO_DIO_RULES = {"tmpfs", "ramfs", "overlay", "fuse", "9p", "nfs", "squashfs"}
 
 
@@ -384,7 +385,7 @@ def test_readonly_engine_on_missing_file_fails(dio_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# 4 KiB logical sectors via a loop device (platform-notes 7.3): machine-global, root only.
+# 4 KiB logical sectors via a loop device (losetup --direct-io=on --sector-size 4096): machine-global, root only.
 @pytest.fixture
 def loop4k(dio_dir: Path):
     if os.geteuid() != 0:

@@ -1,6 +1,7 @@
 """The engine's exact-size pinned buffers on CUDA (engine/pinned.py, csrc/buffers.cpp). Marker gpu.
 
-torch's CachingHostAllocator rounds each pinned request up to a power of two (deepspeed-notes §4); the
+torch's CachingHostAllocator rounds each pinned request up to a power of two
+(c10::llvm::PowerOf2Ceil in aten/src/ATen/core/CachingHostAllocator.h); the
 engine maps exactly the request rounded to the page and cudaHostRegisters it. These tests measure both
 on a real GPU: bytes really reserved (torch.cuda.host_memory_stats), copy bandwidth from and to the
 engine's buffers against torch's pinned tensors, that a buffer freed while a non_blocking copy is in

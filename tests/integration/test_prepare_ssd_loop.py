@@ -58,7 +58,7 @@ class LoopDevice:
         subprocess.run(["fallocate", "-l", str(size_bytes), image], check=True)
         args = ["losetup", "-f", "--show"]
         if sector_bytes != 512:
-            # 4Kn emulation needs direct I/O on the backing file (platform-notes §7.3).
+            # 4Kn emulation needs direct I/O on the backing file (--direct-io=on).
             args += ["--direct-io=on", "--sector-size", str(sector_bytes)]
         self.path = subprocess.run(args + [image], check=True, capture_output=True, text=True).stdout.strip()
         self.mountpoint: str | None = None

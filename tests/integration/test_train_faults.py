@@ -205,7 +205,7 @@ def _damaged_checkpoint_is_refused(run: str) -> None:
 
 
 def test_byte_flipped_between_two_steps_of_a_paused_run_is_named(reference, fuse_region, tmp_path):
-    """The bar. After step 3 the run is held in its next read of the region (faultfs delays it by
+    """A flipped byte is named. After step 3 the run is held in its next read of the region (faultfs delays it by
     3 s, so the rank is paused between step 3 and the data of step 4); one byte inside that read's
     range is flipped in the region file on disk; when the read goes on, the checksum names the
     tensor's swap key and the device offsets around the flipped byte."""

@@ -1,6 +1,6 @@
 """A short soak (scripts/soak_train.py) of `memascend train` tiny-cpu: checkpoint rotation keeps at most the limit,
-and neither the rank's descriptors nor /dev/shm grow from the first checkpoint to the end. The 2,000-step soak of
-issue 25 is the same script with its defaults (a benchmark; memory slope bar: below 1 MiB per 100 steps).
+and neither the rank's descriptors nor /dev/shm grow from the first checkpoint to the end. The 2,000-step soak is
+the same script with its defaults (a benchmark; its memory slope target: below 1 MiB per 100 steps).
 Slow: one launch of 40 steps (about a minute on the 2-core VM)."""
 
 from __future__ import annotations

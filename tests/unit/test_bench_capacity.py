@@ -190,7 +190,7 @@ def test_engine_entries_and_rows():
     assert rows[0][:3] == ["stock", "none fits (DRAM)", "none fits"]
     assert rows[1] == ["tuned", "12 (DRAM)", "12", "OOM-killed at 13", "12 fit, 13 OOM", "yes"]
     assert rows[2][2] == "at least 137"
-    # An OOM kill at or below the plan's maximum is what the bar forbids: it is listed.
+    # An OOM kill at or below the plan's maximum is a wrong plan: it is listed.
     bad = capacity.engine_entry("tuned", "tuned", LAYERS, (14, "dram"), (214, ""), tuned["probes"],
                                 Conclusion(12, False, "OOM-killed at 13"))
     assert bad["killed_where_planned_to_fit"] == [13] and bad["within_one_step"] is False

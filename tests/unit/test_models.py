@@ -5,7 +5,7 @@ import pytest
 from memascend_cli.errors import BadInput, PresetNotFound
 from memascend_cli.models import list_model_presets, load_model, load_preset
 
-# Published totals (model cards / safetensors metadata); the issue names the first five.
+# Published totals (model cards / safetensors metadata).
 PUBLISHED = {
     "llama-3.1-8b": 8_030_261_248, "qwen2.5-7b": 7_615_616_512, "qwen2.5-14b": 14_770_033_664,
     "qwen2.5-32b": 32_763_876_352, "mistral-nemo-12b": 12_247_782_400, "smollm2-360m": 361_821_120,

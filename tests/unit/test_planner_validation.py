@@ -66,7 +66,7 @@ def test_known_misses_are_recorded_runs():
 
 
 def test_validation_covers_the_required_shapes():
-    """At least three model shapes, bf16 and fp16, one and two ranks (issue: planner truth on unseen data)."""
+    """At least three model shapes, bf16 and fp16, one and two ranks (the planner checked on data it was not fitted on)."""
     docs = {id(p.values[0]): p.values[0]["job"] for p in VALIDATION}
     models = {(j["model"], j.get("layers")) for j in docs.values()}
     assert len(models) >= 3
@@ -135,7 +135,7 @@ def test_billion_parameter_runs_are_covered():
 
 @pytest.mark.parametrize("doc,run", BILLION)
 def test_plan_within_10_percent_at_billion_scale(doc, run):
-    """Today's plan on the recorded 1.2-1.5B-parameter runs (issue 23: within 10% on the billion-parameter runs)."""
+    """Today's plan on the recorded 1.2-1.5B-parameter runs (within 10% on each)."""
     planned = bench.repredict(doc, run)["node_host_peak_bytes"]
     measured = run["peak_system_bytes"]
     assert abs(planned - measured) <= TOLERANCE * measured, (planned / 2**30, measured / 2**30)
