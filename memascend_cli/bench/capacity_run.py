@@ -28,10 +28,10 @@ def probe_point(base: runner.Point, axis: str, value: int) -> runner.Point:
                                micro_batch=value if axis == "micro-batch" else base.micro_batch)
 
 
-def cap_hardware(hw, cap_bytes: int):
-    """The machine as the plan sees it under the cap (HardwareSpec.under_dram_cap); SSD space is the probes' ceiling
-    (capacity.ceiling), not checked here."""
-    return dataclasses.replace(hw.under_dram_cap(cap_bytes), nvme_free_gib=None, nvme_path=None)
+def search_hardware(hw):
+    """The machine as a search's plan sees it: `hw` is already under the cap (bench applies it once, with
+    HardwareSpec.under_dram_cap); SSD space is the probes' ceiling (capacity.ceiling), not checked here."""
+    return dataclasses.replace(hw, nvme_free_gib=None, nvme_path=None)
 
 
 def _config(run, point: runner.Point, nvme_dir: str) -> dict:
@@ -45,7 +45,7 @@ def plan_engine(run, axis: str, base: runner.Point, *, cap_bytes: int, nvme_dir:
     g = capacity.grid(axis)
     first = probe_point(base, axis, g.first)
     job, engine = first.plan_job(run.mode, _config(run, first, nvme_dir), tuple(run.disabled))
-    planned = capacity.planned_max(axis, job, cap_hardware(base.hw, cap_bytes), engine)
+    planned = capacity.planned_max(axis, job, search_hardware(base.hw), engine)
 
     def need_at(value: int) -> int:
         # A memascend run's region is sized as run_point sizes it: from full memascend's plan.
@@ -186,7 +186,7 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
         notes.append("resumed (--resume): the probes come from the sittings started at " + ", ".join(sittings)
                      + " (each probe's `sitting`)")
     doc = capacity.capacity_document(g=capacity.grid(axis), cap_bytes=cap_bytes, job=job,
-                                     hardware=cap_hardware(base.hw, cap_bytes).to_dict(),
+                                     hardware=search_hardware(base.hw).to_dict(),
                                      disk={"path": where, "free_bytes": free_bytes,
                                            "kept_free_bytes": capacity.DISK_KEEP_FREE_BYTES},
                                      engines=engines, notes=notes)

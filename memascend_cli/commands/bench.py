@@ -225,6 +225,8 @@ def bench_command(
         # The stock runs' swap files and memascend's region (a fresh one goes into OUT).
         io_limits = tuple(resolve_limits([nvme_dir, os.path.abspath(region) if region else out_dir], ssd_bytes_per_s))
     hw = resolve_hardware(None, None)
+    if dram_cap_bytes is not None:
+        hw = hw.under_dram_cap(dram_cap_bytes)  # every run's plan is of the node its cgroup makes
     probe_samples = None
     if region is not None and os.path.exists(region):
         from memascend_cli.hardware import apply_region, region_header

@@ -84,6 +84,9 @@ def plan_command(
     nvme_path: str = typer.Option(None, "--nvme-path", help="Swap target (directory, region file or device): its "
                                   "free space and bandwidth are used.", rich_help_panel=_H),
     dram: str = typer.Option(None, "--dram", help="DRAM per node, e.g. 128GiB.", rich_help_panel=_H),
+    dram_cap: str = typer.Option(None, "--dram-cap", help="Plan the node as a job in a memory cgroup of this size "
+                                 "sees it, e.g. 6GiB: the whole cap is the job's, as `train --dram-cap` and `bench "
+                                 "--dram-cap` run it.", rich_help_panel=_H, show_default=False),
     gpu_mem: str = typer.Option(None, "--gpu-mem", help="Memory per GPU, e.g. 24GiB.", rich_help_panel=_H),
     gpus: int = typer.Option(None, "--gpus", help="GPUs per node (0 = CPU-only).", rich_help_panel=_H),
     nodes: int = typer.Option(None, "--nodes", help="Machines.", rich_help_panel=_H),
@@ -92,8 +95,7 @@ def plan_command(
     nvme_write_gbps: str = typer.Option(None, "--nvme-write-gbps", help="SSD write bandwidth, GB/s.",
                                         rich_help_panel=_H),
     cpu_gflops: float = typer.Option(None, "--cpu-gflops", help="CPU matmul GFLOP/s for a CPU-only job's time "
-                                     "(default: `memascend inspect --cpu-probe`'s cached measurement of this "
-                                     "machine).",
+                                     "(default: this machine's matmul probe, measured once and cached).",
                                      rich_help_panel=_H, show_default=False),
     gpu_tflops: float = typer.Option(None, "--gpu-tflops", help="Achieved GPU TFLOP/s (default: the GPU's dense "
                                      "bf16 datasheet peak x 0.45).", rich_help_panel=_H, show_default=False),
@@ -195,6 +197,8 @@ def plan_command(
     hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
                           nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps,
                           nvme_write_gbps=nvme_write_gbps, memlock=memlock)
+    if dram_cap:
+        hw = hw.under_dram_cap(parse_size(dram_cap, "--dram-cap"))
     hw = _measured_ssd(hw)
     timing = {"tokens": _tokens(tokens), "cpu_gflops": cpu_gflops, "gpu_tflops": gpu_tflops}
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))

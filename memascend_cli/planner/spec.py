@@ -57,8 +57,24 @@ class HardwareSpec:
         Nothing is set aside for the library pages the job maps (the cgroup is charged for them): the plan's runtime
         item already holds them, as it tracks the runs' ru_maxrss, file pages included (a rank's RssAnon 0.27 GiB +
         RssFile 0.09 once torch and DeepSpeed are loaded, against host/runtime 0.37). Under a cap, memascend's runs
-        fit up to a plan of cap + 0.04 GiB and were OOM-killed from cap + 0.05 (docs/bench/capacity/)."""
-        return replace(self, dram_gib=cap_bytes / GiB, dram_available_gib=None, os_reserve_gib=0.0)
+        fit up to a plan of cap + 0.04 GiB and were OOM-killed from cap + 0.05 (docs/bench/capacity/).
+
+        The one place a DRAM cap becomes the machine a plan sees (plan, train, bench and the preflight call it). A cap
+        not below what the node has for a job changes nothing but the source, which says so: the node's own DRAM
+        binds first."""
+        slack = self.slack_cap_note(cap_bytes)
+        if slack:
+            return replace(self, source=f"{self.source}; {slack}")
+        return replace(self, dram_gib=cap_bytes / GiB, dram_available_gib=None, os_reserve_gib=0.0,
+                       source=f"{self.source} under --dram-cap {cap_bytes / GiB:.2f} GiB")
+
+    def slack_cap_note(self, cap_bytes: int) -> str | None:
+        """Why a DRAM cap of `cap_bytes` changes nothing on this node (it is not below what the node has for a job),
+        else None."""
+        if cap_bytes / GiB < self.usable_dram_gib:
+            return None
+        return (f"--dram-cap {cap_bytes / GiB:.2f} GiB is not below the {self.usable_dram_gib:.1f} GiB this node has "
+                "for a job")
 
     def to_dict(self) -> dict:
         d = asdict(self)

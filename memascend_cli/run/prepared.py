@@ -298,14 +298,12 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         if len(nodes) > 1 or (recipe.num_nodes or 1) > 1:
             raise BadInput("--dram-cap caps the processes of this node only, and this run spans nodes",
                            "drop --dram-cap, or run on one node")
-        if dram_cap_bytes < hw.usable_dram_gib * GiB:
-            hw = hw.under_dram_cap(dram_cap_bytes)
-        else:
+        slack = hw.slack_cap_note(dram_cap_bytes)
+        if slack:
             from memascend_cli.console import err
 
-            err.print(f"note: --dram-cap {dram_cap_bytes / GiB:.2f} GiB is not below the {hw.usable_dram_gib:.1f} GiB "
-                      "this node has for a job: the plan uses the node's, the cgroup still records the peak",
-                      highlight=False)
+            err.print(f"note: {slack}: the plan uses the node's, the cgroup still records the peak", highlight=False)
+        hw = hw.under_dram_cap(dram_cap_bytes)
     if recipe.num_nodes or nodes:
         hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
     # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every

@@ -4,6 +4,8 @@ tests/integration/test_bench_capacity.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from memascend_cli.bench import capacity, capacity_run, runner
@@ -136,6 +138,8 @@ def test_the_planned_max_is_the_planner_search_with_the_cap_as_dram():
         p = capacity_run.probe_point(fixed, "layers", L)
         peaks[L] = p.predict("tuned", capacity_run._config(run, p, "/unused"))["node_host_peak_bytes"]
     cap = (peaks[6] + peaks[7]) // 2
+    # `bench --dram-cap` gives every point the node its cgroup makes (HardwareSpec.under_dram_cap), once.
+    fixed = dataclasses.replace(fixed, hw=fixed.hw.under_dram_cap(cap))
     planned, top = capacity_run.plan_engine(run, "layers", fixed, cap_bytes=cap, nvme_dir="/unused",
                                             usable_disk_bytes=1 << 50)
     assert planned == (6, "dram") and top == (search.MAX_LAYERS, f"grid end ({search.MAX_LAYERS} layers)")

@@ -430,3 +430,10 @@ def test_a_dram_cap_is_all_the_jobs():
     assert box.usable_dram_gib < 24  # the OS's reserve
     capped = box.under_dram_cap(8 * GiB)
     assert capped.usable_dram_gib == 8 and capped.dram_available_gib is None and capped.cpu_cores == 2
+
+
+def test_a_dram_cap_above_what_the_node_has_changes_nothing_but_says_so():
+    box = HardwareSpec(name="box", dram_gib=24, dram_available_gib=20, cpu_cores=2)
+    same = box.under_dram_cap(30 * GiB)
+    assert same.usable_dram_gib == box.usable_dram_gib and "is not below" in same.source
+    assert "under --dram-cap 8.00 GiB" in box.under_dram_cap(8 * GiB).source
