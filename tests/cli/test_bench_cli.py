@@ -72,8 +72,16 @@ def test_tuned_and_memascend_runs_differ_in_no_stock_knob(spec, dtype, ranks):
     assert zero.write_into_ds_config(after, zero.memascend_knobs(s, largest_partition_numel=-(
         -spec.largest_tensor_numel // ranks))) == {}
     assert after == mem
-    assert configs.checkpointing_impl("tuned") == configs.checkpointing_impl("memascend") == "memascend"
-    assert configs.checkpointing_impl("stock") == "hf"
+    # Tuned runs memascend's checkpoint function as memascend does, and the bench plans what each run executes:
+    # activations offloaded in both (an ablation switches it off only in memascend), full recomputation without
+    # offload for stock, which runs transformers' checkpointing.
+    planned = {(mode, off): configs.plan_job(mode, configs.build_ds_config(mode, spec, **kw), spec, seq_len=512,
+                                             micro_batch=1, dtype=dtype, ranks=ranks, checkpointing="full",
+                                             deepspeed_version="0.19.8", disabled=off)[0].checkpointing
+               for mode in ("stock", "tuned", "memascend") for off in ((), ("offload_checkpointing",))}
+    assert planned == {("stock", ()): "full", ("stock", ("offload_checkpointing",)): "full",
+                       ("tuned", ()): "offload", ("tuned", ("offload_checkpointing",)): "offload",
+                       ("memascend", ()): "offload", ("memascend", ("offload_checkpointing",)): "full"}
 
 
 def test_bad_mode_and_dtype(spec):
