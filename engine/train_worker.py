@@ -204,6 +204,11 @@ class Run:
     def metrics(self, record: dict) -> None:
         self.reporter(record)
 
+    def phase(self, name: str, step: int | None = None) -> None:
+        """Rank 0 starts `name`: the CLI prints each setup phase with its time and names the phase in its heartbeat
+        (memascend_cli/run/train_progress.py); `step` once training began."""
+        self.metrics({"event": "phase", "phase": name, **({} if step is None else {"step": step})})
+
     def main(self) -> None:
         _ensure_rank_env()
         self.rank = _env_int("RANK", 0)
@@ -242,6 +247,7 @@ class Run:
         # The same function and inputs as the CLI, which wrote the scheduler's total_num_steps.
         total = total_steps(recipe, len(train), self.world)
         self.reporter = Reporter(self.run_dir, self.rank, recipe.report_to)
+        self.phase("starting DeepSpeed")
 
         import deepspeed
         import torch
@@ -263,24 +269,14 @@ class Run:
 
             self.region = check_nodes(self.run_dir, recipe.region, local_rank=self.local_rank)
             installed = self._install_engine(ds_config, spec)
+        # zero.Init swaps each parameter out as it is built, and loading the weights rewrites every one.
+        self.phase("writing parameters to the " + ("swap files" if self.args.baseline else "region"))
         make_model, hf_config = build_model_factory(recipe, spec)
         torch.manual_seed(recipe.seed)
         # No dtype= for zero.Init: it would override the config's precision (measure_ds_buffers.py).
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = make_model()
-        resume_dir = None
-        if self.args.resume:
-            from memascend_engine.run_checkpoint import latest_complete
-
-            resume_dir = latest_complete(rundir.path(self.run_dir, rundir.CHECKPOINTS))
-            if resume_dir is None:
-                raise WorkerError(f"--resume: no complete checkpoint in {rundir.path(self.run_dir, rundir.CHECKPOINTS)}")
-        if os.path.isdir(recipe.model) and resume_dir is None:
-            load_hf_weights(model, recipe.model, self.rank)
-        elif resume_dir is None:
-            from memascend_engine.hf_models import init_weights_under_zero3
-
-            init_weights_under_zero3(model)  # a preset with random weights
+        resume_dir = self._fill_weights(model, recipe)
         if recipe.chunked_loss:
             from memascend_engine import chunked_loss
 
@@ -297,6 +293,7 @@ class Run:
             # What DeepSpeed really receives (after the engine's install); `train --dry-run` printed ds_config.json.
             with open(rundir.path(self.run_dir, rundir.EFFECTIVE_DS_CONFIG), "w") as f:
                 json.dump(ds_config, f, indent=2, sort_keys=True)
+        self.phase("initializing DeepSpeed")  # the optimizer and its states in the region
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         if self.rank == 0:
             from memascend_engine.export import write_params_file
@@ -307,6 +304,24 @@ class Run:
         self.reporter.close()
         if installed is not None:
             installed.uninstall()
+
+    def _fill_weights(self, model, recipe) -> str | None:
+        """The checkpoint to resume from (its weights come with it), else None after loading the model directory's
+        weights, or initialising a preset's at random."""
+        if self.args.resume:
+            from memascend_engine.run_checkpoint import latest_complete
+
+            resume_dir = latest_complete(rundir.path(self.run_dir, rundir.CHECKPOINTS))
+            if resume_dir is None:
+                raise WorkerError(f"--resume: no complete checkpoint in {rundir.path(self.run_dir, rundir.CHECKPOINTS)}")
+            return resume_dir
+        if os.path.isdir(recipe.model):
+            load_hf_weights(model, recipe.model, self.rank)
+        else:
+            from memascend_engine.hf_models import init_weights_under_zero3
+
+            init_weights_under_zero3(model)  # a preset with random weights
+        return None
 
     def _install_engine(self, ds_config, spec):
         try:
@@ -417,6 +432,7 @@ class Run:
         step = 0
         tokens_seen = 0
         if resume_dir is not None:
+            self.phase("loading the checkpoint")
             state = C.load(engine, resume_dir, rank=self.rank, world_size=self.world)
             step, tokens_seen = state["step"], state.get("tokens_seen", 0)
             self.metrics({"event": "resumed", "step": step, "path": resume_dir})
@@ -461,12 +477,18 @@ class Run:
                               "ssd_write_gbps": wr / window / 1e9 if window else 0.0,
                               **({"engine_stats": installed.stats()} if installed is not None and hasattr(installed, "stats") else {})})
                 io0, t_last = io1, time.time()
+            else:  # a step the log skips: for the CLI's first-step line and heartbeat, not a metrics line
+                self.metrics({"event": "progress", "step": step, "total_steps": total, "loss": loss_sum / self.world,
+                              "tokens_per_s": tok_sum / elapsed if elapsed else 0.0, "s_per_step": elapsed,
+                              "tokens_seen": tokens_seen})
             if r.eval_every and step % r.eval_every == 0 and step < total:
+                self.phase("validating", step)
                 vl = self.evaluate(engine, val)
                 if vl is not None:
                     self.metrics({"event": "eval", "step": step, "loss": vl})
             stop = self._should_stop(step)
             if (r.checkpoint_every and step % r.checkpoint_every == 0) or stop or step == total:
+                self.phase("saving a checkpoint", step)
                 path = C.save(engine, root, step, {"tokens_seen": tokens_seen, "micro_batches": step * r.grad_accum,
                                                    "seed": r.seed},
                               rank=self.rank, world_size=self.world, keep=r.keep_checkpoints, barrier=self._barrier)
@@ -480,12 +502,15 @@ class Run:
                 self.stopped = {"stopped": step, "checkpoint": path}
                 return
         del last_saved
+        if val is not None and len(val):
+            self.phase("validating", step)
         vl = self.evaluate(engine, val)
         if vl is not None:
             self.metrics({"event": "eval", "step": step, "loss": vl})
         if r.export:
             from memascend_engine.export import export_model
 
+            self.phase("exporting the model", step)
             engine.empty_partition_cache()
             out = export_model(model, rundir.final_model_dir(self.run_dir, in_output_dir=r.export_in_output_dir),
                                self.hf_dir, self.rank, r.precision, merge=r.export_in_output_dir)

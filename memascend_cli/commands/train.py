@@ -161,7 +161,8 @@ def launch_and_watch(p, policy=None) -> int:
             create_region_file(p.region_note["create"], p.region_note["size_bytes"], ranks=p.region_note["ranks"],
                                label="memascend train")
     metrics_path = os.path.join(p.run_dir, METRICS)
-    view = LiveView(metrics_path, start_offset=os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0)
+    view = LiveView(metrics_path, start_offset=os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0,
+                    log_every=p.log_every)
     what = "memascend engine" if p.engine == "memascend" else f"{p.engine} stock DeepSpeed"
     err.print(f"launching {p.spec.num_ranks} rank(s) ({what}); logs in {p.spec.log_dir}", highlight=False)
     if p.dram_cap_bytes is None:
@@ -207,6 +208,9 @@ def oom_point(latest: dict | None, log_every: int) -> str:
     if latest is None:
         return "before step 1 (setup: building the model, DeepSpeed initialize)"
     kind, step, total = latest.get("event"), latest.get("step", 0), latest.get("total_steps")
+    if kind == "phase":  # what rank 0 started last (engine/train_worker.py Run.phase)
+        phase = latest["phase"]
+        return f"after step {step} ({phase})" if "step" in latest else f"before step 1 (setup: {phase})"
     if kind in ("export", "done", "stopped"):
         return f"after step {step} (finishing)"
     if total is not None and step >= total:

@@ -1,10 +1,14 @@
 """The live view of a running `memascend train` on stderr, fed by the run's metrics.jsonl: a Rich progress bar
 with ETA and a line of figures (loss, lr, tokens/s, host memory, SSD traffic), events above it; one plain line per
-record when stderr is not a terminal. Everything fits 80 columns."""
+record when stderr is not a terminal. Both also show each setup phase with its time and the first step; plain lines
+add a heartbeat when nothing was said for a while (run/train_progress.py). Everything fits 80 columns."""
 
 from __future__ import annotations
 
 import json
+import time
+
+from memascend_cli.run.train_progress import Tracker, fmt_rate
 
 
 class LiveView:
@@ -12,8 +16,11 @@ class LiveView:
     with a line of figures under it, events printed above it; otherwise one plain line per record.
     Everything fits 80 columns."""
 
-    def __init__(self, path: str, start_offset: int = 0):
+    def __init__(self, path: str, start_offset: int = 0, log_every: int = 1, clock=time.time):
         self.path, self.offset = path, start_offset
+        self.clock = clock
+        self.tracker = Tracker(launched=clock(), log_every=log_every)
+        """The setup phases, the first step and the heartbeat (created as the launch begins)."""
         self.last: dict | None = None
         self.latest: dict | None = None
         """The last record of any kind (where a killed run stood)."""
@@ -51,8 +58,8 @@ class LiveView:
                 f.seek(self.offset)
                 chunk = f.read()
                 self.offset = f.tell()
-        except OSError:
-            return
+        except OSError:  # not written yet: the ranks are starting (the heartbeat still says so)
+            chunk = ""
         self.buffer += chunk
         *lines, self.buffer = self.buffer.split("\n")
         for line in lines:
@@ -63,44 +70,56 @@ class LiveView:
             except ValueError:
                 continue
             self._show(rec)
+        now = self.clock()
+        if self.live is None:
+            beat = self.tracker.heartbeat(now)
+            if beat is not None:
+                self._say(beat)
+        elif self.tracker.in_setup:
+            self.stats.plain = self.tracker.status(now)  # the bar's own clock shows the run is alive
 
-    def _show(self, rec: dict) -> None:
+    def _say(self, text: str) -> None:
+        """One line: above the bar on a terminal, else plain; soft_wrap keeps it (and a path in it) on one line."""
         from memascend_cli.console import err
 
+        (self.live.console if self.live is not None else err).print(text, highlight=False, soft_wrap=True)
+        self.tracker.said(self.clock())
+
+    def _show(self, rec: dict) -> None:
+        for line in self.tracker.feed(rec):
+            self._say(line)
         kind = rec.get("event")
         self.latest = {**rec, "total_steps": rec.get("total_steps", (self.latest or {}).get("total_steps"))}
         if kind in ("start", "resumed") and self.progress is not None:
             total = rec.get("total_steps")
             self.progress.update(self.task, total=total, completed=rec.get("step", 0))
             self.progress.reset(self.task, total=total, completed=rec.get("step", 0))
-            self.stats.plain = "first step (DeepSpeed warms up)"
+        if kind in ("step", "progress") and self.progress is not None:
+            self.progress.update(self.task, completed=rec["step"], total=rec.get("total_steps"))
+            self.stats.plain = format_stats(rec) if kind == "step" else format_progress(rec)
         if kind == "step":
             self.last = rec
-            if self.progress is not None:
-                self.progress.update(self.task, completed=rec["step"], total=rec.get("total_steps"))
-                self.stats.plain = format_stats(rec)
-            else:
-                err.print(format_step(rec), highlight=False)
+            if self.progress is None:
+                self._say(format_step(rec))
             return
         if kind in ("checkpoint", "eval", "export"):  # a stop: run_launch's line names its checkpoint
             self.events.append(rec)
-            # soft_wrap: a path stays on one line, to be copied.
-            (self.live.console if self.live is not None else err).print(format_event(rec), highlight=False,
-                                                                        soft_wrap=True)
+            self._say(format_event(rec))
 
     def summary(self) -> None:
         self.poll()
 
 
-def _rate(x: float) -> str:
-    return f"{x / 1000:.1f}k" if x >= 10_000 else f"{x:,.0f}"
-
-
 def format_stats(r: dict, sep: str = "  ") -> str:
     """The figures under the bar: loss, lr, tokens/s, host memory (node), SSD GB/s read/written."""
     lr = f"{r['lr']:.1e}".replace("e-0", "e-").replace("e+0", "e")
-    return sep.join((f"loss {r['loss']:.4f}", f"lr {lr}", f"{_rate(r['tokens_per_s'])} tok/s",
+    return sep.join((f"loss {r['loss']:.4f}", f"lr {lr}", f"{fmt_rate(r['tokens_per_s'])} tok/s",
                      f"host {r['host_rss_gib']:.1f} GiB", f"SSD {_gbps(r['ssd_read_gbps'])}/{_gbps(r['ssd_write_gbps'])} GB/s"))
+
+
+def format_progress(r: dict) -> str:
+    """The figures under the bar for a step log_every does not log: loss and tokens/s."""
+    return f"loss {r['loss']:.4f}  {fmt_rate(r['tokens_per_s'])} tok/s"
 
 
 def _gbps(x: float) -> str:

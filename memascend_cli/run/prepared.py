@@ -176,13 +176,16 @@ def prepare_data(recipe, run_dir: str) -> dict:
     (transformers imports torch); its summary is also written to run_dir/data.json for the ranks."""
     import subprocess
     import sys
+    import time
 
     from memascend_cli.console import err
     from memascend_cli.run.lifeline import die_with_parent
     from memascend_cli.run.rundir import DATA_JSON
+    from memascend_cli.run.train_progress import SETUP_HEARTBEAT_S, fmt_duration
 
     os.makedirs(run_dir, exist_ok=True)
     request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
+    started = said = time.time()
     with err.status("preparing the data (tokenized once, then cached)") as status:
         # Tokenizing a large dataset takes a while: it ends with the CLI (run/lifeline.py).
         proc = subprocess.Popen([sys.executable, "-m", "memascend_engine.tokenize_job"], stdin=subprocess.PIPE,
@@ -195,6 +198,9 @@ def prepare_data(recipe, run_dir: str) -> dict:
             line = line.rstrip()
             if line.startswith("tokenizing:"):
                 status.update(line)
+                if not err.is_terminal and time.time() - said >= SETUP_HEARTBEAT_S:  # a log has no status line
+                    err.print(line, highlight=False)
+                    said = time.time()
             elif line:
                 errors.append(line)
         out = proc.stdout.read()
@@ -207,6 +213,8 @@ def prepare_data(recipe, run_dir: str) -> dict:
         raise MemascendError(f"preparing the data failed ({(errors or ['no output'])[-1]})",
                              "run `python -m memascend_engine.tokenize_job` by hand to see the traceback")
     summary = json.loads(out.strip().splitlines()[-1])
+    err.print(f"setup: tokenizing took {fmt_duration(time.time() - started)} ({summary['train_sequences']:,} training "
+              "sequences)", highlight=False)
     with open(os.path.join(run_dir, DATA_JSON), "w") as f:
         json.dump(summary, f, indent=2)
     return summary

@@ -4,7 +4,8 @@
     RUN/ds_config.json              the DeepSpeed config `train --dry-run` prints (written by the CLI)
     RUN/ds_config.effective.json    the config DeepSpeed really received (written by rank 0 after install)
     RUN/engine.json                 memascend EngineOptions the plan chose (host-budget windows, checkpoint offload)
-    RUN/metrics.jsonl               one JSON record per step / eval / checkpoint (rank 0)
+    RUN/metrics.jsonl               one JSON record per step / eval / checkpoint (rank 0); `phase` records as rank 0
+                                    starts each part of its work, `progress` records for the steps log_every skips
     RUN/STOP                        ask every rank to finish its step, checkpoint and exit 0
     RUN/logs/                       per-rank logs; error-rank<N>.json holds a failing rank's one-line reason
     RUN/checkpoints/step-NNNNNNN/   complete checkpoints (COMPLETE marker written last)

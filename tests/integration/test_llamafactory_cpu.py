@@ -34,15 +34,23 @@ def tiny_model_dir(path: str) -> str:
     return mod.tiny_model_dir(path)
 
 
-def test_llamafactory_full_sft_recipe_runs_unchanged(tmp_path):
+def tiny_recipe(tmp_path, edit) -> tuple:
+    """(folder, model directory, environment) of tiny_full_sft.yaml with the tiny model, output_dir
+    saves/tiny/full/sft (in the folder) and `edit(text)` applied, in a copy of the assets under tmp_path."""
     model_dir = tiny_model_dir(str(tmp_path / "tiny-instruct"))
     work = tmp_path / "llamafactory"
     shutil.copytree(ASSETS, work)
     recipe = work / "tiny_full_sft.yaml"
     text = recipe.read_text().replace("MODEL_DIR", model_dir).replace("OUTPUT_DIR", "saves/tiny/full/sft")
-    recipe.write_text(text + "max_steps: 5\n")
+    recipe.write_text(edit(text))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MEMASCEND_CACHE": str(tmp_path / "cache")}
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
+    return work, model_dir, env
+
+
+def test_llamafactory_full_sft_recipe_runs_unchanged(tmp_path):
+    work, model_dir, env = tiny_recipe(tmp_path, lambda text: text + "max_steps: 5\n")
+    recipe = work / "tiny_full_sft.yaml"
     # As LLaMA-Factory is used: from the folder holding data/ (dataset_dir is relative to it).
     p = subprocess.run([sys.executable, "-m", "memascend_cli", "train", "tiny_full_sft.yaml"], cwd=work,
                        capture_output=True, text=True, env=env, timeout=1800)
