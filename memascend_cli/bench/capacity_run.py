@@ -149,7 +149,7 @@ def run_capacity(axis: str, base: runner.Point, run_specs: list, *, cap_bytes: i
     """Every engine's search, one after another; (the summary as written to OUT/capacity.json, no probe failed
     other than by an OOM kill). `resume`: reuse the probes an earlier sitting left in OUT (stored_probes), all
     checked before any probe runs; `repeat`: runs per probe (search_engine)."""
-    from memascend_cli.hardware import free_space_at
+    from memascend_cli.ssd.path import free_space_at
 
     stored = {run.name: stored_probes(run, axis, base, cap_bytes=cap_bytes, out_dir=out_dir, repeat=repeat)
               if resume else []

@@ -403,7 +403,7 @@ def _tail(path: str, nbytes: int = 1500) -> str:
 
 def check_nvme_dir(path: str) -> dict:
     """Swap files must go to a real, O_DIRECT-capable file system: on tmpfs 'offloading' keeps data in RAM."""
-    from memascend_cli.hardware import path_info
+    from memascend_cli.ssd.path import path_info
     from memascend_cli.ssd.safety import RAM_FILESYSTEMS
 
     os.makedirs(path, exist_ok=True)
@@ -626,7 +626,7 @@ def _timing_doc(timing: dict | None) -> dict | None:
 def swap_space_short(mode: str, predicted: dict, ranks: int, nvme_dir: str) -> str | None:
     """Why a stock or tuned run cannot start: its swap files (the plan's SSD bytes) need more than the file system
     of `nvme_dir` has free; None when they fit, and for memascend, whose region is allocated before any run."""
-    from memascend_cli.hardware import free_space_at
+    from memascend_cli.ssd.path import free_space_at
 
     if mode == "memascend":
         return None

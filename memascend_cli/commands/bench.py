@@ -229,7 +229,7 @@ def bench_command(
         hw = hw.under_dram_cap(dram_cap_bytes)  # every run's plan is of the node its cgroup makes
     probe_samples = None
     if region is not None and os.path.exists(region):
-        from memascend_cli.hardware import apply_region, region_header
+        from memascend_cli.ssd.path import apply_region, region_header
 
         hw = apply_region(hw, region)  # its probed bandwidth, when prepare-ssd measured one
         probe = getattr(region_header(region), "probe", None)

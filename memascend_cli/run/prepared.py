@@ -539,7 +539,7 @@ def _checkpoint_bytes(num_params: int, recipe) -> int:
 
 
 def _o_direct(path: str) -> tuple[bool | None, str]:
-    from memascend_cli.hardware import path_info
+    from memascend_cli.ssd.path import path_info
 
     p = os.path.abspath(path)
     while not os.path.exists(p):

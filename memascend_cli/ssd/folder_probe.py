@@ -28,7 +28,7 @@ def _cache_file(st_dev: int) -> str:
 def measure(folder: str) -> dict:
     """{"read_gbps", "write_gbps", "backend", "probe_bytes", "block_bytes", "queue_depth", "fstype", "device"} of
     `folder`'s file system, or {"error": why not} (no O_DIRECT, or O_DIRECT not enforced as on tmpfs, no space)."""
-    from memascend_cli.hardware import path_info
+    from memascend_cli.ssd.path import path_info
     from memascend_cli.ssd.probe import ProbePlan, probe_bandwidth
 
     info = path_info(folder)

@@ -219,7 +219,7 @@ def gather_target_facts(path: str, *, requested_size_bytes: int | None = None, d
         requested_size_bytes: `--size` for a file target.
         devices: `blockdev.list_block_devices()` output, to reuse when asking about many devices.
     """
-    from memascend_cli.hardware import path_info
+    from memascend_cli.ssd.path import path_info
 
     real = os.path.realpath(path)
     facts = TargetFacts(path=path, real_path=real, kind="file", exists=os.path.exists(real), requested_size_bytes=requested_size_bytes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from memascend_cli.hardware import free_space_at
+from memascend_cli.ssd.path import free_space_at
 from memascend_cli.models import load_preset
 from memascend_cli.planner.memory import JobSpec, estimate
 from memascend_cli.planner.search import (GRID_END, Verdict, _largest_bound, check, largest_family_member, max_layers,
