@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""The GPU kit: everything a lent GPU machine needs to test and measure memascend, as device calls that fit.
+"""The GPU kit: everything a GPU machine needs to test and measure memascend, as calls that fit its limits.
 
-The lent machine (its notes: one H100 or H200, Python 3.12 with torch for CUDA 13, nvcc, no DeepSpeed, no
-libaio, no package registry) receives the working tree without .git plus at most 64 MiB in all, runs one
-command for at most 10 minutes, and starts bare for every call. So:
+The GPU machine it is made for (one H100 or H200, Python 3.12 with torch for CUDA, nvcc; no DeepSpeed, no libaio, no
+package index) receives the working tree without .git plus the carry folder (at most 64 MiB in all: `carry
+--limit-mib`), may stop a command after 10 minutes (each call ends by itself within its budget: `call N
+--budget-s`), and may start fresh for every command (each call does its own setup). So:
 
 Here (a machine that reaches PyPI and Debian's archive), from the repo root:
 
     bash scripts/gpu_check.sh carry      # builds .gpu_carry/ (git-ignored) and checks the 64 MiB limit
-    bash scripts/gpu_check.sh plan       # the device calls in order: command, carry list, time
+    bash scripts/gpu_check.sh plan       # the calls in order: command, what travels, time (--total-s: your time)
     bash scripts/gpu_check.sh record DIR...   # afterwards: the calls' outputs into docs/bench/gpu/ (results.py)
 
   The carry folder holds the DeepSpeed wheel built from its sdist (pure Python: its ops are JIT-built there
@@ -16,7 +17,7 @@ Here (a machine that reaches PyPI and Debian's archive), from the repo root:
   requirements, and libaio's .deb files for DeepSpeed's async_io op (unpacked into a private prefix there; the
   native core needs no liburing: it drives io_uring through raw system calls), with a manifest.
 
-There, one device call each (`plan` prints them): `bash scripts/gpu_check.sh call N` runs call N of
+There, one command per call (`plan` prints them): `bash scripts/gpu_check.sh call N` runs call N of
 gpukit/calls.py: its setup (private venv over the image's Python, installs from the carry folder with
 --no-index, the native core, DeepSpeed's async_io and cpu_adam ops; a failed op build stops the kit), then its
 phases: probe (O_DIRECT and io_uring on the work disk, an ext4 loop device when O_DIRECT is refused, dd
@@ -26,7 +27,7 @@ output), sweep (growing context per engine). The first seconds say what this mac
 io_uring, no O_DIRECT, no loop device) and which phases still make sense. `call N --dry-run` (or
 `run --dry-run`) runs anywhere: it checks the inputs and prints every command.
 
-Outputs in $OUT (at most 8 files come back): log (the call's tee), gpu_check.log, gpu_check.json (summary,
+Outputs in $OUT (--out; at most 8 files a call): log (the call's tee), gpu_check.log, gpu_check.json (summary,
 written even when a phase fails), and per phase pytest_gpu.xml, cuda_constants.json, gpu_bench.json,
 gpu_bench.png, bench_<model>.png, gpu_sweep.json.
 
@@ -46,7 +47,8 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpukit.bench import phase_bench, phase_sweep  # noqa: E402
-from gpukit.calls import CALLS, call_by_number, plan_text  # noqa: E402
+from gpukit.calls import (CALLS, DEFAULT_IDLE_S, DEFAULT_START_S, DEFAULT_TOTAL_S, call_by_number,  # noqa: E402
+                          plan_text)
 from gpukit.carry import build_carry, check_manifest, travelling_bytes  # noqa: E402
 from gpukit.kit import Kit, aio_env, cuda_env, merge_env  # noqa: E402
 from gpukit.phases import (phase_constants, phase_probe, phase_setup, phase_tests, phase_validate,  # noqa: E402
@@ -58,6 +60,7 @@ from gpukit.pure import (BENCH_RUNS, CARRY_DIR, CARRY_LIMIT_BYTES, DEFAULT_BUDGE
 PHASE_FUNCTIONS = {"setup": phase_setup, "probe": phase_probe, "constants": phase_constants, "tests": phase_tests,
                    "bench": phase_bench, "validate": phase_validate, "sweep": phase_sweep}
 NEEDS_SETUP = ("constants", "tests", "bench", "validate", "sweep")
+CARRY_LIMIT_HELP = "the most the working tree and the carry folder may take together, in MiB (default %(default)g)"
 
 
 def collect_facts(kit: Kit) -> None:
@@ -114,10 +117,11 @@ def check_inputs(kit: Kit) -> list[str]:
     if bad_phases:
         problems.append(f"unknown phase(s) {bad_phases}; phases are {', '.join(PHASES)}")
     if os.path.isdir(kit.carry):
-        size = travelling_bytes(REPO, [kit.carry])
+        size = travelling_bytes(REPO, [kit.carry], int(kit.args.carry_limit_mib * MiB))
         kit.summary["travelling"] = size
-        if size["total_bytes"] > CARRY_LIMIT_BYTES:
-            problems.append(f"working tree + carry folder = {size['total_bytes'] / MiB:.1f} MiB > 64 MiB")
+        if size["total_bytes"] > size["limit_bytes"]:
+            problems.append(f"working tree + carry folder = {size['total_bytes'] / MiB:.1f} MiB > "
+                            f"{kit.args.carry_limit_mib:g} MiB (--carry-limit-mib)")
     return problems
 
 
@@ -154,7 +158,7 @@ def main_run(args: argparse.Namespace) -> int:
         if size:
             print(f"travels with the call: tree {size['tree_bytes'] / MiB:.2f} MiB + carry "
                   f"{sum(size['carried_bytes'].values()) / MiB:.2f} MiB = {size['total_bytes'] / MiB:.2f} MiB "
-                  f"(limit {CARRY_LIMIT_BYTES / MiB:.0f} MiB)")
+                  f"(limit {size['limit_bytes'] / MiB:.0f} MiB)")
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
@@ -245,7 +249,10 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--settle-cap-s", type=float, default=20.0, help="bench: longest wait for memory to settle")
     r.add_argument("--accelerator", default="cuda", choices=["cuda", "cpu"],
                    help="DS_ACCELERATOR of every step and the bench's --accelerator (cpu: rehearse on a CPU box)")
-    r.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall time of the whole run")
+    r.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help="wall time of the whole run, outputs written (default %(default)g: within a 10-minute limit)")
+    r.add_argument("--carry-limit-mib", type=float, default=CARRY_LIMIT_BYTES / MiB,
+                   help=CARRY_LIMIT_HELP)
     r.add_argument("--tests-cap-s", type=float, default=300.0, help="longest time for `pytest -m gpu`")
     r.add_argument("--python", default=sys.executable, help="the image's interpreter (the one with torch)")
     r.add_argument("--out", default=None, help="output folder (default $OUT, else WORK/out)")
@@ -259,34 +266,50 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("carry", help="here: build .gpu_carry/ (needs PyPI and apt)")
     c.add_argument("--python", default=sys.executable, help="interpreter whose pip builds and downloads the wheels")
     c.add_argument("--carry", default=CARRY_DIR, help="folder to build (default .gpu_carry in the repo root)")
-    sub.add_parser("plan", help="print the device calls in order: command, carry list, time")
+    c.add_argument("--limit-mib", type=float, default=CARRY_LIMIT_BYTES / MiB,
+                   help=CARRY_LIMIT_HELP)
+    pl = sub.add_parser("plan", help="print the calls in order: command, what travels, time")
+    pl.add_argument("--total-s", type=float, default=DEFAULT_TOTAL_S,
+                    help="time you have on the GPU machine, all calls and start-ups together (default %(default)g)")
+    pl.add_argument("--start-s", type=float, default=DEFAULT_START_S,
+                    help="a fresh machine's start before the command runs (default %(default)g)")
+    pl.add_argument("--idle-s", type=float, default=DEFAULT_IDLE_S,
+                    help="the machine shuts down after this long idle (default %(default)g)")
     rec = sub.add_parser("record", help="here: the calls' output folders merged into docs/bench/gpu/ (results.py)")
-    rec.add_argument("folders", nargs="+", help="the folders the device tool copied back, in call order")
+    rec.add_argument("folders", nargs="+", help="the calls' output folders, copied back from the GPU machine, in call "
+                                                "order")
     rec.add_argument("--out-dir", default=os.path.join(REPO, "docs", "bench", "gpu"))
     rec.add_argument("--run-args", default=None,
                      help="the `run` options of folders whose gpu_check.json predates recording them")
-    k = sub.add_parser("call", help="one device call (gpukit/calls.py), setup included; --dry-run anywhere")
+    k = sub.add_parser("call", help="one call (gpukit/calls.py) on the GPU machine, setup included; --dry-run anywhere")
     k.add_argument("call", type=int, choices=[x.number for x in CALLS])
     k.add_argument("--dry-run", action="store_true", help="check the inputs and print every command; run nothing")
+    k.add_argument("--budget-s", type=float, default=None,
+                   help="wall time of the call, outputs written (default: the call's own, within 9 minutes)")
+    k.add_argument("--carry-limit-mib", type=float, default=CARRY_LIMIT_BYTES / MiB,
+                   help=CARRY_LIMIT_HELP)
     for name, default in (("--python", sys.executable), ("--out", None), ("--carry", CARRY_DIR), ("--work", WORK_DIR)):
         k.add_argument(name, default=default)
     add_run_options(sub.add_parser("run", help="the phases chosen by hand (a call is this with its options)"))
     args = ap.parse_args(argv)
     if args.command == "carry":
-        return build_carry(os.path.abspath(args.carry), args.python)
+        return build_carry(os.path.abspath(args.carry), args.python, int(args.limit_mib * MiB))
     if args.command == "plan":
-        print(plan_text())
+        print(plan_text(args.total_s, args.start_s, args.idle_s))
         return 0
     if args.command == "record":
         try:
             print("wrote", record(args.folders, args.out_dir, args.run_args))
         except (OSError, ValueError) as exc:
-            print(f"error: {exc}\nhint: pass the folders the device tool copied back (its files_at)", file=sys.stderr)
+            print(f"error: {exc}\nhint: pass the calls' output folders, copied back from the GPU machine",
+                  file=sys.stderr)
             return 2
         return 0
     if args.command == "call":
         call = call_by_number(args.call)
-        rest = [*call.args, "--budget-s", str(call.budget_s), "--python", args.python, "--carry", args.carry,
+        budget_s = call.budget_s if args.budget_s is None else args.budget_s
+        rest = [*call.args, "--budget-s", str(budget_s), "--carry-limit-mib", str(args.carry_limit_mib),
+                "--python", args.python, "--carry", args.carry,
                 "--work", args.work, *(["--out", args.out] if args.out else []),
                 *(["--dry-run"] if args.dry_run else [])]
         r = argparse.ArgumentParser()
@@ -294,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         run_args = r.parse_args(rest)
         run_args.call = call.number
         if args.dry_run:
-            print(f"call {call.number}: {call.title}\n  device tool: command={call.command()!r}, carry=.gpu_carry, "
-                  f"timeout_s={call.timeout_s}\n  = gpu_check.py run {' '.join(rest)}")
+            print(f"call {call.number}: {call.title}\n  command: {call.command()} (the working tree and .gpu_carry; "
+                  f"timeout {call.timeout_s} s)\n  = gpu_check.py run {' '.join(rest)}")
         return main_run(run_args)
     return main_run(args)
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU kit; details in scripts/gpu_check.py, the calls in scripts/gpukit/calls.py.
-#   bash scripts/gpu_check.sh carry              here: build .gpu_carry/ (PyPI + apt), check the 64 MiB limit
-#   bash scripts/gpu_check.sh plan               here: the device calls in order (command, carry, timeout, time)
-#   bash scripts/gpu_check.sh call N             on the lent GPU machine, .gpu_carry carried: call N, setup
-#                                                included, ends by itself within 9 minutes, JSON + log to $OUT
+#   bash scripts/gpu_check.sh carry              here: build .gpu_carry/ (PyPI + apt), check its size (--limit-mib)
+#   bash scripts/gpu_check.sh plan               here: the calls in order (command, what travels, timeout, time;
+#                                                --total-s: the time you have on the GPU machine)
+#   bash scripts/gpu_check.sh call N             on the GPU machine, .gpu_carry beside the tree: call N, setup
+#                                                included, ends by itself within its budget (--budget-s), JSON + log
+#                                                to $OUT
 #   bash scripts/gpu_check.sh call N --dry-run   anywhere: check the inputs and print every command
-# Device call N (the command must start in the repo root; `plan` prints each):
-#   run(command="set -o pipefail; PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh call N 2>&1 | tee $OUT/log",
-#       carry=[".gpu_carry"], timeout_s=590)
+# Call N on the GPU machine (in the repo root, OUT set to an output folder; `plan` prints each):
+#   set -o pipefail; PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh call N 2>&1 | tee $OUT/log
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then

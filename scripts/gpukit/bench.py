@@ -219,7 +219,7 @@ def write_plots(out_dir: str, docs: dict, rows: list[dict]) -> str | None:
     runs = [r for r in BENCH_RUNS if any(x["run"] == r for x in rows)]
     width = 0.8 / max(1, len(runs))
     for ax, (key, pred_key, title, scale) in zip(axes, metrics):
-        drawn = False
+        plotted = False
         for j, run in enumerate(runs):
             xs, ys, ps = [], [], []
             for i, m in enumerate(models):
@@ -229,12 +229,12 @@ def write_plots(out_dir: str, docs: dict, rows: list[dict]) -> str | None:
                     ys.append(r[key] / scale)
                     ps.append(r.get(pred_key) / scale if pred_key and r.get(pred_key) is not None else None)
             if xs:
-                drawn = True
+                plotted = True
                 ax.bar(xs, ys, width, label=run, color=RUN_COLORS.get(run))
             for x, p in zip(xs, ps):
                 if p is not None:
                     ax.plot([x - width / 2, x + width / 2], [p, p], color="black", linewidth=1.5)
-        if not drawn:
+        if not plotted:
             ax.text(0.5, 0.5, "not in the bench documents", ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels(models, fontsize=8)

@@ -1,6 +1,7 @@
-"""The kit as device calls that fit: each call is self-contained (the machine starts bare, so every call does its
-own setup), ends by itself within 9 minutes, and leaves its JSON and log in $OUT even when it fails. Calls 1-3
-fit one session's 30 minutes of device time with the machine's start-ups; call 4 needs a session of its own."""
+"""The kit as calls: each call is one command on the GPU machine, self-contained (it does its own setup, so a machine
+that starts fresh for every command runs it as well), ends by itself within its time budget (`call N --budget-s`) and
+leaves its JSON and log in the output folder ($OUT) even when it fails. `plan` lays the calls out for the time you
+have on the GPU machine (`plan --total-s`)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ from dataclasses import dataclass
 from gpukit.pure import DEFAULT_BUDGET_S, SWEEP_SEQ_LENS
 
 CARRY = (".gpu_carry",)
-"""The device call's carry list (everything else travels as the working tree)."""
+"""The folders that go to the GPU machine beside the working tree (git-ignored, so not part of it)."""
 COMMAND_LIMIT_CHARS = 2000
-"""The device tool's `command` argument is at most this long."""
-START_S = 90
-"""A bare machine's start before the command runs (device tool: a minute or more)."""
-DEVICE_BUDGET_S = 15 * 60
-"""Device time a task is lent, all calls, starts and idle waits together (the device tool, 2026-11: 15 minutes)."""
-WARM_IDLE_S = 30
-"""A warm machine goes back after this long idle: the next call must be sent at once to skip a start."""
+"""Each call's command is one short line, for job runners that take the command as a string."""
+COMMAND_LIMIT_S = 600
+"""A call's command ends within this many seconds with the default budgets (its timeout there)."""
+DEFAULT_START_S = 90
+"""A fresh GPU machine's start before the command runs (`plan --start-s`)."""
+DEFAULT_TOTAL_S = 15 * 60
+"""The time on the GPU machine `plan` lays the calls out for: all calls, start-ups and idle waits together
+(`plan --total-s`)."""
+DEFAULT_IDLE_S = 30
+"""A GPU machine that shuts down after this long idle (`plan --idle-s`) gets its next call at once, or starts again."""
 SETUP_S = 150
 """Venv, installs from the carry folder, the native core, DeepSpeed's async_io and cpu_adam built with nvcc."""
 RUNS = "memascend,stock,tuned"
@@ -34,19 +38,20 @@ class Call:
     """Estimated seconds after setup (the kit skips what does not fit its budget, with the reason)."""
     budget_s: float = DEFAULT_BUDGET_S
     outputs: tuple[str, ...] = ("log", "gpu_check.log", "gpu_check.json")
+    """At most 8 files, in the output folder."""
 
-    @property
-    def estimate_s(self) -> int:
-        """Device time of the call, start included."""
-        return int(START_S + min(self.budget_s, SETUP_S + self.work_s))
+    def estimate_s(self, start_s: float = DEFAULT_START_S) -> int:
+        """Time of the call on a fresh GPU machine, its start included."""
+        return int(start_s + min(self.budget_s, SETUP_S + self.work_s))
 
     @property
     def timeout_s(self) -> int:
-        """The device call's timeout_s: the kit's own budget plus a margin for its final writes."""
-        return min(600, int(self.budget_s) + 60)
+        """The command's timeout on the GPU machine: the kit's own budget plus a margin for its final writes."""
+        return min(COMMAND_LIMIT_S, int(self.budget_s) + 60)
 
     def command(self) -> str:
-        """The device call's `command` (run in the repo root; the log comes back even when the kit fails)."""
+        """The call's command (run in the repo root with OUT set to the output folder; the log is written there even
+        when the kit fails)."""
         return f"set -o pipefail; PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh call {self.number} 2>&1 | tee $OUT/log"
 
 
@@ -93,37 +98,44 @@ def call_by_number(n: int) -> Call | None:
     return next((c for c in CALLS if c.number == n), None)
 
 
-def plan_text() -> str:
-    """What `bash scripts/gpu_check.sh plan` prints: each call's device-tool arguments and time. Pure."""
-    lines = ["GPU kit: device calls, in order (each starts bare and does its own setup; build the carry folder first "
-             "with `bash scripts/gpu_check.sh carry`)", ""]
-    total = 0
+def plan_text(total_s: float = DEFAULT_TOTAL_S, start_s: float = DEFAULT_START_S,
+              idle_s: float = DEFAULT_IDLE_S) -> str:
+    """What `bash scripts/gpu_check.sh plan` prints: each call's command, timeout and time, and how the calls fit
+    `total_s` on the GPU machine. Pure."""
+    lines = ["GPU kit: the calls, in order. Each is one command on the GPU machine, run in the repo root with OUT set "
+             "to an output folder; it does its own setup. Build the carry folder first (`bash scripts/gpu_check.sh "
+             f"carry`) and copy {', '.join(CARRY)} there with the working tree.", ""]
     for c in CALLS:
         cmd = c.command()
         assert len(cmd) <= COMMAND_LIMIT_CHARS, f"call {c.number}: command of {len(cmd)} characters"
-        if c.number <= 3:
-            total += c.estimate_s
         lines += [f"call {c.number}: {c.title}",
-                  f"  run(command={cmd!r}, carry={list(CARRY)!r}, timeout_s={c.timeout_s})",
-                  f"  ~{c.estimate_s / 60:.1f} min of device time (start ~{START_S} s, setup ~{SETUP_S} s, then "
-                  f"~{c.work_s} s, the kit stops itself at {c.budget_s:.0f} s)",
+                  f"  command: {cmd}",
+                  f"  needs: the working tree and {', '.join(CARRY)}; timeout {c.timeout_s} s",
+                  f"  ~{c.estimate_s(start_s) / 60:.1f} min on a fresh machine (start ~{start_s:.0f} s, setup "
+                  f"~{SETUP_S} s, then ~{c.work_s} s; the kit stops itself at {c.budget_s:.0f} s, `--budget-s` to "
+                  "change)",
                   f"  stands for: bash scripts/gpu_check.sh run {' '.join(c.args)}",
-                  f"  brings back from $OUT: {', '.join(c.outputs)}", ""]
-    lines.append(f"calls 1-3: ~{total / 60:.1f} min of device time, more than the {DEVICE_BUDGET_S // 60} minutes "
-                 f"a task is lent: send call 1, then call {second_call().number} at once on the warm machine (it goes "
-                 f"back after {WARM_IDLE_S} s idle; no second start): ~{warm_pair_s() / 60:.1f} min (measured "
-                 "2026-11-26 on an H200: 367 s + 215 s + the start). Then `bash scripts/gpu_check.sh record` the "
-                 "folders they returned. "
-                 "Calls 3, 4 and 5 in later sessions (calls 1-3 ran on H200s and an H100 on 2026-11-26, call 5 at "
-                 "clipping 10 and call 2 on an H200 on 2026-11-27: call 5 first, then call 4).")
+                  f"  leaves in $OUT: {', '.join(c.outputs)}", ""]
+    pair = warm_pair_s(start_s)
+    if pair <= total_s:
+        lines.append(f"Within {total_s / 60:.0f} minutes on the GPU machine: call 1, then call "
+                     f"{second_call().number} at once on the same machine (sent within {idle_s:.0f} s of call 1's end, no second start): "
+                     f"~{pair / 60:.1f} min.")
+    else:
+        lines.append(f"Call 1 and call {second_call().number} need ~{pair / 60:.1f} min on one machine, more than "
+                     f"{total_s / 60:.0f} minutes: run each on a fresh machine.")
+    rest = [c for c in CALLS if c.number not in (1, second_call().number)]
+    lines.append("Then " + ", ".join(f"call {c.number} (~{c.estimate_s(start_s) / 60:.1f} min)" for c in rest)
+                 + ", each on a machine of its own. Last, `bash scripts/gpu_check.sh record` the output folders, in "
+                 "call order.")
     return "\n".join(lines)
 
 
 def second_call() -> Call:
-    """The call that follows call 1 on the warm machine within DEVICE_BUDGET_S: the GPU tests (call 2)."""
+    """The call that follows call 1 on the same machine: the GPU tests (call 2)."""
     return call_by_number(2)
 
 
-def warm_pair_s() -> int:
-    """Device time of call 1 and second_call() on one machine: one start, each call its own setup. Pure."""
-    return START_S + sum(min(int(c.budget_s), SETUP_S + c.work_s) for c in (CALLS[0], second_call()))
+def warm_pair_s(start_s: float = DEFAULT_START_S) -> int:
+    """Time of call 1 and second_call() on one machine: one start, each call its own setup. Pure."""
+    return int(start_s + sum(min(int(c.budget_s), SETUP_S + c.work_s) for c in (CALLS[0], second_call())))

@@ -1,5 +1,5 @@
-"""The carry folder (built here, where PyPI and Debian's archive are reachable) and the size of what travels
-with a device call (at most 64 MiB: the working tree plus the carried folders)."""
+"""The carry folder (built here, where PyPI and Debian's archive are reachable) and the size of what travels to the
+GPU machine with each call (the working tree plus the carried folders; at most 64 MiB by default)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def sha256_file(path: str) -> str:
 
 
 def tree_files(repo: str, skip_dirs: list[str]) -> list[str]:
-    """Paths (relative) of the working tree the device tool sends: tracked and untracked-not-ignored files where
-    `repo` is a git checkout; elsewhere (the device machine receives the tree without .git) every file under
+    """Paths (relative) of the working tree that goes to the GPU machine: tracked and untracked-not-ignored files where
+    `repo` is a git checkout; elsewhere (the GPU machine receives the tree without .git) every file under
     `repo` except `skip_dirs` (the kit's work folder, the carried folders: counted on their own)."""
     if os.path.exists(os.path.join(repo, ".git")):
         r = subprocess.run(["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -75,8 +75,8 @@ def tree_files(repo: str, skip_dirs: list[str]) -> list[str]:
     return sorted(out)
 
 
-def travelling_bytes(repo: str, extra_dirs: list[str]) -> dict:
-    """Bytes the device tool would send: the working tree (tree_files) plus `extra_dirs`."""
+def travelling_bytes(repo: str, extra_dirs: list[str], limit_bytes: int = CARRY_LIMIT_BYTES) -> dict:
+    """Bytes that go to the GPU machine: the working tree (tree_files) plus `extra_dirs`."""
     tree = 0
     for rel in tree_files(repo, [*extra_dirs, WORK_DIR]):
         p = os.path.join(repo, rel)
@@ -84,7 +84,7 @@ def travelling_bytes(repo: str, extra_dirs: list[str]) -> dict:
             tree += os.path.getsize(p)
     extra = {d: dir_bytes(d) for d in extra_dirs}
     return {"tree_bytes": tree, "carried_bytes": extra, "total_bytes": tree + sum(extra.values()),
-            "limit_bytes": CARRY_LIMIT_BYTES}
+            "limit_bytes": limit_bytes}
 
 
 def dir_bytes(path: str) -> int:
@@ -97,7 +97,7 @@ def dir_bytes(path: str) -> int:
     return total
 
 
-def build_carry(dest: str, python: str) -> int:
+def build_carry(dest: str, python: str, limit_bytes: int = CARRY_LIMIT_BYTES) -> int:
     """pip wheel / pip download / apt-get download into `dest`, then the manifest and the size check."""
     tmp = dest + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -110,8 +110,9 @@ def build_carry(dest: str, python: str) -> int:
         print("$ " + shlex.join(cmd), flush=True)
         subprocess.run(cmd, cwd=cwd, check=True)
 
-    # DeepSpeed ships only an sdist; its setup.py finds no torch in the isolated build env, so nothing is
-    # compiled (it warns 'Unable to import torch, pre-compiling ops will be disabled'): a pure-Python wheel whose ops JIT-build on first use.
+    # DeepSpeed ships only an sdist; its setup.py finds no torch in the isolated build env, so nothing is compiled
+    # (it warns 'Unable to import torch, pre-compiling ops will be disabled'): a pure-Python wheel whose ops JIT-build
+    # on first use.
     sh(pip + ["wheel", "--no-deps", "--no-cache-dir", "-w", wheels, f"deepspeed=={DEEPSPEED_VERSION}"])
     platform_args = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
     sh(pip + ["download", "--only-binary=:all:", "--python-version", PYTHON_TARGET, "--implementation", "cp",
@@ -141,9 +142,10 @@ def build_carry(dest: str, python: str) -> int:
         print(f"  {f['bytes'] / MiB:7.2f} MiB  {f['path']}")
     size = travelling_bytes(REPO, [dest])
     print(f"carry folder {dir_bytes(dest) / MiB:.2f} MiB; working tree {size['tree_bytes'] / MiB:.2f} MiB; "
-          f"total {size['total_bytes'] / MiB:.2f} MiB of {CARRY_LIMIT_BYTES / MiB:.0f} MiB")
-    if size["total_bytes"] > CARRY_LIMIT_BYTES:
-        print("error: the working tree plus the carry folder exceed what the device tool carries", file=sys.stderr)
+          f"total {size['total_bytes'] / MiB:.2f} MiB of {limit_bytes / MiB:.0f} MiB")
+    if size["total_bytes"] > limit_bytes:
+        print(f"error: the working tree plus the carry folder exceed {limit_bytes / MiB:.0f} MiB\n"
+              "hint: --limit-mib sets what your way of copying to the GPU machine takes", file=sys.stderr)
         return 1
     return 0
 

@@ -87,7 +87,7 @@ OP_BUILDS = (("op-async-io", "AsyncIOBuilder"), ("op-cpu-adam", "CPUAdamBuilder"
 
 
 def phase_setup(kit: Kit) -> bool:
-    """Every call starts on a bare machine: a venv over the image's Python, the carry folder's wheels, libaio,
+    """Every call sets up as on a fresh machine: a venv over the image's Python, the carry folder's wheels, libaio,
     the ops (in the background) and the native core; a failed op build ends the kit here, its compiler's error
     in the log, instead of every bench run rebuilding it and failing."""
     base_py = kit.args.python
@@ -278,8 +278,8 @@ def phase_probe(kit: Kit) -> bool:
 # -- the CUDA runtime constants ------------------------------------------------------------------------------------
 
 CONSTANTS_FILE = "cuda_constants.json"
-"""In $OUT; `MEMASCEND_CUDA_CONSTANTS=<it> memascend plan ...` (memascend_cli/planner/measured.py ENV) takes the
-planner's CUDA constants from it."""
+"""In the output folder; `MEMASCEND_CUDA_CONSTANTS=<it> memascend plan ...` (memascend_cli/planner/measured.py ENV) takes
+the planner's CUDA constants from it."""
 
 
 def phase_constants(kit: Kit) -> bool:

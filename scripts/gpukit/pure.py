@@ -1,5 +1,5 @@
 """The GPU kit's pure parts: its constants, the time model, wheel names, bench summaries, the parsers of
-what the machine reports (dd, junit, ldconfig) and the verdicts drawn from the first probe. No I/O here
+what the machine reports (dd, junit, ldconfig) and the verdicts from the first probe. No I/O here
 (tests/unit/test_gpu_check.py)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARRY_DIR = os.path.join(REPO, ".gpu_carry")
-"""Git-ignored; named in the device call's carry list."""
+"""Git-ignored; copied to the GPU machine beside the working tree."""
 WORK_DIR = os.path.join(REPO, ".gpu_work")
-"""Git-ignored; made on the device machine, which starts bare for every call (nothing survives between calls)."""
+"""Git-ignored; made on the GPU machine by every call (a machine that starts fresh for each call keeps nothing)."""
 MiB = 1 << 20
 GiB = 1 << 30
 
 DEEPSPEED_VERSION = "0.19.8"
 PYTHON_TARGET = "3.12"
-# The device tool's advice for cp312 wheels (device/README.md): pip matches manylinux_2_N exactly.
+# cp312 wheels for an image with glibc 2.28 or later: pip matches manylinux_2_N tags exactly, so list each one.
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
                    "manylinux2014_x86_64", "manylinux1_x86_64")
 RUNTIME_REQUIREMENTS = ("hjson", "pydantic>=2", "einops", "msgpack", "ninja", "packaging>=20", "psutil", "py-cpuinfo",
@@ -31,7 +31,8 @@ DEBS = ("libaio1", "libaio-dev")
 """DeepSpeed's async_io op links -laio and includes libaio.h (op_builder/async_io.py); the image has neither."""
 REQUIRED_DISTS = ("deepspeed", "pydantic", "pydantic_core", "hjson", "setuptools", "wheel", "pybind11")
 CARRY_LIMIT_BYTES = 64 * MiB
-"""The device tool carries at most 64 MiB: tracked + untracked-not-ignored files + the carried folders."""
+"""The default most that goes to the GPU machine: tracked + untracked-not-ignored files + the carried folders
+(`carry --limit-mib`, `run --carry-limit-mib`)."""
 
 DEFAULT_MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "qwen2.5-1.5b")
 """Ascending size: when time runs out, the larger ones are skipped first."""
@@ -41,7 +42,8 @@ VALIDATE_MODEL = "llama-3.2-1b"
 """The 1B-class preset whose bench output tests/gpu/test_gpu_cli.py checks."""
 VALIDATE_TEST = "tests/gpu/test_gpu_cli.py::test_memascend_bench_1b_class_preset"
 DEFAULT_BUDGET_S = 530.0
-"""The device tool stops a command at 600 s; the kit ends its own work within 9 minutes, outputs written."""
+"""A call's default wall time (`--budget-s`): the kit ends its own work within 9 minutes, outputs written, so a GPU
+machine that stops a command after 10 minutes still gets them."""
 RESERVE_S = 25.0
 """Kept back from every step's timeout for writing the outputs."""
 PHASES = ("setup", "probe", "constants", "tests", "bench", "validate", "sweep")
@@ -168,7 +170,7 @@ def summarize_bench_doc(doc: dict) -> list[dict]:
 
 
 def versus_stock(rows: list[dict]) -> dict:
-    """{model: {run: {peak_vs_stock_percent, step_time_vs_stock_percent}}} for the issue's bar. Pure."""
+    """{model: {run: {peak_vs_stock_percent, step_time_vs_stock_percent}}}: each engine against stock. Pure."""
     out: dict = {}
     for model in dict.fromkeys(r["model"] for r in rows):
         by = {r["run"]: r for r in rows if r["model"] == model and r["ok"]}
@@ -236,7 +238,7 @@ def with_cuda_context(rows: list[dict], context_bytes: int | None) -> list[dict]
 # -- the first seconds: what this machine can do -------------------------------------------------------------
 
 GVISOR_KERNEL = "4.4.0"
-"""gVisor reports this kernel release (seen on the lent H200 machines)."""
+"""gVisor reports this kernel release (cloud machines that run in its sandbox)."""
 
 
 def what_can_run(host: dict) -> tuple[list[str], list[str]]:

@@ -1,5 +1,5 @@
-"""`gpu_check.sh record DIR...`: the device calls' outputs (the folders the device tool copied back) merged into
-one compact document under docs/bench/gpu/, which scripts/results.py renders. Stdlib only.
+"""`gpu_check.sh record DIR...`: the calls' output folders, copied back from the GPU machine, merged into one
+compact document under docs/bench/gpu/, which scripts/results.py renders. Stdlib only.
 
 Read from each folder when present: gpu_bench.json (the bench phase), cuda_constants.json (the constants phase),
 pytest_gpu.xml (the tests phase), gpu_check.json (every call: its phases and the machine's facts)."""

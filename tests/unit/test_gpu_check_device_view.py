@@ -1,7 +1,7 @@
 """Every GPU-kit call's dry mode, run in the tree as the GPU machine receives it: no .git, the files
 `git ls-files -co --exclude-standard` lists plus the carry folder, copied to a temporary directory. Each call
 must get through its input checks and its setup's install plan and print its exact commands, and what travels
-must stay under the device tool's 64 MiB.
+must stay under the kit's default 64 MiB (pure.CARRY_LIMIT_BYTES).
 
 The carry folder is the one `bash scripts/gpu_check.sh carry` built in the checkout (.gpu_carry, when complete);
 building it needs PyPI and Debian's archive, so without it the test builds, offline, a stand-in with the kit's
@@ -58,7 +58,7 @@ def _stand_in_carry(root: Path) -> Path:
 def device_tree(tmp_path_factory):
     """(the exported tree, whether its carry folder is the real one)."""
     if not (REPO / ".git").exists():
-        pytest.skip("not a git checkout: the tree the device tool sends cannot be listed")
+        pytest.skip("not a git checkout: the tree that goes to the GPU machine cannot be listed")
     root = tmp_path_factory.mktemp("device") / "repo"
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"],
                             capture_output=True, check=True).stdout.decode().split("\0")
@@ -77,7 +77,7 @@ def device_tree(tmp_path_factory):
     return root, cached is not None
 
 
-def test_tree_plus_carry_fit_the_device_tool(device_tree):
+def test_tree_plus_carry_fit_the_default_limit(device_tree):
     root, real = device_tree
     size = carry.travelling_bytes(str(root), [str(root / ".gpu_carry")])  # no .git there: it walks the files
     carried = sum(size["carried_bytes"].values()) if real else CARRY_BYTES_EXPECTED
