@@ -119,8 +119,8 @@ def plan_text(total_s: float = DEFAULT_TOTAL_S, start_s: float = DEFAULT_START_S
     pair = warm_pair_s(start_s)
     if pair <= total_s:
         lines.append(f"Within {total_s / 60:.0f} minutes on the GPU machine: call 1, then call "
-                     f"{second_call().number} at once on the same machine (sent within {idle_s:.0f} s of call 1's end, no second start): "
-                     f"~{pair / 60:.1f} min.")
+                     f"{second_call().number} at once on the same machine (sent within {idle_s:.0f} s of call 1's end, "
+                     f"no second start): ~{pair / 60:.1f} min.")
     else:
         lines.append(f"Call 1 and call {second_call().number} need ~{pair / 60:.1f} min on one machine, more than "
                      f"{total_s / 60:.0f} minutes: run each on a fresh machine.")

@@ -278,8 +278,8 @@ def phase_probe(kit: Kit) -> bool:
 # -- the CUDA runtime constants ------------------------------------------------------------------------------------
 
 CONSTANTS_FILE = "cuda_constants.json"
-"""In the output folder; `MEMASCEND_CUDA_CONSTANTS=<it> memascend plan ...` (memascend_cli/planner/measured.py ENV) takes
-the planner's CUDA constants from it."""
+"""In the output folder; `MEMASCEND_CUDA_CONSTANTS=<it> memascend plan ...` (memascend_cli/planner/measured.py ENV)
+takes the planner's CUDA constants from it."""
 
 
 def phase_constants(kit: Kit) -> bool:
