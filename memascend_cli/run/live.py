@@ -76,10 +76,10 @@ class LiveView:
             if beat is not None:
                 self._say(beat)
         elif self.tracker.in_setup:
-            self.stats.plain = self.tracker.status(now)  # the bar's own clock shows the run is alive
+            self.stats.plain = self.tracker.status(now)  # the progress bar's own clock shows the run is alive
 
     def _say(self, text: str) -> None:
-        """One line: above the bar on a terminal, else plain; soft_wrap keeps it (and a path in it) on one line."""
+        """One line: above the progress bar on a terminal, else plain; soft_wrap keeps it (paths too) on one line."""
         from memascend_cli.console import err
 
         (self.live.console if self.live is not None else err).print(text, highlight=False, soft_wrap=True)
@@ -111,14 +111,14 @@ class LiveView:
 
 
 def format_stats(r: dict, sep: str = "  ") -> str:
-    """The figures under the bar: loss, lr, tokens/s, host memory (node), SSD GB/s read/written."""
+    """The figures under the progress bar: loss, lr, tokens/s, host memory (node), SSD GB/s read/written."""
     lr = f"{r['lr']:.1e}".replace("e-0", "e-").replace("e+0", "e")
     return sep.join((f"loss {r['loss']:.4f}", f"lr {lr}", f"{fmt_rate(r['tokens_per_s'])} tok/s",
                      f"host {r['host_rss_gib']:.1f} GiB", f"SSD {_gbps(r['ssd_read_gbps'])}/{_gbps(r['ssd_write_gbps'])} GB/s"))
 
 
 def format_progress(r: dict) -> str:
-    """The figures under the bar for a step log_every does not log: loss and tokens/s."""
+    """The figures under the progress bar for a step log_every does not log: loss and tokens/s."""
     return f"loss {r['loss']:.4f}  {fmt_rate(r['tokens_per_s'])} tok/s"
 
 
