@@ -31,7 +31,7 @@ ENGINE_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 allocation, so it has to be in the environment before torch starts). With the engine's 1 MiB mmap threshold those
 tensors are fresh mappings; huge pages cut their page faults and TLB misses 512-fold: bench-llama-136m at 32 layers,
 seq 512, fp32 on the CPU machine ran at 27.0 s/step (45.1 and 40.8 without, in earlier sittings) with the same flat
-peak RSS, 1.40 GiB (docs/results.md, allocator policy experiments)."""
+peak RSS, 1.40 GiB (docs/results/memory.md, allocator policy experiments)."""
 
 DS_NORM_BUFFER_NUMEL = 250_000_000
 """Elements DeepSpeed converts to fp64 at a time for a gradient's norm (deepspeed/runtime/zero/stage3.py

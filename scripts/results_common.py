@@ -1,9 +1,11 @@
-"""What every section of docs/results.md uses: the folders, loading the raw JSON, number formats, tables.
-Stdlib only (scripts/results.py and scripts/results_records.py import it)."""
+"""What every section of the results pages (docs/results.md, docs/results/*.md) uses: the folders, loading the raw
+JSON, number formats, tables, the benchmark scripts' own renderings. Stdlib only (scripts/results*.py import it)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 from memascend_cli.bench.document import read_summary, recorded_summaries
 from memascend_cli.planner.time import PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER
@@ -54,3 +56,12 @@ def phase_seconds(run: dict, steps: int) -> dict[str, float] | None:
         fb.append(at[f"step{n}_optimizer"] - at[f"step{n}_forward"])
         opt.append(end - at[f"step{n}_optimizer"])
     return {PHASE_FORWARD_BACKWARD: sum(fb) / len(fb), PHASE_OPTIMIZER: sum(opt) / len(opt)} if fb else None
+
+
+def benchmark_script(name: str):
+    """A benchmark script of benchmarks/ as a module (their table functions render their own raw JSON)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "benchmarks", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod

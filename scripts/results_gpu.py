@@ -1,4 +1,4 @@
-"""docs/results.md's GPU section: the GPU kit's documents (docs/bench/gpu/*.json, written by
+"""The results' GPU page (docs/results/gpu.md): the GPU kit's documents (docs/bench/gpu/*.json, written by
 `bash scripts/gpu_check.sh record`): the bench per preset and engine against today's plan, the CUDA constants
 and `pytest -m gpu`. Stdlib only (scripts/results.py imports it)."""
 
@@ -164,7 +164,7 @@ def _failed_line(model: str, name: str, r: dict, p: dict) -> str:
 
 
 def section_gpu(docs: list) -> str:
-    out = ["## GPU", ""]
+    out = ["## Runs of the GPU kit", ""]
     if not docs:
         out.append("No GPU measurement recorded yet. The kit (`scripts/gpu_check.sh`) runs the GPU tests and the GPU "
                    "bench as device calls; `bash scripts/gpu_check.sh record DIR...` stores their outputs in "

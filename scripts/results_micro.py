@@ -1,5 +1,6 @@
-"""Sections of docs/results.md for the component measurements: stock DeepSpeed's buffers, the checksums on the SSD
-data path and the micro-benchmarks under benchmarks/. Imported by scripts/results.py."""
+"""The results' micro-benchmark page (docs/results/micro.md), the component measurements: the micro-benchmarks under
+benchmarks/, the data path's memory, stock DeepSpeed's buffers and the checksums on the SSD data path. Imported by
+scripts/results.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 
 from memascend_cli.units import GiB
-from results_common import REPO, table
+from results_common import REPO, benchmark_script, load_one, table
 
 
 def section_ds_buffers() -> str:
@@ -77,7 +78,7 @@ def section_micro(runs: list) -> str:
                 groups.setdefault((c["model"], c["layers"], c["dtype"]), []).append(c)
             rows = [[m, str(L), dt, " / ".join(f"{c['free_kept_bytes'] / GiB:.2f}" for c in cs),
                      f"{cs[0]['predicted_bytes'] / GiB:.2f}"] for (m, L, dt), cs in groups.items()]
-            out += ["## Stock zero.Init: heap kept by the allocator", "", f"{doc['title']}. `{doc['command']}` "
+            out += [f"## Stock zero.Init: heap kept by the allocator, {doc['date'][:10]}", "", f"{doc['title']}. `{doc['command']}` "
                     f"({doc['date']}, {doc['libc']}); one fresh process per measurement; the plan's "
                     "`host/zero_init_heap` item is the upper mode. Raw: `" + path + "`.", "",
                     table(["model", "layers", "dtype", "kept GiB (repeats)", "plan GiB"], rows), ""]
@@ -97,3 +98,19 @@ def section_micro(runs: list) -> str:
                     + ". Raw: `" + path + "`.", "", table(["model", "tokens", "measured MiB", "plan MiB", "plan error"]
                                                           + (["Korthikanti MiB"] if layer else []), rows), ""]
     return "\n".join(out) + ("\n" if out else "")
+
+
+def section_data_path(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+    rel = os.path.relpath(path, REPO)
+    return "\n".join([
+        "## Data path: host memory against dataset size", "",
+        f"`python benchmarks/data_path_memory.py --tokens 2e6,2e7 --out {rel}`", "",
+        "Each size: a synthetic JSONL text dataset is tokenized into the cache as `memascend train` does before the "
+        "launch, then a fresh child process opens the cache as a rank does and reads every micro-batch of a full "
+        "epoch in the worker's order, as torch tensors. \"data path peak\" is VmHWM after the epoch minus VmRSS "
+        "before it (/proc/self/status); \"cache pages mapped\" is the largest resident size of the cache's mappings "
+        f"in /proc/self/smaps. Raw data: `{rel}`.", "",
+        benchmark_script("data_path_memory").table(doc), ""]) + "\n"

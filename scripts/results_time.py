@@ -1,5 +1,6 @@
-"""docs/results.md's step-time section: `memascend bench` runs with and without `--ssd-bandwidth`, measured s/step
-against the plan's time model (memascend_cli/planner/time.py). Stdlib only (scripts/results.py imports it)."""
+"""The results' step-time page (docs/results/time.md): `memascend bench` runs with and without `--ssd-bandwidth`,
+measured s/step against the plan's time model (memascend_cli/planner/time.py), one table per SSD limit. Stdlib only
+(scripts/results.py imports it)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,11 @@ def overlap_lines(runs: list) -> list[str]:
     return out
 
 
+TIME_HEADER = ["SSD limit", "run", "s/step", "plan s/step", "plan error", "tokens/s", "SSD B/param read / write",
+               "plan compute / SSD read / SSD write s", "plan binds", "step 1 s", "cores taken", "plan at the cores got",
+               "raw"]
+
+
 def section_ssd_bound(runs: list) -> str:
     """One row per run of the documents under docs/bench/ssd-bound/: measured and planned s/step."""
     from memascend_cli.bench.configs import recorded_probe_gflops
@@ -119,8 +125,10 @@ def section_ssd_bound(runs: list) -> str:
         return ""
     # Unthrottled first, then by limit.
     runs = sorted(runs, key=lambda pd: pd[1]["job"].get("ssd_bandwidth_bytes_per_s") or float("inf"), reverse=True)
-    rows, misses, total = [], 0, 0
+    groups: dict[str, list[list[str]]] = {}  # SSD limit -> its rows
+    misses, total = 0, 0
     for path, doc in runs:
+        rows = groups.setdefault(_limit(doc), [])
         ga = doc["job"].get("grad_accum", 1)
         for r in doc["runs"]:
             name = r["name"] + (f", {ga} micro-batches a step" if ga > 1 else "")
@@ -165,18 +173,20 @@ def section_ssd_bound(runs: list) -> str:
            "its wall time; the plan takes the probe's rate for all cores, so a run that got fewer computes slower. "
            "Plan at the cores got scales the plan's compute time by cores / (cores - cores taken): a diagnostic of "
            "the model's structure on a shared machine, not the plan's prediction. Each document is one sitting.", "",
-           table(["SSD limit", "run", "s/step", "plan s/step", "plan error", "tokens/s", "SSD B/param read / write",
-                  "plan compute / SSD read / SSD write s", "plan binds", "step 1 s", "cores taken",
-                  "plan at the cores got", "raw"], rows), "",
            f"{total - misses} of {total} runs within {TIME_TOLERANCE_PERCENT:.0f}% "
            "(`tests/unit/test_time_validation.py` checks every CPU bench document).", ""]
+    for limit, rows in groups.items():
+        out += [f"### {'No SSD limit' if limit == 'none' else f'SSD limited to {limit}'}", "",
+                table(TIME_HEADER, rows), ""]
     ga = accumulation_lines(runs)
     if ga:
-        out += ga + [""]
+        out += ["### Gradient accumulation", ""] + ga + [""]
     ov = overlap_lines(runs)
     if ov:
-        out += ["The optimizer overlapped with backward (`memascend_engine.overlap`; memascend-no-overlap_optimizer is "
-                "the same engine without it):", ""] + ov + [""]
+        out += ["### The optimizer overlapped with backward", "",
+                "`memascend_engine.overlap`; memascend-no-overlap_optimizer is the same engine without it.", "",
+                *ov, ""]
+    out += ["### Commands and dates", ""]
     for path, doc in runs:
         cmd = (doc.get("meta") or {}).get("command", "?")
         out.append(f"- `{os.path.basename(path)}` ({(doc.get('meta') or {}).get('date', '?')}): `{cmd}`")

@@ -1,6 +1,6 @@
-"""docs/results.md's "Run-to-run variation of one job": the same bench job run several times in one sitting without a
-cap (docs/bench/variation/*.json, `memascend bench --repeat N`), each run's peak against the memory one grid step of
-each capacity axis adds in today's plan. Imported by scripts/results.py."""
+"""The capacity page's "Run-to-run variation of one job" (docs/results/capacity.md): the same bench job run several
+times in one sitting without a cap (docs/bench/variation/*.json, `memascend bench --repeat N`), each run's peak against
+the memory one grid step of each capacity axis adds in today's plan. Imported by scripts/results.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`bench --capacity`: the largest job of one axis (layers, seq, micro-batch) that trains under a DRAM cap, planned and
 measured. Pure: the grid of each axis, the probe sequence, the plan's maximum and the SSD ceiling under the cap, the
-summary document, its table and its docs/results.md section. capacity_run.py runs the probes.
+summary document, its table and its section of docs/results/capacity.md. capacity_run.py runs the probes.
 
 The probe sequence starts at the plan's maximum under the cap and gallops (1, 2, 4, ... grid steps) up after a fit
 and down after an OOM kill (or a stall), then bisects between the largest fit and the smallest one that did not fit.
@@ -37,7 +37,7 @@ billion scale on the 2-core reference machine)."""
 PROBE_STEP_SLACK = 3.0
 """A probe's steps may take this many times the plan's s/step (startup counted as one more step) before it reads
 'stalled': a job crawling at its cap re-reads its evicted libraries from disk (major faults) for hours without an
-OOM kill, which is 'does not fit' to a user; the plan's step time is within tens of percent (docs/results.md)."""
+OOM kill, which is 'does not fit' to a user; the plan's step time is within tens of percent (docs/results/time.md)."""
 PROBE_TIMEOUT_FALLBACK_S = 3600.0
 """A probe's time limit where the plan has no step time."""
 PROBE_TIMEOUT_RULE = (f"{PROBE_START_S:.0f} s plus {PROBE_STEP_SLACK:g} x the plan's s/step for each step and one "
@@ -305,7 +305,7 @@ def replanned_max(doc: dict, engine: dict, probe: dict) -> int | None:
 
 def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int | None]] | None = None,
                     steps: dict[str, dict[str, int]] | None = None) -> str:
-    """docs/results.md's "Capacity under a DRAM cap": one table per document (one sitting); "" without any.
+    """docs/results/capacity.md's "Capacity under a DRAM cap": one table per document (one sitting); "" without any.
     today: {path: {engine: today's planned maximum (replanned_max)}}; steps: {path: {engine: the memory one grid step
     adds at its measured maximum (step_cost_bytes)}}."""
     steps = steps or {}
@@ -330,7 +330,7 @@ def results_section(docs: list[tuple[str, dict]], today: dict[str, dict[str, int
         command = f"`{meta.get('command', '?')}`"
         if "--steps" not in command and j["steps"] != CAPACITY_STEPS:
             command += f" (run when the default was --steps {j['steps']})"
-        out += [f"### {meta.get('title') or path}", "", command, "",
+        out += [f"### {meta.get('title') or sitting_title(doc)}", "", command, "",
                 f"{j['model']}, {fixed}, {j['steps']} steps, {j['dtype']}, checkpointing {j['checkpointing']}, "
                 f"{j['ranks']} rank(s), tuned and memascend loss {j.get('loss', 'hf')} (stock: hf)"
                 + (f", {j['repeat']} runs per probe (fits when all fit)" if j.get("repeat", 1) > 1 else "") + "; "
@@ -520,6 +520,17 @@ def _repeats_cell(q: dict) -> str:
 def sittings(engines: list[dict]) -> list[str]:
     """When the bench commands that ran the engines' probes started: more than one for a resumed search."""
     return sorted({q["sitting"] for e in engines for q in e["probes"] if q.get("sitting")})
+
+
+def sitting_title(doc: dict) -> str:
+    """A capacity sitting in words, for one recorded without --title: model, axis, cap, engines, runs and day. Pure."""
+    j = doc["job"]
+    axis = {"layers": "depth", "seq": "context"}.get(doc["axis"], doc["axis"])
+    cap_gib = doc["dram_cap_bytes"] / GiB
+    return (f"{j['model']}: the largest {axis} under a DRAM cap of {cap_gib:.2f} GiB, {j['dtype']}, "
+            + ", ".join(e["name"] for e in doc["engines"])
+            + (f", {j['repeat']} runs per probe" if j.get("repeat", 1) > 1 else "")
+            + f", {j['steps']} steps, {((doc.get('meta') or {}).get('date') or '?')[:10]}")
 
 
 def _when(doc: dict) -> str:

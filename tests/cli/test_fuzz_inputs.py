@@ -9,7 +9,7 @@ directory too): prepare-ssd only ever gets targets there, /dev/null or a /dev pa
 writes only of small regions without the bandwidth probe; train always runs with --dry-run.
 
 Default run: FAST_EXAMPLES cases per property. The `long` tests (scripts/record_tests.py --long, recorded in
-docs/results.md) run SLOW_EXAMPLES_PER_COMMAND (2,000) per command, split evenly over its properties: plan
+docs/results/reliability.md) run SLOW_EXAMPLES_PER_COMMAND (2,000) per command, split evenly over its properties: plan
 (arguments, model files), prepare-ssd (arguments), train (arguments, recipe files).
 """
 

@@ -20,7 +20,7 @@ from tests.conftest import require_smollm2_gguf
 
 # long: a real 135M model trained for minutes. The default run imports this GGUF file (tests/engine/test_gguf_import.py)
 # and trains, exports and reloads the tiny LLaMA-Factory recipe (test_llamafactory_cpu.py); scripts/record_tests.py
-# --long runs this one and docs/results.md records it.
+# --long runs this one and docs/results/ecosystem.md records it.
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 pytest.importorskip("deepspeed")
 require_smollm2_gguf("gguf", "accelerate")

@@ -1,5 +1,5 @@
 """bench --capacity's pure parts (memascend_cli/bench/capacity.py): the grids, the probe sequence, the SSD ceiling, the
-plan's maximum under the cap, the summary rows and the results.md section. The live search is
+plan's maximum under the cap, the summary rows and the section of docs/results/capacity.md. The live search is
 tests/integration/test_bench_capacity.py."""
 
 from __future__ import annotations
@@ -204,6 +204,9 @@ def test_results_section():
     assert capacity.results_section([]) == ""
     text = capacity.results_section([("docs/bench/capacity/depth-4gib.json", _doc())])
     assert text.startswith("## Capacity under a DRAM cap\n")
+    # A sitting recorded without --title is headed in words, never by its file's path.
+    assert ("\n### bench-llama-136m: the largest depth under a DRAM cap of 4.00 GiB, fp32, stock, tuned, memascend, "
+            "2 steps, d\n") in text
     assert "| 4.00 | layers | tuned | 12 (DRAM) | 12 (OOM-killed at 13) | yes | - | 12: fit 3.00; 13: oom 4.00 |" in text
     assert "| 4.00 | layers | memascend | 137 (SSD space) | at least 137 (SSD space (...)) | yes |" in text
     assert "bench-llama-136m, seq len 2048, micro batch 1, 2 steps" in text  # the searched axis is not listed

@@ -1,4 +1,5 @@
-"""docs/results.md is generated from the committed raw JSON (scripts/results.py), never typed by hand."""
+"""docs/results.md and its topic pages docs/results/*.md are generated from the committed raw JSON
+(scripts/results.py), never typed by hand, and a reader can find their way through them."""
 
 import os
 import subprocess
@@ -36,7 +37,9 @@ def _capped_run(name: str, *, ok: bool, cgroup_peak_gib: float, system_peak_gib:
 
 
 def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_both_peaks():
-    results = _results_module()
+    _results_module()  # puts scripts/ on sys.path
+    import results_memory as results
+
     doc = {"job": {"dram_cap_bytes": 12 << 30},
            "runs": [_capped_run("memascend", ok=True, cgroup_peak_gib=5.0, system_peak_gib=4.0, planned_gib=5.5),
                     _capped_run("tuned", ok=False, cgroup_peak_gib=12.0, system_peak_gib=11.0, planned_gib=20.5)]}
@@ -51,12 +54,14 @@ def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_
 
 
 def test_a_capped_row_errs_with_todays_plan_and_shows_the_recorded_one_beside_it():
-    """docs/results.md's billion-scale rows: today's planner on the recorded run, the bench's own plan in brackets."""
+    """The memory page's billion-scale rows: today's planner on the recorded run, the bench's own plan in brackets."""
     import json
 
     from memascend_cli.bench.configs import repredict
 
-    results = _results_module()
+    _results_module()
+    import results_memory as results
+
     with open(os.path.join(REPO, "docs/bench/capped/qwen2.5-1.5b-bf16-seq1024-cap12gib-bounded-norm.json")) as f:
         doc = json.load(f)
     row = results.capped_rows(doc)[0]

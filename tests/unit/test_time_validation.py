@@ -41,7 +41,8 @@ before tuned stock got stock's host passes on the CPU accelerator, 2026-11-27)."
 # - the SSD-bound sittings (docs/bench/ssd-bound/, 2026-11-25, an Intel VM whose CPU probe the documents record):
 #   runs during which the bench's samplers and other jobs on the shared 2 cores took 0.7-1.2 cores
 #   (runs[].others_cpu_seconds + bench_cpu_seconds; sitting 1 has no gauge) compute up to 2.3x slower than the
-#   probe's rate for both cores; results.md's "plan at the cores got" gives the same model at the cores they got.
+#   probe's rate for both cores; docs/results/time.md's "plan at the cores got" gives the same model at the cores
+#   they got.
 # - gradient accumulation 8 at 400 MB/s (ssd-bound/...-ga8, 2026-11-26): +26%. On the CPU accelerator the model adds
 #   each micro-batch's parameter reads to its compute, and memascend's pool keeps the last forward layers for
 #   backward (72 B/param read where the plan counts 81); over 8 micro-batches both add up (at 1 micro-batch, the

@@ -1,5 +1,5 @@
 """The pure parts of benchmarks/user_script_bench.py: the commands it runs, the plan's prediction, the errors and
-the table scripts/results.py renders."""
+the table scripts/results.py renders on the results' ecosystem page."""
 
 from __future__ import annotations
 
@@ -182,8 +182,8 @@ def test_results_section_renders_a_document(tmp_path):
                machine={"cpus": 2, "dram_gib": 23.5}, use="validation", model=usb.MODEL)
     path = tmp_path / "u.json"
     path.write_text(json.dumps(doc))
-    code = ("import sys; sys.path.insert(0, 'scripts'); import results; "
-            f"print(results.section_user_scripts({str(path)!r}))")
+    code = ("import sys; sys.path.insert(0, 'scripts'); import results_ecosystem; "
+            f"print(results_ecosystem.section_user_scripts({str(path)!r}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.startswith("## Plan accuracy on user scripts") and "| memascend | ds | none |" in out
     assert "today's plan GiB" in out  # today's planner on the recorded jobs
