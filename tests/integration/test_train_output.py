@@ -1,5 +1,5 @@
 """`memascend train` with its output in a pipe, as in a log file or CI (no terminal, so no live display): a line per
-setup phase with its time, the first step although log_every skips it, and no long silence (issue 59). The recipe is
+setup phase with its time, the first step although log_every skips it, and no long silence. The recipe is
 the tiny LLaMA-Factory one with `logging_steps: 10`, run for 3 steps: its metrics log only the last.
 
 Slow: one DeepSpeed launch of 3 optimizer steps of a tiny random Llama (~1 min on a 2-core VM).

@@ -36,7 +36,7 @@ def test_heartbeat_comes_sooner_during_setup():
     assert heartbeat_due(T0 + SETUP_HEARTBEAT_S, T0, in_setup=True)
     assert not heartbeat_due(T0 + SETUP_HEARTBEAT_S, T0, in_setup=False)
     assert heartbeat_due(T0 + TRAIN_HEARTBEAT_S, T0, in_setup=False)
-    # The bars: the first line within 30 s of the launch, no gap of a minute, with the CLI polling every 0.5 s.
+    # The targets: the first line within 30 s of the launch, no gap of a minute, with the CLI polling every 0.5 s.
     assert SETUP_HEARTBEAT_S + 0.5 < 30 and TRAIN_HEARTBEAT_S + 0.5 < 60
 
 
