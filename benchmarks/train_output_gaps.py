@@ -4,8 +4,8 @@ and the longest gap between two lines. The bar of `memascend train` (issue 59): 
 within 30 s, the first step's line printed, no gap over 60 s until the end.
 
 Usage (a LLaMA-Factory recipe, run from the folder holding its data/):
-    python benchmarks/train_output_gaps.py --out docs/bench/train_output/NAME.json --cwd WORK -- \\
-        memascend train recipe.yaml
+    python benchmarks/train_output_gaps.py --out docs/bench/train_output/NAME.json --cwd WORK \\
+        --attach recipe.yaml -- memascend train recipe.yaml
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="compact JSON: date, machine, command, the timed lines, the gaps")
     ap.add_argument("--cwd", default=None, help="run the command here")
+    ap.add_argument("--attach", action="append", default=[], help="a file (e.g. the recipe) whose text goes into the "
+                    "JSON, relative to --cwd (repeatable)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     args = ap.parse_args()
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -76,7 +78,8 @@ def main() -> None:
            "recorded_by": "python benchmarks/train_output_gaps.py " + shlex.join(sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "host": f"{platform.node()} ({os.cpu_count()} cores)", "cpu_model": local_cpu_model(),
-           "exit_code": code, **silences(lines), "lines": lines}
+           "exit_code": code, **silences(lines), "lines": lines,
+           "attached": {name: open(os.path.join(args.cwd or ".", name)).read() for name in args.attach}}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, separators=(",", ":"))

@@ -164,7 +164,9 @@ def launch_and_watch(p, policy=None) -> int:
     view = LiveView(metrics_path, start_offset=os.path.getsize(metrics_path) if os.path.exists(metrics_path) else 0,
                     log_every=p.log_every)
     what = "memascend engine" if p.engine == "memascend" else f"{p.engine} stock DeepSpeed"
-    err.print(f"launching {p.spec.num_ranks} rank(s) ({what}); logs in {p.spec.log_dir}", highlight=False)
+    # soft_wrap: one line in a log too (the path to copy whole; the output's timing starts at it).
+    err.print(f"launching {p.spec.num_ranks} rank(s) ({what}); logs in {p.spec.log_dir}", highlight=False,
+              soft_wrap=True)
     if p.dram_cap_bytes is None:
         try:
             with view:

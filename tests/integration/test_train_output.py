@@ -48,6 +48,7 @@ def test_a_piped_train_names_each_setup_phase_shows_the_first_step_and_is_never_
             if line.startswith("setup: ") and " took " in line]
     assert took == SETUP_PHASES, said
     launching = next(i for i, line in enumerate(said) if line.startswith("launching 1 rank(s)"))
+    assert said[launching].endswith(os.path.join("sft", "logs"))  # one line, however long the path
     assert said.index(next(line for line in said if line.startswith("setup: tokenizing took"))) < launching
     first = [line for line in said if line.startswith("step 1/3: loss ")]
     assert len(first) == 1 and first[0].endswith("(then a line every 10 steps)"), said
