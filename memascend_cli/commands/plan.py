@@ -130,6 +130,9 @@ def plan_command(
     trainer: str = typer.Option("deepspeed", "--trainer", help="What drives the training loop: deepspeed (its API, "
                                 "memascend train), hf (the Hugging Face Trainer, also under accelerate) or trl "
                                 "(TRL's SFTTrainer): their imports take host memory too.", rich_help_panel=_K),
+    placement: str = typer.Option(None, "--placement", help="Which placement the detail tables show: gpu, dram, "
+                                  "split or ssd (default: ssd, today's engines).", rich_help_panel=_O,
+                                  show_default=False),
     engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: stock, "
                                "tuned or memascend (baseline: stock, or tuned for a RECIPE).", rich_help_panel=_O),
     search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
@@ -248,6 +251,7 @@ def plan_command(
         # DeepSpeed as documented, with the knob flags.
         stock_job = replace(job, knobs=stock_knobs) if engine != "stock" else None
         return _finish(job, hw, engine, search, details, as_json, default_used=False, stock_job=stock_job,
+                       placement=placement,
                        timing=timing)
     seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
     grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
@@ -266,7 +270,8 @@ def plan_command(
                   checkpoint_offload=checkpoint_offload or "ssd", optimizer_moments=optimizer_moments or "fp32",
                   chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss, trainer=trainer,
                   overlap_optimizer=True if overlap_optimizer is None else overlap_optimizer)
-    return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing)
+    return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing,
+                   placement=placement)
 
 
 def _warn_capped(base, defaults, spec, world: int, elem_bytes: int, stock_knobs, param_buffer_size) -> None:
@@ -359,8 +364,9 @@ def _local_rates(hw, timing: dict) -> dict | None:
 
 
 def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *, default_used: bool,
-            timing: dict, stock_job=None) -> None:
-    """Estimate, search, print. `stock_job`: the job with stock DeepSpeed's knobs when `job` carries others."""
+            timing: dict, stock_job=None, placement: str | None = None) -> None:
+    """Estimate, search, price the placements, print. `stock_job`: the job with stock DeepSpeed's knobs when `job`
+    carries others; `placement`: the one whose items the detail tables show (default: all on the SSD)."""
     from memascend_cli.console import print_json
     from memascend_cli.planner.memory import estimate, estimate_all
     from memascend_cli.planner.search import check
@@ -378,16 +384,55 @@ def _finish(job, hw, engine: str, search: bool, details: bool, as_json: bool, *,
                 if search else {})
     result = build_result(job, hw, ests, verdicts, searches, engine, default_used=default_used)
     result["time"] = _time(job, hw, ests, timing, search)
+    placed = _placements(job, hw, ests, timing)
+    shown, header = (ests, None) if placement is None else _placement_ests(placed, placement, engine)
+    result["placements"] = {**placed.to_dict(hw), "selected": placement}
     if as_json:
         print_json(result)
     else:
         from memascend_cli.render import render_plan
+        from memascend_cli.render_placement import render_placements
         from memascend_cli.render_time import render_time
 
-        render_plan(result, ests, details=details)
+        if header:
+            from memascend_cli.console import out
+
+            out.print(header, highlight=False)
+        render_plan(result, shown, details=details)
         render_time(result["time"], timing["tokens"])
+        render_placements(result["placements"], gpu=bool(hw.num_gpus))
     if not verdicts[engine].fits:
         raise typer.Exit(EXIT_FAIL)
+
+
+def _placements(job, hw, ests, timing: dict):
+    """Every placement priced (planner.placement) on the compute device the time model uses."""
+    from memascend_cli.compute_probe import plan_device
+    from memascend_cli.planner.placement import price_placements
+
+    device = plan_device(hw, job.dtype, cpu_gflops=timing["cpu_gflops"], gpu_tflops=timing["gpu_tflops"],
+                         rates=_local_rates(hw, timing))
+    return price_placements(job, hw, ests, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps)
+
+
+def _placement_ests(placed, placement: str, engine: str) -> tuple[dict, str]:
+    """({stock, memascend: estimate} of `placement` for the detail tables, the line that says what they show). A
+    placement that does not fit `engine` (tuned: stock's row) is bad input: exit 2 with what binds."""
+    from memascend_cli.planner.placement import PLACEMENTS
+
+    if placement not in PLACEMENTS:
+        raise BadInput(f"unknown --placement {placement!r}", "use " + ", ".join(PLACEMENTS))
+    rows = {e: placed.row(placement, e) for e in ("stock", "memascend")}
+    rows["memascend"] = rows["memascend"] or rows["stock"]  # gpu: memascend runs stock's ZeRO-3 unchanged
+    mine = rows["memascend" if engine == "memascend" else "stock"]
+    fitting = ", ".join(sorted({r.placement for r in placed.rows if r.fits})) or "none"
+    if mine.est is None or not mine.fits:
+        what = mine.note if mine.est is None else f"{mine.binds} binds: " + "; ".join(mine.verdict.reasons)
+        raise BadInput(f"placement {placement} does not fit with {mine.engine}: {what}",
+                       f"choose a placement that fits ({fitting}), or drop --placement")
+    shown = {e: (r if r.est is not None else mine).est for e, r in rows.items()}
+    words = "; ".join(f"{e}: {r.config}" + ("" if r.est is not None else f" ({r.note})") for e, r in rows.items())
+    return shown, f"detail tables: placement {placement} ({words})"
 
 
 def reduction_percent(baseline_bytes: int, memascend_bytes: int) -> float:

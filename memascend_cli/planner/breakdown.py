@@ -160,6 +160,12 @@ class SsdTraffic:
     no extra traffic moves)."""
     backward_param_read_bytes: int | None = None
     """Of read_bytes["params"], the bytes read in backward (the time model's overlap window); None: half."""
+    dram_fetch_bytes: int = 0
+    """Parameter bytes fetched per step from DRAM instead of the SSD (stock's max_in_cpu, a DRAM placement): no SSD
+    time, but on a GPU the same host-to-device copies as a fetch from the SSD."""
+    dram_state_elems: int = 0
+    """Optimizer elements whose master and moments stay in DRAM and are stepped there after backward (ZeRO-Offload's
+    CPU step; memascend's planned DRAM tier): their Adam is not hidden behind backward (planner.time.step_time)."""
 
     @property
     def read_total(self) -> int:
@@ -181,4 +187,5 @@ class SsdTraffic:
                 "read_bytes_per_param": round(r, 3), "write_bytes_per_param": round(w, 3),
                 "minimum_read_bytes_per_param": round(self.minimum_per_param[0], 3),
                 "minimum_write_bytes_per_param": round(self.minimum_per_param[1], 3),
-                "write_bytes_per_1000_steps": 1000 * self.write_total, "formula": self.formula}
+                "write_bytes_per_1000_steps": 1000 * self.write_total, "formula": self.formula,
+                "dram_fetch_bytes": self.dram_fetch_bytes, "dram_state_elems": self.dram_state_elems}

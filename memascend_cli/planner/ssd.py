@@ -104,14 +104,16 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     Fine-Tuning on Memory-Constrained Hardware")."""
     job, part, E, G = c.job, c.part, c.E, c.G
     ga = job.grad_accum_steps
-    # Swapped partition elements; the first max_in_cpu stay in DRAM (host P3) and are never fetched nor written back:
-    # stage3.py _create_fp16_partitions_with_defragmentation gives the sub-groups that fit in max_in_cpu a flat CPU
-    # buffer and swaps only the rest (DeepSpeed 0.19.8 lines 978-996; stock's default 1e9 holds a 136M model).
-    in_cpu = min(job.knobs.max_in_cpu, c.ns) if job.knobs is not None else 0
+    # Swapped partition elements; the leading sub-groups that fit in max_in_cpu stay in DRAM (host P3) and are never
+    # fetched nor written back (params_in_dram). The engine's own knobs decide it: tuned and memascend run with
+    # max_in_cpu 0 whatever the job's stock knobs say (zero.memascend_knobs).
+    in_cpu = params_in_dram(c.part.sub_group_numels, c.k.max_in_cpu)
     swapped = max(0, part.aligned_sum("params", -(-c.min_aio_bytes // E), 1, 1) - in_cpu)
     opt = part.aligned_sum("groups", 0 if c.bounded else -(-c.min_aio_bytes // c.M), 1, 1)
     states = state_bytes_per_elem(c)
     fwd, bwd = param_fetch_bytes(c, swapped, in_cpu)
+    # The DRAM-resident partitions are still fetched to the compute device once each way per micro-batch.
+    dram_fetch = ga * 2 * E * in_cpu
     read = {"params": ga * (fwd + bwd), "optimizer_states": states * opt}
     write = {"optimizer_states": states * opt, "params": E * swapped}
     held = 0
@@ -157,4 +159,16 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     fetched = f"params {(fwd + bwd) / per:.2f} fetches x {E} B read ({fwd / per:.2f} forward, {bwd / per:.2f} backward)"
     return SsdTraffic(read, write, params_per_rank=c.ns,
                       formula=f"{fetched}, {E} B written; optimizer {states} B each way; {grad}",
-                      minimum_per_param=minimum, backward_param_read_bytes=ga * bwd)
+                      minimum_per_param=minimum, backward_param_read_bytes=ga * bwd, dram_fetch_bytes=dram_fetch)
+
+
+def params_in_dram(sub_group_numels: tuple[int, ...], max_in_cpu: int) -> int:
+    """Partition elements stock DeepSpeed keeps in DRAM with offload_param nvme: the leading sub-groups that fit whole
+    in max_in_cpu (runtime/zero/stage3.py _create_fp16_partitions_with_defragmentation, lines 978-996: a sub-group gets
+    the flat CPU buffer only while flat_offset + its elements fit; the rest swap, even if the buffer has room)."""
+    kept = 0
+    for n in sub_group_numels:
+        if kept + n > max_in_cpu:
+            break
+        kept += n
+    return kept

@@ -216,7 +216,10 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
       checkpoint reads and gradient writes), and its Adam on the thread that drives it. The
       chunks of the `tail_elems` whose gradients come last (the input embedding: backward ends with it, and a tied
       LM head's gradient completes only then) have nothing left to hide behind: they are read, stepped and written
-      after backward, their reads, Adam and writes pipelined with each other.
+      after backward, their reads, Adam and writes pipelined with each other. Optimizer states kept in DRAM
+      (`traffic.dram_state_elems`, memascend's planned DRAM tier) are stepped after backward too, in place.
+    - parameters fetched from DRAM (`traffic.dram_fetch_bytes`: max_in_cpu, a DRAM placement) cost no SSD time but
+      cross PCIe like the SSD's.
     """
     rd, wr = dict(traffic.read_bytes), dict(traffic.write_bytes)
     bounded = engine == "memascend"
@@ -231,8 +234,13 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     fb_r, fb_w = _div(fb_read, read_bytes_per_s), _div(fb_write, write_bytes_per_s)
     op_r, op_w = _div(opt_read, read_bytes_per_s), _div(opt_write, write_bytes_per_s)
     adam = optimizer_elems / (CPU_ADAM_ELEMS_PER_S_PER_CORE * max(1, cpu_cores))
-    # Host<->device: parameters up for every fetch, gradients down once per micro-batch (GPU only).
-    pcie = _div(fb_read + elem_bytes * optimizer_elems * ga, device.pcie_bytes_per_s) if device.gpu else 0.0
+    # The share of Adam over states kept in DRAM (SsdTraffic.dram_state_elems): stepped after backward.
+    dram_elems = min(optimizer_elems, getattr(traffic, "dram_state_elems", 0))
+    adam_dram = adam * dram_elems / optimizer_elems if optimizer_elems else 0.0
+    # Host<->device: parameters up for every fetch, from the SSD or from DRAM, gradients down once per micro-batch
+    # (GPU only).
+    up = fb_read + getattr(traffic, "dram_fetch_bytes", 0)
+    pcie = _div(up + elem_bytes * optimizer_elems * ga, device.pcie_bytes_per_s) if device.gpu else 0.0
     unknown = [name for name, v in (("compute", compute), ("SSD read", op_r), ("SSD write", op_w)) if v is None]
 
     def z(x):
@@ -266,7 +274,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     if bounded and overlap_window > 0:
         w = min(1.0, overlap_window)
         t = min(1.0, tail_elems / optimizer_elems) if optimizer_elems else 0.0
-        o_r, o_w, o_adam = z(op_r) * (1 - t), z(op_w) * (1 - t), adam * (1 - t)
+        o_r, o_w, o_adam = z(op_r) * (1 - t), z(op_w) * (1 - t), (adam - adam_dram) * (1 - t)
         # The last backward's own traffic, by where each transfer happens rather than by its share of the FLOPs:
         # each micro-batch fetches the parameters twice (forward, then recompute / backward: zero.py's traffic
         # formula), writes its checkpoints in forward and reads them back in backward, and sends its gradients to
@@ -288,7 +296,10 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
             before = z(compute) * (1 - w) + pre_io
             window_work = z(compute) * w + win_r + o_adam + host_window
         io = max(win_r + o_r, win_w + o_w) if duplex_io else win_r + win_w + o_r + o_w
-        tail = max(z(op_r) * t, z(op_w) * t, adam * t) if duplex_io else max((z(op_r) + z(op_w)) * t, adam * t)
+        a_t = (adam - adam_dram) * t
+        # DRAM-resident states have no SSD I/O to hide behind: stepped in place once backward is done (no second copy
+        # of them for a redo, as the region's speculation keeps).
+        tail = (max(z(op_r) * t, z(op_w) * t, a_t) if duplex_io else max((z(op_r) + z(op_w)) * t, a_t)) + adam_dram
         # The step is what precedes the last backward, the longer of (that backward + Adam) and the I/O beside it,
         # then the chunks whose gradients come last.
         fb, opt = before + max(window_work, io), tail

@@ -1,0 +1,441 @@
+"""Where each byte of a job lives, and what that costs per step: every placement priced for stock DeepSpeed (its
+strongest config there) and for memascend, and the fastest that fits. Pure: stdlib only, no I/O.
+
+The placements (PLACEMENTS):
+  * ``gpu``   - ZeRO-3 with no offload: parameters, gradients, fp32 master and Adam moments on the GPU (a GPU box);
+  * ``dram``  - ZeRO-Offload (offload_optimizer device cpu; offload_param device cpu when the GPU cannot hold the
+                parameters): no SSD traffic. memascend: its DRAM tier holding everything (planned);
+  * ``split`` - stock: offload_param nvme with the largest max_in_cpu the DRAM holds; memascend: its DRAM tier holds the
+                training-dtype parameter partitions first, then whole optimizer sub-groups, then the gradients, the
+                rest on the region (planned);
+  * ``ssd``   - everything on the SSD: tuned stock (stock given memascend's knobs) and memascend.
+memascend's DRAM tier is not in the engine yet (its rows are `runnable: false`, "planned"); the memory of every row is
+built from the items of the all-SSD estimates (planner.memory) with each placement's own items, cited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from memascend_cli.planner import time as tm
+from memascend_cli.planner.breakdown import Estimate, Item, SsdTraffic
+from memascend_cli.planner.context import Context
+from memascend_cli.planner.job import DTYPE_BYTES, JobSpec
+from memascend_cli.planner.memory import estimate
+from memascend_cli.planner.search import RESOURCE_NAMES, Verdict, check
+from memascend_cli.planner.spec import HardwareSpec
+from memascend_cli.planner.ssd import params_in_dram
+from memascend_cli.units import GiB
+
+PLACEMENTS = ("gpu", "dram", "split", "ssd")
+HEADROOM_FRACTION = 0.05
+HEADROOM_MIN_BYTES = GiB // 2
+"""DRAM a placement leaves free beyond its planned peak: max(0.5 GiB, 5% of the usable DRAM). The plan's peaks of
+stock on a CPU vary by 0.1-0.6 GiB between runs of one job (glibc's kept heap, docs/bench/capacity/), and a DRAM tier
+sized to the last byte would turn that spread into an OOM kill."""
+
+GPU_HBM_GBPS = {
+    # HBM bandwidth per GPU (vendor datasheets), matched like time.GPU_BF16_DENSE_TFLOPS.
+    "H200": 4800.0, "H100 PCIe": 2000.0, "H100": 3350.0, "A100": 2039.0, "L40S": 864.0, "RTX 4090": 1008.0,
+    "A10": 600.0, "L4": 300.0,
+}
+DEFAULT_HBM_GBPS = 1000.0
+ADAM_HBM_BYTES_PER_ELEM = 28
+"""Adam with no offload reads the fp32 master, gradient and both moments and writes the master and moments: 7 x 4 B
+per element (the same stream DeepSpeedCPUAdam makes, time.CPU_ADAM_ELEMS_PER_S_PER_CORE), plus the gradient's fp32
+copy (stage3.py _prepare_fp32_grad_for_sub_group) and the parameters' copy back in the training dtype."""
+
+# Items of the all-SSD estimates that belong to NVMe offload (host.py P1-P7 and their transients); a placement
+# without the SSD drops them and adds its own.
+OFFLOAD_KEYS = frozenset({
+    "host/param_swap_pool", "host/fp16_cpu_params", "host/partitioned_swap_buffer", "host/optimizer_swap_pool",
+    "host/grad_flat_buffer", "host/small_params", "host/small_optimizer_groups", "host/pinned_pow2_waste",
+    "host/grad_buffer_init_copy", "host/first_step_adam"})
+# On the GPU placement the host keeps only the process and the data (and offloaded checkpoints).
+GPU_PLACEMENT_HOST_KEYS = frozenset({"host/runtime", "host/trainer_imports", "host/launcher", "host/data",
+                                     "host/activation_checkpoints"})
+
+
+@dataclass
+class Priced:
+    """One placement for one engine: its memory (an Estimate), whether it fits, and its step time."""
+
+    placement: str
+    engine: str
+    """stock (DeepSpeed's own config) or memascend."""
+    config: str
+    """What runs it, in words (the DeepSpeed offload settings, or memascend's tier)."""
+    runnable: bool
+    """False where the engine cannot run it yet (memascend's DRAM tier: planned)."""
+    est: Estimate | None = None
+    verdict: Verdict | None = None
+    time: tm.StepTime | None = None
+    note: str = ""
+    """Why a row is not applicable (est None), or what it assumes."""
+    tier: dict = field(default_factory=dict)
+    """memascend's DRAM tier: bytes per rank of parameters, optimizer states and gradients held, and their shares."""
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict is not None and self.verdict.fits
+
+    @property
+    def ssd_bytes(self) -> int:
+        """SSD bytes read + written per step, per node."""
+        t = self.est.traffic if self.est else None
+        return 0 if t is None else (t.read_total + t.write_total) * self.est.ranks_per_node
+
+    @property
+    def binds(self) -> str:
+        """What binds: the step's resource when it fits, else the memory resource that runs out."""
+        if self.est is None:
+            return "n/a"
+        if not self.fits:
+            return RESOURCE_NAMES[self.verdict.binding]
+        return self.time.binding if self.time else "unknown"
+
+    def to_dict(self, hw: HardwareSpec) -> dict:
+        d = {"placement": self.placement, "engine": self.engine, "config": self.config, "runnable": self.runnable,
+             "applicable": self.est is not None, "note": self.note, "fits": self.fits, "binding": self.binds}
+        if self.est is None:
+            return d
+        e, t = self.est, self.est.traffic
+        d.update(host_peak_bytes=e.node_host_peak_bytes, gpu_peak_bytes=e.gpu_peak_bytes if hw.num_gpus else None,
+                 ssd_space_bytes=e.node_nvme_bytes,
+                 ssd_read_bytes_per_step=t.read_total * e.ranks_per_node if t else 0,
+                 ssd_write_bytes_per_step=t.write_total * e.ranks_per_node if t else 0,
+                 headroom_bytes=int(hw.usable_dram_gib * GiB) - e.node_host_peak_bytes,
+                 verdict=self.verdict.to_dict(), time=self.time.to_dict() if self.time else None,
+                 dram_tier=dict(self.tier))
+        return d
+
+
+@dataclass
+class PlacementPlan:
+    """Every placement priced, and the recommendation."""
+
+    rows: list[Priced]
+    headroom_bytes: int
+    """DRAM each placement but the all-SSD ones leaves free (HEADROOM_FRACTION)."""
+    dram_budget_bytes: int
+    """memascend's DRAM tier per node at this budget: usable DRAM - headroom - the all-SSD placement's peak (capped by
+    the job's host budget per rank)."""
+    recommended: Priced | None
+    today: Priced | None
+    """The fastest row the engines run today (the recommended one when it is runnable)."""
+    why: str
+
+    def row(self, placement: str, engine: str) -> Priced | None:
+        return next((r for r in self.rows if r.placement == placement and r.engine == engine), None)
+
+    def to_dict(self, hw: HardwareSpec) -> dict:
+        def ref(r):
+            return None if r is None else {"placement": r.placement, "engine": r.engine}
+
+        return {"headroom_bytes": self.headroom_bytes, "dram_budget_bytes": self.dram_budget_bytes,
+                "rows": [r.to_dict(hw) for r in self.rows], "recommended": ref(self.recommended),
+                "today": ref(self.today), "why": self.why}
+
+
+def headroom_bytes(hw: HardwareSpec) -> int:
+    """HEADROOM_FRACTION of the node's usable DRAM, at least HEADROOM_MIN_BYTES."""
+    return max(HEADROOM_MIN_BYTES, int(HEADROOM_FRACTION * hw.usable_dram_gib * GiB))
+
+
+def _with_headroom(hw: HardwareSpec, headroom: int) -> HardwareSpec:
+    """The node with `headroom` bytes less to give a job."""
+    return replace(hw, os_reserve_gib=hw.dram_gib - hw.usable_dram_gib + headroom / GiB)
+
+
+def _item(key, label, tier, nbytes, source, formula, kind="steady", pinned="") -> Item:
+    return Item(key, label, tier, int(nbytes), kind, pinned, 0, formula, source)
+
+
+def _derived(base: Estimate, engine: str, items: list[Item], traffic: SsdTraffic | None) -> Estimate:
+    """An estimate made of `items` with `base`'s job shape (ranks, world, sub-groups, notes)."""
+    return Estimate(engine=engine, items=items, ranks_per_node=base.ranks_per_node, world_size=base.world_size,
+                    compute_on_host=base.compute_on_host, notes=list(base.notes), traffic=traffic,
+                    sub_group_numels=base.sub_group_numels, pipelined_optimizer=base.pipelined_optimizer,
+                    budget=base.budget)
+
+
+def _no_ssd(ns: int, *, dram_fetch: int = 0, dram_states: int = 0) -> SsdTraffic:
+    return SsdTraffic({}, {}, params_per_rank=ns, formula="no SSD traffic", dram_fetch_bytes=dram_fetch,
+                      dram_state_elems=dram_states)
+
+
+def gpu_placement(job: JobSpec, hw: HardwareSpec, tuned: Estimate) -> Priced:
+    """ZeRO-3 with no offload (stock; memascend runs it unchanged): 2E + 12 B per partition element on the GPU (the
+    ZeRO paper's 16 B per parameter of mixed-precision Adam, Rajbhandari et al. 2020, section 3.1, with G = E) plus
+    the fp32 gradient of the sub-group being stepped and the working set of the all-SSD estimate."""
+    config = "ZeRO-3, no offload; memascend runs it unchanged"
+    if not hw.num_gpus:
+        return Priced("gpu", "stock", config, True, note="no GPU on this machine")
+    c = Context(job, hw, "tuned")
+    ns, E, G = c.ns, c.E, c.G
+    items = [i for i in tuned.items if i.tier == "gpu" and i.key != "gpu/grad_fp32_copies"]
+    items += [
+        _item("gpu/params_partition", "parameter partitions", "gpu", E * ns,
+              "runtime/zero/stage3.py _create_fp16_partitions_with_defragmentation: lp_param_buffer (no offload_param)",
+              f"Ns {ns:,} x {E} B"),
+        _item("gpu/grad_partitions", "gradient partitions", "gpu", G * ns,
+              "runtime/zero/stage3.py _setup_for_real_optimizer grad_partitions_flat_buffer (lines 791-793; device: "
+              "the GPU without offload_optimizer, line 333)", f"Ns {ns:,} x {G} B"),
+        _item("gpu/master_fp32", "fp32 master", "gpu", 4 * ns,
+              "runtime/zero/stage3.py _create_fp32_partitions (line 1172)", f"Ns {ns:,} x 4 B"),
+        _item("gpu/adam_moments", "Adam exp_avg + exp_avg_sq", "gpu", 8 * ns,
+              "torch.optim.AdamW / FusedAdam state, fp32 (ZeRO, arXiv 1910.02054, section 3.1: K = 12)",
+              f"Ns {ns:,} x 8 B"),
+        _item("gpu/fp32_grad_sub_group", "fp32 gradient of the sub-group stepped", "gpu", 4 * c.lsg,
+              "runtime/zero/stage3.py _prepare_fp32_grad_for_sub_group (line 2686)",
+              f"largest sub-group {c.lsg:,} x 4 B", kind="transient"),
+    ]
+    items += [i for i in tuned.items if i.key in GPU_PLACEMENT_HOST_KEYS]
+    return Priced("gpu", "stock", config, True, est=_derived(tuned, "stock", items, _no_ssd(ns)))
+
+
+def stock_dram_placement(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headroom_hw: HardwareSpec) -> Priced:
+    """ZeRO-Offload with tuned stock's knobs: offload_optimizer device cpu, and offload_param device cpu unless the GPU
+    holds the parameter partitions too. Host per partition element: fp32 master 4 + fp32 gradient 4 (pinned) + Adam
+    moments 8 + the gradient flat buffer G (pinned) (+ E for parameters in DRAM)."""
+    c = Context(job, hw, "tuned")
+    ns, E, G = c.ns, c.E, c.G
+    keep = [i for i in tuned.items if i.key not in OFFLOAD_KEYS and i.tier != "nvme"]
+    host = [
+        _item("host/fp32_master", "fp32 master (offload_optimizer cpu)", "host", 4 * ns,
+              "runtime/zero/stage3.py _create_fp32_partitions (lines 1158-1160: converted to fp32 on the CPU)",
+              f"Ns {ns:,} x 4 B"),
+        _item("host/fp32_gradients", "fp32 gradient partitions", "host", 4 * ns,
+              "runtime/zero/stage3.py initialize_optimizer_states (lines 1337-1342)", f"Ns {ns:,} x 4 B",
+              pinned="mlock"),
+        _item("host/adam_moments", "Adam exp_avg + exp_avg_sq", "host", 8 * ns,
+              "ops/adam/cpu_adam.py step (lines 202-203: zeros_like at the first step)", f"Ns {ns:,} x 8 B"),
+        _item("host/grad_flat_buffer", "gradient flat buffer", "host", G * ns,
+              "runtime/zero/stage3.py _setup_for_real_optimizer (lines 791-795; device cpu with offload_optimizer, "
+              "line 333)", f"Ns {ns:,} x {G} B", pinned="mlock"),
+        _item("host/grad_buffer_init_copy", "init: gradient buffer before pinning", "host", G * ns,
+              "runtime/zero/stage3.py 791-795: torch.zeros, then pin_memory copies it (utils/pin_memory.py)",
+              f"Ns {ns:,} x {G} B", kind="init"),
+    ]
+    params = _item("host/params_in_dram", "parameter partitions (offload_param cpu)", "host", E * ns,
+                   "runtime/zero/stage3.py _create_param_groups_fp16_flat_cpu_memory (line 906)", f"Ns {ns:,} x {E} B",
+                   pinned="mlock")
+    on_gpu = _item("gpu/params_partition", "parameter partitions", "gpu", E * ns,
+                   "runtime/zero/stage3.py _create_fp16_partitions_with_defragmentation: lp_param_buffer",
+                   f"Ns {ns:,} x {E} B")
+    if hw.num_gpus:
+        est = _derived(tuned, "stock", keep + host + [on_gpu], _no_ssd(ns, dram_fetch=E * ns, dram_states=ns))
+        if est.gpu_peak_bytes <= hw.gpu_mem_gib * GiB:
+            return Priced("dram", "stock", "offload_optimizer cpu, parameters on the GPU", True, est=est)
+        # The parameters come from DRAM for every fetch, forward and backward.
+        fetch = 2 * max(1, job.grad_accum_steps) * E * ns
+        return Priced("dram", "stock", "offload_optimizer cpu + offload_param cpu", True,
+                      est=_derived(tuned, "stock", keep + host + [params], _no_ssd(ns, dram_fetch=fetch,
+                                                                                 dram_states=ns)))
+    # On the CPU accelerator the parameters are host memory whatever the offload (the device is the CPU).
+    return Priced("dram", "stock", "offload_optimizer cpu", True,
+                  est=_derived(tuned, "stock", keep + host + [params], _no_ssd(ns, dram_states=ns)))
+
+
+def memascend_tier(ms: Estimate, per_rank_bytes: int | None) -> tuple[dict, list[Item], SsdTraffic]:
+    """memascend's DRAM tier of `per_rank_bytes` (None: all of it) over its all-SSD estimate `ms`: the parameter
+    partitions first (each byte saves its reads in forward and backward and its write-back), then whole optimizer
+    sub-groups (master + moments: two SSD bytes per byte held), then the gradients (MLP-Offload, SC'25, caches
+    sub-groups the same way). Returns (the tier, its host items, the SSD traffic that remains)."""
+    t = ms.traffic
+    p_all = ms.item("nvme/params").bytes
+    s_all = ms.item("nvme/optimizer_states").bytes
+    g_all = ms.item("nvme/gradients").bytes * ((t.read_bytes.get("gradients", 0) + t.write_bytes.get("gradients", 0))
+                                               > 0)
+    left = p_all + s_all + g_all if per_rank_bytes is None else max(0, per_rank_bytes)
+    p = min(p_all, left)
+    chunks = max(1, len(ms.sub_group_numels))  # the bounded engine's sub-groups are its optimizer chunks
+    per_chunk = s_all / chunks
+    held_chunks = min(chunks, int((left - p) // per_chunk)) if per_chunk else chunks
+    s = round(per_chunk * held_chunks)
+    g = min(g_all, max(0, left - p - s)) if held_chunks == chunks else 0
+    fp, fs, fg = (p / p_all if p_all else 1.0), held_chunks / chunks, (g / g_all if g_all else 1.0)
+    rd, wr = dict(t.read_bytes), dict(t.write_bytes)
+    scale = {"params": 1 - fp, "optimizer_states": 1 - fs, "gradients": 1 - fg}
+    traffic = replace(t, read_bytes={k: int(v * scale.get(k, 1)) for k, v in rd.items()},
+                      write_bytes={k: int(v * scale.get(k, 1)) for k, v in wr.items()},
+                      backward_param_read_bytes=int((t.backward_param_read_bytes or 0) * (1 - fp)),
+                      dram_fetch_bytes=int(rd.get("params", 0) * fp),
+                      dram_state_elems=int(t.params_per_rank * fs),
+                      formula=f"memascend's DRAM tier holds {fp:.0%} of the parameters, {fs:.0%} of the optimizer "
+                              f"states, {fg:.0%} of the gradients; the rest as {t.formula}")
+    src = "planned: memascend's DRAM tier (not in the engine yet)"
+    items = [_item(f"host/dram_tier/{k}", f"DRAM tier: {label}", "host", n, src, f"{share:.0%} of {total:,} B",
+                   pinned="exact")
+             for k, label, n, share, total in (("params", "parameter partitions", p, fp, p_all),
+                                               ("optimizer_states", "optimizer sub-groups", s, fs, s_all),
+                                               ("gradients", "gradients", g, fg, g_all)) if n]
+    tier = {"params_bytes": p, "optimizer_states_bytes": s, "gradients_bytes": g, "params_share": round(fp, 4),
+            "optimizer_states_share": round(fs, 4), "gradients_share": round(fg, 4),
+            "full_bytes": p_all + s_all + g_all}
+    return tier, items, traffic
+
+
+def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_hw: HardwareSpec,
+                         budget_rank: int) -> list[Priced]:
+    """memascend's dram row (the tier holds everything; offloaded checkpoints kept in DRAM too) and split row (the
+    tier at `budget_rank` bytes per rank over the all-SSD estimate), both planned."""
+    rows = []
+    dram_job = replace(job, checkpoint_offload="dram") if job.checkpointing == "offload" else job
+    base = estimate(dram_job, hw, "memascend") if dram_job is not job else ms
+    tier, items, traffic = memascend_tier(base, None)
+    est = _derived(base, "memascend", [i for i in base.items if i.tier != "nvme"] + items,
+                   replace(traffic, read_bytes={}, write_bytes={}))
+    rows.append(Priced("dram", "memascend", "DRAM tier holds every byte (planned)", False, est=est, tier=tier))
+    full = tier["full_bytes"]
+    split = Priced("split", "memascend", "DRAM tier + region (planned)", False)
+    if budget_rank >= full:
+        split.note = "the DRAM holds all of it: see dram"
+    elif budget_rank <= 0:
+        split.note = "no DRAM left beyond the all-SSD placement's peak and the headroom"
+    else:
+        tier, items, traffic = memascend_tier(ms, budget_rank)
+        split.est = _derived(ms, "memascend", ms.items + items, traffic)
+        split.tier = tier
+    rows.append(split)
+    return rows
+
+
+def stock_split(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headroom_hw: HardwareSpec) -> Priced:
+    """Tuned stock with offload_param nvme and the largest max_in_cpu whose peak leaves the headroom (whole leading
+    sub-groups: ssd.params_in_dram), parameters kept in DRAM (host P3) and never fetched from the SSD."""
+    c = Context(job, hw, "tuned")
+    row = Priced("split", "stock", "nvme + max_in_cpu", True)
+    spare = (int(headroom_hw.usable_dram_gib * GiB) - tuned.node_host_peak_bytes) // max(1, tuned.ranks_per_node)
+    target = params_in_dram(c.part.sub_group_numels, min(c.ns, max(0, spare // c.E)))
+    for _ in range(8):  # P2 and the phases move a little with max_in_cpu: step down until the peak fits
+        if target <= 0:
+            row.note = "no DRAM left for max_in_cpu beyond the all-SSD placement's peak and the headroom"
+            return row
+        est = estimate(replace(job, knobs=replace(c.k, max_in_cpu=target)), hw, "stock")
+        if check(est, headroom_hw).fits:
+            row.est, row.config = est, f"nvme + max_in_cpu {target:,}"
+            return row
+        target = params_in_dram(c.part.sub_group_numels, int(target * 0.9))
+    row.note = "no max_in_cpu found whose peak leaves the headroom"
+    return row
+
+
+def _gpu_step(job: JobSpec, hw: HardwareSpec, est: Estimate, device: tm.Device) -> tm.StepTime:
+    """No offload: the matmuls and one Adam pass over the GPU's memory (ADAM_HBM_BYTES_PER_ELEM), nothing else."""
+    ga = max(1, job.grad_accum_steps)
+    rank_tokens = job.micro_batch * job.seq_len * ga
+    flops = sum(tm.phase_flops(job.model, tokens=rank_tokens, seq_len=job.seq_len, checkpointing=job.checkpointing,
+                               chunked_loss=job.chunked_loss))
+    key = next((k for k in GPU_HBM_GBPS if hw.gpu_name and k.lower() in hw.gpu_name.lower()), None)
+    E = DTYPE_BYTES[job.dtype]
+    per_elem = ADAM_HBM_BYTES_PER_ELEM + (E + 4) + (4 + E)
+    adam = est.traffic.params_per_rank * per_elem / (1e9 * GPU_HBM_GBPS.get(key, DEFAULT_HBM_GBPS))
+    compute = None if device.flops_per_s is None else flops / device.flops_per_s
+    seconds = {"compute": compute, "GPU Adam": adam, "SSD read": 0.0, "SSD write": 0.0, "CPU Adam": 0.0,
+               "host copies": 0.0, "PCIe": 0.0}
+    tokens = rank_tokens * est.world_size
+    if compute is None:
+        return tm.StepTime("stock", seconds, None, tokens, "unknown", "compute, then Adam on the GPU", ["compute"])
+    return tm.StepTime("stock", seconds, compute + adam, tokens, "compute" if compute >= adam else "GPU Adam",
+                       "compute, then Adam on the GPU",
+                       phase_s={tm.PHASE_FORWARD_BACKWARD: compute, tm.PHASE_OPTIMIZER: adam})
+
+
+def _price_time(row: Priced, job: JobSpec, hw: HardwareSpec, device: tm.Device, read_gbps, write_gbps) -> None:
+    if row.est is None:
+        return
+    if row.placement == "gpu":
+        row.time = _gpu_step(job, hw, row.est, device)
+        return
+    # Stock's rows run stock's code with tuned's knobs; memascend's its bounded engine.
+    key = "memascend" if row.engine == "memascend" else "tuned"
+    row.time = tm.engine_times(job, {key: row.est}, device, read_gbps=read_gbps, write_gbps=write_gbps,
+                               cpu_cores=hw.cpu_cores)[key]
+
+
+def price_placements(job: JobSpec, hw: HardwareSpec, ests: dict[str, Estimate], device: tm.Device, *,
+                     read_gbps: float | None, write_gbps: float | None) -> PlacementPlan:
+    """Every placement of `job` on `hw` for stock and memascend, from the all-SSD estimates `ests` (estimate_all: tuned
+    and memascend), each checked against the node (the all-SSD rows as the plan's verdict checks them, the others with
+    headroom_bytes left free) and timed (planner.time); the fastest that fits recommended."""
+    headroom = headroom_bytes(hw)
+    roomy = _with_headroom(hw, headroom)
+    tuned, ms = ests["tuned"], ests["memascend"]
+    ranks = max(1, ms.ranks_per_node)
+    budget_rank = (int(roomy.usable_dram_gib * GiB) - ms.node_host_peak_bytes) // ranks
+    if job.host_budget_bytes is not None and ms.budget is not None:
+        # --host-budget stays memascend's ceiling per rank: the tier takes what its windows leave of it.
+        budget_rank = min(budget_rank, job.host_budget_bytes - ms.budget.total_bytes)
+    rows = [gpu_placement(job, hw, tuned), stock_dram_placement(job, hw, tuned, roomy),
+            *memascend_placements(job, hw, ms, roomy, budget_rank), stock_split(job, hw, tuned, roomy),
+            Priced("ssd", "stock", "nvme (tuned knobs: max_in_cpu 0)", True, est=tuned),
+            Priced("ssd", "memascend", "region (the engine today)", True, est=ms)]
+    for r in rows:
+        if r.est is not None:
+            r.verdict = check(r.est, hw if r.placement == "ssd" else roomy)
+        _price_time(r, job, hw, device, read_gbps, write_gbps)
+    rows.sort(key=lambda r: (PLACEMENTS.index(r.placement), r.engine != "stock"))
+    best, today = recommend(rows), recommend([r for r in rows if r.runnable])
+    return PlacementPlan(rows, headroom, max(0, budget_rank) * ranks, best, today, why(best, today, rows, hw))
+
+
+def _rank_key(r: Priced):
+    """Fastest first; a step whose SSD rate is unknown by its lower bound; with no time at all, by the placement's
+    order (fewer SSD bytes first); ties: what runs today, then the lower host peak."""
+    t = r.time
+    s = None if t is None else (t.step_s if t.step_s is not None else t.at_least_s)
+    return (s is None, s or 0.0, PLACEMENTS.index(r.placement), not r.runnable, r.est.node_host_peak_bytes)
+
+
+def recommend(rows: list[Priced]) -> Priced | None:
+    """The fastest row that fits (_rank_key), None when none does."""
+    fitting = [r for r in rows if r.fits]
+    return min(fitting, key=_rank_key) if fitting else None
+
+
+def _who(r: Priced) -> str:
+    return f"{r.placement} with {'stock DeepSpeed' if r.engine == 'stock' else 'memascend'} ({r.config})"
+
+
+def _step_words(r: Priced) -> str:
+    t = r.time
+    if t is None or (t.step_s is None and t.at_least_s is None):
+        return "time unknown (no compute rate)"
+    if t.step_s is None:
+        return f"at least {t.at_least_s:.3g} s/step (SSD rate unknown)"
+    return f"{t.step_s:.3g} s/step, {t.tokens_per_s:,.0f} tokens/s, {t.binding} binds"
+
+
+def why(best: Priced | None, today: Priced | None, rows: list[Priced], hw: HardwareSpec) -> str:
+    """The recommendation in words: what, how fast, the headroom, and why this placement (what it keeps off the SSD
+    and what it is faster than)."""
+    if best is None:
+        return "no placement fits: " + "; ".join(f"{r.placement}/{r.engine}: {r.binds}" for r in rows if r.est)
+    e = best.est
+    left = int(hw.usable_dram_gib * GiB) - e.node_host_peak_bytes
+    text = f"{_who(best)}: {_step_words(best)}; {e.node_host_peak_bytes / GiB:,.1f} GiB host peak, {left / GiB:,.1f} " \
+           f"GiB of DRAM left"
+    state = sum(i.bytes for i in e.items if i.key in ("gpu/params_partition", "gpu/grad_partitions",
+                                                      "gpu/master_fp32", "gpu/adam_moments")) * e.ranks_per_node
+    if best.placement == "gpu":
+        reason = f"the whole training state ({state / GiB:.1f} GiB) fits in GPU memory with the activations: no " \
+                 "offload, no PCIe or SSD traffic"
+    elif best.placement == "dram":
+        reason = "the optimizer states fit in DRAM: no byte goes to the SSD"
+    elif best.placement == "split":
+        tier = best.tier or {}
+        held = (f"{tier['params_share']:.0%} of the parameters and {tier['optimizer_states_share']:.0%} of the "
+                "optimizer states") if tier else "the parameters (max_in_cpu)"
+        reason = f"DRAM holds {held}; the SSD moves the rest ({best.ssd_bytes / 1e9:,.1f} GB per step)"
+    else:
+        reason = "nothing that keeps more in DRAM or on the GPU fits"
+    ssd = next((r for r in rows if r.placement == "ssd" and r.engine == "memascend"), None)
+    if best is not ssd and ssd and ssd.fits and ssd.time and ssd.time.step_s and best.time and best.time.step_s:
+        reason += f"; {ssd.time.step_s / best.time.step_s:,.1f}x the tokens/s of memascend with everything on the SSD"
+    text += f". Why: {reason}"
+    if not best.runnable:
+        text += ". Planned: the engine does not run it yet"
+        if today is not None:
+            text += f"; today's fastest: {_who(today)}, {_step_words(today)}"
+    return text

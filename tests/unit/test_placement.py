@@ -1,0 +1,154 @@
+"""Placements priced (planner/placement.py): each placement's memory items against DeepSpeed's allocations, the SSD
+bytes a DRAM tier removes, the time model's DRAM credit, and the recommendation on two machine profiles."""
+
+from dataclasses import replace
+from itertools import pairwise
+
+import pytest
+
+from memascend_cli.hardware import resolve_hardware
+from memascend_cli.models import load_model
+from memascend_cli.planner import placement as pl
+from memascend_cli.planner import time as tm
+from memascend_cli.planner import zero
+from memascend_cli.planner.context import Context
+from memascend_cli.planner.memory import JobSpec, estimate, estimate_all
+from memascend_cli.units import GiB
+
+
+def job(model: str, **kw) -> JobSpec:
+    spec = load_model(model, weights=False)
+    knobs = zero.resolve("stock", model=spec, world_size=1, elem_bytes=2 if kw.get("dtype", "bf16") != "fp32" else 4)
+    return JobSpec(model=spec, knobs=knobs, chunked_loss=True, **kw)
+
+
+def priced(model: str, profile: str, *, gflops: float | None = None, hw=None, **kw) -> pl.PlacementPlan:
+    j = job(model, **kw)
+    hw = hw or resolve_hardware(profile, None)
+    dev = tm.gpu_device(hw.gpu_name) if hw.num_gpus else tm.cpu_device(gflops, "test")
+    return pl.price_placements(j, hw, estimate_all(j, hw), dev, read_gbps=hw.nvme_read_gbps,
+                               write_gbps=hw.nvme_write_gbps)
+
+
+def items(row: pl.Priced) -> dict[str, int]:
+    return {i.key: i.bytes for i in row.est.items}
+
+
+def test_gpu_placement_holds_16_bytes_per_parameter_on_the_gpu():
+    """No offload, bf16: the partition (2 B), its gradient (2 B, stage3.py grad_partitions_flat_buffer on the GPU),
+    fp32 master (4 B) and Adam moments (8 B): the ZeRO paper's 2 + 2 + 12 = 16 B; nothing on the SSD."""
+    p = priced("llama-3.2-1b", "h100-80g-512g")
+    row, ns = p.row("gpu", "stock"), 1_235_814_400
+    got = items(row)
+    assert (got["gpu/params_partition"], got["gpu/grad_partitions"], got["gpu/master_fp32"],
+            got["gpu/adam_moments"]) == (2 * ns, 2 * ns, 4 * ns, 8 * ns)
+    assert "gpu/grad_fp32_copies" not in got and not any(k.startswith("nvme/") for k in got)
+    assert row.est.gpu_peak_bytes > 16 * ns and row.ssd_bytes == 0
+
+
+def test_gpu_placement_needs_a_gpu():
+    assert priced("qwen2.5-0.5b", "cpu-24g").row("gpu", "stock").est is None
+
+
+def test_stock_dram_is_zero_offloads_host_items():
+    """offload_optimizer cpu: fp32 master 4 + pinned fp32 gradients 4 + Adam moments 8 + the gradient flat buffer G per
+    partition element in host memory; on the CPU accelerator the parameters (E) too; none of NVMe's buffers."""
+    p = priced("qwen2.5-0.5b", "cpu-24g")
+    row = p.row("dram", "stock")
+    ns = Context(job("qwen2.5-0.5b"), resolve_hardware("cpu-24g", None), "tuned").ns
+    got = items(row)
+    assert (got["host/fp32_master"], got["host/fp32_gradients"], got["host/adam_moments"], got["host/grad_flat_buffer"],
+            got["host/params_in_dram"]) == (4 * ns, 4 * ns, 8 * ns, 2 * ns, 2 * ns)
+    assert not set(got) & pl.OFFLOAD_KEYS - {"host/grad_flat_buffer", "host/grad_buffer_init_copy"}
+    assert row.ssd_bytes == 0 and row.est.traffic.dram_state_elems == ns
+
+
+def test_stock_dram_keeps_the_parameters_on_a_gpu_that_holds_them():
+    p = priced("llama-3.2-1b", "h100-80g-512g")
+    row = p.row("dram", "stock")
+    assert "gpu/params_partition" in items(row) and "host/params_in_dram" not in items(row)
+    assert row.config == "offload_optimizer cpu, parameters on the GPU"
+
+
+def test_memascend_tier_fills_parameters_then_whole_sub_groups_then_gradients():
+    hw = resolve_hardware("cpu-24g", None)
+    ms = estimate(job("qwen2.5-0.5b"), hw, "memascend")
+    params, states = ms.item("nvme/params").bytes, ms.item("nvme/optimizer_states").bytes
+    tier, _, _ = pl.memascend_tier(ms, params // 2)
+    assert tier["params_bytes"] == params // 2 and tier["optimizer_states_bytes"] == 0
+    tier, _, traffic = pl.memascend_tier(ms, params + states // 3)
+    chunk = states / len(ms.sub_group_numels)
+    assert tier["params_bytes"] == params and 0 < tier["optimizer_states_bytes"] <= states // 3
+    assert states // 3 - tier["optimizer_states_bytes"] < chunk  # whole sub-groups only
+    assert tier["gradients_bytes"] == 0 and traffic.read_bytes["params"] == 0
+
+
+def test_ssd_bytes_fall_as_the_dram_budget_grows():
+    hw = resolve_hardware("cpu-24g", None)
+    ms = estimate(job("qwen2.5-0.5b"), hw, "memascend")
+    full = pl.memascend_tier(ms, None)[0]["full_bytes"]
+    moved = [pl.memascend_tier(ms, b)[2] for b in range(0, full + 1, full // 16)]
+    totals = [t.read_total + t.write_total for t in moved]
+    assert totals[0] == ms.traffic.read_total + ms.traffic.write_total
+    assert all(a >= b for a, b in pairwise(totals)) and totals[0] > totals[8] > totals[-1]
+    assert pl.memascend_tier(ms, full)[2].read_total == ms.traffic.read_bytes.get("activation_checkpoints", 0)
+
+
+def test_tuned_and_memascend_get_no_max_in_cpu_credit_from_the_jobs_stock_knobs():
+    """Stock's max_in_cpu 1e9 keeps a 0.5B model's parameters in DRAM (stage3.py 978-996): no parameter reads for
+    stock; tuned and memascend run with max_in_cpu 0 (zero.memascend_knobs) and read every swapped partition."""
+    hw = resolve_hardware("cpu-24g", None)
+    ests = estimate_all(job("qwen2.5-0.5b"), hw)
+    assert ests["stock"].traffic.read_bytes["params"] == 0 and ests["stock"].traffic.dram_fetch_bytes > 0
+    for e in ("tuned", "memascend"):
+        assert ests[e].traffic.read_bytes["params"] > 0 and ests[e].traffic.dram_fetch_bytes == 0
+    times = tm.engine_times(job("qwen2.5-0.5b"), ests, tm.cpu_device(100, "test"), read_gbps=1, write_gbps=1,
+                            cpu_cores=2)
+    assert times["stock"].seconds["SSD read"] < times["tuned"].seconds["SSD read"]
+
+
+def test_dram_resident_states_are_stepped_after_backward():
+    """memascend's optimizer overlapped with backward: moving all states to DRAM takes their Adam out of the window
+    and puts it after backward (no I/O to hide it behind)."""
+    traffic = estimate(job("qwen2.5-0.5b"), resolve_hardware("cpu-24g", None), "memascend").traffic
+    n = traffic.params_per_rank
+    kw = {"flops": 1e12, "device": tm.cpu_device(100, "test"), "read_bytes_per_s": 1e9, "write_bytes_per_s": 1e9,
+          "optimizer_elems": n, "cpu_cores": 2, "tokens_per_step": 2048, "overlap_window": 0.5}
+    ssd = tm.step_time("memascend", traffic=traffic, **kw)
+    dram = tm.step_time("memascend", traffic=replace(traffic, dram_state_elems=n), **kw)
+    adam = n / (tm.CPU_ADAM_ELEMS_PER_S_PER_CORE * 2)
+    assert dram.phase_s[tm.PHASE_OPTIMIZER] == pytest.approx(ssd.phase_s[tm.PHASE_OPTIMIZER] + adam, rel=0.05)
+
+
+def test_parameters_from_dram_still_cross_pcie():
+    traffic = estimate(job("qwen2.5-0.5b"), resolve_hardware("cpu-24g", None), "memascend").traffic
+    kw = {"flops": 1e12, "device": tm.gpu_device("NVIDIA H100 80GB HBM3"), "read_bytes_per_s": 1e9,
+          "write_bytes_per_s": 1e9, "optimizer_elems": traffic.params_per_rank, "cpu_cores": 8, "tokens_per_step": 2048}
+    base = tm.step_time("memascend", traffic=traffic, **kw).seconds["PCIe"]
+    more = tm.step_time("memascend", traffic=replace(traffic, dram_fetch_bytes=50 * 10 ** 9), **kw).seconds["PCIe"]
+    assert more == pytest.approx(base + 50e9 / kw["device"].pcie_bytes_per_s)
+
+
+def test_h100_recommends_the_gpu_for_a_1b_model_and_a_split_for_72b():
+    small = priced("llama-3.2-1b", "h100-80g-512g")
+    assert small.recommended.placement == "gpu" and small.recommended.ssd_bytes == 0
+    assert small.recommended.binds == "compute" and "fits in GPU memory" in small.why
+    big = priced("qwen2.5-72b", "h100-80g-512g")
+    assert big.recommended.placement == "split" and big.recommended.fits
+    assert big.row("gpu", "stock").binds == "GPU memory" and big.row("dram", "stock").binds == "DRAM"
+    assert not big.recommended.runnable and "today's fastest" in big.why
+    ssd = big.row("ssd", "memascend")
+    assert big.recommended.time.step_s < ssd.time.step_s and big.recommended.ssd_bytes < ssd.ssd_bytes
+
+
+def test_cpu_24g_recommends_dram_and_a_tight_cap_a_placement_with_the_ssd():
+    p = priced("qwen2.5-0.5b", "cpu-24g", gflops=150)
+    assert p.recommended.placement == "dram" and p.recommended.runnable and p.recommended.binds == "compute"
+    assert p.headroom_bytes == max(pl.HEADROOM_MIN_BYTES, int(0.05 * resolve_hardware("cpu-24g", None)
+                                                              .usable_dram_gib * GiB))
+    # Without a compute rate the order of the placements decides (fewer SSD bytes first).
+    assert priced("qwen2.5-0.5b", "cpu-24g").recommended.placement == "dram"
+    capped = resolve_hardware("cpu-24g", None).under_dram_cap(6 * GiB)
+    tight = priced("qwen2.5-0.5b", "cpu-24g", gflops=150, hw=capped)
+    assert not tight.row("dram", "stock").fits and tight.row("dram", "stock").binds == "DRAM"
+    assert tight.recommended.placement in ("split", "ssd") and tight.recommended.ssd_bytes > 0
