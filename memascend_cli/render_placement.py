@@ -42,7 +42,8 @@ def render_placements(doc: dict, gpu: bool) -> None:
         ssd = (r["ssd_read_bytes_per_step"] + r["ssd_write_bytes_per_step"]) / 1e9
         t.add_row(mark + r["placement"], r["engine"] + ("" if r["runnable"] else "*"),
                   f"{r['host_peak_bytes'] / GiB:,.1f}",
-                  *([f"{r['gpu_peak_bytes'] / GiB:,.1f}"] if gpu else []), _n(ssd), step, tok, r["binding"])
+                  *([f"{r['gpu_peak_bytes'] / GiB:,.1f}"] if gpu else []), _n(ssd), step, tok,
+                  r["binding"].replace("GPU memory", "GPU mem"))  # 80 columns
     out.print(t)
     notes = [f"{r['placement']}/{r['engine']}: {r['note']}" for r in doc["rows"] if not r["applicable"] and r["note"]
              and r["placement"] != "gpu"]
