@@ -22,6 +22,8 @@ import time
 
 LAUNCH_PREFIX = "launching "
 """`memascend train`'s line as it starts DeepSpeed's launcher (commands/train.py launch_and_watch)."""
+FIRST_STEP_PREFIX = "step 1/"
+"""`memascend train`'s line for the first step when log_every skips it (run/train_progress.py first_step_line)."""
 
 
 def timed_lines(cmd: list[str], *, cwd: str | None = None, env: dict | None = None,
@@ -56,7 +58,8 @@ def silences(lines: list[tuple[float, str]]) -> dict:
             "first_line_after_launching_s": round(gaps[0][0], 2) if gaps else None,
             "max_gap_s": round(widest, 2),
             "max_gap_between": [after[at][1], after[at + 1][1]] if at is not None else None,
-            "lines_after_launching": len(after) - 1}
+            "lines_after_launching": len(after) - 1,
+            "first_step_line": next((text for _, text in after if text.startswith(FIRST_STEP_PREFIX)), None)}
 
 
 def main() -> None:
@@ -85,7 +88,7 @@ def main() -> None:
         json.dump(doc, f, separators=(",", ":"))
         f.write("\n")
     print(json.dumps({k: doc.get(k) for k in ("exit_code", "first_line_after_launching_s", "max_gap_s",
-                                               "max_gap_between")}))
+                                               "max_gap_between", "first_step_line")}))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ def test_a_piped_train_names_each_setup_phase_shows_the_first_step_and_is_never_
     assert [line.split()[0] for line in said if line[:4] in ("1/3 ", "2/3 ", "3/3 ")] == ["3/3"]  # log_every 10
     quiet = gaps.silences(lines)
     assert quiet["first_line_after_launching_s"] < 30 and quiet["max_gap_s"] < 60, quiet
+    assert quiet["first_step_line"] == first[0]
     # The record behind the lines: rank 0's phases and a progress record for each step the metrics skip.
     records = [json.loads(line) for line in open(work / "saves" / "tiny" / "full" / "sft" / "metrics.jsonl")]
     assert [r["phase"] for r in records if r["event"] == "phase" and "step" not in r] == SETUP_PHASES[2:5]
