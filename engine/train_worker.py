@@ -1,11 +1,11 @@
 """Per-rank training script started by DeepSpeed's launcher (`memascend train` builds the command).
 
-    python -m memascend_engine.train_worker --run-dir RUN [--baseline] [--resume]
+    python -m memascend_engine.train_worker --run-dir RUN [--engine memascend|tuned|stock] [--resume]
 
 Reads RUN/recipe.json and RUN/ds_config.json; builds the tokenizer, the dataset and the model
 (Hugging Face safetensors loaded into the zero.Init-partitioned model, or a preset with random
-weights); installs the memascend engine unless --baseline; trains with metrics in RUN/metrics.jsonl,
-resumable checkpoints in RUN/checkpoints/ and the final model, a Hugging Face folder, in RUN/export/ (in RUN
+weights); installs the memascend engine unless --engine names stock DeepSpeed (tuned, stock); trains with
+metrics in RUN/metrics.jsonl, resumable checkpoints in RUN/checkpoints/ and the final model, a Hugging Face folder, in RUN/export/ (in RUN
 itself for a LLaMA-Factory recipe: rundir.final_model_dir).
 A stop request (RUN/STOP, SIGINT, or SIGTERM under the CLI's lifeline) finishes the step, checkpoints and exits 0;
 the exit mark names the checkpoint. The rank ends at once when the CLI is gone (memascend_cli/run/lifeline.py). Expected
@@ -264,13 +264,13 @@ class Run:
             # One device per rank before any collective (NCCL binds a communicator to the current device).
             get_accelerator().set_device(self.local_rank)
         installed = None
-        if not self.args.baseline:
+        if self.args.engine == "memascend":
             from memascend_engine.cluster_preflight import check_nodes
 
             self.region = check_nodes(self.run_dir, recipe.region, local_rank=self.local_rank)
             installed = self._install_engine(ds_config, spec)
         # zero.Init swaps each parameter out as it is built, and loading the weights rewrites every one.
-        self.phase("writing parameters to the " + ("swap files" if self.args.baseline else "region"))
+        self.phase("writing parameters to the " + ("region" if self.args.engine == "memascend" else "swap files"))
         make_model, hf_config = build_model_factory(recipe, spec)
         torch.manual_seed(recipe.seed)
         # No dtype= for zero.Init: it would override the config's precision (measure_ds_buffers.py).
@@ -330,7 +330,7 @@ class Run:
             install = memascend_engine.install
         except (ImportError, AttributeError) as exc:
             raise WorkerError(f"the memascend engine is not available in this install ({exc}); "
-                              "run with --baseline for stock DeepSpeed") from None
+                              "run with --engine tuned for stock DeepSpeed") from None
         kwargs = {"region": self.region, "model_spec": spec, "rank": self.local_rank}
         kwargs["options"] = memascend_engine.EngineOptions(**self._engine_options())
         return install(ds_config, **kwargs)
@@ -438,7 +438,7 @@ class Run:
             self.metrics({"event": "resumed", "step": step, "path": resume_dir})
         else:
             self.metrics({"event": "start", "total_steps": total, "world_size": self.world,
-                          "engine": "baseline" if self.args.baseline else "memascend",
+                          "engine": self.args.engine,
                           "train_sequences": len(train), "validation_sequences": len(val) if val else 0})
         root = rundir.path(self.run_dir, rundir.CHECKPOINTS)
         last_saved = step
@@ -540,7 +540,7 @@ def _write_error(run_dir: str, rank: int, message: str, hint: str | None = None)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--baseline", action="store_true")
+    ap.add_argument("--engine", choices=("memascend", "tuned", "stock"), default="memascend")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
     cpuinfo_cache.enable()

@@ -103,8 +103,8 @@ def plan_command(
                                 rich_help_panel=_H),
     deepspeed_version: str = typer.Option(None, "--deepspeed-version", help="Stock DeepSpeed to model (default: "
                                           "the installed one, else 0.19.8).", rich_help_panel=_K),
-    pin_backend: str = typer.Option("torch", "--pin-backend", help="Pinned-memory backend of the stock "
-                                    "baseline: torch or native (DeepSpeed's pin memory backend variable).",
+    pin_backend: str = typer.Option("torch", "--pin-backend", help="Pinned-memory backend of stock "
+                                    "DeepSpeed: torch or native (DeepSpeed's pin memory backend variable).",
                                     rich_help_panel=_K),
     sub_group_size: str = typer.Option(None, "--sub-group-size", help="DeepSpeed zero_optimization "
                                        f"sub_group_size (default: {_DS.sub_group_size:.0e}).", rich_help_panel=_K,
@@ -134,7 +134,7 @@ def plan_command(
                                   "split or ssd (default: ssd, today's engines).", rich_help_panel=_O,
                                   show_default=False),
     engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: stock, "
-                               "tuned or memascend (baseline: stock, or tuned for a RECIPE).", rich_help_panel=_O),
+                               "tuned or memascend.", rich_help_panel=_O),
     search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
                                 "model that fit.", rich_help_panel=_O),
     details: bool = typer.Option(False, "--details", help="Show each item's formula and source.", rich_help_panel=_O),
@@ -166,9 +166,6 @@ def plan_command(
 
     if list_models:
         return _list_models(as_json)
-    if engine == "baseline":  # the old name: stock DeepSpeed as the recipe runs it (tuned), else as documented
-        engine = "tuned" if recipe_path is not None else "stock"
-        warn(f"--engine baseline means {engine} here; say --engine {engine}")
     if engine not in zero.ENGINES:
         raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", ".join(zero.ENGINES[:-1])
                        + " or " + zero.ENGINES[-1])
@@ -196,7 +193,7 @@ def plan_command(
 
     run_dir = recipe.output_dir if recipe is not None else os.path.abspath(DEFAULT_OUTPUT_DIR)
     where = ssd_location(run_dir, region=recipe.region if recipe else None, swap_dir=recipe.swap_dir if recipe else None,
-                         baseline=engine != "memascend")
+                         engine=engine)
     hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
                           nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps,
                           nvme_write_gbps=nvme_write_gbps, memlock=memlock)

@@ -30,8 +30,6 @@ def train_command(
                                "SSD region), tuned (stock DeepSpeed ZeRO-Infinity given every knob memascend sets; "
                                "swap files under the run directory) or stock (DeepSpeed as its docs configure it).",
                                rich_help_panel=_M),
-    baseline: bool = typer.Option(False, "--baseline", help="Same as --engine tuned (kept for older scripts).",
-                                  rich_help_panel=_M),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run "
                                 "directory (of a complete run: say so, exit 0).", rich_help_panel=_M),
     force: bool = typer.Option(False, "--force", help="Launch even when the planner or the DRAM/memlock preflight "
@@ -103,12 +101,6 @@ def train_command(
         check_available()
     if engine not in ENGINES:
         raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", ".join(ENGINES))
-    if baseline:
-        if engine not in ("memascend", "tuned"):
-            raise BadInput(f"--baseline and --engine {engine} disagree", "give one of them")
-        err.print("note: --baseline means --engine tuned: stock DeepSpeed given every knob memascend sets",
-                  highlight=False)
-        engine = "tuned"
     overrides = parse_set(set_ or [])
     flags = {"output_dir": output_dir, "steps": steps, "seq_len": seq_len, "micro_batch": micro_batch, "lr": lr,
              "model": model, "region": region}
@@ -154,7 +146,7 @@ def launch_and_watch(p, policy=None) -> int:
     from memascend_cli.run.rundir import METRICS
     from memascend_cli.ssd.prepare import create_region_file
 
-    if not p.baseline:
+    if p.engine == "memascend":
         require_engine()
     if p.region_note is not None:
         with err.status(f"creating the region file {p.region_note['create']}"):

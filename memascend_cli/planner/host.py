@@ -125,7 +125,7 @@ def host_items(c: Context) -> list[Item]:
         add_pinned("host/param_swap_pool", "parameter pools (size classes)", raw, c.pin_swap_pool(raw),
                    formula=desc, source="memascend engine: adaptive buffer pool (MemAscend, arXiv 2505.23254)")
 
-    # Partition elements per rank kept in DRAM: P3 (first max_in_cpu elements, baseline) or none.
+    # Partition elements per rank kept in DRAM: P3 (first max_in_cpu elements, stock DeepSpeed) or none.
     max_in_cpu = k.max_in_cpu
     in_cpu = min(max_in_cpu, c.ns)
     if in_cpu > 0:

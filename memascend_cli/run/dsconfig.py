@@ -89,7 +89,7 @@ def scheduler_section(r: Recipe, total_steps: int) -> dict:
 
 def build_ds_config(r: Recipe, settings: zero.ZeroSettings, *, swap_dir: str, world_size: int,
                     total_steps: int) -> dict:
-    """The DeepSpeed config of a `memascend train` recipe (the same for the engine and --baseline).
+    """The DeepSpeed config of a `memascend train` recipe (the same for memascend and stock DeepSpeed).
 
     Args:
         r: the recipe (batch, precision, optimizer, schedule).

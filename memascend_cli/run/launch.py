@@ -96,7 +96,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, baseline: bool, resume: bool,
+def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, engine: str, resume: bool,
                  master_port: int = 29500, python_executable: str | None = None, extra_env: dict[str, str] | None = None) -> LaunchSpec:
     """The launch for `r` in `run_dir`. Pure.
 
@@ -105,7 +105,7 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
         run_dir: absolute run directory.
         num_gpus: GPUs on this node (0 = CPU-only: DS_ACCELERATOR=cpu and gloo).
         cpu_cores: logical CPUs on this node (CPU ranks split them).
-        baseline: stock DeepSpeed instead of the memascend engine.
+        engine: memascend, or tuned / stock for stock DeepSpeed (no engine, its swap directory).
         resume: continue from the newest complete checkpoint.
         master_port: rank 0's port when the recipe sets none.
         python_executable: the interpreter whose venv holds `deepspeed` (default: this one).
@@ -123,14 +123,12 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, base
     # apply_num_nodes_and_gpus (lines 400-403) gives each host num_gpus slots, one rank each.
     cmd += ["--num_gpus", str(ranks), "--master_port", str(r.master_port or master_port),
             "--no_local_rank", f"--enable_each_rank_log={log_dir}",
-            "--module", WORKER_MODULE, "--run-dir", run_dir]
-    if baseline:
-        cmd.append("--baseline")
+            "--module", WORKER_MODULE, "--run-dir", run_dir, "--engine", engine]
     if resume:
         cmd.append("--resume")
     env = dict(extra_env or {})
     env["PYTHONUNBUFFERED"] = "1"
-    if not baseline:
+    if engine == "memascend":
         env.update(ENGINE_ENV)
     if cpu_only:
         env["DS_ACCELERATOR"] = "cpu"

@@ -42,9 +42,10 @@ class Facts:
     can_lock_unlimited: bool
     locked_bytes: int
     """Planner: bytes one process locks."""
-    baseline: bool
+    stock_deepspeed: bool
+    """The run is stock DeepSpeed (tuned or stock): a swap directory, no region."""
     region_path: str | None
-    """Region used by the memascend engine (None: baseline)."""
+    """Region used by the memascend engine (None for stock DeepSpeed)."""
     region_error: str | None = None
     """Why the region header could not be used (missing, corrupt, too few ranks), None if fine."""
     region_rank_bytes: int | None = None
@@ -52,7 +53,7 @@ class Facts:
     nvme_bytes_per_rank: int = 0
     """Planner: SSD bytes one rank needs."""
     swap_dir: str | None = None
-    """--baseline: DeepSpeed's swap folder."""
+    """Stock DeepSpeed's swap directory."""
     swap_free_bytes: int | None = None
     swap_o_direct_ok: bool | None = None
     swap_o_direct_reason: str = ""
@@ -85,14 +86,14 @@ def assess(f: Facts) -> list[Check]:
         out.append(Check(name="memlock", ok=False, forceable=True,
                          message=f"each rank locks ~{f.locked_bytes / GiB:.2f} GiB, RLIMIT_MEMLOCK is {f.memlock_limit_bytes / GiB:.3f} GiB",
                          hint="raise it (`ulimit -l unlimited`, or memlock in /etc/security/limits.conf)"
-                              + ("" if f.baseline else " or let the memascend engine run unlocked")))
+                              + ("" if f.stock_deepspeed else " or let the memascend engine run unlocked")))
     else:
         out.append(Check(name="memlock", ok=True,
                          message=f"memlock: {f.locked_bytes / GiB:.2f} GiB of {f.memlock_limit_bytes / GiB:.2f} GiB"))
-    if not f.baseline and f.node_regions is not None:
+    if not f.stock_deepspeed and f.node_regions is not None:
         out.append(Check(name="region", ok=True, message=f"regions: one per node ({len(f.node_regions)} nodes), each "
                                                           "checked on its node before training starts"))
-    elif not f.baseline:
+    elif not f.stock_deepspeed:
         if f.region_error:
             out.append(Check(name="region", ok=False, message=f.region_error,
                              hint=f"prepare it with `memascend prepare-ssd {f.region_path or 'TARGET'} --ranks {f.num_ranks}` "

@@ -12,7 +12,13 @@ import os
 from typing import TYPE_CHECKING
 
 from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible, SSDNotReady
-from memascend_cli.run.rundir import CHECKPOINTS, REGION_FILE, SWAP_DIR, complete_checkpoints, final_model_dir
+from memascend_cli.run.rundir import (
+    CHECKPOINTS,
+    complete_checkpoints,
+    final_model_dir,
+    region_location,
+    swap_directory,
+)
 from memascend_cli.units import GiB, MiB
 from memascend_cli.versions import installed_deepspeed_version
 
@@ -65,7 +71,7 @@ def recipe_job(recipe, spec, hw, *, engine: str, seq_len, micro_batch, grad_accu
     import dataclasses
 
     ranks = ranks if ranks is not None else (recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1))
-    region = recipe.region or (os.path.join(recipe.output_dir, REGION_FILE) if engine == "memascend" else None)
+    region = region_location(recipe.output_dir, recipe.region) if engine == "memascend" else recipe.region
     header = read_region(region, ranks)[0] if region and os.path.exists(region) else None
     job = job_spec(recipe, spec, ranks=ranks, world_size=ranks * max(1, hw.num_nodes), engine=engine,
                    deepspeed_version=deepspeed_version or installed_deepspeed_version(), header=header, base=base)
@@ -296,7 +302,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     _check_output_dir(recipe, run_dir, final_model_dir(run_dir, in_output_dir=recipe.export_in_output_dir), done,
                       resume=resume, dry_run=dry_run)
 
-    baseline = engine != "memascend"  # stock DeepSpeed runs, with its swap folder instead of a region
+    stock_deepspeed = engine != "memascend"  # tuned or stock: its swap directory instead of a region
     inv = probe(None)
     hw = inventory_to_spec(inv)
     nodes = _hostfile_nodes(recipe)
@@ -317,7 +323,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
     # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
     node_regions = None
-    if len(nodes) > 1 and not baseline:
+    if len(nodes) > 1 and not stock_deepspeed:
         from memascend_cli.run.hostfile import node_regions as regions_of
 
         node_regions = regions_of(nodes, recipe.region)
@@ -331,8 +337,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         pass  # checked on each node (the launch node may not even be one of them)
     elif recipe.region:
         header, region_error = read_region(recipe.region, ranks)
-    elif not baseline and os.path.exists(os.path.join(run_dir, REGION_FILE)):
-        header, region_error = read_region(os.path.join(run_dir, REGION_FILE), ranks)
+    elif not stock_deepspeed and os.path.exists(region_location(run_dir, None)):
+        header, region_error = read_region(region_location(run_dir, None), ranks)
     if header is not None:
         region_rank_bytes = min(r.size_bytes for r in header.ranks)
     # One set of ZeRO settings for memascend and tuned (stock DeepSpeed given memascend's knobs), and the same job
@@ -350,12 +356,12 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
                              f"{recipe.micro_batch}`; lower seq_len/micro_batch, or launch anyway with --force")
     nvme_bytes_per_rank = est.nvme_bytes
 
-    # Where the SSD data goes: the given region, a region file created in the run directory, or (--baseline)
-    # stock DeepSpeed's swap folder.
-    swap_dir = recipe.swap_dir or os.path.join(run_dir, SWAP_DIR)
+    # Where the SSD data goes: the given region, a region file created in the run directory, or stock DeepSpeed's
+    # swap directory.
+    swap_dir = swap_directory(run_dir, recipe.swap_dir)
     region_path, region_note = recipe.region, None
-    if not baseline and not recipe.region and node_regions is None:
-        region_path = os.path.join(run_dir, REGION_FILE)
+    if not stock_deepspeed and not recipe.region and node_regions is None:
+        region_path = region_location(run_dir, None)
         if not os.path.exists(region_path):
             size = _region_file_bytes(recipe, nvme_bytes_per_rank * ranks)
             region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
@@ -366,13 +372,14 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     facts = preflight.Facts(
         dram_available_bytes=dram_available_bytes, host_peak_bytes=est.node_host_peak_bytes,
         memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
-        locked_bytes=est.locked_bytes, baseline=baseline, region_path=region_path, region_error=region_error,
-        region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
-        swap_dir=swap_dir if baseline else None, num_ranks=ranks, io_backends=io_backends(), num_gpus=hw.num_gpus,
+        locked_bytes=est.locked_bytes, stock_deepspeed=stock_deepspeed, region_path=region_path,
+        region_error=region_error, region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
+        swap_dir=swap_dir if stock_deepspeed else None, num_ranks=ranks, io_backends=io_backends(),
+        num_gpus=hw.num_gpus,
         output_dir=run_dir, output_free_bytes=preflight.free_bytes(run_dir),
         checkpoint_bytes=_checkpoint_bytes(spec.num_params, recipe), node_regions=node_regions,
     )
-    if baseline:
+    if stock_deepspeed:
         facts.swap_free_bytes = preflight.free_bytes(swap_dir)
         facts.swap_o_direct_ok, facts.swap_o_direct_reason = _o_direct(swap_dir)
     checks = preflight.assess(facts)
@@ -393,7 +400,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     ds_config = build_ds_config(recipe, settings, swap_dir=swap_dir, world_size=world_size, total_steps=total)
     os.makedirs(run_dir, exist_ok=True)
     resolved = recipe.to_dict()
-    resolved["region"] = region_path if not baseline else recipe.region
+    resolved["region"] = recipe.region if stock_deepspeed else region_path
     with open(os.path.join(run_dir, DS_CONFIG), "w") as f:
         json.dump(ds_config, f, indent=2)
     with open(os.path.join(run_dir, RECIPE_JSON), "w") as f:
@@ -409,7 +416,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
     if not recipe.hostfile:  # other nodes have their own PATH (and .deepspeed_env would carry this one there)
         passthrough.update(toolchain_env())
-    launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, baseline=baseline,
+    launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, engine=engine,
                           resume=resume, extra_env=passthrough,
                           master_port=recipe.master_port or free_port())
     plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
@@ -417,7 +424,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
                     "world_size": world_size, "zero_settings": settings.to_dict(),
                     "host_budget": est.budget.to_dict() if est.budget else None,
                     **({"precision_note": precision_note} if precision_note else {})}
-    return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, baseline=baseline, resume=resume, ds_config=ds_config,
+    return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
                     region_path=region_path, ranks=ranks, data=data, total_steps=total,
                     dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None)

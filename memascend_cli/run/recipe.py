@@ -149,7 +149,7 @@ class Recipe(_Strict):
     region_size: str | None = None
     """Size of the region file created when region is None, e.g. 2GiB; None = what the plan needs plus 25%."""
     swap_dir: str | None = None
-    """--baseline only: folder for stock DeepSpeed's swap files; None = output_dir/swap (must allow O_DIRECT)."""
+    """Stock DeepSpeed only (--engine tuned or stock): its swap directory; None = output_dir/swap (must allow O_DIRECT)."""
     log_every: int = Field(1, ge=1)
     """Optimizer steps between metrics lines (metrics.jsonl, TensorBoard and the live display)."""
     eval_every: int = Field(0, ge=0)

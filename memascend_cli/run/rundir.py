@@ -15,7 +15,8 @@
     RUN/export/                     the final model (Hugging Face folder) of a memascend recipe; a LLaMA-Factory
                                     recipe's final model is RUN itself, as LLaMA-Factory writes it (final_model_dir)
     RUN/export-step-NNNNNNN/        `memascend export RUN --checkpoint N` (checkpoint_export_dir)
-    RUN/swap/                       DeepSpeed's nvme_path (swap files with --baseline; only keys with the engine)
+    RUN/swap/                       DeepSpeed's nvme_path: stock DeepSpeed's swap directory (--engine tuned or
+                                    stock); with the engine only its key directory
     RUN/region.bin                  the region file created when the recipe names no region
     RUN/nodes.json                  multi-node runs: each node's host, ranks and region, in DeepSpeed's node order
     RUN/.deepspeed_env              multi-node runs: variables DeepSpeed's launcher exports to every node
@@ -64,12 +65,21 @@ def path(run_dir: str, name: str) -> str:
     return os.path.join(run_dir, name)
 
 
-def ssd_location(run_dir: str, *, region: str | None, swap_dir: str | None, baseline: bool) -> str:
-    """Where a run's SSD data goes: stock DeepSpeed's swap folder (swap_dir, else RUN/swap) with --baseline, else
-    the given region, else the region file `train` creates in the run directory."""
-    if baseline:
-        return swap_dir or os.path.join(run_dir, SWAP_DIR)
+def ssd_location(run_dir: str, *, region: str | None, swap_dir: str | None, engine: str) -> str:
+    """Where a run's SSD data goes, the one derivation of it: stock DeepSpeed's swap directory (swap_dir, else
+    RUN/swap) for tuned and stock, else memascend's region: the given one, else the region file `train` creates in the
+    run directory."""
+    return region_location(run_dir, region) if engine == "memascend" else swap_directory(run_dir, swap_dir)
+
+
+def region_location(run_dir: str, region: str | None) -> str:
+    """memascend's region: the given one, else the region file `train` creates in the run directory."""
     return region or os.path.join(run_dir, REGION_FILE)
+
+
+def swap_directory(run_dir: str, swap_dir: str | None) -> str:
+    """Stock DeepSpeed's swap directory (its nvme_path): the given one, else RUN/swap."""
+    return swap_dir or os.path.join(run_dir, SWAP_DIR)
 
 
 def started_file(run_dir: str, rank: int) -> str:

@@ -250,7 +250,7 @@ TRAIN_OPTIONS = {
     "--set": st.one_of(st.builds(lambda k, v: f"{k}={v}", st.sampled_from(RECIPE_KEYS), SET_VALUES), TEXT),
     "--output-dir": st.sampled_from(["run", "run2", "plain.bin", "adir", ""]),
 }
-TRAIN_FLAGS = ["--baseline", "--resume", "--force"]
+TRAIN_FLAGS = ["--dry-run", "--resume", "--force"]
 
 
 def train_args_case(case) -> None:

@@ -49,10 +49,9 @@ def test_engine_choice_sets_exit_code(cli):
     assert (m.exit_code, s.exit_code) == (0, 1)
     assert doc["engines"]["stock"]["verdict"]["binding"] == "dram"
     assert json.loads(s.stdout)["verdict"]["engine"] == "stock"
-    # The old name still works and says which engine it means.
+    # One vocabulary: stock, tuned, memascend; the old name "baseline" is an unknown engine.
     b = cli(*args, "--engine", "baseline")
-    assert b.exit_code == 1 and "--engine baseline means stock" in " ".join(b.stderr.split())
-    assert json.loads(b.stdout)["verdict"]["engine"] == "stock"
+    assert b.exit_code == 2 and "error: unknown engine 'baseline'" in b.stderr
 
 
 def test_capped_knobs_are_warned(cli):

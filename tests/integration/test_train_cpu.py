@@ -48,25 +48,26 @@ def swap_files(folder: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def baseline_run(tmp_path_factory):
+def tuned_run(tmp_path_factory):
     run = str(tmp_path_factory.mktemp("b") / "run")
-    memascend(TINY, "--baseline", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
+    memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
     return run
 
 
-def test_baseline_trains_loss_falls_and_exports(baseline_run):
-    l = losses(baseline_run)
+def test_tuned_stock_trains_loss_falls_and_exports(tuned_run):
+    l = losses(tuned_run)
     assert sorted(l) == list(range(1, int(STEPS) + 1))
     assert l[int(STEPS)] < l[1] - 1.0
-    dry = memascend(TINY, "--baseline", "--output-dir", baseline_run, "--steps", STEPS, "--set", "checkpoint_every=3",
+    dry = memascend(TINY, "--engine", "tuned", "--output-dir", tuned_run, "--steps", STEPS, "--set",
+                    "checkpoint_every=3",
                     "--dry-run")
-    with open(os.path.join(baseline_run, "ds_config.effective.json")) as f:
+    with open(os.path.join(tuned_run, "ds_config.effective.json")) as f:
         assert f.read() == json.dumps(json.loads(dry.stdout)["ds_config"], indent=2, sort_keys=True)
-    assert swap_files(os.path.join(baseline_run, "swap")) > 0  # params and optimizer really went to disk
+    assert swap_files(os.path.join(tuned_run, "swap")) > 0  # params and optimizer really went to disk
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    export = os.path.join(baseline_run, "export")
+    export = os.path.join(tuned_run, "export")
     model = AutoModelForCausalLM.from_pretrained(export)
     tok = AutoTokenizer.from_pretrained(export)
     ids = tok("Add the two numbers.\n3 + 4\n", return_tensors="pt").input_ids
@@ -75,13 +76,13 @@ def test_baseline_trains_loss_falls_and_exports(baseline_run):
     assert torch.isfinite(model(ids).logits).all()
 
 
-def test_tensorboard_events_hold_the_logged_losses(baseline_run):
+def test_tensorboard_events_hold_the_logged_losses(tuned_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(os.path.join(baseline_run, "tensorboard"))
+    acc = EventAccumulator(os.path.join(tuned_run, "tensorboard"))
     acc.Reload()
     events = acc.Scalars("train/loss")
-    assert {e.step: e.value for e in events} == pytest.approx(losses(baseline_run))
+    assert {e.step: e.value for e in events} == pytest.approx(losses(tuned_run))
     assert [e.step for e in acc.Scalars("eval/loss")] == [int(STEPS)]
 
 
@@ -98,51 +99,52 @@ def export_checkpoint(run: str, step: int, out: str) -> None:
     assert p.returncode == 0, p.stderr
 
 
-def test_export_from_the_last_checkpoint_equals_the_final_export(baseline_run, tmp_path):
+def test_export_from_the_last_checkpoint_equals_the_final_export(tuned_run, tmp_path):
     import numpy as np
 
     out = str(tmp_path / "ck8")
-    export_checkpoint(baseline_run, int(STEPS), out)
-    a, b = exported_tensors(os.path.join(baseline_run, "export")), exported_tensors(out)
+    export_checkpoint(tuned_run, int(STEPS), out)
+    a, b = exported_tensors(os.path.join(tuned_run, "export")), exported_tensors(out)
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert os.path.isfile(os.path.join(out, name)), name
 
 
-def test_checkpoints_are_complete_and_pruned(baseline_run):
-    ck = os.path.join(baseline_run, "checkpoints")
+def test_checkpoints_are_complete_and_pruned(tuned_run):
+    ck = os.path.join(tuned_run, "checkpoints")
     names = sorted(os.listdir(ck))
     assert names == ["step-0000006", "step-0000008"]  # keep_checkpoints 2
     for n in names:
         assert os.path.isfile(os.path.join(ck, n, "COMPLETE"))
 
 
-def test_stop_and_resume_give_identical_fp32_losses(baseline_run, tmp_path):
+def test_stop_and_resume_give_identical_fp32_losses(tuned_run, tmp_path):
     run = str(tmp_path / "run")
-    p = memascend(TINY, "--baseline", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
+    p = memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
                   env={"MEMASCEND_FAULT_STOP_AT_STEP": "4"})
     assert "stopped at step 4" in p.stderr
     assert max(losses(run)) == 4
-    memascend(TINY, "--baseline", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3", "--resume")
-    assert losses(run) == losses(baseline_run)
+    memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
+              "--resume")
+    assert losses(run) == losses(tuned_run)
 
 
-def test_resume_of_a_finished_run_says_so_and_launches_nothing(baseline_run):
+def test_resume_of_a_finished_run_says_so_and_launches_nothing(tuned_run):
     files = ("metrics.jsonl", "ds_config.json", "recipe.json", "export/config.json")
-    before = {n: open(os.path.join(baseline_run, n), "rb").read() for n in files}
-    p = memascend(TINY, "--baseline", "--output-dir", baseline_run, "--steps", STEPS, "--set", "checkpoint_every=3",
+    before = {n: open(os.path.join(tuned_run, n), "rb").read() for n in files}
+    p = memascend(TINY, "--engine", "tuned", "--output-dir", tuned_run, "--steps", STEPS, "--set", "checkpoint_every=3",
                   "--resume")
     text = " ".join(p.stderr.split())
-    assert (f"{baseline_run} is complete: step-0000008 holds the last of its 8 steps and the final model is in "
-            f"{os.path.join(baseline_run, 'export')}; nothing to resume") in text
+    assert (f"{tuned_run} is complete: step-0000008 holds the last of its 8 steps and the final model is in "
+            f"{os.path.join(tuned_run, 'export')}; nothing to resume") in text
     assert "launching" not in p.stderr
-    assert {n: open(os.path.join(baseline_run, n), "rb").read() for n in files} == before
+    assert {n: open(os.path.join(tuned_run, n), "rb").read() for n in files} == before
 
 
-def test_sigkill_during_and_after_checkpoint_then_resume_is_exact(baseline_run, tmp_path):
+def test_sigkill_during_and_after_checkpoint_then_resume_is_exact(tuned_run, tmp_path):
     run = str(tmp_path / "run")
     ck = os.path.join(run, "checkpoints")
-    args = (TINY, "--baseline", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
+    args = (TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
     # Killed while writing checkpoint 6 (every file but the COMPLETE marker): 6 is never used.
     p = memascend(*args, env={"MEMASCEND_FAULT_KILL_DURING_CHECKPOINT": "6"}, check=False)
     assert p.returncode != 0
@@ -155,12 +157,12 @@ def test_sigkill_during_and_after_checkpoint_then_resume_is_exact(baseline_run, 
     assert p.returncode != 0
     assert sorted(os.listdir(ck)) == ["step-0000003", "step-0000006"]  # the stale .tmp is gone
     memascend(*args, "--resume")
-    assert losses(run) == losses(baseline_run)
+    assert losses(run) == losses(tuned_run)
 
 
 def test_two_cpu_ranks_through_the_deepspeed_launcher(tmp_path):
     run = str(tmp_path / "run")
-    memascend(TINY, "--baseline", "--output-dir", run, "--steps", "4", "--set", "ranks=2")
+    memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", "4", "--set", "ranks=2")
     l = losses(run)
     assert sorted(l) == [1, 2, 3, 4]
     assert os.path.isdir(os.path.join(run, "swap", "zero_stage_3", "optimizer", "rank1")) or swap_files(
@@ -175,7 +177,7 @@ def test_two_cpu_ranks_through_the_deepspeed_launcher(tmp_path):
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run, tmp_path):
+def test_memascend_engine_default_path_stop_resume_matches_tuned_stock(tuned_run, tmp_path):
     """Default path (memascend engine, region file in the run dir): stop at step 4, resume; the
     fp32 losses equal the uninterrupted stock-DeepSpeed run bit for bit (engine parity + exact resume
     through the Direct NVMe region, whose extent map is rebuilt in the new process)."""
@@ -200,7 +202,7 @@ def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run
     memascend(TINY, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3", "--resume")
     l = losses(run)
     assert l[int(STEPS)] < l[1] - 1.0
-    assert l == losses(baseline_run)
+    assert l == losses(tuned_run)
     assert os.path.isfile(os.path.join(run, "export", "model.safetensors"))
     # The engine's checkpoints (its own optimizer layout) export to the same tensors as the live model.
     import numpy as np
@@ -213,7 +215,7 @@ def test_memascend_engine_default_path_stop_resume_matches_baseline(baseline_run
 def test_malformed_dataset_line_fails_before_the_launch_with_one_line(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": \n')
-    p = memascend(TINY, "--baseline", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
+    p = memascend(TINY, "--engine", "tuned", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
     errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     # The data is tokenized by the CLI before DeepSpeed starts: a bad file is bad input (exit 2).
@@ -224,6 +226,6 @@ def test_malformed_dataset_line_fails_before_the_launch_with_one_line(tmp_path):
 def test_empty_dataset_line_fails_with_file_and_line(tmp_path):
     data = tmp_path / "gap.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n\n')
-    p = memascend(TINY, "--baseline", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
+    p = memascend(TINY, "--engine", "tuned", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
     assert p.returncode == 2 and "gap.jsonl:2: empty line" in p.stderr

@@ -15,27 +15,27 @@ def r(**kw):
 
 
 def test_cpu_single_rank_argv_and_env():
-    spec = build_launch(r(), "/runs/a", num_gpus=0, cpu_cores=2, baseline=True, resume=False,
+    spec = build_launch(r(), "/runs/a", num_gpus=0, cpu_cores=2, engine="tuned", resume=False,
                         python_executable="/venv/bin/python")
     assert spec.cmd == ["/venv/bin/deepspeed", "--num_gpus", "1", "--master_port", "29500", "--no_local_rank",
                         "--enable_each_rank_log=/runs/a/logs", "--module", "memascend_engine.train_worker",
-                        "--run-dir", "/runs/a", "--baseline"]
+                        "--run-dir", "/runs/a", "--engine", "tuned"]
     assert spec.env == {"PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "2",
                         "MKL_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO"}
     assert spec.ds_config_path == "/runs/a/ds_config.json" and spec.cpu_only
 
 
 def test_cpu_two_ranks_split_cores_and_resume():
-    spec = build_launch(r(ranks=2, master_port=29612), "/runs/b", num_gpus=0, cpu_cores=2, baseline=False,
+    spec = build_launch(r(ranks=2, master_port=29612), "/runs/b", num_gpus=0, cpu_cores=2, engine="memascend",
                         resume=True, python_executable="/v/bin/python")
     assert spec.cmd[1:5] == ["--num_gpus", "2", "--master_port", "29612"]
-    assert spec.cmd[-1] == "--resume" and "--baseline" not in spec.cmd
+    assert spec.cmd[-3:] == ["--engine", "memascend", "--resume"]
     assert spec.env["OMP_NUM_THREADS"] == "1" and spec.num_ranks == 2
-    assert spec.env["THP_MEM_ALLOC_ENABLE"] == "1"  # the engine's allocator policy; the baseline run above has none
+    assert spec.env["THP_MEM_ALLOC_ENABLE"] == "1"  # the engine's allocator policy; the tuned run above has none
 
 
 def test_gpu_node_one_rank_per_gpu_no_cpu_accelerator():
-    spec = build_launch(r(), "/runs/c", num_gpus=8, cpu_cores=64, baseline=False, resume=False,
+    spec = build_launch(r(), "/runs/c", num_gpus=8, cpu_cores=64, engine="memascend", resume=False,
                         python_executable="/v/bin/python")
     assert spec.cmd[1:3] == ["--num_gpus", "8"]
     assert "DS_ACCELERATOR" not in spec.env and not spec.cpu_only
@@ -43,13 +43,13 @@ def test_gpu_node_one_rank_per_gpu_no_cpu_accelerator():
 
 def test_multi_node_uses_deepspeeds_hostfile():
     spec = build_launch(r(hostfile="/etc/hosts.ds", num_nodes=2, ranks=4), "/runs/d", num_gpus=4, cpu_cores=32,
-                        baseline=False, resume=False, python_executable="/v/bin/python")
+                        engine="memascend", resume=False, python_executable="/v/bin/python")
     assert spec.cmd[1:7] == ["--hostfile", "/etc/hosts.ds", "--num_nodes", "2", "--num_gpus", "4"]
     assert spec.notes
 
 
 def test_shell_line_is_quoted():
-    spec = build_launch(r(), "/runs/with space", num_gpus=0, cpu_cores=2, baseline=True, resume=False,
+    spec = build_launch(r(), "/runs/with space", num_gpus=0, cpu_cores=2, engine="tuned", resume=False,
                         python_executable="/v/bin/python")
     assert "'/runs/with space'" in spec.shell() and spec.shell().startswith("DS_ACCELERATOR=cpu ")
 

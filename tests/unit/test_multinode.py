@@ -102,7 +102,7 @@ def test_a_good_node_passes_and_real_regions_are_read(tmp_path):
 
 def test_preflight_leaves_per_node_regions_to_the_nodes():
     facts = Facts(dram_available_bytes=1 << 40, host_peak_bytes=1 << 30, memlock_limit_bytes=None,
-                  can_lock_unlimited=True, locked_bytes=0, baseline=False, region_path=None,
+                  can_lock_unlimited=True, locked_bytes=0, stock_deepspeed=False, region_path=None,
                   node_regions=["/dev/nvme1n1", "/dev/nvme1n1"])
     (region,) = [c for c in assess(facts) if c.name == "region"]
     assert region.ok and "2 nodes" in region.message
@@ -110,13 +110,13 @@ def test_preflight_leaves_per_node_regions_to_the_nodes():
 
 def test_multi_node_launch_carries_the_environment_to_the_other_nodes():
     r = recipe_from_dict({"model": "tiny-llama", "dataset": "d.jsonl", "hostfile": "/h", "ranks": 1})
-    spec = build_launch(r, "/runs/m", num_gpus=0, cpu_cores=4, baseline=False, resume=False,
+    spec = build_launch(r, "/runs/m", num_gpus=0, cpu_cores=4, engine="memascend", resume=False,
                         python_executable="/v/bin/python", extra_env={"TORCH_EXTENSIONS_DIR": "/ext"})
     assert spec.deepspeed_env == {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "4", "TORCH_EXTENSIONS_DIR": "/ext",
                                   "MKL_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO",
                                   "THP_MEM_ALLOC_ENABLE": "1"}  # the engine's allocator policy, on every node
     single = build_launch(recipe_from_dict({"model": "tiny-llama", "dataset": "d.jsonl"}), "/runs/s", num_gpus=0,
-                          cpu_cores=4, baseline=False, resume=False, python_executable="/v/bin/python")
+                          cpu_cores=4, engine="memascend", resume=False, python_executable="/v/bin/python")
     assert single.deepspeed_env == {}
 
 

@@ -57,10 +57,10 @@ def test_ssd_space_binds_a_deep_model_on_a_small_disk():
 
 
 def test_where_the_ssd_data_go():
-    assert ssd_location("/r", region=None, swap_dir=None, baseline=False) == "/r/region.bin"
-    assert ssd_location("/r", region="/dev/nvme1n1", swap_dir=None, baseline=False) == "/dev/nvme1n1"
-    assert ssd_location("/r", region="/dev/nvme1n1", swap_dir=None, baseline=True) == "/r/swap"
-    assert ssd_location("/r", region=None, swap_dir="/scratch/swap", baseline=True) == "/scratch/swap"
+    assert ssd_location("/r", region=None, swap_dir=None, engine="memascend") == "/r/region.bin"
+    assert ssd_location("/r", region="/dev/nvme1n1", swap_dir=None, engine="memascend") == "/dev/nvme1n1"
+    assert ssd_location("/r", region="/dev/nvme1n1", swap_dir=None, engine="tuned") == "/r/swap"
+    assert ssd_location("/r", region=None, swap_dir="/scratch/swap", engine="tuned") == "/scratch/swap"
 
 
 def test_free_space_of_the_folder_a_path_would_be_created_in(tmp_path):
