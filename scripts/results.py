@@ -53,6 +53,7 @@ from results_markdown import contents, wrap  # noqa: E402
 from results_memory import (doc_heading, machine_line, section_allocator, section_bench,  # noqa: E402
                             section_capped, section_planner, section_sweep)
 from results_micro import section_checksums, section_data_path, section_ds_buffers, section_micro  # noqa: E402
+from results_readme import with_headline  # noqa: E402
 from results_records import (section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
 from results_time import section_ssd_bound  # noqa: E402
@@ -60,6 +61,7 @@ from results_variation import section_variation  # noqa: E402
 
 OUT = os.path.join(DOCS, "results.md")
 PAGES = os.path.join(DOCS, "results")
+README = os.path.join(REPO, "README.md")
 RAW = os.path.join(DOCS, "raw")
 MAX_BYTES = 60_000
 """docs/results.md stays a page a reader takes in at once; everything else goes to its topic's page."""
@@ -242,6 +244,7 @@ def render() -> dict[str, str]:
     pages = {t.name: topic_page(t, topic_sections(t.name, cal, val)) for t in TOPICS}
     out = {OUT: front_page(pages, cal, val)}
     out.update({os.path.join(PAGES, f"{name}.md"): text for name, text in pages.items()})
+    out[README] = with_headline(_read(README) or "")  # the README's one table, between its markers
     return out
 
 
