@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Generate docs/results.md and its topic pages docs/results/*.md from the raw JSON committed next to them (never
-type a number into them).
+"""Generate docs/results.md, its topic pages docs/results/*.md and the README's one headline table (between its
+`headline` markers) from the raw JSON committed next to them (never type a number into them).
 
     python scripts/results.py           # rewrite docs/results.md and docs/results/*.md
     python scripts/results.py --check   # exit 1 if any page is not what the JSON gives (the test runs this)
