@@ -137,7 +137,12 @@ def run(args, rank: int, ev: Events) -> int:
 
     from memascend_cli.models import load_model
 
+    from memascend_engine.ds_internals import jit_ops
+
+    # DeepSpeed's built ops load without torch's build lock; a wait on one is an event the parent reports.
+    jit_ops.enable(on_wait=lambda info: ev.emit("wait", **info))
     acc = get_accelerator()
+    ev.phase("init_distributed")
     deepspeed.init_distributed(dist_backend=acc.communication_backend_name())
     on_cuda = acc.device_name() == "cuda"
     if on_cuda:

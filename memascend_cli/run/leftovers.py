@@ -8,11 +8,14 @@
   /proc/<pid>/maps) belongs to a job that is gone.
 * memascend's engine: the key folder it makes in the temp directory when the DeepSpeed config names no nvme_path
   (``memascend-keys-<pid>-*``, engine/runtime.py); stale when that pid is gone.
-* torch's JIT op builds: a process building or loading one of DeepSpeed's ops holds ``<extensions dir>/<op>/lock``
-  (torch/utils/file_baton.py FileBaton, created O_EXCL and removed when done, holding no descriptor); one killed in
-  between (an OOM kill, a SIGKILL during startup) leaves it, and every later load of that op sleeps on it forever.
-  Stale when older than EXT_LOCK_GRACE_S and no live process has a file open, mapped or its cwd in that op's folder
-  (a build runs ninja there).
+* torch's JIT op builds: a process building or loading one of DeepSpeed's ops through torch holds
+  ``<extensions dir>/<op>/lock`` (torch/utils/file_baton.py FileBaton: created O_EXCL, its descriptor kept open until
+  release() closes it and removes the file); one killed in between (an OOM kill, a SIGKILL during startup) leaves it,
+  and every later load of that op sleeps on it forever. memascend's ranks load built ops without it
+  (engine/ds_internals/jit_ops.py). Stale when no live process has a file open (the lock's own descriptor included),
+  mapped or its cwd in that op's folder (a build runs ninja there) and the lock is older than the run that looks
+  (EXT_LOCK_RELEASE_S: release() closes the descriptor just before it removes the file). A lock a live process holds
+  is named with its holder in the sweep's note: the run will wait for it.
 
 Only entries of this user are touched (the segment's name and owner must carry our uid). Pure parts (names, parsing)
 are separate from the /proc and /dev/shm scans.
@@ -31,9 +34,10 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "deepspeed_allreduce_buffer_"
 KEY_DIR_PREFIX = "memascend-keys-"
 EXT_LOCK = "lock"
-EXT_LOCK_GRACE_S = 60.0
-"""A loaded op holds its lock for well under a second; a build holds it minutes, from its folder (its cwd)."""
 """engine/runtime.py names its temporary key folder KEY_DIR_PREFIX + '<pid>-' + random."""
+EXT_LOCK_RELEASE_S = 2.0
+"""An op build lock nobody holds is left alone this long: FileBaton.release() closes its descriptor, then removes the
+file (microseconds apart)."""
 
 
 def shm_name(uid: int, addr: str, port: int | str, rank: int) -> str:
@@ -61,10 +65,10 @@ def key_dir_pid(name: str) -> int | None:
     return int(pid) if sep and pid.isdigit() else None
 
 
-def held_paths(prefix: str, proc: str = "/proc") -> set[str]:
+def holders(prefix: str, proc: str = "/proc") -> dict[str, set[int]]:
     """Paths under `prefix` that a live process has open, mapped or as its working directory (the processes /proc lets
-    us read)."""
-    held: set[str] = set()
+    us read), each with the pids that hold it."""
+    held: dict[str, set[int]] = {}
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
@@ -76,15 +80,20 @@ def held_paths(prefix: str, proc: str = "/proc") -> set[str]:
                 except OSError:
                     continue
                 if target.startswith(prefix):
-                    held.add(target.removesuffix(" (deleted)"))
+                    held.setdefault(target.removesuffix(" (deleted)"), set()).add(int(pid))
             with open(os.path.join(base, "maps"), encoding="utf-8", errors="replace") as f:
                 for line in f:
                     i = line.find(prefix)
                     if i >= 0:
-                        held.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
+                        held.setdefault(line[i:].rstrip("\n").removesuffix(" (deleted)"), set()).add(int(pid))
         except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
             continue
     return held
+
+
+def held_paths(prefix: str, proc: str = "/proc") -> set[str]:
+    """Paths under `prefix` that a live process has open, mapped or as its working directory."""
+    return set(holders(prefix, proc))
 
 
 def extension_dirs(env=None) -> list[str]:
@@ -95,28 +104,40 @@ def extension_dirs(env=None) -> list[str]:
     return [d for d in dirs if d and os.path.isdir(d)]
 
 
-def stale_extension_locks(root: str, *, now: float | None = None, proc: str = "/proc") -> list[str]:
-    """The op build locks under `root` (<op>/lock, or <python tag>/<op>/lock) a killed process left (see the
-    module's docstring)."""
-    now = time.time() if now is None else now
-    old = []
-    for depth in ("*", os.path.join("*", "*")):
-        for lock in glob.glob(os.path.join(root, depth, EXT_LOCK)):
-            try:
-                if now - os.lstat(lock).st_mtime > EXT_LOCK_GRACE_S:
-                    old.append(lock)
-            except OSError:
-                continue
-    if not old:
-        return []
-    prefix = os.path.join(os.path.realpath(root), "")
-    used = held_paths(prefix, proc)  # a build's files, or its cwd: ninja runs in the op's folder
-    stale = []
-    for lock in old:
-        op_dir = os.path.realpath(os.path.dirname(lock))
-        if not any(u == op_dir or u.startswith(op_dir + os.sep) for u in used):
-            stale.append(lock)
-    return stale
+def extension_locks(root: str) -> list[str]:
+    """The op build locks under `root`: <op>/lock, or <python tag>/<op>/lock (torch's default root)."""
+    return sorted(glob.glob(os.path.join(root, "*", EXT_LOCK)) + glob.glob(os.path.join(root, "*", "*", EXT_LOCK)))
+
+
+def ext_lock_holders(lock: str, proc: str = "/proc") -> list[int]:
+    """Pids of the live processes that hold an op build lock: its descriptor, or any file open, mapped or as cwd in
+    the op's folder (a build)."""
+    op_dir = os.path.realpath(os.path.dirname(lock))
+    pids: set[int] = set()
+    for path, by in holders(op_dir, proc).items():
+        if path == op_dir or path.startswith(op_dir + os.sep):
+            pids |= by
+    return sorted(pids)
+
+
+def ext_lock_stale(lock: str, pids: list[int], *, now: float, uid: int) -> bool:
+    """Whether a lock that its holders scan found held by `pids` is a leftover: nobody holds it, it is this user's, and
+    it was there EXT_LOCK_RELEASE_S before `now` (time.time(), the run that looks starting)."""
+    try:
+        st = os.lstat(lock)
+    except OSError:
+        return False
+    return not pids and st.st_uid == uid and st.st_mtime < now - EXT_LOCK_RELEASE_S
+
+
+def describe_pid(pid: int, proc: str = "/proc") -> str:
+    """'pid N (command line)', shortened, for a note."""
+    try:
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        cmd = ""
+    return f"pid {pid} ({cmd[:80]})" if cmd else f"pid {pid}"
 
 
 def _alive(pid: int) -> bool:
@@ -137,20 +158,31 @@ class Sweep:
     """{"path", "bytes"} of each removed segment or folder."""
     kept_live: int = 0
     """DeepSpeed segments of this user that a live process holds (a running job)."""
+    locks_held: list[dict] = field(default_factory=list)
+    """{"path", "holders"} of each op build lock a live process holds: a load of that op through torch waits for it."""
 
     @property
     def removed_bytes(self) -> int:
         return sum(r["bytes"] for r in self.removed)
 
     def to_dict(self) -> dict:
-        return {"removed": self.removed, "removed_bytes": self.removed_bytes, "kept_live": self.kept_live}
+        return {"removed": self.removed, "removed_bytes": self.removed_bytes, "kept_live": self.kept_live,
+                "locks_held": self.locks_held}
 
     def note(self) -> str | None:
-        """One line for the user, or None when nothing was removed."""
-        if not self.removed:
-            return None
-        return (f"removed {len(self.removed)} leftover(s) of finished jobs ({self.removed_bytes / 2**20:,.0f} MiB: "
-                "DeepSpeed's shared-memory allreduce buffers, memascend key folders, stale op build locks)")
+        """One line for the user, or None when nothing was removed and no op build lock is held."""
+        parts = []
+        locks = [r["path"] for r in self.removed if os.path.basename(r["path"]) == EXT_LOCK]
+        if len(self.removed) > len(locks):
+            parts.append(f"removed {len(self.removed) - len(locks)} leftover(s) of finished jobs "
+                         f"({self.removed_bytes / 2**20:,.0f} MiB: DeepSpeed's shared-memory allreduce buffers, "
+                         "memascend key folders)")
+        if locks:
+            parts.append(f"removed the stale op build lock(s) {', '.join(locks)} (no live process held them; a "
+                         "process killed while loading the op left them)")
+        parts += [f"the op build lock {h['path']} is held by {', '.join(h['holders'])}: a load of that op waits for "
+                  "it" for h in self.locks_held]
+        return "; ".join(parts) or None
 
 
 def _tree_bytes(path: str) -> int:
@@ -212,14 +244,24 @@ def sweep(*, shm_dir: str = SHM_DIR, tmp_dir: str | None = None, proc: str = "/p
         size = _tree_bytes(path)
         shutil.rmtree(path, ignore_errors=True)
         out.removed.append({"path": path, "bytes": size})
-    for root in extension_dirs() if ext_dirs is None else ext_dirs:
-        for lock in stale_extension_locks(root, proc=proc):
-            try:
-                os.unlink(lock)
-                out.removed.append({"path": lock, "bytes": 0})
-            except FileNotFoundError:
-                pass
+    _sweep_ext_locks(out, extension_dirs() if ext_dirs is None else ext_dirs, proc=proc, uid=uid)
     return out
+
+
+def _sweep_ext_locks(out: Sweep, roots: list[str], *, proc: str, uid: int) -> None:
+    """Remove the stale op build locks under `roots` and name the held ones (see the module's docstring)."""
+    now = time.time()
+    for root in roots:
+        for lock in extension_locks(root):
+            pids = ext_lock_holders(lock, proc)
+            if pids:
+                out.locks_held.append({"path": lock, "holders": [describe_pid(p, proc) for p in pids]})
+            elif ext_lock_stale(lock, pids, now=now, uid=uid):
+                try:
+                    os.unlink(lock)
+                    out.removed.append({"path": lock, "bytes": 0})
+                except FileNotFoundError:
+                    pass
 
 
 def shm_used_bytes(shm_dir: str = SHM_DIR) -> int:

@@ -108,30 +108,54 @@ def test_held_paths_sees_a_real_dev_shm_mapping():
         os.unlink(path)
 
 
-def test_sweep_removes_an_op_build_lock_a_killed_process_left_and_no_other(tmp_path):
-    """torch's FileBaton lock of a JIT op (<dir>/<op>/lock): one older than the grace with nobody in the op's folder
-    is stale (every later load of the op would sleep on it forever); a fresh one, or an old one while a process works
-    in that folder (a build: ninja runs there), stays."""
+def _baton(lock) -> subprocess.Popen:
+    """A process that takes an op build lock as torch's FileBaton does (O_CREAT | O_EXCL, the descriptor kept open)
+    and holds it until killed."""
+    code = ("import os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_sweep_removes_an_op_build_lock_nobody_holds_whatever_its_age(tmp_path):
+    """torch's FileBaton lock of a JIT op (<dir>/<op>/lock): one that no live process holds (its descriptor, or a
+    build's cwd in the folder) is stale once older than the release window, however young; a held one stays and is
+    named with its holder; another user's stays."""
     ext = tmp_path / "ext"
-    old_time = time.time() - 2 * leftovers.EXT_LOCK_GRACE_S
+    past = time.time() - 2 * leftovers.EXT_LOCK_RELEASE_S
     locks = {}
-    for op in ("cpu_adam", "async_io", "py311_cpu/pin_memory", "fresh"):
+    for op in ("cpu_adam", "async_io", "py311_cpu/pin_memory", "fresh", "held", "others"):
         (ext / op).mkdir(parents=True)
         locks[op] = ext / op / "lock"
-        locks[op].touch()
-        if op != "fresh":
-            os.utime(locks[op], (old_time, old_time))
+        if op != "held":
+            locks[op].touch()
+            if op != "fresh":
+                os.utime(locks[op], (past, past))
+    os.chown(locks["others"], UID + 1, -1)
     builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=ext / "async_io")
+    holder = _baton(locks["held"])
+    os.utime(locks["held"], (past, past))
     try:
         time.sleep(0.2)
-        assert sorted(leftovers.stale_extension_locks(str(ext))) == sorted(
-            [str(locks["cpu_adam"]), str(locks["py311_cpu/pin_memory"])])
+        assert leftovers.ext_lock_holders(str(locks["held"])) == [holder.pid]
+        assert leftovers.ext_lock_holders(str(locks["async_io"])) == [builder.pid]
         s = leftovers.sweep(shm_dir=str(tmp_path / "no-shm"), tmp_dir=str(tmp_path / "none"), ext_dirs=[str(ext)])
         assert sorted(r["path"] for r in s.removed) == sorted([str(locks["cpu_adam"]),
                                                                 str(locks["py311_cpu/pin_memory"])])
-        assert "stale op build locks" in s.note()
-        assert locks["async_io"].exists() and locks["fresh"].exists() and not locks["cpu_adam"].exists()
+        assert [h["path"] for h in s.locks_held] == sorted([str(locks["async_io"]), str(locks["held"])])
+        note = s.note()
+        assert "removed the stale op build lock(s)" in note and str(locks["cpu_adam"]) in note
+        assert f"{locks['held']} is held by pid {holder.pid} (" in note and "a load of that op waits for it" in note
+        assert all(locks[op].exists() for op in ("async_io", "fresh", "held", "others"))
     finally:
         builder.kill()
+        holder.kill()
         builder.wait()
-    assert leftovers.stale_extension_locks(str(ext)) == [str(locks["async_io"])]  # the build is gone now
+        holder.wait()
+    time.sleep(leftovers.EXT_LOCK_RELEASE_S)
+    s = leftovers.sweep(shm_dir=str(tmp_path / "no-shm"), tmp_dir=str(tmp_path / "none"), ext_dirs=[str(ext)])
+    assert sorted(r["path"] for r in s.removed) == sorted(str(locks[op]) for op in ("async_io", "fresh", "held"))
+    assert locks["others"].exists() and not s.locks_held
