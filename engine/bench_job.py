@@ -133,11 +133,10 @@ def run(args, rank: int, ev: Events) -> int:
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
+    from memascend_engine.ds_internals import jit_ops
     from memascend_engine.hf_models import causal_lm_factory, init_weights_under_zero3
 
     from memascend_cli.models import load_model
-
-    from memascend_engine.ds_internals import jit_ops
 
     # DeepSpeed's built ops load without torch's build lock; a wait on one is an event the parent reports.
     jit_ops.enable(on_wait=lambda info: ev.emit("wait", **info))
