@@ -93,6 +93,9 @@ def _on_import(ds) -> None:
     _record.update(pid=os.getpid(), rank=int(rank) if rank and rank.isdigit() else None, argv=sys.argv[:3])
     _write(state=anyprogram.IMPORTED)
     cpuinfo_cache.enable()
+    from memascend_engine.ds_internals import jit_ops
+
+    jit_ops.enable()  # DeepSpeed's built ops load without torch's build lock: a killed rank leaves none behind
     _wrap_initialize(ds)
     _wrap_zero_init(ds.zero.Init)
     atexit.register(_at_exit)

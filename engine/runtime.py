@@ -258,13 +258,14 @@ class Installed:
     # -- wiring --------------------------------------------------------------------------------
     def _install(self) -> None:
         from memascend_engine import cpuinfo_cache
-        from memascend_engine.ds_internals import aio, context, patches, pinning, stage3
+        from memascend_engine.ds_internals import aio, context, jit_ops, patches, pinning, stage3
         from memascend_engine.ds_internals.checkpoint_api import patch_checkpoint_api
         from memascend_engine.ds_internals.version import check_version
         from memascend_engine.pinned import PinnedAllocator
 
         check_version()
         cpuinfo_cache.enable()
+        jit_ops.enable()  # DeepSpeed's built ops load without torch's build lock: a killed rank leaves none behind
         o = self.options
         self._rewrite_config()
         # Unpinned still means page-aligned exact-size buffers: O_DIRECT needs aligned memory.

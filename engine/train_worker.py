@@ -257,6 +257,10 @@ class Run:
             check_version()
         except RuntimeError as exc:
             raise WorkerError(str(exc)) from None
+        from memascend_engine.ds_internals import jit_ops
+
+        # DeepSpeed's built ops load without torch's build lock; a wait on a lock is a phase the CLI names.
+        jit_ops.enable(on_wait=lambda w: self.phase(f"waiting on {w['on']} (held by {', '.join(w['holders'])})"))
         deepspeed.init_distributed(dist_backend="gloo" if os.environ.get("DS_ACCELERATOR") == "cpu" else None)
         from deepspeed.accelerator import get_accelerator
 
