@@ -101,6 +101,9 @@ class RunResult:
     """Killed by the parent after its time limit (bench --probe-timeout) without finishing."""
     thrashed: bool = False
     """Killed by the parent for thrashing at its DRAM cap (run/cgroup.py THRASH_FULL_SHARE over THRASH_WINDOW_S)."""
+    waited_on: dict | None = None
+    """The op build lock a rank was still waiting on when the run ended ({"on", "holders", "waited_s"}): the run
+    stalled on another process, it says nothing about the cap."""
     memory_stall: dict | None = None
     """With --dram-cap: whose memory pressure was watched and the largest full-stall share over the window."""
     log_path: str = ""
@@ -235,6 +238,11 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     from memascend_cli.run import leftovers
 
     swept_before = leftovers.sweep()
+    if swept_before.note():
+        from memascend_cli.console import err
+
+        (progress.console if progress is not None else err).print(f"note: {swept_before.note()}", highlight=False,
+                                                                   soft_wrap=True)
     res.shm = {"before_bytes": leftovers.shm_used_bytes(), "segments_before": leftovers.deepspeed_segments(),
                "swept_before": swept_before.to_dict()}
     reader = MeminfoReader()
@@ -283,7 +291,9 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                     evs = read_events(rank0_events)
                     done = sum(1 for e in evs if e.get("event") == "step")
                     phase = next((e["name"] for e in reversed(evs) if e.get("event") == "phase"), "starting")
-                    progress.update(task, completed=done, description=f"{run.name}: {phase}")
+                    wait = waiting_on({0: evs})
+                    progress.update(task, completed=done, description=f"{run.name}: {phase}" + (
+                        f", waiting on {wait['on']} ({', '.join(wait['holders'])})" if wait else ""))
                 time.sleep(0.2)
         except BaseException:
             proc.kill()
@@ -358,10 +368,15 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
                   for p in summary["phases"]]
     if res.peak_at_s is not None:
         res.peak_phase = next((p["name"] for p in reversed(res.phases) if p["at_s"] <= res.peak_at_s), "startup")
+    wait = waiting_on(events)
     if code == 0 and len(res.losses) == steps:
         res.ok = True
     elif res.oom_killed:
         res.error = f"does not fit: OOM-killed at step {len(res.losses) + 1} ({_phase(events)}) under the DRAM cap"
+    elif wait is not None:  # not a capacity result: the rank slept on a lock, whatever the cap's pressure read
+        res.waited_on, res.thrashed, res.timed_out = wait, False, False
+        res.error = (f"stalled in {_phase(events)}: waited on {wait['on']}, held by {', '.join(wait['holders'])}"
+                     + (f" ({'; '.join(summary['errors'])})" if summary["errors"] else ""))
     elif res.thrashed:
         res.error = (f"does not fit: thrashing at step {len(res.losses) + 1} ({_phase(events)}) under the DRAM cap: "
                      f"{watch.scope} tasks all stalled on memory {watch.max_share:.0%} of {THRASH_WINDOW_S:.0f} s "
@@ -384,6 +399,15 @@ def _self_cpu_seconds() -> float:
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def waiting_on(events: dict[int, list[dict]]) -> dict | None:
+    """The lock a rank was last waiting on ({"on", "holders", "waited_s"}, the rank's "wait" event), when nothing
+    followed that wait, else None. Pure."""
+    for evs in events.values():
+        if evs and evs[-1].get("event") == "wait":
+            return evs[-1]
+    return None
 
 
 def _phase(events: dict[int, list[dict]]) -> str:

@@ -134,7 +134,7 @@ def describe_pid(pid: int, proc: str = "/proc") -> str:
     """'pid N (command line)', shortened, for a note."""
     try:
         with open(os.path.join(proc, str(pid), "cmdline"), "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            cmd = " ".join(f.read().replace(b"\0", b" ").decode("utf-8", "replace").split())
     except OSError:
         cmd = ""
     return f"pid {pid} ({cmd[:80]})" if cmd else f"pid {pid}"

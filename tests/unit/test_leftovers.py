@@ -11,6 +11,7 @@ import time
 import pytest
 
 from memascend_cli.run import leftovers
+from tests import oplock
 
 UID = os.getuid()
 
@@ -108,18 +109,6 @@ def test_held_paths_sees_a_real_dev_shm_mapping():
         os.unlink(path)
 
 
-def _baton(lock) -> subprocess.Popen:
-    """A process that takes an op build lock as torch's FileBaton does (O_CREAT | O_EXCL, the descriptor kept open)
-    and holds it until killed."""
-    code = ("import os, sys, time\n"
-            "fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL)\n"
-            "print('ready', flush=True)\n"
-            "time.sleep(600)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "ready"
-    return p
-
-
 def test_sweep_removes_an_op_build_lock_nobody_holds_whatever_its_age(tmp_path):
     """torch's FileBaton lock of a JIT op (<dir>/<op>/lock): one that no live process holds (its descriptor, or a
     build's cwd in the folder) is stale once older than the release window, however young; a held one stays and is
@@ -136,7 +125,7 @@ def test_sweep_removes_an_op_build_lock_nobody_holds_whatever_its_age(tmp_path):
                 os.utime(locks[op], (past, past))
     os.chown(locks["others"], UID + 1, -1)
     builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=ext / "async_io")
-    holder = _baton(locks["held"])
+    holder = oplock.hold(locks["held"])
     os.utime(locks["held"], (past, past))
     try:
         time.sleep(0.2)
