@@ -20,6 +20,12 @@ def test_where_the_run_stood():
     assert oom_point({"event": "resumed", "step": 10, "total_steps": None}, 1) == "at step 11 (training)"
     assert oom_point({"event": "step", "step": 30, "total_steps": 30}, 1).startswith("after the last step, 30")
     assert oom_point({"event": "export", "step": 30, "total_steps": 30}, 1) == "after step 30 (finishing)"
+    # What rank 0 said it started last (engine/train_worker.py Run.phase).
+    assert oom_point({"event": "phase", "phase": "writing parameters to the region"}, 1) == \
+        "before step 1 (setup: writing parameters to the region)"
+    assert oom_point({"event": "phase", "phase": "saving a checkpoint", "step": 10, "total_steps": 30}, 1) == \
+        "after step 10 (saving a checkpoint)"
+    assert oom_point({"event": "progress", "step": 4, "total_steps": 30}, 10) == "at step 5 (training)"
 
 
 def test_a_bad_cap_is_bad_input(cli):
