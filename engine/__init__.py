@@ -34,11 +34,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,
-            rank: int | None = None) -> Installed:
+            rank: int | None = None, placement: str = "auto") -> Installed:
     """Plug the engine into DeepSpeed; see :func:`memascend_engine.runtime.install`."""
     from memascend_engine.runtime import install as _install
 
-    return _install(ds_config, region=region, model_spec=model_spec, options=options, rank=rank)
+    return _install(ds_config, region=region, model_spec=model_spec, options=options, rank=rank, placement=placement)
 
 
 __all__ = ["EngineOptions", "install"]

@@ -122,7 +122,8 @@ def _describe(handle) -> dict:
 
     return dict(region=handle.region, nvme=bool(handle.param_nvme or handle.opt_nvme),
                 zero_stage=trainer_config.zero_stage(handle.ds_config),
-                offload=trainer_config.offload_devices(handle.ds_config))
+                offload=trainer_config.offload_devices(handle.ds_config),
+                placement=handle.choice.to_dict() if handle.choice is not None else None)
 
 
 def _as_dict(config):
@@ -142,7 +143,8 @@ def _engage(config: dict) -> None:
     region = _settings.get("region")
     try:
         handle = memascend_engine.install(config, region=region, model_spec=_settings.get("model"),
-                                          options=memascend_engine.EngineOptions(direct_nvme=bool(region)))
+                                          options=memascend_engine.EngineOptions(direct_nvme=bool(region)),
+                                          placement=_settings.get("placement") or "auto")
     except Exception as exc:
         _write(state=anyprogram.FAILED, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
         raise
@@ -175,7 +177,8 @@ def _wrap_initialize(ds) -> None:
             _failed_before_use("deepspeed.initialize", exc)
             raise
         if _record.get("state") != anyprogram.ENGAGED and _active() is not None:
-            _write(state=anyprogram.ENGAGED)  # the program's DeepSpeed engine exists, on the engine
+            # The program's DeepSpeed engine exists, on the engine; a placement chosen at initialize is final now.
+            _write(state=anyprogram.ENGAGED, **(_describe(_active()) if _active() in _ours else {}))
         _watch(result, partitioned)
         return result
 

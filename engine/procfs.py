@@ -16,6 +16,19 @@ def status_kib(field: str) -> int:
     return 0
 
 
+def dram_view():
+    """The DRAM this process may use now (planner.offload_choice.DramView): MemAvailable, its own RSS and its
+    cgroup's memory limit."""
+    from memascend_cli.hardware import MEMINFO, parse_meminfo
+    from memascend_cli.planner.offload_choice import DramView
+    from memascend_cli.run.cgroup import own_memory_limit_bytes
+
+    with open(MEMINFO) as f:
+        available = parse_meminfo(f.read()).get("MemAvailable", 0)
+    return DramView(mem_available_bytes=available, own_rss_bytes=status_kib("VmRSS") * 1024,
+                    cgroup_limit_bytes=own_memory_limit_bytes())
+
+
 def io_bytes() -> dict[str, int]:
     """read_bytes / write_bytes of /proc/self/io: bytes this process really moved to or from the block layer (O_DIRECT
     swap traffic included, page-cache hits not); zeros where the kernel has no I/O accounting (proc(5))."""

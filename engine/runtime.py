@@ -69,6 +69,20 @@ def inventory_spec(model) -> Any:
     return spec if have == {t.name: t.numel for t in spec.tensors()} else None
 
 
+def _loose_spec(model) -> Any:
+    """The ModelSpec of a model's Hugging Face config even where its parameters differ (adapters, a wrapper): close
+    enough to price where its states go; None without a config the planner reads."""
+    from memascend_cli.errors import BadInput
+    from memascend_cli.models import spec_from_hf_config
+
+    config = getattr(model, "config", None)
+    try:
+        return spec_from_hf_config(config.to_dict(), name=type(model).__name__, origin="the model's config") \
+            if hasattr(config, "to_dict") else None
+    except BadInput:
+        return None
+
+
 def _resolve_spec(model_spec):
     if model_spec is None:
         return None
@@ -82,8 +96,16 @@ def _resolve_spec(model_spec):
 class Installed:
     """A live installation; :meth:`uninstall` restores DeepSpeed."""
 
-    def __init__(self, *, options: EngineOptions, ds_config: dict, spec, rank: int, region: str | None):
+    def __init__(self, *, options: EngineOptions, ds_config: dict, spec, rank: int, region: str | None,
+                 placement: str = "auto"):
         self.options = options
+        self.placement = placement
+        """install(placement=...): auto, dram or region (planner.offload_choice.PLACEMENT_CHOICES)."""
+        self.choice = None
+        """The OffloadChoice for a config whose own offload is CPU (or none) under ZeRO-3 with a region: kept or moved
+        (planner/offload_choice.py); None for any other config."""
+        self._pending = False
+        """auto without a model_spec: the choice waits for the model deepspeed.initialize receives."""
         self.ds_config = ds_config
         self.spec = spec
         self.rank = rank
@@ -128,20 +150,27 @@ class Installed:
 
         `"auto"` ZeRO values are filled as the HF Trainer fills them (trainer_config.resolve_zero_auto) when the
         hidden size is known, else the rewrite waits for `deepspeed.initialize` (see _initialize_hook). Under ZeRO-3
-        with a region, CPU (or no) offload is moved to NVMe; otherwise a config that offloads nothing to NVMe is
-        reported loudly, since nothing would reach the SSD."""
+        with a region, CPU (or no) offload stays as written where the DRAM holds it and moves to NVMe where it does
+        not, or as `placement` asks (_choose); otherwise a config that offloads nothing to NVMe is reported loudly,
+        since nothing would reach the SSD."""
         changes: dict[str, Any] = {}
         devices = trainer_config.offload_devices(cfg)
         if "nvme" not in devices.values():
             stage = trainer_config.zero_stage(cfg)
             if not (stage == 3 and self.region and self.options.direct_nvme):
+                if self.placement == "region":
+                    raise ValueError(f"placement='region' needs ZeRO-3 and a region with direct_nvme (ZeRO stage "
+                                     f"{stage}, region {self.region})")
                 warnings.warn(f"memascend_engine.install(): this DeepSpeed config offloads nothing to NVMe (ZeRO stage "
                               f"{stage}, offload {devices or 'none'}): no model state goes to the SSD and the engine "
                               "saves nothing; use ZeRO-3 with a region to move the offload there", stacklevel=5)
                 return changes
+            if not self._choose(cfg, devices).move:
+                return changes
             changes.update(trainer_config.move_offload_to_nvme(cfg))
-            log.warning("memascend_engine: offload %s moved to NVMe (the region): DeepSpeed's CPU offload keeps the "
-                        "whole model state in host memory", devices or "none")
+        elif self.placement == "dram":
+            warnings.warn(f"memascend_engine.install(): placement 'dram' has no effect: the config already offloads "
+                          f"to NVMe ({devices})", stacklevel=5)
         zo = cfg["zero_optimization"]
         op, oo = zo.get("offload_param") or {}, zo.get("offload_optimizer") or {}
         self.param_nvme = op.get("device") == "nvme"
@@ -178,6 +207,61 @@ class Installed:
             self.key_dir = self.key_dir or op.get("nvme_path") or oo.get("nvme_path")
         return changes
 
+    def _choose(self, cfg: dict, devices: dict, model=None):
+        """The OffloadChoice for `cfg` (made once, then kept for every config this installation rewrites): as asked,
+        else priced with the model_spec, or with `model` (deepspeed.initialize's); without either it waits for
+        deepspeed.initialize (_pending) and the config stays as written until then. Prints one line."""
+        if self.choice is not None and not (self._pending and model is not None):
+            return self.choice
+        from memascend_engine import procfs
+
+        from memascend_cli.hardware import inventory_to_spec, probe
+        from memascend_cli.planner import offload_choice as oc
+
+        self._pending = self.placement == "auto" and self.spec is None and model is None
+        if self._pending:
+            self.choice = oc.OffloadChoice(move=False, placement="auto", pending=True, reason="decided at "
+                                           "deepspeed.initialize, when the model is known: install() got no "
+                                           "model_spec")
+            log.warning("memascend_engine: %s", self.choice.line())
+            return self.choice
+        spec, partitioned, assumed = self.spec, False, []
+        if spec is None and model is not None:
+            spec = inventory_spec(model) or _loose_spec(model)
+            partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+            if spec is None:
+                assumed.append(f"it fits: {type(model).__name__} has no Hugging Face config to plan it by (pass "
+                               "model_spec=)")
+        job = None
+        if spec is not None and self.placement == "auto":
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            job, assumed = oc.job_for_config(cfg, spec, ranks_per_node=local, zero_init=partitioned or
+                                             self.spec is not None, env=os.environ)
+        self.choice = oc.decide(job, inventory_to_spec(probe()), procfs.dram_view(), placement=self.placement,
+                                offload_none=set(devices.values()) <= {"none"}, assumptions=assumed)
+        if self.choice.move and partitioned:
+            # zero.Init already put the parameters where the config said: they cannot move now.
+            self.choice = replace(self.choice, move=False, reason=f"{self.choice.reason}; but deepspeed.zero.Init "
+                                  "already partitioned the model with the config's offload, so it stays (pass "
+                                  "model_spec= to install(), or launch --model, to decide before zero.Init)")
+        log.warning("memascend_engine: %s", self.choice.line())
+        return self.choice
+
+    def _decide_at_initialize(self, cfg: dict | None, model) -> bool:
+        """The pending choice, now that deepspeed.initialize received the model; True when the offload moves to the
+        region (the wiring made for the CPU offload is undone: _install wires the engine again)."""
+        if cfg is None:
+            log.warning("memascend_engine: deepspeed.initialize got its config as a path: the offload stays as "
+                        "written (pass the config as a dict, or model_spec= to install())")
+            self._pending = False
+            return False
+        devices = trainer_config.offload_devices(cfg)
+        if "nvme" in devices.values() or not self._choose(cfg, devices, model).move:
+            return False
+        self.patches.restore()
+        self.config_changes.update(trainer_config.move_offload_to_nvme(cfg))
+        return True
+
     def _initialize_hook(self, initialize):
         """`deepspeed.initialize` that first rewrites the config it receives: the HF Trainer (through accelerate)
         passes its own copy, with the `"auto"` values filled only now (trainer_config_finalize)."""
@@ -185,6 +269,8 @@ class Installed:
         @functools.wraps(initialize)
         def wrapper(*args, **kwargs):
             cfg = trainer_config.initialize_config(kwargs)
+            model = kwargs.get("model", args[1] if len(args) > 1 else None)
+            rewire = self._pending and self._decide_at_initialize(cfg, model)
             if cfg is not None and "nvme" in trainer_config.offload_devices(cfg).values():
                 hidden = (self.spec.hidden_size if self.spec is not None
                           else trainer_config.model_hidden_size(kwargs.get("model")))
@@ -198,9 +284,11 @@ class Installed:
                 warnings.warn("memascend_engine: deepspeed.initialize got its config as a path, so the 'auto' ZeRO "
                               "values install() deferred were never rewritten; pass the config as a dict",
                               stacklevel=2)
+            if rewire:
+                self._wire()
             if self.spec is None and self.inventory_spec is None:
                 # deepspeed.initialize(args=None, model=None, ...): the model is its second positional parameter.
-                self.inventory_spec = inventory_spec(kwargs.get("model", args[1] if len(args) > 1 else None))
+                self.inventory_spec = inventory_spec(model)
                 if self.inventory_spec is not None and self.ctx is not None:
                     for sw in self.ctx.param_swappers:  # a pool built before: sized to the largest partition only
                         if sw.pool_plan is not None:
@@ -258,16 +346,26 @@ class Installed:
     # -- wiring --------------------------------------------------------------------------------
     def _install(self) -> None:
         from memascend_engine import cpuinfo_cache
-        from memascend_engine.ds_internals import aio, context, jit_ops, patches, pinning, stage3
-        from memascend_engine.ds_internals.checkpoint_api import patch_checkpoint_api
+        from memascend_engine.ds_internals import jit_ops
         from memascend_engine.ds_internals.version import check_version
-        from memascend_engine.pinned import PinnedAllocator
 
         check_version()
         cpuinfo_cache.enable()
         jit_ops.enable()  # DeepSpeed's built ops load without torch's build lock: a killed rank leaves none behind
-        o = self.options
         self._rewrite_config()
+        self._wire()
+        self._installed = True
+        log.info("memascend engine installed (rank %d, region %s): %s; config changes %s", self.rank, self.region,
+                 self.options, self.config_changes)
+
+    def _wire(self) -> None:
+        """Plug the engine into DeepSpeed for the offload the config now has (again after a choice made at
+        deepspeed.initialize moved it: nothing DeepSpeed built used the first wiring yet)."""
+        from memascend_engine.ds_internals import aio, context, patches, pinning, stage3
+        from memascend_engine.ds_internals.checkpoint_api import patch_checkpoint_api
+        from memascend_engine.pinned import PinnedAllocator
+
+        o = self.options
         # Unpinned still means page-aligned exact-size buffers: O_DIRECT needs aligned memory.
         self.allocator = PinnedAllocator(lock=o.pinned, cuda_register=None if o.pinned else False)
         self.patches = patches.Patches()
@@ -318,9 +416,6 @@ class Installed:
             if self.store is not None:
                 self.store.close()
             raise
-        self._installed = True
-        log.info("memascend engine installed (rank %d, region %s): %s; config changes %s", self.rank, self.region,
-                 self.options, self.config_changes)
 
     def windows(self) -> zero.EngineWindows:
         """The bounded engine's host windows (zero.EngineWindows) from the options and the ZeRO settings."""
@@ -360,6 +455,7 @@ class Installed:
         d["swap_files_created"] = self.swap_files()
         d["counters"] = dict(self.ctx.counters) if self.ctx else {}
         d["config_changes"] = dict(self.config_changes)
+        d["placement"] = self.choice.to_dict() if self.choice is not None else None
         if self.checkpointer is not None:
             stash = self.checkpointer.stash
             d["checkpointing"] = {"layer_calls": self.checkpointer.calls, "on_ssd": bool(getattr(stash, "on_ssd", False)),
@@ -460,7 +556,7 @@ def active() -> Installed | None:
 
 
 def install(ds_config: dict, *, region: str | None, model_spec=None, options: EngineOptions | None = None,
-            rank: int | None = None) -> Installed:
+            rank: int | None = None, placement: str = "auto") -> Installed:
     """Plug the engine into DeepSpeed; rewrites ``ds_config`` in place (see ``Installed.config_changes``).
 
     ``region``: a region made by `memascend prepare-ssd` (device, partition or file); needed when
@@ -468,13 +564,21 @@ def install(ds_config: dict, *, region: str | None, model_spec=None, options: En
     or preset name / model directory, for the adaptive pool's size classes (without it they come from the
     transformers model deepspeed.initialize receives, where its config describes its parameters; else the
     parameter pool is DeepSpeed's ``buffer_count`` slots of the largest partition, still exact-size). ``rank``:
-    the region sub-region to use (default: LOCAL_RANK).
+    the region sub-region to use (default: LOCAL_RANK). ``placement``: what happens to a ZeRO-3 config's own CPU
+    offload (or none) with a region: ``"auto"`` keeps it where the DRAM this process may use (MemAvailable, or its
+    cgroup's limit when lower) holds stock DeepSpeed's placement, else moves it to the region; ``"dram"`` keeps it,
+    ``"region"`` moves it. Without ``model_spec``, auto decides at ``deepspeed.initialize`` from the model it
+    receives. One line says which and why (``Installed.choice``).
     """
+    from memascend_cli.planner.offload_choice import PLACEMENT_CHOICES
+
+    if placement not in PLACEMENT_CHOICES:
+        raise ValueError(f"placement={placement!r}: use one of {', '.join(PLACEMENT_CHOICES)}")
     global _active
     if _active is not None:
         raise RuntimeError("memascend_engine is already installed in this process; call uninstall() first")
     inst = Installed(options=options or EngineOptions(), ds_config=ds_config, spec=_resolve_spec(model_spec),
-                     rank=_local_rank() if rank is None else int(rank), region=region)
+                     rank=_local_rank() if rank is None else int(rank), region=region, placement=placement)
     inst._install()
     _active = inst
     return inst

@@ -27,6 +27,10 @@ def launch_command(
                               "program trains: sizes the engine's parameter pool (without it: DeepSpeed's "
                               "buffer_count x buffer_size, still exact-size) and the plan line (without it: the "
                               "model's own Hugging Face config).", show_default=False),
+    placement: str = typer.Option("auto", "--placement", metavar="auto|dram|region", help="A ZeRO-3 config's own "
+                                  "CPU offload (or none): auto keeps it where this machine's DRAM (or its cgroup's "
+                                  "limit) holds stock DeepSpeed's placement and moves it to the region where not; "
+                                  "dram keeps it; region moves it. A line per rank says which and why."),
     run_dir: str = typer.Option(None, "--run-dir", help="Keep the per-process engine records (status/PID.json) "
                                 "here [default: a temporary folder, removed at the end].", show_default=False),
     stop_grace_s: float = typer.Option(None, "--stop-grace", metavar="SECONDS", help="After the first SIGTERM, SIGHUP "
@@ -37,7 +41,8 @@ def launch_command(
 
     The program runs as it is; a start-up hook on PYTHONPATH installs the engine in each Python process at its
     first `deepspeed.zero.Init` or `deepspeed.initialize`, with the config the program passes (HF `"auto"` values
-    and CPU offload under ZeRO-3 handled as `memascend_engine.install()` does). Its output goes to this terminal.
+    and CPU offload under ZeRO-3 handled as `memascend_engine.install()` does: kept where the DRAM holds it, see
+    --placement). Its output goes to this terminal.
     Ctrl-C, SIGTERM and SIGHUP go to all its processes (SIGHUP as SIGTERM; exit 75); a second signal, or
     --stop-grace, kills them. No process of the program outlives the command. While it trains, a line now and
     then gives the first rank's step, loss, s/step, host memory and SSD traffic, and once its first step ran, the
@@ -63,6 +68,10 @@ def launch_command(
     from memascend_cli.run.launch import DEFAULT_STOP_GRACE_S, StopPolicy
     from memascend_cli.run.prepared import require_engine
 
+    from memascend_cli.planner.offload_choice import PLACEMENT_CHOICES
+
+    if placement not in PLACEMENT_CHOICES:
+        raise BadInput(f"unknown --placement {placement!r}", f"use one of {', '.join(PLACEMENT_CHOICES)}")
     if not command:
         raise BadInput("no command to run", "put the program after --: memascend launch --region R -- python train.py")
     if shutil.which(command[0]) is None:
@@ -87,7 +96,7 @@ def launch_command(
     os.makedirs(status_dir)
     env = anyprogram.build_env(dict(os.environ), hook=hook, status_dir=status_dir,
                                region=os.path.abspath(region) if region else None, model=model,
-                               lifeline_token=lifeline.token())
+                               lifeline_token=lifeline.token(), placement=placement)
     note = leftovers.sweep().note()
     if note:
         err.print(f"note: {note}", highlight=False, soft_wrap=True)

@@ -237,6 +237,17 @@ def stock_dram_placement(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headro
                   est=_derived(tuned, "stock", keep + host + [params], _no_ssd(ns, dram_states=ns)))
 
 
+def stock_row(job: JobSpec, hw: HardwareSpec, placement: str) -> Priced:
+    """Stock DeepSpeed's `placement` alone ('gpu' or 'dram'), checked as price_placements checks it (headroom_bytes
+    left free): what install() keeps when a user's config already runs it and it fits (planner/offload_choice.py)."""
+    roomy = _with_headroom(hw, headroom_bytes(hw))
+    tuned = estimate(job, hw, "tuned")
+    row = gpu_placement(job, hw, tuned) if placement == "gpu" else stock_dram_placement(job, hw, tuned, roomy)
+    if row.est is not None:
+        row.verdict = check(row.est, roomy)
+    return row
+
+
 def memascend_tier(ms: Estimate, per_rank_bytes: int | None) -> tuple[dict, list[Item], SsdTraffic]:
     """memascend's DRAM tier of `per_rank_bytes` (None: all of it) over its all-SSD estimate `ms`: the parameter
     partitions first (each byte saves its reads in forward and backward and its write-back), then whole optimizer

@@ -20,7 +20,7 @@ import subprocess
 import time
 
 ENV = "MEMASCEND_LAUNCH"
-"""JSON {"region", "model", "status_dir"} for the hook (engine/launch_hook/sitecustomize.py reads it too: a Python
+"""JSON {"region", "model", "placement", "status_dir"} for the hook (engine/launch_hook/sitecustomize.py reads it too: a Python
 without memascend cannot import this module)."""
 HOOK_DIR = "launch_hook"
 """The folder of the memascend_engine package put on PYTHONPATH; it holds nothing but sitecustomize.py."""
@@ -67,7 +67,7 @@ def hook_dir() -> str:
 
 
 def build_env(base: dict[str, str], *, hook: str, status_dir: str, region: str | None, model: str | None,
-              lifeline_token: str) -> dict[str, str]:
+              lifeline_token: str, placement: str = "auto") -> dict[str, str]:
     """The program's environment: `base` with the hook first on PYTHONPATH, its settings, the CLI's lifeline
     (memascend_cli/run/lifeline.py; the hook starts the watch in every Python process) and the engine ranks'
     variables (defaults.ENGINE_ENV) where `base` does not set them. Pure."""
@@ -77,7 +77,7 @@ def build_env(base: dict[str, str], *, hook: str, status_dir: str, region: str |
     env = {**ENGINE_ENV, **base}
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook]
     env["PYTHONPATH"] = os.pathsep.join([hook, *rest])
-    env[ENV] = json.dumps({"region": region, "model": model, "status_dir": status_dir})
+    env[ENV] = json.dumps({"region": region, "model": model, "placement": placement, "status_dir": status_dir})
     env[lifeline.ENV] = lifeline_token
     return env
 
@@ -150,7 +150,11 @@ def summarize(records: list[dict]) -> list[tuple[str, str]]:
     engaged = [r for r in records if r.get("state") == ENGAGED]
     for r in engaged:
         name = who(r)
-        if not r.get("nvme"):
+        kept = r.get("placement") if not r.get("nvme") and r.get("placement") else None
+        if kept is not None and not kept.get("move"):
+            lines.append(("ok", f"{name}: engine engaged; offload kept in {kept.get('kept', 'DRAM')} as the config "
+                                f"writes it, memascend's region not used ({kept.get('reason')})"))
+        elif not r.get("nvme"):
             lines.append(("warn", f"{name}: engine installed, but its DeepSpeed config offloads nothing to NVMe (ZeRO "
                                   f"stage {r.get('zero_stage')}, offload {r.get('offload') or 'none'}): nothing went "
                                   "to the SSD; use ZeRO-3, and the engine moves the offload to the region"))

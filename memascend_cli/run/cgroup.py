@@ -252,6 +252,19 @@ def stale_owner(name: str) -> int | None:
 # --- I/O ------------------------------------------------------------------------------------------------------------
 
 
+UNLIMITED_BYTES = 1 << 62
+"""v1 writes "no limit" as 2^63 - 1 rounded down to a page (9223372036854771712); any value this large is none."""
+
+
+def memory_limit_bytes(h: Hierarchy, read) -> int | None:
+    """The memory limit that binds a process in `h.own_dir`: the lowest of its cgroup's and its ancestors' (v2
+    memory.max, v1 memory.limit_in_bytes), None where none is set. `read(path)` gives a file's text or None. Pure
+    given `read`."""
+    name = "memory.max" if h.version == 2 else "memory.limit_in_bytes"
+    values = (single_value(read(os.path.join(d, name))) for d in (h.own_dir, *ancestors(h.own_dir, h.mount_point)))
+    return min((v for v in values if v is not None and v < UNLIMITED_BYTES), default=None)
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as f:
@@ -271,6 +284,14 @@ def locate(controller: str = "memory") -> Hierarchy:
     v2 = next((m for m in cgroup_mounts(mountinfo) if m.version == 2), None)
     controllers = _read(os.path.join(v2.mount_point, "cgroup.controllers")) if v2 is not None else None
     return detect(mountinfo, _read(PROC_CGROUP) or "", controllers, controller)
+
+
+def own_memory_limit_bytes() -> int | None:
+    """The memory limit this process runs under (memory_limit_bytes), None without one or without a memory cgroup."""
+    try:
+        return memory_limit_bytes(locate("memory"), _read)
+    except CapUnavailable:
+        return None
 
 
 def choose_parent(h: Hierarchy, controllers: tuple[str, ...] = ("memory",)) -> str:

@@ -34,7 +34,8 @@ def test_build_env_puts_the_hook_first_once_and_keeps_the_rest():
                                lifeline_token="b:1:2:3")
     assert env["PYTHONPATH"] == "/hook:/a:/b"
     assert env["HOME"] == "/h" and base["PYTHONPATH"] == "/a:/hook::/b"
-    assert anyprogram.parse_env(env) == {"region": "/r", "model": "tiny", "status_dir": "/run/status"}
+    assert anyprogram.parse_env(env) == {"region": "/r", "model": "tiny", "placement": "auto",
+                                         "status_dir": "/run/status"}
     assert env[lifeline.ENV] == "b:1:2:3"
     assert env["THP_MEM_ALLOC_ENABLE"] == "1"  # defaults.ENGINE_ENV, as train's engine ranks get it
     assert anyprogram.build_env({"THP_MEM_ALLOC_ENABLE": "0"}, hook="/h", status_dir="/s", region=None, model=None,
@@ -83,6 +84,17 @@ def test_summary_says_when_nothing_reaches_the_ssd():
     del engaged["bytes_read"]
     (level, text), = anyprogram.summarize([engaged])
     assert level == "warn" and "did not exit normally" in text
+
+
+def test_summary_of_a_cpu_offload_kept_in_dram():
+    kept = {"move": False, "pending": False, "kept": "DRAM", "reason": "fits: stock's offload_optimizer cpu needs ..."}
+    rank = _engaged(0, nvme=False, offload={"offload_param": "cpu", "offload_optimizer": "cpu"}, placement=kept,
+                    bytes_read=0, bytes_written=0)
+    (level, text), = anyprogram.summarize([rank])
+    assert level == "ok" and text == ("rank 0: engine engaged; offload kept in DRAM as the config writes it, "
+                                      "memascend's region not used (fits: stock's offload_optimizer cpu needs ...)")
+    (level, _), = anyprogram.summarize([dict(rank, placement=dict(kept, move=True))])
+    assert level == "warn"  # moved, yet nothing on NVMe: the old warning stands
 
 
 def test_summary_of_an_install_the_program_made_itself():
