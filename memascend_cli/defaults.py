@@ -1,4 +1,4 @@
-"""The job defaults `memascend plan` and `memascend train` share (one home, so `plan && train` agree).
+"""The job defaults `memascend plan`, `train` and `bench` share (one home, so `plan && train` agree).
 
 Plain constants: `plan` imports them without loading the recipe machinery.
 """
@@ -13,6 +13,14 @@ DEFAULT_PRECISION = "bf16"
 """Model/compute dtype."""
 DEFAULT_OUTPUT_DIR = "runs/memascend"
 """Run directory, relative to the current directory; `train` creates the SSD region file in it by default."""
+DEFAULT_PLAN_MODEL_GPU = "qwen2.5-7b"
+"""The model `plan` without a model or recipe plans on a machine with a GPU: a sensible first plan."""
+DEFAULT_PLAN_MODEL_CPU = "qwen2.5-0.5b"
+"""The same on a CPU-only machine: small enough to train there."""
+DEFAULT_BENCH_MODEL = "bench-llama-136m"
+"""The model `bench` runs without --model (random weights)."""
+DEFAULT_BENCH_STEPS = 5
+"""Steps of a bench run without --steps: step 1 builds the Adam states, steps 2..N give the s/step."""
 DEFAULT_GRADIENT_CHECKPOINTING = True
 """Recompute activations in backward (the memascend engine offloads the checkpoints to host memory);
 LLaMA-Factory checkpoints by default too. The planner calls it `offload` (`full` on stock DeepSpeed)."""

@@ -14,10 +14,11 @@ from dataclasses import asdict, dataclass, field, replace
 from memascend_cli.bench.configs import (build_ds_config, checkpointing_impl, child_env, engine_args, loss_impl,
                                          plan_job, predict, ssd_space_bytes)
 from memascend_cli.bench.document import build_document
+from memascend_cli.bench.outcome import (judge, read_events, record_cpu, record_events, record_memory,
+                                          summarize_events, waiting_on)
 from memascend_cli.bench.runs import RunSpec
-from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSampler, TreeSampler, bucket_max,
-                                          drop_caches, nearest, others_rss_bytes, read_busy_cpu_seconds,
-                                          sampling_stats, settle)
+from memascend_cli.bench.sampling import (SETTLE_CAP_S, MeminfoReader, MemSampler, TreeSampler, drop_caches,
+                                          others_rss_bytes, read_busy_cpu_seconds, settle)
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.run.launch import free_port
@@ -121,62 +122,6 @@ class RunResult:
         return d
 
 
-def read_events(path: str) -> list[dict]:
-    """The child's JSON lines (a partial last line while the child writes is skipped)."""
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    except FileNotFoundError:
-        pass
-    return out
-
-
-def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int, seq_len: int, ranks: int,
-                     grad_accum: int = 1) -> dict:
-    """Step timing from rank 0 (a step: grad_accum micro-batches and the optimizer); SSD bytes summed over ranks.
-    Pure."""
-    ev0 = events_by_rank.get(0, [])
-    steps = [e for e in ev0 if e.get("event") == "step"]
-    finals = [next((e for e in evs if e.get("event") == "final"), None) for evs in events_by_rank.values()]
-    finals = [f for f in finals if f is not None]
-    errors = [e["message"] for evs in events_by_rank.values() for e in evs if e.get("event") == "error"]
-    out: dict = {"losses": [s["loss"] for s in steps], "grad_norms": [s.get("grad_norm") for s in steps],
-                 "errors": errors}
-    if steps:
-        # Step 1 also records the parameter trace and creates the Adam states: report it apart.
-        timed = steps[1:] if len(steps) > 1 else steps
-        sps = sum(s["seconds"] for s in timed) / len(timed)
-        out.update(seconds_per_step=sps, first_step_seconds=steps[0]["seconds"],
-                   tokens_per_s=micro_batch * seq_len * grad_accum * ranks / sps)
-        # SSD bytes of a steady step (rank 0; the first step reads no Adam moments and records the trace).
-        with_io = [s for s in timed if "io" in s]
-        if with_io:
-            out.update(ssd_read_bytes_per_step=sum(s["io"]["read_bytes"] for s in with_io) / len(with_io),
-                       ssd_write_bytes_per_step=sum(s["io"]["write_bytes"] for s in with_io) / len(with_io))
-    if finals and len(finals) == len(events_by_rank):
-        out.update(
-            ssd_read_bytes=sum(f["io"]["read_bytes"] for f in finals),
-            ssd_written_bytes=sum(f["io"]["write_bytes"] for f in finals),
-            ssd_read_bytes_steps=sum(f["io_steps"]["read_bytes"] for f in finals),
-            ssd_written_bytes_steps=sum(f["io_steps"]["write_bytes"] for f in finals),
-            swap_bytes_on_disk=max(f.get("swap_bytes_on_disk", 0) for f in finals),
-        )
-        first = next((f for f in finals if f.get("rank") == 0), finals[0])
-        for k in ("peak_gpu_bytes", "peak_gpu_reserved_bytes", "pinned_bytes"):
-            if first.get(k) is not None:
-                out[k] = first[k]
-        stats = [f["engine_stats"] for f in finals if f.get("engine_stats") is not None]
-        if stats:
-            out["engine_stats"] = stats
-    out["phases"] = [e for e in ev0 if e.get("event") == "phase"]
-    return out
-
-
 def child_command(args: list[str], ranks: int) -> list[str]:
     """One rank: `python -m memascend_engine.bench_job`. More: torchrun (python -m torch.distributed.run -m ...)."""
     if ranks == 1:
@@ -199,15 +144,14 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     from contextlib import ExitStack
 
     from memascend_cli.run import lifeline
-    from memascend_cli.run.cgroup import THRASH_FULL_SHARE, THRASH_WINDOW_S, RunCgroup
+    from memascend_cli.run.cgroup import RunCgroup
 
     res = RunResult(name=run.name, mode=run.mode, disabled=list(run.disabled), ok=False, config=cfg,
                     predicted=predicted, optimizer_moments=run.moments)
     run_dir = os.path.join(out_dir, "runs", run.name)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    os.makedirs(run_dir)
-    shutil.rmtree(nvme_dir, ignore_errors=True)  # stale swap files would be read back as data
-    os.makedirs(nvme_dir)
+    for folder in (run_dir, nvme_dir):  # stale swap files would be read back as data
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
     res.error = swap_space_short(run.mode, predicted, ranks, nvme_dir) if predicted else None
     if res.error:  # stock's swap files would fill the disk mid-run (ENOSPC); the other engines still run
         return res
@@ -215,15 +159,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
     events_prefix = os.path.join(run_dir, "events")
-    args = [*job_args, "--mode", run.mode, "--ds-config", cfg_path, "--events", events_prefix,
-            "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled), "--loss-impl", loss_impl(run.mode, loss)]
-    for t in run.disabled:
-        args += ["--disable", t]
-    if run.moments != "fp32":
-        args += ["--optimizer-moments", run.moments]
-    args += list(extra_args or [])
-    if region is not None:
-        args += ["--region", region]
+    args = child_args(run, job_args, cfg_path=cfg_path, events_prefix=events_prefix, loss=loss, extra_args=extra_args,
+                      region=region)
     run_env = dict(run.env)
     env = {**child_env(run.mode, cfg, os.environ, accelerator=accelerator), **run_env, lifeline.ENV: lifeline.token()}
     res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
@@ -235,16 +172,7 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             s = "…" if spread is None else f"{spread / MiB:.0f} MiB"
             progress.update(task, description=f"{run.name}: settle {waited_s:.0f}s ±{s}")
 
-    from memascend_cli.run import leftovers
-
-    swept_before = leftovers.sweep()
-    if swept_before.note():
-        from memascend_cli.console import err
-
-        (progress.console if progress is not None else err).print(f"note: {swept_before.note()}", highlight=False,
-                                                                   soft_wrap=True)
-    res.shm = {"before_bytes": leftovers.shm_used_bytes(), "segments_before": leftovers.deepspeed_segments(),
-               "swept_before": swept_before.to_dict()}
+    res.shm = _shm_before(progress)
     reader = MeminfoReader()
     stack = ExitStack()
     cap = (stack.enter_context(RunCgroup(label=f"bench-{run.name}", cap_bytes=dram_cap_bytes, io_limits=io_limits))
@@ -271,30 +199,11 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
         tree = TreeSampler(proc.pid)
         tree.start()
         status, rusage = 0, None
-        rank0_events = f"{events_prefix}-rank0.jsonl"
         watch = cap.pressure_watch() if dram_cap_bytes else None
         try:
-            while True:
-                pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-                if pid == proc.pid:
-                    break
-                if watch is not None:
-                    watch.sample(time.monotonic())
-                    res.thrashed = watch.thrashing() is not None
-                timed_out = timeout_s is not None and time.monotonic() - t_launch > timeout_s
-                if timed_out or res.thrashed:
-                    proc.kill()
-                    _, status, rusage = os.wait4(proc.pid, 0)
-                    res.timed_out = timed_out
-                    break
-                if progress is not None:
-                    evs = read_events(rank0_events)
-                    done = sum(1 for e in evs if e.get("event") == "step")
-                    phase = next((e["name"] for e in reversed(evs) if e.get("event") == "phase"), "starting")
-                    wait = waiting_on({0: evs})
-                    progress.update(task, completed=done, description=f"{run.name}: {phase}" + (
-                        f", waiting on {wait['on']} ({', '.join(wait['holders'])})" if wait else ""))
-                time.sleep(0.2)
+            status, rusage = _wait(proc, res, watch=watch, timeout_s=timeout_s, t_launch=t_launch,
+                                   show=(lambda evs: _show_progress(progress, task, run.name, evs)) if progress else None,
+                                   rank0_events=f"{events_prefix}-rank0.jsonl")
         except BaseException:
             proc.kill()
             os.wait4(proc.pid, 0)
@@ -306,91 +215,116 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
             sampler.stop()
             tree.stop()
             sys.setswitchinterval(switch_s)
-        if io_limits:
-            res.io_throttle = cap.io_result()
-        if dram_cap_bytes:
-            if watch is not None:
-                res.memory_stall = {"scope": watch.scope, "max_full_share": round(watch.max_share, 3),
-                                    "window_s": THRASH_WINDOW_S}
-            cg = cap.result(sigkilled=not (res.timed_out or res.thrashed) and os.WIFSIGNALED(status)
-                            and os.WTERMSIG(status) == signal.SIGKILL)
-            res.cgroup, res.oom_killed = {"limit_bytes": dram_cap_bytes, **cg.to_dict()}, cg.oom_killed
+        if cap is not None:
+            _record_cgroup(res, cap, watch, status, dram_cap_bytes=dram_cap_bytes, throttled=bool(io_limits))
     finally:
         reader.close()
         stack.close()  # kills what is left in the cgroup and removes it
     res.wall_s = t_end - t_launch
-    swept_after = leftovers.sweep()
-    after = leftovers.deepspeed_segments()
-    held = leftovers.held_paths(os.path.join(leftovers.SHM_DIR, leftovers.SHM_PREFIX))
-    # What the run left: segments new since the launch that no live process holds (another job's live ones are not).
-    left = [n for n in after if n not in res.shm["segments_before"] and os.path.join(leftovers.SHM_DIR, n) not in held]
-    res.shm.update(after_bytes=leftovers.shm_used_bytes(), segments_after=after, left_by_run=left,
-                   swept_after=swept_after.to_dict())
+    _shm_after(res.shm)
     code = os.waitstatus_to_exitcode(status)
-    res.ru_maxrss_bytes = rusage.ru_maxrss * 1024 if rusage is not None else None
-    res.cpu_seconds = round(rusage.ru_utime + rusage.ru_stime, 2) if rusage is not None else None
-    res.bench_cpu_seconds = round(self_at_end - self_at_launch, 2)
-    if res.cpu_seconds is not None and busy_at_launch is not None and busy_at_end is not None:
-        res.others_cpu_seconds = round(max(0.0, busy_at_end - busy_at_launch - res.cpu_seconds
-                                           - res.bench_cpu_seconds), 2)
-    res.max_tree_rss_bytes = tree.max_tree_rss_bytes
-    res.per_process_max_rss = sorted(({"pid": p, "cmd": n, "max_rss_bytes": b}
-                                      for p, (n, b) in tree.per_process_max_rss_bytes.items()),
-                                     key=lambda d: -d["max_rss_bytes"])[:8]
-    if tree.others_rss_bytes:
-        vals = [v for _, v in tree.others_rss_bytes]
-        res.others_rss_span_bytes = max(vals) - min(vals)
-    ts, used = sampler.t_s, sampler.used_bytes
-    res.sampling = sampling_stats(ts)
-    in_run = [(t, u) for t, u in zip(ts, used) if t_launch <= t <= t_end]
-    if in_run:
-        t_pk, u_pk = max(in_run, key=lambda x: x[1])
-        res.peak_system_bytes = u_pk - res.idle_bytes
-        res.peak_at_s = round(t_pk - t_launch, 3)
-        at_peak = nearest(tree.others_rss_bytes, t_pk)
-        if at_peak is not None:
-            # Cross-check for a shared machine: take out how much the other processes' RSS moved between
-            # the idle reading and the moment of the peak (1 Hz, RSS only: a gauge, not a correction).
-            res.others_rss_change_at_peak_bytes = at_peak - others_at_idle
-            res.peak_system_minus_others_bytes = res.peak_system_bytes - res.others_rss_change_at_peak_bytes
-    res.timeline = [(t, v - res.idle_bytes) for t, v in bucket_max(ts, used, t_launch)]
+    record_cpu(res, rusage, busy_s=(busy_at_launch, busy_at_end), self_s=(self_at_launch, self_at_end))
+    record_memory(res, tree, sampler.t_s, sampler.used_bytes, t_launch=t_launch, t_end=t_end,
+                  others_at_idle=others_at_idle)
     events = {r: read_events(f"{events_prefix}-rank{r}.jsonl") for r in range(ranks)}
     summary = summarize_events(events, micro_batch=micro_batch, seq_len=seq_len, ranks=ranks,
                                grad_accum=int(cfg.get("gradient_accumulation_steps", 1)))
-    for k in ("losses", "grad_norms", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes_per_step",
-              "ssd_write_bytes_per_step", "ssd_read_bytes", "ssd_written_bytes",
-              "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
-              "peak_gpu_reserved_bytes", "pinned_bytes"):
-        if k in summary:
-            setattr(res, k, summary[k])
-    res.phases = [{"name": p["name"], "at_s": round(p["t_mono"] - t_launch, 3),
-                   **{k: p[k] for k in ("rss_anon_bytes", "rss_file_bytes", "malloc") if k in p}}
-                  for p in summary["phases"]]
-    if res.peak_at_s is not None:
-        res.peak_phase = next((p["name"] for p in reversed(res.phases) if p["at_s"] <= res.peak_at_s), "startup")
-    wait = waiting_on(events)
-    if code == 0 and len(res.losses) == steps:
-        res.ok = True
-    elif res.oom_killed:
-        res.error = f"does not fit: OOM-killed at step {len(res.losses) + 1} ({_phase(events)}) under the DRAM cap"
-    elif wait is not None:  # not a capacity result: the rank slept on a lock, whatever the cap's pressure read
-        res.waited_on, res.thrashed, res.timed_out = wait, False, False
-        res.error = (f"stalled in {_phase(events)}: waited on {wait['on']}, held by {', '.join(wait['holders'])}"
-                     + (f" ({'; '.join(summary['errors'])})" if summary["errors"] else ""))
-    elif res.thrashed:
-        res.error = (f"does not fit: thrashing at step {len(res.losses) + 1} ({_phase(events)}) under the DRAM cap: "
-                     f"{watch.scope} tasks all stalled on memory {watch.max_share:.0%} of {THRASH_WINDOW_S:.0f} s "
-                     f"(killed at {THRASH_FULL_SHARE:.0%}, systemd-oomd's limit)")
-    elif res.timed_out:
-        res.error = (f"did not finish within {timeout_s:.0f} s: killed at step {len(res.losses) + 1} "
-                     f"({_phase(events)})" + (" under the DRAM cap" if dram_cap_bytes else ""))
-    else:
-        res.error = "; ".join(summary["errors"]) or f"exit status {code}; last lines of {res.log_path}:\n" + _tail(res.log_path)
+    record_events(res, summary, t_launch=t_launch)
+    judge(res, code=code, steps=steps, events=events, errors=summary["errors"], watch=watch, timeout_s=timeout_s,
+          capped=bool(dram_cap_bytes))
     if progress is not None:
         progress.update(task, completed=len(res.losses),
                         description=f"{run.name}: {'done' if res.ok else '[red]failed[/red]'}")
     shutil.rmtree(nvme_dir, ignore_errors=True)
     return res
+
+
+def _record_cgroup(res: RunResult, cap, watch, status: int, *, dram_cap_bytes: int | None, throttled: bool) -> None:
+    """What the run's cgroup saw: the io throttle's result; under a cap, the memory stall, the peak and whether the
+    kernel OOM-killed it (a SIGKILL the parent did not send counts as one where the kernel counts no kills)."""
+    from memascend_cli.run.cgroup import THRASH_WINDOW_S
+
+    if throttled:
+        res.io_throttle = cap.io_result()
+    if dram_cap_bytes:
+        if watch is not None:
+            res.memory_stall = {"scope": watch.scope, "max_full_share": round(watch.max_share, 3),
+                                "window_s": THRASH_WINDOW_S}
+        cg = cap.result(sigkilled=not (res.timed_out or res.thrashed) and os.WIFSIGNALED(status)
+                        and os.WTERMSIG(status) == signal.SIGKILL)
+        res.cgroup, res.oom_killed = {"limit_bytes": dram_cap_bytes, **cg.to_dict()}, cg.oom_killed
+
+
+def child_args(run: RunSpec, job_args: list[str], *, cfg_path: str, events_prefix: str, loss: str,
+               extra_args: list[str] | None, region: str | None) -> list[str]:
+    """The child's command line (memascend_engine.bench_job): the job, the run's engine and what it switches off.
+    Pure."""
+    args = [*job_args, "--mode", run.mode, "--ds-config", cfg_path, "--events", events_prefix,
+            "--checkpointing-impl", checkpointing_impl(run.mode, run.disabled), "--loss-impl", loss_impl(run.mode, loss)]
+    for t in run.disabled:
+        args += ["--disable", t]
+    if run.moments != "fp32":
+        args += ["--optimizer-moments", run.moments]
+    args += list(extra_args or [])
+    if region is not None:
+        args += ["--region", region]
+    return args
+
+
+def _wait(proc, res: RunResult, *, watch, timeout_s: float | None, t_launch: float, show, rank0_events: str):
+    """Reap the child with wait4 (its rusage); kill it when the cap's pressure reads thrashing or it runs past
+    timeout_s (res.thrashed, res.timed_out); `show` gets rank 0's events on every poll. (status, rusage)."""
+    while True:
+        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            return status, rusage
+        if watch is not None:
+            watch.sample(time.monotonic())
+            res.thrashed = watch.thrashing() is not None
+        timed_out = timeout_s is not None and time.monotonic() - t_launch > timeout_s
+        if timed_out or res.thrashed:
+            proc.kill()
+            _, status, rusage = os.wait4(proc.pid, 0)
+            res.timed_out = timed_out
+            return status, rusage
+        if show is not None:
+            show(read_events(rank0_events))
+        time.sleep(0.2)
+
+
+def _show_progress(progress, task, name: str, evs: list[dict]) -> None:
+    done = sum(1 for e in evs if e.get("event") == "step")
+    phase = next((e["name"] for e in reversed(evs) if e.get("event") == "phase"), "starting")
+    wait = waiting_on({0: evs})
+    progress.update(task, completed=done, description=f"{name}: {phase}" + (
+        f", waiting on {wait['on']} ({', '.join(wait['holders'])})" if wait else ""))
+
+
+def _shm_before(progress) -> dict:
+    """/dev/shm before the run: leftovers of dead runs swept (said), DeepSpeed's segments listed."""
+    from memascend_cli.run import leftovers
+
+    swept_before = leftovers.sweep()
+    if swept_before.note():
+        from memascend_cli.console import err
+
+        (progress.console if progress is not None else err).print(f"note: {swept_before.note()}", highlight=False,
+                                                                   soft_wrap=True)
+    return {"before_bytes": leftovers.shm_used_bytes(), "segments_before": leftovers.deepspeed_segments(),
+            "swept_before": swept_before.to_dict()}
+
+
+def _shm_after(shm: dict) -> None:
+    """/dev/shm after the run, into `shm`: what the run left behind."""
+    from memascend_cli.run import leftovers
+
+    swept_after = leftovers.sweep()
+    after = leftovers.deepspeed_segments()
+    held = leftovers.held_paths(os.path.join(leftovers.SHM_DIR, leftovers.SHM_PREFIX))
+    # What the run left: segments new since the launch that no live process holds (another job's live ones are not).
+    left = [n for n in after if n not in shm["segments_before"] and os.path.join(leftovers.SHM_DIR, n) not in held]
+    shm.update(after_bytes=leftovers.shm_used_bytes(), segments_after=after, left_by_run=left,
+               swept_after=swept_after.to_dict())
 
 
 def _self_cpu_seconds() -> float:
@@ -399,30 +333,6 @@ def _self_cpu_seconds() -> float:
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-def waiting_on(events: dict[int, list[dict]]) -> dict | None:
-    """The lock a rank was last waiting on ({"on", "holders", "waited_s"}, the rank's "wait" event), when nothing
-    followed that wait, else None. Pure."""
-    for evs in events.values():
-        if evs and evs[-1].get("event") == "wait":
-            return evs[-1]
-    return None
-
-
-def _phase(events: dict[int, list[dict]]) -> str:
-    """Rank 0's last phase event (startup before the first)."""
-    return next((e["name"] for e in reversed(events.get(0, [])) if e.get("event") == "phase"), "startup")
-
-
-def _tail(path: str, nbytes: int = 1500) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - nbytes))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def check_nvme_dir(path: str) -> dict:

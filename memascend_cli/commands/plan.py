@@ -8,18 +8,11 @@ from __future__ import annotations
 
 import typer
 
-from memascend_cli.defaults import (
-    DEFAULT_CHUNKED_LOSS,
-    DEFAULT_GRAD_ACCUM,
-    DEFAULT_GRADIENT_CHECKPOINTING,
-    DEFAULT_MICRO_BATCH,
-    DEFAULT_OUTPUT_DIR,
-    DEFAULT_PRECISION,
-    DEFAULT_SEQ_LEN,
-)
+from memascend_cli import options
+from memascend_cli.defaults import DEFAULT_OUTPUT_DIR, DEFAULT_PLAN_MODEL_CPU, DEFAULT_PLAN_MODEL_GPU
 from memascend_cli.errors import EXIT_FAIL, BadInput
 from memascend_cli.planner.zero import DEEPSPEED_DEFAULTS as _DS
-from memascend_cli.units import GiB, parse_count, parse_size
+from memascend_cli.units import GiB, parse_size
 from memascend_cli.versions import installed_deepspeed_version, parse_version
 
 JSON_SCHEMA_VERSION = 2  # 2: engines keyed stock / tuned / memascend (1: baseline / tuned / memascend)
@@ -32,35 +25,25 @@ _O = "Output"
 
 def default_model(num_gpus: int) -> str:
     """A model that is a sensible first plan: small on a CPU-only box, 7B with a GPU."""
-    return "qwen2.5-7b" if num_gpus > 0 else "qwen2.5-0.5b"
+    return DEFAULT_PLAN_MODEL_GPU if num_gpus > 0 else DEFAULT_PLAN_MODEL_CPU
 
 
 def plan_command(
     recipe_path: str = typer.Argument(None, metavar="[RECIPE]", help="A training recipe (memascend or LLaMA-Factory "
                                       "YAML): plan exactly the job `memascend train RECIPE` runs. Options given "
                                       "as well override the recipe.", show_default=False),
-    model: str = typer.Option(None, "--model", "-m", help="Preset name (see --list-models), a Hugging Face model "
-                              "directory or config.json, a .gguf file, or a model YAML. Default: qwen2.5-7b with a GPU, "
-                              "qwen2.5-0.5b on a CPU-only machine.", rich_help_panel=_M, show_default=False),
-    seq_len: int = typer.Option(None, "--seq-len", "-s", help=f"Tokens per sequence. [default: {DEFAULT_SEQ_LEN}]",
-                                rich_help_panel=_M, show_default=False),
-    micro_batch: int = typer.Option(None, "--micro-batch", "-b", help="Sequences per rank per step. [default: "
-                                    f"{DEFAULT_MICRO_BATCH}]", rich_help_panel=_M, show_default=False),
-    grad_accum: int = typer.Option(None, "--grad-accum", help="Gradient accumulation steps. [default: "
-                                   f"{DEFAULT_GRAD_ACCUM}]", rich_help_panel=_M, show_default=False),
-    dtype: str = typer.Option(None, "--dtype", help=f"bf16, fp16 or fp32. [default: {DEFAULT_PRECISION}]",
-                              rich_help_panel=_M, show_default=False),
+    model: str = options.model(_M),
+    seq_len: int = options.seq_len(_M),
+    micro_batch: int = options.micro_batch(_M),
+    grad_accum: int = options.grad_accum(_M),
+    dtype: str = options.dtype(_M),
     grad_accum_dtype: str = typer.Option(None, "--grad-accum-dtype", help="Gradient buffer dtype (default: the model "
                                          "dtype, as DeepSpeed does).", rich_help_panel=_M),
-    checkpointing: str = typer.Option(None, "--checkpointing", help="none, selective, full, or offload (full, "
-                                      "checkpoints in host DRAM). [default: offload, as `train` with "
-                                      "gradient_checkpointing on]", rich_help_panel=_M, show_default=False),
+    checkpointing: str = options.checkpointing(_M),
     flash_attn: str = typer.Option(None, "--flash-attn", metavar="on|off", help="Attention without s^2 scores "
                                    "(default: on, transformers' SDPA; off models eager attention).",
                                    rich_help_panel=_M, show_default=False),
-    host_budget: str = typer.Option(None, "--host-budget", help="memascend's pinned + staging memory per rank, e.g. "
-                                    "4GiB (parameter pool, optimizer pipeline, gradient and checkpoint windows). "
-                                    "Default: what full overlap needs.", rich_help_panel=_M, show_default=False),
+    host_budget: str = options.host_budget(_M),
     checkpoint_offload: str = typer.Option(None, "--checkpoint-offload", help="Where memascend's offloaded "
                                            "activation checkpoints go: ssd or dram. [default: ssd]",
                                            rich_help_panel=_M, show_default=False),
@@ -77,16 +60,13 @@ def plan_command(
                                            "backward, with a second set of optimizer states on the SSD until the "
                                            "step commits. [default: the recipe's, else on]", rich_help_panel=_M,
                                            show_default=False),
-    ranks: int = typer.Option(None, "--ranks", help="Processes per node (default: one per GPU, 1 on CPU).",
-                              rich_help_panel=_M),
+    ranks: int = options.ranks(_M),
     hardware: str = typer.Option(None, "--hardware", help="Hardware profile name or YAML (default: probe this "
                                  "machine).", rich_help_panel=_H),
     nvme_path: str = typer.Option(None, "--nvme-path", help="Swap target (directory, region file or device): its "
                                   "free space and bandwidth are used.", rich_help_panel=_H),
     dram: str = typer.Option(None, "--dram", help="DRAM per node, e.g. 128GiB.", rich_help_panel=_H),
-    dram_cap: str = typer.Option(None, "--dram-cap", help="Plan the node as a job in a memory cgroup of this size "
-                                 "sees it, e.g. 6GiB: the whole cap is the job's, as `train --dram-cap` and `bench "
-                                 "--dram-cap` run it.", rich_help_panel=_H, show_default=False),
+    dram_cap: str = options.dram_cap(_H),
     gpu_mem: str = typer.Option(None, "--gpu-mem", help="Memory per GPU, e.g. 24GiB.", rich_help_panel=_H),
     gpus: int = typer.Option(None, "--gpus", help="GPUs per node (0 = CPU-only).", rich_help_panel=_H),
     nodes: int = typer.Option(None, "--nodes", help="Machines.", rich_help_panel=_H),
@@ -94,9 +74,7 @@ def plan_command(
     nvme_read_gbps: str = typer.Option(None, "--nvme-read-gbps", help="SSD read bandwidth, GB/s.", rich_help_panel=_H),
     nvme_write_gbps: str = typer.Option(None, "--nvme-write-gbps", help="SSD write bandwidth, GB/s.",
                                         rich_help_panel=_H),
-    cpu_gflops: float = typer.Option(None, "--cpu-gflops", help="CPU matmul GFLOP/s for a CPU-only job's time "
-                                     "(default: this machine's matmul probe, measured once and cached).",
-                                     rich_help_panel=_H, show_default=False),
+    cpu_gflops: float = options.cpu_gflops(_H),
     gpu_tflops: float = typer.Option(None, "--gpu-tflops", help="Achieved GPU TFLOP/s (default: the GPU's dense "
                                      "bf16 datasheet peak x 0.45).", rich_help_panel=_H, show_default=False),
     memlock: str = typer.Option(None, "--memlock", help="RLIMIT_MEMLOCK per process, e.g. 64GiB or unlimited.",
@@ -133,16 +111,14 @@ def plan_command(
     placement: str = typer.Option(None, "--placement", help="Which placement the detail tables show: gpu, dram, "
                                   "split or ssd (default: ssd, today's engines).", rich_help_panel=_O,
                                   show_default=False),
-    engine: str = typer.Option("memascend", "--engine", help="Which engine's verdict sets the exit code: stock, "
-                               "tuned or memascend.", rich_help_panel=_O),
+    engine: str = options.engine(_O),
     search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
                                 "model that fit.", rich_help_panel=_O),
     details: bool = typer.Option(False, "--details", help="Show each item's formula and source.", rich_help_panel=_O),
     list_models: bool = typer.Option(False, "--list-models", help="List model presets and exit.", rich_help_panel=_O),
     tokens: str = typer.Option(None, "--tokens", help="Tokens to train on, e.g. 50M: the plan says how many hours.",
                                rich_help_panel=_O, show_default=False),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (schema: docs/plan-json.md).",
-                                 rich_help_panel=_O),
+    as_json: bool = options.as_json(_O),
 ) -> None:
     """Compute the memory a fine-tuning job needs with stock DeepSpeed and with memascend, and what fits.
 
@@ -154,134 +130,94 @@ def plan_command(
 
         memascend plan recipe.yaml && memascend train recipe.yaml
     """
-    from dataclasses import replace
-
     from memascend_cli import models
-    from memascend_cli.hardware import resolve_hardware
-    from memascend_cli.planner import zero
     from memascend_cli.console import warn
-    from memascend_cli.planner.job import MOMENT_DTYPES
-    from memascend_cli.planner.memory import DTYPE_BYTES, JobSpec
+    from memascend_cli.planner import job_flags, zero
     from memascend_cli.run.prepared import recipe_job
 
     if list_models:
         return _list_models(as_json)
-    if engine not in zero.ENGINES:
-        raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", ".join(zero.ENGINES[:-1])
-                       + " or " + zero.ENGINES[-1])
-    if pin_backend not in ("torch", "native"):
-        raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
-    flash_attn = _on_off(flash_attn, "--flash-attn")
-    budget_bytes = parse_size(host_budget, "--host-budget") if host_budget else None
-    if checkpoint_offload not in (None, "ssd", "dram"):
-        raise BadInput(f"unknown --checkpoint-offload {checkpoint_offload!r}", "use ssd or dram")
-    if optimizer_moments not in (None, *MOMENT_DTYPES):
-        raise BadInput(f"unknown --optimizer-moments {optimizer_moments!r}", "use " + " or ".join(MOMENT_DTYPES))
-    pin_memory = _on_off(pin_memory, "--pin-memory")
-    zero_init = not no_zero_init
-    recipe = None
-    if recipe_path is not None:
-        from memascend_cli.run.recipe import load_recipe_noting
-
-        recipe = load_recipe_noting(recipe_path, {"model": model} if model else None)
-        if nodes is None and recipe.num_nodes:
-            nodes = recipe.num_nodes
-    # Without --nvme-path: the SSD space where `train` would put the data (the recipe's region or run directory).
-    import os
-
-    from memascend_cli.run.rundir import ssd_location
-
-    run_dir = recipe.output_dir if recipe is not None else os.path.abspath(DEFAULT_OUTPUT_DIR)
-    where = ssd_location(run_dir, region=recipe.region if recipe else None, swap_dir=recipe.swap_dir if recipe else None,
-                         engine=engine)
-    hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, dram=dram, gpu_mem=gpu_mem, gpus=gpus,
-                          nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps,
-                          nvme_write_gbps=nvme_write_gbps, memlock=memlock)
-    if dram_cap:
-        hw = hw.under_dram_cap(parse_size(dram_cap, "--dram-cap"))
-    hw = _measured_ssd(hw)
+    _check_choices(engine=engine, pin_backend=pin_backend)
+    flags = job_flags.JobFlags(
+        seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, grad_accum_dtype=grad_accum_dtype,
+        checkpointing=checkpointing, ranks=ranks, flash_attn=_on_off(flash_attn, "--flash-attn"), liger=liger,
+        host_budget_bytes=parse_size(host_budget, "--host-budget") if host_budget else None,
+        checkpoint_offload=checkpoint_offload, chunked_loss=chunked_loss, overlap_optimizer=overlap_optimizer)
+    _check_choices(checkpoint_offload=checkpoint_offload, optimizer_moments=optimizer_moments)
+    knobs = job_flags.KnobFlags(
+        param_buffer_count=param_buffer_count, param_buffer_size=param_buffer_size, max_in_cpu=max_in_cpu,
+        optimizer_buffer_count=optimizer_buffer_count, pipeline=pipeline, sub_group_size=sub_group_size,
+        reduce_bucket_size=reduce_bucket_size, pin_memory=_on_off(pin_memory, "--pin-memory"), pin_backend=pin_backend)
+    recipe = _recipe(recipe_path, model)
+    if recipe is not None and nodes is None:
+        nodes = recipe.num_nodes or None
+    hw = _machine(recipe, engine, hardware=hardware, nvme_path=nvme_path, dram_cap=dram_cap, dram=dram,
+                  gpu_mem=gpu_mem, gpus=gpus, nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps,
+                  nvme_write_gbps=nvme_write_gbps, memlock=memlock)
     timing = {"tokens": _tokens(tokens), "cpu_gflops": cpu_gflops, "gpu_tflops": gpu_tflops}
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name, weights=False)  # a hub id plans from its config.json or preset
     ds_version = deepspeed_version or installed_deepspeed_version()
     defaults = zero.version_defaults(parse_version(ds_version))
-    base = replace(
-        defaults,
-        param_buffer_count=param_buffer_count,
-        max_in_cpu=parse_count(max_in_cpu, "--max-in-cpu") if max_in_cpu else defaults.max_in_cpu,
-        optimizer_buffer_count=optimizer_buffer_count,
-        pipeline_read=pipeline, pipeline_write=pipeline,
-        sub_group_size=max(1, parse_count(sub_group_size, "--sub-group-size")) if sub_group_size else defaults.sub_group_size,
-        reduce_bucket_size=(parse_count(reduce_bucket_size, "--reduce-bucket-size") if reduce_bucket_size
-                            else defaults.reduce_bucket_size),
-        pin_memory=defaults.pin_memory if pin_memory is None else pin_memory, pin_backend=pin_backend,
-    )
-    if liger:
-        chunked_loss = False  # Liger's fused loss replaces the chunked one
-    if recipe is not None:
-        given_knobs = [flag for flag, v in (("--sub-group-size", sub_group_size), ("--reduce-bucket-size",
-                       reduce_bucket_size), ("--max-in-cpu", max_in_cpu), ("--param-buffer-size", param_buffer_size),
-                       ("--pin-memory", pin_memory), ("--pipeline", pipeline or None),
-                       ("--param-buffer-count", param_buffer_count if param_buffer_count != _DS.param_buffer_count
-                        else None), ("--optimizer-buffer-count", optimizer_buffer_count
-                                     if optimizer_buffer_count != _DS.optimizer_buffer_count else None))
-                       if v is not None]
-        if given_knobs:
-            warn(f"{', '.join(given_knobs)}: applied to this plan as DeepSpeed's settings before memascend's rules; "
-                 "`train` takes no knob flags, so it runs the recipe with DeepSpeed's defaults under the same rules")
-        job = recipe_job(recipe, spec, hw, engine=engine, seq_len=seq_len,
-                         micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, checkpointing=checkpointing,
-                         ranks=ranks, flash_attn=flash_attn, liger=liger, grad_accum_dtype=grad_accum_dtype,
-                         deepspeed_version=ds_version, host_budget_bytes=budget_bytes,
-                         checkpoint_offload=checkpoint_offload, base=base, chunked_loss=chunked_loss,
-                         overlap_optimizer=overlap_optimizer)
-        if optimizer_moments:
-            job = replace(job, optimizer_moments=optimizer_moments)
-        world = (job.ranks_per_node or hw.num_gpus or 1) * max(1, hw.num_nodes)
-        stock_knobs = zero.resolve("stock", model=spec, world_size=world, elem_bytes=DTYPE_BYTES[job.dtype], base=base)
-        if param_buffer_size:
-            explicit = parse_count(param_buffer_size, "--param-buffer-size")
-            job = replace(job, knobs=replace(job.knobs, param_buffer_size=explicit))
-            stock_knobs = replace(stock_knobs, param_buffer_size=explicit)
-        _warn_capped(base, defaults, spec, world, DTYPE_BYTES[job.dtype], stock_knobs, param_buffer_size)
-        # The job carries the knobs train writes for `engine` (memascend's unless stock); the stock column is
-        # DeepSpeed as documented, with the knob flags.
-        stock_job = replace(job, knobs=stock_knobs) if engine != "stock" else None
-        return _finish(job, hw, engine, search, details, as_json, default_used=False, stock_job=stock_job,
-                       placement=placement,
-                       timing=timing)
-    seq_len, micro_batch = seq_len or DEFAULT_SEQ_LEN, micro_batch or DEFAULT_MICRO_BATCH
-    grad_accum, dtype = grad_accum or DEFAULT_GRAD_ACCUM, dtype or DEFAULT_PRECISION
-    checkpointing = checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none")
-    if dtype not in DTYPE_BYTES:
-        raise BadInput(f"unknown dtype {dtype!r}", "use bf16, fp16 or fp32")
-    ranks_total = (ranks or hw.num_gpus or 1) * max(1, hw.num_nodes)
-    knobs = zero.resolve("stock", model=spec, world_size=ranks_total, elem_bytes=DTYPE_BYTES[dtype], base=base)
-    if param_buffer_size:  # an explicit buffer_size is kept as given (too small shows as a config error)
-        knobs = replace(knobs, param_buffer_size=parse_count(param_buffer_size, "--param-buffer-size"))
-    _warn_capped(base, defaults, spec, ranks_total, DTYPE_BYTES[dtype], knobs, param_buffer_size)
-    job = JobSpec(model=spec, seq_len=seq_len, micro_batch=micro_batch, grad_accum_steps=grad_accum, dtype=dtype,
-                  grad_accum_dtype=grad_accum_dtype, ranks_per_node=ranks, checkpointing=checkpointing,
-                  flash_attention=flash_attn, fused_cross_entropy=liger, deepspeed_version=ds_version, knobs=knobs,
-                  zero_init=zero_init, param_buffer_size_auto=not param_buffer_size, host_budget_bytes=budget_bytes,
-                  checkpoint_offload=checkpoint_offload or "ssd", optimizer_moments=optimizer_moments or "fp32",
-                  chunked_loss=DEFAULT_CHUNKED_LOSS if chunked_loss is None else chunked_loss, trainer=trainer,
-                  overlap_optimizer=True if overlap_optimizer is None else overlap_optimizer)
-    return _finish(job, hw, engine, search, details, as_json, default_used=model is None, timing=timing,
-                   placement=placement)
+    base = knobs.base(defaults)
+    if recipe is None:
+        job = job_flags.flag_job(spec, hw, flags, base=base, defaults=defaults, knob_flags=knobs,
+                                 deepspeed_version=ds_version, zero_init=not no_zero_init,
+                                 optimizer_moments=optimizer_moments, trainer=trainer, note=warn)
+        stock_job = None
+    else:
+        if knobs.recipe_note():
+            warn(knobs.recipe_note())
+        job, stock_job = job_flags.recipe_jobs(
+            recipe_job(recipe, spec, hw, engine=engine, deepspeed_version=ds_version, base=base,
+                       **flags.recipe_overrides()),
+            spec, hw, engine=engine, base=base, defaults=defaults, knob_flags=knobs,
+            optimizer_moments=optimizer_moments, note=warn)
+    return _finish(job, hw, engine, search, details, as_json, default_used=recipe is None and model is None,
+                   stock_job=stock_job, placement=placement, timing=timing)
 
 
-def _warn_capped(base, defaults, spec, world: int, elem_bytes: int, stock_knobs, param_buffer_size) -> None:
-    """A warning per knob flag that the tuned and memascend columns cap or ignore (planner/zero.py knob_notes)."""
-    from dataclasses import replace
+def _check_choices(*, engine: str | None = None, pin_backend: str | None = None, checkpoint_offload: str | None = None,
+                   optimizer_moments: str | None = None) -> None:
+    """The options with a fixed set of values (those given)."""
+    from memascend_cli.planner.job import MOMENT_DTYPES
+    from memascend_cli.planner.zero import ENGINES
 
-    from memascend_cli.console import warn
-    from memascend_cli.planner import zero
+    if engine is not None and engine not in ENGINES:
+        raise BadInput(f"unknown engine {engine!r}", "use --engine " + ", ".join(ENGINES[:-1]) + " or " + ENGINES[-1])
+    if pin_backend is not None and pin_backend not in ("torch", "native"):
+        raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
+    if checkpoint_offload not in (None, "ssd", "dram"):
+        raise BadInput(f"unknown --checkpoint-offload {checkpoint_offload!r}", "use ssd or dram")
+    if optimizer_moments not in (None, *MOMENT_DTYPES):
+        raise BadInput(f"unknown --optimizer-moments {optimizer_moments!r}", "use " + " or ".join(MOMENT_DTYPES))
 
-    given = replace(base, param_buffer_size=stock_knobs.param_buffer_size) if param_buffer_size else base
-    largest = zero.largest_swappable_partition(zero.distinct_model_partitions(spec, world), base, elem_bytes)
-    for note in zero.knob_notes(given, "memascend", defaults=defaults, largest_partition_numel=largest or None):
-        warn(note)
+
+def _recipe(recipe_path: str | None, model: str | None):
+    """The recipe to plan, with --model on top; None without one."""
+    if recipe_path is None:
+        return None
+    from memascend_cli.run.recipe import load_recipe_noting
+
+    return load_recipe_noting(recipe_path, {"model": model} if model else None)
+
+
+def _machine(recipe, engine: str, *, hardware: str | None, nvme_path: str | None, dram_cap: str | None, **given):
+    """The node the plan sees: the profile or this machine probed, with the SSD where `train` would put the data when
+    no --nvme-path is given (the recipe's region or run directory), under --dram-cap, with the SSD's rate measured
+    when nothing gives one."""
+    import os
+
+    from memascend_cli.hardware import resolve_hardware
+    from memascend_cli.run.rundir import ssd_location
+
+    run_dir = recipe.output_dir if recipe is not None else os.path.abspath(DEFAULT_OUTPUT_DIR)
+    where = ssd_location(run_dir, region=recipe.region if recipe else None,
+                         swap_dir=recipe.swap_dir if recipe else None, engine=engine)
+    hw = resolve_hardware(hardware, nvme_path, default_nvme_path=where, **given)
+    if dram_cap:
+        hw = hw.under_dram_cap(parse_size(dram_cap, "--dram-cap"))
+    return _measured_ssd(hw)
 
 
 def _on_off(value: str | None, flag: str) -> bool | None:

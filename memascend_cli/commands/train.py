@@ -13,6 +13,7 @@ import os
 
 import typer
 
+from memascend_cli import options
 from memascend_cli.errors import BadInput, MemascendError, PlanInfeasible
 from memascend_cli.planner.zero import ENGINES
 from memascend_cli.units import fmt_bytes
@@ -26,31 +27,20 @@ def train_command(
                                       "preset name such as tiny-cpu.", show_default=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="Write and print the DeepSpeed config and the exact launch "
                                  "command; start nothing.", rich_help_panel=_M),
-    engine: str = typer.Option("memascend", "--engine", help="memascend (the engine; params and optimizer in the "
-                               "SSD region), tuned (stock DeepSpeed ZeRO-Infinity given every knob memascend sets; "
-                               "swap files under the run directory) or stock (DeepSpeed as its docs configure it).",
-                               rich_help_panel=_M),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in the run "
-                                "directory (of a complete run: say so, exit 0).", rich_help_panel=_M),
+    engine: str = options.engine(_M),
+    resume: bool = options.resume(_M),
     force: bool = typer.Option(False, "--force", help="Launch even when the planner or the DRAM/memlock preflight "
                                "says it does not fit.", rich_help_panel=_M),
-    dram_cap: str = typer.Option(None, "--dram-cap", help="Run as if this node had only this much DRAM, e.g. 6GiB: "
-                                 "the plan and preflight use it, and the ranks run in one memory cgroup of that size "
-                                 "(needs root); an OOM kill in it reports `does not fit` (exit 1).",
-                                 rich_help_panel=_M, show_default=False),
+    dram_cap: str = options.dram_cap(_M),
     output_dir: str = typer.Option(None, "--output-dir", "-o", help="Run directory (recipe key output_dir); the "
                                    "final model goes to its export/ folder, or into it for a LLaMA-Factory recipe.",
                                    rich_help_panel=_R, show_default=False),
-    steps: int = typer.Option(None, "--steps", help="Optimizer steps (recipe key steps).", rich_help_panel=_R,
-                              show_default=False),
-    seq_len: int = typer.Option(None, "--seq-len", help="Tokens per sequence.", rich_help_panel=_R, show_default=False),
-    micro_batch: int = typer.Option(None, "--micro-batch", help="Sequences per rank per step.", rich_help_panel=_R,
-                                    show_default=False),
+    steps: int = options.steps(_R),
+    seq_len: int = options.seq_len(_R),
+    micro_batch: int = options.micro_batch(_R),
     lr: float = typer.Option(None, "--lr", help="Peak learning rate.", rich_help_panel=_R, show_default=False),
-    model: str = typer.Option(None, "--model", help="Preset name or Hugging Face model directory.", rich_help_panel=_R,
-                              show_default=False),
-    region: str = typer.Option(None, "--region", help="Prepared SSD region (file or device).", rich_help_panel=_R,
-                               show_default=False),
+    model: str = options.model(_R),
+    region: str = options.region(_R),
     set_: list[str] = typer.Option(None, "--set", help="Any recipe key: --set dataset.packing=false --set "
                                    "schedule.warmup_steps=10 (repeatable).", rich_help_panel=_R, show_default=False),
     stop_after: str = typer.Option(None, "--stop-after", metavar="TIME", help="Stop cleanly (checkpoint, exit 75) "

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from memascend_cli.bench import configs, document, runner, sampling
+from memascend_cli.bench import configs, document, outcome, runner, sampling
 from memascend_cli.bench import runs as R
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
@@ -278,13 +278,13 @@ def test_summarize_events_two_ranks():
     steps = [{"event": "step", "step": i, "loss": 7.0 - i, "seconds": s} for i, s in ((1, 4.0), (2, 2.0), (3, 3.0))]
     ev = {0: [{"event": "phase", "name": "zero_init", "t_mono": 1.0}, *steps, _final(0, 10, 20, 5, 6)],
           1: [_final(1, 1, 2, 3, 4)]}
-    s = runner.summarize_events(ev, micro_batch=2, seq_len=100, ranks=2)
+    s = outcome.summarize_events(ev, micro_batch=2, seq_len=100, ranks=2)
     assert s["seconds_per_step"] == pytest.approx(2.5) and s["first_step_seconds"] == 4.0
     assert s["tokens_per_s"] == pytest.approx(2 * 100 * 2 / 2.5)
     assert (s["ssd_read_bytes"], s["ssd_written_bytes"], s["ssd_read_bytes_steps"]) == (11, 22, 8)
     assert s["losses"] == [6.0, 5.0, 4.0] and s["errors"] == [] and "engine_stats" not in s
     # A rank that died leaves no final line: no SSD totals rather than half of them.
-    assert "ssd_read_bytes" not in runner.summarize_events({0: ev[0], 1: []}, micro_batch=2, seq_len=100, ranks=2)
+    assert "ssd_read_bytes" not in outcome.summarize_events({0: ev[0], 1: []}, micro_batch=2, seq_len=100, ranks=2)
 
 
 def _result(name, mode, peak, sps, pred=None, pred_s=None):
@@ -464,15 +464,15 @@ def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
     faster), the region's probe without one, unknown otherwise; the recorded inputs give the same prediction back."""
     import dataclasses
 
-    from memascend_cli.commands import bench as cmd
+    from memascend_cli.bench.sweep import timing
     from memascend_cli.planner.spec import HardwareSpec
 
     hw = HardwareSpec(name="local", dram_gib=24.0, num_gpus=0, gpu_mem_gib=0.0, cpu_cores=2)
     probed = dataclasses.replace(hw, nvme_read_gbps=3.0, nvme_write_gbps=0.3)
-    t = cmd._timing(probed, "fp32", 150.0, 400_000_000)
+    t = timing(probed, "fp32", 150.0, 400_000_000)
     assert (t["read_gbps"], t["write_gbps"], t["duplex_io"], t["device"].flops_per_s) == (0.4, 0.3, True, 150e9)
-    assert (cmd._timing(hw, "fp32", 150.0, 400_000_000)["read_gbps"], cmd._timing(hw, "fp32", 150.0, None)["read_gbps"],
-            cmd._timing(probed, "fp32", 150.0, None)["source"]) == (0.4, None, "the region's probe")
+    assert (timing(hw, "fp32", 150.0, 400_000_000)["read_gbps"], timing(hw, "fp32", 150.0, None)["read_gbps"],
+            timing(probed, "fp32", 150.0, None)["source"]) == (0.4, None, "the region's probe")
     job = {"model": "tiny-llama", "layers": None, "seq_len": 64, "micro_batch": 1, "dtype": "fp32", "ranks": 1,
            "checkpointing": "full", "deepspeed_version": "0.19.8", "ssd_bandwidth_bytes_per_s": 400_000_000,
            "timing": runner._timing_doc(t)}
@@ -497,7 +497,7 @@ def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
     assert configs.recorded_timing({**job, "timing": None}) is None
     # The probe's every setting is recorded with the rates, for planning each engine at its own request size.
     samples = [[1 << 20, 8, 2.29, 1.23], [4 << 20, 8, 4.24, 2.79]]
-    assert runner._timing_doc(cmd._timing(probed, "fp32", 150.0, None, samples))["probe_samples"] == samples
+    assert runner._timing_doc(timing(probed, "fp32", 150.0, None, samples))["probe_samples"] == samples
     assert "probe_samples" not in job["timing"]
 
 

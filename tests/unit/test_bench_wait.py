@@ -1,8 +1,8 @@
-"""bench's reading of a rank that waits on an op build lock (runner.waiting_on): only a wait nothing followed counts."""
+"""bench's reading of a rank that waits on an op build lock (outcome.waiting_on): only a wait nothing followed counts."""
 
 from __future__ import annotations
 
-from memascend_cli.bench.runner import waiting_on
+from memascend_cli.bench.outcome import waiting_on
 
 WAIT = {"event": "wait", "on": "/x/.torch_ext/cpu_adam/lock", "holders": ["pid 7 (python)"], "waited_s": 3.0}
 

@@ -50,7 +50,7 @@ def test_tuned_and_memascend_get_the_chunked_loss_and_stock_keeps_transformers_o
 
 
 def test_gradient_accumulation_reaches_the_plan_through_the_config_and_counts_in_tokens_per_s():
-    from memascend_cli.bench.runner import summarize_events
+    from memascend_cli.bench.outcome import summarize_events
 
     spec = load_model(JOB["model"])
     cfg = bench.build_ds_config("memascend", spec, micro_batch=2, dtype="fp32", nvme_dir="/x", ranks=1, grad_accum=4)
