@@ -278,14 +278,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     dram_cap_bytes: --dram-cap; the plan and the preflight see a node with that much DRAM, all of it usable (the OS
     and other processes are outside the run's cgroup)."""
     from memascend_cli import models
-    from memascend_cli.run import preflight
     from memascend_cli.run.dsconfig import build_ds_config
-    from memascend_cli.hardware import inventory_to_spec, io_backends, probe
-    from memascend_cli.run.launch import build_launch, free_port, toolchain_env
-    from memascend_cli.planner.memory import estimate
-    from memascend_cli.planner.search import check
     from memascend_cli.run.recipe import total_steps
-    from memascend_cli.run.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
 
     spec = models.load_model(recipe.model)
     if recipe.model.endswith(".gguf"):
@@ -293,6 +287,66 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     _check_model_source(recipe.model)
     _check_data_paths(recipe)
     run_dir = recipe.output_dir
+    _check_run_dir(recipe, run_dir, resume=resume, dry_run=dry_run)
+    stock_deepspeed = engine != "memascend"  # tuned or stock: its swap directory instead of a region
+    inv, hw, nodes = _node(recipe, dram_cap_bytes)
+    # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
+    # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
+    node_regions = None
+    if len(nodes) > 1 and not stock_deepspeed:
+        from memascend_cli.run.hostfile import node_regions as regions_of
+
+        node_regions = regions_of(nodes, recipe.region)
+    ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
+    world_size = ranks * max(1, hw.num_nodes)
+    precision_note = cpu_precision_note(recipe.precision, hw)
+    # The region's prepare-ssd probe sets the aio block size and queue depth.
+    header, region_error = None, None
+    if node_regions is not None:
+        pass  # checked on each node (the launch node may not even be one of them)
+    elif recipe.region:
+        header, region_error = read_region(recipe.region, ranks)
+    elif not stock_deepspeed and os.path.exists(region_location(run_dir, None)):
+        header, region_error = read_region(region_location(run_dir, None), ranks)
+    # One set of ZeRO settings for memascend and tuned (stock DeepSpeed given memascend's knobs), and the same job
+    # `plan RECIPE` computes (job_spec).
+    job = job_spec(recipe, spec, ranks=ranks, world_size=world_size, engine=engine,
+                   deepspeed_version=installed_deepspeed_version(), header=header)
+    est, verdict = _plan(job, hw, engine, recipe, force=force)
+    # Where the SSD data goes: the given region, a region file created in the run directory, or stock DeepSpeed's
+    # swap directory.
+    swap_dir = swap_directory(run_dir, recipe.swap_dir)
+    region_path, region_note = recipe.region, None
+    region_rank_bytes = min(r.size_bytes for r in header.ranks) if header is not None else None
+    if not stock_deepspeed and not recipe.region and node_regions is None:
+        region_path = region_location(run_dir, None)
+        if not os.path.exists(region_path):
+            size = _region_file_bytes(recipe, est.nvme_bytes * ranks)
+            region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
+            region_rank_bytes = size // ranks
+    checks = _preflight(
+        inv, hw, est, recipe, spec, force=force, quiet=dry_run, dram_cap_bytes=dram_cap_bytes,
+        stock_deepspeed=stock_deepspeed, region_path=region_path, region_error=region_error,
+        region_rank_bytes=region_rank_bytes, swap_dir=swap_dir, ranks=ranks, node_regions=node_regions)
+    # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
+    data = prepare_data(recipe, run_dir)
+    total = total_steps(recipe, data["train_sequences"], world_size)
+    if resume:
+        finished = _finished(recipe, run_dir, total)
+        if finished is not None:
+            return Prepared(recipe=recipe, run_dir=run_dir, finished=finished)
+    ds_config = build_ds_config(recipe, job.knobs, swap_dir=swap_dir, world_size=world_size, total_steps=total)
+    _write_run_files(recipe, run_dir, ds_config, est, region=recipe.region if stock_deepspeed else region_path)
+    _write_nodes(run_dir, nodes, node_regions)
+    launch = _launch_spec(recipe, run_dir, hw, engine=engine, resume=resume)
+    return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, resume=resume, ds_config=ds_config,
+                    spec=launch, checks=checks, plan_summary=plan_summary(job, est, verdict, engine, world_size, precision_note),
+                    region_note=region_note, region_path=region_path, ranks=ranks, data=data, total_steps=total,
+                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None)
+
+
+def _check_run_dir(recipe, run_dir: str, *, resume: bool, dry_run: bool) -> None:
+    """The run directory may hold what this run continues (--resume) or replaces (overwrite_output_dir) only."""
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise BadInput(f"output_dir {run_dir} exists and is not a directory", "choose another --output-dir")
     done = complete_checkpoints(run_dir)
@@ -302,12 +356,17 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     _check_output_dir(recipe, run_dir, final_model_dir(run_dir, in_output_dir=recipe.export_in_output_dir), done,
                       resume=resume, dry_run=dry_run)
 
-    stock_deepspeed = engine != "memascend"  # tuned or stock: its swap directory instead of a region
+
+def _node(recipe, dram_cap_bytes: int | None):
+    """(this machine's inventory, the node the run is planned on: under --dram-cap, with the recipe's or hostfile's
+    node count, the hostfile's nodes)."""
+    import dataclasses
+
+    from memascend_cli.hardware import inventory_to_spec, probe
+
     inv = probe(None)
     hw = inventory_to_spec(inv)
     nodes = _hostfile_nodes(recipe)
-    import dataclasses
-
     if dram_cap_bytes is not None:
         if len(nodes) > 1 or (recipe.num_nodes or 1) > 1:
             raise BadInput("--dram-cap caps the processes of this node only, and this run spans nodes",
@@ -320,32 +379,14 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         hw = hw.under_dram_cap(dram_cap_bytes)
     if recipe.num_nodes or nodes:
         hw = dataclasses.replace(hw, num_nodes=len(nodes) if nodes else recipe.num_nodes)
-    # A region is node-local: with several nodes each has its own (hostfile `region=` or the recipe's path on every
-    # node), checked on its node when the run starts (engine/node_check.py); no region file in the shared run dir.
-    node_regions = None
-    if len(nodes) > 1 and not stock_deepspeed:
-        from memascend_cli.run.hostfile import node_regions as regions_of
+    return inv, hw, nodes
 
-        node_regions = regions_of(nodes, recipe.region)
-    ranks = recipe.ranks if recipe.ranks is not None else (hw.num_gpus or 1)
-    world_size = ranks * max(1, hw.num_nodes)
-    precision_note = cpu_precision_note(recipe.precision, hw)
 
-    # The region's prepare-ssd probe sets the aio block size and queue depth.
-    header, region_error, region_rank_bytes = None, None, None
-    if node_regions is not None:
-        pass  # checked on each node (the launch node may not even be one of them)
-    elif recipe.region:
-        header, region_error = read_region(recipe.region, ranks)
-    elif not stock_deepspeed and os.path.exists(region_location(run_dir, None)):
-        header, region_error = read_region(region_location(run_dir, None), ranks)
-    if header is not None:
-        region_rank_bytes = min(r.size_bytes for r in header.ranks)
-    # One set of ZeRO settings for memascend and tuned (stock DeepSpeed given memascend's knobs), and the same job
-    # `plan RECIPE` computes (job_spec).
-    job = job_spec(recipe, spec, ranks=ranks, world_size=world_size, engine=engine,
-                   deepspeed_version=installed_deepspeed_version(), header=header)
-    settings = job.knobs
+def _plan(job, hw, engine: str, recipe, *, force: bool):
+    """(the estimate, its verdict); a job that does not fit stops here unless --force."""
+    from memascend_cli.planner.memory import estimate
+    from memascend_cli.planner.search import check
+
     est = estimate(job, hw, engine)
     if est.budget_error is not None:
         raise est.budget_error
@@ -354,18 +395,17 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         raise PlanInfeasible(f"the job does not fit with {engine}: " + "; ".join(verdict.reasons),
                              f"see `memascend plan --model {recipe.model} --seq-len {recipe.seq_len} --micro-batch "
                              f"{recipe.micro_batch}`; lower seq_len/micro_batch, or launch anyway with --force")
-    nvme_bytes_per_rank = est.nvme_bytes
+    return est, verdict
 
-    # Where the SSD data goes: the given region, a region file created in the run directory, or stock DeepSpeed's
-    # swap directory.
-    swap_dir = swap_directory(run_dir, recipe.swap_dir)
-    region_path, region_note = recipe.region, None
-    if not stock_deepspeed and not recipe.region and node_regions is None:
-        region_path = region_location(run_dir, None)
-        if not os.path.exists(region_path):
-            size = _region_file_bytes(recipe, nvme_bytes_per_rank * ranks)
-            region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
-            region_rank_bytes = size // ranks
+
+def _preflight(inv, hw, est, recipe, spec, *, force: bool, quiet: bool, dram_cap_bytes: int | None,
+               stock_deepspeed: bool, region_path, region_error, region_rank_bytes, swap_dir: str, ranks: int,
+               node_regions) -> list:
+    """The machine's checks (run/preflight.py), printed unless `quiet`; the first blocking one stops the run."""
+    from memascend_cli.hardware import io_backends
+    from memascend_cli.run import preflight
+
+    run_dir = recipe.output_dir
     dram_available_bytes = int(inv.dram_available_gib * GiB)
     if dram_cap_bytes is not None:
         dram_available_bytes = min(dram_available_bytes, dram_cap_bytes)
@@ -373,7 +413,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         dram_available_bytes=dram_available_bytes, host_peak_bytes=est.node_host_peak_bytes,
         memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
         locked_bytes=est.locked_bytes, stock_deepspeed=stock_deepspeed, region_path=region_path,
-        region_error=region_error, region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes_per_rank,
+        region_error=region_error, region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=est.nvme_bytes,
         swap_dir=swap_dir if stock_deepspeed else None, num_ranks=ranks, io_backends=io_backends(),
         num_gpus=hw.num_gpus,
         output_dir=run_dir, output_free_bytes=preflight.free_bytes(run_dir),
@@ -383,51 +423,50 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         facts.swap_free_bytes = preflight.free_bytes(swap_dir)
         facts.swap_o_direct_ok, facts.swap_o_direct_reason = _o_direct(swap_dir)
     checks = preflight.assess(facts)
-    _print_checks(checks, quiet=dry_run)
+    _print_checks(checks, quiet=quiet)
     stop = preflight.blocking(checks, force)
     if stop:
         first = stop[0]
         cls = SSDNotReady if first.name in ("region", "swap_dir") else MemascendError
         raise cls(first.message, first.hint or None)
+    return checks
 
-    # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
-    data = prepare_data(recipe, run_dir)
-    total = total_steps(recipe, data["train_sequences"], world_size)
-    if resume:
-        finished = _finished(recipe, run_dir, total)
-        if finished is not None:
-            return Prepared(recipe=recipe, run_dir=run_dir, finished=finished)
-    ds_config = build_ds_config(recipe, settings, swap_dir=swap_dir, world_size=world_size, total_steps=total)
+
+def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str | None) -> None:
+    """ds_config.json, recipe.json (the recipe as run, with the region it uses) and engine.json (the engine's
+    windows as the planner split the host budget: the worker builds EngineOptions from them)."""
+    from memascend_cli.run.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
+
     os.makedirs(run_dir, exist_ok=True)
     resolved = recipe.to_dict()
-    resolved["region"] = recipe.region if stock_deepspeed else region_path
-    with open(os.path.join(run_dir, DS_CONFIG), "w") as f:
-        json.dump(ds_config, f, indent=2)
-    with open(os.path.join(run_dir, RECIPE_JSON), "w") as f:
-        json.dump(resolved, f, indent=2)
-    # The engine's windows as the planner split the host budget (the worker builds EngineOptions from them).
+    resolved["region"] = region
     engine_options = {"checkpoint_offload": recipe.checkpoint_offload, "overlap_optimizer": recipe.overlap_optimizer,
                       "optimizer_moments": recipe.optimizer_moments}
     if est.budget is not None:
         engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
-    with open(os.path.join(run_dir, ENGINE_JSON), "w") as f:
-        json.dump(engine_options, f, indent=2)
-    _write_nodes(run_dir, nodes, node_regions)
+    for name, doc in ((DS_CONFIG, ds_config), (RECIPE_JSON, resolved), (ENGINE_JSON, engine_options)):
+        with open(os.path.join(run_dir, name), "w") as f:
+            json.dump(doc, f, indent=2)
+
+
+def _launch_spec(recipe, run_dir: str, hw, *, engine: str, resume: bool):
+    """The launch command (run/launch.py build_launch) with this environment's build variables."""
+    from memascend_cli.run.launch import build_launch, free_port, toolchain_env
+
     passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
     if not recipe.hostfile:  # other nodes have their own PATH (and .deepspeed_env would carry this one there)
         passthrough.update(toolchain_env())
-    launch = build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, engine=engine,
-                          resume=resume, extra_env=passthrough,
-                          master_port=recipe.master_port or free_port())
-    plan_summary = {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
-                    "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": nvme_bytes_per_rank,
-                    "world_size": world_size, "zero_settings": settings.to_dict(),
-                    "host_budget": est.budget.to_dict() if est.budget else None,
-                    **({"precision_note": precision_note} if precision_note else {})}
-    return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, resume=resume, ds_config=ds_config,
-                    spec=launch, checks=checks, plan_summary=plan_summary, region_note=region_note,
-                    region_path=region_path, ranks=ranks, data=data, total_steps=total,
-                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None)
+    return build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, engine=engine,
+                        resume=resume, extra_env=passthrough, master_port=recipe.master_port or free_port())
+
+
+def plan_summary(job, est, verdict, engine: str, world_size: int, precision_note: str | None) -> dict:
+    """The plan as `train --dry-run` prints it. Pure."""
+    return {"engine": engine, "fits": verdict.fits, "reasons": verdict.reasons, "job": job_document(job, est),
+            "host_peak_bytes": est.node_host_peak_bytes, "nvme_bytes_per_rank": est.nvme_bytes,
+            "world_size": world_size, "zero_settings": job.knobs.to_dict(),
+            "host_budget": est.budget.to_dict() if est.budget else None,
+            **({"precision_note": precision_note} if precision_note else {})}
 
 
 def _finished(recipe, run_dir: str, total: int) -> str | None:
@@ -489,8 +528,8 @@ def _write_nodes(run_dir: str, nodes: list, node_regions: list[str] | None) -> N
 
 def read_region(path: str, ranks: int):
     """(header, None) or (None, one-line reason) for a region the engine is to use."""
-    from memascend_cli.ssd import region
     from memascend_cli.run.node_preflight import region_fstype
+    from memascend_cli.ssd import region
     from memascend_cli.ssd.safety import is_network_fs
 
     if not os.path.exists(path):
@@ -514,8 +553,8 @@ def read_region(path: str, ranks: int):
 
 def _check_region_owners(path: str, header, ranks: int):
     """A region another job holds fails here, before DeepSpeed starts; stale owners are announced."""
-    from memascend_cli.ssd import owner
     from memascend_cli.console import err
+    from memascend_cli.ssd import owner
 
     try:
         busy, notes = owner.check_ranks_free(path, header, ranks)
