@@ -42,9 +42,10 @@ class EngineOptions:
     prefetch_layers: int = DEFAULT_PREFETCH_LAYERS
     """Decoder layers whose parameter partitions the adaptive pool holds at once."""
     streaming: bool = True
-    """Bounded host memory (engine/bounded.py): reduced gradients stream to the SSD in the training dtype (no
-    full-size gradient buffer in DRAM) and the optimizer step runs as a pipeline of sub-group chunks (no pool sized
-    by the largest tensor). Needs direct_nvme and DeepSpeedCPUAdam; off: DeepSpeed's gradient and optimizer path."""
+    """Bounded host memory (engine/bounded.py, engine/optimizer_pipeline.py): reduced gradients stream to the SSD in
+    the training dtype (no full-size gradient buffer in DRAM) and the optimizer step runs as a pipeline of sub-group
+    chunks (no pool sized by the largest tensor). Needs direct_nvme and DeepSpeedCPUAdam; off: DeepSpeed's gradient
+    and optimizer path."""
     accumulate_in_dram: bool = True
     """With gradient accumulation, running sums stay in a DRAM window between micro-batches and go to the SSD once
     per step (the window is what the host budget leaves over: windows.accumulation_bytes); off: every micro-batch

@@ -33,8 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from memascend_engine.bounded import OptimizerPipeline, Slot
+from memascend_engine.optimizer_pipeline import OptimizerPipeline, Slot
 
 NEW, ASSEMBLING, DONE, FALLBACK = "new", "assembling", "done", "fallback"
 

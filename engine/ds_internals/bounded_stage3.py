@@ -1,5 +1,5 @@
 """The bounded engine inside ZeRO-3: gradient streaming and the chunked optimizer pipeline
-(memascend_engine.bounded) wired into DeepSpeed's stage-3 optimizer."""
+(memascend_engine.bounded, memascend_engine.optimizer_pipeline) wired into DeepSpeed's stage-3 optimizer."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def BoundedStage3Mixin(ctx: PluginContext):
     from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
     from deepspeed.runtime.zero import stage3
     from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
-    from memascend_engine import bounded, native, overlap
+    from memascend_engine import bounded, native, optimizer_pipeline, overlap
 
     from memascend_cli.defaults import NORM_CHUNK_NUMEL
     from memascend_cli.planner import zero
@@ -102,11 +102,11 @@ def BoundedStage3Mixin(ctx: PluginContext):
             parts = [[int(p.ds_numel) for p in group] for group in self.fp16_partitioned_groups]
             self._ma_chunks = zero.optimizer_chunks(parts, ctx.windows.optimizer_chunk_numel)
             grad_keys = [[bounded.GradientStream.key(p.ds_id) for p in group] for group in self.fp16_groups]
-            self._ma_pipeline = bounded.OptimizerPipeline(
+            self._ma_pipeline = optimizer_pipeline.OptimizerPipeline(
                 ctx.store, ctx.pinned_allocator or plain_allocator(), ctx.windows, self._ma_chunks,
                 self._ma_targets(), grad_keys, param_dtype=self.dtype, grad_dtype=self.gradient_accumulation_dtype,
                 counters=ctx.io, grad_written=self._ma_stream.written,
-                key_prefix=f"{bounded.OPT_PREFIX}{len(ctx.optimizers)}/", moment_bytes=ctx.moment_bytes,
+                key_prefix=f"{optimizer_pipeline.OPT_PREFIX}{len(ctx.optimizers)}/", moment_bytes=ctx.moment_bytes,
                 params_hold_master=ctx.params_hold_master)
             self._ma_overflow_local = False
             self._ma_param_pos = {p.ds_id: (g, j) for g, group in enumerate(self.fp16_groups)
@@ -142,13 +142,13 @@ def BoundedStage3Mixin(ctx: PluginContext):
                 # any other one on the SSD.
                 return partitioned.status == PartitionedParamStatus.AVAILABLE
 
-            def resolve() -> bounded.ParamTarget:
+            def resolve() -> optimizer_pipeline.ParamTarget:
                 if param.nvme_swapper is None or in_memory():
                     resident = getattr(partitioned, "final_location", None) != OffloadDeviceEnum.nvme
-                    return bounded.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data,
+                    return optimizer_pipeline.ParamTarget(numel=int(partitioned.ds_numel), tensor=partitioned.data,
                                                resident=resident)
                 path = param.nvme_swapper.get_path(param, must_exist=True)
-                return bounded.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
+                return optimizer_pipeline.ParamTarget(numel=int(partitioned.ds_numel), key=ctx.store.key(path))
             return resolve
 
         # -- the optimizer overlapped with backward (memascend_engine.overlap) --------------------------

@@ -280,13 +280,14 @@ def _data_and_heap_items(c: Context, h: _HostItems) -> int:
 
 
 def bounded_items(c: Context, add_pinned) -> None:
-    """The bounded engine's steady windows (memascend_engine.bounded): what DRAM holds instead of P2, P4, P5."""
+    """The bounded engine's steady windows (memascend_engine.bounded, optimizer_pipeline): what DRAM holds instead of
+    P2, P4, P5."""
     w = c.windows
     raw = w.optimizer_bytes(c.E)
     add_pinned("host/optimizer_pipeline", f"optimizer pipeline ({w.optimizer_depth} chunks in flight)", raw,
                c.pin_exact(raw), formula=f"depth {w.optimizer_depth} x chunk {w.optimizer_chunk_numel:,} x "
                f"(4 fp32 tensors x 4 B + 2 x {c.E} B staging)",
-               source="memascend_engine.bounded.OptimizerPipeline (MemAscend pipelined optimizer; LoHan)")
+               source="memascend_engine.optimizer_pipeline.OptimizerPipeline (MemAscend pipelined optimizer; LoHan)")
     raw = w.gradient_bytes()
     add_pinned("host/gradient_window", "gradient staging window (to the SSD)", raw, c.pin_exact(raw),
                formula=f"{w.gradient_slots} slots x {w.gradient_slot_bytes // MiB} MiB",

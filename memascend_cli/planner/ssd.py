@@ -28,7 +28,7 @@ def nvme_items(c: Context) -> list[Item]:
     where = "region extents" if c.memascend else "swap files"
     states = state_bytes_per_elem(c)
     moments = "exp_avg + exp_avg_sq" if states == 12 else "bf16 exp_avg + exp_avg_sq"
-    if c.params_hold_master:  # memascend_engine.bounded OptimizerPipeline.params_hold_master: no master extent
+    if c.params_hold_master:  # optimizer_pipeline.OptimizerPipeline.params_hold_master (engine): no master extent
         states, label = states - 4, f"{moments} (fp32 master: the parameters)"
     else:
         label = f"fp32 master + {moments}"

@@ -207,8 +207,8 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
       (runtime/zero/stage3.py _optimizer_states_and_gradient_swap_in, step) unless pipeline_read / pipeline_write
       are set (runtime/swap_tensor/pipelined_optimizer_swapper.py swap_in/out_optimizer_state: async_swap_in /
       async_swap_out), which overlap the reads and writes of neighbouring sub-groups with Adam. memascend's
-      optimizer (engine/bounded.py) keeps three chunk slots in flight: the next chunk's read ahead and the last
-      chunk's write behind the current chunk's Adam. Reads and writes share one drive, so overlapped I/O takes
+      optimizer (engine/optimizer_pipeline.py) keeps three chunk slots in flight: the next chunk's read ahead and the
+      last chunk's write behind the current chunk's Adam. Reads and writes share one drive, so overlapped I/O takes
       read + write time (unless `duplex_io`).
     - memascend with the optimizer overlapped with backward (`overlap_window`: the last micro-batch's backward's
       share of the FLOPs, memascend_engine.overlap): each chunk is stepped as its gradients are reduced, so the

@@ -590,7 +590,7 @@ def optimizer_chunks(sub_group_partitions: Sequence[Sequence[int]], chunk_numel:
     A chunk holds whole consecutive parameters, or one piece of a parameter larger than a chunk; such pieces start at
     multiples of chunk_numel inside the parameter, so with chunk_numel a multiple of CHUNK_ALIGN_NUMEL each piece's
     byte offset in the parameter's SSD extent is 4 KiB-aligned. Chunks never span sub-groups (the Adam op's
-    bias-correction sequence follows sub-groups, see memascend_engine.bounded).
+    bias-correction sequence follows sub-groups, see memascend_engine.optimizer_pipeline).
     """
     if chunk_numel <= 0 or chunk_numel % CHUNK_ALIGN_NUMEL:
         raise ValueError(f"chunk_numel must be a positive multiple of {CHUNK_ALIGN_NUMEL}, got {chunk_numel}")
