@@ -3,7 +3,7 @@
 For each size it
   1. writes a synthetic JSONL dataset (text records of ~100 tokens) on disk,
   2. tokenizes it into the memory-mapped cache exactly as `memascend train` does before the launch
-     (engine/data.py build_cache, in a child process: its peak RSS is reported as `prepare`),
+     (engine/data_prepare.py build_cache, in a child process: its peak RSS is reported as `prepare`),
   3. in a fresh child process opens the cache as a rank does (TokenCache), then reads every micro-batch
      of one full epoch in the order the worker uses (micro_batch_rows) and turns each into torch tensors
      as the worker's _batch does, and reports VmRSS before the loop and VmHWM after it, from
@@ -32,11 +32,11 @@ WORDS = ["apple", "river", "stone", "cloud", "green", "tiger", "piano", "orbit",
 
 PREPARE = r"""
 import json, sys, time
-from memascend_engine import data as D
-tok = D.load_tokenizer(sys.argv[1])
-spec = D.PrepSpec(paths=[sys.argv[2]], format="text", packing=True, seq_len=int(sys.argv[4]), validation_split=0.0, seed=0)
+from memascend_engine import data_prepare as P
+tok = P.load_tokenizer(sys.argv[1])
+spec = P.PrepSpec(paths=[sys.argv[2]], format="text", packing=True, seq_len=int(sys.argv[4]), validation_split=0.0, seed=0)
 t = time.time()
-folder, meta = D.build_cache(spec, tok, "none", None, cache_root=sys.argv[3])
+folder, meta = P.build_cache(spec, tok, "none", None, cache_root=sys.argv[3])
 print(json.dumps({"folder": folder, "seconds": time.time() - t, "tokens": meta["splits"]["train"]["tokens"],
                   "rows": meta["splits"]["train"]["rows"]}))
 """

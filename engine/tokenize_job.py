@@ -6,7 +6,7 @@ transformers (AutoTokenizer, chat templates) imports torch, which the CLI proces
 this runs as a child. It
 
 * loads the tokenizer with AutoTokenizer (model directory or `tokenizer:`), resolves the chat
-  template, and tokenizes the dataset into the shared cache (engine/data.py), or reuses it;
+  template, and tokenizes the dataset into the shared cache (engine/data_prepare.py), or reuses it;
 * writes RUN/hf/: config.json, generation_config.json and the tokenizer files with the chat template
   used in training - everything of the Hugging Face export except the weights, which the final
   export and `memascend export --checkpoint N` add;
@@ -81,27 +81,28 @@ def write_hf_skeleton(folder: str, recipe, model_spec, tok, template_text: str |
 
 def prepare(recipe, run_dir: str) -> dict:
     """Tokenize (or reuse the cache) and write the export skeleton; the summary for the CLI."""
-    from memascend_engine import data as D
+    from memascend_engine import data_prepare as P
+    from memascend_engine.data import DataError
 
     from memascend_cli.models import load_model
 
     spec = load_model(recipe.model)
     tok_path = recipe.tokenizer or recipe.model
-    tok = D.load_tokenizer(tok_path)
+    tok = P.load_tokenizer(tok_path)
     if len(tok) > spec.vocab_size:
-        raise D.DataError(f"tokenizer {tok_path} has {len(tok)} tokens, model {recipe.model} only "
-                          f"{spec.vocab_size} embeddings")
-    name, text = D.resolve_template(tok, recipe.template)
+        raise DataError(f"tokenizer {tok_path} has {len(tok)} tokens, model {recipe.model} only "
+                        f"{spec.vocab_size} embeddings")
+    name, text = P.resolve_template(tok, recipe.template)
     if recipe.dataset.format != "text" and text is None:
-        raise D.DataError(f"tokenizer {tok_path} has no chat template and the recipe sets no `template:`; "
-                          f"chat data ({recipe.dataset.format}) needs one: set template to "
-                          f"{', '.join(D.BUILTIN_TEMPLATES)} or a .jinja file")
-    root = recipe.dataset.cache_dir or D.default_cache_root()
+        raise DataError(f"tokenizer {tok_path} has no chat template and the recipe sets no `template:`; "
+                        f"chat data ({recipe.dataset.format}) needs one: set template to "
+                        f"{', '.join(P.BUILTIN_TEMPLATES)} or a .jinja file")
+    root = recipe.dataset.cache_dir or P.default_cache_root()
 
     def progress(done, total):
         print(f"tokenizing: {done:,}/{total:,} samples", file=sys.stderr, flush=True)
 
-    folder, meta = D.build_cache(D.PrepSpec.from_recipe(recipe), tok, name, text, cache_root=root,
+    folder, meta = P.build_cache(P.PrepSpec.from_recipe(recipe), tok, name, text, cache_root=root,
                                  overwrite=recipe.dataset.overwrite_cache, progress=progress)
     train = meta["splits"]["train"]
     dropped: dict[str, int] = {}
@@ -113,8 +114,8 @@ def prepare(recipe, run_dir: str) -> dict:
     if train["rows"] == 0:
         what = "too little data for one packed sequence; lower seq_len or set dataset.packing: false" \
             if recipe.dataset.packing else "every sample was empty after truncation"
-        raise D.DataError(f"{', '.join(os.path.basename(p) for p in recipe.dataset.paths)}: no training sequence of "
-                          f"{recipe.seq_len} tokens ({what})")
+        raise DataError(f"{', '.join(os.path.basename(p) for p in recipe.dataset.paths)}: no training sequence of "
+                        f"{recipe.seq_len} tokens ({what})")
     from memascend_cli.run.rundir import HF_DIR
 
     hf_dir = os.path.join(run_dir, HF_DIR)

@@ -63,11 +63,11 @@ def full_examples(root: str) -> list[str]:
 def tiny_model_dir(path: str) -> str:
     """A local Hugging Face model directory: a random tiny Llama and a tokenizer with a chat template."""
     import torch
+    from memascend_engine.data_prepare import BUILTIN_TEMPLATES, load_tokenizer
+    from memascend_engine.hf_models import to_hf_config
     from transformers import AutoModelForCausalLM
 
     from memascend_cli.models import load_preset
-    from memascend_engine.data import BUILTIN_TEMPLATES, load_tokenizer
-    from memascend_engine.hf_models import to_hf_config
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(to_hf_config(load_preset("tiny-llama"))).save_pretrained(path)

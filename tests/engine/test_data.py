@@ -11,6 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from memascend_engine import data as D  # noqa: E402
+from memascend_engine import data_prepare as P  # noqa: E402
+from memascend_engine import data_records as R  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER_JSON = os.path.join(REPO, "presets", "train", "data", "tokenizer.json")
@@ -22,15 +24,15 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 @pytest.fixture(scope="module")
 def tok():
-    return D.load_tokenizer(TOKENIZER_JSON)
+    return P.load_tokenizer(TOKENIZER_JSON)
 
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory, tok):
     """A tokenizer directory with its own chat template (ChatML), as a real instruct model ships it."""
     d = tmp_path_factory.mktemp("tok")
-    t = D.load_tokenizer(TOKENIZER_JSON)
-    t.chat_template = D.BUILTIN_TEMPLATES["chatml"]
+    t = P.load_tokenizer(TOKENIZER_JSON)
+    t.chat_template = P.BUILTIN_TEMPLATES["chatml"]
     t.save_pretrained(d)
     return str(d)
 
@@ -40,10 +42,10 @@ def trained_text(tok, ids, mask) -> str:
 
 
 def test_only_assistant_turns_count_in_the_loss(tok_dir):
-    t = D.load_tokenizer(tok_dir)
-    name, template = D.resolve_template(t, None)
+    t = P.load_tokenizer(tok_dir)
+    name, template = P.resolve_template(t, None)
     assert name == "tokenizer" and "<|im_start|>" in template
-    enc = D.Encoder(t, name, template)
+    enc = P.Encoder(t, name, template)
     ids, mask = enc.encode_chat(CHAT, "x:1")
     assert len(ids) == len(mask)
     assert trained_text(t, ids, mask) == "cba<|im_end|>\nzyx<|im_end|>\n"
@@ -52,21 +54,21 @@ def test_only_assistant_turns_count_in_the_loss(tok_dir):
 
 
 def test_template_override_and_plain_template_appends_eos(tok):
-    name, template = D.resolve_template(tok, "plain")
-    enc = D.Encoder(tok, name, template)
+    name, template = P.resolve_template(tok, "plain")
+    enc = P.Encoder(tok, name, template)
     ids, mask = enc.encode_chat([{"role": "user", "content": "Add.\n3 + 4"}, {"role": "assistant", "content": "7"}], "x")
     assert tok.decode(ids) == "Add.\n3 + 4\n7<|end|>"
     assert ids[-1] == tok.eos_token_id and trained_text(tok, ids, mask) == "7<|end|>"
 
 
 def test_text_format_uses_the_tokenizers_special_tokens_and_eos(tok):
-    enc = D.Encoder(tok, "none", None)
+    enc = P.Encoder(tok, "none", None)
     ids, mask = enc.encode_text("hello world")
     assert ids[-1] == tok.eos_token_id and all(mask) and tok.decode(ids[:-1]) == "hello world"
 
 
 def test_chat_data_without_any_template_is_refused(tok):
-    enc = D.Encoder(tok, *D.resolve_template(tok, None))
+    enc = P.Encoder(tok, *P.resolve_template(tok, None))
     with pytest.raises(D.DataError, match="set `template:`"):
         enc.encode_chat(CHAT, "f.jsonl:3")
 
@@ -74,37 +76,37 @@ def test_chat_data_without_any_template_is_refused(tok):
 def test_template_that_rewrites_earlier_turns_is_refused(tok):
     # Renders only the last exchange: adding a turn changes what came before.
     odd = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
-    enc = D.Encoder(tok, "odd", odd)
+    enc = P.Encoder(tok, "odd", odd)
     with pytest.raises(D.DataError, match="turn by turn"):
         enc.encode_chat(CHAT, "f.jsonl:1")
 
 
 def test_formats_map_to_messages():
-    fmt = D.Format("alpaca")
-    m = D.to_messages({"instruction": "Add.", "input": "1 + 2", "output": "3", "history": [["hi", "hello"]]}, "w", fmt)
+    fmt = R.Format("alpaca")
+    m = R.to_messages({"instruction": "Add.", "input": "1 + 2", "output": "3", "history": [["hi", "hello"]]}, "w", fmt)
     assert [x["role"] for x in m] == ["user", "assistant", "user", "assistant"] and m[2]["content"] == "Add.\n1 + 2"
-    share = D.Format("sharegpt", columns={"messages": "conversations"})
-    m = D.to_messages({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+    share = R.Format("sharegpt", columns={"messages": "conversations"})
+    m = R.to_messages({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
                        "system": "s"}, "w", share)
     assert m == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
                  {"role": "assistant", "content": "a"}]
-    openai = D.to_messages({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
-                           "w", D.Format("sharegpt"))
+    openai = R.to_messages({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+                           "w", R.Format("sharegpt"))
     assert openai[-1] == {"role": "assistant", "content": "a"}
     with pytest.raises(D.DataError, match="w: conversation has no assistant turn"):
-        D.to_messages({"messages": [{"role": "user", "content": "q"}]}, "w", D.Format("sharegpt"))
+        R.to_messages({"messages": [{"role": "user", "content": "q"}]}, "w", R.Format("sharegpt"))
     with pytest.raises(D.DataError, match="w: record needs a non-empty string 'output'"):
-        D.to_messages({"instruction": "x"}, "w", fmt)
+        R.to_messages({"instruction": "x"}, "w", fmt)
 
 
 def spec(path, **kw):
     base = dict(paths=[path], format="alpaca", packing=True, seq_len=64, validation_split=0.05, seed=0)
-    return D.PrepSpec(**{**base, **kw})
+    return P.PrepSpec(**{**base, **kw})
 
 
 def build(tok, tmp_path, **kw):
-    name, template = D.resolve_template(tok, "plain")
-    return D.build_cache(spec(kw.pop("path", TINY_ALPACA), **kw), tok, name, template, cache_root=str(tmp_path))
+    name, template = P.resolve_template(tok, "plain")
+    return P.build_cache(spec(kw.pop("path", TINY_ALPACA), **kw), tok, name, template, cache_root=str(tmp_path))
 
 
 def test_cache_is_built_once_and_keyed_by_every_input(tok, tmp_path):

@@ -10,6 +10,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from memascend_engine import data as D  # noqa: E402
+from memascend_engine import data_prepare as P  # noqa: E402
+from memascend_engine import data_records as R  # noqa: E402
 from tests.engine.test_data import TOKENIZER_JSON, trained_text  # noqa: E402
 
 # A ChatML template with tools, after Qwen2.5's (tools in the system turn, <tool_call> / <tool_response> blocks).
@@ -33,21 +35,21 @@ RECORD = {"conversations": [
     {"from": "observation", "value": json.dumps({"time": "10:00"})},
     {"from": "gpt", "value": "It is 10:00."}],
     "tools": json.dumps(TOOLS)}
-FMT = D.Format("sharegpt", {"messages": "conversations", "tools": "tools"})
+FMT = R.Format("sharegpt", {"messages": "conversations", "tools": "tools"})
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return D.load_tokenizer(TOKENIZER_JSON)
+    return P.load_tokenizer(TOKENIZER_JSON)
 
 
 def test_tools_calls_and_results_are_rendered_and_only_calls_and_answers_trained(tok):
-    msgs = D.to_messages(RECORD, "x:1", FMT)
+    msgs = R.to_messages(RECORD, "x:1", FMT)
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
     assert msgs[1]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": {}}
-    tools = D.record_tools(RECORD, "x:1", FMT)
+    tools = R.record_tools(RECORD, "x:1", FMT)
     assert tools == TOOLS
-    enc = D.Encoder(tok, "tools", TOOLS_TEMPLATE)
+    enc = P.Encoder(tok, "tools", TOOLS_TEMPLATE)
     ids, mask = enc.encode_chat(msgs, "x:1", tools)
     text = tok.decode(ids)
     assert '"name": "get_time"' in text and "# Tools" in text and "<tool_response>" in text
@@ -57,10 +59,10 @@ def test_tools_calls_and_results_are_rendered_and_only_calls_and_answers_trained
 
 
 def test_a_template_without_tools_is_refused_with_the_reason(tok):
-    msgs = D.to_messages(RECORD, "x:1", FMT)
-    enc = D.Encoder(tok, "chatml", D.BUILTIN_TEMPLATES["chatml"])
+    msgs = R.to_messages(RECORD, "x:1", FMT)
+    enc = P.Encoder(tok, "chatml", P.BUILTIN_TEMPLATES["chatml"])
     with pytest.raises(D.DataError, match="does not render the record's tools"):
-        enc.encode_chat(msgs, "x:1", D.record_tools(RECORD, "x:1", FMT))
+        enc.encode_chat(msgs, "x:1", R.record_tools(RECORD, "x:1", FMT))
     # Without the schemas, the call itself would still be lost.
     with pytest.raises(D.DataError, match="drops tool calls or tool results \\('get_time'\\)"):
         enc.encode_chat(msgs, "x:1", None)
@@ -70,10 +72,10 @@ def test_bad_function_call_and_tools_are_named(tok):
     bad = {**RECORD, "conversations": [RECORD["conversations"][0], {"from": "function_call", "value": "get_time()"},
                                        RECORD["conversations"][3]]}
     with pytest.raises(D.DataError, match=r"conversations\[1\]: a function_call turn must be JSON"):
-        D.to_messages(bad, "x:1", FMT)
+        R.to_messages(bad, "x:1", FMT)
     with pytest.raises(D.DataError, match="'tools' must hold the tools' JSON schemas"):
-        D.record_tools({**RECORD, "tools": "not json"}, "x:1", FMT)
-    assert D.record_tools({**RECORD, "tools": "[]"}, "x:1", FMT) is None
+        R.record_tools({**RECORD, "tools": "not json"}, "x:1", FMT)
+    assert R.record_tools({**RECORD, "tools": "[]"}, "x:1", FMT) is None
 
 
 def test_every_dropped_sample_is_counted_with_its_reason(tok, tmp_path):
