@@ -1,15 +1,15 @@
 """Soak for issue 65: runs OOM-killed under a DRAM cap leave nothing that blocks the next run.
 
 Three parts, every command a real `memascend bench` of tiny-llama (seq 64, 2 steps, the tuned engine) on a private
-copy of the extensions folder (hard links of $TORCH_EXTENSIONS_DIR, so other jobs' loads on the machine do not show
-up as locks here):
+copy of the extensions folder ($TORCH_EXTENSIONS_DIR, so other jobs' loads on the machine do not show up as locks
+here):
   capped   - for each cap (150..400 MiB by default) a capped run, OOM-killed somewhere in setup, then at once an
              uncapped run: the capped run's reason, the phase its rank died in, the uncapped run's outcome and the op
              build locks left after each;
   stale    - op build locks placed by hand (an hour old, nobody holding them): the next run's note and outcome;
   live     - a process holding the shm op's lock as torch's FileBaton does: how soon the run names the holder, and
              the run's outcome once the holder lets go (after the rank reported its wait, or 30 s).
-Writes compact JSON (date, machine, commands, per-run phase/reason/outcome) to OUT/soak-<date>.json. Needs root
+Writes compact JSON (date, machine, commands, per-run phase/reason/outcome) to OUT/soak-<date>T<hh-mm>.json. Needs root
 (the cap's memory cgroup).
 
     sudo .venv/bin/python scripts/soak_stale_lock.py --out docs/bench/stale_lock
@@ -42,14 +42,9 @@ HOLDER = ("import os, sys\n"
 
 
 def private_extensions(src: str, dst: str) -> str:
-    """A copy of the extensions folder made of hard links (same mtimes, so ninja finds the ops built), without locks."""
-    def link(a, b):
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-
-    shutil.copytree(src, dst, copy_function=link, ignore=shutil.ignore_patterns("lock"))
+    """A copy of the extensions folder (same mtimes, so ninja finds the ops built), without locks. Real copies, not hard
+    links: a build in either folder appends to ninja's logs in place."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock"))
     return dst
 
 
@@ -187,11 +182,15 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="memascend-soak-lock-")
     ext = private_extensions(src, os.path.join(work, "ext"))
     env.update(TORCH_EXTENSIONS_DIR=ext, DS_ACCELERATOR=env.get("DS_ACCELERATOR", "cpu"))
+    ninja = shutil.which("ninja", path=env.get("PATH"))
+    built = {op: ninja is not None and "no work to do" in subprocess.run(
+        [ninja, "-n", "-C", os.path.join(ext, op)], capture_output=True, text=True, check=False).stdout
+        for op in sorted(os.listdir(ext))}
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=False).stdout
     doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
            "commit": commit.strip(), "command": " ".join(["python", "scripts/soak_stale_lock.py", *(argv or sys.argv[1:])]),
-           "extensions": "hard-link copy of " + src}
+           "extensions": "copy of " + src, "ops_built_at_start": built}
     parts = a.parts.split(",")
     try:
         if "capped" in parts:
@@ -210,7 +209,7 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"soak-{doc['date'][:10]}.json")
+    path = os.path.join(a.out, f"soak-{doc['date'][:16].replace(':', '-')}.json")
     with open(path, "w") as f:
         json.dump(doc, f, separators=(",", ":"))
         f.write("\n")

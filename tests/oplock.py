@@ -40,19 +40,18 @@ BUILT_OPS = ("deepspeed_shm_comm", "cpu_adam", "pin_memory", "async_io")
 
 
 def private_extensions(dst) -> str:
-    """A copy of this checkout's extensions folder made of hard links (same mtimes: ninja finds the ops built), with no
-    lock in it, so other jobs on the machine neither see nor take the test's locks. Skips where the ops are not
-    built."""
+    """A copy of this checkout's extensions folder (same mtimes: ninja finds the ops built), with no lock in it, so
+    other jobs on the machine neither see nor take the test's locks. Real copies, not hard links: a build in either
+    folder appends to ninja's logs in place. Skips where the ops are not built, or need a build (another process is
+    rebuilding them)."""
     src = os.environ.get("TORCH_EXTENSIONS_DIR", "")
     missing = [op for op in BUILT_OPS if not os.path.exists(os.path.join(src, op, f"{op}.so"))]
     if missing:
         pytest.skip(f"DeepSpeed's ops {missing} are not built in {src!r} (bash scripts/bootstrap.sh test builds them)")
-
-    def link(a, b):
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-
-    shutil.copytree(src, str(dst), copy_function=link, ignore=shutil.ignore_patterns("lock"))
+    shutil.copytree(src, str(dst), ignore=shutil.ignore_patterns("lock"))
+    ninja = shutil.which("ninja")
+    stale = [op for op in BUILT_OPS if ninja is None or "no work to do" not in subprocess.run(
+        [ninja, "-n", "-C", os.path.join(str(dst), op)], capture_output=True, text=True, check=False).stdout]
+    if stale:
+        pytest.skip(f"DeepSpeed's ops {stale} in {src!r} need a build with this PATH's ninja")
     return str(dst)

@@ -71,18 +71,23 @@ def build_dir(name: str) -> str:
 
 def load_built(builder):
     """The op's module imported from its build folder, kept in OpBuilder._loaded_ops; None where it needs a build (no
-    library, ninja not found, or ninja's dry run finds work). Either way a lock in the folder is waited on first
-    (wait_for_lock), so torch's own wait never meets a stale one."""
+    library, ninja not found, or ninja's dry run finds work); RuntimeError where the dry run itself fails. Either way
+    a lock in the folder is waited on first (wait_for_lock), so torch's own wait never meets a stale one."""
     from deepspeed.ops.op_builder.builder import OpBuilder
 
     folder = build_dir(builder.name)
     wait_for_lock(os.path.join(folder, "lock"), op=builder.name)
     library = os.path.join(folder, f"{builder.name}.so")
     ninja = shutil.which("ninja")  # the one torch's build would run (PATH)
-    if not os.path.exists(library) or ninja is None:
+    if not (os.path.exists(library) and os.path.exists(os.path.join(folder, "build.ninja"))) or ninja is None:
         return None
     dry = subprocess.run([ninja, "-n", "-C", folder], capture_output=True, text=True, check=False)
-    if dry.returncode != 0 or "no work to do" not in dry.stdout:
+    if dry.returncode != 0:
+        # Not "work to do": ninja failed (killed, or out of memory under a cap). Handing the op to torch now would take
+        # the lock in the state most likely to be killed holding it.
+        raise RuntimeError(f"could not check whether DeepSpeed's {builder.name} op in {folder} is built: "
+                           f"`ninja -n` ended with status {dry.returncode}: {(dry.stderr or dry.stdout).strip()[-300:]}")
+    if "no work to do" not in dry.stdout:
         return None
     # As torch.utils.cpp_extension._import_module_from_library imports a Python extension module.
     spec = importlib.util.spec_from_file_location(builder.name, library)

@@ -97,18 +97,36 @@ def test_built_ops_load_without_the_build_lock(tmp_path):
                                                                               "async_io")}
 
 
+def _load_built_shm(ext: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": ext, "DS_ACCELERATOR": "cpu"}
+    code = ("from deepspeed.accelerator import get_accelerator\n"
+            "from memascend_engine.ds_internals import jit_ops\n"
+            "print(jit_ops.load_built(get_accelerator().create_op_builder('ShareMemCommBuilder')))\n")
+    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
 @pytest.mark.slow
 def test_an_op_that_needs_a_build_is_left_to_deepspeed(tmp_path):
     """An object file gone (ninja's dry run finds work): load_built declines without taking a lock or building."""
     ext = oplock.private_extensions(tmp_path / "ext")
     os.unlink(os.path.join(ext, "deepspeed_shm_comm", "shm.o"))
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": ext, "DS_ACCELERATOR": "cpu"}
-    code = ("from deepspeed.accelerator import get_accelerator\n"
-            "from memascend_engine.ds_internals import jit_ops\n"
-            "print(jit_ops.load_built(get_accelerator().create_op_builder('ShareMemCommBuilder')))\n")
-    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = _load_built_shm(ext)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "None"
     assert not os.path.exists(os.path.join(ext, "deepspeed_shm_comm", "shm.o"))  # nothing was built
+    assert not os.path.exists(os.path.join(ext, "deepspeed_shm_comm", "lock"))
+
+
+@pytest.mark.slow
+def test_a_failed_dry_run_is_an_error_not_a_load_under_the_lock(tmp_path):
+    """ninja's dry run failing (as when it is killed under a cap) must not hand the op to torch's locked load."""
+    ext = oplock.private_extensions(tmp_path / "ext")
+    manifest = os.path.join(ext, "deepspeed_shm_comm", "build.ninja")
+    os.unlink(manifest)  # a hard link: write a new file, not through it
+    with open(manifest, "w") as f:
+        f.write("build: this is not ninja syntax\n")
+    r = _load_built_shm(ext)
+    assert r.returncode != 0
+    assert "could not check whether DeepSpeed's deepspeed_shm_comm op" in r.stderr and "`ninja -n` ended" in r.stderr
     assert not os.path.exists(os.path.join(ext, "deepspeed_shm_comm", "lock"))
