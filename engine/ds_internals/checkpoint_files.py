@@ -5,7 +5,7 @@ counts, learning rates) into ``<tag>/zero_pp_rank_R_mp_rank_00_optim_states.pt``
 ``<tag>/offloaded_tensors/rank<R>/`` (engine.py save_checkpoint): per sub-group ``<ds_id>.tensor.swp`` (fp32 master),
 ``exp_avg-<ds_id>.tensor.swp`` and ``exp_avg_sq-<ds_id>.tensor.swp``, raw fp32 padded to DeepSpeed's I/O alignment
 (optimizer_utils.py OptimizerStateSwapInfo / SwapTensorContext). With memascend's engine the state lives in region
-extents, not in that folder, so checkpoint_api.DeepSpeedApiMixin writes exactly those files from the
+extents, not in that folder, so checkpoint_api.DeepSpeedApi writes exactly those files from the
 region here, plus ``memascend-offloaded.json``: per sub-group its numel, step and each file's size and CRC-32C. Loading
 verifies the checksums first, then writes the state back into the region (and the model-dtype parameters derived from
 the masters). A folder without the manifest (stock DeepSpeed wrote it, or it is incomplete) is refused.

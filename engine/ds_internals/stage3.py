@@ -4,7 +4,7 @@ optimizer-side techniques, the patch that installs it, and the pool sizes the en
 from __future__ import annotations
 
 from memascend_engine.ds_internals.bounded_stage3 import BoundedStage3
-from memascend_engine.ds_internals.checkpoint_api import DeepSpeedApiMixin
+from memascend_engine.ds_internals.checkpoint_api import DeepSpeedApi
 from memascend_engine.ds_internals.context import PluginContext
 from memascend_engine.ds_internals.patches import Patches
 from memascend_engine.ds_internals.swapper import adaptive_param_swapper_class
@@ -23,7 +23,7 @@ def stage3_optimizer_class(ctx: PluginContext):
     Base = stage3.DeepSpeedZeroOptimizer_Stage3
     scan_dtypes = (torch.float16, torch.bfloat16, torch.float32)
 
-    class MemAscendStage3(DeepSpeedApiMixin(ctx), BoundedStage3, Base):
+    class MemAscendStage3(DeepSpeedApi, BoundedStage3, Base):
         _ma_ctx = ctx
 
         def __init__(self, *args, **kwargs):
