@@ -11,131 +11,144 @@ from memascend_engine.ds_internals.swapper import adaptive_param_swapper_class
 from memascend_engine.ds_internals.version import check_version
 
 
-def stage3_optimizer_class(ctx: PluginContext):
-    """A subclass of DeepSpeedZeroOptimizer_Stage3 with the engine's optimizer-side techniques."""
-    check_version()
-    import torch
-    from deepspeed import comm as dist
-    from deepspeed.accelerator import get_accelerator
-    from deepspeed.runtime.zero import stage3
-    from memascend_engine import native
+class _OptimizerTechniques:
+    """The engine's optimizer-side techniques on DeepSpeed's own stage-3 path (either engine mode): the gradient flat
+    buffer allocated pinned in place, the fused overflow scan, malloc_trim after backward and CPU-Adam's states
+    created in place. The class it is composed into carries the PluginContext as ``_ma_ctx``."""
 
-    Base = stage3.DeepSpeedZeroOptimizer_Stage3
-    scan_dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ma_ctx.optimizers.append(self)
 
-    class MemAscendStage3(DeepSpeedApi, BoundedStage3, Base):
-        _ma_ctx = ctx
+    def initialize_optimizer_states(self):
+        super().initialize_optimizer_states()
+        # The next CPU torch.zeros of the full partition size in _setup_for_real_optimizer is
+        # the gradient flat buffer (P5); see _setup_for_real_optimizer below.
+        self._memascend_grad_buffer_armed = True
 
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            ctx.optimizers.append(self)
+    def _setup_for_real_optimizer(self):
+        import torch
+        from deepspeed.runtime.zero import stage3
 
-        def initialize_optimizer_states(self):
-            super().initialize_optimizer_states()
-            # The next CPU torch.zeros of the full partition size in _setup_for_real_optimizer is
-            # the gradient flat buffer (P5); see _setup_for_real_optimizer below.
-            self._memascend_grad_buffer_armed = True
+        ctx = self._ma_ctx
+        alloc = ctx.pinned_allocator
+        if alloc is None or not self.offload_optimizer_pin_memory or torch.device(self.device).type != "cpu":
+            return super()._setup_for_real_optimizer()
+        # Stock: torch.zeros(Ns) (every page touched) then pin_memory() copies it into a second
+        # Ns buffer -> a 2 x Ns transient at init. Allocate the pinned buffer directly instead
+        # (mmap pages are zero already); accelerator.pin_memory then returns it as is.
+        expected = sum(p.partition_numel() for group in self.fp16_groups for p in group)
+        real_torch = stage3.torch
+        optimizer = self
 
-        def _setup_for_real_optimizer(self):
-            alloc = ctx.pinned_allocator
-            if alloc is None or not self.offload_optimizer_pin_memory or torch.device(self.device).type != "cpu":
-                return super()._setup_for_real_optimizer()
-            # Stock: torch.zeros(Ns) (every page touched) then pin_memory() copies it into a second
-            # Ns buffer -> a 2 x Ns transient at init. Allocate the pinned buffer directly instead
-            # (mmap pages are zero already); accelerator.pin_memory then returns it as is.
-            expected = sum(p.partition_numel() for group in self.fp16_groups for p in group)
-            real_torch = stage3.torch
-            optimizer = self
+        class _TorchProxy:
+            def __getattr__(self, name):
+                return getattr(real_torch, name)
 
-            class _TorchProxy:
-                def __getattr__(self, name):
-                    return getattr(real_torch, name)
+            def zeros(self, *size, dtype=None, device=None, **kwargs):
+                numel = size[0] if len(size) == 1 and isinstance(size[0], int) else None
+                if (getattr(optimizer, "_memascend_grad_buffer_armed", False) and numel == expected
+                        and not kwargs and real_torch.device(device or "cpu").type == "cpu"):
+                    optimizer._memascend_grad_buffer_armed = False
+                    ctx.counters["grad_buffer_in_place"] += 1
+                    return alloc.empty(numel, dtype or real_torch.get_default_dtype())
+                return real_torch.zeros(*size, dtype=dtype, device=device, **kwargs)
 
-                def zeros(self, *size, dtype=None, device=None, **kwargs):
-                    numel = size[0] if len(size) == 1 and isinstance(size[0], int) else None
-                    if (getattr(optimizer, "_memascend_grad_buffer_armed", False) and numel == expected
-                            and not kwargs and real_torch.device(device or "cpu").type == "cpu"):
-                        optimizer._memascend_grad_buffer_armed = False
-                        ctx.counters["grad_buffer_in_place"] += 1
-                        return alloc.empty(numel, dtype or real_torch.get_default_dtype())
-                    return real_torch.zeros(*size, dtype=dtype, device=device, **kwargs)
-
+        self._memascend_grad_buffer_armed = False
+        stage3.torch = _TorchProxy()
+        try:
+            super()._setup_for_real_optimizer()
+        finally:
+            stage3.torch = real_torch
             self._memascend_grad_buffer_armed = False
-            stage3.torch = _TorchProxy()
-            try:
-                super()._setup_for_real_optimizer()
-            finally:
-                stage3.torch = real_torch
-                self._memascend_grad_buffer_armed = False
 
-        def has_overflow(self, partition_gradients=True):
-            if getattr(self, "_ma_bounded", False):
-                return self._ma_has_overflow()
-            buf = getattr(self, "grad_partitions_flat_buffer", None)
-            if not (ctx.fused_overflow and partition_gradients and buf is not None and buf.device.type == "cpu"
-                    and buf.is_contiguous() and buf.dtype in scan_dtypes):
-                return super().has_overflow(partition_gradients)
-            # One multi-threaded pass over the raw bits, no per-element temporaries (stock:
-            # torch.isinf + torch.isnan materialise ~3 B/element on fp16, stage3.py has_overflow 3009-3017).
-            local = native.has_nonfinite_tensor(buf)
-            ctx.counters["overflow_scans"] += 1
-            ctx.counters["overflow_scan_bytes"] += buf.numel() * buf.element_size()
-            self.inf_or_nan_tracker.zero_()
-            overflow_gpu = torch.tensor([int(local)], dtype=torch.uint8, device=get_accelerator().current_device_name())
-            dist.all_reduce(overflow_gpu, op=dist.ReduceOp.MAX, group=self.dp_process_group)
-            self._model_parallel_all_reduce(tensor=overflow_gpu, op=dist.ReduceOp.MAX)
-            return bool(overflow_gpu[0].item())
+    def has_overflow(self, partition_gradients=True):
+        import torch
+        from deepspeed import comm as dist
+        from deepspeed.accelerator import get_accelerator
+        from memascend_engine import native
 
-        def backward_epilogue(self):
-            super().backward_epilogue()
-            if getattr(self, "_ma_bounded", False):
-                self._ma_stream.flush()
-            if ctx.malloc_trim:
-                ctx.trim_heap()
+        if getattr(self, "_ma_bounded", False):
+            return self._ma_has_overflow()
+        ctx = self._ma_ctx
+        buf = getattr(self, "grad_partitions_flat_buffer", None)
+        if not (ctx.fused_overflow and partition_gradients and buf is not None and buf.device.type == "cpu"
+                and buf.is_contiguous() and buf.dtype in (torch.float16, torch.bfloat16, torch.float32)):
+            return super().has_overflow(partition_gradients)
+        # One multi-threaded pass over the raw bits, no per-element temporaries (stock:
+        # torch.isinf + torch.isnan materialise ~3 B/element on fp16, stage3.py has_overflow 3009-3017).
+        local = native.has_nonfinite_tensor(buf)
+        ctx.counters["overflow_scans"] += 1
+        ctx.counters["overflow_scan_bytes"] += buf.numel() * buf.element_size()
+        self.inf_or_nan_tracker.zero_()
+        overflow_gpu = torch.tensor([int(local)], dtype=torch.uint8, device=get_accelerator().current_device_name())
+        dist.all_reduce(overflow_gpu, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+        self._model_parallel_all_reduce(tensor=overflow_gpu, op=dist.ReduceOp.MAX)
+        return bool(overflow_gpu[0].item())
 
-        def _optimizer_states_and_gradient_swap_in(self, sub_group_id, timer_names=None):
-            if ctx.adam_in_place and not getattr(self, "_ma_bounded", False):
-                self._memascend_seed_adam_states(sub_group_id)
-            return super()._optimizer_states_and_gradient_swap_in(sub_group_id, timer_names)
+    def backward_epilogue(self):
+        super().backward_epilogue()
+        if getattr(self, "_ma_bounded", False):
+            self._ma_stream.flush()
+        if self._ma_ctx.malloc_trim:
+            self._ma_ctx.trim_heap()
 
-        def _memascend_seed_adam_states(self, sub_group_id) -> None:
-            """Create CPU-Adam's exp_avg / exp_avg_sq directly in the pinned swap buffers.
+    def _optimizer_states_and_gradient_swap_in(self, sub_group_id, timer_names=None):
+        if self._ma_ctx.adam_in_place and not getattr(self, "_ma_bounded", False):
+            self._memascend_seed_adam_states(sub_group_id)
+        return super()._optimizer_states_and_gradient_swap_in(sub_group_id, timer_names)
 
-            Stock CPU Adam allocates them with zeros_like on the first step (8 B x sub-group,
-            unpinned) and the swapper then copies them out through its pinned pool. Seeding the
-            state with stride-0 placeholders of the right numel makes the swapper give them pool
-            buffers on swap-in; their two swap keys are declared zero in the Direct NVMe store, so
-            they read as exactly the value zeros_like would have produced, and ``step`` starts at 0
-            as in stock.
-            """
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
+    def _memascend_seed_adam_states(self, sub_group_id) -> None:
+        """Create CPU-Adam's exp_avg / exp_avg_sq directly in the pinned swap buffers.
 
-            opt = self.optimizer
-            if not isinstance(opt, DeepSpeedCPUAdam) or self.optimizer_swapper is None:
-                return
-            fp32 = self.fp32_partitioned_groups_flat[sub_group_id]
-            if len(opt.state.get(fp32, {})) != 0:
-                return
-            numel = int(self.fp16_partitioned_groups_flat_numel[sub_group_id])
-            state_dtype = torch.float if getattr(opt, "fp32_optimizer_states", True) else fp32.dtype
-            placeholders = [torch.zeros(1, dtype=state_dtype).expand(numel) for _ in range(2)]
-            if not all(self.optimizer_swapper.is_swappable_tensor(tensor=p) for p in placeholders):
-                return
-            opt.state[fp32] = {"step": 0, "exp_avg": placeholders[0], "exp_avg_sq": placeholders[1]}
-            ctx.counters["adam_states_in_place"] += 1
-            self._memascend_declare_zero_states(fp32, numel, placeholders)
+        Stock CPU Adam allocates them with zeros_like on the first step (8 B x sub-group,
+        unpinned) and the swapper then copies them out through its pinned pool. Seeding the
+        state with stride-0 placeholders of the right numel makes the swapper give them pool
+        buffers on swap-in; their two swap keys are declared zero in the Direct NVMe store, so
+        they read as exactly the value zeros_like would have produced, and ``step`` starts at 0
+        as in stock.
+        """
+        import torch
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        def _memascend_declare_zero_states(self, fp32, numel: int, placeholders) -> None:
-            """Tell the store that exactly these two swap keys start as zeros: any other read of a
-            key never written is an error there (optimizer_utils.py OptimizerStateSwapInfo paths)."""
-            if ctx.declare_zero is None:
-                return
-            sw = self.optimizer_swapper
-            info = sw._get_param_swap_info(fp32)  # registers the placeholders' swap paths, as swap-in would
-            nbytes = sw._io_aligned_numel(numel) * sw.swap_element_size
-            for t in info.tensors if info is not None else []:
-                if any(t.compute_tensor is p for p in placeholders):
-                    ctx.declare_zero(t.swap_path, nbytes)
+        opt = self.optimizer
+        if not isinstance(opt, DeepSpeedCPUAdam) or self.optimizer_swapper is None:
+            return
+        fp32 = self.fp32_partitioned_groups_flat[sub_group_id]
+        if len(opt.state.get(fp32, {})) != 0:
+            return
+        numel = int(self.fp16_partitioned_groups_flat_numel[sub_group_id])
+        state_dtype = torch.float if getattr(opt, "fp32_optimizer_states", True) else fp32.dtype
+        placeholders = [torch.zeros(1, dtype=state_dtype).expand(numel) for _ in range(2)]
+        if not all(self.optimizer_swapper.is_swappable_tensor(tensor=p) for p in placeholders):
+            return
+        opt.state[fp32] = {"step": 0, "exp_avg": placeholders[0], "exp_avg_sq": placeholders[1]}
+        self._ma_ctx.counters["adam_states_in_place"] += 1
+        self._memascend_declare_zero_states(fp32, numel, placeholders)
+
+    def _memascend_declare_zero_states(self, fp32, numel: int, placeholders) -> None:
+        """Tell the store that exactly these two swap keys start as zeros: any other read of a
+        key never written is an error there (optimizer_utils.py OptimizerStateSwapInfo paths)."""
+        declare_zero = self._ma_ctx.declare_zero
+        if declare_zero is None:
+            return
+        sw = self.optimizer_swapper
+        info = sw._get_param_swap_info(fp32)  # registers the placeholders' swap paths, as swap-in would
+        nbytes = sw._io_aligned_numel(numel) * sw.swap_element_size
+        for t in info.tensors if info is not None else []:
+            if any(t.compute_tensor is p for p in placeholders):
+                declare_zero(t.swap_path, nbytes)
+
+
+def stage3_optimizer_class(ctx: PluginContext):
+    """A subclass of DeepSpeedZeroOptimizer_Stage3 with the engine's optimizer-side techniques (this module's
+    _OptimizerTechniques), DeepSpeed's checkpoint API on region state (checkpoint_api.DeepSpeedApi) and the bounded
+    engine (bounded_stage3.BoundedStage3), sharing `ctx`."""
+    check_version()
+    from deepspeed.runtime.zero import stage3
+
+    class MemAscendStage3(_OptimizerTechniques, DeepSpeedApi, BoundedStage3, stage3.DeepSpeedZeroOptimizer_Stage3):
+        _ma_ctx = ctx
 
     return MemAscendStage3
 

@@ -169,6 +169,6 @@ def test_fused_scan_sees_what_the_gpu_copied_into_host_buffers(dtype):
         expected = not bool(torch.isfinite(d).all())
         assert native.has_nonfinite_tensor(host) is expected, (dtype, bad)
     # A device-resident buffer is not the scan's: it refuses it, and the engine's has_overflow then
-    # keeps DeepSpeed's own check for it (memascend_engine.ds_internals.stage3.stage3_optimizer_class).
+    # keeps DeepSpeed's own check for it (memascend_engine.ds_internals.stage3 _OptimizerTechniques.has_overflow).
     with pytest.raises(ValueError, match="CPU tensor"):
         native.has_nonfinite_tensor(dev)
