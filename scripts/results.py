@@ -54,6 +54,7 @@ from results_memory import (doc_heading, machine_line, section_allocator, sectio
                             section_capped, section_planner, section_sweep)
 from results_micro import section_checksums, section_data_path, section_ds_buffers, section_micro  # noqa: E402
 from results_readme import with_headline  # noqa: E402
+from results_reliability import section_stale_lock, section_train_output  # noqa: E402
 from results_records import (section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
 from results_time import section_ssd_bound  # noqa: E402
@@ -99,7 +100,8 @@ TOPICS = [
     Topic("ecosystem", "Real models, user scripts and LLaMA-Factory", "a real model fine-tuned end to end, bf16 "
           "Adam moments, the plan on user scripts (DeepSpeed's API, HF Trainer, accelerate, TRL), LLaMA-Factory's "
           "own examples"),
-    Topic("reliability", "Reliability", "the parity tests repeated, the long tests, a long training run"),
+    Topic("reliability", "Reliability", "the parity tests repeated, the long tests, a long training run, runs killed "
+          "in setup and the run after each, train's output in a log"),
     Topic("micro", "Micro-benchmarks", "the native I/O engine, the non-finite scan, zero.Init's heap, one layer's "
           "and the loss's backward memory, the data path, stock DeepSpeed's buffers, checksums"),
     Topic("history", "History", "documents that left the tree, with the commit that has them"),
@@ -126,7 +128,9 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
     if name == "reliability":
         return [section_parity_repeat(os.path.join(RAW, "parity-repeat.json")),
                 section_long_tests(os.path.join(RAW, "long-tests.json")),
-                section_soak(os.path.join(RAW, "soak-train.json"))]
+                section_soak(os.path.join(RAW, "soak-train.json")),
+                section_stale_lock(os.path.join(BENCH, "stale_lock", "*.json")),
+                section_train_output(os.path.join(BENCH, "train_output", "*.json"))]
     if name == "micro":
         return [section_micro(load(os.path.join(BENCH, "micro", "*.json"))),
                 section_data_path(os.path.join(RAW, "data-path-memory.json")), section_ds_buffers(),
