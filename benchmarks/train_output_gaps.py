@@ -1,6 +1,6 @@
 """How long a command's output stays silent: each line of its stdout and stderr (one pipe, so not a terminal, as in
 a log file) with the second it arrived, and from the line that starts with `launching` on, the time to the next line
-and the longest gap between two lines. The bar of `memascend train` (issue 59): the first line after "launching"
+and the longest gap between two lines. What `memascend train` should give: the first line after "launching"
 within 30 s, the first step's line printed, no gap over 60 s until the end.
 
 Usage (a LLaMA-Factory recipe, run from the folder holding its data/):

@@ -96,7 +96,7 @@ def section_soak(path: str) -> str:
         "## Long run: memascend train stays flat", "",
         f"`{doc['command']}` on {doc['host']}, {doc['date']}: the tiny-cpu recipe through the real CLI (memascend "
         "engine, region file in the run directory); host memory per rank from metrics.jsonl every step (slope: least "
-        "squares after warm-up; the bar is below 1 MiB per 100 steps), descriptors, /dev/shm and checkpoints sampled "
+        "squares after warm-up; the target is below 1 MiB per 100 steps), descriptors, /dev/shm and checkpoints sampled "
         f"every second. Raw data: `{os.path.relpath(path, REPO)}`." + (f" Note: {doc['note']}." if doc.get("note") else ""),
         "",
         table(["", "value"], rows), ""]) + "\n"

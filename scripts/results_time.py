@@ -10,7 +10,7 @@ import statistics
 from results_common import pct, table
 
 TIME_TOLERANCE_PERCENT = 15.0
-"""The time model's bar (issue 26): predicted s/step within 15% of the bench's."""
+"""The time model's target: predicted s/step within 15% of the bench's."""
 
 
 def _limit(doc: dict) -> str:
@@ -73,12 +73,12 @@ def accumulation_lines(runs: list) -> list[str]:
         budget = doc["job"].get("host_budget_bytes")
         out.append(f"- {ga} micro-batches a step against 1 ({_limit(doc)}, host budget "
                    f"{'default' if not budget else f'{budget / 2**30:.2f} GiB'}): time per token "
-                   + ", ".join(cells) + f" (`{os.path.basename(path)}`; the bar: memascend at most x1.10).")
+                   + ", ".join(cells) + f" (`{os.path.basename(path)}`; target: memascend at most x1.10).")
     return out
 
 
 def overlap_lines(runs: list) -> list[str]:
-    """Issue 26's bars on the optimizer overlapped with backward, per document with a memascend run that counted it:
+    """The targets of the optimizer overlapped with backward, per document with a memascend run that counted it:
     its s/step against tuned stock's and its own without the overlap, the losses against that run, what the steps did
     (memascend_engine.overlap: committed, redone, not speculated) and SSD bytes per parameter."""
     out = []
@@ -100,13 +100,13 @@ def overlap_lines(runs: list) -> list[str]:
             + ("1.0 (DeepSpeed's default)" if clip is None else "off" if clip == 0 else f"at {clip:g}")
             + (f", host budget {budget / 2**30:.2f} GiB" if budget else "")
             + f": memascend {m_s:.2f} s/step{f' ({m_how})' if m_how else ''}, x{m_s / t_s:.2f} of tuned stock "
-            f"({t_s:.2f}{f', {t_how}' if t_how else ''}; the bar: at most x0.70) and x{m_s / p_s:.2f} of itself "
+            f"({t_s:.2f}{f', {t_how}' if t_how else ''}; target: at most x0.70) and x{m_s / p_s:.2f} of itself "
             f"without the overlap ({p_s:.2f}{f', {p_how}' if p_how else ''}); losses "
             f"{'equal' if m['losses'] == plain['losses'] else 'NOT equal'} to it bit for bit; steps committed / "
             f"redone / not speculated {o['steps_committed']} / "
             f"{o['steps_redone']} / {o['steps_not_speculated']}"
             + (f" (gradient norms {min(norms):.1f}-{max(norms):.1f})" if norms else "")
-            + f"; SSD {bpp['m']:.1f} B/param read + write ({bpp['plain']:.1f} without; the bar for the default: at "
+            + f"; SSD {bpp['m']:.1f} B/param read + write ({bpp['plain']:.1f} without; target for the default: at "
             f"most 32) (`{os.path.basename(path)}`).")
     return out
 

@@ -1,4 +1,4 @@
-"""Soak for issue 65: runs OOM-killed under a DRAM cap leave nothing that blocks the next run.
+"""Soak: runs OOM-killed under a DRAM cap leave nothing that blocks the next run.
 
 Three parts, every command a real `memascend bench` of tiny-llama (seq 64, 2 steps, the tuned engine) on a private
 copy of the extensions folder ($TORCH_EXTENSIONS_DIR, so other jobs' loads on the machine do not show up as locks
