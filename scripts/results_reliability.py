@@ -18,13 +18,13 @@ def section_stale_lock(pattern: str) -> str:
            "of its setup, each followed at once by the same bench uncapped; then a stale op build lock placed by hand "
            "before a run, and a lock held by a live process while a run starts.", ""]
     for path, doc in docs:
-        bars, m = doc["capped_bars"], doc["machine"]
+        outcome, m = doc["capped_bars"], doc["machine"]
         out += [f"### Soak of {doc['date']} (commit {doc['commit']})", "",
                 f"Raw: `{path}`; `{doc['command']}` on {m['host']} ({m['cpus']} CPUs, "
                 f"{m['mem_gib']} GiB), extensions folder: {doc['extensions']}. Uncapped runs completed: "
-                f"{bars['uncapped_completed']} of {bars['runs']}; capped runs whose reason names OOM at the phase they "
-                f"died in: {bars['reasons_name_oom_at_phase']} of {bars['runs']}; locks left: "
-                f"{len(bars['locks_left'])}.", ""]
+                f"{outcome['uncapped_completed']} of {outcome['runs']}; capped runs whose reason names OOM at the "
+                f"phase they died in: {outcome['reasons_name_oom_at_phase']} of {outcome['runs']}; locks left: "
+                f"{len(outcome['locks_left'])}.", ""]
         rows = [[f"{c['capped']['cap_mib']} MiB", c["capped"]["died_in"] or "-", c["capped"]["reason"] or "-",
                  ", ".join(c["capped"]["locks_after"]) or "none",
                  "completed" if c["uncapped"]["ok"] else "failed", f"{c['uncapped']['wall_s']:.0f}"]

@@ -54,7 +54,7 @@ def step_seconds(run: dict) -> tuple[float, str]:
 
 
 def accumulation_lines(runs: list) -> list[str]:
-    """Issue 26's bar on gradient accumulation: time per token at N micro-batches a step against 1, per run of a
+    """The target of gradient accumulation: time per token at N micro-batches a step against 1, per run of a
     document with grad_accum N and the memascend run of its 1 micro-batch twin (same job, limit and host budget)."""
     def key(doc: dict) -> tuple:
         j = doc["job"]

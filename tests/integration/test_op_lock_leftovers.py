@@ -1,4 +1,4 @@
-"""Issue 65: nothing a killed rank leaves blocks the next run, and a run blocked on a live lock says so.
+"""Nothing a killed rank leaves blocks the next run, and a run blocked on a live lock says so.
 
 Real `memascend bench` runs of tiny-llama on a private copy of the extensions folder (tests/oplock.py): an op build
 lock placed by hand is removed with a note and the run completes; a lock a live process holds is named within 10 s

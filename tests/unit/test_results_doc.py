@@ -89,7 +89,7 @@ def test_phase_seconds_are_the_mean_of_the_steps_after_the_first():
 
 
 def test_a_repeated_run_reads_as_the_median_of_its_repeats_step_times():
-    """`bench --repeat`: the bar's s/step is the median of the repeats' (the run's own fields are the median-peak
+    """`bench --repeat`: the plot's s/step is the median of the repeats' (the run's own fields are the median-peak
     repeat's), listed in the order run; a single run is its own."""
     _results_module()
     from results_time import step_seconds
