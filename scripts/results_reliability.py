@@ -14,8 +14,8 @@ def section_stale_lock(pattern: str) -> str:
     if not docs:
         return ""
     out = ["## Runs killed in setup, and the run after each", "",
-           "`scripts/soak_stale_lock.py`: tiny-llama benches under DRAM caps that OOM-kill the rank at different points "
-           "of its setup, each followed at once by the same bench uncapped; then a stale op build lock placed by hand "
+           "`scripts/soak_stale_lock.py`: tiny-llama benches under DRAM caps that OOM-kill the rank at different "
+           "points of its setup, each followed at once by the same bench uncapped; then a stale op build lock placed by hand "
            "before a run, and a lock held by a live process while a run starts.", ""]
     for path, doc in docs:
         outcome, m = doc["capped_bars"], doc["machine"]
