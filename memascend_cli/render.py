@@ -77,6 +77,11 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
               f"{mdl['num_params']:,} params · seq {job['seq_len']:,} x micro-batch {job['micro_batch']} · {job['dtype']} · "
               f"{job['ranks_per_node']} rank(s)/node, world {job['world_size']} · checkpointing {job['checkpointing']} · "
               f"stock DeepSpeed {job['deepspeed_version']}")
+    if "model_init" in job:
+        from memascend_cli.planner.job import MODEL_INIT_WORDS
+
+        out.print(f"[bold]model[/bold] assumed {MODEL_INIT_WORDS[job['model_init']]} (--model-init "
+                  f"{job['model_init']})", highlight=False)
     for note in sorted(set(b.notes + m.notes)):
         out.print(f"[dim]note: {note}[/dim]")
     host = _items_table("host memory per rank", "host", ests, details)

@@ -103,8 +103,13 @@ def plan_command(
                                            show_default=False),
     pin_memory: str = typer.Option(None, "--pin-memory", metavar="on|off", help="DeepSpeed offload pin_memory "
                                    "(default: the version's default).", rich_help_panel=_K, show_default=False),
-    no_zero_init: bool = typer.Option(False, "--no-zero-init", help="Model built without deepspeed.zero.Init "
-                                      "(every rank first builds the whole model).", rich_help_panel=_K),
+    no_zero_init: bool = typer.Option(False, "--no-zero-init", help="The same as --model-init eager.",
+                                      rich_help_panel=_K),
+    model_init: str = typer.Option(None, "--model-init", metavar="zero|eager|from-pretrained", help="How the script "
+                                   "builds the model before deepspeed.initialize: under deepspeed.zero.Init, whole "
+                                   "(LlamaForCausalLM(config): fp32 unless torch_dtype), or whole with "
+                                   "from_pretrained. [default: zero, what train does]", rich_help_panel=_K,
+                                   show_default=False),
     trainer: str = typer.Option("deepspeed", "--trainer", help="What drives the training loop: deepspeed (its API, "
                                 "memascend train), hf (the Hugging Face Trainer, also under accelerate) or trl "
                                 "(TRL's SFTTrainer): their imports take host memory too.", rich_help_panel=_K),
@@ -137,7 +142,8 @@ def plan_command(
 
     if list_models:
         return _list_models(as_json)
-    _check_choices(engine=engine, pin_backend=pin_backend)
+    _check_choices(engine=engine, pin_backend=pin_backend, model_init=model_init)
+    model_init = model_init or ("eager" if no_zero_init else None)
     flags = job_flags.JobFlags(
         seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, dtype=dtype, grad_accum_dtype=grad_accum_dtype,
         checkpointing=checkpointing, ranks=ranks, flash_attn=_on_off(flash_attn, "--flash-attn"), liger=liger,
@@ -162,7 +168,7 @@ def plan_command(
     base = knobs.base(defaults)
     if recipe is None:
         job = job_flags.flag_job(spec, hw, flags, base=base, defaults=defaults, knob_flags=knobs,
-                                 deepspeed_version=ds_version, zero_init=not no_zero_init,
+                                 deepspeed_version=ds_version, model_init=model_init or "zero",
                                  optimizer_moments=optimizer_moments, trainer=trainer, note=warn)
         stock_job = None
     else:
@@ -172,15 +178,15 @@ def plan_command(
             recipe_job(recipe, spec, hw, engine=engine, deepspeed_version=ds_version, base=base,
                        **flags.recipe_overrides()),
             spec, hw, engine=engine, base=base, defaults=defaults, knob_flags=knobs,
-            optimizer_moments=optimizer_moments, note=warn)
+            optimizer_moments=optimizer_moments, model_init=model_init, note=warn)
     return _finish(job, hw, engine, search, details, as_json, default_used=recipe is None and model is None,
                    stock_job=stock_job, placement=placement, timing=timing)
 
 
 def _check_choices(*, engine: str | None = None, pin_backend: str | None = None, checkpoint_offload: str | None = None,
-                   optimizer_moments: str | None = None) -> None:
+                   optimizer_moments: str | None = None, model_init: str | None = None) -> None:
     """The options with a fixed set of values (those given)."""
-    from memascend_cli.planner.job import MOMENT_DTYPES
+    from memascend_cli.planner.job import MODEL_INITS, MOMENT_DTYPES
     from memascend_cli.planner.zero import ENGINES
 
     if engine is not None and engine not in ENGINES:
@@ -189,6 +195,8 @@ def _check_choices(*, engine: str | None = None, pin_backend: str | None = None,
         raise BadInput(f"unknown pin backend {pin_backend!r}", "use torch or native")
     if checkpoint_offload not in (None, "ssd", "dram"):
         raise BadInput(f"unknown --checkpoint-offload {checkpoint_offload!r}", "use ssd or dram")
+    if model_init not in (None, *MODEL_INITS):
+        raise BadInput(f"unknown --model-init {model_init!r}", "use " + ", ".join(MODEL_INITS))
     if optimizer_moments not in (None, *MOMENT_DTYPES):
         raise BadInput(f"unknown --optimizer-moments {optimizer_moments!r}", "use " + " or ".join(MOMENT_DTYPES))
 

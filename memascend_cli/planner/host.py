@@ -321,10 +321,7 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
             f"4 B x largest sub-group {c.lsg:,}", "runtime/zero/stage3.py initialize_optimizer_states (line 1305)",
             "init")
-    if not job.zero_init:
-        add("host/model_without_zero_init", "model built without zero.Init (full fp32 model)", 4 * c.m.num_params,
-            f"4 B x N {c.m.num_params:,} per process",
-            "runtime/zero/partition_parameters.py Init (without it every process builds the model)", "init")
+    out.extend(model_build_items(c))
 
     # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
     # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
@@ -367,6 +364,34 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         if not c.gpu:
             _cpu_retained(c, zero_init_heap, backward_heap, working_left, add)
     return out
+
+
+# Bytes per element of a model built outside zero.Init: transformers builds fp32 unless torch_dtype is given
+# (torch's default dtype; LlamaForCausalLM(config) takes none), whatever dtype DeepSpeed trains in.
+EAGER_BUILD_ELEM_BYTES = 4
+
+
+def model_build_items(c: Context) -> list[Item]:
+    """The whole model a script holds before deepspeed.initialize partitions it (job.model_init), as "init" items:
+    initialize allocates the engine's buffers while the model is still whole, then frees each parameter as it is
+    partitioned. None under zero.Init (each parameter is partitioned as it is built). Pure."""
+    job, n = c.job, c.m.num_params
+    if job.model_init == "zero":
+        return []
+    source = ("runtime/zero/parameter_offload.py _convert_to_zero_parameters (lines 258-279: a module not built "
+              "under zero.Init is partitioned in deepspeed.initialize by Init(module=...)), partition_parameters.py "
+              "_convert_to_zero_parameters (lines 1209-1215: one parameter at a time)")
+    items = [Item("host/model_build", f"model built whole before initialize ({job.model_init}, fp32)", "host",
+                  EAGER_BUILD_ELEM_BYTES * n, "init",
+                  formula=f"{EAGER_BUILD_ELEM_BYTES} B x N {n:,} (transformers builds fp32 without torch_dtype)",
+                  source=source)]
+    if job.model_init == "from-pretrained":
+        # The checkpoint's tensors (safetensors, memory-mapped) are resident while they are copied into the
+        # parameters: RssFile of the training process until the load returns.
+        items.append(Item("host/model_state_dict", "from_pretrained: the checkpoint's state dict while it loads",
+                          "host", c.E * n, "init", formula=f"{c.E} B x N {n:,} (the checkpoint in the job's dtype)",
+                          source="transformers modeling_utils from_pretrained (safetensors safe_open, mmapped)"))
+    return items
 
 
 def _cpu_working_set(c: Context, zero_init_heap: int, backward_heap: int, bucket: int, add, out: list[Item]) -> int:

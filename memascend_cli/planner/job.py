@@ -18,6 +18,12 @@ MOMENT_DTYPES = tuple(MOMENT_BYTES)
 DEEPSPEED_GRADIENT_CLIPPING = 1.0
 """DeepSpeed's gradient_clipping when a config omits it (runtime/constants.py GRADIENT_CLIPPING_DEFAULT)."""
 CHECKPOINTING = ("none", "selective", "full", "offload")
+MODEL_INITS = ("zero", "eager", "from-pretrained")
+"""How the user's script builds the model before deepspeed.initialize: under deepspeed.zero.Init (what `train` does),
+whole on the host (LlamaForCausalLM(config)), or loaded whole with from_pretrained outside zero.Init."""
+MODEL_INIT_WORDS = {"zero": "built under zero.Init", "eager": "built whole before initialize (fp32)",
+                    "from-pretrained": "loaded whole by from_pretrained before initialize"}
+"""What the plan says it assumed for each of MODEL_INITS."""
 TRAINERS = ("deepspeed", "hf", "trl")
 """What drives the training loop: DeepSpeed's API (memascend train, a plain DeepSpeed script), the Hugging Face
 Trainer (also under accelerate launch) or TRL's SFTTrainer."""
@@ -88,7 +94,10 @@ class JobSpec:
     """offload_param.buffer_size is raised to the largest swapped partition of the model (what a user must write for
     DeepSpeed to start, and what zero.resolve does); False keeps knobs.param_buffer_size as given."""
     zero_init: bool = True
-    """Model constructed under deepspeed.zero.Init (else every process first builds the full fp32 model)."""
+    """Model constructed under deepspeed.zero.Init; False is model_init 'eager' (kept for the callers that say only
+    this), set False by any other model_init."""
+    model_init: str = "zero"
+    """MODEL_INITS: how the model is built before deepspeed.initialize (host/model_build)."""
     trainer: str = "deepspeed"
     """TRAINERS: the Hugging Face trainers import more of their own (host/trainer_imports)."""
     launcher_processes: int = 2
@@ -103,6 +112,11 @@ class JobSpec:
             raise BadInput(f"unknown grad accumulation dtype {self.grad_accum_dtype!r}", "use bf16, fp16 or fp32")
         if self.checkpointing not in CHECKPOINTING:
             raise BadInput(f"unknown checkpointing {self.checkpointing!r}", "use " + ", ".join(CHECKPOINTING))
+        if self.model_init not in MODEL_INITS:
+            raise BadInput(f"unknown model init {self.model_init!r}", "use " + ", ".join(MODEL_INITS))
+        if not self.zero_init and self.model_init == "zero":
+            self.model_init = "eager"
+        self.zero_init = self.model_init == "zero"
         if self.trainer not in TRAINERS:
             raise BadInput(f"unknown trainer {self.trainer!r}", "use " + ", ".join(TRAINERS))
         if self.checkpoint_offload not in ("ssd", "dram"):

@@ -122,7 +122,7 @@ def world_size(ranks: int | None, hw) -> int:
 
 
 def flag_job(spec, hw, flags: JobFlags, *, base: zero.ZeroSettings, defaults: zero.ZeroSettings,
-             knob_flags: KnobFlags, deepspeed_version: str, zero_init: bool, optimizer_moments: str | None,
+             knob_flags: KnobFlags, deepspeed_version: str, model_init: str, optimizer_moments: str | None,
              trainer: str, note: Callable[[str], None]) -> JobSpec:
     """The job of a plan without a recipe: the flags given, the shared defaults for the rest, stock DeepSpeed's
     knobs. `note` gets each knob warning (capped_notes) before the job's own checks run."""
@@ -140,7 +140,7 @@ def flag_job(spec, hw, flags: JobFlags, *, base: zero.ZeroSettings, defaults: ze
                    grad_accum_dtype=flags.grad_accum_dtype, ranks_per_node=flags.ranks,
                    checkpointing=flags.checkpointing or ("offload" if DEFAULT_GRADIENT_CHECKPOINTING else "none"),
                    flash_attention=flags.flash_attn, fused_cross_entropy=flags.liger,
-                   deepspeed_version=deepspeed_version, knobs=knobs, zero_init=zero_init,
+                   deepspeed_version=deepspeed_version, knobs=knobs, model_init=model_init,
                    param_buffer_size_auto=buffer_size is None, host_budget_bytes=flags.host_budget_bytes,
                    checkpoint_offload=flags.checkpoint_offload or "ssd", optimizer_moments=optimizer_moments or "fp32",
                    chunked_loss=DEFAULT_CHUNKED_LOSS if flags.chunked_loss is None else flags.chunked_loss,
@@ -149,13 +149,15 @@ def flag_job(spec, hw, flags: JobFlags, *, base: zero.ZeroSettings, defaults: ze
 
 
 def recipe_jobs(job: JobSpec, spec, hw, *, engine: str, base: zero.ZeroSettings, defaults: zero.ZeroSettings,
-                knob_flags: KnobFlags, optimizer_moments: str | None,
+                knob_flags: KnobFlags, optimizer_moments: str | None, model_init: str | None = None,
                 note: Callable[[str], None]) -> tuple[JobSpec, JobSpec | None]:
     """(the job `train` runs with `engine`, with --optimizer-moments and an explicit buffer size on top; the same job
     with stock DeepSpeed's knobs for the stock column, None when `engine` is stock). `job`: the recipe's
     (run/prepared.py recipe_job); `note` gets each knob warning."""
     if optimizer_moments:
         job = replace(job, optimizer_moments=optimizer_moments)
+    if model_init:  # train builds under zero.Init; the flag plans the recipe's job as another script builds it
+        job = replace(job, model_init=model_init, zero_init=model_init == "zero")
     world = world_size(job.ranks_per_node, hw)
     buffer_size = knob_flags.buffer_size()
     stock = stock_knobs(spec, world, job.dtype, base, buffer_size)

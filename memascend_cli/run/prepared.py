@@ -93,7 +93,8 @@ def job_document(job, est) -> dict:
         "fused_cross_entropy": job.fused_cross_entropy, "chunked_loss": job.chunked_loss,
         "deepspeed_version": job.deepspeed_version,
         "ranks_per_node": est.ranks_per_node, "world_size": est.world_size,
-        "knobs": job.knobs.to_dict(), "zero_init": job.zero_init, "trainer": job.trainer,
+        "knobs": job.knobs.to_dict(), "zero_init": job.zero_init, "model_init": job.model_init,
+        "trainer": job.trainer,
         "checkpoint_copies": job.checkpoint_copies, "overlap_optimizer": job.overlap_optimizer,
     }
 

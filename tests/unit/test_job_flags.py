@@ -20,7 +20,7 @@ DEFAULTS = zero.version_defaults((0, 19, 8))
 
 def _job(flags=job_flags.JobFlags(), knobs=job_flags.KnobFlags(), notes=None):
     return job_flags.flag_job(SPEC, HW, flags, base=knobs.base(DEFAULTS), defaults=DEFAULTS, knob_flags=knobs,
-                              deepspeed_version="0.19.8", zero_init=True, optimizer_moments=None, trainer="deepspeed",
+                              deepspeed_version="0.19.8", model_init="zero", optimizer_moments=None, trainer="deepspeed",
                               note=(notes.append if notes is not None else print))
 
 

@@ -1,0 +1,64 @@
+"""How a user's script builds the model before deepspeed.initialize (JobSpec.model_init, host/model_build): the whole
+model in fp32 and, for from_pretrained, its state dict, counted in the init phase of every engine."""
+
+from dataclasses import replace
+
+import pytest
+
+from memascend_cli.errors import BadInput
+from memascend_cli.models import load_preset
+from memascend_cli.planner.job import MODEL_INITS, JobSpec
+from memascend_cli.planner.memory import estimate
+from memascend_cli.planner.spec import HardwareSpec
+
+CPU = HardwareSpec(name="cpu", dram_gib=24)
+MODEL = load_preset("bench-llama-136m")
+
+
+def _job(model_init="zero", dtype="fp32", **kw):
+    return JobSpec(model=MODEL, seq_len=512, micro_batch=2, dtype=dtype, checkpointing="none",
+                   model_init=model_init, **kw)
+
+
+def _init_items(est):
+    return {i.key: i.bytes for i in est.items if i.kind == "init" and i.key.startswith("host/model_")}
+
+
+@pytest.mark.parametrize("engine", ["stock", "tuned", "memascend"])
+def test_a_model_built_under_zero_init_is_never_whole_on_the_host(engine):
+    assert _init_items(estimate(_job("zero"), CPU, engine)) == {}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("engine", ["stock", "tuned", "memascend"])
+def test_an_eager_build_holds_the_whole_fp32_model_whatever_the_training_dtype(engine, dtype):
+    est = estimate(_job("eager", dtype=dtype), CPU, engine)
+    assert _init_items(est) == {"host/model_build": 4 * MODEL.num_params}
+    zero_init = estimate(_job("zero", dtype=dtype), CPU, engine)
+    assert est.phase_bytes()["init"] - zero_init.phase_bytes()["init"] == 4 * MODEL.num_params
+
+
+@pytest.mark.parametrize("dtype, elem_bytes", [("fp32", 4), ("bf16", 2)])
+def test_from_pretrained_holds_the_state_dict_in_the_job_dtype_beside_the_model(dtype, elem_bytes):
+    items = _init_items(estimate(_job("from-pretrained", dtype=dtype), CPU, "memascend"))
+    assert items == {"host/model_build": 4 * MODEL.num_params, "host/model_state_dict": elem_bytes * MODEL.num_params}
+
+
+def test_the_build_phase_is_the_peak_when_it_is_larger_than_the_rest():
+    """memascend's steady level is small: a model built whole before initialize can be its peak phase."""
+    big = replace(MODEL, num_hidden_layers=8 * MODEL.num_hidden_layers, published_num_params=None)
+    est = estimate(replace(_job("eager"), model=big, seq_len=16), CPU, "memascend")
+    assert est.peak_phase == "init"
+    assert est.host_peak_bytes >= est.host_steady_bytes + 4 * big.num_params
+
+
+def test_no_zero_init_is_an_eager_build_and_model_init_sets_zero_init():
+    assert JobSpec(model=MODEL, zero_init=False).model_init == "eager"
+    assert not JobSpec(model=MODEL, model_init="from-pretrained").zero_init
+    assert JobSpec(model=MODEL).model_init == "zero" and JobSpec(model=MODEL).zero_init
+    assert set(MODEL_INITS) == {"zero", "eager", "from-pretrained"}
+
+
+def test_an_unknown_model_init_is_bad_input():
+    with pytest.raises(BadInput, match="model init"):
+        JobSpec(model=MODEL, model_init="lazy")
