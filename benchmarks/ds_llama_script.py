@@ -81,6 +81,7 @@ def main() -> None:
     def mark(name: str) -> None:
         s = status_kib()
         phases.append({"phase": name, "hwm_kib": s["VmHWM"], "rss_anon_kib": s["RssAnon"]})
+        print(f"phase {json.dumps(dict(phases[-1], t=time.time()))}", flush=True)  # a run that dies still says
 
     mark("imports")
     with contextlib.nullcontext() if args.no_zero_init else deepspeed.zero.Init(config_dict_or_path=cfg):

@@ -60,6 +60,11 @@ MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
 """82M parameters: a few steps of seq 512 take seconds on two cores, and the parameter and optimizer pools are
 still well apart from the runtime's own memory."""
+MODELS = {"82m": MODEL,
+          "156m": dict(MODEL, hidden_size=1024, intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4,
+                       vocab_size=32000)}
+"""The models a job can name: MODEL, and a 155.7M-parameter Llama with grouped-query attention (a user's fp32 script
+built outside zero.Init was planned 15% low on it)."""
 
 ENGINES = ("stock", "memascend")
 
@@ -72,13 +77,22 @@ class Job:
     seq_len: int = 512
     micro_batch: int = 2
     steps: int = 3
+    dtype: str = "bf16"
+    zero_init: bool = True
+    """The ds script builds the model under deepspeed.zero.Init (else whole, in fp32, before initialize)."""
+    model: str = "82m"
+    """A key of MODELS."""
 
     @property
     def name(self) -> str:
-        return f"{self.script}-{'ckpt' if self.checkpointing else 'nockpt'}"
+        extra = ([self.dtype] if self.dtype != "bf16" else []) + ([] if self.zero_init else ["eager"]) + \
+                ([self.model] if self.model != "82m" else [])
+        return "-".join([self.script, "ckpt" if self.checkpointing else "nockpt", *extra])
 
 
-JOBS = (Job("ds", False), Job("ds", True), Job("hf", False), Job("accelerate", False), Job("trl", True))
+JOBS = (Job("ds", False), Job("ds", True), Job("hf", False), Job("accelerate", False), Job("trl", True),
+        Job("ds", False, steps=6, dtype="fp32", zero_init=False, model="156m"),
+        Job("ds", False, steps=6, dtype="fp32", zero_init=False), Job("ds", True, steps=6, zero_init=False))
 HF_SCRIPTS = ("hf", "accelerate", "trl")
 """The jobs whose script is a Hugging Face trainer: it fills the config's "auto" values and never uses zero.Init."""
 
@@ -92,6 +106,7 @@ def script_command(job: Job, engine: str, *, model_dir: str, region: str, nvme_p
         cmd = [python, DS_SCRIPT, "--model-dir", model_dir, "--nvme-path", nvme_path, "--out", out,
                "--seq-len", str(job.seq_len), "--micro-batch", str(job.micro_batch), "--steps", str(job.steps)]
         cmd += ["--checkpointing"] if job.checkpointing else []
+        cmd += ["--dtype", job.dtype] + ([] if job.zero_init else ["--no-zero-init"])
         return cmd + (["--region", region] if engine == "memascend" else [])
     if job.script not in HF_SCRIPTS:
         raise ValueError(f"unknown script {job.script!r}")
@@ -120,11 +135,11 @@ def hf_auto_knobs(hidden_size: int) -> list[str]:
 def plan_command(job: Job, *, model_dir: str, python: str = sys.executable) -> list[str]:
     """`memascend plan --json` for the same job as the script. Pure."""
     cmd = [python, "-m", "memascend_cli", "plan", "--model", model_dir, "--seq-len", str(job.seq_len),
-           "--micro-batch", str(job.micro_batch), "--dtype", "bf16",
+           "--micro-batch", str(job.micro_batch), "--dtype", job.dtype,
            "--checkpointing", "full" if job.checkpointing else "none", "--no-search", "--json"]
     if job.script not in HF_SCRIPTS:
-        return cmd
-    return cmd + hf_auto_knobs(MODEL["hidden_size"]) + ["--trainer", "trl" if job.script == "trl" else "hf"]
+        return cmd + ([] if job.zero_init else ["--model-init", "eager"])
+    return cmd + hf_auto_knobs(MODELS[job.model]["hidden_size"]) + ["--trainer", "trl" if job.script == "trl" else "hf"]
 
 
 def prediction(plan: dict, engine: str) -> dict:
@@ -187,12 +202,20 @@ TODAY_HEADER = ["today's plan GiB", "today's error", "today's error vs ru_maxrss
 def todays_plans(doc: dict) -> dict[str, dict]:
     """Today's `memascend plan --json` for each job of a recorded sitting, its model's config.json written to a
     temporary directory (each run keeps the plan of its own day)."""
-    jobs = {r["job"]: Job(r["script"], r["checkpointing"], **{k: r[k] for k in ("seq_len", "micro_batch", "steps")
-                                                               if k in r}) for r in doc["runs"]}
+    keys = ("seq_len", "micro_batch", "steps", "dtype", "zero_init", "model")
+    jobs = {r["job"]: Job(r["script"], r["checkpointing"], **{k: r[k] for k in keys if k in r}) for r in doc["runs"]}
+    models = dict(doc.get("models") or {"82m": doc["model"]})
     with tempfile.TemporaryDirectory() as d:
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(doc["model"], f)
-        return {name: run_plan(job, d) for name, job in jobs.items()}
+        return {name: run_plan(job, write_model(d, job.model, models[job.model])) for name, job in jobs.items()}
+
+
+def write_model(work: str, key: str, config: dict) -> str:
+    """The folder of model `key`'s config.json under `work`."""
+    model_dir = os.path.join(work, f"model-{key}")
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    return model_dir
 
 
 def ratios(doc: dict, key: str = "peak_system_bytes") -> list[tuple[str, float | None]]:
@@ -361,7 +384,8 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
                          port=_free_port())
     m = measure(cmd, script_env(os.environ, launcher=job.script == "accelerate"), log)
     res = {"job": job.name, "script": job.script, "checkpointing": job.checkpointing, "engine": engine,
-           "seq_len": job.seq_len, "micro_batch": job.micro_batch, "steps": job.steps,
+           "seq_len": job.seq_len, "micro_batch": job.micro_batch, "steps": job.steps, "dtype": job.dtype,
+           "zero_init": job.zero_init, "model": job.model,
            "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
                                for c in (["accelerate", *cmd[1:]] if job.script == "accelerate" else cmd[1:])),
            **m, "plan": prediction(plan, engine)}
@@ -398,24 +422,23 @@ def main(argv=None) -> int:
                     "repeat's peaks")
     ap.add_argument("--update", action="store_true", help="keep the runs of the other jobs in an existing --out "
                     "(each job's stock / memascend pair is one sitting; the document lists its sittings)")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines to run (default both)")
     args = ap.parse_args(argv)
     from memascend_cli.bench.runner import create_region
 
     want = args.jobs.split(",")
     jobs = [j for j in JOBS if j.name in want]
     work = args.work or tempfile.mkdtemp(prefix="user-script-bench-", dir="/var/tmp")
-    model_dir = os.path.join(work, "model")
-    os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(MODEL, f)
-    plans = {j.name: run_plan(j, model_dir) for j in jobs}
+    model_dirs = {j.model: write_model(work, j.model, MODELS[j.model]) for j in jobs}
+    plans = {j.name: run_plan(j, model_dirs[j.model]) for j in jobs}
     region = os.path.join(work, "region.bin")
     create_region(region, max(region_bytes(p) for p in plans.values()), ranks=1)
     runs = []
     repeats = max(1, args.repeat)
-    for job, repeat, engine in ((j, i, e) for j in jobs for i in range(repeats) for e in ENGINES):
+    for job, repeat, engine in ((j, i, e) for j in jobs for i in range(repeats)
+                                  for e in ENGINES if e in args.engines.split(",")):
         print(f"{job.name} {engine} ({repeat + 1}/{repeats}) ...", flush=True)
-        runs.append(run_job(job, engine, plans[job.name], model_dir=model_dir, region=region, work=work))
+        runs.append(run_job(job, engine, plans[job.name], model_dir=model_dirs[job.model], region=region, work=work))
         r = runs[-1]
         print(f"  ok={r['ok']} peak {_gib(r['peak_system_bytes'])} GiB, ru_maxrss {_gib(r['ru_maxrss_bytes'])} "
               f"GiB, others' RSS change {_gib(r['others_rss_change_at_peak_bytes'])} GiB, plan "
@@ -429,7 +452,7 @@ def main(argv=None) -> int:
            "sittings": sittings, "host": platform.node(),
            "machine": {"cpus": os.cpu_count(), "dram_gib": round(os.sysconf("SC_PHYS_PAGES") *
                                                                 os.sysconf("SC_PAGE_SIZE") / GiB, 1)},
-           "model": MODEL, "runs": runs, "ratios": dict(ratios({"runs": runs}))}
+           "model": MODEL, "models": MODELS, "runs": runs, "ratios": dict(ratios({"runs": runs}))}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     if args.work is None:

@@ -187,3 +187,14 @@ def test_results_section_renders_a_document(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.startswith("## Plan accuracy on user scripts") and "| memascend | ds | none |" in out
     assert "today's plan GiB" in out  # today's planner on the recorded jobs
+
+
+def test_an_eager_fp32_job_builds_outside_zero_init_and_is_planned_so():
+    job = usb.Job("ds", False, dtype="fp32", zero_init=False, model="156m")
+    assert job.name == "ds-nockpt-fp32-eager-156m" and usb.Job("ds", False).name == "ds-nockpt"
+    cmd = usb.script_command(job, "memascend", model_dir="/m", region="/r.bin", nvme_path="/n", out="/o.json")
+    assert "--no-zero-init" in cmd and cmd[cmd.index("--dtype") + 1] == "fp32"
+    plan = usb.plan_command(job, model_dir="/m")
+    assert plan[plan.index("--model-init") + 1] == "eager" and plan[plan.index("--dtype") + 1] == "fp32"
+    assert "--model-init" not in usb.plan_command(usb.Job("ds", False), model_dir="/m")
+    assert usb.MODELS[job.model]["num_key_value_heads"] == 4
