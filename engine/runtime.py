@@ -256,7 +256,10 @@ class Installed:
             self._pending = False
             return False
         devices = trainer_config.offload_devices(cfg)
-        if "nvme" in devices.values() or not self._choose(cfg, devices, model).move:
+        if "nvme" in devices.values():  # a config of the program's own with NVMe offload: nothing to choose
+            self._pending = False
+            return False
+        if not self._choose(cfg, devices, model).move:
             return False
         self.patches.restore()
         self.config_changes.update(trainer_config.move_offload_to_nvme(cfg))

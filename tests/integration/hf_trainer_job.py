@@ -5,7 +5,8 @@ usage: hf_trainer_job.py before|after|plain CONFIG.json REGION NVME_PATH OUT.jso
 `before` / `after`: install() is called before or after TrainingArguments; `plain`: never (the script as its user
 wrote it, run by `memascend launch` in test_launch_cli.py; REGION is not used). The model is a tiny random Llama built from
 a config (no download), or the config.json in MODEL_DIR (benchmarks/user_script_bench.py); the data are random token
-ids. Writes the handle's stats, the losses, the files found under NVME_PATH and VmHWM.
+ids. Writes the handle's stats, the losses, the files found under NVME_PATH and VmHWM. JOB_PLACEMENT in the
+environment is install()'s placement (default auto).
 """
 
 from __future__ import annotations
@@ -67,12 +68,13 @@ def model_config(model_dir: str | None) -> LlamaConfig:
 
 def main() -> None:
     order, ds_config, region, nvme_path, out, model_dir, seq, steps = job_args(SEQ, STEPS)
-    handle = memascend_engine.install(ds_config, region=region) if order == "before" else None
+    placement = os.environ.get("JOB_PLACEMENT", "auto")
+    handle = memascend_engine.install(ds_config, region=region, placement=placement) if order == "before" else None
     args = TrainingArguments(output_dir=os.path.join(os.path.dirname(out), "trainer-out"), deepspeed=ds_config,
                              max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
                              save_strategy="no", report_to=[], use_cpu=True, bf16=True, disable_tqdm=True)
     if order == "after":
-        handle = memascend_engine.install(ds_config, region=region)
+        handle = memascend_engine.install(ds_config, region=region, placement=placement)
     torch.manual_seed(0)
     config = model_config(model_dir)
     model = LlamaForCausalLM(config)

@@ -32,11 +32,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp_path: Path, order: str, config: str, script: Path = HERE / "hf_trainer_job.py") -> tuple[dict, str]:
+def run_job(tmp_path: Path, order: str, config: str, script: Path = HERE / "hf_trainer_job.py",
+            placement: str = "auto") -> tuple[dict, str]:
     """Run a trainer script (hf_trainer_job.py, or trl_sft_job.py of the same shape) as one rank; its result and
     stderr."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()))
+               MASTER_PORT=str(_free_port()), JOB_PLACEMENT=placement)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_ext"))
     out = tmp_path / "out.json"
     nvme = tmp_path / "nvme"
@@ -67,10 +69,19 @@ def test_hf_docs_nvme_config_with_auto_values(tmp_path, order):
         assert "install() after TrainingArguments: the Trainer's copy of the DeepSpeed config rewritten" in err
 
 
-def test_llamafactory_cpu_offload_config_moves_to_the_region(tmp_path):
-    r, err = run_job(tmp_path, "before", "llamafactory_ds_z3_offload_config.json")
+def test_llamafactory_cpu_offload_config_kept_where_it_fits_and_moved_when_asked(tmp_path):
+    """The tiny model's CPU offload fits this machine's DRAM: auto keeps it (decided at deepspeed.initialize, in the
+    Trainer's own copy of the config, "auto" values filled); placement 'region' moves it and the engine engages."""
+    r, err = run_job(tmp_path / "auto", "before", "llamafactory_ds_z3_offload_config.json")
+    s = r["stats"]
+    assert len(r["losses"]) == 3 and s["bytes_read"] == s["bytes_written"] == 0 and r["files"] == []
+    assert s["placement"]["move"] is False and "offload_param.device" not in s["config_changes"]
+    zo = r["trainer_config"]["zero_optimization"]
+    assert zo["offload_param"]["device"] == zo["offload_optimizer"]["device"] == "cpu"
+    assert "offload kept in DRAM as the config writes it" in err
+    r, err = run_job(tmp_path / "region", "before", "llamafactory_ds_z3_offload_config.json", placement="region")
     _assert_engaged(r)
-    assert "moved to NVMe (the region)" in err
+    assert "offload moved to memascend's region (asked: placement 'region')" in err
     assert r["stats"]["config_changes"]["offload_param.device"] == {"from": "cpu", "to": "nvme"}
 
 

@@ -313,7 +313,8 @@ def test_nothing_outlives_a_killed_cli(tmp_path):
                     "dependency; its pins want their own venv, see docs/engine.md 'Any program, unmodified')")
 def test_llamafactory_cli_train_recipe(tmp_path):
     """`llamafactory-cli train RECIPE` with LLaMA-Factory's own ZeRO-3 CPU-offload config ("auto" values): the engine
-    installs in the rank torchrun starts and moves the offload to the region. The recipe is tests/assets/llamafactory's
+    installs in the rank torchrun starts and moves the offload to the region (--placement region: the tiny model's
+    CPU offload would fit in DRAM, where auto keeps it). The recipe is tests/assets/llamafactory's
     with its `deepspeed:` line back, 3 steps, no eval, and `use_cpu` (this CPU machine)."""
     from tests.integration.test_llamafactory_cpu import ASSETS, tiny_model_dir
 
@@ -335,9 +336,9 @@ def test_llamafactory_cli_train_recipe(tmp_path):
     # Its own venv first: LLaMA-Factory starts `torchrun` from PATH, which must be the Python that has llamafactory.
     env["PATH"] = os.path.dirname(shutil.which("llamafactory-cli")) + os.pathsep + env["PATH"]
     proc = subprocess.run([sys.executable, "-m", "memascend_cli", "launch", "--run-dir", str(run_dir), "--region",
-                           make_region(tmp_path, "512MiB"), "--", "llamafactory-cli", "train", "recipe.yaml"],
+                           make_region(tmp_path, "512MiB"), "--placement", "region", "--", "llamafactory-cli", "train", "recipe.yaml"],
                           env=env, cwd=work, capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    assert "moved to NVMe (the region)" in proc.stderr
+    assert "offload moved to memascend's region (asked: placement 'region')" in proc.stderr
     _engaged_rank([json.loads(p.read_text()) for p in (run_dir / "status").glob("*.json")])
     assert (work / "saves" / "sft" / "model.safetensors").exists()
