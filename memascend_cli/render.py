@@ -162,3 +162,5 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
         line += f", {red['host_peak_vs_tuned']:.1f}% less than tuned stock"
     out.print(Text(line, style="bold"))
     out.print(Text(("✓ " if v["fits"] else "✗ ") + v["line"], style="green" if v["fits"] else "red"))
+    if "dram_cap" in result:
+        out.print(result["dram_cap"]["line"], highlight=False)

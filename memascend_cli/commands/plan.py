@@ -382,6 +382,7 @@ def reduction_percent(baseline_bytes: int, memascend_bytes: int) -> float:
 
 def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: bool = False) -> dict:
     """The --json document (docs/plan-json.md). Pure."""
+    from memascend_cli.planner import cap
     from memascend_cli.run.prepared import job_document
 
     b, m = ests["stock"], ests["memascend"]
@@ -401,6 +402,9 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
         },
         "verdict": {"engine": engine, "fits": v.fits, "binding": v.binding, "reasons": v.reasons,
                     "line": verdict_line(ests, verdicts, engine, hw)},
+        "dram_cap": {"engine": engine, "smallest_bytes": cap.smallest_cap_bytes(ests[engine]),
+                     "node_peak_bytes": ests[engine].node_host_peak_bytes,
+                     "run_to_run_spread_bytes": cap.RUN_TO_RUN_SPREAD_BYTES, "line": cap.cap_line(ests[engine])},
     }
 
 

@@ -18,6 +18,7 @@ Pure: stdlib only, no I/O.
 from __future__ import annotations
 
 from memascend_cli.planner.breakdown import Estimate, Item, SsdTraffic
+from memascend_cli.planner.cap import op_build_note
 from memascend_cli.planner.compute import compute_items
 from memascend_cli.planner.context import Context, partition
 from memascend_cli.planner.heap import (
@@ -64,6 +65,7 @@ def estimate(job: JobSpec, hw: HardwareSpec, engine: str) -> Estimate:
         est.notes.append("CPU-only job: DeepSpeed runs on the CPU accelerator (gloo); compute memory is host memory")
         if job.checkpointing == "offload":
             est.notes.append("offloaded checkpointing is plain full checkpointing on a CPU-only job")
+    est.notes.append(op_build_note())
     if job.dtype != "fp16" and not c.memascend:
         est.notes.append("bf16/fp32: stock ZeRO-3 skips the overflow check (only fp16 pays 3 B/element)")
     if not c.gpu and not c.memascend:
