@@ -49,8 +49,7 @@ def build_config(args, spec) -> dict:
                      precision=args.dtype, optimizer=adamw(args.lr), gradient_clipping=args.clip)
 
 
-def main(argv=None) -> dict:
-    cpuinfo_cache.enable()
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["stock", "engine"], required=True)
     ap.add_argument("--model", default="tiny-llama")
@@ -94,31 +93,29 @@ def main(argv=None) -> dict:
                     help="engine: Adam's moments on the SSD (EngineOptions.optimizer_moments)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
-    args = ap.parse_args(argv)
+    return ap
 
-    single_rank_defaults()
 
+def _init_device() -> str:
+    """Start the process group; the device the inputs go to."""
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
-    from memascend_engine.hf_models import causal_lm_factory, init_weights_under_zero3
-
-    from memascend_cli.models import load_model
 
     accel = get_accelerator()
     deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
-    rank = int(os.environ["RANK"])
-    device = "cpu"
-    if accel.device_name() != "cpu":
-        accel.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        device = accel.current_device_name()
-        # Stock and engine runs are separate processes: with deterministic kernels (cuBLAS needs a
-        # fixed workspace, set before its first use) the fp32 losses can be compared exactly.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    spec = load_model(args.model)
-    if args.mode == "stock" and not args.nvme_dir:
-        raise SystemExit("--nvme-dir is required for --mode stock")
+    if accel.device_name() == "cpu":
+        return "cpu"
+    accel.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # Stock and engine runs are separate processes: with deterministic kernels (cuBLAS needs a
+    # fixed workspace, set before its first use) the fp32 losses can be compared exactly.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return accel.current_device_name()
+
+
+def _config(args, spec) -> dict:
+    """build_config with the command line's overrides of DeepSpeed's own knobs."""
     cfg = build_config(args, spec)
     if args.force_cpu_fp16:
         from memascend_engine.ds_internals import probes
@@ -128,23 +125,32 @@ def main(argv=None) -> dict:
         cfg["fp16"]["initial_scale_power"] = args.initial_scale_power
     if args.param_buffer_size is not None:
         cfg["zero_optimization"]["offload_param"]["buffer_size"] = int(args.param_buffer_size)
+    return cfg
 
-    handle = None
-    if args.mode == "engine":
-        import memascend_engine
 
-        from memascend_cli.planner import zero
+def _install(args, cfg: dict, spec):
+    """memascend_engine.install() with the command line's EngineOptions (engine mode)."""
+    import memascend_engine
 
-        windows = None
-        if args.accumulation_bytes:
-            windows = zero.EngineWindows(optimizer_chunk_numel=zero.chunk_numel_for(
-                zero.from_ds_config(cfg).sub_group_size), checkpoint_offload=args.checkpoint_offload,
-                accumulation_bytes=args.accumulation_bytes)
-        opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
-                                              checkpoint_offload=args.checkpoint_offload, windows=windows,
-                                              optimizer_moments=args.optimizer_moments)
-        handle = memascend_engine.install(cfg, region=args.region, model_spec=None if args.no_model_spec else spec,
-                                          options=opts)
+    from memascend_cli.planner import zero
+
+    windows = None
+    if args.accumulation_bytes:
+        windows = zero.EngineWindows(optimizer_chunk_numel=zero.chunk_numel_for(
+            zero.from_ds_config(cfg).sub_group_size), checkpoint_offload=args.checkpoint_offload,
+            accumulation_bytes=args.accumulation_bytes)
+    opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
+                                          checkpoint_offload=args.checkpoint_offload, windows=windows,
+                                          optimizer_moments=args.optimizer_moments)
+    return memascend_engine.install(cfg, region=args.region, model_spec=None if args.no_model_spec else spec,
+                                    options=opts)
+
+
+def _engine(args, cfg: dict, spec, handle):
+    """The model built under zero.Init (seeded) and deepspeed.initialize's engine."""
+    import deepspeed
+    import torch
+    from memascend_engine.hf_models import causal_lm_factory, init_weights_under_zero3
 
     make_model = causal_lm_factory(spec)
     torch.manual_seed(0)
@@ -158,31 +164,36 @@ def main(argv=None) -> dict:
     if handle is not None and args.checkpointing:
         handle.enable_offloaded_checkpointing(model)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return engine
 
-    start = 0
-    load_error = None
-    if args.load_checkpoint:
-        try:
-            engine.load_checkpoint(args.load_checkpoint, load_module_only=args.load_module_only)
-            start = int(engine.global_steps)
-        except Exception as exc:  # noqa: BLE001 - reported in the JSON (a refusal or a damaged file)
-            load_error = f"{type(exc).__name__}: {exc}"
-    save_error = None
+
+def _load(args, engine) -> tuple[int, str | None]:
+    """(the first step to train, the load's error): --load-checkpoint's steps are skipped."""
+    if not args.load_checkpoint:
+        return 0, None
+    try:
+        engine.load_checkpoint(args.load_checkpoint, load_module_only=args.load_module_only)
+        return int(engine.global_steps), None
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON (a refusal or a damaged file)
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+def _train(args, engine, spec, device: str, start: int, steps: int) -> dict:
+    """`steps` steps on seeded random tokens (the data of steps before `start` drawn and skipped), saving where asked:
+    losses per micro-batch, loss scales and gradient norms per step, the overflow probe, the save's error."""
+    import torch
+
+    out = {"losses": [], "loss_scales": [], "grad_norms": [], "overflow_probe": {}, "save_checkpoint_error": None}
 
     def save() -> None:
-        nonlocal save_error
         try:
             engine.save_checkpoint(args.save_checkpoint)
         except RuntimeError as exc:
-            save_error = str(exc)
+            out["save_checkpoint_error"] = str(exc)
 
     gen = torch.Generator().manual_seed(1234)
-    losses = []
-    loss_scales = []
-    grad_norms = []
-    probe = {}
     t0 = time.time()
-    for step in range(args.steps if load_error is None else 0):
+    for step in range(steps):
         xs = [torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
               for _ in range(args.grad_accum)]
         if step < start:
@@ -193,37 +204,60 @@ def main(argv=None) -> dict:
             if args.overflow_probe and step == 0:
                 from memascend_engine.ds_internals import probes
 
-                probe = probes.overflow_probe(engine)
+                out["overflow_probe"] = probes.overflow_probe(engine)
             engine.step()
-            losses.append(float(loss))
-        loss_scales.append(float(engine.optimizer.loss_scale))
+            out["losses"].append(float(loss))
+        out["loss_scales"].append(float(engine.optimizer.loss_scale))
         norm = engine.get_global_grad_norm()
-        grad_norms.append(None if norm is None else float(norm))
+        out["grad_norms"].append(None if norm is None else float(norm))
         if args.save_checkpoint and args.save_at == step + 1:
             save()
-    seconds = time.time() - t0
+    out["seconds"] = time.time() - t0
     if args.save_checkpoint and args.save_at is None:
         save()
+    return out
 
-    stats = handle.stats() if handle is not None else None
+
+def main(argv=None) -> dict:
+    cpuinfo_cache.enable()
+    args = _parser().parse_args(argv)
+
+    single_rank_defaults()
+
+    import deepspeed
+    import torch
+
+    from memascend_cli.models import load_model
+
+    device = _init_device()
+    rank = int(os.environ["RANK"])
+    spec = load_model(args.model)
+    if args.mode == "stock" and not args.nvme_dir:
+        raise SystemExit("--nvme-dir is required for --mode stock")
+    cfg = _config(args, spec)
+    handle = _install(args, cfg, spec) if args.mode == "engine" else None
+    engine = _engine(args, cfg, spec, handle)
+    start, load_error = _load(args, engine)
+    run = _train(args, engine, spec, device, start, args.steps if load_error is None else 0)
+
     nvme_root = (handle.key_dir if handle is not None else args.nvme_dir)
     result = {
         "mode": args.mode,
         "rank": rank,
         "world_size": int(os.environ["WORLD_SIZE"]),
         "dtype": args.dtype,
-        "losses": losses,
-        "seconds_per_step": seconds / max(1, args.steps),
+        "losses": run["losses"],
+        "seconds_per_step": run["seconds"] / max(1, args.steps),
         "swap_files": _count_files(os.path.join(nvme_root, "zero_stage_3")) if nvme_root else 0,
         "checkpoint_swap_files": sum(
             1 for _, _, fs in os.walk(args.save_checkpoint) for f in fs if f.endswith(".swp")
         ) if args.save_checkpoint else 0,
-        "stats": stats,
-        "overflow_probe": probe,
-        "loss_scales": loss_scales,
-        "grad_norms": grad_norms,
+        "stats": handle.stats() if handle is not None else None,
+        "overflow_probe": run["overflow_probe"],
+        "loss_scales": run["loss_scales"],
+        "grad_norms": run["grad_norms"],
         "skipped_steps": int(engine.skipped_steps),
-        "save_checkpoint_error": save_error,
+        "save_checkpoint_error": run["save_checkpoint_error"],
         "load_checkpoint_error": load_error,
         "start_step": start,
         "config": cfg,
