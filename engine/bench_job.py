@@ -160,22 +160,7 @@ def run(args, rank: int, ev: Events) -> int:
     # transformers is imported here (in the factory), before zero.Init patches tensor constructors.
     make_model = causal_lm_factory(spec)
 
-    handle = None
-    if engine_api is not None:
-        install, options_cls = engine_api
-        extra = {}
-        if args.engine_windows:
-            from memascend_cli.planner.zero import EngineWindows
-
-            extra["windows"] = EngineWindows(**json.loads(args.engine_windows))
-        if args.prefetch_layers:
-            extra["prefetch_layers"] = args.prefetch_layers
-        extra["optimizer_moments"] = args.optimizer_moments
-        opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES}, **extra)
-        ev.phase("engine_install")
-        # The region has one sub-region per local rank (prepare-ssd --ranks).
-        handle = install(cfg, region=args.region, model_spec=spec, options=opts,
-                         rank=int(os.environ.get("LOCAL_RANK", rank)))
+    handle = None if engine_api is None else _install(engine_api, args, cfg, spec, rank, ev)
 
     io_start = io_bytes()
     ev.phase("zero_init")
@@ -205,14 +190,48 @@ def run(args, rank: int, ev: Events) -> int:
     io_init_done = io_bytes()
     vmlck_after_init_kib = status_kib("VmLck")
 
+    _train(engine, args, ev, vocab_size=spec.vocab_size, device=device, rank=rank, world=world,
+           grad_accum=int(cfg.get("gradient_accumulation_steps", 1)), io_start=io_init_done)
+    ev.phase("finish")
+    final = _final(args, cfg, spec, handle, rank=rank, world=world, on_cuda=on_cuda,
+                   io=(io_start, io_init_done, io_bytes()), vmlck_after_init_kib=vmlck_after_init_kib)
+    if handle is not None:
+        final["engine_stats"] = dict(handle.stats())
+        handle.uninstall()
+    ev.emit("final", **final)
+    return 0
+
+
+def _install(engine_api, args, cfg: dict, spec, rank: int, ev: Events):
+    """memascend's engine with the run's techniques (those not --disable'd), windows and moments; its handle."""
+    install, options_cls = engine_api
+    extra = {}
+    if args.engine_windows:
+        from memascend_cli.planner.zero import EngineWindows
+
+        extra["windows"] = EngineWindows(**json.loads(args.engine_windows))
+    if args.prefetch_layers:
+        extra["prefetch_layers"] = args.prefetch_layers
+    extra["optimizer_moments"] = args.optimizer_moments
+    opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES}, **extra)
+    ev.phase("engine_install")
+    # The region has one sub-region per local rank (prepare-ssd --ranks).
+    return install(cfg, region=args.region, model_spec=spec, options=opts, rank=int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def _train(engine, args, ev: Events, *, vocab_size: int, device, rank: int, world: int, grad_accum: int,
+           io_start: dict) -> None:
+    """The timed steps: random token batches, one event per optimizer step (loss, seconds, block I/O, tokens/s,
+    gradient norm) and a phase per micro-batch's forward, backward and optimizer."""
+    import torch
+
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    io_prev = io_init_done
-    grad_accum = int(cfg.get("gradient_accumulation_steps", 1))
+    io_prev = io_start
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         losses = []
         for k in range(grad_accum):  # engine.step() steps the optimizer after the last (the accumulation boundary)
-            x = torch.randint(0, spec.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
+            x = torch.randint(0, vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
             name = f"step{step}" + (f".{k + 1}" if grad_accum > 1 else "")
             ev.phase(f"{name}_forward")
             loss = engine(input_ids=x, labels=x).loss
@@ -228,11 +247,20 @@ def run(args, rank: int, ev: Events) -> int:
                 tokens_per_s=args.micro_batch * args.seq_len * grad_accum * world / dt,
                 grad_norm=None if norm is None else float(norm))
         io_prev = io_now
-    ev.phase("finish")
-    io_end = io_bytes()
+
+
+def _final(args, cfg: dict, spec, handle, *, rank: int, world: int, on_cuda: bool, io: tuple,
+           vmlck_after_init_kib: int) -> dict:
+    """The rank's final record: versions, block I/O (start, after initialize, end), swap bytes, locked and peak
+    memory, GPU memory and pinned bytes (engine_stats is filled in by the caller)."""
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    io_start, io_init_done, io_end = io
     nvme_dir = cfg["zero_optimization"]["offload_param"].get("nvme_path")
     gpu_free, gpu_total = torch.cuda.mem_get_info() if on_cuda else (0, 0)
-    final = {
+    return {
         "rank": rank,
         "world_size": world,
         "mode": args.mode,
@@ -249,7 +277,7 @@ def run(args, rank: int, ev: Events) -> int:
         "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "engine_stats": None,
         "ds_config_effective": cfg,
-        "accelerator": acc.device_name(),
+        "accelerator": get_accelerator().device_name(),
         "peak_gpu_bytes": int(torch.cuda.max_memory_allocated()) if on_cuda else None,
         "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved()) if on_cuda else None,
         # What the plan's GPU figure holds beside torch's pool (gpu/cuda_context): device memory in use that torch's
@@ -261,11 +289,6 @@ def run(args, rank: int, ev: Events) -> int:
                          (int(torch.cuda.host_memory_stats().get("allocated_bytes.peak", 0)) if on_cuda else 0)
                          + status_kib("VmLck") * 1024),
     }
-    if handle is not None:
-        final["engine_stats"] = dict(handle.stats())
-        handle.uninstall()
-    ev.emit("final", **final)
-    return 0
 
 
 if __name__ == "__main__":
