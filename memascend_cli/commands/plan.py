@@ -135,10 +135,7 @@ def plan_command(
 
         memascend plan recipe.yaml && memascend train recipe.yaml
     """
-    from memascend_cli import models
-    from memascend_cli.console import warn
-    from memascend_cli.planner import job_flags, zero
-    from memascend_cli.run.prepared import recipe_job
+    from memascend_cli.planner import job_flags
 
     if list_models:
         return _list_models(as_json)
@@ -161,26 +158,37 @@ def plan_command(
                   gpu_mem=gpu_mem, gpus=gpus, nodes=nodes, nvme_free=nvme_free, nvme_read_gbps=nvme_read_gbps,
                   nvme_write_gbps=nvme_write_gbps, memlock=memlock)
     timing = {"tokens": _tokens(tokens), "cpu_gflops": cpu_gflops, "gpu_tflops": gpu_tflops}
+    job, stock_job = _jobs(recipe, model, hw, engine, flags, knobs, deepspeed_version=deepspeed_version,
+                           model_init=model_init, optimizer_moments=optimizer_moments, trainer=trainer)
+    return _finish(job, hw, engine, search, details, as_json, default_used=recipe is None and model is None,
+                   stock_job=stock_job, placement=placement, timing=timing)
+
+
+def _jobs(recipe, model, hw, engine: str, flags, knobs, *, deepspeed_version, model_init, optimizer_moments,
+          trainer):
+    """(the job the plan prices, stock DeepSpeed's twin of a recipe's job or None): from the flags alone, or from the
+    recipe with the flags on top (job_flags' builders)."""
+    from memascend_cli import models
+    from memascend_cli.console import warn
+    from memascend_cli.planner import job_flags, zero
+    from memascend_cli.run.prepared import recipe_job
+
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
     spec = models.load_model(model_name, weights=False)  # a hub id plans from its config.json or preset
     ds_version = deepspeed_version or installed_deepspeed_version()
     defaults = zero.version_defaults(parse_version(ds_version))
     base = knobs.base(defaults)
     if recipe is None:
-        job = job_flags.flag_job(spec, hw, flags, base=base, defaults=defaults, knob_flags=knobs,
-                                 deepspeed_version=ds_version, model_init=model_init or "zero",
-                                 optimizer_moments=optimizer_moments, trainer=trainer, note=warn)
-        stock_job = None
-    else:
-        if knobs.recipe_note():
-            warn(knobs.recipe_note())
-        job, stock_job = job_flags.recipe_jobs(
-            recipe_job(recipe, spec, hw, engine=engine, deepspeed_version=ds_version, base=base,
-                       **flags.recipe_overrides()),
-            spec, hw, engine=engine, base=base, defaults=defaults, knob_flags=knobs,
-            optimizer_moments=optimizer_moments, model_init=model_init, note=warn)
-    return _finish(job, hw, engine, search, details, as_json, default_used=recipe is None and model is None,
-                   stock_job=stock_job, placement=placement, timing=timing)
+        return job_flags.flag_job(spec, hw, flags, base=base, defaults=defaults, knob_flags=knobs,
+                                  deepspeed_version=ds_version, model_init=model_init or "zero",
+                                  optimizer_moments=optimizer_moments, trainer=trainer, note=warn), None
+    if knobs.recipe_note():
+        warn(knobs.recipe_note())
+    return job_flags.recipe_jobs(
+        recipe_job(recipe, spec, hw, engine=engine, deepspeed_version=ds_version, base=base,
+                   **flags.recipe_overrides()),
+        spec, hw, engine=engine, base=base, defaults=defaults, knob_flags=knobs,
+        optimizer_moments=optimizer_moments, model_init=model_init, note=warn)
 
 
 def _check_choices(*, engine: str | None = None, pin_backend: str | None = None, checkpoint_offload: str | None = None,
