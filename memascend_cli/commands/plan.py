@@ -412,7 +412,7 @@ def build_result(job, hw, ests, verdicts, searches, engine: str, default_used: b
                     "line": verdict_line(ests, verdicts, engine, hw)},
         "dram_cap": {"engine": engine, "smallest_bytes": cap.smallest_cap_bytes(ests[engine]),
                      "node_peak_bytes": ests[engine].node_host_peak_bytes,
-                     "run_to_run_spread_bytes": cap.RUN_TO_RUN_SPREAD_BYTES, "line": cap.cap_line(ests[engine])},
+                     "measured_spread_bytes": cap.MEASURED_SPREAD_BYTES, "line": cap.cap_line(ests[engine])},
     }
 
 
