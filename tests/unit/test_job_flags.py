@@ -67,3 +67,13 @@ def test_a_recipe_job_gets_the_flags_and_a_stock_twin():
     assert stock.knobs.param_buffer_size == 5_000_000 and stock.knobs != job.knobs
     assert job_flags.recipe_jobs(recipe_job, SPEC, HW, engine="stock", base=DEFAULTS, defaults=DEFAULTS,
                                  knob_flags=job_flags.KnobFlags(), optimizer_moments=None, note=print)[1] is None
+
+
+def test_a_recipe_is_planned_under_zero_init_unless_model_init_says_how_another_script_builds_it():
+    kw = dict(engine="memascend", base=DEFAULTS, defaults=DEFAULTS, knob_flags=job_flags.KnobFlags(),
+              optimizer_moments=None, note=print)
+    assert job_flags.recipe_jobs(_job(), SPEC, HW, **kw)[0].model_init == "zero"
+    job, stock = job_flags.recipe_jobs(_job(), SPEC, HW, model_init="eager", **kw)
+    assert (job.model_init, job.zero_init) == (stock.model_init, stock.zero_init) == ("eager", False)
+    again = job_flags.recipe_jobs(job, SPEC, HW, model_init="zero", **kw)[0]
+    assert (again.model_init, again.zero_init) == ("zero", True)
