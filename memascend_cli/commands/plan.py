@@ -105,7 +105,7 @@ def plan_command(
                                    "(default: the version's default).", rich_help_panel=_K, show_default=False),
     no_zero_init: bool = typer.Option(False, "--no-zero-init", help="The same as --model-init eager.",
                                       rich_help_panel=_K),
-    model_init: str = typer.Option(None, "--model-init", metavar="zero|eager|from-pretrained", help="How the script "
+    model_init: str = typer.Option(None, "--model-init", help="zero, eager or from-pretrained: how the script "
                                    "builds the model before deepspeed.initialize: under deepspeed.zero.Init, whole "
                                    "(LlamaForCausalLM(config): fp32 unless torch_dtype), or whole with "
                                    "from_pretrained. [default: zero, what train does]", rich_help_panel=_K,
