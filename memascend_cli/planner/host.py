@@ -107,6 +107,7 @@ def host_items(c: Context) -> list[Item]:
     _checkpoint_items(c, h)
     zi_heap = _data_and_heap_items(c, h)
     h.items.extend(transient_items(c, zi_heap))
+    h.items.extend(model_build_items(c, h.items))
     return h.items
 
 
@@ -321,7 +322,6 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
         add("host/init_buffers", "init: fp32 sub-group buffers", 4 * c.lsg,
             f"4 B x largest sub-group {c.lsg:,}", "runtime/zero/stage3.py initialize_optimizer_states (line 1305)",
             "init")
-    out.extend(model_build_items(c))
 
     # -- backward: per reduce bucket, partition_grads converts the gradients of swappable sub-groups to
     # fp32 host tensors (grad_buffer.to(fp32)) and swaps them out (both engines: DeepSpeed code).
@@ -371,25 +371,38 @@ def transient_items(c: Context, zero_init_heap: int = 0) -> list[Item]:
 EAGER_BUILD_ELEM_BYTES = 4
 
 
-def model_build_items(c: Context) -> list[Item]:
+# Steady items already allocated while deepspeed.initialize partitions a model built whole: the process, and the
+# parameter pool Init creates before it converts the module's parameters (partition_parameters.py lines 1172-1181:
+# param_swapper, then _convert_to_zero_parameters). The optimizer's buffers, the gradient window, the reduce bucket
+# and the data come after the model's parameters are freed.
+BEFORE_PARTITIONING_KEYS = ("host/runtime", "host/trainer_imports", "host/engine_runtime", "host/param_swap_pool")
+
+
+def model_build_items(c: Context, steady: list[Item]) -> list[Item]:
     """The whole model a script holds before deepspeed.initialize partitions it (job.model_init), as "init" items:
-    initialize allocates the engine's buffers while the model is still whole, then frees each parameter as it is
-    partitioned. None under zero.Init (each parameter is partitioned as it is built). Pure."""
+    what it adds above the steady level at its highest moment, the model beside the items of
+    BEFORE_PARTITIONING_KEYS; each parameter is freed as it is partitioned. None under zero.Init (each parameter is
+    partitioned as it is built). Pure."""
     job, n = c.job, c.m.num_params
     if job.model_init == "zero":
         return []
+    level = sum(i.bytes for i in steady if i.kind == "steady")
+    before = sum(i.bytes for i in steady if i.kind == "steady" and i.key in BEFORE_PARTITIONING_KEYS)
+    model = EAGER_BUILD_ELEM_BYTES * n
+    state_dict = c.E * n if job.model_init == "from-pretrained" else 0
     source = ("runtime/zero/parameter_offload.py _convert_to_zero_parameters (lines 258-279: a module not built "
               "under zero.Init is partitioned in deepspeed.initialize by Init(module=...)), partition_parameters.py "
               "_convert_to_zero_parameters (lines 1209-1215: one parameter at a time)")
     items = [Item("host/model_build", f"model built whole before initialize ({job.model_init}, fp32)", "host",
-                  EAGER_BUILD_ELEM_BYTES * n, "init",
-                  formula=f"{EAGER_BUILD_ELEM_BYTES} B x N {n:,} (transformers builds fp32 without torch_dtype)",
+                  max(0, before + model - level), "init",
+                  formula=f"the process and parameter pool {before:,} + {EAGER_BUILD_ELEM_BYTES} B x N {n:,} "
+                          f"(transformers builds fp32 without torch_dtype) - the steady level {level:,}",
                   source=source)]
-    if job.model_init == "from-pretrained":
+    if state_dict:
         # The checkpoint's tensors (safetensors, memory-mapped) are resident while they are copied into the
         # parameters: RssFile of the training process until the load returns.
         items.append(Item("host/model_state_dict", "from_pretrained: the checkpoint's state dict while it loads",
-                          "host", c.E * n, "init", formula=f"{c.E} B x N {n:,} (the checkpoint in the job's dtype)",
+                          "host", state_dict, "init", formula=f"{c.E} B x N {n:,} (the checkpoint in the job's dtype)",
                           source="transformers modeling_utils from_pretrained (safetensors safe_open, mmapped)"))
     return items
 
