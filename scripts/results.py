@@ -54,6 +54,7 @@ from results_memory import (doc_heading, machine_line, section_allocator, sectio
                             section_capped, section_planner, section_sweep)
 from results_micro import section_checksums, section_data_path, section_ds_buffers, section_micro  # noqa: E402
 from results_readme import with_headline  # noqa: E402
+from results_scripts import section_cpu_offload_install, section_eager_scripts  # noqa: E402
 from results_reliability import section_stale_lock, section_train_output  # noqa: E402
 from results_records import (section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
@@ -124,6 +125,7 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
         return [section_smollm2(os.path.join(RAW, "smollm2-sft.json")),
                 section_moments(os.path.join(RAW, "smollm2-moments.json")),
                 section_user_scripts(os.path.join(RAW, "user-script-bench.json")),
+                section_eager_scripts(), section_cpu_offload_install(),
                 section_llamafactory_examples(os.path.join(RAW, "llamafactory-examples.json"))]
     if name == "reliability":
         return [section_parity_repeat(os.path.join(RAW, "parity-repeat.json")),
