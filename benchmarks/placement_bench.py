@@ -1,7 +1,7 @@
 """Respect what fits: a plain DeepSpeed script with its own ZeRO-3 CPU-offload config (benchmarks/ds_llama_script.py
 --offload cpu, fp32), run stock and through `memascend_engine.install(config, region=R)` with placement auto on a
-machine whose DRAM holds it, in turn, in one sitting. The bar (issue 61, item 2): install()'s step time within 10% of
-stock's and its peak no higher.
+machine whose DRAM holds it, in turn, in one sitting. The target: install()'s step time within 10% of stock's and its peak
+no higher.
 
 Each run is measured as benchmarks/user_script_bench.py measures a user script (settle, drop caches, sample
 MemTotal - MemAvailable at >= 1 kHz; ru_maxrss of the script). s/step: the median of the script's own step times

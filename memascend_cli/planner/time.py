@@ -355,6 +355,7 @@ def parse_tokens(text: str) -> int:
     return int(value)
 
 
+# Documents recorded before plan --json schema 2 key stock DeepSpeed as "baseline"; read them under today's name.
 ENGINE_NAMES = {"baseline": "stock", "stock": "stock", "tuned": "tuned", "memascend": "memascend"}
 
 
