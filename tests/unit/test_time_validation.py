@@ -217,7 +217,8 @@ def _docs():
             continue  # capacity probes: runs at their DRAM cap, where reclaim sets the pace, not the time model
         d = read_summary(path)
         for doc in d.get("documents") or [d]:
-            if "runs" in doc:
+            # `memascend bench` documents only: docs/bench also holds user-script and placement harness records.
+            if "runs" in doc and "hardware" in doc and "layers" in (doc.get("job") or {}):
                 yield os.path.basename(path).removesuffix(RECORDED_GZIP), doc
 
 
