@@ -131,8 +131,15 @@ def region(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("run, phase", [("memascend", "import"), ("memascend", "init_distributed"),
-                                        ("memascend", "engine_install"), ("memascend", "zero_init"),
+# The default run kills in init_distributed (where the shm op's lock is taken) and in stock's initialize; the other
+# phases are `long` (scripts/record_tests.py --long records them), each ~20 s alone on a serial worker.
+LONG = pytest.mark.long
+
+
+@pytest.mark.parametrize("run, phase", [pytest.param("memascend", "import", marks=LONG),
+                                        ("memascend", "init_distributed"),
+                                        pytest.param("memascend", "engine_install", marks=LONG),
+                                        pytest.param("memascend", "zero_init", marks=LONG),
                                         ("tuned", "initialize")])
 def test_a_rank_killed_in_setup_leaves_nothing_that_blocks_the_next_run(tmp_path, region, run, phase):
     ext = oplock.private_extensions(tmp_path / "ext")
