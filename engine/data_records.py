@@ -1,5 +1,6 @@
-"""Dataset records: local JSONL / JSON / Parquet / .txt files read record by record, and each record turned into a
-conversation (alpaca, sharegpt, OpenAI messages; LLaMA-Factory's dataset_info columns and tags) or a text.
+"""Dataset records: local JSONL / JSON / Parquet / .txt files (and the Arrow files `datasets` caches hub datasets in)
+read record by record, and each record turned into a conversation (alpaca, sharegpt, OpenAI messages; LLaMA-Factory's
+dataset_info columns and tags) or a text.
 
 Errors name the file and line (`file:line: what`, data.DataError).
 """
@@ -20,6 +21,17 @@ from memascend_engine.data import DataError
 def _iter_file(path: str) -> Iterator[tuple[object, str]]:
     """(record, 'file:line') pairs from JSONL, a JSON list, Parquet, or a .txt file (one sample per line)."""
     name = os.path.basename(path)
+    if path.endswith(".arrow"):
+        # A hub dataset as `datasets` caches it (engine/hub_data.py): Arrow IPC stream files, memory-mapped.
+        import pyarrow as pa
+
+        row = 0
+        with pa.memory_map(path) as source:
+            for batch in pa.ipc.open_stream(source):
+                for rec in batch.to_pylist():
+                    row += 1
+                    yield rec, f"{name}:row {row}"
+        return
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq
@@ -87,7 +99,12 @@ def count_records(paths: list[str], max_samples: int | None = None) -> int:
         if not os.path.isfile(path):
             raise DataError(f"dataset file {path} does not exist")
         n = None
-        if path.endswith(".parquet"):
+        if path.endswith(".arrow"):
+            import pyarrow as pa
+
+            with pa.memory_map(path) as source:
+                n = sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+        elif path.endswith(".parquet"):
             try:
                 import pyarrow.parquet as pq
 

@@ -5,6 +5,7 @@
 transformers (AutoTokenizer, chat templates) imports torch, which the CLI process never does, so
 this runs as a child. It
 
+* loads a hub dataset into the `datasets` cache (engine/hub_data.py; a dry run only looks there);
 * loads the tokenizer with AutoTokenizer (model directory or `tokenizer:`), resolves the chat
   template, and tokenizes the dataset into the shared cache (engine/data_prepare.py), or reuses it;
 * writes RUN/hf/: config.json, generation_config.json and the tokenizer files with the chat template
@@ -79,12 +80,26 @@ def write_hf_skeleton(folder: str, recipe, model_spec, tok, template_text: str |
     os.rename(tmp, folder)
 
 
-def prepare(recipe, run_dir: str) -> dict:
-    """Tokenize (or reuse the cache) and write the export skeleton; the summary for the CLI."""
+def prepare(recipe, run_dir: str, *, dry_run: bool = False) -> dict:
+    """Tokenize (or reuse the cache) and write the export skeleton; the summary for the CLI.
+
+    dry_run: a hub dataset that is not cached is not downloaded; the summary says so ({"pending": ...})."""
     from memascend_engine import data_prepare as P
     from memascend_engine.data import DataError
 
     from memascend_cli.models import load_model
+
+    prep = P.PrepSpec.from_recipe(recipe)
+    if recipe.dataset.hub is not None:
+        from memascend_engine import hub_data
+
+        try:
+            prep.paths = hub_data.arrow_files(recipe.dataset, dry_run=dry_run)
+        except hub_data.NotCached as exc:
+            if not dry_run:
+                raise
+            return {"pending": {"dataset": recipe.dataset.hub, "subset": recipe.dataset.subset,
+                                "split": recipe.dataset.split, "folder": recipe.dataset.folder, "why": str(exc)}}
 
     spec = load_model(recipe.model)
     tok_path = recipe.tokenizer or recipe.model
@@ -102,7 +117,7 @@ def prepare(recipe, run_dir: str) -> dict:
     def progress(done, total):
         print(f"tokenizing: {done:,}/{total:,} samples", file=sys.stderr, flush=True)
 
-    folder, meta = P.build_cache(P.PrepSpec.from_recipe(recipe), tok, name, text, cache_root=root,
+    folder, meta = P.build_cache(prep, tok, name, text, cache_root=root,
                                  overwrite=recipe.dataset.overwrite_cache, progress=progress)
     train = meta["splits"]["train"]
     dropped: dict[str, int] = {}
@@ -114,8 +129,8 @@ def prepare(recipe, run_dir: str) -> dict:
     if train["rows"] == 0:
         what = "too little data for one packed sequence; lower seq_len or set dataset.packing: false" \
             if recipe.dataset.packing else "every sample was empty after truncation"
-        raise DataError(f"{', '.join(os.path.basename(p) for p in recipe.dataset.paths)}: no training sequence of "
-                        f"{recipe.seq_len} tokens ({what})")
+        source = recipe.dataset.hub or ", ".join(os.path.basename(p) for p in prep.paths)
+        raise DataError(f"{source}: no training sequence of {recipe.seq_len} tokens ({what})")
     from memascend_cli.run.rundir import HF_DIR
 
     hf_dir = os.path.join(run_dir, HF_DIR)
@@ -124,7 +139,7 @@ def prepare(recipe, run_dir: str) -> dict:
             "train_sequences": train["rows"], "validation_sequences": meta["splits"]["validation"]["rows"],
             "train_tokens": train["tokens"], "train_loss_tokens": train["loss_tokens"], "samples": meta["samples"],
             "dropped_samples": train["dropped_samples"] + meta["splits"]["validation"]["dropped_samples"],
-            "dropped_reasons": dropped}
+            "dropped_reasons": dropped, "dataset_files": prep.paths}
 
 
 def main() -> int:
@@ -137,9 +152,11 @@ def main() -> int:
     try:
         recipe = recipe_from_json_dict(request["recipe"])
         os.makedirs(request["run_dir"], exist_ok=True)
-        summary = prepare(recipe, request["run_dir"])
+        summary = prepare(recipe, request["run_dir"], dry_run=bool(request.get("dry_run")))
     except (DataError, MemascendError) as exc:
         print(f"error: {getattr(exc, 'message', None) or exc}", file=sys.stderr, flush=True)
+        if getattr(exc, "hint", None):
+            print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
         return EXIT_DATA_ERROR
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0

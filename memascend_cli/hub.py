@@ -1,7 +1,10 @@
-"""Hugging Face hub ids (org/name) without the network: the local Hugging Face cache, read as `from_pretrained`
-finds a model offline, and the shipped presets whose config.json comes from a known hub id.
+"""Hugging Face hub ids (org/name): the local Hugging Face cache, read as `from_pretrained` finds a model offline, the
+hub itself through `huggingface_hub` (config.json alone for planning, the model's files for training), and the shipped
+presets whose config.json comes from a known hub id (the offline fallback a hint names).
 
-Pure apart from looking at the cache folder; no huggingface_hub import.
+huggingface_hub is imported only where the cache cannot answer (`plan` with a cached config never imports it). Its
+errors become one `error:` line with a `hint:` (hub_error): gated and missing repos, missing revisions, a refused token,
+no network and offline mode with files missing from the cache.
 """
 
 from __future__ import annotations
@@ -9,11 +12,20 @@ from __future__ import annotations
 import os
 import re
 
+from memascend_cli.errors import BadInput
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _SOURCE_ID = re.compile(r"https://huggingface\.co/([\w.-]+/[\w.-]+)/")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 # Instruction-tuned and renamed releases share their base model's architecture (config.json up to generation
 # settings): Qwen/Qwen2.5-7B-Instruct is Qwen2.5-7B, meta-llama/Meta-Llama-3.1-8B-Instruct is Llama-3.1-8B.
 _VARIANT_SUFFIX = re.compile(r"-(instruct|chat|it)(-\d+)?$")
+
+MODEL_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
+                  "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                  "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
+"""What `train` downloads of a model repo (snapshot_download allow_patterns): the safetensors weights, the tokenizer,
+config and generation config. Never the .bin/.pth/.onnx/.gguf copies many repos also carry."""
 
 
 def looks_like_hub_id(text: str) -> bool:
@@ -31,15 +43,25 @@ def hub_cache_dir(env: dict | None = None) -> str:
     return os.path.join(home, "hub")
 
 
-def cached_snapshot(hub_id: str, revision: str = "main", env: dict | None = None) -> str | None:
-    """The cache snapshot folder `from_pretrained(hub_id)` would use offline (refs/<revision> -> snapshots/<commit>),
-    when it holds a config.json; None otherwise."""
+def offline(env: dict | None = None) -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set, as huggingface_hub reads it."""
+    env = os.environ if env is None else env
+    value = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in ("1", "ON", "YES", "TRUE")
+
+
+def cached_snapshot(hub_id: str, revision: str | None = None, env: dict | None = None) -> str | None:
+    """The cache snapshot folder `from_pretrained(hub_id, revision=...)` would use offline (refs/<revision> ->
+    snapshots/<commit>, or snapshots/<revision> for a commit hash), when it holds a config.json; None otherwise."""
     repo = os.path.join(hub_cache_dir(env), "models--" + hub_id.replace("/", "--"))
-    try:
-        with open(os.path.join(repo, "refs", revision)) as f:
-            commit = f.read().strip()
-    except OSError:
-        return None
+    revision = revision or "main"
+    commit = revision if _COMMIT.fullmatch(revision) else None
+    if commit is None:
+        try:
+            with open(os.path.join(repo, "refs", revision)) as f:
+                commit = f.read().strip()
+        except OSError:
+            return None
     snapshot = os.path.join(repo, "snapshots", commit)
     return snapshot if os.path.isfile(os.path.join(snapshot, "config.json")) else None
 
@@ -57,3 +79,97 @@ def preset_for(hub_id: str, preset_sources: dict[str, str]) -> str | None:
         if m and (m.group(1).split("/")[0].lower(), _base_name(m.group(1))) == want:
             return name
     return None
+
+
+# --- the hub's errors as one line -------------------------------------------------------------------
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """Why the hub could not be asked (offline mode, no connection), or None for an answer from the hub."""
+    import httpx2
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OfflineModeIsEnabled) or "HF_HUB_OFFLINE" in str(seen):
+            return "HF_HUB_OFFLINE is set"
+        if isinstance(seen, (httpx2.ConnectError, httpx2.TimeoutException, ConnectionError)):
+            from huggingface_hub import constants
+
+            return f"no connection to {constants.ENDPOINT}"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def hub_error(exc: BaseException, repo_id: str, revision: str | None, *, what: str, kind: str = "model",
+              fallback: str | None = None) -> BadInput:
+    """One-line BadInput for a huggingface_hub error while getting `what` (e.g. "config.json") of `repo_id`.
+    `fallback`: what works without the hub (the preset with the same architecture), named in the hint."""
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, IncompleteSnapshotError,
+                                        LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+
+    page = f"https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}{repo_id}"
+    rev = f" at revision {revision}" if revision else ""
+    token = "HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "no HF_TOKEN is set"
+    if isinstance(exc, GatedRepoError):
+        return BadInput(f"{kind} {repo_id} is gated: access needs an accepted licence and a token ({token})",
+                        f"accept the conditions on {page}, then set HF_TOKEN to a token of that account "
+                        "(or `hf auth login`)")
+    if isinstance(exc, RevisionNotFoundError):
+        return BadInput(f"{kind} {repo_id} has no revision {revision!r}",
+                        f"give a branch, tag or commit of the repo (`revision:`; see {page}/tree/main)")
+    if isinstance(exc, HfHubHTTPError) and exc.response is not None and exc.response.status_code == 401 and \
+            not isinstance(exc, RepositoryNotFoundError):
+        return BadInput(f"the hub refused the token while getting {repo_id} ({token}: invalid credentials)",
+                        "set HF_TOKEN to a valid token (https://huggingface.co/settings/tokens), or unset it for "
+                        "public repos")
+    if isinstance(exc, RepositoryNotFoundError):
+        return BadInput(f"{kind} {repo_id} does not exist on the hub or is private ({token})",
+                        f"check the id on {page}; a private repo needs HF_TOKEN with access to it")
+    reason = unreachable(exc)
+    fallback_hint = f"; without the hub: {fallback}" if fallback else ""
+    if isinstance(exc, IncompleteSnapshotError):
+        missing = re.search(r"(\d+ file\(s\) are missing \([^)]*\)(?: \(\d+ more\))?)", str(exc))
+        return BadInput(f"{kind} {repo_id}{rev}: the cached copy is incomplete: "
+                        f"{missing.group(1) if missing else 'files are missing'} and the hub cannot be reached "
+                        f"({reason or 'offline'})", "run once with a network connection (unset HF_HUB_OFFLINE) to "
+                        f"complete it{fallback_hint}")
+    if reason is not None or isinstance(exc, LocalEntryNotFoundError):
+        return BadInput(f"{kind} {repo_id}{rev}: {what} is not in the Hugging Face cache ({hub_cache_dir()}) and the "
+                        f"hub cannot be reached ({reason or 'offline'})",
+                        "connect once (unset HF_HUB_OFFLINE) or copy the cache from a machine that has it"
+                        + fallback_hint)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return BadInput(f"{kind} {repo_id}{rev}: the hub answered with an error ({first})",
+                    f"check {page}; retry later if the hub is down")
+
+
+def hub_call(fn, repo_id: str, revision: str | None, *, what: str, kind: str = "model", fallback: str | None = None):
+    """fn() with huggingface_hub's errors turned into one BadInput line (hub_error)."""
+    import httpx2
+    from huggingface_hub.errors import DryRunError, HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # its retry warnings: the error line says what failed
+    try:
+        return fn()
+    except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, DryRunError, httpx2.HTTPError) as exc:
+        raise hub_error(exc, repo_id, revision, what=what, kind=kind, fallback=fallback) from None
+
+
+# --- models -------------------------------------------------------------------------------------------
+
+
+def config_path(hub_id: str, revision: str | None = None, *, fallback: str | None = None) -> str:
+    """The config.json of a hub model: the cached snapshot's, else downloaded alone (a few KB) into the cache.
+
+    Raises:
+        BadInput: one line for every hub error (gated, missing, no network, offline and not cached).
+    """
+    snapshot = cached_snapshot(hub_id, revision)
+    if snapshot is not None:
+        return os.path.join(snapshot, "config.json")
+    from huggingface_hub import hf_hub_download
+
+    return hub_call(lambda: hf_hub_download(hub_id, "config.json", revision=revision), hub_id, revision,
+                    what="config.json", fallback=fallback)

@@ -385,17 +385,17 @@ def load_gguf(path: str) -> ModelSpec:
 
 
 def hub_id_hint(text: str) -> str | None:
-    """The hint for a Hugging Face hub id (org/name) that is neither a local path nor in the local cache."""
+    """What works without the hub for a Hugging Face hub id (org/name): the preset with the same architecture, or
+    downloading its config.json; None when `text` is no hub id."""
     from memascend_cli import hub
 
     if not hub.looks_like_hub_id(text):
         return None
-    local = "models/" + text.split("/")[1]
     preset = hub.preset_for(text, preset_sources())
-    return (f"{text} looks like a Hugging Face hub id and is not in the local cache ({hub.hub_cache_dir()}); "
-            f"`huggingface-cli download {text} --local-dir {local}`, then give {local}; planning needs only its "
-            f"config.json (`huggingface-cli download {text} config.json --local-dir {local}`)"
-            + (f"; `plan` uses the preset {preset} (same architecture)" if preset else ""))
+    if preset is not None:
+        return f"`--model {preset}` (the preset with the same architecture)"
+    local = "models/" + text.split("/")[1]
+    return f"`hf download {text} config.json --local-dir {local}` elsewhere, then give {local}"
 
 
 def preset_sources() -> dict[str, str]:
@@ -424,12 +424,13 @@ def resolve_package_file(ref: str) -> str:
     return path
 
 
-def load_model(name_or_path: str, *, weights: bool = True) -> ModelSpec:
+def load_model(name_or_path: str, *, revision: str | None = None) -> ModelSpec:
     """Resolve --model: a preset name, a YAML spec file, a config.json, a model directory, a .gguf file,
-    package:MODULE/FILE, or a hub id found in the local Hugging Face cache (as `from_pretrained` finds it offline).
+    package:MODULE/FILE, or a Hugging Face hub id, whose config.json alone is read: from the local Hugging Face cache
+    (as `from_pretrained` finds it offline), else downloaded (a few KB; `revision` pins a branch, tag or commit).
 
-    `weights=False` (planning): a hub id that is not cached but is the source of a shipped preset (or an instruct
-    variant of it) plans with that preset; training needs the model itself."""
+    Raises:
+        BadInput: the hub's errors in one line; without the hub, the hint names the preset of the same architecture."""
     p = str(name_or_path)
     if p.startswith(PACKAGE_PREFIX):
         p = resolve_package_file(p)
@@ -446,17 +447,12 @@ def load_model(name_or_path: str, *, weights: bool = True) -> ModelSpec:
         if not isinstance(data, dict):
             raise BadInput(f"{p}: expected a mapping of keys", "see presets/models/*.yaml for the format")
         return _from_mapping(data, name=os.path.basename(p).rsplit(".", 1)[0], origin=p, strict=True)
-    hint = hub_id_hint(p)
-    if hint is not None:
+    fallback = hub_id_hint(p)
+    if fallback is not None:
         from memascend_cli import hub
 
-        snapshot = hub.cached_snapshot(p)
-        if snapshot is not None:
-            return load_config_json(snapshot)
-        preset = None if weights else hub.preset_for(p, preset_sources())
-        if preset is not None:
-            return load_preset(preset)
-        raise BadInput(f"{p}: no such model directory", hint)
+        spec = load_config_json(hub.config_path(p, revision, fallback=fallback))
+        return replace(spec, name=p.split("/")[-1])
     if os.sep in p or p.startswith("."):
         raise BadInput(f"{p}: no such model directory",
                        "give a directory with config.json and *.safetensors, a .gguf file, or a preset name "

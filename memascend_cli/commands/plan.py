@@ -174,7 +174,8 @@ def _jobs(recipe, model, hw, engine: str, flags, knobs, *, deepspeed_version, mo
     from memascend_cli.run.prepared import recipe_job
 
     model_name = recipe.model if recipe is not None else (model or default_model(hw.num_gpus))
-    spec = models.load_model(model_name, weights=False)  # a hub id plans from its config.json or preset
+    # A hub id plans from its config.json alone (cached, else downloaded); recipes pin it with `revision`.
+    spec = models.load_model(model_name, revision=recipe.revision if recipe is not None else None)
     ds_version = deepspeed_version or installed_deepspeed_version()
     defaults = zero.version_defaults(parse_version(ds_version))
     base = knobs.base(defaults)

@@ -104,7 +104,7 @@ def model_for(job: dict, *, config_path: str | None, model: str | None):
 
     try:
         if model is not None:
-            return load_model(model, weights=False)
+            return load_model(model)
         if config_path is not None and os.path.exists(config_path):
             return load_config_json(config_path)
     except MemascendError as exc:

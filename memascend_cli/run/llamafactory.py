@@ -19,6 +19,7 @@ from memascend_cli.errors import BadInput, did_you_mean
 # LLaMA-Factory key -> memascend key (dotted for nested ones). Same meaning, same units.
 MAPPED = {
     "model_name_or_path": "model",
+    "model_revision": "revision",
     "tokenizer_name_or_path": "tokenizer",
     "template": "template",
     "cutoff_len": "seq_len",
@@ -76,7 +77,7 @@ IGNORED = {
     "run_name": "the run is named by output_dir",
     "logging_dir": "TensorBoard events go to output_dir/tensorboard",
     "resume_from_checkpoint": "only null; use `memascend train RECIPE --resume`",
-    "cache_dir": "no downloads happen (models are local)",
+    "cache_dir": "downloads go to the Hugging Face caches (HF_HOME, HF_HUB_CACHE, HF_DATASETS_CACHE)",
     "optim": "only adamw_torch / adamw_hf / adamw_torch_fused (DeepSpeed's AdamW)",
     "lora_rank": "LoRA settings have no effect with finetuning_type: full",
     "lora_alpha": "LoRA settings have no effect with finetuning_type: full",
@@ -98,7 +99,8 @@ RESTRICTED = {
                                    "LoRA/freeze/OFT train a small fraction of the weights, whose optimizer states fit "
                                    "in memory anyway - run those with LLaMA-Factory itself"),
     "resume_from_checkpoint": ((None,), "resume with `memascend train RECIPE --resume` (memascend checkpoints)"),
-    "streaming": ((False,), "the tokenized cache is memory-mapped instead; set streaming: false"),
+    "streaming": ((False,), "memascend tokenizes the dataset once into a memory-mapped cache, so it never has to fit "
+                            "in memory, and counts its sequences for the step count; set streaming: false"),
     "optim": (("adamw_torch", "adamw_hf", "adamw_torch_fused"), "memascend trains with DeepSpeed's AdamW"),
     "eval_strategy": (("no", "steps"), "validation runs every eval_steps steps (eval_strategy: steps) or at the end"),
     "do_predict": ((False,), "memascend trains; generate with the exported model"),
@@ -426,6 +428,41 @@ def _dataset_dir(dataset_dir: str, recipe_dir: str, cwd: str) -> str:
                    "set dataset_dir to the folder holding dataset_info.json and the data files")
 
 
+# The hub library each LLaMA-Factory hub key needs, and the variable that makes LLaMA-Factory prefer it over
+# hf_hub_url (its extras/misc.py use_modelscope / use_openmind).
+_OTHER_HUBS = {"ms_hub_url": ("modelscope", "USE_MODELSCOPE_HUB"), "om_hub_url": ("openmind", "USE_OPENMIND_HUB")}
+
+
+def _hub_source(name: str, entry: dict, info_path: str) -> dict | None:
+    """The memascend `dataset:` keys of a dataset_info.json entry on a hub (hub, subset, split, folder), None for a
+    local file, as LLaMA-Factory's data/parser.py chooses the source: hf_hub_url unless USE_MODELSCOPE_HUB /
+    USE_OPENMIND_HUB asks for the other hub, or the entry has no hf_hub_url.
+
+    Raises:
+        BadInput: a script or cloud dataset, or a ModelScope / Modelers (openmind) one, with the reason.
+    """
+    import importlib.util
+
+    if entry.get("file_name") or not any(entry.get(k) for k in _REMOTE):
+        return None  # a local file (preferred when an entry has both: it needs no network)
+    for key, (library, env) in _OTHER_HUBS.items():
+        wants = os.environ.get(env, "0").lower() in ("true", "1")
+        if entry.get(key) and (wants or not entry.get("hf_hub_url")):
+            installed = importlib.util.find_spec(library) is not None
+            raise BadInput(f"dataset {name!r} is on {'ModelScope' if library == 'modelscope' else 'Modelers'} "
+                           f"({key}: {entry[key]}); memascend loads hub datasets through Hugging Face `datasets` only"
+                           + ("" if installed else f" (and the {library} package is not installed)"),
+                           (f"unset {env} to use its hf_hub_url" if entry.get("hf_hub_url") else
+                            f"download it and add \"file_name\" to its entry in {info_path}"))
+    if entry.get("hf_hub_url"):
+        out = {"hub": entry["hf_hub_url"], "split": entry.get("split", "train")}
+        out.update({k: entry[k] for k in ("subset", "folder") if entry.get(k)})
+        return out
+    remote = next(k for k in _REMOTE if entry.get(k))
+    raise BadInput(f"dataset {name!r} is remote ({remote}); memascend reads local files and Hugging Face hub datasets",
+                   f"download it and add \"file_name\" to its entry in {info_path}")
+
+
 def dataset_from_info(names: str, dataset_dir: str, *, recipe_dir: str, cwd: str) -> dict:
     """memascend `dataset:` mapping for LLaMA-Factory's `dataset: a,b` with `dataset_dir`.
 
@@ -439,6 +476,7 @@ def dataset_from_info(names: str, dataset_dir: str, *, recipe_dir: str, cwd: str
     except (OSError, ValueError) as exc:
         raise BadInput(f"{info_path}: cannot read ({exc})", "fix the JSON") from None
     paths: list[str] = []
+    hubs: list[dict] = []
     shape = None
     for name in [n.strip() for n in names.split(",") if n.strip()]:
         entry = info.get(name)
@@ -446,10 +484,7 @@ def dataset_from_info(names: str, dataset_dir: str, *, recipe_dir: str, cwd: str
             guess = did_you_mean(name, list(info))
             raise BadInput(f"dataset {name!r} is not in {info_path}" + (f" (did you mean {guess!r}?)" if guess else ""),
                            "add an entry with file_name and formatting")
-        remote = [k for k in _REMOTE if entry.get(k)]
-        if remote and not entry.get("file_name"):
-            raise BadInput(f"dataset {name!r} is remote ({remote[0]}); memascend reads local files only",
-                           f"download it and add \"file_name\" to its entry in {info_path}")
+        hub = _hub_source(name, entry, info_path)
         columns_given = dict(entry.get("columns") or {})
         if entry.get("ranking") or {"chosen", "rejected"} & set(columns_given):
             raise BadInput(f"dataset {name!r} is a preference (ranking) dataset: training on it needs DPO/ORPO/SimPO "
@@ -471,6 +506,9 @@ def dataset_from_info(names: str, dataset_dir: str, *, recipe_dir: str, cwd: str
         if shape is not None and this != shape:
             raise BadInput(f"datasets {names!r} mix formats or columns", "train on datasets of one format at a time")
         shape = this
+        if hub is not None:
+            hubs.append(hub)
+            continue
         target = os.path.join(d, str(entry.get("file_name", "")))
         if os.path.isdir(target):
             files = sorted(os.path.join(target, n) for n in os.listdir(target) if n.endswith(DATA_SUFFIXES))
@@ -484,8 +522,11 @@ def dataset_from_info(names: str, dataset_dir: str, *, recipe_dir: str, cwd: str
             raise BadInput(f"dataset {name!r}: file {target} does not exist", f"fix file_name in {info_path}")
     if shape is None:
         raise BadInput("dataset: no dataset names given", "e.g. dataset: alpaca_en_demo")
+    if hubs and (paths or len(hubs) > 1):
+        raise BadInput(f"datasets {names!r}: one hub dataset is trained at a time, not with other datasets",
+                       "train on the hub dataset alone, or download it and give its entry a file_name")
     fmt, columns, tags = shape
-    out: dict = {"path": paths if len(paths) > 1 else paths[0], "format": fmt}
+    out: dict = {**(hubs[0] if hubs else {"path": paths if len(paths) > 1 else paths[0]}), "format": fmt}
     if columns:
         out["columns"] = columns
     if tags:

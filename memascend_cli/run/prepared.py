@@ -122,6 +122,7 @@ class Prepared:
             "ds_config": self.ds_config,
             "launch": self.spec.to_dict(),
             "dram_cap_bytes": self.dram_cap_bytes,
+            "downloads": self.downloads,
         }
 
 
@@ -137,11 +138,13 @@ def _check_model_source(name: str) -> None:
         raise BadInput(f"model directory {name} has no *.safetensors weights", hint)
 
 
-def _check_data_paths(recipe) -> None:
+def _check_data_paths(recipe, *, hub_model=None) -> None:
     for path in recipe.dataset.paths:
         if not os.path.isfile(path):
             raise BadInput(f"dataset file {path} does not exist", "fix dataset.path in the recipe")
     tok = recipe.tokenizer or (recipe.model if os.path.isdir(recipe.model) else None)
+    if tok is None and hub_model is not None:
+        return  # the hub model's own tokenizer, downloaded with it
     if tok is None:
         raise BadInput(f"model {recipe.model} is a preset and the recipe names no tokenizer",
                        "set `tokenizer:` to a tokenizer directory or a tokenizer.json")
@@ -178,9 +181,10 @@ def import_gguf_model(recipe):
     return recipe.model_copy(update=updates)
 
 
-def prepare_data(recipe, run_dir: str) -> dict:
+def prepare_data(recipe, run_dir: str, *, dry_run: bool = False) -> dict:
     """Tokenize the dataset (or reuse its cache) and write the export skeleton, in a child process
-    (transformers imports torch); its summary is also written to run_dir/data.json for the ranks."""
+    (transformers imports torch); its summary is also written to run_dir/data.json for the ranks. A dry run
+    downloads no hub dataset: its summary is {"pending": ...} when the cache does not hold it."""
     import subprocess
     import sys
     import time
@@ -191,7 +195,7 @@ def prepare_data(recipe, run_dir: str) -> dict:
     from memascend_cli.run.train_progress import SETUP_HEARTBEAT_S, fmt_duration
 
     os.makedirs(run_dir, exist_ok=True)
-    request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir})
+    request = json.dumps({"recipe": recipe.to_dict(), "run_dir": run_dir, "dry_run": dry_run})
     started = said = time.time()
     with err.status("preparing the data (tokenized once, then cached)") as status:
         # Tokenizing a large dataset takes a while: it ends with the CLI (run/lifeline.py).
@@ -214,12 +218,15 @@ def prepare_data(recipe, run_dir: str) -> dict:
         proc.wait()
     if proc.returncode != 0:
         message = next((l for l in reversed(errors) if l.startswith("error:")), None)
+        hint = next((l for l in reversed(errors) if l.startswith("hint:")), None)
         if message is not None and proc.returncode == 3:
-            raise BadInput(message.removeprefix("error: "), "fix the dataset, the tokenizer or `template:` in the "
-                           "recipe")
+            raise BadInput(message.removeprefix("error: "), hint.removeprefix("hint: ") if hint else
+                           "fix the dataset, the tokenizer or `template:` in the recipe")
         raise MemascendError(f"preparing the data failed ({(errors or ['no output'])[-1]})",
                              "run `python -m memascend_engine.tokenize_job` by hand to see the traceback")
     summary = json.loads(out.strip().splitlines()[-1])
+    if "pending" in summary:
+        return summary
     err.print(f"setup: tokenizing took {fmt_duration(time.time() - started)} ({summary['train_sequences']:,} training "
               "sequences)", highlight=False)
     with open(os.path.join(run_dir, DATA_JSON), "w") as f:
@@ -282,11 +289,14 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     from memascend_cli.run.dsconfig import build_ds_config
     from memascend_cli.run.recipe import total_steps
 
-    spec = models.load_model(recipe.model)
+    from memascend_cli.run import hub_download
+
+    spec = models.load_model(recipe.model, revision=recipe.revision)
+    recipe, hub_model = hub_download.resolve(recipe)  # a hub id: its cached snapshot, or what is to download
     if recipe.model.endswith(".gguf"):
         recipe = import_gguf_model(recipe)
     _check_model_source(recipe.model)
-    _check_data_paths(recipe)
+    _check_data_paths(recipe, hub_model=hub_model)
     run_dir = recipe.output_dir
     _check_run_dir(recipe, run_dir, resume=resume, dry_run=dry_run)
     stock_deepspeed = engine != "memascend"  # tuned or stock: its swap directory instead of a region
@@ -329,21 +339,35 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         inv, hw, est, recipe, spec, force=force, quiet=dry_run, dram_cap_bytes=dram_cap_bytes,
         stock_deepspeed=stock_deepspeed, region_path=region_path, region_error=region_error,
         region_rank_bytes=region_rank_bytes, swap_dir=swap_dir, ranks=ranks, node_regions=node_regions)
-    # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final.
-    data = prepare_data(recipe, run_dir)
-    total = total_steps(recipe, data["train_sequences"], world_size)
+    recipe = hub_download.fetch(recipe, hub_model, dry_run=dry_run, region_path=region_path,
+                                region_create_bytes=(region_note or {}).get("size_bytes", 0))
+    # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final. A dry run
+    # whose model or dataset is still on the hub tokenizes nothing: the steps are known when the run starts.
+    model_pending = hub_model is not None and hub_model.snapshot is None
+    data = {"pending": {"model": hub_model.repo_id}} if model_pending and dry_run else \
+        prepare_data(recipe, run_dir, dry_run=dry_run)
+    download_doc = hub_download.downloads(hub_model, recipe, data) if dry_run else None
+    if download_doc:
+        hub_download.say_downloads(download_doc)
+    steps_known = "train_sequences" in data or recipe.steps is not None
+    total = total_steps(recipe, data["train_sequences"], world_size) if "train_sequences" in data else recipe.steps or 0
     if resume:
         finished = _finished(recipe, run_dir, total)
         if finished is not None:
             return Prepared(recipe=recipe, run_dir=run_dir, finished=finished)
     ds_config = build_ds_config(recipe, job.knobs, swap_dir=swap_dir, world_size=world_size, total_steps=total)
+    if not steps_known:  # set when the data is tokenized, at the run's start
+        total = None
+        if "total_num_steps" in ds_config.get("scheduler", {}).get("params", {}):
+            ds_config["scheduler"]["params"]["total_num_steps"] = None
     _write_run_files(recipe, run_dir, ds_config, est, region=recipe.region if stock_deepspeed else region_path)
     _write_nodes(run_dir, nodes, node_regions)
+    hub_download.record(run_dir, hub_model, recipe, data)
     launch = _launch_spec(recipe, run_dir, hw, engine=engine, resume=resume)
     return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary(job, est, verdict, engine, world_size, precision_note),
                     region_note=region_note, region_path=region_path, ranks=ranks, data=data, total_steps=total,
-                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None)
+                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None, downloads=download_doc)
 
 
 def _check_run_dir(recipe, run_dir: str, *, resume: bool, dry_run: bool) -> None:

@@ -14,6 +14,7 @@ Pure apart from reading the YAML file: no torch, no DeepSpeed.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -35,11 +36,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
+_HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
 class DatasetConfig(_Strict):
     """Where the training text comes from and how it becomes fixed-length sequences."""
 
-    path: str | list[str]
-    """Local JSONL, JSON (a list of records), Parquet or .txt file(s); relative to the recipe file."""
+    path: str | list[str] | None = None
+    """Local JSONL, JSON (a list of records), Parquet or .txt file(s); relative to the recipe file. Give path or hub."""
+    hub: str | None = None
+    """A dataset repo on the Hugging Face hub (org/name), loaded with `datasets.load_dataset` into its cache (with
+    HF_HUB_OFFLINE, from the cache only), then tokenized like a local file."""
+    subset: str | None = None
+    """hub: the dataset's configuration (load_dataset's name)."""
+    split: str = "train"
+    """hub: the split trained on."""
+    folder: str | None = None
+    """hub: the repo folder holding the data files (load_dataset's data_dir)."""
     format: Literal["alpaca", "sharegpt", "text"] = "alpaca"
     """alpaca ({instruction, input, output}), sharegpt ({conversations: [{from, value}]} or OpenAI
     {messages: [{role, content}]}) - both rendered with the chat template - or text (pretraining)."""
@@ -68,8 +81,19 @@ class DatasetConfig(_Strict):
             raise ValueError(f"must be a fraction in [0, 1) or a whole count, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _source(self):
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give path (local files) or hub (a hub dataset repo), one of them")
+        if self.hub is not None and not _HUB_REPO.fullmatch(self.hub):
+            raise ValueError(f"hub must be a hub dataset repo id (org/name), got {self.hub!r}")
+        return self
+
     @property
     def paths(self) -> list[str]:
+        """The local files ([] for a hub dataset)."""
+        if self.path is None:
+            return []
         return [self.path] if isinstance(self.path, str) else list(self.path)
 
 
@@ -97,6 +121,9 @@ class Recipe(_Strict):
     """Training data."""
     tokenizer: str | None = None
     """Tokenizer directory (AutoTokenizer) or a tokenizer.json file; None = the model directory."""
+    revision: str | None = None
+    """Hub model ids: the branch, tag or commit of the repo (None = main); the commit trained is recorded in
+    output_dir/sources.json."""
     template: str | None = None
     """Chat template: None = the tokenizer's own; chatml, llama3 or plain (built in); or a .jinja file."""
     output_dir: str = DEFAULT_OUTPUT_DIR
@@ -404,19 +431,14 @@ def _absolutize(data: dict, base_dir: str) -> dict:
         from memascend_cli.models import resolve_package_file
 
         out["model"] = model = resolve_package_file(model)
-    # A model is a path (not a preset name) when it looks like one. A hub id (org/name) that does
-    # not exist next to the recipe stays as given, so the error can say what it is.
+    # A model is a path (not a preset name) when it looks like one. A hub id (org/name) that does not exist next to
+    # the recipe stays as given: `plan` reads its config.json, `train` its snapshot (cached or downloaded).
     if isinstance(model, str) and looks_like_path(model):
         candidate = fix(os.path.expanduser(model))
-        from memascend_cli.models import hub_id_hint
+        from memascend_cli.hub import looks_like_hub_id
 
-        if os.path.exists(candidate) or hub_id_hint(model) is None:
+        if os.path.exists(candidate) or not looks_like_hub_id(model):
             out["model"] = candidate
-        else:
-            from memascend_cli.hub import cached_snapshot
-
-            # A hub id in the local Hugging Face cache: its snapshot folder, as from_pretrained finds it offline.
-            out["model"] = cached_snapshot(model) or model
     ds = out.get("dataset")
     if isinstance(ds, (str, list)):
         ds = {"path": ds}

@@ -72,9 +72,11 @@ def test_plan_defaults_are_trains_defaults(tmp_path):
 
 
 def test_hub_ids_and_gguf_paths_get_hints(tmp_path):
-    p = run("plan", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert p.returncode == 2 and "huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct" in \
-        " ".join(p.stderr.split())
+    p = run("plan", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", env={"HF_HUB_OFFLINE": "1",
+                                                                          "HF_HOME": str(tmp_path / "hf")})
+    said = " ".join(p.stderr.split())
+    assert p.returncode == 2 and "config.json is not in the Hugging Face cache" in said
+    assert "hf download HuggingFaceTB/SmolLM2-135M-Instruct config.json" in said
     p = run("plan", "--model", str(tmp_path / "missing.gguf"))
     assert p.returncode == 2 and "no such GGUF file" in p.stderr
     notgguf = tmp_path / "x.gguf"

@@ -9,7 +9,6 @@ import os
 import pytest
 
 from memascend_cli import hub, models
-from memascend_cli.errors import BadInput
 from memascend_cli.run.recipe import load_recipe
 
 CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
@@ -49,12 +48,20 @@ def test_snapshot_without_config_is_not_a_model(tmp_path, monkeypatch):
     assert hub.cached_snapshot("org/Empty") is None
 
 
-def test_recipe_model_becomes_the_snapshot_folder(tmp_path, monkeypatch):
-    snap = fake_cache(tmp_path / "cache", "org/Tiny-1B")
+def test_recipe_keeps_the_hub_id_and_its_revision(tmp_path, monkeypatch):
+    fake_cache(tmp_path / "cache", "org/Tiny-1B")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     (tmp_path / "d.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
-    (tmp_path / "r.yaml").write_text("model: org/Tiny-1B\ndataset: d.jsonl\n")
-    assert load_recipe(str(tmp_path / "r.yaml")).model == snap
+    (tmp_path / "r.yaml").write_text("model: org/Tiny-1B\nrevision: v1\ndataset: d.jsonl\n")
+    recipe = load_recipe(str(tmp_path / "r.yaml"))
+    assert (recipe.model, recipe.revision) == ("org/Tiny-1B", "v1")  # train resolves it (cache or download)
+
+
+def test_a_commit_revision_is_its_snapshot(tmp_path, monkeypatch):
+    snap = fake_cache(tmp_path, "org/Tiny-1B", commit="a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert hub.cached_snapshot("org/Tiny-1B", "a" * 40) == snap
+    assert hub.cached_snapshot("org/Tiny-1B", "b" * 40) is None and hub.cached_snapshot("org/Tiny-1B", "v2") is None
 
 
 @pytest.mark.parametrize("hub_id, preset", [
@@ -66,13 +73,31 @@ def test_known_hub_ids_map_to_presets(hub_id, preset):
     assert hub.preset_for(hub_id, models.preset_sources()) == preset
 
 
-def test_plan_uses_the_preset_training_refuses_with_the_hint(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    assert models.load_model("Qwen/Qwen2.5-7B-Instruct", weights=False).name == "qwen2.5-7b"
-    with pytest.raises(BadInput) as e:
-        models.load_model("Qwen/Qwen2.5-7B-Instruct")
-    assert "not in the local cache" in e.value.hint and "config.json" in e.value.hint
-    assert "`plan` uses the preset qwen2.5-7b" in e.value.hint
-    with pytest.raises(BadInput) as e:
-        models.load_model("Qwen/Qwen3-4B-Instruct-2507", weights=False)
-    assert "planning needs only its config.json" in e.value.hint
+def test_the_offline_fallback_is_the_preset_of_the_same_architecture():
+    assert models.hub_id_hint("Qwen/Qwen2.5-7B-Instruct") == "`--model qwen2.5-7b` (the preset with the same architecture)"
+    assert "hf download Qwen/Qwen3-4B-Instruct-2507 config.json" in models.hub_id_hint("Qwen/Qwen3-4B-Instruct-2507")
+    assert models.hub_id_hint("tiny-llama") is None
+
+
+@pytest.mark.parametrize("names, missing", [
+    (["config.json", "model.safetensors", "tokenizer.json"], []),
+    (["config.json", "model-00001-of-00002.safetensors", "tokenizer.model"], []),
+    (["config.json", "pytorch_model.bin", "tokenizer.json"], ["*.safetensors weights"]),
+    ([], ["config.json", "*.safetensors weights", "tokenizer.json"]),
+])
+def test_what_training_needs_of_a_model_repo(names, missing):
+    from memascend_cli.run.hub_download import missing_parts, wanted
+
+    assert missing_parts(names) == missing
+    assert wanted("model-00001-of-00002.safetensors") and wanted("tokenizer_config.json")
+    assert not any(wanted(n) for n in ("pytorch_model.bin", "model.pth", "onnx/model.onnx", "model-q4.gguf"))
+
+
+def test_the_download_must_fit_next_to_the_region():
+    from memascend_cli.run.hub_download import disk_problem
+
+    gib = 1 << 30
+    assert disk_problem(10 * gib, 12 * gib, 5 * gib, same_disk=False) is None
+    said = disk_problem(10 * gib, 12 * gib, 5 * gib, same_disk=True)
+    assert "10.00 GiB download and the 5.00 GiB region file need 15.00 GiB" in said and "12.00 GiB free" in said
+    assert disk_problem(10 * gib, None, 0, same_disk=True) is None  # free space unknown: not refused

@@ -70,7 +70,7 @@ def test_sharegpt_entry_brings_its_columns(tmp_path, monkeypatch):
     ("fp8: true", ["fp8 is not supported"]),
     ("image_max_pixels: 262144", ["multimodal is not supported", "text-only"]),
     ("lr_scheduler_type: polynomial", ["lr_scheduler_type: 'polynomial'"]),
-    ("dataset: remote_demo", ["remote", "file_name"]),
+    ("dataset: ms_demo", ["ModelScope", "datasets` only", "file_name"]),
     ("dataset: dpo_demo", ["preference"]),
     ("dataset: alpaca_dem", ["not in", "did you mean 'alpaca_demo'"]),
     ("template: mystery", ["template: 'mystery' is not a LLaMA-Factory template", ".jinja"]),
@@ -261,3 +261,22 @@ def test_v1_keys_belong_to_no_other_format():
     other = set(field_names()) | LF.LF_ONLY_KEYS | set(LF.MAPPED) | set(LF.COMBINED) | set(LF.IGNORED)
     assert not set(LF.V1_KEYS) & other
     assert not [k for k in LF.V1_KEYS if LF.method_of(k)]
+
+
+def test_hub_entries_load_from_the_hub_as_llamafactory_chooses(monkeypatch):
+    from memascend_cli.run.llamafactory import dataset_from_info
+
+    data = os.path.join(ASSETS, "data")
+    assert dataset_from_info("remote_demo", data, recipe_dir=data, cwd=data) == \
+        {"hub": "llamafactory/alpaca_en", "split": "train", "format": "alpaca"}
+    assert dataset_from_info("remote_sharegpt", data, recipe_dir=data, cwd=data) == \
+        {"hub": "org/chats", "subset": "en", "split": "train[:100]", "folder": "v2", "format": "sharegpt",
+         "columns": {"messages": "conversations"}}
+    monkeypatch.setenv("USE_MODELSCOPE_HUB", "1")  # LLaMA-Factory then loads the ms_hub_url
+    with pytest.raises(BadInput) as e:
+        dataset_from_info("remote_demo", data, recipe_dir=data, cwd=data)
+    assert "ModelScope" in e.value.message and "unset USE_MODELSCOPE_HUB" in e.value.hint
+    monkeypatch.delenv("USE_MODELSCOPE_HUB")
+    with pytest.raises(BadInput) as e:
+        dataset_from_info("remote_demo,alpaca_demo", data, recipe_dir=data, cwd=data)
+    assert "one hub dataset is trained at a time" in e.value.message
