@@ -132,3 +132,13 @@ def as_json(panel: str):
     return typer.Option(
         False, "--json", help="Print JSON instead of the tables: plan's document (schema: docs/plan-json.md), "
         "bench's summary (bench.json).", rich_help_panel=panel)
+
+
+def placement(panel: str):
+    return typer.Option(
+        None, "--placement", metavar="gpu|dram|split|ssd", help="Where the job's states live: gpu (ZeRO-3, no "
+        "offload), dram (ZeRO-Offload, device cpu; memascend: its DRAM tier holds them), split (nvme with max_in_cpu; "
+        "memascend: its DRAM tier + the region) or ssd (all on the SSD). train runs it, a placement that does not fit "
+        "refused with what binds [default: the plan's fastest placement that fits for --engine]; bench runs every "
+        "engine with it [default: ssd, the engines compared on the SSD; --placements sweeps them]; plan shows its "
+        "detail tables [default: ssd].", rich_help_panel=panel, show_default=False)

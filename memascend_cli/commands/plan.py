@@ -113,9 +113,7 @@ def plan_command(
     trainer: str = typer.Option("deepspeed", "--trainer", help="What drives the training loop: deepspeed (its API, "
                                 "memascend train), hf (the Hugging Face Trainer, also under accelerate) or trl "
                                 "(TRL's SFTTrainer): their imports take host memory too.", rich_help_panel=_K),
-    placement: str = typer.Option(None, "--placement", help="Which placement the detail tables show: gpu, dram, "
-                                  "split or ssd (default: ssd, today's engines).", rich_help_panel=_O,
-                                  show_default=False),
+    placement: str = options.placement(_O),
     engine: str = options.engine(_O),
     search: bool = typer.Option(True, "--search/--no-search", help="Also search the largest batch, context and "
                                 "model that fit.", rich_help_panel=_O),
@@ -368,18 +366,11 @@ def _placements(job, hw, ests, timing: dict):
 def _placement_ests(placed, placement: str, engine: str) -> tuple[dict, str]:
     """({stock, memascend: estimate} of `placement` for the detail tables, the line that says what they show). A
     placement that does not fit `engine` (tuned: stock's row) is bad input: exit 2 with what binds."""
-    from memascend_cli.planner.placement import PLACEMENTS
+    from memascend_cli.planner.placement_choice import row_for
 
-    if placement not in PLACEMENTS:
-        raise BadInput(f"unknown --placement {placement!r}", "use " + ", ".join(PLACEMENTS))
+    mine = row_for(placed, placement, engine)  # exit 2 with what binds when it does not fit
     rows = {e: placed.row(placement, e) for e in ("stock", "memascend")}
     rows["memascend"] = rows["memascend"] or rows["stock"]  # gpu: memascend runs stock's ZeRO-3 unchanged
-    mine = rows["memascend" if engine == "memascend" else "stock"]
-    fitting = ", ".join(sorted({r.placement for r in placed.rows if r.fits})) or "none"
-    if mine.est is None or not mine.fits:
-        what = mine.note if mine.est is None else f"{mine.binds} binds: " + "; ".join(mine.verdict.reasons)
-        raise BadInput(f"placement {placement} does not fit with {mine.engine}: {what}",
-                       f"choose a placement that fits ({fitting}), or drop --placement")
     shown = {e: (r if r.est is not None else mine).est for e, r in rows.items()}
     words = "; ".join(f"{e}: {r.config}" + ("" if r.est is not None else f" ({r.note})") for e, r in rows.items())
     return shown, f"detail tables: placement {placement} ({words})"

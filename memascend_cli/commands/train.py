@@ -32,6 +32,7 @@ def train_command(
     force: bool = typer.Option(False, "--force", help="Launch even when the planner or the DRAM/memlock preflight "
                                "says it does not fit.", rich_help_panel=_M),
     dram_cap: str = options.dram_cap(_M),
+    placement: str = options.placement(_M),
     output_dir: str = typer.Option(None, "--output-dir", "-o", help="Run directory (recipe key output_dir); the "
                                    "final model goes to its export/ folder, or into it for a LLaMA-Factory recipe.",
                                    rich_help_panel=_R, show_default=False),
@@ -53,7 +54,8 @@ def train_command(
 ) -> None:
     """Fine-tune a model with params and optimizer states on an SSD, using the plan's DeepSpeed config.
 
-    Runs the planner (refuses a job that does not fit unless --force), checks the machine, writes
+    Runs the planner (refuses a job that does not fit unless --force), picks the placement (the plan's
+    fastest that fits, or --placement), checks the machine, writes
     `ds_config.json` and `recipe.json` into the run directory and launches DeepSpeed's own
     launcher (one process per GPU; CPU ranks over gloo without a GPU). Ctrl-C, SIGTERM, SIGHUP and
     --stop-after stop after the current step with a checkpoint (exit 75, or 0 for Ctrl-C); a second
@@ -72,6 +74,8 @@ def train_command(
         memascend train recipe.yaml --resume
 
         memascend train recipe.yaml --dram-cap 6GiB
+
+        memascend train recipe.yaml --engine tuned --placement dram
     """
     import time
 
@@ -97,10 +101,13 @@ def train_command(
     overrides = merge(overrides, {k: v for k, v in flags.items() if v is not None})
     recipe = load_recipe_noting(recipe_path, overrides)
     prepared = prepare_run(recipe, engine=engine, resume=resume, force=force, dry_run=dry_run,
-                           dram_cap_bytes=dram_cap_bytes)
+                           dram_cap_bytes=dram_cap_bytes, placement=placement)
     if prepared.finished:  # --resume of a run with nothing left to do
         err.print(prepared.finished, highlight=False, soft_wrap=True)
         return
+    from memascend_cli.run.train_placement import line
+
+    err.print(line(prepared.placement), highlight=False, soft_wrap=True)
     if dry_run:
         from memascend_cli.console import print_json
 

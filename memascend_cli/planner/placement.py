@@ -74,6 +74,10 @@ class Priced:
     """Why a row is not applicable (est None), or what it assumes."""
     tier: dict = field(default_factory=dict)
     """memascend's DRAM tier: bytes per rank of parameters, optimizer states and gradients held, and their shares."""
+    devices: tuple[str, str] = ("nvme", "nvme")
+    """(offload_param, offload_optimizer) device the row runs with: none (no section), cpu or nvme."""
+    max_in_cpu: int | None = None
+    """offload_param.max_in_cpu of stock's split row; None: the engine's own knob."""
 
     @property
     def fits(self) -> bool:
@@ -170,7 +174,7 @@ def gpu_placement(job: JobSpec, hw: HardwareSpec, tuned: Estimate) -> Priced:
     the fp32 gradient of the sub-group being stepped and the working set of the all-SSD estimate."""
     config = "ZeRO-3, no offload; memascend runs it unchanged"
     if not hw.num_gpus:
-        return Priced("gpu", "stock", config, True, note="no GPU on this machine")
+        return Priced("gpu", "stock", config, True, note="no GPU on this machine", devices=("none", "none"))
     c = Context(job, hw, "tuned")
     ns, E, G = c.ns, c.E, c.G
     items = [i for i in tuned.items if i.tier == "gpu" and i.key != "gpu/grad_fp32_copies"]
@@ -191,7 +195,8 @@ def gpu_placement(job: JobSpec, hw: HardwareSpec, tuned: Estimate) -> Priced:
               f"largest sub-group {c.lsg:,} x 4 B", kind="transient"),
     ]
     items += [i for i in tuned.items if i.key in GPU_PLACEMENT_HOST_KEYS]
-    return Priced("gpu", "stock", config, True, est=_derived(tuned, "stock", items, _no_ssd(ns)))
+    return Priced("gpu", "stock", config, True, est=_derived(tuned, "stock", items, _no_ssd(ns)),
+                  devices=("none", "none"))
 
 
 def stock_dram_placement(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headroom_hw: HardwareSpec) -> Priced:
@@ -226,15 +231,18 @@ def stock_dram_placement(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headro
     if hw.num_gpus:
         est = _derived(tuned, "stock", keep + host + [on_gpu], _no_ssd(ns, dram_fetch=E * ns, dram_states=ns))
         if est.gpu_peak_bytes <= hw.gpu_mem_gib * GiB:
-            return Priced("dram", "stock", "offload_optimizer cpu, parameters on the GPU", True, est=est)
+            return Priced("dram", "stock", "offload_optimizer cpu, parameters on the GPU", True, est=est,
+                          devices=("none", "cpu"))
         # The parameters come from DRAM for every fetch, forward and backward.
         fetch = 2 * max(1, job.grad_accum_steps) * E * ns
         return Priced("dram", "stock", "offload_optimizer cpu + offload_param cpu", True,
                       est=_derived(tuned, "stock", keep + host + [params], _no_ssd(ns, dram_fetch=fetch,
-                                                                                 dram_states=ns)))
+                                                                                 dram_states=ns)),
+                      devices=("cpu", "cpu"))
     # On the CPU accelerator the parameters are host memory whatever the offload (the device is the CPU).
     return Priced("dram", "stock", "offload_optimizer cpu", True,
-                  est=_derived(tuned, "stock", keep + host + [params], _no_ssd(ns, dram_states=ns)))
+                  est=_derived(tuned, "stock", keep + host + [params], _no_ssd(ns, dram_states=ns)),
+                  devices=("none", "cpu"))
 
 
 def stock_row(job: JobSpec, hw: HardwareSpec, placement: str) -> Priced:
@@ -325,7 +333,7 @@ def stock_split(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headroom_hw: Ha
             return row
         est = estimate(replace(job, knobs=replace(c.k, max_in_cpu=target)), hw, "stock")
         if check(est, headroom_hw).fits:
-            row.est, row.config = est, f"nvme + max_in_cpu {target:,}"
+            row.est, row.config, row.max_in_cpu = est, f"nvme + max_in_cpu {target:,}", target
             return row
         target = params_in_dram(c.part.sub_group_numels, int(target * 0.9))
     row.note = "no max_in_cpu found whose peak leaves the headroom"
@@ -405,11 +413,13 @@ def recommend(rows: list[Priced]) -> Priced | None:
     return min(fitting, key=_rank_key) if fitting else None
 
 
-def _who(r: Priced) -> str:
+def who(r: Priced) -> str:
+    """The row in words: its placement, the engine and its config."""
     return f"{r.placement} with {'stock DeepSpeed' if r.engine == 'stock' else 'memascend'} ({r.config})"
 
 
-def _step_words(r: Priced) -> str:
+def step_words(r: Priced) -> str:
+    """Its step time in words: s/step, tokens/s and what binds, or why it is unknown."""
     t = r.time
     if t is None or (t.step_s is None and t.at_least_s is None):
         return "time unknown (no compute rate)"
@@ -425,7 +435,7 @@ def why(best: Priced | None, today: Priced | None, rows: list[Priced], hw: Hardw
         return "no placement fits: " + "; ".join(f"{r.placement}/{r.engine}: {r.binds}" for r in rows if r.est)
     e = best.est
     left = int(hw.usable_dram_gib * GiB) - e.node_host_peak_bytes
-    text = f"{_who(best)}: {_step_words(best)}; {e.node_host_peak_bytes / GiB:,.1f} GiB host peak, {left / GiB:,.1f} " \
+    text = f"{who(best)}: {step_words(best)}; {e.node_host_peak_bytes / GiB:,.1f} GiB host peak, {left / GiB:,.1f} " \
            f"GiB of DRAM left"
     state = sum(i.bytes for i in e.items if i.key in ("gpu/params_partition", "gpu/grad_partitions",
                                                       "gpu/master_fp32", "gpu/adam_moments")) * e.ranks_per_node
@@ -448,5 +458,5 @@ def why(best: Priced | None, today: Priced | None, rows: list[Priced], hw: Hardw
     if not best.runnable:
         text += ". Planned: the engine does not run it yet"
         if today is not None:
-            text += f"; today's fastest: {_who(today)}, {_step_words(today)}"
+            text += f"; today's fastest: {who(today)}, {step_words(today)}"
     return text

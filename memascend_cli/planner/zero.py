@@ -344,13 +344,28 @@ def _keys(where: str, s: ZeroSettings) -> dict:
     return {key: getattr(s, f) for f, w, key in _CONFIG_KEYS if w == where}
 
 
-def zero_section(s: ZeroSettings, nvme_path: str) -> dict:
-    """`zero_optimization` of a ZeRO-3 job with params and optimizer states on NVMe at `nvme_path`."""
-    return {"stage": 3, **_keys("zero", s),
-            "offload_param": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": bool(s.pin_memory),
-                              **_keys("offload_param", s)},
-            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": bool(s.pin_memory),
-                                  **_keys("offload_optimizer", s)}}
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+"""Where an offload section puts its tensors: none (no section: on the compute device), cpu (DRAM, ZeRO-Offload) or
+nvme (ZeRO-Infinity; memascend's region)."""
+
+
+def _offload(name: str, device: str, s: ZeroSettings, nvme_path: str) -> dict:
+    if device not in OFFLOAD_DEVICES:
+        raise ValueError(f"unknown offload device {device!r}; devices are {', '.join(OFFLOAD_DEVICES)}")
+    if device == "cpu":  # the swap keys (buffers, aio pipelining) are NVMe's (runtime/zero/offload_config.py)
+        return {"device": "cpu", "pin_memory": bool(s.pin_memory)}
+    return {"device": "nvme", "nvme_path": nvme_path, "pin_memory": bool(s.pin_memory), **_keys(name, s)}
+
+
+def zero_section(s: ZeroSettings, nvme_path: str, *, param_device: str = "nvme",
+                 optimizer_device: str = "nvme") -> dict:
+    """`zero_optimization` of a ZeRO-3 job with its parameters and optimizer states on `param_device` and
+    `optimizer_device` (OFFLOAD_DEVICES; NVMe at `nvme_path`)."""
+    section = {"stage": 3, **_keys("zero", s)}
+    for name, device in (("offload_param", param_device), ("offload_optimizer", optimizer_device)):
+        if device != "none":
+            section[name] = _offload(name, device, s, nvme_path)
+    return section
 
 
 def aio_section(s: ZeroSettings) -> dict:

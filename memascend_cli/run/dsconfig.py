@@ -1,4 +1,5 @@
-"""The DeepSpeed JSON config of a job: ZeRO-3 with params and optimizer states on NVMe. Pure.
+"""The DeepSpeed JSON config of a job: ZeRO-3 with params and optimizer states on NVMe, or where its placement puts
+them (planner/placement_choice.py). Pure.
 
 The ZeRO and aio sections come from memascend_cli/planner/zero.py (the one home of every ZeRO number);
 this module adds batch sizes, precision, optimizer and schedule. No deepspeed import: the tests validate
@@ -14,8 +15,8 @@ from memascend_cli.run.recipe import Recipe
 
 def ds_config(settings: zero.ZeroSettings, *, nvme_path: str, micro_batch: int, precision: str,
               optimizer: dict, grad_accum: int = 1, world_size: int | None = None, scheduler: dict | None = None,
-              gradient_clipping: float | None = None) -> dict:
-    """The whole DeepSpeed config of a ZeRO-3 NVMe-offload job. Pure.
+              gradient_clipping: float | None = None, devices: tuple[str, str] = ("nvme", "nvme")) -> dict:
+    """The whole DeepSpeed config of a ZeRO-3 job, NVMe offload unless `devices` says otherwise. Pure.
 
     Args:
         settings: the resolved ZeRO settings (zero.resolve).
@@ -26,6 +27,8 @@ def ds_config(settings: zero.ZeroSettings, *, nvme_path: str, micro_batch: int, 
         precision: bf16, fp16 or fp32.
         optimizer / scheduler: DeepSpeed's `optimizer` and `scheduler` sections.
         gradient_clipping: global gradient-norm clip (None: DeepSpeed's default, no clipping).
+        devices: (offload_param, offload_optimizer) device, zero.OFFLOAD_DEVICES: the run's placement
+            (planner/placement_choice.py).
     """
     if precision not in DTYPE_BYTES:
         raise ValueError(f"unknown precision {precision!r}")
@@ -36,7 +39,8 @@ def ds_config(settings: zero.ZeroSettings, *, nvme_path: str, micro_batch: int, 
     cfg["wall_clock_breakdown"] = False
     if gradient_clipping is not None:
         cfg["gradient_clipping"] = float(gradient_clipping)
-    cfg["zero_optimization"] = zero.zero_section(settings, nvme_path)
+    cfg["zero_optimization"] = zero.zero_section(settings, nvme_path, param_device=devices[0],
+                                                 optimizer_device=devices[1])
     cfg["aio"] = zero.aio_section(settings)
     cfg["optimizer"] = optimizer
     if scheduler is not None:
@@ -88,7 +92,7 @@ def scheduler_section(r: Recipe, total_steps: int) -> dict:
 
 
 def build_ds_config(r: Recipe, settings: zero.ZeroSettings, *, swap_dir: str, world_size: int,
-                    total_steps: int) -> dict:
+                    total_steps: int, devices: tuple[str, str] = ("nvme", "nvme")) -> dict:
     """The DeepSpeed config of a `memascend train` recipe (the same for memascend and stock DeepSpeed).
 
     Args:
@@ -97,9 +101,10 @@ def build_ds_config(r: Recipe, settings: zero.ZeroSettings, *, swap_dir: str, wo
         swap_dir: offload_*.nvme_path.
         world_size: ranks over all nodes.
         total_steps: optimizer steps, for the decaying schedules.
+        devices: the placement's offload devices (ds_config).
     """
     cfg = ds_config(settings, nvme_path=swap_dir, micro_batch=r.micro_batch, grad_accum=r.grad_accum,
-                    world_size=world_size, precision=r.precision,
+                    world_size=world_size, precision=r.precision, devices=devices,
                     optimizer=adamw(r.lr, r.adam_betas, 1e-8, r.weight_decay),
                     scheduler=scheduler_section(r, total_steps), gradient_clipping=r.max_grad_norm)
     cfg["zero_allow_untested_optimizer"] = False

@@ -123,6 +123,7 @@ class Prepared:
             "launch": self.spec.to_dict(),
             "dram_cap_bytes": self.dram_cap_bytes,
             "downloads": self.downloads,
+            "placement": self.placement,
         }
 
 
@@ -280,11 +281,12 @@ def _check_output_dir(recipe, run_dir: str, final_dir: str, done: list[str], *, 
 
 
 def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool,
-                dram_cap_bytes: int | None = None) -> Prepared:
+                dram_cap_bytes: int | None = None, placement: str | None = None) -> Prepared:
     """Plan, preflight and write the run directory's config files (no launch). I/O, but no torch.
 
     dram_cap_bytes: --dram-cap; the plan and the preflight see a node with that much DRAM, all of it usable (the OS
-    and other processes are outside the run's cgroup)."""
+    and other processes are outside the run's cgroup). placement: --placement (None: the plan's choice,
+    run/train_placement.py)."""
     from memascend_cli import models
     from memascend_cli.run.dsconfig import build_ds_config
     from memascend_cli.run.recipe import total_steps
@@ -323,7 +325,7 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     # `plan RECIPE` computes (job_spec).
     job = job_spec(recipe, spec, ranks=ranks, world_size=world_size, engine=engine,
                    deepspeed_version=installed_deepspeed_version(), header=header)
-    est, verdict = _plan(job, hw, engine, recipe, force=force)
+    choice, placement_doc, est, verdict, nvme_bytes = _placed_plan(job, hw, engine, recipe, placement, force=force)
     # Where the SSD data goes: the given region, a region file created in the run directory, or stock DeepSpeed's
     # swap directory.
     swap_dir = swap_directory(run_dir, recipe.swap_dir)
@@ -332,13 +334,14 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     if not stock_deepspeed and not recipe.region and node_regions is None:
         region_path = region_location(run_dir, None)
         if not os.path.exists(region_path):
-            size = _region_file_bytes(recipe, est.nvme_bytes * ranks)
+            size = _region_file_bytes(recipe, nvme_bytes * ranks)
             region_note = {"create": region_path, "size_bytes": size, "ranks": ranks}
             region_rank_bytes = size // ranks
     checks = _preflight(
         inv, hw, est, recipe, spec, force=force, quiet=dry_run, dram_cap_bytes=dram_cap_bytes,
         stock_deepspeed=stock_deepspeed, region_path=region_path, region_error=region_error,
-        region_rank_bytes=region_rank_bytes, swap_dir=swap_dir, ranks=ranks, node_regions=node_regions)
+        region_rank_bytes=region_rank_bytes, swap_dir=swap_dir, ranks=ranks, node_regions=node_regions,
+        nvme_bytes=nvme_bytes)
     recipe = hub_download.fetch(recipe, hub_model, dry_run=dry_run, region_path=region_path,
                                 region_create_bytes=(region_note or {}).get("size_bytes", 0))
     # The data is tokenized here, so the number of steps (and the scheduler DeepSpeed gets) is final. A dry run
@@ -355,19 +358,22 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         finished = _finished(recipe, run_dir, total)
         if finished is not None:
             return Prepared(recipe=recipe, run_dir=run_dir, finished=finished)
-    ds_config = build_ds_config(recipe, job.knobs, swap_dir=swap_dir, world_size=world_size, total_steps=total)
+    ds_config = build_ds_config(recipe, choice.settings(job.knobs), swap_dir=swap_dir, world_size=world_size,
+                                total_steps=total, devices=choice.devices)
     if not steps_known:  # set when the data is tokenized, at the run's start
         total = None
         if "total_num_steps" in ds_config.get("scheduler", {}).get("params", {}):
             ds_config["scheduler"]["params"]["total_num_steps"] = None
-    _write_run_files(recipe, run_dir, ds_config, est, region=recipe.region if stock_deepspeed else region_path)
+    _write_run_files(recipe, run_dir, ds_config, est, region=recipe.region if stock_deepspeed else region_path,
+                     dram_tier_gib=placement_doc.get("dram_tier_gib_passed"))
     _write_nodes(run_dir, nodes, node_regions)
     hub_download.record(run_dir, hub_model, recipe, data)
     launch = _launch_spec(recipe, run_dir, hw, engine=engine, resume=resume)
     return Prepared(recipe=recipe, run_dir=run_dir, engine=engine, resume=resume, ds_config=ds_config,
                     spec=launch, checks=checks, plan_summary=plan_summary(job, est, verdict, engine, world_size, precision_note),
                     region_note=region_note, region_path=region_path, ranks=ranks, data=data, total_steps=total,
-                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None, downloads=download_doc)
+                    dram_cap_bytes=dram_cap_bytes, log_every=recipe.log_every, finished=None, downloads=download_doc,
+                    placement=placement_doc)
 
 
 def _check_run_dir(recipe, run_dir: str, *, resume: bool, dry_run: bool) -> None:
@@ -423,9 +429,27 @@ def _plan(job, hw, engine: str, recipe, *, force: bool):
     return est, verdict
 
 
+def _placed_plan(job, hw, engine: str, recipe, asked: str | None, *, force: bool):
+    """(the placement's Choice, its document, the estimate and verdict the run is planned by, its SSD bytes per
+    rank): the chosen row's, or the all-SSD plan's (_plan, which also refuses a host budget too small) where the run
+    keeps every byte on the SSD. A memascend DRAM tier the engine has goes to it (the document's
+    dram_tier_gib_passed); memascend's region still holds every byte (the tier keeps copies in DRAM)."""
+    from memascend_cli.run import train_placement
+
+    est, verdict = _plan(job, hw, engine, recipe, force=force)
+    supported = engine == "memascend" and train_placement.dram_tier_supported()
+    choice, doc, as_row = train_placement.choose(job, hw, engine, asked, tier_supported=supported)
+    if not as_row or choice.placement == "ssd":
+        return choice, doc, est, verdict, est.nvme_bytes
+    if supported and choice.dram_tier_bytes:
+        doc["dram_tier_gib_passed"] = choice.dram_tier_bytes / GiB
+    row = choice.row.est
+    return choice, doc, row, choice.row.verdict, est.nvme_bytes if engine == "memascend" else row.nvme_bytes
+
+
 def _preflight(inv, hw, est, recipe, spec, *, force: bool, quiet: bool, dram_cap_bytes: int | None,
                stock_deepspeed: bool, region_path, region_error, region_rank_bytes, swap_dir: str, ranks: int,
-               node_regions) -> list:
+               node_regions, nvme_bytes: int) -> list:
     """The machine's checks (run/preflight.py), printed unless `quiet`; the first blocking one stops the run."""
     from memascend_cli.hardware import io_backends
     from memascend_cli.run import preflight
@@ -438,7 +462,7 @@ def _preflight(inv, hw, est, recipe, spec, *, force: bool, quiet: bool, dram_cap
         dram_available_bytes=dram_available_bytes, host_peak_bytes=est.node_host_peak_bytes,
         memlock_limit_bytes=inv.memlock_soft_bytes, can_lock_unlimited=inv.is_root or inv.cap_ipc_lock,
         locked_bytes=est.locked_bytes, stock_deepspeed=stock_deepspeed, region_path=region_path,
-        region_error=region_error, region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=est.nvme_bytes,
+        region_error=region_error, region_rank_bytes=region_rank_bytes, nvme_bytes_per_rank=nvme_bytes,
         swap_dir=swap_dir if stock_deepspeed else None, num_ranks=ranks, io_backends=io_backends(),
         num_gpus=hw.num_gpus,
         output_dir=run_dir, output_free_bytes=preflight.free_bytes(run_dir),
@@ -457,9 +481,11 @@ def _preflight(inv, hw, est, recipe, spec, *, force: bool, quiet: bool, dram_cap
     return checks
 
 
-def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str | None) -> None:
+def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str | None,
+                     dram_tier_gib: float | None = None) -> None:
     """ds_config.json, recipe.json (the recipe as run, with the region it uses) and engine.json (the engine's
-    windows as the planner split the host budget: the worker builds EngineOptions from them)."""
+    windows as the planner split the host budget, and the DRAM tier's budget of the placement: the worker builds
+    EngineOptions from them)."""
     from memascend_cli.run.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
 
     os.makedirs(run_dir, exist_ok=True)
@@ -469,6 +495,8 @@ def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str 
                       "optimizer_moments": recipe.optimizer_moments}
     if est.budget is not None:
         engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
+    if dram_tier_gib:
+        engine_options["dram_tier_gib"] = dram_tier_gib
     for name, doc in ((DS_CONFIG, ds_config), (RECIPE_JSON, resolved), (ENGINE_JSON, engine_options)):
         with open(os.path.join(run_dir, name), "w") as f:
             json.dump(doc, f, indent=2)

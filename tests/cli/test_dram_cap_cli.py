@@ -26,8 +26,8 @@ def test_plan_and_train_dry_run_plan_the_same_node_under_a_cap(tmp_path, engine)
     assert plan.returncode == 0, plan.stderr
     planned = json.loads(plan.stdout)
     assert planned["hardware"]["usable_dram_gib"] == 6.0  # the whole cap is the job's, no OS reserve
-    dry = run("train", "tiny-cpu", "--dram-cap", "6GiB", "--engine", engine, "--dry-run", "--output-dir",
-              str(tmp_path / "run"))
+    dry = run("train", "tiny-cpu", "--dram-cap", "6GiB", "--engine", engine, "--placement", "ssd", "--dry-run",
+              "--output-dir", str(tmp_path / "run"))
     assert dry.returncode == 0, dry.stderr
     trained = json.loads(dry.stdout)["plan"]
     assert trained["host_peak_bytes"] == planned["engines"][engine]["node_host_peak_bytes"]

@@ -12,10 +12,11 @@ from memascend_cli.defaults import DEFAULT_SEQ_LEN
 COMMANDS = ("plan", "bench", "train")
 SHARED = {
     "plan": {"--model", "--seq-len", "--micro-batch", "--grad-accum", "--dtype", "--checkpointing", "--host-budget",
-             "--ranks", "--dram-cap", "--cpu-gflops", "--engine", "--json"},
+             "--ranks", "--dram-cap", "--cpu-gflops", "--engine", "--json", "--placement"},
     "bench": {"--model", "--seq-len", "--micro-batch", "--grad-accum", "--dtype", "--checkpointing", "--host-budget",
               "--ranks", "--dram-cap", "--cpu-gflops", "--steps", "--region", "--resume", "--json"},
-    "train": {"--model", "--seq-len", "--micro-batch", "--dram-cap", "--steps", "--region", "--resume", "--engine"},
+    "train": {"--model", "--seq-len", "--micro-batch", "--dram-cap", "--steps", "--region", "--resume", "--engine",
+              "--placement"},
 }
 """Which shared options each command has: a flag added to or dropped from a command changes this on purpose."""
 

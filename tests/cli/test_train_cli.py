@@ -14,8 +14,8 @@ TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
 
 
 def test_dry_run_prints_config_and_command(cli, tmp_path):
-    res = cli("train", TINY, "--engine", "tuned", "--dry-run", "--output-dir", str(tmp_path / "run"), "--steps", "7",
-              "--set", "dataset.packing=false", "--set", "master_port=29500")
+    res = cli("train", TINY, "--engine", "tuned", "--placement", "ssd", "--dry-run", "--output-dir",
+              str(tmp_path / "run"), "--steps", "7", "--set", "dataset.packing=false", "--set", "master_port=29500")
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     run = str(tmp_path / "run")

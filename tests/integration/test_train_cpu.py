@@ -20,6 +20,7 @@ pytest.importorskip("deepspeed")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "presets", "train", "tiny-cpu.yaml")
 STEPS = "8"
+TUNED_SSD = ("--engine", "tuned", "--placement", "ssd")  # stock DeepSpeed with its states on disk (swap files)
 
 
 def memascend(*args, env=None, check=True):
@@ -50,7 +51,7 @@ def swap_files(folder: str) -> int:
 @pytest.fixture(scope="module")
 def tuned_run(tmp_path_factory):
     run = str(tmp_path_factory.mktemp("b") / "run")
-    memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
+    memascend(TINY, *TUNED_SSD, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
     return run
 
 
@@ -58,7 +59,7 @@ def test_tuned_stock_trains_loss_falls_and_exports(tuned_run):
     l = losses(tuned_run)
     assert sorted(l) == list(range(1, int(STEPS) + 1))
     assert l[int(STEPS)] < l[1] - 1.0
-    dry = memascend(TINY, "--engine", "tuned", "--output-dir", tuned_run, "--steps", STEPS, "--set",
+    dry = memascend(TINY, *TUNED_SSD, "--output-dir", tuned_run, "--steps", STEPS, "--set",
                     "checkpoint_every=3",
                     "--dry-run")
     with open(os.path.join(tuned_run, "ds_config.effective.json")) as f:
@@ -120,11 +121,11 @@ def test_checkpoints_are_complete_and_pruned(tuned_run):
 
 def test_stop_and_resume_give_identical_fp32_losses(tuned_run, tmp_path):
     run = str(tmp_path / "run")
-    p = memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
+    p = memascend(TINY, *TUNED_SSD, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
                   env={"MEMASCEND_FAULT_STOP_AT_STEP": "4"})
     assert "stopped at step 4" in p.stderr
     assert max(losses(run)) == 4
-    memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
+    memascend(TINY, *TUNED_SSD, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",
               "--resume")
     assert losses(run) == losses(tuned_run)
 
@@ -132,7 +133,7 @@ def test_stop_and_resume_give_identical_fp32_losses(tuned_run, tmp_path):
 def test_resume_of_a_finished_run_says_so_and_launches_nothing(tuned_run):
     files = ("metrics.jsonl", "ds_config.json", "recipe.json", "export/config.json")
     before = {n: open(os.path.join(tuned_run, n), "rb").read() for n in files}
-    p = memascend(TINY, "--engine", "tuned", "--output-dir", tuned_run, "--steps", STEPS, "--set", "checkpoint_every=3",
+    p = memascend(TINY, *TUNED_SSD, "--output-dir", tuned_run, "--steps", STEPS, "--set", "checkpoint_every=3",
                   "--resume")
     text = " ".join(p.stderr.split())
     assert (f"{tuned_run} is complete: step-0000008 holds the last of its 8 steps and the final model is in "
@@ -144,7 +145,7 @@ def test_resume_of_a_finished_run_says_so_and_launches_nothing(tuned_run):
 def test_sigkill_during_and_after_checkpoint_then_resume_is_exact(tuned_run, tmp_path):
     run = str(tmp_path / "run")
     ck = os.path.join(run, "checkpoints")
-    args = (TINY, "--engine", "tuned", "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
+    args = (TINY, *TUNED_SSD, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3")
     # Killed while writing checkpoint 6 (every file but the COMPLETE marker): 6 is never used.
     p = memascend(*args, env={"MEMASCEND_FAULT_KILL_DURING_CHECKPOINT": "6"}, check=False)
     assert p.returncode != 0
@@ -162,7 +163,7 @@ def test_sigkill_during_and_after_checkpoint_then_resume_is_exact(tuned_run, tmp
 
 def test_two_cpu_ranks_through_the_deepspeed_launcher(tmp_path):
     run = str(tmp_path / "run")
-    memascend(TINY, "--engine", "tuned", "--output-dir", run, "--steps", "4", "--set", "ranks=2")
+    memascend(TINY, *TUNED_SSD, "--output-dir", run, "--steps", "4", "--set", "ranks=2")
     l = losses(run)
     assert sorted(l) == [1, 2, 3, 4]
     assert os.path.isdir(os.path.join(run, "swap", "zero_stage_3", "optimizer", "rank1")) or swap_files(
@@ -215,7 +216,7 @@ def test_memascend_engine_default_path_stop_resume_matches_tuned_stock(tuned_run
 def test_malformed_dataset_line_fails_before_the_launch_with_one_line(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": \n')
-    p = memascend(TINY, "--engine", "tuned", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
+    p = memascend(TINY, *TUNED_SSD, "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
     errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     # The data is tokenized by the CLI before DeepSpeed starts: a bad file is bad input (exit 2).
@@ -226,6 +227,6 @@ def test_malformed_dataset_line_fails_before_the_launch_with_one_line(tmp_path):
 def test_empty_dataset_line_fails_with_file_and_line(tmp_path):
     data = tmp_path / "gap.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n\n')
-    p = memascend(TINY, "--engine", "tuned", "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
+    p = memascend(TINY, *TUNED_SSD, "--output-dir", str(tmp_path / "run"), "--set", f"dataset.path={data}",
                   check=False)
     assert p.returncode == 2 and "gap.jsonl:2: empty line" in p.stderr
