@@ -182,6 +182,10 @@ class RegionStore:
         self.header = region_mod.read_header(self.region_path)
         self.rank = int(rank)
         self.subregion = self.header.subregion(self.rank)
+        # A striped region's members must all be there as recorded before anything is written (the lease is).
+        from memascend_cli.ssd.members import check_members
+
+        check_members(self.region_path, self.header)
         self.lease = region_owner.acquire(self.region_path, self.rank, self.header)
         try:
             self._open_engine(region_mod, queue_depth, num_workers, block_size, backend)
@@ -201,8 +205,13 @@ class RegionStore:
         qd = queue_depth or (probe.best_queue_depth if probe else 32)
         workers = num_workers or (probe.best_num_workers if probe else 4)
         bs = block_size or (probe.best_block_bytes if probe else 1 << 20)
-        self.engine = native.IOEngine(self.region_path, writable=True, backend=backend, queue_depth=int(qd),
-                                      num_workers=int(workers), block_size=int(bs))
+        if self.header.members:
+            from memascend_engine.striped_io import StripedEngine
+
+            self.engine = StripedEngine(self.header, backend=backend, queue_depth=int(qd), num_workers=int(workers))
+        else:
+            self.engine = native.IOEngine(self.region_path, writable=True, backend=backend, queue_depth=int(qd),
+                                          num_workers=int(workers), block_size=int(bs))
         if self.engine.size_bytes < self.subregion.end_bytes:
             size = self.engine.size_bytes
             self.engine.close()
@@ -448,9 +457,13 @@ class RegionStore:
         have = int.from_bytes(got[i * 4:i * 4 + 4], "little")
         raise RegionDataError(
             f"checksum mismatch reading swap key {v.key}: key bytes {key_start}..{key_end - 1} = device bytes "
-            f"{dev}..{dev + key_end - key_start - 1} of {self.region_path} (extent at device bytes {v.extent_offset}.."
+            f"{dev}..{dev + key_end - key_start - 1} of {self._device(dev, key_end - key_start)} (extent at device bytes {v.extent_offset}.."
             f"{v.extent_offset + v.extent_bytes - 1}): crc32c 0x{have:08x}, written 0x{want:08x}",
             key=v.key, device_offset=dev)
+
+    def _device(self, offset: int, nbytes: int) -> str:
+        """Where region bytes live: the region's path, and a striped region's member bytes."""
+        return self.region_path + (f" = {self.engine.where(offset, nbytes)}" if self.header.members else "")
 
     def _submit_native(self, op: str, pending: _Pending, address: int, nbytes: int, offset: int) -> None:
         if op == "w":

@@ -22,9 +22,21 @@ def folders(out_dir: str, nvme_dir: str | None, region: str | None,
     if ssd_bytes_per_s is not None:
         from memascend_cli.run.iolimit import resolve_limits
 
-        # The stock runs' swap files and memascend's region (a fresh one goes into OUT).
-        io_limits = tuple(resolve_limits([nvme_dir, os.path.abspath(region) if region else out_dir], ssd_bytes_per_s))
+        # The stock runs' swap files and memascend's region (a fresh one goes into OUT), each member of a striped
+        # region throttled on its own: N members at the limit each, as N drives would be.
+        paths = [nvme_dir, os.path.abspath(region) if region else out_dir] + region_members(region)
+        io_limits = tuple(resolve_limits(paths, ssd_bytes_per_s))
     return out_dir, nvme_dir, nvme_info, io_limits
+
+
+def region_members(region: str | None) -> list[str]:
+    """The paths of a striped region's members (the region's own path excluded); none for one target."""
+    if region is None or not os.path.exists(region):
+        return []
+    from memascend_cli.ssd.path import region_header
+
+    header = region_header(region)
+    return [m.path for m in header.members[1:]] if header is not None else []
 
 
 def bench_hardware(*, dram_cap_bytes: int | None, region: str | None, accelerator: str):
@@ -50,7 +62,7 @@ def bench_hardware(*, dram_cap_bytes: int | None, region: str | None, accelerato
 
 
 def timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | None,
-           probe_samples: list | None = None) -> dict:
+           probe_samples: list | None = None, num_members: int = 1) -> dict:
     """The time model's inputs for the runs' predicted s/step: the compute device as `plan` resolves it, and the SSD
     bandwidth each run gets: the throttle where it is below the drive's (a drive of unknown speed is taken to be
     faster), else the drive's as prepare-ssd probed it (a region given with --region; runner.with_region_rates adds
@@ -65,7 +77,9 @@ def timing(hw, dtype: str, cpu_gflops: float | None, ssd_bytes_per_s: int | None
     read, write = hw.nvme_read_gbps, hw.nvme_write_gbps
     source = "the region's probe" if read else None
     if ssd_bytes_per_s is not None:
-        limit = ssd_bytes_per_s / 1e9
+        # Every member of a striped region has the limit (folders): the region's is their sum. The stock runs'
+        # swap folder is one device: their prediction is then optimistic.
+        limit = ssd_bytes_per_s * max(1, num_members) / 1e9
         read, write = min(read or limit, limit), min(write or limit, limit)
         source = "--ssd-bandwidth"
     # A throttle limits reads and writes separately (planner/time.py step_time duplex_io).

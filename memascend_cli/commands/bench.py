@@ -179,7 +179,8 @@ def bench_command(
                             micro_batch=micro_batch, steps=steps, dtype=dtype, seed=seed, checkpointing=checkpointing,
                             ranks=ranks, host_budget_bytes=budget_bytes, accelerator=accelerator, hw=hw,
                             deepspeed_version=installed_deepspeed_version(),
-                            timing=sweep.timing(hw, dtype, cpu_gflops, ssd_bytes_per_s, probe_samples), loss=loss,
+                            timing=sweep.timing(hw, dtype, cpu_gflops, ssd_bytes_per_s, probe_samples,
+                                                1 + len(sweep.region_members(region))), loss=loss,
                             grad_accum=grad_accum, gradient_clipping=gradient_clipping)
     if capacity is not None:
         from memascend_cli.bench import capacity_run

@@ -29,6 +29,7 @@ memascend prepare-ssd --list
 memascend prepare-ssd /mnt/nvme/memascend.region --size 200GiB
 memascend prepare-ssd /dev/nvme1n1 --ranks 8 --dry-run
 memascend prepare-ssd /dev/nvme1n1 --ranks 8 --label node0
+memascend prepare-ssd /dev/nvme1n1 /dev/nvme2n1 --label striped
 memascend prepare-ssd --info /dev/nvme1n1 --json
 memascend prepare-ssd --wipe /mnt/nvme/memascend.region --yes
 ```
@@ -96,9 +97,34 @@ def _render_header(path: str, header: region.RegionHeader) -> None:
         table.add_row("best settings", f"block {fmt_bytes(p.best_block_bytes)}, queue depth {p.best_queue_depth}, {p.best_num_workers} workers")
         table.add_row("backend", f"{p.backend} (measured {p.measured_at} over {fmt_bytes(p.probe_bytes)})")
     out.print(table)
-    _render_layout(header, "layout")
+    _render_layout(header, "layout" + (" (logical bytes, striped)" if header.members else ""))
+    if header.members:
+        _render_members(header, member_states(header))
     if p is not None and p.samples:
         _render_samples(p)
+
+
+def member_states(header: region.RegionHeader) -> list[dict]:
+    """Each member of a striped region and what is wrong with it ('ok' when it is there as recorded)."""
+    from memascend_cli.ssd.members import member_problem
+
+    n = len(header.members)
+    return [{"member": i + 1, "path": m.path, "read_gbps": m.read_gbps, "write_gbps": m.write_gbps,
+             "state": member_problem(i, m, header.uuid, n) or "ok"} for i, m in enumerate(header.members)]
+
+
+def _render_members(header: region.RegionHeader, states: list[dict]) -> None:
+    from rich.table import Table
+
+    from memascend_cli.console import out
+
+    table = Table(title=f"members (stripe unit {fmt_bytes(header.stripe_unit_bytes)})", title_justify="left")
+    for col, justify in (("member", "right"), ("path", "left"), ("read GB/s", "right"), ("write GB/s", "right"), ("state", "left")):
+        table.add_column(col, justify=justify)
+    for s in states:
+        gbps = [f"{v:.2f}" if v is not None else "-" for v in (s["read_gbps"], s["write_gbps"])]
+        table.add_row(str(s["member"]), s["path"], *gbps, s["state"])
+    out.print(table)
 
 
 def _render_samples(p: region.ProbeResult) -> None:
@@ -167,8 +193,8 @@ def _confirm(facts, yes: bool, verb: str) -> None:
 
 
 def prepare_ssd_command(
-    target: str | None = typer.Argument(None, help="Block device (/dev/nvme1n1, a partition, /dev/loopN) or a file path (with --size). Omit to list candidates.", show_default=False),
-    size: str | None = typer.Option(None, "--size", help="Size of a region file, with a unit: 200GiB, 1TB. Files only.", rich_help_panel="Region", show_default=False),
+    targets: list[str] | None = typer.Argument(None, help="Block device (/dev/nvme1n1, a partition, /dev/loopN) or a file path (with --size). Several: one region striped across them (the first is the region's path). Omit to list candidates.", show_default=False, metavar="[TARGET]..."),
+    size: str | None = typer.Option(None, "--size", help="Size of a region file (of each, when several), with a unit: 200GiB, 1TB. Files only.", rich_help_panel="Region", show_default=False),
     ranks: int = typer.Option(1, "--ranks", min=1, max=region.MAX_RANKS, help="Number of per-rank sub-regions (one per local GPU process).", rich_help_panel="Region"),
     label: str = typer.Option("", "--label", help="Free-form label stored in the header (64 characters max).", rich_help_panel="Region"),
     list_devices: bool = typer.Option(False, "--list", help="List candidate block devices and whether each is safe to use.", rich_help_panel="Mode"),
@@ -185,13 +211,21 @@ def prepare_ssd_command(
 
     Writes a checksummed header at offset 0 (sizes, alignment, one sub-region per rank), then
     measures sequential write/read bandwidth over a few block sizes and queue depths and stores
-    the best settings for `memascend plan` and `memascend train`. A device that is mounted, holds
+    the best settings for `memascend plan` and `memascend train`. Several targets make one region
+    striped across them in 1 MiB units (each probed; the region's GB/s is their sum; a member that
+    is missing, swapped or resized is refused by name). A device that is mounted, holds
     the root file system or is in use is always refused; one with a signature, partitions or a
     RAID/LVM role needs --force. Writing a device needs --yes or its name typed at the prompt.
     """
     modes = [m for m, on in (("--list", list_devices), ("--info", info), ("--wipe", wipe)) if on]
     if len(modes) > 1:
         raise BadInput(f"{' and '.join(modes)} cannot be combined", "pick one mode")
+    if targets and len(targets) > 1:
+        if modes:
+            raise BadInput(f"{modes[0]} takes one TARGET, got {len(targets)}", "give a striped region by its first member")
+        return _prepare_striped_mode(targets, size=size, num_ranks=ranks, label=label, dry_run=dry_run, yes=yes,
+                                     force=force, probe_mib=None if no_probe else probe_mib, json_out=json_out)
+    target = targets[0] if targets else None
     if list_devices or (target is None and not modes):
         if target is not None:
             raise BadInput("--list takes no TARGET", "run `memascend prepare-ssd --list`, or drop --list to prepare TARGET")
@@ -226,7 +260,8 @@ def _info_mode(target: str, json_out: bool) -> None:
 
     owners = region_owner.rank_states(target, header)
     if json_out:
-        print_json({"target": target, "header": header.to_dict(), "layout": layout_rows(header), "owners": owners})
+        print_json({"target": target, "header": header.to_dict(), "layout": layout_rows(header), "owners": owners,
+                    **({"members": member_states(header)} if header.members else {})})
     else:
         _render_header(target, header)
         _render_owners(owners)
@@ -286,23 +321,8 @@ def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: 
 def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, dry_run: bool, yes: bool, force: bool, probe_mib: int | None, json_out: bool) -> None:
     from memascend_cli.console import err, print_json
 
-    size_bytes = parse_size(size, "--size") if size is not None else None
-    if len(label) > 64:
-        raise BadInput(f"--label is {len(label)} characters, at most 64 fit", "shorten the label")
-    parent = os.path.dirname(os.path.abspath(target))
-    if (parent in ("/dev", "/dev/mapper") or parent.startswith("/dev/disk/")) and not os.path.exists(target):
-        # A mistyped device name must not turn into "create a region file in /dev".
-        raise BadInput(f"{target} does not exist", "`memascend prepare-ssd --list` shows the block devices of this machine")
-    is_block = os.path.exists(target) and stat.S_ISBLK(os.stat(target).st_mode)
-    if is_block and size_bytes is not None:
-        raise BadInput("--size is for region files; a device region always spans the whole device", "drop --size, or use a partition of the size you want")
-    if not is_block and not os.path.exists(target) and size_bytes is None:
-        raise BadInput(f"creating the region file {target} needs --size", f"e.g. `memascend prepare-ssd {target} --size 200GiB`")
-    if os.path.exists(target):
-        from memascend_cli.ssd.owner import require_unused
-
-        require_unused(target)  # never re-create a region under a running job, even with --force
-    facts, _ = checked_facts(target, "prepare", force, size_bytes)
+    size_bytes = _size_and_label(size, label)
+    facts = _target_facts(target, size_bytes, force)
     if facts.kind == "file" and size_bytes is None:
         size_bytes = facts.size_bytes  # re-initialise an existing region file at its size
     alignment_bytes = region.region_alignment(facts.logical_block_bytes)
@@ -336,6 +356,69 @@ def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, 
         return
     _render_header(target, header)
     err.print(f"[green]ready:[/green] {target} is a memascend region ({fmt_bytes(header.capacity_bytes)}, {num_ranks} rank(s)); next: `memascend plan ... --nvme-path {target}`")
+
+
+def _size_and_label(size: str | None, label: str) -> int | None:
+    """--size in bytes (None when not given), after checking --label's length."""
+    if len(label) > 64:
+        raise BadInput(f"--label is {len(label)} characters, at most 64 fit", "shorten the label")
+    return parse_size(size, "--size") if size is not None else None
+
+
+def _target_facts(target: str, size_bytes: int | None, force: bool):
+    """The facts of one target to prepare, after every refusal that does not need them (a mistyped device, --size
+    on a device, a new file without --size, a region a running job uses) and prepare-ssd's safety rules."""
+    parent = os.path.dirname(os.path.abspath(target))
+    if (parent in ("/dev", "/dev/mapper") or parent.startswith("/dev/disk/")) and not os.path.exists(target):
+        # A mistyped device name must not turn into "create a region file in /dev".
+        raise BadInput(f"{target} does not exist", "`memascend prepare-ssd --list` shows the block devices of this machine")
+    is_block = os.path.exists(target) and stat.S_ISBLK(os.stat(target).st_mode)
+    if is_block and size_bytes is not None:
+        raise BadInput("--size is for region files; a device region always spans the whole device", "drop --size, or use a partition of the size you want")
+    if not is_block and not os.path.exists(target) and size_bytes is None:
+        raise BadInput(f"creating the region file {target} needs --size", f"e.g. `memascend prepare-ssd {target} --size 200GiB`")
+    if os.path.exists(target):
+        from memascend_cli.ssd.owner import require_unused
+
+        require_unused(target)  # never re-create a region under a running job, even with --force
+    facts, _ = checked_facts(target, "prepare", force, size_bytes)
+    return facts
+
+
+def _prepare_striped_mode(targets: list[str], *, size: str | None, num_ranks: int, label: str, dry_run: bool,
+                          yes: bool, force: bool, probe_mib: int | None, json_out: bool) -> None:
+    """One region striped across `targets` (ssd/prepare_striped.py): every target checked as one alone would be."""
+    from memascend_cli.console import err, print_json
+    from memascend_cli.ssd import prepare_striped as P
+
+    size_bytes = _size_and_label(size, label)
+    facts_list = [_target_facts(t, size_bytes, force) for t in targets]
+    header = P.striped_header(facts_list, size_bytes, num_ranks=num_ranks, label=label)
+    probe_plan = None
+    if probe_mib is not None:
+        from memascend_cli.ssd.probe import plan_probe
+
+        probe_plan = plan_probe(header, probe_mib)
+    actions = P.build_striped_actions(facts_list, header, probe_plan)
+    doc = {"targets": targets, "dry_run": dry_run, "actions": [a.to_dict() for a in actions]}
+    if dry_run:
+        if json_out:
+            print_json({**doc, "layout": layout_rows(header), "header": header.to_dict()})
+        else:
+            _render_actions(" + ".join(targets), actions, header)
+        return
+    for f in facts_list:
+        if f.kind == "block" or f.exists:
+            _confirm(f, yes, "overwrite" if f.kind == "file" else "write a memascend region to")
+    header, note = P.apply_striped(facts_list, header, actions, probe_plan, progress=not json_out or sys.stderr.isatty())
+    if note and header.probe is not None:
+        err.print(f"[dim]note: {note}; measured with the Python O_DIRECT fallback[/dim]")
+    if json_out:
+        print_json({**doc, "header": header.to_dict(), "layout": layout_rows(header), "backend_note": note})
+        return
+    _render_header(targets[0], header)
+    err.print(f"[green]ready:[/green] {targets[0]} is a memascend region striped across {len(targets)} targets "
+              f"({fmt_bytes(header.capacity_bytes)}, {num_ranks} rank(s)); next: `memascend plan ... --nvme-path {targets[0]}`")
 
 
 def _list_mode(json_out: bool) -> None:

@@ -599,6 +599,9 @@ def read_region(path: str, ranks: int):
         return None, f"{path}: {exc.message}"
     except OSError as exc:
         return None, f"cannot read the region header of {path}: {exc.strerror or exc}"
+    from memascend_cli.ssd.members import check_members
+
+    check_members(path, header)  # a striped region's missing, swapped or resized member: bad input, exit 2
     if len(header.ranks) < ranks:
         return None, f"region {path} has {len(header.ranks)} rank sub-region(s), the job runs {ranks} rank(s)"
     return _check_region_owners(path, header, ranks)

@@ -32,6 +32,8 @@ class Action:
     start_byte: int | None = None
     end_byte: int | None = None
     """Inclusive; None for actions that write no device bytes."""
+    target: str | None = None
+    """The member of a striped region it touches (ssd/prepare_striped.py); None: the one target."""
 
     @property
     def nbytes(self) -> int:
@@ -42,6 +44,8 @@ class Action:
         """JSON-ready view with the byte count."""
         d = asdict(self)
         d["bytes"] = self.nbytes
+        if self.target is None:
+            del d["target"]
         return d
 
 

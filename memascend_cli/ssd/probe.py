@@ -284,7 +284,8 @@ class ProbePlan:
 
 def plan_probe(header: region.RegionHeader, probe_mib: int = DEFAULT_PROBE_MIB) -> ProbePlan:
     """Choose the probed range (inside the data area, never the header) and the settings."""
-    data_bytes = header.ranks[-1].end_bytes - header.data_start_bytes
+    # A striped region is probed member by member, on each member's own (physical) data area.
+    data_bytes = (header.ranks[-1].end_bytes - header.data_start_bytes) // max(1, len(header.members))
     length_bytes = region.align_down(min(probe_mib * MiB, data_bytes), header.alignment_bytes)
     block_sizes = tuple(bs for bs in DEFAULT_BLOCK_SIZES_BYTES if bs <= length_bytes) or (header.alignment_bytes,)
     # Every block size must divide the range so each pass moves exactly length_bytes.

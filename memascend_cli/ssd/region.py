@@ -10,9 +10,9 @@ A memascend region is a raw block device, a partition or a preallocated file lai
 
 Format versions: 1 = no owner records (written by memascend before region ownership; still read,
 and its zero reserved area takes owner records as is); 2 = the same header block, and every
-opener takes the rank's lock and owner record. A version-1 reader refuses a version-2 region
-("unsupported region format version 2"), so an old memascend that knows no locks cannot open a
-region a new one is using.
+opener takes the rank's lock and owner record; 3 = striped across several targets (ssd/stripe.py;
+one target stays version 2). An older reader refuses a newer version ("unsupported region format
+version 3"), so a memascend that knows no locks, or no striping, cannot open a newer one's region.
 
 Header block layout (format versions 1 and 2, little-endian, HEADER_BYTES = 4096):
 
@@ -33,7 +33,6 @@ name the damaged byte range ("checksum mismatch at header bytes 512..767").
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import errno
 import hashlib
@@ -43,14 +42,16 @@ import os
 import struct
 import uuid as uuid_mod
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from memascend_cli.errors import SSDNotReady
+from memascend_cli.ssd import stripe
 
 MAGIC = b"MEMASCND"
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Versions this code decodes: 1 lacks only the owner table (its reserved area is zero)."""
+STRIPED_FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+"""Versions this code decodes: 1 lacks only the owner table (its reserved area is zero), 3 is striped."""
 HEADER_BYTES = 4096
 """Size of the header block; one 4 KiB block is writable with O_DIRECT on 512 B and 4 KiB devices."""
 CHUNK_BYTES = 256
@@ -185,6 +186,12 @@ class RegionHeader:
     """UTC timestamp, ISO 8601."""
     created_by: str = ""
     """memascend version that wrote the header."""
+    members: list[stripe.Member] = field(default_factory=list)
+    """A striped region's targets in stripe order (offsets are then logical: stripe.split); empty for one target."""
+    stripe_unit_bytes: int = 0
+    """Bytes of one stripe unit on one member (0 without members)."""
+    member_index: int = 0
+    """Which member's copy of the header this is (0: the region's path, which holds the owner table)."""
     format_version: int = FORMAT_VERSION
     """On-disk format version."""
     magic: bytes = MAGIC
@@ -192,7 +199,7 @@ class RegionHeader:
 
     def to_dict(self) -> dict:
         """JSON-ready view (used by `--info --json`)."""
-        d = dataclasses.asdict(self)
+        d = asdict(self)
         d["magic"] = self.magic.decode("ascii", "replace")
         return d
 
@@ -315,6 +322,7 @@ def _body_dict(h: RegionHeader) -> dict:
         "probe": probe,
         "created_at": h.created_at,
         "created_by": h.created_by,
+        **stripe.body_entry(h),
     }
 
 
@@ -353,6 +361,7 @@ def validate_header(h: RegionHeader) -> None:
         problems.append("ranks are not numbered 0..N-1")
     if len(h.label) > 64:
         problems.append("label is longer than 64 characters")
+    problems += stripe.header_problems(h)
     if problems:
         raise ValueError("invalid region header: " + "; ".join(problems))
 
@@ -365,7 +374,8 @@ def encode(header: RegionHeader) -> bytes:
         raise ValueError(f"region header body is {len(body)} B, more than {MAX_BODY_BYTES} B fit in the header block")
     block = bytearray(HEADER_BYTES)
     block[BODY_OFFSET : BODY_OFFSET + len(body)] = body
-    block[0:64] = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, HEADER_BYTES, len(body), CHUNK_BYTES, bytes(32), 0, bytes(4))
+    version = STRIPED_FORMAT_VERSION if header.members else FORMAT_VERSION
+    block[0:64] = _PREAMBLE.pack(MAGIC, version, HEADER_BYTES, len(body), CHUNK_BYTES, bytes(32), 0, bytes(4))
     block[64:128] = _CRC_TABLE.pack(*_chunk_crcs(block))
     struct.pack_into("<I", block, _TABLE_CRC_RANGE[0], zlib.crc32(block[_TABLE_RANGE[0] : _TABLE_RANGE[1]]))
     block[_SHA_RANGE[0] : _SHA_RANGE[1]] = _sha(block)
@@ -465,6 +475,7 @@ def decode(block: bytes) -> RegionHeader:
             created_at=str(d.get("created_at", "")),
             created_by=str(d.get("created_by", "")),
             format_version=version,
+            **stripe.from_body(d),
         )
         validate_header(header)
     except (ValueError, KeyError, TypeError) as exc:

@@ -103,8 +103,8 @@ def test_bad_magic_names_bytes_0_to_7():
 
 def test_unsupported_version_is_named():
     block = bytearray(region.encode(_header()))
-    struct.pack_into("<I", block, 8, 3)
-    with pytest.raises(RegionCorrupt, match=r"unsupported region format version 3 at header bytes 8\.\.11"):
+    struct.pack_into("<I", block, 8, 4)
+    with pytest.raises(RegionCorrupt, match=r"unsupported region format version 4 at header bytes 8\.\.11"):
         region.decode(bytes(block))
 
 
@@ -376,6 +376,7 @@ def test_two_ranks_allocators_never_overlap():
 
 def test_header_dataclass_fields_carry_units():
     # Names say their unit (style rule): catches a field added without one.
-    unitless = {"uuid", "label", "ranks", "probe", "created_at", "created_by", "format_version", "magic"}
+    unitless = {"uuid", "label", "ranks", "probe", "created_at", "created_by", "format_version", "magic", "members",
+                "member_index"}
     for f in dataclasses.fields(region.RegionHeader):
         assert f.name in unitless or f.name.endswith("_bytes"), f.name
