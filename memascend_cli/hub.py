@@ -105,8 +105,14 @@ def hub_error(exc: BaseException, repo_id: str, revision: str | None, *, what: s
               fallback: str | None = None) -> BadInput:
     """One-line BadInput for a huggingface_hub error while getting `what` (e.g. "config.json") of `repo_id`.
     `fallback`: what works without the hub (the preset with the same architecture), named in the hint."""
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, IncompleteSnapshotError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     page = f"https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}{repo_id}"
     rev = f" at revision {revision}" if revision else ""

@@ -96,3 +96,60 @@ def refusing_hub():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuser)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    """A model repo served as the hub serves it to huggingface_hub: repo info, the tree listing, and HEAD / GET of
+    /<repo>/resolve/<revision>/<file> with X-Repo-Commit and the ETag (the file's sha256, as for LFS files)."""
+
+    repo_id = ""
+    files: dict = {}
+
+    def _send(self, status: int, body: bytes, headers: dict | None = None):
+        self.send_response(status)
+        for k, v in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        import json
+
+        path = self.path.split("?")[0]
+        api = f"/api/models/{self.repo_id}/"
+        if path.startswith(api + "revision/"):
+            siblings = [{"rfilename": n} for n in self.files]
+            return self._send(200, json.dumps({"id": self.repo_id, "sha": COMMIT, "siblings": siblings}).encode(),
+                              {"Content-Type": "application/json"})
+        if path.startswith(api + "tree/"):
+            tree = [{"type": "file", "path": n, "size": len(d), "oid": h[:40],
+                     "lfs": {"oid": h, "size": len(d), "pointerSize": 134}} for n, (d, h) in self.files.items()]
+            return self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
+        prefix = f"/{self.repo_id}/resolve/"
+        if path.startswith(prefix):
+            name = path[len(prefix):].split("/", 1)[1]
+            if name in self.files:
+                data, sha = self.files[name]
+                return self._send(200, data, {"X-Repo-Commit": COMMIT, "ETag": f'"{sha}"',
+                                              "Content-Type": "application/octet-stream"})
+            return self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
+        self._send(404, b"{}", {"X-Error-Code": "RepoNotFound"})
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def serving_hub(repo_id: str, folder: str):
+    """(endpoint URL, server) of a local hub serving `folder` as the model repo `repo_id` at COMMIT."""
+    files = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        files[name] = (data, hashlib.sha256(data).hexdigest())
+    handler = type("Handler", (_Server,), {"repo_id": repo_id, "files": files})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server

@@ -68,7 +68,8 @@ def _ask_hub(repo_id: str, revision: str | None):
     from memascend_cli.hub import unreachable
 
     try:
-        return snapshot_download(repo_id, revision=revision, allow_patterns=list(MODEL_PATTERNS), dry_run=True)
+        return snapshot_download(repo_id, revision=revision, allow_patterns=list(MODEL_PATTERNS), dry_run=True,
+                                 tqdm_class=_silent_tqdm())
     except DryRunError as exc:
         cause = exc.__cause__
         if cause is None or unreachable(cause) is not None:
@@ -154,6 +155,18 @@ def check_disk(model: HubModel, region_path: str | None, region_create_bytes: in
         raise BadInput(problem, "free space there, or point HF_HUB_CACHE (or HF_HOME) at a larger disk")
 
 
+def _silent_tqdm():
+    """A tqdm class that shows nothing (a dry run's "Fetching N files" bar)."""
+    from tqdm.std import tqdm
+
+    class Silent(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.pop("name", None)
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    return Silent
+
+
 def _rich_tqdm(progress):
     """A tqdm class whose bars are tasks of a Rich Progress (snapshot_download's tqdm_class)."""
     from tqdm.std import tqdm
@@ -162,8 +175,9 @@ def _rich_tqdm(progress):
         def __init__(self, *args, **kwargs):
             kwargs.pop("name", None)
             kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - closed in close()
+            # tqdm displays once while it starts: the task must be there first.
+            self._task = progress.add_task(kwargs.get("desc") or "", total=kwargs.get("total") or None)
             super().__init__(*args, **kwargs)
-            self._task = progress.add_task(self.desc or "", total=self.total or None)
 
         def display(self, msg=None, pos=None):
             progress.update(self._task, completed=self.n, total=self.total or None, description=self.desc or "")

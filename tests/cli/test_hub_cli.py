@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -133,3 +134,63 @@ def test_offline_dry_run_names_the_dataset_to_download(tmp_path, tiny_model):
     assert model["commit"] == hub_cache.COMMIT and model["download_files"] == [] and "model.safetensors" in \
         model["cached_files"]
     assert doc["data"]["pending"]["dataset"] == "org/chat-data" and doc["total_steps"] == 1
+
+
+def test_dry_run_says_what_would_be_downloaded_and_downloads_nothing(tmp_path, tiny_model):
+    folder = tmp_path / "repo"
+    shutil.copytree(tiny_model, folder)
+    (folder / "pytorch_model.bin").write_bytes(b"\0" * 1000)  # a duplicate of the weights: never downloaded
+    endpoint, server = hub_cache.serving_hub("org/tiny", str(folder))
+    try:
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text("model: org/tiny\ndataset: d.jsonl\nsteps: 1\nseq_len: 32\n")
+        (tmp_path / "d.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
+        p = memascend(["train", str(recipe), "--dry-run", "-o", str(tmp_path / "run")], tmp_path, offline=False,
+                      endpoint=endpoint)
+    finally:
+        server.shutdown()
+    assert p.returncode == 0, p.stderr
+    wanted = sorted(n for n in os.listdir(folder) if n != "pytorch_model.bin")
+    size = sum(os.path.getsize(folder / n) for n in wanted if n != "config.json")
+    model = json.loads(p.stdout)["downloads"]["model"]
+    assert model["cached_files"] == ["config.json"]  # plan read it (a few bytes), alone
+    assert sorted(model["download_files"]) == [n for n in wanted if n != "config.json"]
+    assert model["download_bytes"] == size and model["commit"] == hub_cache.COMMIT
+    assert f"would download: model org/tiny (main): {len(wanted) - 1} files" in p.stderr
+    snapshot = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / hub_cache.COMMIT
+    assert os.listdir(snapshot) == ["config.json"]
+
+
+DOWNLOAD = """
+import json, sys
+from memascend_cli.run import hub_download as H
+model = H.locate("org/tiny", None)
+print(json.dumps(model.to_dict()))
+H.check_disk(model, None, 0)
+print(H.download(model))
+print(json.dumps(H.locate("org/tiny", None).to_dict()))
+"""
+
+
+def test_download_takes_safetensors_tokenizer_and_config_only(tmp_path, tiny_model):
+    folder = tmp_path / "repo"
+    shutil.copytree(tiny_model, folder)
+    for dup in ("pytorch_model.bin", "model.onnx", "model-q4.gguf", "consolidated.pth"):
+        (folder / dup).write_bytes(b"\0" * 100)
+    endpoint, server = hub_cache.serving_hub("org/tiny", str(folder))
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+        env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=endpoint)
+        p = subprocess.run([sys.executable, "-c", DOWNLOAD], capture_output=True, text=True, env=env, timeout=300,
+                           cwd=REPO)
+    finally:
+        server.shutdown()
+    assert p.returncode == 0, p.stderr
+    before, snapshot, after = p.stdout.strip().splitlines()[-3:]
+    before, after = json.loads(before), json.loads(after)
+    wanted = sorted(n for n in os.listdir(tiny_model))
+    assert sorted(before["download_files"]) == wanted and before["snapshot"] is None
+    assert before["download_bytes"] == sum(os.path.getsize(folder / n) for n in wanted)
+    assert sorted(os.listdir(snapshot)) == wanted  # no .bin / .onnx / .gguf / .pth duplicate
+    assert after["download_files"] == [] and after["snapshot"] == snapshot and after["commit"] == hub_cache.COMMIT
+    assert "downloading org/tiny" in p.stderr
