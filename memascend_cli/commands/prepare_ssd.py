@@ -7,6 +7,7 @@ Build, then run: `ssd_probe.gather_target_facts` (I/O, read-only) → `ssd_safet
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import sys
@@ -290,13 +291,13 @@ def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: 
 
     require_unused(target)
     facts, _ = checked_facts(target, "wipe", force)
-    header_area_bytes = region.RESERVED_BYTES
-    if facts.region_state == "intact":
-        header_area_bytes = region.read_header(facts.real_path).data_start_bytes
-    if facts.kind == "file":
-        actions = [Action(op="unlink", what=f"delete the region file {facts.real_path}")]
-    else:
-        actions = [Action(op="zero", what="zero the region header area", start_byte=0, end_byte=header_area_bytes - 1)]
+    header = region.read_header(facts.real_path) if facts.region_state == "intact" else None
+    actions = _wipe_actions(facts, header.data_start_bytes if header else region.RESERVED_BYTES)
+    # A striped region's other members lose their header copies too (each checked by the same rules).
+    for m in header.members[1:] if header is not None and header.member_index == 0 else []:
+        if os.path.exists(m.path):
+            actions += [dataclasses.replace(a, target=m.path)
+                        for a in _wipe_actions(checked_facts(m.path, "wipe", force)[0], header.data_start_bytes)]
     result = {"target": target, "operation": "wipe", "dry_run": dry_run, "actions": [a.to_dict() for a in actions]}
     if dry_run:
         if json_out:
@@ -309,13 +310,20 @@ def _wipe_mode(target: str, *, dry_run: bool, yes: bool, force: bool, json_out: 
     _confirm(facts, yes, "wipe the memascend region on")
     for a in actions:
         if a.op == "unlink":
-            os.unlink(facts.real_path)
+            os.unlink(a.target or facts.real_path)
         else:
-            region.zero_header_area(facts.real_path, a.nbytes)
+            region.zero_header_area(a.target or facts.real_path, a.nbytes)
     if json_out:
         print_json(result)
     else:
         err.print(f"[green]wiped[/green] the memascend region on {target}")
+
+
+def _wipe_actions(facts, header_area_bytes: int) -> list[Action]:
+    if facts.kind == "file":
+        return [Action(op="unlink", what=f"delete the region file {facts.real_path}")]
+    return [Action(op="zero", what=f"zero the region header area of {facts.real_path}", start_byte=0,
+                   end_byte=header_area_bytes - 1)]
 
 
 def _prepare_mode(target: str, *, size: str | None, num_ranks: int, label: str, dry_run: bool, yes: bool, force: bool, probe_mib: int | None, json_out: bool) -> None:
@@ -392,7 +400,11 @@ def _prepare_striped_mode(targets: list[str], *, size: str | None, num_ranks: in
     from memascend_cli.ssd import prepare_striped as P
 
     size_bytes = _size_and_label(size, label)
-    facts_list = [_target_facts(t, size_bytes, force) for t in targets]
+    # --size sizes the region files among the targets; devices keep their size.
+    is_block = [os.path.exists(t) and stat.S_ISBLK(os.stat(t).st_mode) for t in targets]
+    if all(is_block) and size_bytes is not None:
+        raise BadInput("--size is for region files; a device member always spans the whole device", "drop --size")
+    facts_list = [_target_facts(t, None if blk else size_bytes, force) for t, blk in zip(targets, is_block)]
     header = P.striped_header(facts_list, size_bytes, num_ranks=num_ranks, label=label)
     probe_plan = None
     if probe_mib is not None:

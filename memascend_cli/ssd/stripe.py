@@ -169,7 +169,7 @@ def header_problems(h) -> list[str]:
     if not 0 <= member_index < n:
         out.append(f"member index {member_index} outside 0..{n - 1}")
     per_member_end = member_end_bytes(capacity_bytes, data_start_bytes, n)
-    out += [f"member {i} ({m.path}) of {m.identity.size_bytes} B is smaller than its {per_member_end} B"
+    out += [f"member {i + 1} ({m.path}) of {m.identity.size_bytes} B is smaller than its {per_member_end} B"
             for i, m in enumerate(members) if m.identity.size_bytes < per_member_end]
     return out
 
