@@ -7,7 +7,9 @@ local server that answers as the hub does when it refuses (gated repo, missing r
 * dataset_cache: a dataset prepared by the real `datasets` Json builder into HF_DATASETS_CACHE as `load_dataset` of a hub
   repo leaves it (<namespace>___<name>/default/0.0.0/<commit>/), which `load_dataset(repo)` reads with HF_HUB_OFFLINE;
 * refusing_hub: HTTP status codes and X-Error-Code headers as the hub sends them (huggingface_hub utils/_http.py
-  hf_raise_for_status reads them).
+  hf_raise_for_status reads them);
+* serving_hub: a model repo served as the hub serves it (repo info, tree listing, resolve with X-Repo-Commit and ETag),
+  so snapshot_download's dry run and download run for real.
 """
 
 from __future__ import annotations

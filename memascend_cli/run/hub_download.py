@@ -221,13 +221,18 @@ def download(model: HubModel) -> str:
 # --- a train run's hub sources ------------------------------------------------------------------------
 
 
-def resolve(recipe):
-    """(the recipe, its hub model or None): a hub model id whose files the cache holds becomes its snapshot folder."""
+def resolve(recipe, *, resume: bool = False):
+    """(the recipe, its hub model or None): a hub model id whose files the cache holds becomes its snapshot folder.
+    --resume continues with the commit the run started from (sources.json), whatever the branch points at now."""
     from memascend_cli.hub import looks_like_hub_id
 
     if not looks_like_hub_id(recipe.model):
         return recipe, None
-    model = locate(recipe.model, recipe.revision)
+    revision = recipe.revision
+    if resume:
+        revision = recorded(recipe.output_dir).get("model", {}).get("commit") or revision
+    model = locate(recipe.model, revision)
+    model.revision = recipe.revision  # as the recipe gives it (the commit is recorded beside it)
     return (recipe.model_copy(update={"model": model.snapshot}) if model.snapshot else recipe), model
 
 
@@ -261,9 +266,12 @@ def downloads(model: HubModel | None, recipe, data: dict) -> dict:
         out["model"] = model.to_dict()
         if model.snapshot is None and not model.files:
             out["model"]["download_bytes"] = None
-    pending = data.get("pending") if isinstance(data, dict) else None
-    if pending and pending.get("dataset"):
-        out["dataset"] = {**pending, "repo_bytes": dataset_repo_bytes(recipe.dataset)}
+    pending = data.get("pending")
+    if pending and recipe.dataset.hub is not None:  # not loaded from the cache (or not tried: the model is pending)
+        d = recipe.dataset
+        out["dataset"] = {"dataset": d.hub, "subset": d.subset, "split": d.split, "folder": d.folder,
+                          "why": pending.get("why", "read from the cache or downloaded when the run starts"),
+                          "repo_bytes": dataset_repo_bytes(d)}
     return out
 
 
@@ -286,6 +294,17 @@ def say_downloads(doc: dict) -> None:
 
 SOURCES_JSON = "sources.json"
 """Where a run records the hub repos it trained from (repo, revision, commit; the dataset's cached files)."""
+
+
+def recorded(run_dir: str) -> dict:
+    """sources.json of a run ({} when there is none)."""
+    import json
+
+    try:
+        with open(os.path.join(run_dir, SOURCES_JSON)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def record(run_dir: str, model: HubModel | None, recipe, data: dict) -> None:

@@ -294,7 +294,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     from memascend_cli.run import hub_download
 
     spec = models.load_model(recipe.model, revision=recipe.revision)
-    recipe, hub_model = hub_download.resolve(recipe)  # a hub id: its cached snapshot, or what is to download
+    # A hub id: its cached snapshot, or what is to download.
+    recipe, hub_model = hub_download.resolve(recipe, resume=resume)
     if recipe.model.endswith(".gguf"):
         recipe = import_gguf_model(recipe)
     _check_model_source(recipe.model)
