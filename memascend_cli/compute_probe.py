@@ -211,7 +211,9 @@ def plan_device(hw, dtype: str, *, cpu_gflops: float | None = None, gpu_tflops: 
     """The device of a plan: the GPU (table or --gpu-tflops), else the CPU (--cpu-gflops, else `rates`, this
     machine's probe, when the plan is of this machine, else unknown)."""
     if hw.num_gpus:
-        return tm.gpu_device(hw.gpu_name, measured_tflops=gpu_tflops)
+        from memascend_cli.planner import measured
+
+        return tm.gpu_device(hw.gpu_name, measured_tflops=gpu_tflops, rates=measured.time_rates(hw.gpu_name))
     if cpu_gflops:
         return tm.cpu_device(cpu_gflops, "--cpu-gflops")
     if hw.name != "local":

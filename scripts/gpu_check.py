@@ -23,13 +23,16 @@ gpukit/calls.py: its setup (private venv over the image's Python, installs from 
 phases: probe (O_DIRECT and io_uring on the work disk, an ext4 loop device when O_DIRECT is refused, dd
 bandwidth), constants (the CUDA runtime constants the planner uses), tests (`pytest -m gpu`), bench
 (`memascend bench` per preset and engine, random weights), validate (the 1B-class bench test on the bench's
-output), sweep (growing context per engine). The first seconds say what this machine cannot do (gVisor, no
-io_uring, no O_DIRECT, no loop device) and which phases still make sense. `call N --dry-run` (or
-`run --dry-run`) runs anywhere: it checks the inputs and prints every command.
+output), sweep (growing context per engine), capacity (tuned's longest context under --dram-cap, a memory
+cgroup, then memascend at twice it), placements (`bench --placement` gpu, dram, split, ssd per preset). The
+bench runs sample the SSD's /proc/diskstats per phase (gpukit/phase_io.py). The first seconds say what this
+machine cannot do (gVisor, no io_uring, no O_DIRECT, no loop device) and which phases still make sense.
+`call N --dry-run` (or `run --dry-run`) runs anywhere: it checks the inputs and prints every command; the capacity
+and placement phases also write their JSON there from the plan's numbers, marked synthetic.
 
 Outputs in $OUT (--out; at most 8 files a call): log (the call's tee), gpu_check.log, gpu_check.json (summary,
 written even when a phase fails), and per phase pytest_gpu.xml, cuda_constants.json, gpu_bench.json,
-gpu_bench.png, bench_<model>.png, gpu_sweep.json.
+gpu_bench.png, bench_<model>.png, gpu_sweep.json, gpu_capacity.json, gpu_placements.json.
 
 Stdlib only: it runs on the image's python3 before anything is installed.
 """
@@ -47,19 +50,22 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpukit.bench import phase_bench, phase_sweep  # noqa: E402
+from gpukit.capacity import cap_bytes, phase_capacity  # noqa: E402
 from gpukit.calls import (CALLS, DEFAULT_IDLE_S, DEFAULT_START_S, DEFAULT_TOTAL_S, call_by_number,  # noqa: E402
                           plan_text)
 from gpukit.carry import build_carry, check_manifest, travelling_bytes  # noqa: E402
 from gpukit.kit import Kit, aio_env, cuda_env, merge_env  # noqa: E402
+from gpukit.placements import phase_placements  # noqa: E402
 from gpukit.phases import (phase_constants, phase_probe, phase_setup, phase_tests, phase_validate,  # noqa: E402
                            probe_host)
 from gpukit.record import record  # noqa: E402
-from gpukit.pure import (BENCH_RUNS, CARRY_DIR, CARRY_LIMIT_BYTES, DEFAULT_BUDGET_S, DEFAULT_DISK_GBPS,  # noqa: E402
+from gpukit.pure import (BENCH_RUNS, CAPACITY_DRAM_CAP, CARRY_DIR, CARRY_LIMIT_BYTES, DEFAULT_BUDGET_S, DEFAULT_DISK_GBPS,  # noqa: E402
                          DEFAULT_MODELS, PHASES, REPO, SWEEP_SEQ_LENS, WORK_DIR, GiB, MiB, what_can_run)
 
 PHASE_FUNCTIONS = {"setup": phase_setup, "probe": phase_probe, "constants": phase_constants, "tests": phase_tests,
-                   "bench": phase_bench, "validate": phase_validate, "sweep": phase_sweep}
-NEEDS_SETUP = ("constants", "tests", "bench", "validate", "sweep")
+                   "bench": phase_bench, "validate": phase_validate, "sweep": phase_sweep, "capacity": phase_capacity,
+                   "placements": phase_placements}
+NEEDS_SETUP = ("constants", "tests", "bench", "validate", "sweep", "capacity", "placements")
 CARRY_LIMIT_HELP = "the most the working tree and the carry folder may take together, in MiB (default %(default)g)"
 
 
@@ -116,6 +122,10 @@ def check_inputs(kit: Kit) -> list[str]:
     bad_phases = [p for p in kit.args.phases.split(",") if p not in PHASES]
     if bad_phases:
         problems.append(f"unknown phase(s) {bad_phases}; phases are {', '.join(PHASES)}")
+    try:
+        cap_bytes(kit.args.dram_cap)
+    except ValueError as exc:
+        problems.append(str(exc))
     if os.path.isdir(kit.carry):
         size = travelling_bytes(REPO, [kit.carry], int(kit.args.carry_limit_mib * MiB))
         kit.summary["travelling"] = size
@@ -196,6 +206,10 @@ def main_run(args: argparse.Namespace) -> int:
     for name in list(kit.background):
         kit.join(name)
     if args.dry_run:
+        # The capacity and placement phases wrote their JSON from the plan's numbers: the summary beside them, so
+        # `record` (allow_synthetic) and the results page can be rehearsed on the folder.
+        kit.summary["synthetic"] = True
+        write_summary(kit, results, t0)
         print("inputs OK; the commands above are what this call executes on the GPU machine")
         return 0
     cleanup(kit)
@@ -209,6 +223,7 @@ def write_summary(kit: Kit, results: dict, t0: float, problems: list[str] | None
     summary = {"schema_version": 2, "ok": bool(results) and all(results.values()) and not problems,
                "phases": results, "problems": problems or [], "seconds": round(time.monotonic() - t0, 1),
                "budget_s": kit.args.budget_s, "call": getattr(kit.args, "call", None), "run_args": run_args(kit.args),
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "facts": kit.facts,
                "storage": kit.storage, "steps": [asdict(s) for s in kit.steps], **kit.summary}
     with open(os.path.join(kit.out_dir, "gpu_check.json"), "w") as f:
@@ -221,7 +236,8 @@ def run_args(args: argparse.Namespace) -> str:
     clip = getattr(args, "gradient_clipping", None)
     return (f"--phases {args.phases} --models {args.models} --runs {args.runs} --seq-len {args.seq_len} "
             f"--steps {args.steps} --budget-s {args.budget_s:g}"
-            + ("" if clip is None else f" --gradient-clipping {clip:g}"))
+            + ("" if clip is None else f" --gradient-clipping {clip:g}")
+            + (f" --dram-cap {args.dram_cap}" if "capacity" in args.phases.split(",") else ""))
 
 
 def cleanup(kit: Kit) -> None:
@@ -245,6 +261,8 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--gradient-clipping", type=float, default=None,
                    help="bench: clip at this norm (default DeepSpeed's 1.0; random weights' norms are 5-10, so "
                         "memascend's overlapped optimizer redoes every step there)")
+    r.add_argument("--dram-cap", default=CAPACITY_DRAM_CAP,
+                   help="capacity: the memory cgroup's size, in GiB (default %(default)s)")
     r.add_argument("--sweep-seq-lens", default=",".join(map(str, SWEEP_SEQ_LENS)), help="the sweep's contexts")
     r.add_argument("--settle-cap-s", type=float, default=20.0, help="bench: longest wait for memory to settle")
     r.add_argument("--accelerator", default="cuda", choices=["cuda", "cpu"],

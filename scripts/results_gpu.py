@@ -10,6 +10,7 @@ import os
 import tempfile
 
 from results_common import gib, pct, phase_seconds, table
+from results_gpu_calls import section_capacity, section_phase_io, section_placements, section_time_rates
 
 from memascend_cli.units import GiB
 
@@ -176,7 +177,8 @@ def section_gpu(docs: list) -> str:
         facts = kit.get("facts") or {}
         torch = facts.get("torch") or {}
         bench = kit.get("bench") or {}
-        storage = bench.get("storage") or {}
+        storage = next((d["storage"] for d in (bench, kit.get("capacity"), kit.get("placements"))
+                        if d and d.get("storage")), {})
         calls = ", ".join(f"call {c['call']}" if c.get("call") is not None else
                           f"`run {c.get('run_args') or '(options not recorded)'}`" for c in kit["calls"])
         out += [f"### {kit['device']}, {kit.get('measured_at', '?')}", "",
@@ -201,12 +203,18 @@ def section_gpu(docs: list) -> str:
                     + f" and the SSD rates of {ssd_rates(storage)[2]} (the time model's compute is the "
                     f"device table's {(j.get('timing') or {}).get('device_source', '?')}). s/step averages the steps "
                     "after the first.", "", table(HEADER, rows), ""] + lines + [""]
+        out += section_phase_io(bench)
         c = kit.get("cuda_constants")
         if c:
             out += [f"CUDA constants (`scripts/gpukit/cuda_constants.py`): host runtime "
                     f"{gib(c['host_runtime_bytes'])} GiB (of it CUDA {gib(c.get('host_cuda_bytes'))} GiB), CUDA "
                     f"context on the GPU {gib(c['cuda_context_gpu_bytes'])} GiB with NCCL "
                     f"({gib(c.get('cuda_context_gpu_bytes_bare'))} GiB bare).", ""]
+            out += section_time_rates(c)
+        if kit.get("capacity"):
+            out += section_capacity(kit["capacity"])
+        if kit.get("placements"):
+            out += section_placements(kit["placements"])
         t = kit.get("tests")
         if t:
             skipped = sorted({c["message"] for c in t["cases"] if c["outcome"] == "skipped"})

@@ -254,6 +254,7 @@ def recorded_probe_gflops(timing: dict) -> float | None:
 def recorded_timing(job: dict) -> dict | None:
     """The time model's inputs a bench job recorded (`job.timing`: the device's GFLOP/s, the SSD GB/s the runs
     got), for predict; None for jobs recorded without them or with a rate unknown. Pure."""
+    from memascend_cli.planner import measured
     from memascend_cli.planner import time as tm
 
     t = job.get("timing") or {}
@@ -262,7 +263,9 @@ def recorded_timing(job: dict) -> dict | None:
     cuda = job.get("accelerator") == "cuda"
     probe = None if cuda else recorded_probe_gflops(t)
     gflops = t["gflops"] if probe is None else probe * tm.CPU_ACHIEVED_FRACTION  # replanned with today's fraction
-    device = tm.gpu_device(t.get("device"), measured_tflops=gflops / 1e3) if cuda else \
+    # A GPU run is replanned with the rates measured on its box, when the constants file given is of that GPU.
+    device = tm.gpu_device(t.get("device"), measured_tflops=gflops / 1e3,
+                           rates=measured.time_rates(t.get("device"))) if cuda else \
         tm.cpu_device(gflops, t.get("device_source") or "recorded")
     return {"device": device, "read_gbps": t["read_gbps"], "write_gbps": t["write_gbps"],
             "duplex_io": bool(job.get("ssd_bandwidth_bytes_per_s"))}

@@ -92,18 +92,30 @@ class Device:
     source: str
     gpu: bool
     pcie_bytes_per_s: float | None = None
+    cpu_adam_elems_per_s_per_core: float | None = None
+    """Measured on this box (planner.measured.time_rates); None: CPU_ADAM_ELEMS_PER_S_PER_CORE."""
+    rates_source: str = ""
+    """Where the PCIe and CPU Adam rates come from: the table and the constant, or a measurement on this GPU box."""
 
 
-def gpu_device(gpu_name: str | None, *, measured_tflops: float | None = None) -> Device:
-    """A GPU's achieved bf16 throughput: measured when given, else the table's dense peak x GPU_ACHIEVED_FRACTION."""
+def gpu_device(gpu_name: str | None, *, measured_tflops: float | None = None, rates: dict | None = None) -> Device:
+    """A GPU's achieved bf16 throughput: measured when given, else the table's dense peak x GPU_ACHIEVED_FRACTION.
+    `rates`: the PCIe and CPU Adam rates measured on this GPU's box (planner.measured.time_rates), else the PCIe table
+    and CPU_ADAM_ELEMS_PER_S_PER_CORE."""
     key = next((k for k in GPU_BF16_DENSE_TFLOPS if gpu_name and k.lower() in gpu_name.lower()), None)
     pcie = 1e9 * PCIE_GBPS.get(key, DEFAULT_PCIE_GBPS) if key else 1e9 * DEFAULT_PCIE_GBPS
+    extra = {"rates_source": "PCIe table, CPU Adam constant"}
+    if rates:
+        pcie = rates["pcie_bytes_per_s"]
+        extra = {"cpu_adam_elems_per_s_per_core": rates["cpu_adam_elems_per_s_per_core"],
+                 "rates_source": rates["source"]}
     if measured_tflops:
-        return Device(gpu_name or "GPU", measured_tflops * 1e12, "measured", True, pcie)
+        return Device(gpu_name or "GPU", measured_tflops * 1e12, "measured", True, pcie, **extra)
     if key is None:
-        return Device(gpu_name or "GPU", None, "not in the GPU table (give a measurement)", True, pcie)
+        return Device(gpu_name or "GPU", None, "not in the GPU table (give a measurement)", True, pcie, **extra)
     return Device(gpu_name, GPU_BF16_DENSE_TFLOPS[key] * GPU_ACHIEVED_FRACTION * 1e12,
-                  f"{key} datasheet {GPU_BF16_DENSE_TFLOPS[key]:g} TFLOPS x {GPU_ACHIEVED_FRACTION}", True, pcie)
+                  f"{key} datasheet {GPU_BF16_DENSE_TFLOPS[key]:g} TFLOPS x {GPU_ACHIEVED_FRACTION}", True, pcie,
+                  **extra)
 
 
 def cpu_device(gflops: float | None, source: str) -> Device:
@@ -233,7 +245,8 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     compute = _div(flops, device.flops_per_s)
     fb_r, fb_w = _div(fb_read, read_bytes_per_s), _div(fb_write, write_bytes_per_s)
     op_r, op_w = _div(opt_read, read_bytes_per_s), _div(opt_write, write_bytes_per_s)
-    adam = optimizer_elems / (CPU_ADAM_ELEMS_PER_S_PER_CORE * max(1, cpu_cores))
+    adam = optimizer_elems / ((device.cpu_adam_elems_per_s_per_core or CPU_ADAM_ELEMS_PER_S_PER_CORE)
+                              * max(1, cpu_cores))
     # The share of Adam over states kept in DRAM (SsdTraffic.dram_state_elems): stepped after backward.
     dram_elems = min(optimizer_elems, getattr(traffic, "dram_state_elems", 0))
     adam_dram = adam * dram_elems / optimizer_elems if optimizer_elems else 0.0

@@ -4,6 +4,7 @@ plots."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -11,32 +12,53 @@ import shutil
 import sys
 from dataclasses import asdict
 
-from gpukit.kit import Kit, StepRecord
+from gpukit.kit import DiskSampler, Kit, StepRecord
+from gpukit.phase_io import io_by_phase, phase_windows
 from gpukit.pure import (BENCH_RUNS, DEFAULT_DISK_GBPS, REPO, RUN_COLORS, BenchDecision, GiB, decide_model,
                          disk_need_bytes, estimate_run_s, plan_max_seq, run_timeout_s, summarize_bench_doc,
                          sweep_stops, versus_stock, with_cuda_context)
 
 
 def _plan(kit: Kit, model: str, *extra: str) -> dict | None:
+    return plan_doc(kit, model, "--seq-len", str(kit.args.seq_len), *(extra or ("--no-search",)))
+
+
+SYNTHETIC_HARDWARE = ("--hardware", "h100-80g-512g", "--dram", "128GiB", "--nvme-read-gbps", "3",
+                      "--nvme-write-gbps", "3.5")
+"""A dry run's plans: the lent GPU machine (one H100, 128 GiB DRAM; its SSD about what prepare-ssd's probe measured on
+the H200 box, docs/bench/gpu/h200-llama-3.2-1b-2026-11-27.json), not the machine the dry run runs on."""
+
+
+def ssd_rate_args(storage: dict) -> list[str]:
+    """plan's SSD rates from the call's probe: memascend's region probe (engine-like queue depths), else dd's. Pure."""
+    probe = storage.get("region_probe") or {}
+    read = probe.get("read_gbps") or storage.get("read_gbps")
+    write = probe.get("write_gbps") or storage.get("write_gbps")
+    return ["--nvme-read-gbps", f"{read:g}", "--nvme-write-gbps", f"{write:g}"] if read and write else []
+
+
+def plan_doc(kit: Kit, model: str, *args: str) -> dict | None:
+    """`memascend plan --model MODEL ARGS --json` of this machine (the venv's python once set up), None when it
+    fails (said in the log)."""
     rc, out, err = kit.capture([kit.py if os.path.isfile(kit.py) else sys.executable, "-m", "memascend_cli", "plan",
-                                "--model", model, "--seq-len", str(kit.args.seq_len), "--json",
-                                *(extra or ("--no-search",))], timeout=120, env={"PYTHONPATH": REPO})
+                                "--model", model, *args, "--json"], timeout=120, env={"PYTHONPATH": REPO})
     try:
         return json.loads(out)
     except json.JSONDecodeError:
-        kit.log(f"plan of {model} failed (rc {rc}): {err.strip()[-300:]}")
+        kit.log(f"plan of {model} {' '.join(args)} failed (rc {rc}): {err.strip()[-300:]}")
         return None
 
 
-def bench_accepts_accelerator(kit: Kit) -> bool:
+def bench_accepts(kit: Kit, flag: str) -> bool:
+    """Whether this tree's `memascend bench --help` lists `flag`."""
     py = kit.py if os.path.isfile(kit.py) else sys.executable
     _, out, _ = kit.capture([py, "-m", "memascend_cli", "bench", "--help"], env={"PYTHONPATH": REPO,
                                                                                "COLUMNS": "200"})
-    return "--accelerator" in out
+    return flag in out
 
 
 def phase_bench(kit: Kit) -> bool:
-    if not bench_accepts_accelerator(kit):
+    if not bench_accepts(kit, "--accelerator"):
         msg = ("`memascend bench` has no --accelerator option yet: it would force DeepSpeed's CPU accelerator and "
                "measure nothing CUDA-specific; bench skipped (this kit needs a memascend with `bench --accelerator`)")
         if kit.dry_run:
@@ -50,6 +72,7 @@ def phase_bench(kit: Kit) -> bool:
     runs = [r for r in kit.args.runs.split(",") if r]
     calibration = 1.0
     docs: dict = {}
+    phase_io: dict = {}
     decisions = []
     stop_reason = None
     for model in kit.args.models.split(","):
@@ -78,11 +101,11 @@ def phase_bench(kit: Kit) -> bool:
             est = estimate_run_s(int(plan["model"]["num_params"]), kit.args.steps, gbps, calibration)
             if not kit.dry_run:
                 shutil.rmtree(out, ignore_errors=True)
-            rec = kit.run(f"bench-{model}-{run}", cmd, cap_s=run_timeout_s(est, 1e9), min_s=min(est, 60.0),
-                          cwd=REPO, stdout_path=os.path.join(kit.work, "logs", f"bench-{model}-{run}.json"),
-                          echo_lines=40)
+            rec, io = sampled_run(kit, f"bench-{model}-{run}", cmd, out, kit.args.steps,
+                                  cap_s=run_timeout_s(est, 1e9), min_s=min(est, 60.0))
             if kit.dry_run:
                 continue
+            phase_io.setdefault(model, {})[run] = io
             if rec.status in ("ok", "failed") and rec.seconds:
                 calibration = max(0.5, min(4.0, rec.seconds / estimate_run_s(int(plan["model"]["num_params"]),
                                                                             kit.args.steps, gbps)))
@@ -110,7 +133,8 @@ def phase_bench(kit: Kit) -> bool:
     kit.summary["bench_vs_stock"] = versus_stock(rows)
     with open(os.path.join(kit.out_dir, "gpu_bench.json"), "w") as f:
         json.dump({"schema_version": 1, "seq_len": kit.args.seq_len, "steps": kit.args.steps,
-                   "storage": kit.storage, "facts": kit.facts, "decisions": decisions, "documents": docs}, f)
+                   "storage": kit.storage, "facts": kit.facts, "decisions": decisions, "documents": docs,
+                   "phase_io": phase_io}, f)
     problem = write_plots(kit.out_dir, docs, rows)
     if problem:
         kit.log(problem)
@@ -121,6 +145,31 @@ def phase_bench(kit: Kit) -> bool:
         kit.log("not measured in this call: " + ", ".join(skipped) + "; a next call (setup included): "
                 + kit.summary["next_call"])
     return all(r["ok"] for r in rows) and bool(rows)
+
+
+def sampled_run(kit: Kit, name: str, cmd: list[str], out: str, steps: int, *, cap_s: float,
+                min_s: float) -> tuple[StepRecord, dict]:
+    """One bench command with the SSD's /proc/diskstats sampled beside it: (its step record, what the SSD did in each
+    phase of steps 2..`steps`, phase_io.io_by_phase, with the device and why a phase is missing)."""
+    stdout = os.path.join(kit.work, "logs", f"{name}.json")
+    if kit.dry_run:
+        return kit.run(name, cmd, cap_s=cap_s, min_s=min_s, cwd=REPO, stdout_path=stdout, echo_lines=40), {}
+    os.makedirs(kit.ssd, exist_ok=True)
+    with DiskSampler(kit.ssd) as sampler:
+        rec = kit.run(name, cmd, cap_s=cap_s, min_s=min_s, cwd=REPO, stdout_path=stdout, echo_lines=40)
+    events = []
+    for rank_file in sorted(glob.glob(os.path.join(out, "runs", "*", "events-rank0.jsonl"))):
+        with open(rank_file, errors="replace") as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue  # a line cut off when the run was killed
+    io = {"device": f"{sampler.major}:{sampler.minor}", "samples": len(sampler.samples),
+          "interval_s": sampler.interval_s, "phases": io_by_phase(sampler.samples, phase_windows(events, steps))}
+    if sampler.reason or not io["phases"]:
+        io["reason"] = sampler.reason or "no phase marks of steps 2.. in the run's events"
+    return rec, io
 
 
 def _bench_cmd(kit: Kit, model: str, run: str, seq_len: int, steps: int, out: str) -> list[str]:

@@ -11,7 +11,9 @@ shaped model in bf16 with gradient checkpointing and the chunked loss, forward a
 gradients copied to pinned host memory), its tensors freed: the kernels and library state the first step loads
 stay (on an H200 with torch 2.11 the bench's runs kept ~0.9 GiB beyond the state before the step).
 GPU: device memory in use that torch's caching allocator does not own (torch.cuda.mem_get_info against
-memory_reserved). `MEMASCEND_CUDA_CONSTANTS=OUT.json memascend plan ...` then plans with these numbers.
+memory_reserved). Time: the rates of time_rates() (host<->device copies, CPU Adam on this box's cores, the global
+norm and its barrier), under `time_rates`. `MEMASCEND_CUDA_CONSTANTS=OUT.json memascend plan ...` then plans with
+these numbers.
 """
 
 from __future__ import annotations
@@ -91,6 +93,85 @@ def _step_sample(torch, device: str = "cuda") -> tuple[dict, dict]:
     return _sample(torch), ops
 
 
+def _best_s(torch, fn, repeats: int, cuda: bool) -> float:
+    """The shortest of `repeats` timed calls of `fn` (after one untimed), the device synchronised around each."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def time_rates(torch, device: str = "cuda") -> dict:
+    """The time model's per-resource rates on this box (memascend_cli/planner/measured.py uses them when a plan is of
+    this GPU): host<->device copies (copy_rates), DeepSpeed's CPU Adam on torch's threads (the optimizer step of
+    every offloaded engine), the global norm of a gradient partition and the barrier after it (norm_rates)."""
+    out: dict = {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
+                 **copy_rates(torch, device)}
+    out.update(cpu_adam_rate(torch))
+    out.update(norm_rates(torch, device))
+    return out
+
+
+def copy_rates(torch, device: str = "cuda", copy_bytes: int = 512 << 20, repeats: int = 3) -> dict:
+    """GB/s of `copy_bytes` copied host -> device and back, from pinned and from pageable host memory. device="cpu"
+    rehearses it where there is no GPU (tests/unit/test_gpu_kit_calls.py)."""
+    cuda = device == "cuda"
+    out: dict = {"copy_bytes": copy_bytes}
+    dev = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
+    for kind, pinned in (("pinned", cuda), ("pageable", False)):
+        host = torch.empty(copy_bytes, dtype=torch.uint8, pin_memory=pinned)
+        out[f"h2d_{kind}_gbps"] = round(copy_bytes / _best_s(torch, lambda: dev.copy_(host, non_blocking=pinned),
+                                                             repeats, cuda) / 1e9, 2)
+        out[f"d2h_{kind}_gbps"] = round(copy_bytes / _best_s(torch, lambda: host.copy_(dev, non_blocking=pinned),
+                                                             repeats, cuda) / 1e9, 2)
+    return out
+
+
+def cpu_adam_rate(torch, numel: int = 128 << 20, repeats: int = 3) -> dict:
+    """Elements a second of DeepSpeedCPUAdam's step over `numel` fp32 elements (its states made by an untimed step)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    p = torch.nn.Parameter(torch.zeros(numel))
+    p.grad = torch.full((numel,), 1e-3)
+    opt = DeepSpeedCPUAdam([p], lr=1e-3)
+    return {"adam_numel": numel, "cpu_adam_elems_per_s": round(numel / _best_s(torch, opt.step, repeats, False))}
+
+
+def norm_rates(torch, device: str = "cuda", numel: int = 256 << 20, repeats: int = 3) -> dict:
+    """Elements a second of the 2-norm of a `numel` fp32 gradient partition on the device, and the barrier after it:
+    an all_reduce of the norm (when a process group is up) and its .item(), the synchronisation every clipped step
+    makes before the optimizer."""
+    cuda = device == "cuda"
+    g = torch.ones(numel, device=device)
+    out = {"norm_numel": numel,
+           "norm_elems_per_s": round(numel / _best_s(torch, lambda: torch.linalg.vector_norm(g, 2.0), repeats, cuda))}
+    x = torch.ones(1, device=device)
+    dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+
+    def barrier():
+        if dist:
+            torch.distributed.all_reduce(x)
+        x.item()
+    out["norm_barrier_s"] = round(_best_s(torch, barrier, 20, False), 6)
+    out["norm_barrier"] = "all_reduce + .item()" if dist else ".item() (no process group)"
+    return out
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def main(out: str) -> int:
     samples = {"start": _sample()}
     import deepspeed
@@ -114,6 +195,10 @@ def main(out: str) -> int:
         samples["step"], ops = _step_sample(torch)
     except Exception as exc:  # noqa: BLE001 - the constants before the step are still worth keeping
         ops = {"step_error": f"{type(exc).__name__}: {exc}"[:300]}
+    try:
+        rates = time_rates(torch)
+    except Exception as exc:  # noqa: BLE001 - the memory constants stand without the rates
+        rates = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     props = torch.cuda.get_device_properties(0)
     # Without the step's sample the runtime is the one before it: schema 1, which the planner refuses.
     doc = {"schema_version": SCHEMA_VERSION if "step" in samples else 1, "ops_loaded": ops, "device": props.name,
@@ -121,7 +206,7 @@ def main(out: str) -> int:
            "torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": deepspeed.__version__,
            "transformers": transformers.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
            "kernel": os.uname().release, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "samples": samples, **runtime_constants(samples, gpu_total_bytes=props.total_memory)}
+           "samples": samples, "time_rates": rates, **runtime_constants(samples, gpu_total_bytes=props.total_memory)}
     torch.distributed.destroy_process_group()
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)

@@ -13,9 +13,11 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, field
 
+from gpukit.phase_io import parse_diskstats
 from gpukit.pure import RESERVE_S, cuda_home_of, parse_ldconfig
 
 
@@ -172,6 +174,42 @@ class Kit:
             return 127, "", str(exc)
 
 
+class DiskSampler:
+    """/proc/diskstats of the block device under `path`, every `interval_s` on CLOCK_MONOTONIC (the clock of the bench
+    ranks' phase marks), in a thread while a bench run goes: `with DiskSampler(path) as s: ...; s.samples`. No device
+    (an overlay or a network file system): no samples, `reason` says why."""
+
+    def __init__(self, path: str, interval_s: float = 0.1):
+        self.interval_s, self.samples, self.reason = interval_s, [], ""
+        self._stop = threading.Event()
+        st = os.stat(path)
+        self.major, self.minor = os.major(st.st_dev), os.minor(st.st_dev)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _read(self) -> dict | None:
+        try:
+            with open("/proc/diskstats") as f:
+                return parse_diskstats(f.read(), self.major, self.minor)
+        except OSError as exc:
+            self.reason = f"/proc/diskstats: {exc.strerror}"
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            counters = self._read()
+            if counters is None:
+                self.reason = self.reason or f"device {self.major}:{self.minor} is not in /proc/diskstats"
+                return
+            self.samples.append((time.monotonic(), counters))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> DiskSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def base_site_dirs(python: str) -> list[str]:

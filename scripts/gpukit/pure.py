@@ -46,7 +46,7 @@ DEFAULT_BUDGET_S = 530.0
 machine that stops a command after 10 minutes still gets them."""
 RESERVE_S = 25.0
 """Kept back from every step's timeout for writing the outputs."""
-PHASES = ("setup", "probe", "constants", "tests", "bench", "validate", "sweep")
+PHASES = ("setup", "probe", "constants", "tests", "bench", "validate", "sweep", "capacity", "placements")
 """In this order; a call (gpukit/calls.py) names the ones it runs."""
 
 # Time model of one bench run (for skipping what does not fit): start-up (settle, imports, NCCL,
@@ -246,7 +246,7 @@ def what_can_run(host: dict) -> tuple[list[str], list[str]]:
     {gvisor, io_uring, o_direct, loop_devices}. DeepSpeed's async_io (stock, tuned) and memascend's region both
     open their files with O_DIRECT, so without it and without a loop device to make an ext4 with it, no SSD
     offload runs; the native core falls back to its thread pool without io_uring. Pure."""
-    lost, phases = [], ["setup", "probe", "constants", "tests", "bench", "validate", "sweep"]
+    lost, phases = [], list(PHASES)
     if host.get("gvisor"):
         lost.append("gVisor sandbox (kernel 4.4.0): system calls may be emulated; step times and I/O speed are not "
                     "those of a real kernel")
@@ -341,3 +341,167 @@ def runtime_constants(samples: dict, *, gpu_total_bytes: int) -> dict:
         "cuda_context_gpu_bytes_before_nccl": gpu_other(samples["cublas"]),
         "cuda_context_gpu_bytes_bare": gpu_other(samples["context"]),
     }
+
+
+# -- the capacity search under a DRAM cap ------------------------------------------------------------------------
+
+CAPACITY_MODEL = "smollm2-360m"
+"""The capacity call's preset: on a GPU box under an 8 GiB DRAM cap the plan puts tuned's longest context at tens of
+thousands of tokens (its host memory grows ~60 KB a token, the activation checkpoints it keeps in host memory; at
+seq 2048 it plans ~5 GiB) and memascend's far beyond, so tuned's search and a memascend probe at twice tuned's
+maximum are minutes, not hours, of training. qwen2.5-0.5b's tuned does not fit 8 GiB at all (~8.7 GiB planned at
+seq 2048); bench-llama-136m's tuned maximum is ~300K tokens, too long a probe for one call."""
+CAPACITY_DRAM_CAP = "8GiB"
+CAPACITY_STEPS = 3
+"""Steps of every capacity probe: tuned's glibc heap grew again in step 3 on a CPU (bench/capacity.py
+CAPACITY_STEPS), so step 3 is in; a 4th costs a probe's worth of time over a search."""
+SEQ_GRID_TOKENS = 256
+"""The seq axis' grid step (memascend_cli/planner/search.py SEQ_GRANULE): 'within one grid step' is this many tokens."""
+MEMASCEND_PROBE_FACTOR = 2
+"""The bar: memascend's longest context >= 2x tuned's. One memascend probe at that context shows it (a search from
+memascend's planned maximum, hundreds of thousands of tokens, would not end within a call)."""
+FIT, OOM, STALLED, FAILED = "fit", "oom", "stalled", "failed"
+"""A capacity probe's outcome, as memascend_cli/bench/capacity.py outcome() says it."""
+
+
+def capacity_outcome(run: dict) -> str:
+    """FIT, OOM, STALLED or FAILED of one bench run record (bench/capacity.py outcome, stdlib here). Pure."""
+    if run.get("ok"):
+        return FIT
+    if run.get("oom_killed"):
+        return OOM
+    return STALLED if run.get("timed_out") or run.get("thrashed") else FAILED
+
+
+def capacity_probe(value: int, run: dict) -> dict:
+    """One probe of a capacity search: the value, its outcome, the cgroup's own peak and the plan's there. Pure."""
+    return {"value": value, "outcome": capacity_outcome(run), "error": (run.get("error") or None) and
+            str(run["error"])[:300], "steps_done": len(run.get("losses") or []),
+            "cgroup_peak_bytes": (run.get("cgroup") or {}).get("peak_bytes"),
+            "peak_system_bytes": run.get("peak_system_bytes"), "peak_gpu_bytes": run.get("peak_gpu_bytes"),
+            "planned_peak_bytes": (run.get("predicted") or {}).get("node_host_peak_bytes"),
+            "seconds_per_step": run.get("seconds_per_step"), "wall_s": run.get("wall_s")}
+
+
+_PLANNED_MAX_RE = re.compile(r"^(?P<run>[\w-]+): planned max (?P<value>\d+|none fits) ", re.MULTILINE)
+
+
+def parse_planned_max(log_text: str, run: str) -> tuple[bool, int | None]:
+    """(found, the plan's maximum) from `bench --capacity`'s first line for `run` ("tuned: planned max 51200 tokens
+    under 8.00 GiB ..."; capacity_run.search_engine): what a search cut off before its capacity.json still says. Pure."""
+    for m in _PLANNED_MAX_RE.finditer(log_text):
+        if m.group("run") == run:
+            return True, None if m.group("value") == "none fits" else int(m.group("value"))
+    return False, None
+
+
+def measured_max(probes: list[dict]) -> tuple[int | None, bool]:
+    """(the largest value that fit below every value that did not, whether the search proved it: the next grid value
+    did not fit) from a search's probes, however far it got. Pure."""
+    fits = sorted(q["value"] for q in probes if q["outcome"] == FIT)
+    misses = sorted(q["value"] for q in probes if q["outcome"] in (OOM, STALLED))
+    below = [v for v in fits if not misses or v < misses[0]]
+    best = below[-1] if below else None
+    proven = best is not None and bool(misses) and misses[0] - best <= SEQ_GRID_TOKENS
+    return best, proven
+
+
+def memascend_probe_value(tuned_max: int | None, proven: bool, tuned_planned: int | None) -> tuple[int | None, str]:
+    """memascend's one probe: MEMASCEND_PROBE_FACTOR x tuned's measured maximum when its search proved it; else x the
+    larger of its planned maximum and its largest fit, plus two grid steps (the plan within one step of the
+    measurement is the other bar). Pure."""
+    if tuned_max and proven:
+        return MEMASCEND_PROBE_FACTOR * tuned_max, f"{MEMASCEND_PROBE_FACTOR} x tuned's measured maximum"
+    base = max(tuned_planned or 0, tuned_max or 0)
+    if base:
+        return (MEMASCEND_PROBE_FACTOR * (base + 2 * SEQ_GRID_TOKENS),
+                f"{MEMASCEND_PROBE_FACTOR} x (tuned's planned maximum or largest fit + 2 grid steps): its search did "
+                "not end")
+    return None, "tuned has no maximum to double (the plan says nothing fits and no probe fit)"
+
+
+def capacity_summary(*, model: str, cap: str, cgroup: dict, tuned_planned: int | None, tuned_probes: list[dict],
+                     tuned_stopped_by: str, memascend_value: int | None, memascend_basis: str,
+                     memascend_probe: dict | None) -> dict:
+    """gpu_capacity.json's findings: tuned's search (its plan's maximum, every probe, the measured maximum and whether
+    the next grid value was shown not to fit), memascend's probe and the bars (capacity_verdict). Pure."""
+    best, proven = measured_max(tuned_probes)
+    tuned = {"planned_max": tuned_planned, "measured_max": best, "measured_max_proven": proven,
+             "stopped_by": tuned_stopped_by, "probes": sorted(tuned_probes, key=lambda q: q["value"])}
+    memascend = {"value": memascend_value, "basis": memascend_basis, "probe": memascend_probe}
+    return {"schema_version": 1, "model": model, "axis": "seq", "dram_cap": cap, "steps": CAPACITY_STEPS,
+            "grid_step_tokens": SEQ_GRID_TOKENS, "cgroup": cgroup, "tuned": tuned, "memascend": memascend,
+            "verdict": capacity_verdict(tuned, memascend)}
+
+
+def rehearsal_run(*, fits: bool, peak_bytes: int, planned_bytes: int, steps: int,
+                  seconds_per_step: float | None) -> dict:
+    """A bench run record as a dry run's synthetic output stands it in (`call N --dry-run`: the plan's numbers where a
+    GPU run's measurements go), so `record` and the results page are exercised on the shapes the calls write. Pure."""
+    return {"ok": fits, "oom_killed": not fits, "error": None if fits else "OOM-killed (synthetic: the plan's peak "
+            "is over the cap)", "losses": [0.0] * (steps if fits else steps - 1), "cgroup": {"peak_bytes": peak_bytes},
+            "peak_system_bytes": peak_bytes, "predicted": {"node_host_peak_bytes": planned_bytes},
+            "seconds_per_step": seconds_per_step, "wall_s": None}
+
+
+def capacity_verdict(tuned: dict, memascend: dict) -> dict:
+    """The bars from the capacity call's summary: memascend fits at >= 2x tuned's measured maximum; tuned's planned
+    maximum within one grid step of its measured one; tuned not OOM-killed at its planned maximum. None where the
+    call did not get that far. Pure."""
+    m_max, proven = tuned.get("measured_max"), tuned.get("measured_max_proven")
+    planned = tuned.get("planned_max")
+    probe = memascend.get("probe") or {}
+    ratio_ok = None
+    if probe and m_max:
+        fit = probe["outcome"] == FIT
+        ratio_ok = True if fit and probe["value"] >= MEMASCEND_PROBE_FACTOR * m_max else (False if not fit else None)
+    at_planned = next((q for q in tuned.get("probes") or [] if q["value"] == planned), None)
+    return {"memascend_at_least_2x": ratio_ok,
+            "memascend_over_tuned": round(probe["value"] / m_max, 2) if probe.get("outcome") == FIT and m_max
+            else None,
+            "tuned_within_one_step": None if not (proven and planned is not None)
+            else abs(planned - m_max) <= SEQ_GRID_TOKENS,
+            "tuned_killed_at_planned": None if at_planned is None else at_planned["outcome"] in (OOM, STALLED)}
+
+
+# -- the placement sweep -----------------------------------------------------------------------------------------
+
+PLACEMENT_MODELS = ("llama-3.2-1b", "qwen2.5-1.5b")
+PLACEMENT_SWEEP = (("gpu", "tuned"), ("dram", "tuned"), ("split", "tuned"), ("ssd", "memascend"), ("ssd", "tuned"))
+"""(placement, bench run) in the order the call measures them: the rows `memascend plan` prices with stock DeepSpeed's
+strongest config (gpu, dram, split: tuned, stock given memascend's knobs; stock as its docs configure it fails at step 2
+beyond 1e9 parameters) first, the all-SSD rows (measured before on an H100 and an H200, docs/bench/gpu/) last;
+memascend's DRAM tier is planned, not runnable (planner/placement.py)."""
+PLACEMENT_STEPS = 2
+"""s/step is step 2's (bench averages steps 2..N)."""
+
+
+def placement_io_share(placement: str) -> float:
+    """The share of the all-SSD run's SSD traffic a placement keeps, for its time estimate (split: about half). Pure."""
+    return {"gpu": 0.0, "dram": 0.0, "split": 0.5}.get(placement, 1.0)
+
+
+def placement_row(placement: str, row: dict, bytes_per_param: dict | None) -> dict:
+    """One row of the sweep's table: a bench row (summarize_bench_doc) at `placement`, with its SSD bytes per
+    parameter. Pure."""
+    keep = ("model", "run", "ok", "error", "seconds_per_step", "tokens_per_s", "peak_system_bytes", "peak_gpu_bytes",
+            "peak_gpu_reserved_bytes", "predicted_host_peak_bytes", "predicted_gpu_peak_bytes", "wall_s")
+    return {"placement": placement, **{k: row.get(k) for k in keep},
+            "ssd_read_bytes_per_param": (bytes_per_param or {}).get("read"),
+            "ssd_write_bytes_per_param": (bytes_per_param or {}).get("write")}
+
+
+def linear_bytes(points: tuple[tuple[int, int], tuple[int, int]], seq: int) -> int:
+    """Bytes at context `seq` on the line through two (seq, bytes) points of a plan. Pure."""
+    (s1, b1), (s2, b2) = points
+    return int(b1 + (b2 - b1) * (seq - s1) / (s2 - s1))
+
+
+def grid_max_under(points: tuple[tuple[int, int], tuple[int, int]], cap_bytes: int) -> int | None:
+    """The largest context on the seq grid whose bytes on that line stay within `cap_bytes` (None: not even the first
+    point; a line that does not grow has no maximum: None too). Pure."""
+    (s1, b1), (s2, b2) = points
+    if b1 > cap_bytes or b2 <= b1:
+        return None
+    seq = s1 + (cap_bytes - b1) * (s2 - s1) / (b2 - b1)
+    return int(seq // SEQ_GRID_TOKENS) * SEQ_GRID_TOKENS

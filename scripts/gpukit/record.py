@@ -2,7 +2,9 @@
 compact document under docs/bench/gpu/, which scripts/results.py renders. Stdlib only.
 
 Read from each folder when present: gpu_bench.json (the bench phase), cuda_constants.json (the constants phase),
-pytest_gpu.xml (the tests phase), gpu_check.json (every call: its phases and the machine's facts)."""
+pytest_gpu.xml (the tests phase), gpu_capacity.json (the capacity phase), gpu_placements.json (the placement sweep),
+gpu_check.json (every call: its phases and the machine's facts). A dry run's synthetic outputs (the plan's numbers
+standing in for the GPU's) are refused unless `allow_synthetic` (the tests' rehearsal of the results page)."""
 
 from __future__ import annotations
 
@@ -43,35 +45,45 @@ def _read(folder: str, name: str):
         return json.load(f)
 
 
-def merge(folders: list[str], run_args: str | None = None) -> dict:
+OUTPUTS = {"bench": "gpu_bench.json", "cuda_constants": "cuda_constants.json", "tests": "pytest_gpu.xml",
+           "capacity": "gpu_capacity.json", "placements": "gpu_placements.json"}
+"""The phases' outputs a record keeps, by their key in the document."""
+
+
+def merge(folders: list[str], run_args: str | None = None, allow_synthetic: bool = False) -> dict:
     """One document from the calls' output folders, in call order (a later call's phase output wins)."""
     doc: dict = {"kind": KIND, "schema_version": SCHEMA_VERSION, "calls": []}
     for folder in folders:
         check = _read(folder, "gpu_check.json") or {}
-        call = {k: check.get(k) for k in ("call", "ok", "phases", "problems", "seconds", "budget_s", "run_args")}
+        call = {k: check.get(k) for k in ("call", "ok", "phases", "problems", "seconds", "budget_s", "run_args",
+                                          "date", "synthetic")}
         if call["call"] is None and not call["run_args"]:
             call["run_args"] = run_args
         doc["calls"].append(call)
         doc["facts"] = check.get("facts") or doc.get("facts")
-        for key, name in (("bench", "gpu_bench.json"), ("cuda_constants", "cuda_constants.json"),
-                          ("tests", "pytest_gpu.xml")):
+        for key, name in OUTPUTS.items():
             got = _read(folder, name)
-            if got is not None:
-                doc[key] = got
-    if not any(k in doc for k in ("bench", "cuda_constants", "tests")):
-        raise ValueError(f"none of {', '.join(folders)} holds a GPU kit output (gpu_bench.json, cuda_constants.json, "
-                         "pytest_gpu.xml)")
+            if got is None:
+                continue
+            if isinstance(got, dict) and got.get("synthetic") and not allow_synthetic:
+                raise ValueError(f"{os.path.join(folder, name)} is a dry run's synthetic output, not a measurement")
+            doc[key] = got
+    if not any(k in doc for k in OUTPUTS):
+        raise ValueError(f"none of {', '.join(folders)} holds a GPU kit output ({', '.join(OUTPUTS.values())})")
     constants = doc.get("cuda_constants") or {}
-    doc["device"] = constants.get("device") or ((doc.get("facts") or {}).get("gpus") or ["?"])[0].split(",")[0]
+    doc["device"] = constants.get("device") or ((doc.get("facts") or {}).get("gpus") or [
+        "synthetic" if any(c.get("synthetic") for c in doc["calls"]) else "?"])[0].split(",")[0]
     bench_dates = [run_doc["meta"]["date"] for by_run in ((doc.get("bench") or {}).get("documents") or {}).values()
                    for run_doc in by_run.values()]
-    doc["measured_at"] = constants.get("measured_at") or min(bench_dates, default=None)
+    call_dates = [c["date"] for c in doc["calls"] if c.get("date")]
+    doc["measured_at"] = constants.get("measured_at") or min(bench_dates + call_dates, default=None)
     return doc
 
 
 def default_name(doc: dict) -> str:
     device = doc["device"].replace("NVIDIA ", "").replace(" ", "-").lower()
-    models = "-".join(sorted((doc.get("bench") or {}).get("documents") or {})) or "tests"
+    models = "-".join(sorted((doc.get("bench") or {}).get("documents") or {})
+                      + [k for k in ("capacity", "placements") if k in doc]) or "tests"
     return f"{device}-{models}-{(doc.get('measured_at') or '?')[:10]}.json"
 
 

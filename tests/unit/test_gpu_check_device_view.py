@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,8 +90,9 @@ def test_every_call_dry_runs_where_the_gpu_machine_runs_it(device_tree, call):
     root, _ = device_tree
     # PYTHON: an interpreter with the project's requirements (the image's python3 holds them there).
     env = {**os.environ, "PYTHON": sys.executable}
-    r = subprocess.run(["bash", "scripts/gpu_check.sh", "call", str(call.number), "--dry-run"], cwd=str(root),
-                       env=env, capture_output=True, text=True, timeout=240, check=False)
+    out_dir = root / ".gpu_work" / f"out-{call.number}"
+    r = subprocess.run(["bash", "scripts/gpu_check.sh", "call", str(call.number), "--dry-run", "--out", str(out_dir)],
+                       cwd=str(root), env=env, capture_output=True, text=True, timeout=240, check=False)
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-3000:]
     assert "inputs OK" in out and call.command() in out
@@ -102,15 +104,55 @@ def test_every_call_dry_runs_where_the_gpu_machine_runs_it(device_tree, call):
                  "[probe]"):
         assert step in out, step
     assert "CUDA_HOME" in out or "CUDA build: no nvcc found" in out
-    expected = {1: ("[cuda-constants]", "--model qwen2.5-0.5b --seq-len 2048 --steps 3 --runs memascend",
-                    "[bench-qwen2.5-0.5b-stock]", "[bench-qwen2.5-0.5b-tuned]"),
-                2: ("[pytest-gpu]", "-m gpu"),
-                3: ("[cuda-constants]", "--model llama-3.2-1b --seq-len 2048 --steps 2 --runs memascend",
+    expected = {1: ("[capacity] $", "[capacity-tuned]", "--model smollm2-360m --runs tuned --dram-cap 8GiB --steps 3",
+                    "--capacity seq --probe-timeout", "[capacity-memascend]", "--runs memascend --dram-cap 8GiB"),
+                2: ("[cuda-constants]", "--model qwen2.5-0.5b --seq-len 2048 --steps 3 --runs memascend",
+                    "--gradient-clipping 0", "[bench-qwen2.5-0.5b-tuned]"),
+                3: ("[placement-llama-3.2-1b-gpu-tuned]", "--placement gpu --runs tuned",
+                    "[placement-llama-3.2-1b-ssd-memascend]", "[placement-qwen2.5-1.5b-split-tuned]"),
+                4: ("--model llama-3.2-1b --seq-len 2048 --steps 3 --runs memascend", "--gradient-clipping 0",
+                    "[bench-llama-3.2-1b-tuned]"),
+                5: ("[pytest-gpu]", "-m gpu"),
+                6: ("[cuda-constants]", "--model llama-3.2-1b --seq-len 2048 --steps 2 --runs memascend",
                     "[validate-bench]"),
-                4: ("[sweep-memascend-8192]", "[sweep-stock-131072]", "the plan's largest context"),
-                5: ("--model llama-3.2-1b --seq-len 2048 --steps 3 --runs memascend", "--gradient-clipping 100",
-                    "[bench-llama-3.2-1b-tuned]")}[call.number]
+                7: ("[sweep-memascend-8192]", "[sweep-stock-131072]", "the plan's largest context")}[call.number]
     for text in expected:
         assert text in out, text
     assert "SKIPPED" not in out
     assert not (root / ".gpu_work" / "venv").exists(), "a dry run installs nothing"
+    # Within the device's limits: the command's length, its timeout, and every step's timeout within the call's.
+    assert len(call.command()) <= calls.COMMAND_LIMIT_CHARS and call.timeout_s <= calls.COMMAND_LIMIT_S
+    step_timeouts = [int(t) for t in re.findall(r"\] \(timeout (\d+) s\)", out)]
+    phases = call.args[call.args.index("--phases") + 1].split(",")
+    if "sweep" not in phases:  # the context sweep's points are meant to run until the call's time ends
+        assert step_timeouts and all(t <= call.budget_s for t in step_timeouts), step_timeouts
+    # The synthetic outputs a dry run leaves (the plan standing in for the GPU) are the call's files, and the
+    # results page renders them.
+    assert json.loads((out_dir / "gpu_check.json").read_text())["synthetic"] is True
+    new = [f for f in ("gpu_capacity.json", "gpu_placements.json") if f in call.outputs]
+    for f in new:
+        assert json.loads((out_dir / f).read_text())["synthetic"] is True, f
+    if new:
+        _renders(out_dir, new)
+
+
+def _renders(out_dir: Path, files: list[str]) -> None:
+    """record's document of a dry run's folder, refused as a measurement and rendered into the GPU page."""
+    from gpukit import record
+
+    import results_gpu
+
+    with pytest.raises(ValueError, match="synthetic output, not a measurement"):
+        record.merge([str(out_dir)])
+    doc = record.merge([str(out_dir)], allow_synthetic=True)
+    page = results_gpu.section_gpu([("docs/bench/gpu/rehearsal.json", doc)])
+    if "gpu_capacity.json" in files:
+        cap = doc["capacity"]
+        assert cap["tuned"]["probes"] and cap["memascend"]["probe"]["outcome"] == "fit"
+        assert f"| tuned | {cap['tuned']['planned_max']} | fit |" in page
+        assert "memascend's longest context >= 2x tuned's: yes" in page
+    if "gpu_placements.json" in files:
+        rows = doc["placements"]["rows"]
+        assert {(r["placement"], r["run"]) for r in rows} >= set(pure.PLACEMENT_SWEEP)
+        for r in rows:
+            assert f"| {r['model']} | {r['placement']} | {r['run']} | {r['seconds_per_step']:.2f} |" in page
