@@ -89,7 +89,9 @@ def _said(stderr: str) -> dict:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     error = next((line for line in lines if line.startswith("error:")), None)
     return {"error": error, "hint": next((line for line in lines if line.startswith("hint:")), None),
-            "notes": [line for line in lines if line.startswith("note:")], "traceback": "Traceback" in stderr}
+            "notes": [line for line in lines if line.startswith("note:")],
+            "downloads": [line for line in lines if line.startswith("would download:")],
+            "traceback": "Traceback" in stderr}
 
 
 def run_example(root: str, rel: str, model_dir: str) -> dict:

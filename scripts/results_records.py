@@ -60,6 +60,7 @@ def section_llamafactory_examples(path: str) -> str:
         error = (dry["error"] or plan["error"] or "").removeprefix("error: ")
         if error:  # under the table: a reason reads as a sentence, not as a cell hundreds of columns wide
             said.append(f"- `{r['example']}`: {error}")
+        said += [f"- `{r['example']}`: {line}" for line in dry.get("downloads", [])]  # a hub dataset not cached
     return "\n".join([
         "## LLaMA-Factory's own examples", "",
         f"`{doc['command']}` on {doc['host']}, {doc['date']}, LLaMA-Factory at commit "

@@ -50,7 +50,7 @@ MAPPED = {
 
 # Keys handled by code below (several keys make one memascend value).
 COMBINED = {
-    "dataset": "dataset.path and format, from dataset_info.json in dataset_dir",
+    "dataset": "dataset.path (file_name) or dataset.hub (hf_hub_url) and format, from dataset_info.json in dataset_dir",
     "dataset_dir": "where dataset_info.json and the data files are (default: data, relative to the current directory)",
     "bf16": "precision: bf16",
     "fp16": "precision: fp16 (neither bf16 nor fp16: fp32, as in LLaMA-Factory)",

@@ -39,6 +39,7 @@ def test_only_model_name_or_path_changes():
 
 
 def test_what_the_cli_said_is_kept_in_one_line_each():
-    said = lfx._said("note: deepspeed: replaced\nerror: bad key\nhint: remove it\n")
+    said = lfx._said("note: deepspeed: replaced\nwould download: dataset a/b (split train): 1.00 MiB\n"
+                     "error: bad key\nhint: remove it\n")
     assert said == {"error": "error: bad key", "hint": "hint: remove it", "notes": ["note: deepspeed: replaced"],
-                    "traceback": False}
+                    "downloads": ["would download: dataset a/b (split train): 1.00 MiB"], "traceback": False}
