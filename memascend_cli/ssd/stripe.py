@@ -69,7 +69,7 @@ class Member:
                 self.best_block_bytes, self.best_queue_depth]
 
     @classmethod
-    def from_list(cls, v: list) -> "Member":
+    def from_list(cls, v: list) -> Member:
         path, kind, dev, ino, size, serial, read, write, block, qd = v
         return cls(path=str(path), identity=MemberIdentity(kind=str(kind), dev=str(dev), ino=int(ino),
                                                           size_bytes=int(size), serial=str(serial)),

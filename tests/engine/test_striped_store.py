@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from memascend_engine import native
 
 from memascend_cli.ssd import region as region_mod
-from tests.engine.test_engine_direct_nvme import _fs_type, NO_DIO_RULES
+from tests.engine.test_engine_direct_nvme import NO_DIO_RULES, _fs_type
 
 OK, WHY = native.available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"native extension unavailable: {WHY}")
@@ -151,8 +151,8 @@ def _replace(path: str) -> None:
 
 CASES = {
     "missing": (lambda p: os.rename(p[1], p[1] + ".gone"), r"member 2 of 3, {1}, is missing"),
-    "swapped": (lambda p: _swap(p[1], p[2]), r"member 2 of 3, {1}, holds member 3 of this region \(members swapped\); "
-                                             r"member 3 of 3, {2}, holds member 2 of this region"),
+    "swapped": (lambda p: _swap(p[1], p[2]), (r"member 2 of 3, {1}, holds member 3 of this region \(members swapped\); "
+                                              r"member 3 of 3, {2}, holds member 2 of this region")),
     "resized": (lambda p: os.truncate(p[2], 48 * MiB), r"member 3 of 3, {2}, is 50331648 B, recorded 33554432 B \(resized\)"),
     "replaced": (lambda p: _replace(p[1]), r"member 2 of 3, {1}, is file \(device:inode\) \d+:\d+:\d+, recorded"),
 }
@@ -160,8 +160,9 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_member_not_as_recorded_is_refused_by_name_before_any_write(tmp_path, case):
-    from memascend_cli.ssd.members import MemberMismatch
     from memascend_engine.direct_nvme import RegionStore
+
+    from memascend_cli.ssd.members import MemberMismatch
 
     paths = make_striped(tmp_path, 3)
     change, pattern = CASES[case]
@@ -175,8 +176,9 @@ def test_a_member_not_as_recorded_is_refused_by_name_before_any_write(tmp_path, 
 
 
 def test_a_member_given_as_the_region_is_refused(tmp_path):
-    from memascend_cli.ssd.members import MemberMismatch
     from memascend_engine.direct_nvme import RegionStore
+
+    from memascend_cli.ssd.members import MemberMismatch
 
     paths = make_striped(tmp_path, 2)
     with pytest.raises(MemberMismatch, match=rf"{paths[1]} is member 2 of 2 of striped region .*, not its first member"):

@@ -32,7 +32,8 @@ KEY = "/keys/zero_stage_3/optimizer/rank0/exp_avg-5.tensor.swp"
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO, ".torch_ext"))
-    p = subprocess.run([sys.executable, "-m", "memascend_cli", *args], capture_output=True, text=True, cwd=REPO, env=env)
+    p = subprocess.run([sys.executable, "-m", "memascend_cli", *args], capture_output=True, text=True, cwd=REPO, env=env,
+                       check=False)
     if check:
         assert p.returncode == 0, p.stderr[-3000:]
     return p
@@ -84,7 +85,7 @@ def test_members_are_probed_and_recorded(loops, tmp_path):
 def _reattach(loop: LoopDevice, image: str) -> None:
     subprocess.run(["losetup", "-d", loop.path], check=True)
     for _ in range(50):  # the detach finishes asynchronously
-        if subprocess.run(["losetup", loop.path, image], capture_output=True).returncode == 0:
+        if subprocess.run(["losetup", loop.path, image], capture_output=True, check=False).returncode == 0:
             return
         time.sleep(0.1)
     raise AssertionError(f"could not re-attach {image} at {loop.path}")
@@ -146,13 +147,18 @@ class _Attached(LoopDevice):
         self.mountpoint = None
 
 
-@pytest.fixture
-def fuse(tmp_path):
+def mount_faultfs(tmp_path):
+    """faultfs over tmp_path/backing at tmp_path/mnt, for a fixture to yield from (skips where FUSE is missing)."""
     reason = faultfs.unavailable()
     if reason:
         pytest.skip(reason)
     with faultfs.Mount(str(tmp_path / "backing"), str(tmp_path / "mnt")) as fs:
         yield fs
+
+
+@pytest.fixture
+def fuse(tmp_path):
+    yield from mount_faultfs(tmp_path)
 
 
 def _tensor(nbytes: int):
