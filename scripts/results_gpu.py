@@ -164,6 +164,14 @@ def _failed_line(model: str, name: str, r: dict, p: dict) -> str:
                "Today's plan of its config does not predict it."))
 
 
+def _call_words(c: dict) -> str:
+    """A recorded call: its number on its day and the options that say what ran."""
+    run = f"`run {c['run_args']}`" if c.get("run_args") else None
+    if c.get("call") is None:
+        return run or "`run (options not recorded)`"
+    return f"call {c['call']}" + (f" ({run})" if run else "")
+
+
 def section_gpu(docs: list) -> str:
     out = ["## Runs of the GPU kit", ""]
     if not docs:
@@ -179,8 +187,9 @@ def section_gpu(docs: list) -> str:
         bench = kit.get("bench") or {}
         storage = next((d["storage"] for d in (bench, kit.get("capacity"), kit.get("placements"))
                         if d and d.get("storage")), {})
-        calls = ", ".join(f"call {c['call']}" if c.get("call") is not None else
-                          f"`run {c.get('run_args') or '(options not recorded)'}`" for c in kit["calls"])
+        # A call's number is the kit's numbering on its day (gpukit/calls.py has reordered them since): its
+        # options say what ran.
+        calls = "; ".join(_call_words(c) for c in kit["calls"])
         out += [f"### {kit['device']}, {kit.get('measured_at', '?')}", "",
                 f"Device calls of `scripts/gpu_check.sh` ({calls}); "
                 f"one {kit['device']}, {facts.get('cpu_count', '?')} cores, "
