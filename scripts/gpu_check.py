@@ -59,7 +59,8 @@ from gpukit.placements import phase_placements  # noqa: E402
 from gpukit.phases import (phase_constants, phase_probe, phase_setup, phase_tests, phase_validate,  # noqa: E402
                            probe_host)
 from gpukit.record import record  # noqa: E402
-from gpukit.pure import (BENCH_RUNS, CAPACITY_DRAM_CAP, CARRY_DIR, CARRY_LIMIT_BYTES, DEFAULT_BUDGET_S, DEFAULT_DISK_GBPS,  # noqa: E402
+from gpukit.pure import (BENCH_RUNS, CAPACITY_DRAM_CAP, CARRY_DIR, CARRY_LIMIT_BYTES, DEFAULT_BUDGET_S,  # noqa: E402
+                         DEFAULT_DISK_GBPS,
                          DEFAULT_MODELS, PHASES, REPO, SWEEP_SEQ_LENS, WORK_DIR, GiB, MiB, what_can_run)
 
 PHASE_FUNCTIONS = {"setup": phase_setup, "probe": phase_probe, "constants": phase_constants, "tests": phase_tests,

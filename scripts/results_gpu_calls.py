@@ -42,7 +42,7 @@ def section_capacity(cap: dict) -> list[str]:
              f"off{' (synthetic: a dry run, the plan standing in for the GPU)' if cap.get('synthetic') else ''}: "
              f"tuned's planned maximum {tuned['planned_max'] if tuned['planned_max'] is not None else 'none fits'}, "
              f"measured {tuned['measured_max'] if tuned['measured_max'] is not None else 'none fits'}"
-             f"{'' if tuned['measured_max_proven'] else ' (a lower bound: the next grid value was not shown not to fit)'}"
+             + ("" if tuned["measured_max_proven"] else " (a lower bound: no value above it was shown not to fit)") +
              f", its search stopped by {tuned['stopped_by']}; memascend probed at {m.get('value') or '-'} "
              f"({m.get('basis', '?')}).", "", table(CAPACITY_HEADER, rows), "",
              f"- memascend's longest context >= 2x tuned's: {_yes_no(v['memascend_at_least_2x'])}"

@@ -177,4 +177,5 @@ def warm_pair_s(start_s: float = DEFAULT_START_S, second_budget: int | None = No
     at `second_budget` when given. Pure."""
     second = second_call()
     cap = second.budget_s if second_budget is None else second_budget
-    return int(start_s + min(int(CALLS[0].budget_s), SETUP_S + CALLS[0].work_s) + min(int(cap), SETUP_S + second.work_s))
+    first = min(int(CALLS[0].budget_s), SETUP_S + CALLS[0].work_s)
+    return int(start_s + first + min(int(cap), SETUP_S + second.work_s))

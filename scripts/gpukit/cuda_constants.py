@@ -127,10 +127,10 @@ def copy_rates(torch, device: str = "cuda", copy_bytes: int = 512 << 20, repeats
     dev = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     for kind, pinned in (("pinned", cuda), ("pageable", False)):
         host = torch.empty(copy_bytes, dtype=torch.uint8, pin_memory=pinned)
-        out[f"h2d_{kind}_gbps"] = round(copy_bytes / _best_s(torch, lambda: dev.copy_(host, non_blocking=pinned),
-                                                             repeats, cuda) / 1e9, 2)
-        out[f"d2h_{kind}_gbps"] = round(copy_bytes / _best_s(torch, lambda: host.copy_(dev, non_blocking=pinned),
-                                                             repeats, cuda) / 1e9, 2)
+        up = lambda h=host, p=pinned: dev.copy_(h, non_blocking=p)  # noqa: E731 - timed below
+        down = lambda h=host, p=pinned: h.copy_(dev, non_blocking=p)  # noqa: E731
+        out[f"h2d_{kind}_gbps"] = round(copy_bytes / _best_s(torch, up, repeats, cuda) / 1e9, 2)
+        out[f"d2h_{kind}_gbps"] = round(copy_bytes / _best_s(torch, down, repeats, cuda) / 1e9, 2)
     return out
 
 

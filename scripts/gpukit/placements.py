@@ -21,7 +21,8 @@ from gpukit.pure import (DEFAULT_DISK_GBPS, PLACEMENT_STEPS, PLACEMENT_SWEEP, es
 
 PLACEMENTS_FILE = "gpu_placements.json"
 PLAN_ENGINE = {"tuned": "stock"}
-"""The plan's placement rows name stock DeepSpeed's config `stock` (planner/placement.py): the bench runs it as tuned."""
+"""The plan's placement rows name stock DeepSpeed's config `stock` (planner/placement.py); the bench runs it as
+tuned."""
 
 
 def plan_row(plan: dict | None, placement: str, run: str) -> dict | None:
@@ -92,8 +93,8 @@ def phase_placements(kit: Kit) -> bool:
                     p = os.path.join(out, leftover)
                     shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else (os.path.exists(p) and os.unlink(p))
     _write(kit, {"schema_version": 1, "seq_len": kit.args.seq_len, "steps": PLACEMENT_STEPS, "gradient_clipping": 0,
-                 "weights": "random", "num_params": sizes, "points": points, "rows": rows, "plans": {m: (p or {}).get("placements")
-                                                                                for m, p in plans.items()},
+                 "weights": "random", "num_params": sizes, "points": points, "rows": rows,
+                 "plans": {m: (p or {}).get("placements") for m, p in plans.items()},
                  "documents": docs, "phase_io": io, **({"synthetic": True} if kit.dry_run else {})})
     return bool(rows) and all(r["ok"] for r in rows)
 
@@ -103,8 +104,10 @@ def _read_doc(out: str, status: str, model: str) -> dict | None:
         with open(os.path.join(out, "bench.json")) as f:
             return json.load(f)
     except (OSError, json.JSONDecodeError):
-        return None if status == "skipped" else {"runs": [{"name": os.path.basename(out), "ok": False,
-                                                           "error": f"{status}: no bench.json"}], "job": {"model": model}}
+        if status == "skipped":
+            return None
+        return {"runs": [{"name": os.path.basename(out), "ok": False, "error": f"{status}: no bench.json"}],
+                "job": {"model": model}}
 
 
 def _write(kit: Kit, doc: dict) -> None:

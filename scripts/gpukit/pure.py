@@ -388,7 +388,8 @@ _PLANNED_MAX_RE = re.compile(r"^(?P<run>[\w-]+): planned max (?P<value>\d+|none 
 
 def parse_planned_max(log_text: str, run: str) -> tuple[bool, int | None]:
     """(found, the plan's maximum) from `bench --capacity`'s first line for `run` ("tuned: planned max 51200 tokens
-    under 8.00 GiB ..."; capacity_run.search_engine): what a search cut off before its capacity.json still says. Pure."""
+    under 8.00 GiB ..."; capacity_run.search_engine): what a search cut off before its capacity.json still says.
+    Pure."""
     for m in _PLANNED_MAX_RE.finditer(log_text):
         if m.group("run") == run:
             return True, None if m.group("value") == "none fits" else int(m.group("value"))

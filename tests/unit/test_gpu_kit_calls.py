@@ -167,3 +167,32 @@ def test_measured_rates_are_taken_for_the_gpu_they_were_measured_on(tmp_path, mo
     t = tm.step_time("tuned", flops=0.0, traffic=traffic, device=d_other, read_bytes_per_s=1e9, write_bytes_per_s=1e9,
                      optimizer_elems=10**9, cpu_cores=8, tokens_per_step=1)
     assert t.seconds["CPU Adam"] == pytest.approx(1e9 / (tm.CPU_ADAM_ELEMS_PER_S_PER_CORE * 8))
+
+
+def test_the_gpu_page_renders_the_rates_and_the_ssd_per_phase():
+    """The GPU page's sections of the time model's rates (as copy_rates / norm_rates measure them, rehearsed here on
+    the CPU; CPU Adam's rate as the planner's constant would have it) and of the SSD per phase (phase_io's document of
+    the test above)."""
+    torch = pytest.importorskip("torch")
+    import results_gpu_calls
+    from gpukit import cuda_constants
+
+    from memascend_cli.planner import time as tm
+
+    rates = {"torch_threads": 16, "cpu_count": 16, "cpu_model": "Intel Xeon",
+             **cuda_constants.copy_rates(torch, "cpu", copy_bytes=4 << 20, repeats=1),
+             **cuda_constants.norm_rates(torch, "cpu", numel=1 << 18, repeats=1),
+             "cpu_adam_elems_per_s": 16 * tm.CPU_ADAM_ELEMS_PER_S_PER_CORE}
+    text = "\n".join(results_gpu_calls.section_time_rates({"time_rates": rates}))
+    assert f"host -> device {rates['h2d_pinned_gbps']:.1f} GB/s pinned" in text
+    assert "CPU Adam 13.44e9 elements/s on 16 threads of Intel Xeon (0.84e9 a thread" in text
+    assert results_gpu_calls.section_time_rates({"time_rates": {"error": "OSError: x"}})[0].endswith("(OSError: x).")
+    assert results_gpu_calls.section_time_rates({}) == []
+    io = {"device": "254:0", "phases": {"forward+backward": {"seconds": 9.0, "read_gbps": 1.0, "write_gbps": 0.5,
+                                                             "reads_in_flight": 4.0, "writes_in_flight": 2.0,
+                                                             "mean_read_bytes": 12_500_000, "busy_share": 1.0}}}
+    text = "\n".join(results_gpu_calls.section_phase_io({"phase_io": {"qwen2.5-0.5b": {"tuned": io}}, "storage": {
+        "region_probe": {"read_gbps": 3.0, "best_queue_depth": 32, "best_block_bytes": 4 << 20}}}))
+    assert "| qwen2.5-0.5b tuned | forward+backward | 9.0 | 1.00 | 4.0 | 0.50 | 2.0 | 12207 | 100% |" in text
+    assert "3.0 GB/s read at queue depth 32 of 4096 KiB" in text
+    assert results_gpu_calls.section_phase_io({}) == []
