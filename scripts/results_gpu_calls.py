@@ -99,10 +99,12 @@ def section_time_rates(constants: dict | None) -> list[str]:
     if r.get("error"):
         return [f"The time model's rates: not measured ({r['error']}).", ""]
     per_core = r["cpu_adam_elems_per_s"] / r["torch_threads"]
+    table_gbps = tm.gpu_device(constants.get("device")).pcie_bytes_per_s / 1e9
     return [f"The time model's rates on this box (`scripts/gpukit/cuda_constants.py` time_rates; the plan takes them "
             "for a plan of this GPU, memascend_cli/planner/measured.py): host -> device "
             f"{r['h2d_pinned_gbps']:.1f} GB/s pinned ({r['h2d_pageable_gbps']:.1f} pageable), device -> host "
-            f"{r['d2h_pinned_gbps']:.1f} GB/s pinned ({r['d2h_pageable_gbps']:.1f} pageable); CPU Adam "
+            f"{r['d2h_pinned_gbps']:.1f} GB/s pinned ({r['d2h_pageable_gbps']:.1f} pageable), against the PCIe "
+            f"table's {table_gbps:.0f} GB/s a direction; CPU Adam "
             f"{r['cpu_adam_elems_per_s'] / 1e9:.2f}e9 elements/s on {r['torch_threads']} threads of "
             f"{r.get('cpu_model', '?')} ({per_core / 1e9:.2f}e9 a thread against the constant's "
             f"{tm.CPU_ADAM_ELEMS_PER_S_PER_CORE / 1e9:.2f}e9); the global norm {r['norm_elems_per_s'] / 1e9:.1f}e9 "

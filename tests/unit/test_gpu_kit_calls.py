@@ -183,8 +183,9 @@ def test_the_gpu_page_renders_the_rates_and_the_ssd_per_phase():
              **cuda_constants.copy_rates(torch, "cpu", copy_bytes=4 << 20, repeats=1),
              **cuda_constants.norm_rates(torch, "cpu", numel=1 << 18, repeats=1),
              "cpu_adam_elems_per_s": 16 * tm.CPU_ADAM_ELEMS_PER_S_PER_CORE}
-    text = "\n".join(results_gpu_calls.section_time_rates({"time_rates": rates}))
+    text = "\n".join(results_gpu_calls.section_time_rates({"device": "NVIDIA H100 80GB HBM3", "time_rates": rates}))
     assert f"host -> device {rates['h2d_pinned_gbps']:.1f} GB/s pinned" in text
+    assert f"against the PCIe table's {tm.PCIE_GBPS['H100']:.0f} GB/s a direction" in text
     assert "CPU Adam 13.44e9 elements/s on 16 threads of Intel Xeon (0.84e9 a thread" in text
     assert results_gpu_calls.section_time_rates({"time_rates": {"error": "OSError: x"}})[0].endswith("(OSError: x).")
     assert results_gpu_calls.section_time_rates({}) == []
