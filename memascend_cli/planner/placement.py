@@ -361,7 +361,8 @@ def _gpu_step(job: JobSpec, hw: HardwareSpec, est: Estimate, device: tm.Device) 
                        phase_s={tm.PHASE_FORWARD_BACKWARD: compute, tm.PHASE_OPTIMIZER: adam})
 
 
-def _price_time(row: Priced, job: JobSpec, hw: HardwareSpec, device: tm.Device, read_gbps, write_gbps) -> None:
+def _price_time(row: Priced, job: JobSpec, hw: HardwareSpec, device: tm.Device, read_gbps, write_gbps,
+                duplex_io: bool = False) -> None:
     if row.est is None:
         return
     if row.placement == "gpu":
@@ -370,14 +371,15 @@ def _price_time(row: Priced, job: JobSpec, hw: HardwareSpec, device: tm.Device, 
     # Stock's rows run stock's code with tuned's knobs; memascend's its bounded engine.
     key = "memascend" if row.engine == "memascend" else "tuned"
     row.time = tm.engine_times(job, {key: row.est}, device, read_gbps=read_gbps, write_gbps=write_gbps,
-                               cpu_cores=hw.cpu_cores)[key]
+                               cpu_cores=hw.cpu_cores, duplex_io=duplex_io)[key]
 
 
 def price_placements(job: JobSpec, hw: HardwareSpec, ests: dict[str, Estimate], device: tm.Device, *,
-                     read_gbps: float | None, write_gbps: float | None) -> PlacementPlan:
+                     read_gbps: float | None, write_gbps: float | None, duplex_io: bool = False) -> PlacementPlan:
     """Every placement of `job` on `hw` for stock and memascend, from the all-SSD estimates `ests` (estimate_all: tuned
     and memascend), each checked against the node (the all-SSD rows as the plan's verdict checks them, the others with
-    headroom_bytes left free) and timed (planner.time); the fastest that fits recommended."""
+    headroom_bytes left free) and timed (planner.time; `duplex_io`: reads and writes limited separately, as under
+    bench --ssd-bandwidth); the fastest that fits recommended."""
     headroom = headroom_bytes(hw)
     roomy = _with_headroom(hw, headroom)
     tuned, ms = ests["tuned"], ests["memascend"]
@@ -393,7 +395,7 @@ def price_placements(job: JobSpec, hw: HardwareSpec, ests: dict[str, Estimate], 
     for r in rows:
         if r.est is not None:
             r.verdict = check(r.est, hw if r.placement == "ssd" else roomy)
-        _price_time(r, job, hw, device, read_gbps, write_gbps)
+        _price_time(r, job, hw, device, read_gbps, write_gbps, duplex_io)
     rows.sort(key=lambda r: (PLACEMENTS.index(r.placement), r.engine != "stock"))
     best, today = recommend(rows), recommend([r for r in rows if r.runnable])
     return PlacementPlan(rows, headroom, max(0, budget_rank) * ranks, best, today, why(best, today, rows, hw))

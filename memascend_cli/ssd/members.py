@@ -12,7 +12,7 @@ import stat
 
 from memascend_cli.errors import EXIT_BAD_INPUT, SSDNotReady
 from memascend_cli.ssd import region
-from memascend_cli.ssd.stripe import Member, MemberIdentity, identity_problems
+from memascend_cli.ssd.stripe import Member, MemberIdentity, identity_differences
 
 
 class MemberMismatch(SSDNotReady):
@@ -65,14 +65,15 @@ def member_problem(index: int, member: Member, region_uuid: str, num_members: in
         h, why = None, getattr(exc, "message", None) or str(exc)
     if h is not None and h.uuid == region_uuid and h.member_index != index:
         return f"{where} holds member {h.member_index + 1} of this region (members swapped)"
-    diffs = identity_problems(member.identity, found)
-    if diffs:
-        return f"{where} " + " and ".join(diffs)
+    diffs = identity_differences(member.identity, found)
+    also = "".join(f" and {d}" for d in diffs.values())
+    if "kind" in diffs or "size" in diffs:
+        return f"{where} " + " and ".join(diffs.values())
     if h is None:
-        return f"{where} holds no header of this region ({why})"
+        return f"{where} holds no header of this region ({why}){also}"
     if h.uuid != region_uuid:
-        return f"{where} holds another region ({h.label or h.uuid})"
-    return None
+        return f"{where} holds another region ({h.label or h.uuid}){also}"
+    return None  # its own header copy says it is this member (a renumbered device, a moved file, a cloned drive)
 
 
 def check_members(path: str, header) -> None:

@@ -174,18 +174,22 @@ def header_problems(h) -> list[str]:
     return out
 
 
-def identity_problems(recorded: MemberIdentity, found: MemberIdentity) -> list[str]:
-    """How the target found differs from the member recorded ('' fields recorded as unknown are not compared)."""
-    out = []
+def identity_differences(recorded: MemberIdentity, found: MemberIdentity) -> dict[str, str]:
+    """How the target found differs from the member recorded, by field (kind, serial, dev, size); a serial recorded
+    empty is not compared.
+
+    Only a different kind or size is refused by itself (resized, or not the target the region was made on): a device
+    renumbered after a reboot, a file moved or a drive cloned still holds the member's own header copy, which says
+    which member it is (ssd/members.py); the others explain a target that holds no such copy."""
+    out = {}
     if found.kind != recorded.kind:
-        out.append(f"is a {found.kind}, recorded a {recorded.kind}")
-        return out
+        return {"kind": f"is a {found.kind}, recorded a {recorded.kind}"}
     if found.serial != recorded.serial and recorded.serial:
-        out.append(f"has serial {found.serial or '(none)'}, recorded {recorded.serial}")
+        out["serial"] = f"has serial {found.serial or '(none)'}, recorded {recorded.serial}"
     if found.dev != recorded.dev or found.ino != recorded.ino:
         what = "device" if found.kind == "block" else "file (device:inode)"
-        out.append(f"is {what} {found.dev}{'' if found.kind == 'block' else ':' + str(found.ino)}, recorded "
-                   f"{recorded.dev}{'' if recorded.kind == 'block' else ':' + str(recorded.ino)}")
+        out["dev"] = (f"is {what} {found.dev}{'' if found.kind == 'block' else ':' + str(found.ino)}, recorded "
+                      f"{recorded.dev}{'' if recorded.kind == 'block' else ':' + str(recorded.ino)}")
     if found.size_bytes != recorded.size_bytes:
-        out.append(f"is {found.size_bytes} B, recorded {recorded.size_bytes} B (resized)")
+        out["size"] = f"is {found.size_bytes} B, recorded {recorded.size_bytes} B (resized)"
     return out

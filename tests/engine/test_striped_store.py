@@ -144,7 +144,15 @@ def _swap(a: str, b: str) -> None:
 
 
 def _replace(path: str) -> None:
-    """A new file of the same size and content: another inode, as a replaced drive is another device."""
+    """A blank file of the same size: another inode without the member's header, as a new drive in its slot."""
+    size = os.path.getsize(path)
+    with open(path + ".new", "wb") as f:
+        f.truncate(size)
+    os.replace(path + ".new", path)
+
+
+def _copy(path: str) -> None:
+    """The member copied to a new file (another inode, the same bytes): as a cloned drive."""
     Path(path + ".new").write_bytes(Path(path).read_bytes())
     os.replace(path + ".new", path)
 
@@ -154,7 +162,8 @@ CASES = {
     "swapped": (lambda p: _swap(p[1], p[2]), (r"member 2 of 3, {1}, holds member 3 of this region \(members swapped\); "
                                               r"member 3 of 3, {2}, holds member 2 of this region")),
     "resized": (lambda p: os.truncate(p[2], 48 * MiB), r"member 3 of 3, {2}, is 50331648 B, recorded 33554432 B \(resized\)"),
-    "replaced": (lambda p: _replace(p[1]), r"member 2 of 3, {1}, is file \(device:inode\) \d+:\d+:\d+, recorded"),
+    "replaced": (lambda p: _replace(p[1]), (r"member 2 of 3, {1}, holds no header of this region \(no memascend region "
+                                            r"here .*\) and is file \(device:inode\) \d+:\d+:\d+, recorded")),
 }
 
 
@@ -183,3 +192,16 @@ def test_a_member_given_as_the_region_is_refused(tmp_path):
     paths = make_striped(tmp_path, 2)
     with pytest.raises(MemberMismatch, match=rf"{paths[1]} is member 2 of 2 of striped region .*, not its first member"):
         RegionStore(paths[1], 0)
+
+
+def test_a_member_copied_to_another_inode_still_opens(tmp_path):
+    """Its own header copy says which member it is: a renumbered device, a moved file or a cloned drive is used."""
+    from memascend_cli.ssd.members import check_members
+    from memascend_engine.direct_nvme import RegionStore
+
+    paths = make_striped(tmp_path, 2)
+    inode = os.stat(paths[1]).st_ino
+    _copy(paths[1])
+    assert os.stat(paths[1]).st_ino != inode
+    check_members(paths[0], region_mod.read_header(paths[0]))
+    RegionStore(paths[0], 0).close()

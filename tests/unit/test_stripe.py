@@ -142,16 +142,17 @@ def test_bad_stripe_geometry_is_refused(change, problem):
 
 def test_identity_differences_are_named():
     rec = _identity(1, 64 * MiB)
-    assert stripe.identity_problems(rec, rec) == []
-    assert stripe.identity_problems(rec, dataclasses.replace(rec, serial="OTHER")) == [
-        "has serial OTHER, recorded S4EWNX0R000001"]
-    assert stripe.identity_problems(rec, dataclasses.replace(rec, size_bytes=32 * MiB)) == [
-        f"is {32 * MiB} B, recorded {64 * MiB} B (resized)"]
-    assert stripe.identity_problems(rec, dataclasses.replace(rec, dev="259:7")) == ["is device 259:7, recorded 259:1"]
+    assert stripe.identity_differences(rec, rec) == {}
+    assert stripe.identity_differences(rec, dataclasses.replace(rec, serial="OTHER")) == {
+        "serial": "has serial OTHER, recorded S4EWNX0R000001"}
+    assert stripe.identity_differences(rec, dataclasses.replace(rec, size_bytes=32 * MiB)) == {
+        "size": f"is {32 * MiB} B, recorded {64 * MiB} B (resized)"}
+    assert stripe.identity_differences(rec, dataclasses.replace(rec, dev="259:7")) == {
+        "dev": "is device 259:7, recorded 259:1"}
     f = stripe.MemberIdentity(kind="file", dev="254:0", ino=11, size_bytes=MiB, serial="")
-    assert stripe.identity_problems(f, dataclasses.replace(f, ino=12)) == [
-        "is file (device:inode) 254:0:12, recorded 254:0:11"]
-    assert stripe.identity_problems(f, rec) == ["is a block, recorded a file"]
+    assert stripe.identity_differences(f, dataclasses.replace(f, ino=12)) == {
+        "dev": "is file (device:inode) 254:0:12, recorded 254:0:11"}
+    assert stripe.identity_differences(f, rec) == {"kind": "is a block, recorded a file"}
 
 
 # --- the write plan -----------------------------------------------------------------------------------------------
