@@ -87,6 +87,8 @@ def parse_args(argv):
     ap.add_argument("--engine-windows", default=None,
                     help="memascend mode: JSON of zero.EngineWindows (the planner's split of the host budget)")
     ap.add_argument("--prefetch-layers", type=int, default=None, help="memascend mode: layers in the parameter pool")
+    ap.add_argument("--dram-tier-gib", type=float, default=None,
+                    help="memascend mode: the DRAM tier's budget (EngineOptions.dram_tier_gib; the run's placement)")
     ap.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
                     help="memascend mode: Adam's moments on the SSD (EngineOptions.optimizer_moments)")
     return ap.parse_args(argv)
@@ -213,6 +215,8 @@ def _install(engine_api, args, cfg: dict, spec, rank: int, ev: Events):
     if args.prefetch_layers:
         extra["prefetch_layers"] = args.prefetch_layers
     extra["optimizer_moments"] = args.optimizer_moments
+    if args.dram_tier_gib:  # given only where the engine has the tier (memascend_cli.run.train_placement)
+        extra["dram_tier_gib"] = args.dram_tier_gib
     opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES}, **extra)
     ev.phase("engine_install")
     # The region has one sub-region per local rank (prepare-ssd --ranks).
@@ -258,7 +262,8 @@ def _final(args, cfg: dict, spec, handle, *, rank: int, world: int, on_cuda: boo
     from deepspeed.accelerator import get_accelerator
 
     io_start, io_init_done, io_end = io
-    nvme_dir = cfg["zero_optimization"]["offload_param"].get("nvme_path")
+    # A placement off the SSD has no offload_param section (bench --placement gpu / dram).
+    nvme_dir = (cfg["zero_optimization"].get("offload_param") or {}).get("nvme_path")
     gpu_free, gpu_total = torch.cuda.mem_get_info() if on_cuda else (0, 0)
     return {
         "rank": rank,

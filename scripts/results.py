@@ -21,6 +21,7 @@ here):
                                        (probes.json.gz)
   docs/bench/variation/*.json       one job run several times without a cap (bench --repeat): run-to-run spread
   docs/bench/ssd-bound/*.json       `memascend bench` with and without --ssd-bandwidth: s/step against the time model
+  docs/bench/placements/*.json      `memascend bench --placements`: tokens/s against the DRAM cap (and its .png)
   docs/bench/gpu/*.json             the GPU kit's outputs (`bash scripts/gpu_check.sh record`), when a GPU was lent
   docs/bench/allocator/*.json       memascend alone under different allocator settings
   docs/bench/micro/*.json           the micro-benchmarks under benchmarks/
@@ -58,6 +59,7 @@ from results_scripts import section_cpu_offload_install, section_eager_scripts  
 from results_reliability import section_stale_lock, section_train_output  # noqa: E402
 from results_records import (section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
+from results_placements import section_placements  # noqa: E402
 from results_time import section_ssd_bound  # noqa: E402
 from results_variation import section_variation  # noqa: E402
 
@@ -118,7 +120,8 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
         return [section_capacity(load(os.path.join(BENCH, "capacity", "*", "capacity.json"))),
                 section_variation(load(os.path.join(BENCH, "variation", "*.json")))]
     if name == "time":
-        return [section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json")))]
+        return [section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))),
+                section_placements(load(os.path.join(BENCH, "placements", "*.json")))]
     if name == "gpu":
         return [section_gpu(load(os.path.join(BENCH, "gpu", "*.json")))]
     if name == "ecosystem":

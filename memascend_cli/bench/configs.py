@@ -25,8 +25,9 @@ def resolve_settings(mode: str, spec, *, dtype: str, ranks: int, aio_block_size:
 
 def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: str, ranks: int, lr: float = 1e-4,
                     aio_block_size: int | None = None, aio_queue_depth: int | None = None,
-                    grad_accum: int = 1, gradient_clipping: float | None = None) -> dict:
-    """The DeepSpeed config of one run (`gradient_clipping` None: DeepSpeed's default). Pure.
+                    grad_accum: int = 1, gradient_clipping: float | None = None, choice=None) -> dict:
+    """The DeepSpeed config of one run (`gradient_clipping` None: DeepSpeed's default; `choice`: its placement,
+    planner.placement_choice.Choice, None: every byte on the SSD). Pure.
 
     stock: what a user writes from DeepSpeed's docs for ZeRO-Infinity (params + optimizer on NVMe), every knob at
       its default except buffer_size, raised to fit the largest partition.
@@ -36,8 +37,11 @@ def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: 
     """
     s = resolve_settings(mode, spec, dtype=dtype, ranks=ranks, aio_block_size=aio_block_size,
                          aio_queue_depth=aio_queue_depth)
+    if choice is not None:
+        s = choice.settings(s)
     return ds_config(s, nvme_path=nvme_dir, micro_batch=micro_batch, grad_accum=grad_accum, precision=dtype,
-                     optimizer=adamw(lr), gradient_clipping=gradient_clipping)
+                     optimizer=adamw(lr), gradient_clipping=gradient_clipping,
+                     devices=choice.devices if choice is not None else ("nvme", "nvme"))
 
 
 def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> dict:
@@ -134,6 +138,12 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
         step = {**t.to_dict(), "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
                 "device": timing["device"].name, "gflops": None if timing["device"].flops_per_s is None
                 else round(timing["device"].flops_per_s / 1e9, 1), "device_source": timing["device"].source}
+    return plan_document(est, hw, step)
+
+
+def plan_document(est, hw, time: dict | None) -> dict:
+    """A run's plan as the bench records it: the node peak plus the host items (for recalibration), SSD space and
+    traffic, the host budget, and `time` (the step time's document). Pure."""
     return {
         "engine": est.engine,
         "node_host_peak_bytes": est.node_host_peak_bytes,
@@ -145,8 +155,16 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
         "config_errors": list(est.config_errors),
         "ssd_traffic": est.traffic.to_dict() if est.traffic else None,
         "host_budget": est.budget.to_dict() if est.budget else None,
-        "time": step,
+        "time": time,
     }
+
+
+def row_prediction(row, hw) -> dict:
+    """predict's document from a priced placement row (planner.placement.Priced: its estimate and step time), for a
+    run whose placement keeps bytes off the SSD (the run's config alone does not say where DeepSpeed's cpu offload
+    or memascend's DRAM tier puts them). Pure."""
+    return {**plan_document(row.est, hw, row.time.to_dict() if row.time else None), "placement": row.placement,
+            "placement_config": row.config}
 
 
 REGION_HEADROOM = 1.5

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from memascend_cli.bench.configs import (build_ds_config, checkpointing_impl, child_env, engine_args, loss_impl,
-                                         plan_job, predict, ssd_space_bytes)
+                                         plan_job, predict, row_prediction, ssd_space_bytes)
 from memascend_cli.bench.document import build_document
 from memascend_cli.bench.outcome import (judge, read_events, record_cpu, record_events, record_memory,
                                           summarize_events, waiting_on)
@@ -447,9 +447,12 @@ def median_run(repeats: list[RunResult]) -> RunResult:
 
 def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str, nvme_info: dict,
               region: str | None, engine_ok: bool, settle_cap_s: float, repeat: int = 1,
-              dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = ()) -> dict:
+              dram_cap_bytes: int | None = None, timeout_s: float | None = None, io_limits: tuple = (),
+              placements: dict | None = None, dram_tier: bool = False) -> dict:
     """Every run of one point, each after memory settled, `repeat` times; returns the point's JSON
-    document (median_run stands for the repeats of a run)."""
+    document (median_run stands for the repeats of a run). `placements`: {run name: its placement
+    (planner.placement_choice.Choice)}, every byte on the SSD for a run not named; `dram_tier`: the engine has
+    memascend's DRAM tier (its budget goes to the memascend runs)."""
     from memascend_cli.console import err, step_progress
 
     notes: list[str] = [
@@ -489,11 +492,14 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
         from memascend_cli.run.dsconfig import region_aio
 
         aio_block, aio_depth = region_aio(region_mod.read_header(region))  # what prepare-ssd measured, if probed
+    placed = placements or {}
     cfgs = [build_ds_config(run.mode, spec, micro_batch=p.micro_batch, dtype=p.dtype, nvme_dir=nvme_dir, ranks=ranks,
                             aio_block_size=aio_block, aio_queue_depth=aio_depth, grad_accum=p.grad_accum,
-                            gradient_clipping=p.gradient_clipping)
+                            gradient_clipping=p.gradient_clipping, choice=placed.get(run.name))
             for run in run_specs]
-    predictions = [p.predict(run.mode, cfg, run.disabled, run.moments) for run, cfg in zip(run_specs, cfgs)]
+    tiers = [_tier_gib(run, placed.get(run.name), dram_tier) for run in run_specs]
+    predictions = [_prediction(p, run, cfg, placed.get(run.name), tier)
+                   for run, cfg, tier in zip(run_specs, cfgs, tiers)]
     sitting = _sitting(nvme_dir, p.hw.cpu_cores, err) if engine_ok else None
     measured: list[list[RunResult]] = [[] for _ in run_specs]
     with step_progress(err) as progress:
@@ -506,7 +512,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               nvme_dir=nvme_dir, ranks=ranks, micro_batch=p.micro_batch, seq_len=p.seq_len,
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
                               settle_cap_s=settle_cap_s, accelerator=p.accelerator,
-                              extra_args=engine_args(predicted) if run.mode == "memascend" else None,
+                              extra_args=(engine_args(predicted) + (["--dram-tier-gib", repr(tiers[i])] if tiers[i]
+                                                                    else [])) if run.mode == "memascend" else None,
                               dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits, loss=p.loss,
                               predicted=predicted)
                 measured[i].append(res)
@@ -522,7 +529,27 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
 
     # The flags that decide torch's kernels per dtype: a bf16 run on a CPU without them takes a slow fallback.
     hardware = {**p.hw.to_dict(), "cpu_flags": local_cpu_flags(), **({"sitting": sitting} if sitting else {})}
-    return build_document(job=job, hardware=hardware, runs=results, notes=notes)
+    doc = build_document(job=job, hardware=hardware, runs=results, notes=notes)
+    for run, entry, tier in zip(run_specs, doc["runs"], tiers):
+        if run.name in placed:
+            entry["placement"] = {**placed[run.name].to_dict(), "dram_tier_gib_passed": tier}
+    return doc
+
+
+def _tier_gib(run: RunSpec, choice, dram_tier: bool) -> float | None:
+    """The DRAM tier's budget (GiB per rank) a memascend run hands its engine, None where it has none: not asked by its
+    placement, or not in the engine (the run then keeps every byte on the region)."""
+    if run.mode != "memascend" or choice is None or not choice.dram_tier_bytes or not dram_tier:
+        return None
+    return choice.dram_tier_bytes / GiB
+
+
+def _prediction(p: Point, run: RunSpec, cfg: dict, choice, tier_gib: float | None) -> dict:
+    """The plan of a run: its placement row's where the run keeps bytes off the SSD (stock's cpu offload or
+    max_in_cpu, memascend's DRAM tier handed to the engine, no offload), else predict's from its config."""
+    off_ssd = choice is not None and choice.placement != "ssd" and (
+        run.mode != "memascend" or tier_gib is not None or choice.placement == "gpu")
+    return row_prediction(choice.row, p.hw) if off_ssd else p.predict(run.mode, cfg, run.disabled, run.moments)
 
 
 def _sitting(nvme_dir: str, cpu_cores: int, err) -> dict:

@@ -113,10 +113,11 @@ def sitting_meta(title: str | None) -> dict:
 
 
 def run_sweep(template, points: list[tuple[int, int]], run_specs, *, layers_given: bool, out_dir: str, meta: dict,
-              show_tables: bool, **run_kw) -> tuple[dict, bool]:
-    """Every (layers, seq_len) point of `template`'s job: its runs (runner.run_point with `run_kw`), bench.json and
-    bench.png in its folder (OUT itself for one point), its table unless `show_tables` is off; with several points
-    sweep.json in OUT. (the document to print, whether every run finished)."""
+              show_tables: bool, placement: str | None = None, **run_kw) -> tuple[dict, bool]:
+    """Every (layers, seq_len) point of `template`'s job: its runs (runner.run_point with `run_kw`; with `placement`
+    each run placed there, bench.placements.run_choices), bench.json and bench.png in its folder (OUT itself for one
+    point), its table unless `show_tables` is off; with several points sweep.json in OUT. (the document to print,
+    whether every run finished)."""
     from memascend_cli.bench import document, runner
     from memascend_cli.console import err
 
@@ -127,7 +128,13 @@ def run_sweep(template, points: list[tuple[int, int]], run_specs, *, layers_give
         point_dir = out_dir if len(points) == 1 else os.path.join(out_dir, f"layers{L}-seq{s}")
         os.makedirs(point_dir, exist_ok=True)
         point = dataclasses.replace(template, spec=spec, layers=L if layers_given else None, seq_len=s)
-        doc = runner.run_point(point, run_specs, out_dir=point_dir, **run_kw)
+        kw = run_kw
+        if placement is not None:
+            from memascend_cli.bench.placements import run_choices
+            from memascend_cli.run.train_placement import dram_tier_supported
+
+            kw = {**run_kw, "placements": run_choices(point, run_specs, placement), "dram_tier": dram_tier_supported()}
+        doc = runner.run_point(point, run_specs, out_dir=point_dir, **kw)
         doc["meta"] = meta
         problem = document.write_plot(doc, os.path.join(point_dir, "bench.png"))
         if problem:

@@ -103,6 +103,10 @@ def bench_command(
                                       "400MB/s (its own io cgroup, needs root): compute:I/O like a GPU box's. The "
                                       "plan's predicted s/step uses it.", rich_help_panel=_R, show_default=False),
     cpu_gflops: float = options.cpu_gflops(_R),
+    placement: str = options.placement(_R),
+    placements: str = typer.Option(None, "--placements", metavar="CAPS", help="DRAM caps to sweep, e.g. 3GiB,6GiB "
+                                   "(memory cgroups, root): stock's best config, tuned on the SSD and memascend's "
+                                   "placement under each, beside the plan; placements.json, .png", rich_help_panel=_R),
     capacity: str = typer.Option(None, "--capacity", help="Find each engine's largest layers, seq or micro-batch "
                                  "that trains --steps steps under --dram-cap: start at the plan's maximum under the "
                                  "cap, one capped run per probe, up after a fit, down after an OOM kill, until a value "
@@ -145,6 +149,7 @@ def bench_command(
     import dataclasses
 
     from memascend_cli.bench import runner, sweep
+    from memascend_cli.bench.placements import SWEEP_RUNS
     from memascend_cli.bench.runs import parse_runs
     from memascend_cli.console import err, print_json
     from memascend_cli.models import load_model
@@ -153,6 +158,7 @@ def bench_command(
     ranks = 1 if ranks is None else ranks
     _check_modes(capacity, ranks=ranks, dram_cap=dram_cap, layers=layers, seq_len=seq_len, micro_batch=micro_batch,
                  region=region, ssd_bandwidth=ssd_bandwidth, probe_timeout=probe_timeout, resume=resume)
+    caps = _check_placements(placements, placement, capacity, dram_cap, layers, seq_len, repeat, runs, ablation)
     seq_lens = _int_list(seq_len or str(DEFAULT_SEQ_LEN), "--seq-len")
     micro_batch = DEFAULT_MICRO_BATCH if micro_batch is None else micro_batch
     grad_accum = DEFAULT_GRAD_ACCUM if grad_accum is None else grad_accum
@@ -166,7 +172,7 @@ def bench_command(
     ssd_bytes_per_s = _ssd_bytes_per_s(ssd_bandwidth)
     if cpu_gflops is not None and cpu_gflops <= 0:
         raise BadInput("--cpu-gflops must be positive", "e.g. --cpu-gflops 150")
-    run_specs = parse_runs(runs, ablation)
+    run_specs = parse_runs(runs, ablation) if caps is None else list(SWEEP_RUNS)
     base_spec = load_model(model or DEFAULT_BENCH_MODEL)
     depths = _int_list(layers, "--layers") if layers else [base_spec.num_hidden_layers]
     out_dir, nvme_dir, nvme_info, io_limits = sweep.folders(out_dir, nvme_dir, region, ssd_bytes_per_s)
@@ -194,11 +200,10 @@ def bench_command(
             capacity_run.render_table(doc)
             err.print(f"wrote {out_dir}")
     else:
-        doc, all_ok = sweep.run_sweep(template, [(L, s) for L in depths for s in seq_lens], run_specs,
-                                      layers_given=bool(layers), out_dir=out_dir, meta=meta, show_tables=not as_json,
-                                      nvme_dir=nvme_dir, nvme_info=nvme_info, region=region, engine_ok=engine_ok,
-                                      settle_cap_s=settle_cap, repeat=repeat, dram_cap_bytes=dram_cap_bytes,
-                                      io_limits=io_limits)
+        doc, all_ok = _measure(template, caps, run_specs, [(L, s) for L in depths for s in seq_lens], bool(layers),
+                               placement, out_dir=out_dir, meta=meta, show_tables=not as_json, nvme_dir=nvme_dir,
+                               nvme_info=nvme_info, region=region, engine_ok=engine_ok, settle_cap_s=settle_cap,
+                               io_limits=io_limits, repeat=repeat, dram_cap_bytes=dram_cap_bytes)
     if as_json:
         print_json(doc)
     if not all_ok:
@@ -220,6 +225,52 @@ def _check_modes(capacity: str | None, *, ranks: int, dram_cap, layers, seq_len,
         raise BadInput(f"{flag} applies to --capacity only", f"add --capacity AXIS, or drop {flag}")
     if probe_timeout is not None and probe_timeout <= 0:
         raise BadInput("--probe-timeout must be positive", "give seconds, e.g. --probe-timeout 1800")
+
+
+def _measure(template, caps: list[int] | None, run_specs, points: list[tuple[int, int]], layers_given: bool,
+             placement: str | None, *, repeat: int, dram_cap_bytes: int | None, **kw) -> tuple[dict, bool]:
+    """A --placements sweep over `caps` (its one point's depth; a cap and one repeat per point), else the sweep over
+    (layers, seq_len) `points`."""
+    import dataclasses
+
+    from memascend_cli.bench import placements, sweep
+
+    if caps is None:
+        return sweep.run_sweep(template, points, run_specs, layers_given=layers_given, placement=placement,
+                               repeat=repeat, dram_cap_bytes=dram_cap_bytes, **kw)
+    layers = points[0][0]
+    spec = template.spec if layers == template.spec.num_hidden_layers else template.spec.scaled(layers)
+    return placements.run_placements(dataclasses.replace(template, spec=spec, layers=layers if layers_given else None),
+                                     caps, **kw)
+
+
+def _check_placements(placements: str | None, placement: str | None, capacity, dram_cap, layers, seq_len,
+                      repeat: int, runs: str, ablation: bool) -> list[int] | None:
+    """--placements' caps (None without it) and its rules: it picks each point's cap, runs and placements, on one
+    job."""
+    from memascend_cli.planner.placement import PLACEMENTS
+
+    if placement is not None and placement not in PLACEMENTS:
+        raise BadInput(f"unknown --placement {placement!r}", "use " + ", ".join(PLACEMENTS))
+    if placements is None:
+        return None
+    sweeps = [f for f, v in (("--layers", layers), ("--seq-len", seq_len)) if v is not None and "," in str(v)]
+    given = [f for f, v in (("--capacity", capacity), ("--dram-cap", dram_cap), ("--placement", placement),
+                            ("--ablation", ablation or None)) if v is not None]
+    if runs != "stock,tuned,memascend":
+        given.append("--runs")
+    if repeat != 1:
+        given.append("--repeat")
+    if given or sweeps:
+        flag = (given + sweeps)[0]
+        raise BadInput(f"{flag} does not apply to --placements", "--placements picks each point's DRAM cap, runs and "
+                       f"placements on one job: drop {flag}")
+    from memascend_cli.bench.placements import parse_caps
+    from memascend_cli.run.cgroup import check_available
+
+    caps = parse_caps(placements)
+    check_available()
+    return caps
 
 
 def _check_values(*, micro_batch: int, grad_accum: int, steps: int, repeat: int, gradient_clipping: float | None,

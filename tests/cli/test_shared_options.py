@@ -14,7 +14,7 @@ SHARED = {
     "plan": {"--model", "--seq-len", "--micro-batch", "--grad-accum", "--dtype", "--checkpointing", "--host-budget",
              "--ranks", "--dram-cap", "--cpu-gflops", "--engine", "--json", "--placement"},
     "bench": {"--model", "--seq-len", "--micro-batch", "--grad-accum", "--dtype", "--checkpointing", "--host-budget",
-              "--ranks", "--dram-cap", "--cpu-gflops", "--steps", "--region", "--resume", "--json"},
+              "--ranks", "--dram-cap", "--cpu-gflops", "--steps", "--region", "--resume", "--json", "--placement"},
     "train": {"--model", "--seq-len", "--micro-batch", "--dram-cap", "--steps", "--region", "--resume", "--engine",
               "--placement"},
 }
