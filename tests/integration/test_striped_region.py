@@ -201,10 +201,11 @@ def test_a_member_whose_device_goes_away_is_named(fuse, tmp_path):
     from memascend_engine.direct_nvme import RegionIOError, RegionStore
 
     subprocess.run(["fallocate", "-l", str(32 * MiB), str(tmp_path / "backing" / "member1.img")], check=True)
-    loop0 = LoopDevice(str(tmp_path / "member0.img"), 32 * MiB, 512)
-    loop1 = _Attached(fuse.path("member1.img"))  # faultfs serves no fallocate: made in its backing folder
-    store = None
+    loops, store = [], None
     try:
+        loops.append(LoopDevice(str(tmp_path / "member0.img"), 32 * MiB, 512))
+        loops.append(_Attached(fuse.path("member1.img")))  # faultfs serves no fallocate: made in its backing folder
+        loop0, loop1 = loops
         cli("prepare-ssd", loop0.path, loop1.path, "--no-probe", "--yes")
         store = RegionStore(loop0.path, 0, block_size=256 * KiB)
         _write(store, _tensor(4 * MiB))
@@ -217,5 +218,5 @@ def test_a_member_whose_device_goes_away_is_named(fuse, tmp_path):
     finally:
         if store is not None:
             store.close()
-        loop0.close()
-        loop1.close()
+        for loop in loops:
+            loop.close()
