@@ -52,6 +52,13 @@ def gather_node_facts(region_path: str, local_ranks: int) -> NodeFacts:
     except OSError as exc:
         f.header_error = f"cannot read its region header: {exc.strerror or exc}"
         return f
+    from memascend_cli.ssd.members import MemberMismatch, check_members
+
+    try:
+        check_members(region_path, header)
+    except MemberMismatch as exc:
+        f.header_error = exc.message  # a striped region's member missing, swapped or resized on this node
+        return f
     f.sub_regions = len(header.ranks)
     if f.sub_regions >= local_ranks:
         try:

@@ -75,3 +75,15 @@ def test_wipe_removes_every_member(folder):
     r = run("prepare-ssd", "--wipe", paths[0], "--yes")
     assert r.exit_code == 0, r.stderr
     assert not any(os.path.exists(p) for p in paths)
+
+
+def test_a_nodes_preflight_names_a_missing_member(folder):
+    """Each node checks its own region before training starts (engine/cluster_preflight.py)."""
+    from memascend_cli.run.node_preflight import assess_node, gather_node_facts
+
+    paths = [str(folder / f"m{i}.bin") for i in range(2)]
+    assert run("prepare-ssd", *paths, "--size", "16MiB", "--no-probe", "--yes").exit_code == 0
+    assert assess_node(gather_node_facts(paths[0], 1)) is None
+    os.unlink(paths[1])
+    message, hint = assess_node(gather_node_facts(paths[0], 1))
+    assert message.endswith(f"member 2 of 2, {paths[1]}, is missing") and "prepare-ssd" in hint
