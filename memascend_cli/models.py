@@ -395,7 +395,7 @@ def hub_id_hint(text: str) -> str | None:
     if preset is not None:
         return f"`--model {preset}` (the preset with the same architecture)"
     local = "models/" + text.split("/")[1]
-    return f"`hf download {text} config.json --local-dir {local}` elsewhere, then give {local}"
+    return f"`hf download {text} --local-dir {local}` elsewhere, then give {local} (plan needs only its config.json)"
 
 
 def preset_sources() -> dict[str, str]:

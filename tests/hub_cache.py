@@ -101,11 +101,11 @@ def refusing_hub():
 
 
 class _Server(http.server.BaseHTTPRequestHandler):
-    """A model repo served as the hub serves it to huggingface_hub: repo info, the tree listing, and HEAD / GET of
-    /<repo>/resolve/<revision>/<file> with X-Repo-Commit and the ETag (the file's sha256, as for LFS files)."""
+    """Repos served as the hub serves them to huggingface_hub: repo info, the tree listing, and HEAD / GET of
+    [/datasets]/<repo>/resolve/<revision>/<file> with X-Repo-Commit and the ETag (the file's sha256, as for LFS
+    files)."""
 
-    repo_id = ""
-    files: dict = {}
+    repos: dict = {}  # (api kind: "models" or "datasets", repo id) -> {file name: (bytes, sha256)}
 
     def _send(self, status: int, body: bytes, headers: dict | None = None):
         self.send_response(status)
@@ -115,27 +115,36 @@ class _Server(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def do_GET(self):
+    def _api(self, path: str) -> bool:
         import json
 
+        for (kind, repo_id), files in self.repos.items():
+            api = f"/api/{kind}/{repo_id}/"
+            if path.startswith(api + "revision/"):
+                siblings = [{"rfilename": n} for n in files]
+                self._send(200, json.dumps({"id": repo_id, "sha": COMMIT, "siblings": siblings}).encode(),
+                           {"Content-Type": "application/json"})
+                return True
+            if path.startswith(api + "tree/"):
+                tree = [{"type": "file", "path": n, "size": len(d), "oid": h[:40],
+                         "lfs": {"oid": h, "size": len(d), "pointerSize": 134}} for n, (d, h) in files.items()]
+                self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
+                return True
+        return False
+
+    def do_GET(self):
         path = self.path.split("?")[0]
-        api = f"/api/models/{self.repo_id}/"
-        if path.startswith(api + "revision/"):
-            siblings = [{"rfilename": n} for n in self.files]
-            return self._send(200, json.dumps({"id": self.repo_id, "sha": COMMIT, "siblings": siblings}).encode(),
-                              {"Content-Type": "application/json"})
-        if path.startswith(api + "tree/"):
-            tree = [{"type": "file", "path": n, "size": len(d), "oid": h[:40],
-                     "lfs": {"oid": h, "size": len(d), "pointerSize": 134}} for n, (d, h) in self.files.items()]
-            return self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
-        prefix = f"/{self.repo_id}/resolve/"
-        if path.startswith(prefix):
-            name = path[len(prefix):].split("/", 1)[1]
-            if name in self.files:
-                data, sha = self.files[name]
-                return self._send(200, data, {"X-Repo-Commit": COMMIT, "ETag": f'"{sha}"',
-                                              "Content-Type": "application/octet-stream"})
-            return self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
+        if self._api(path):
+            return
+        for (kind, repo_id), files in self.repos.items():
+            prefix = ("/datasets" if kind == "datasets" else "") + f"/{repo_id}/resolve/"
+            if path.startswith(prefix):
+                name = path[len(prefix):].split("/", 1)[1]
+                if name in files:
+                    data, sha = files[name]
+                    return self._send(200, data, {"X-Repo-Commit": COMMIT, "ETag": f'"{sha}"',
+                                                  "Content-Type": "application/octet-stream"})
+                return self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
         self._send(404, b"{}", {"X-Error-Code": "RepoNotFound"})
 
     do_HEAD = do_GET
@@ -144,14 +153,21 @@ class _Server(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serving_hub(repo_id: str, folder: str):
-    """(endpoint URL, server) of a local hub serving `folder` as the model repo `repo_id` at COMMIT."""
+def _read(folder: str) -> dict:
     files = {}
     for name in sorted(os.listdir(folder)):
         with open(os.path.join(folder, name), "rb") as f:
             data = f.read()
         files[name] = (data, hashlib.sha256(data).hexdigest())
-    handler = type("Handler", (_Server,), {"repo_id": repo_id, "files": files})
+    return files
+
+
+def serving_hub(repo_id: str, folder: str, datasets: dict[str, str] | None = None):
+    """(endpoint URL, server) of a local hub serving `folder` as the model repo `repo_id` at COMMIT, and each
+    {dataset repo id: folder} of `datasets` as a dataset repo."""
+    repos = {("models", repo_id): _read(folder)}
+    repos.update({("datasets", r): _read(f) for r, f in (datasets or {}).items()})
+    handler = type("Handler", (_Server,), {"repos": repos})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}", server

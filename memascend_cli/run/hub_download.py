@@ -244,19 +244,24 @@ def fetch(recipe, model: HubModel | None, *, dry_run: bool, region_path: str | N
     return recipe.model_copy(update={"model": download(model)})
 
 
-def dataset_repo_bytes(dataset) -> int | None:
-    """The size of the hub dataset's files (under its folder): what a first load downloads at most; None when the
-    hub cannot be asked."""
+def dataset_repo_bytes(dataset) -> tuple[int | None, str]:
+    """(the size of the hub dataset's files under its folder: what a first load downloads at most, or None; why it
+    is unknown)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import DryRunError
 
+    def ask():
+        try:
+            return snapshot_download(dataset.hub, repo_type="dataset", dry_run=True, tqdm_class=_silent_tqdm(),
+                                     allow_patterns=[f"{dataset.folder}/*"] if dataset.folder else None)
+        except DryRunError as exc:
+            raise (exc.__cause__ or exc) from None
+
     try:
-        infos = hub_call(lambda: snapshot_download(dataset.hub, repo_type="dataset", dry_run=True,
-                                                   allow_patterns=[f"{dataset.folder}/*"] if dataset.folder else None),
-                         dataset.hub, None, what="the dataset", kind="dataset")
-    except (BadInput, DryRunError):
-        return None
-    return sum(i.file_size or 0 for i in infos if i.filename not in (".gitattributes", "README.md"))
+        infos = hub_call(ask, dataset.hub, None, what="the dataset", kind="dataset")
+    except BadInput as exc:
+        return None, "the hub cannot be reached" if "cannot be reached" in exc.message else exc.message
+    return sum(i.file_size or 0 for i in infos if i.filename not in (".gitattributes", "README.md")), ""
 
 
 def downloads(model: HubModel | None, recipe, data: dict) -> dict:
@@ -270,8 +275,8 @@ def downloads(model: HubModel | None, recipe, data: dict) -> dict:
     if pending and recipe.dataset.hub is not None:  # not loaded from the cache (or not tried: the model is pending)
         d = recipe.dataset
         out["dataset"] = {"dataset": d.hub, "subset": d.subset, "split": d.split, "folder": d.folder,
-                          "why": pending.get("why", "read from the cache or downloaded when the run starts"),
-                          "repo_bytes": dataset_repo_bytes(d)}
+                          "why": pending.get("why", "read from the cache or downloaded when the run starts")}
+        out["dataset"]["repo_bytes"], out["dataset"]["size_unknown"] = dataset_repo_bytes(d)
     return out
 
 
@@ -287,7 +292,7 @@ def say_downloads(doc: dict) -> None:
     data = doc.get("dataset")
     if data:
         size = f"at most {fmt_bytes(data['repo_bytes'])}" if data["repo_bytes"] is not None else \
-            "size unknown (the hub cannot be reached)"
+            f"size unknown ({data['size_unknown']})"
         err.print(f"would download: dataset {data['dataset']} (split {data['split']}): {size}; tokenized when the run "
                   "starts", highlight=False, soft_wrap=True)
 

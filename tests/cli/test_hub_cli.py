@@ -14,6 +14,7 @@ import sys
 import pytest
 import yaml
 
+from memascend_cli.units import fmt_bytes
 from tests import hub_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,8 +26,10 @@ def closed_port() -> int:
         return s.getsockname()[1]  # closed when the socket is: connections are refused
 
 
-def memascend(args, tmp_path, *, offline=True, endpoint=None, cwd=None, timeout=300):
+def memascend(args, tmp_path, *, offline=True, endpoint=None, cwd=None, timeout=300, token=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    if token:
+        env["HF_TOKEN"] = token
     env.update(HF_HOME=str(tmp_path / "hf"), DS_ACCELERATOR="cpu", MEMASCEND_CACHE=str(tmp_path / "ms-cache"))
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
@@ -87,7 +90,8 @@ def test_plan_reads_the_cached_config_offline(tmp_path):
     ("org/gated", "model org/gated is gated", "accept the conditions on https://huggingface.co/org/gated"),
     ("org/no-revision", "model org/no-revision has no revision 'v9'", "give a branch, tag or commit"),
     ("org/missing", "model org/missing does not exist on the hub or is private", "check the id"),
-    ("org/bad-token", "the hub refused the token", "set HF_TOKEN to a valid token"),
+    ("org/bad-token", "the hub refused the token while getting org/bad-token (HF_TOKEN is set: invalid credentials)",
+     "set HF_TOKEN to a valid token"),
 ])
 def test_hub_refusals_are_one_line(tmp_path, repo, said, hinted):
     endpoint, server = hub_cache.refusing_hub()
@@ -97,7 +101,8 @@ def test_hub_refusals_are_one_line(tmp_path, repo, said, hinted):
                           "dataset: d.jsonl\nsteps: 1\n")
         (tmp_path / "d.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
         for args in (["plan", str(recipe)], ["train", str(recipe), "--dry-run"]):
-            error, hint = one_error(memascend(args, tmp_path, offline=False, endpoint=endpoint))
+            p = memascend(args, tmp_path, offline=False, endpoint=endpoint, token="hf_not_a_token")
+            error, hint = one_error(p)
             assert said in error and hinted in hint
     finally:
         server.shutdown()
@@ -140,11 +145,13 @@ def test_dry_run_says_what_would_be_downloaded_and_downloads_nothing(tmp_path, t
     folder = tmp_path / "repo"
     shutil.copytree(tiny_model, folder)
     (folder / "pytorch_model.bin").write_bytes(b"\0" * 1000)  # a duplicate of the weights: never downloaded
-    endpoint, server = hub_cache.serving_hub("org/tiny", str(folder))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.json").write_text(json.dumps([{"instruction": "a", "output": "b"}] * 50))
+    endpoint, server = hub_cache.serving_hub("org/tiny", str(folder), datasets={"org/chat-data": str(data)})
     try:
         recipe = tmp_path / "r.yaml"
-        recipe.write_text("model: org/tiny\ndataset: d.jsonl\nsteps: 1\nseq_len: 32\n")
-        (tmp_path / "d.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
+        recipe.write_text("model: org/tiny\ndataset: {hub: org/chat-data}\nsteps: 1\nseq_len: 32\n")
         p = memascend(["train", str(recipe), "--dry-run", "-o", str(tmp_path / "run")], tmp_path, offline=False,
                       endpoint=endpoint)
     finally:
@@ -156,7 +163,9 @@ def test_dry_run_says_what_would_be_downloaded_and_downloads_nothing(tmp_path, t
     assert model["cached_files"] == ["config.json"]  # plan read it (a few bytes), alone
     assert sorted(model["download_files"]) == [n for n in wanted if n != "config.json"]
     assert model["download_bytes"] == size and model["commit"] == hub_cache.COMMIT
-    assert f"would download: model org/tiny (main): {len(wanted) - 1} files" in p.stderr
+    assert f"would download: model org/tiny (main): {len(wanted) - 1} files, {fmt_bytes(size)}" in p.stderr
+    assert "would download: dataset org/chat-data (split train): at most " \
+        f"{fmt_bytes(os.path.getsize(data / 'train.json'))}" in p.stderr
     snapshot = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / hub_cache.COMMIT
     assert os.listdir(snapshot) == ["config.json"]
 

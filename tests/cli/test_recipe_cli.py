@@ -76,7 +76,7 @@ def test_hub_ids_and_gguf_paths_get_hints(tmp_path):
                                                                           "HF_HOME": str(tmp_path / "hf")})
     said = " ".join(p.stderr.split())
     assert p.returncode == 2 and "config.json is not in the Hugging Face cache" in said
-    assert "hf download HuggingFaceTB/SmolLM2-135M-Instruct config.json" in said
+    assert "hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir" in said
     p = run("plan", "--model", str(tmp_path / "missing.gguf"))
     assert p.returncode == 2 and "no such GGUF file" in p.stderr
     notgguf = tmp_path / "x.gguf"

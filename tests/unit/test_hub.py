@@ -75,7 +75,7 @@ def test_known_hub_ids_map_to_presets(hub_id, preset):
 
 def test_the_offline_fallback_is_the_preset_of_the_same_architecture():
     assert models.hub_id_hint("Qwen/Qwen2.5-7B-Instruct") == "`--model qwen2.5-7b` (the preset with the same architecture)"
-    assert "hf download Qwen/Qwen3-4B-Instruct-2507 config.json" in models.hub_id_hint("Qwen/Qwen3-4B-Instruct-2507")
+    assert "hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir" in models.hub_id_hint("Qwen/Qwen3-4B-Instruct-2507")
     assert models.hub_id_hint("tiny-llama") is None
 
 
