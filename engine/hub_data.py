@@ -41,7 +41,11 @@ def arrow_files(dataset, *, dry_run: bool = False) -> list[str]:
     user_offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
     if dry_run:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by datasets and huggingface_hub when they are imported
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise HubDataError(f"{_describe(dataset)}: loading hub datasets needs the datasets package",
+                           "pip install datasets (memascend's train extras include it)") from None
     from datasets.exceptions import DatasetNotFoundError
 
     datasets.utils.logging.set_verbosity_error()

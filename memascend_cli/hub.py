@@ -175,7 +175,11 @@ def config_path(hub_id: str, revision: str | None = None, *, fallback: str | Non
     snapshot = cached_snapshot(hub_id, revision)
     if snapshot is not None:
         return os.path.join(snapshot, "config.json")
-    from huggingface_hub import hf_hub_download
-
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:  # `plan` alone installs no hub client (memascend's train extras bring it)
+        raise BadInput(f"model {hub_id}: config.json is not in the Hugging Face cache ({hub_cache_dir()}) and "
+                       "huggingface_hub is not installed to download it",
+                       "pip install huggingface_hub" + (f"; without the hub: {fallback}" if fallback else "")) from None
     return hub_call(lambda: hf_hub_download(hub_id, "config.json", revision=revision), hub_id, revision,
                     what="config.json", fallback=fallback)

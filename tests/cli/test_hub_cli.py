@@ -203,3 +203,15 @@ def test_download_takes_safetensors_tokenizer_and_config_only(tmp_path, tiny_mod
     assert sorted(os.listdir(snapshot)) == wanted  # no .bin / .onnx / .gguf / .pth duplicate
     assert after["download_files"] == [] and after["snapshot"] == snapshot and after["commit"] == hub_cache.COMMIT
     assert "downloading org/tiny" in p.stderr
+
+
+def test_plan_without_huggingface_hub_installed_says_so(tmp_path):
+    # As on a light install (`pip install memascend`, no train extras): the package cannot be imported.
+    code = ("import sys; sys.modules['huggingface_hub'] = None; sys.argv = ['memascend', 'plan', '--model', "
+            "'Qwen/Qwen2.5-0.5B']; from memascend_cli.app import main; sys.exit(main())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env["HF_HOME"] = str(tmp_path / "hf")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    error, hint = one_error(p)
+    assert "huggingface_hub is not installed" in error and "pip install huggingface_hub" in hint
+    assert "--model qwen2.5-0.5b" in hint
