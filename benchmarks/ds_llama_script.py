@@ -7,6 +7,7 @@ DeepSpeed's default knobs, random token ids, a few steps. With `--region` it cal
 usage: python ds_llama_script.py --model-dir DIR --nvme-path DIR --out OUT.json
            [--region REGION] [--seq-len 512] [--micro-batch 2] [--steps 3] [--checkpointing]
            [--offload nvme|cpu] [--dtype bf16|fp32] [--placement auto|dram|region] [--model-spec] [--no-zero-init]
+           [--from-pretrained]
 
 Writes the losses, each step's seconds, the offload devices of the config DeepSpeed got, /proc/self/status at the end
 (VmHWM, VmRSS, RssAnon, RssFile, VmLck), the high-water mark and anonymous RSS after each phase (where a peak happens)
@@ -56,6 +57,8 @@ def main() -> None:
     ap.add_argument("--placement", choices=("auto", "dram", "region"), default="auto")
     ap.add_argument("--model-spec", action="store_true", help="give install() the model directory as model_spec")
     ap.add_argument("--no-zero-init", action="store_true", help="build the model whole, outside deepspeed.zero.Init")
+    ap.add_argument("--from-pretrained", action="store_true", help="load the model whole with from_pretrained from "
+                    "--model-dir (its weights, dtype auto: the checkpoint's), outside deepspeed.zero.Init")
     ap.add_argument("--local_rank", type=int, default=0)
     args = ap.parse_args()
 
@@ -84,8 +87,11 @@ def main() -> None:
         print(f"phase {json.dumps(dict(phases[-1], t=time.time()))}", flush=True)  # a run that dies still says
 
     mark("imports")
-    with contextlib.nullcontext() if args.no_zero_init else deepspeed.zero.Init(config_dict_or_path=cfg):
-        model = LlamaForCausalLM(config)
+    if args.from_pretrained:  # no HfDeepSpeedConfig here: transformers loads it whole (no zero.Init)
+        model = LlamaForCausalLM.from_pretrained(args.model_dir)
+    else:
+        with contextlib.nullcontext() if args.no_zero_init else deepspeed.zero.Init(config_dict_or_path=cfg):
+            model = LlamaForCausalLM(config)
     mark("zero.Init")
     if args.checkpointing:
         model.gradient_checkpointing_enable()

@@ -69,6 +69,10 @@ built outside zero.Init was planned 15% low on it)."""
 ENGINES = ("stock", "memascend")
 
 
+HF_SCRIPTS = ("hf", "accelerate", "trl")
+"""The jobs whose script is a Hugging Face trainer: it fills the config's "auto" values."""
+
+
 @dataclass(frozen=True)
 class Job:
     script: str
@@ -78,23 +82,40 @@ class Job:
     micro_batch: int = 2
     steps: int = 3
     dtype: str = "bf16"
-    zero_init: bool = True
-    """The ds script builds the model under deepspeed.zero.Init (else whole, in fp32, before initialize)."""
+    zero_init: bool | None = None
+    """The script builds the model under deepspeed.zero.Init (the HF scripts: AutoModelForCausalLM.from_config after
+    TrainingArguments), else whole, in fp32, before initialize (LlamaForCausalLM(config)); None: as its docs write
+    it, under zero.Init in the ds script, whole in the HF ones (the name says the other build)."""
     model: str = "82m"
     """A key of MODELS."""
+    from_pretrained: bool = False
+    """The ds script loads the model whole with from_pretrained from a model folder with weights in the job's dtype
+    (save_pretrained; zero_init False)."""
+
+    def __post_init__(self):
+        if self.zero_init is None:
+            object.__setattr__(self, "zero_init", self.script not in HF_SCRIPTS and not self.from_pretrained)
+
+    @property
+    def model_init(self) -> str:
+        """How `memascend plan --model-init` names the build."""
+        return "from-pretrained" if self.from_pretrained else "zero" if self.zero_init else "eager"
 
     @property
     def name(self) -> str:
-        extra = ([self.dtype] if self.dtype != "bf16" else []) + ([] if self.zero_init else ["eager"]) + \
-                ([self.model] if self.model != "82m" else [])
+        default = "eager" if self.script in HF_SCRIPTS else "zero"
+        build = [] if self.model_init == default else ["pretrained" if self.from_pretrained else self.model_init]
+        extra = ([self.dtype] if self.dtype != "bf16" else []) + build + ([self.model] if self.model != "82m" else [])
         return "-".join([self.script, "ckpt" if self.checkpointing else "nockpt", *extra])
 
 
-JOBS = (Job("ds", False), Job("ds", True), Job("hf", False), Job("accelerate", False), Job("trl", True),
+MATRIX = tuple(Job(script, ckpt, dtype=dtype, zero_init=zero_init) for script in ("ds", "hf", "accelerate")
+               for dtype in ("bf16", "fp32") for zero_init in (True, False) for ckpt in (False, True))
+"""Issue 66's combinations: each script in fp32 and bf16, built under zero.Init and outside it, with and without
+activation checkpointing, 3 steps of the 82M model (validation)."""
+JOBS = (*MATRIX, Job("trl", True),
         Job("ds", False, steps=6, dtype="fp32", zero_init=False, model="156m"),
-        Job("ds", False, steps=6, dtype="fp32", zero_init=False), Job("ds", True, steps=6, zero_init=False))
-HF_SCRIPTS = ("hf", "accelerate", "trl")
-"""The jobs whose script is a Hugging Face trainer: it fills the config's "auto" values and never uses zero.Init."""
+        *(Job("ds", False, dtype=dtype, from_pretrained=True) for dtype in ("bf16", "fp32")))
 
 
 def script_command(job: Job, engine: str, *, model_dir: str, region: str, nvme_path: str, out: str,
@@ -107,38 +128,44 @@ def script_command(job: Job, engine: str, *, model_dir: str, region: str, nvme_p
                "--seq-len", str(job.seq_len), "--micro-batch", str(job.micro_batch), "--steps", str(job.steps)]
         cmd += ["--checkpointing"] if job.checkpointing else []
         cmd += ["--dtype", job.dtype] + ([] if job.zero_init else ["--no-zero-init"])
+        cmd += ["--from-pretrained"] if job.from_pretrained else []
         return cmd + (["--region", region] if engine == "memascend" else [])
     if job.script not in HF_SCRIPTS:
         raise ValueError(f"unknown script {job.script!r}")
-    if job.checkpointing != (job.script == "trl") or job.micro_batch != 2:
-        raise ValueError("the Hugging Face trainer scripts run micro-batch 2 with their trainer's default "
-                         "checkpointing: off in the HF Trainer, on in TRL's SFTTrainer")
+    if job.micro_batch != 2 or job.from_pretrained or (job.script == "trl" and (
+            not job.checkpointing or job.dtype != "bf16" or job.zero_init)):
+        raise ValueError("the Hugging Face trainer scripts run micro-batch 2 from a config; TRL's SFTTrainer bf16, "
+                         "with its default checkpointing, the model built whole")
     script = TRL_SCRIPT if job.script == "trl" else HF_SCRIPT
     cmd = [python, script, "before" if engine == "memascend" else "plain", config, region, nvme_path, out,
            model_dir, str(job.seq_len), str(job.steps)]
+    if job.script == "trl":
+        return cmd
+    cmd += [job.dtype, "ckpt" if job.checkpointing else "nockpt", "zero" if job.zero_init else "eager"]
     if job.script != "accelerate":
         return cmd
     # accelerate's own executable, beside this Python (the venv's bin); it runs the script with the same Python.
     launcher = os.path.join(os.path.dirname(python), "accelerate")
     return [launcher, "launch", "--use_deepspeed", "--num_processes", "1", "--num_machines", "1",
-            "--mixed_precision", "bf16", "--dynamo_backend", "no", "--deepspeed_config_file", config,
-            "--main_process_port", str(port), *cmd[1:]]
+            "--mixed_precision", "bf16" if job.dtype == "bf16" else "no", "--dynamo_backend", "no",
+            "--deepspeed_config_file", config, "--main_process_port", str(port), *cmd[1:]]
 
 
 def hf_auto_knobs(hidden_size: int) -> list[str]:
     """The plan flags for what the HF Trainer writes over "auto" (transformers integrations/deepspeed.py,
-    trainer_config_finalize: reduce_bucket_size = hidden^2); the Trainer builds the model without zero.Init
-    (LlamaForCausalLM(config), not from_pretrained). Pure."""
-    return ["--reduce-bucket-size", str(hidden_size * hidden_size), "--no-zero-init"]
+    trainer_config_finalize: reduce_bucket_size = hidden^2). Pure."""
+    return ["--reduce-bucket-size", str(hidden_size * hidden_size)]
 
 
 def plan_command(job: Job, *, model_dir: str, python: str = sys.executable) -> list[str]:
-    """`memascend plan --json` for the same job as the script. Pure."""
+    """`memascend plan --json` for the same job as the script: its build (--model-init) and its model's own loss over
+    the full logits (memascend train's chunked loss is not in a user's script). Pure."""
     cmd = [python, "-m", "memascend_cli", "plan", "--model", model_dir, "--seq-len", str(job.seq_len),
            "--micro-batch", str(job.micro_batch), "--dtype", job.dtype,
-           "--checkpointing", "full" if job.checkpointing else "none", "--no-search", "--json"]
+           "--checkpointing", "full" if job.checkpointing else "none", "--no-search", "--json", "--full-logits",
+           "--model-init", job.model_init]
     if job.script not in HF_SCRIPTS:
-        return cmd + ([] if job.zero_init else ["--model-init", "eager"])
+        return cmd
     return cmd + hf_auto_knobs(MODELS[job.model]["hidden_size"]) + ["--trainer", "trl" if job.script == "trl" else "hf"]
 
 
@@ -202,7 +229,7 @@ TODAY_HEADER = ["today's plan GiB", "today's error", "today's error vs ru_maxrss
 def todays_plans(doc: dict) -> dict[str, dict]:
     """Today's `memascend plan --json` for each job of a recorded sitting, its model's config.json written to a
     temporary directory (each run keeps the plan of its own day)."""
-    keys = ("seq_len", "micro_batch", "steps", "dtype", "zero_init", "model")
+    keys = ("seq_len", "micro_batch", "steps", "dtype", "zero_init", "model", "from_pretrained")
     jobs = {r["job"]: Job(r["script"], r["checkpointing"], **{k: r[k] for k in keys if k in r}) for r in doc["runs"]}
     models = dict(doc.get("models") or {"82m": doc["model"]})
     with tempfile.TemporaryDirectory() as d:
@@ -216,6 +243,26 @@ def write_model(work: str, key: str, config: dict) -> str:
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(config, f)
     return model_dir
+
+
+def write_pretrained(work: str, key: str, config: dict, dtype: str) -> str:
+    """A model folder of model `key` with random weights in `dtype` (save_pretrained, safetensors), for the
+    from_pretrained jobs; built in a child process so that the harness's own memory stays as it was."""
+    model_dir = os.path.join(work, f"model-{key}-{dtype}-weights")
+    if not os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        code = ("import json, sys, torch; from transformers import LlamaConfig, LlamaForCausalLM; "
+                "torch.manual_seed(0); m = LlamaForCausalLM(LlamaConfig(**json.loads(sys.argv[1]))); "
+                "m.to(getattr(torch, sys.argv[2])).save_pretrained(sys.argv[3])")
+        subprocess.run([sys.executable, "-c", code, json.dumps(config),
+                        "bfloat16" if dtype == "bf16" else "float32", model_dir], check=True)
+    return model_dir
+
+
+def model_folder(work: str, job: Job) -> str:
+    """The folder the job's script and plan read: config.json, with weights for a from_pretrained job."""
+    if job.from_pretrained:
+        return write_pretrained(work, job.model, MODELS[job.model], job.dtype)
+    return write_model(work, job.model, MODELS[job.model])
 
 
 def ratios(doc: dict, key: str = "peak_system_bytes") -> list[tuple[str, float | None]]:
@@ -385,7 +432,8 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
     m = measure(cmd, script_env(os.environ, launcher=job.script == "accelerate"), log)
     res = {"job": job.name, "script": job.script, "checkpointing": job.checkpointing, "engine": engine,
            "seq_len": job.seq_len, "micro_batch": job.micro_batch, "steps": job.steps, "dtype": job.dtype,
-           "zero_init": job.zero_init, "model": job.model,
+           "zero_init": job.zero_init, "model": job.model, "from_pretrained": job.from_pretrained,
+           "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
            "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
                                for c in (["accelerate", *cmd[1:]] if job.script == "accelerate" else cmd[1:])),
            **m, "plan": prediction(plan, engine)}
@@ -427,10 +475,13 @@ def main(argv=None) -> int:
     from memascend_cli.bench.runner import create_region
 
     want = args.jobs.split(",")
+    unknown = set(want) - {j.name for j in JOBS}
+    if unknown:
+        ap.error(f"unknown jobs {', '.join(sorted(unknown))}; the jobs: {', '.join(j.name for j in JOBS)}")
     jobs = [j for j in JOBS if j.name in want]
     work = args.work or tempfile.mkdtemp(prefix="user-script-bench-", dir="/var/tmp")
-    model_dirs = {j.model: write_model(work, j.model, MODELS[j.model]) for j in jobs}
-    plans = {j.name: run_plan(j, model_dirs[j.model]) for j in jobs}
+    model_dirs = {j.name: model_folder(work, j) for j in jobs}
+    plans = {j.name: run_plan(j, model_dirs[j.name]) for j in jobs}
     region = os.path.join(work, "region.bin")
     create_region(region, max(region_bytes(p) for p in plans.values()), ranks=1)
     runs = []
@@ -438,13 +489,14 @@ def main(argv=None) -> int:
     for job, repeat, engine in ((j, i, e) for j in jobs for i in range(repeats)
                                   for e in ENGINES if e in args.engines.split(",")):
         print(f"{job.name} {engine} ({repeat + 1}/{repeats}) ...", flush=True)
-        runs.append(run_job(job, engine, plans[job.name], model_dir=model_dirs[job.model], region=region, work=work))
+        runs.append(run_job(job, engine, plans[job.name], model_dir=model_dirs[job.name], region=region, work=work))
         r = runs[-1]
         print(f"  ok={r['ok']} peak {_gib(r['peak_system_bytes'])} GiB, ru_maxrss {_gib(r['ru_maxrss_bytes'])} "
               f"GiB, others' RSS change {_gib(r['others_rss_change_at_peak_bytes'])} GiB, plan "
               f"{_gib(r['plan']['host_peak_bytes'])} GiB ({_pct(r['error_percent'])})", flush=True)
     sitting = {"command": "python benchmarks/user_script_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jobs": [j.name for j in jobs]}
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jobs": [j.name for j in jobs],
+               "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]}
     old = json.load(open(args.out)) if args.update and os.path.exists(args.out) else {"runs": [], "sittings": []}
     runs = merge_runs(old["runs"], median_runs(runs))
     sittings = kept_sittings(old["sittings"] + [sitting])
@@ -454,7 +506,7 @@ def main(argv=None) -> int:
                                                                 os.sysconf("SC_PAGE_SIZE") / GiB, 1)},
            "model": MODEL, "models": MODELS, "runs": runs, "ratios": dict(ratios({"runs": runs}))}
     with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump(doc, f, separators=(",", ":"))
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
     print(table(doc))

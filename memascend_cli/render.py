@@ -80,8 +80,10 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
     if "model_init" in job:
         from memascend_cli.planner.job import MODEL_INIT_WORDS
 
+        loss = ("memascend train's chunked loss (--chunked-loss; a script's own: --full-logits)" if job["chunked_loss"]
+                else "the model's own over the full logits (--full-logits)")
         out.print(f"[bold]model[/bold] assumed {MODEL_INIT_WORDS[job['model_init']]} (--model-init "
-                  f"{job['model_init']})", highlight=False)
+                  f"{job['model_init']}); loss {loss}", highlight=False)
     for note in sorted(set(b.notes + m.notes)):
         out.print(f"[dim]note: {note}[/dim]")
     host = _items_table("host memory per rank", "host", ests, details)

@@ -11,7 +11,8 @@ from results_common import BENCH, benchmark_script, gib, load, load_one, table
 
 USER_SCRIPT = os.path.join(BENCH, "user-script")
 ROLES = {"fp32-eager-156m.json": "calibration of the DRAM cap's measured spread",
-         "validation-eager.json": "validation (not fitted on)"}
+         "validation-eager.json": "validation (not fitted on)",
+         "matrix.json": "validation (not fitted on): every script, dtype, build and checkpointing"}
 
 
 def section_eager_scripts() -> str:
@@ -21,9 +22,13 @@ def section_eager_scripts() -> str:
     if not docs:
         return ""
     usb = benchmark_script("user_script_bench")
-    out = ["## Plan accuracy on scripts that build the model outside zero.Init", "",
-           "`memascend plan --model-init eager`: the whole model is built in fp32 (transformers' default) before "
-           "`deepspeed.initialize` partitions it. memascend through `install()`; DeepSpeed's ops built beforehand.", ""]
+    out = ["## Plan accuracy on a user's scripts: dtypes, builds, checkpointing", "",
+           "`memascend plan --model-init zero|eager|from-pretrained --full-logits`: under `zero.Init`, or the whole "
+           "model built in fp32 (transformers' default) or loaded by `from_pretrained` before `deepspeed.initialize` "
+           "partitions it; the script's own loss over the full logits. Scripts: `ds` DeepSpeed's API "
+           "(benchmarks/ds_llama_script.py), `hf` the HF Trainer (tests/integration/hf_trainer_job.py; `zero`: "
+           "`AutoModelForCausalLM.from_config` after `TrainingArguments`), `accelerate` the same under `accelerate "
+           "launch`. memascend through `install()`; DeepSpeed's ops built beforehand.", ""]
     for path, doc in docs:
         name = os.path.basename(path)
         out += [f"### {doc['title']}: {ROLES.get(name, doc['use'])}", "",

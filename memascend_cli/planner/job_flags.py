@@ -134,6 +134,11 @@ def flag_job(spec, hw, flags: JobFlags, *, base: zero.ZeroSettings, defaults: ze
     knobs = stock_knobs(spec, world, dtype, base, buffer_size)
     for text in capped_notes(base, defaults, spec, world, dtype, knobs, buffer_size):
         note(text)
+    # Only memascend train computes the loss in chunks (memascend_engine.chunked_loss); a script of the user's own
+    # (another trainer, or a model built outside zero.Init, which train never does) calls install() and computes its
+    # model's loss over the full logits (transformers loss/loss_utils.py ForCausalLMLoss).
+    own_script = trainer != "deepspeed" or model_init != "zero"
+    chunked_loss = DEFAULT_CHUNKED_LOSS and not own_script if flags.chunked_loss is None else flags.chunked_loss
     return JobSpec(model=spec, seq_len=flags.seq_len or DEFAULT_SEQ_LEN,
                    micro_batch=flags.micro_batch or DEFAULT_MICRO_BATCH,
                    grad_accum_steps=flags.grad_accum or DEFAULT_GRAD_ACCUM, dtype=dtype,
@@ -143,8 +148,7 @@ def flag_job(spec, hw, flags: JobFlags, *, base: zero.ZeroSettings, defaults: ze
                    deepspeed_version=deepspeed_version, knobs=knobs, model_init=model_init,
                    param_buffer_size_auto=buffer_size is None, host_budget_bytes=flags.host_budget_bytes,
                    checkpoint_offload=flags.checkpoint_offload or "ssd", optimizer_moments=optimizer_moments or "fp32",
-                   chunked_loss=DEFAULT_CHUNKED_LOSS if flags.chunked_loss is None else flags.chunked_loss,
-                   trainer=trainer,
+                   chunked_loss=chunked_loss, trainer=trainer,
                    overlap_optimizer=True if flags.overlap_optimizer is None else flags.overlap_optimizer)
 
 

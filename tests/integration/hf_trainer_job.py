@@ -1,12 +1,15 @@
 """A plain Hugging Face Trainer script with `memascend_engine.install()` (run by test_hf_trainer_install.py).
 
-usage: hf_trainer_job.py before|after|plain CONFIG.json REGION NVME_PATH OUT.json [MODEL_DIR SEQ_LEN STEPS]
+usage: hf_trainer_job.py before|after|plain CONFIG.json REGION NVME_PATH OUT.json [MODEL_DIR SEQ_LEN STEPS
+                         [DTYPE CHECKPOINTING BUILD]]
 
 `before` / `after`: install() is called before or after TrainingArguments; `plain`: never (the script as its user
 wrote it, run by `memascend launch` in test_launch_cli.py; REGION is not used). The model is a tiny random Llama built from
 a config (no download), or the config.json in MODEL_DIR (benchmarks/user_script_bench.py); the data are random token
 ids. Writes the handle's stats, the losses, the files found under NVME_PATH and VmHWM. JOB_PLACEMENT in the
-environment is install()'s placement (default auto).
+environment is install()'s placement (default auto). DTYPE bf16 (default) or fp32; CHECKPOINTING ckpt (the Trainer's
+gradient_checkpointing) or nockpt (default); BUILD eager (default: LlamaForCausalLM(config), whole, in fp32) or zero
+(AutoModelForCausalLM.from_config after TrainingArguments: under zero.Init, transformers modeling_utils _from_config).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import os
 import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
+                          TrainingArguments)
 
 import memascend_engine
 from memascend_engine.procfs import status_kib
@@ -66,18 +70,30 @@ def model_config(model_dir: str | None) -> LlamaConfig:
                         num_key_value_heads=8, vocab_size=1024))
 
 
+def build_args() -> tuple[str, bool, str]:
+    """(dtype, gradient checkpointing, build) from the optional DTYPE CHECKPOINTING BUILD arguments."""
+    dtype, ckpt, build = (sys.argv[9:12] + ["bf16", "nockpt", "eager"][len(sys.argv[9:12]):])
+    if dtype not in ("bf16", "fp32") or ckpt not in ("ckpt", "nockpt") or build not in ("eager", "zero"):
+        raise SystemExit(f"bad DTYPE CHECKPOINTING BUILD: {dtype} {ckpt} {build}")
+    return dtype, ckpt == "ckpt", build
+
+
 def main() -> None:
     order, ds_config, region, nvme_path, out, model_dir, seq, steps = job_args(SEQ, STEPS)
+    dtype, checkpointing, build = build_args()
     placement = os.environ.get("JOB_PLACEMENT", "auto")
     handle = memascend_engine.install(ds_config, region=region, placement=placement) if order == "before" else None
     args = TrainingArguments(output_dir=os.path.join(os.path.dirname(out), "trainer-out"), deepspeed=ds_config,
                              max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
-                             save_strategy="no", report_to=[], use_cpu=True, bf16=True, disable_tqdm=True)
+                             save_strategy="no", report_to=[], use_cpu=True, bf16=dtype == "bf16", disable_tqdm=True,
+                             gradient_checkpointing=checkpointing)
     if order == "after":
         handle = memascend_engine.install(ds_config, region=region, placement=placement)
     torch.manual_seed(0)
     config = model_config(model_dir)
-    model = LlamaForCausalLM(config)
+    # from_config builds under zero.Init once TrainingArguments holds a ZeRO-3 config; the constructor never does.
+    model = (AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+             if build == "zero" else LlamaForCausalLM(config))
     ids = torch.randint(0, config.vocab_size, (max(16, 2 * steps), seq))
     data = [{"input_ids": row, "labels": row} for row in ids]
     losses = Losses()

@@ -67,3 +67,23 @@ def test_no_zero_init_is_an_eager_build_and_model_init_sets_zero_init():
 def test_an_unknown_model_init_is_bad_input():
     with pytest.raises(BadInput, match="model init"):
         JobSpec(model=MODEL, model_init="lazy")
+
+
+@pytest.mark.parametrize(("model_init", "trainer", "chunked"), [
+    ("zero", "deepspeed", True), ("eager", "deepspeed", False), ("from-pretrained", "deepspeed", False),
+    ("zero", "hf", False), ("zero", "trl", False)])
+def test_only_memascend_trains_job_plans_the_chunked_loss_by_default(model_init, trainer, chunked):
+    # a script of the user's own (another trainer, or a model train never builds) computes its model's loss over the
+    # full logits; --chunked-loss / --full-logits still decide
+    from memascend_cli.planner import job_flags, zero
+
+    defaults = zero.version_defaults((0, 19, 8))
+
+    def plan(**flags):
+        knobs = job_flags.KnobFlags()
+        return job_flags.flag_job(MODEL, CPU, job_flags.JobFlags(**flags), base=knobs.base(defaults), defaults=defaults,
+                                  knob_flags=knobs, deepspeed_version="0.19.8", model_init=model_init,
+                                  optimizer_moments=None, trainer=trainer, note=lambda _: None)
+
+    assert plan().chunked_loss is chunked
+    assert plan(chunked_loss=True).chunked_loss and not plan(chunked_loss=False).chunked_loss

@@ -31,7 +31,7 @@ def test_stock_never_installs_the_engine_and_memascend_does():
     hf = usb.Job("hf", False)
     assert usb.script_command(hf, "stock", **kw)[2] == "plain"
     assert usb.script_command(hf, "memascend", **kw)[2] == "before"
-    assert usb.script_command(hf, "stock", **kw)[-3:] == ["/m", "512", "3"]
+    assert usb.script_command(hf, "stock", **kw)[-6:] == ["/m", "512", "3", "bf16", "nockpt", "eager"]
 
 
 def test_accelerate_and_trl_run_the_same_knobs_stock_and_memascend():
@@ -49,15 +49,22 @@ def test_accelerate_and_trl_run_the_same_knobs_stock_and_memascend():
     t_stock, t_mem = usb.script_command(trl, "stock", **kw), usb.script_command(trl, "memascend", **kw)
     assert t_stock[:3] == ["/venv/bin/python", usb.TRL_SCRIPT, "plain"] and t_mem[2] == "before"
     assert t_stock[3:] == t_mem[3:] == ["/w/ds.json", "/r.bin", "/n", "/o.json", "/m", "512", "3"]
-    for job in (acc, trl):  # the Trainer fills "auto" and builds the model without zero.Init
-        assert "--no-zero-init" in usb.plan_command(job, model_dir="/m")
+    for job in (acc, trl):  # the Trainer fills "auto"; by default the script builds the model without zero.Init
+        plan = usb.plan_command(job, model_dir="/m")
+        assert plan[plan.index("--model-init") + 1] == "eager"
 
 
-def test_trainer_scripts_run_with_their_trainers_default_checkpointing():
-    # The HF Trainer leaves activation checkpointing off; TRL's SFTConfig turns it on by default.
-    for job in (usb.Job("hf", True), usb.Job("accelerate", True), usb.Job("trl", False)):
+def test_trl_runs_with_its_default_checkpointing_and_the_hf_trainer_either_way():
+    # TRL's SFTConfig turns checkpointing on by default; the HF Trainer script takes gradient_checkpointing.
+    kw = dict(model_dir="/m", region="/r", nvme_path="/n", out="/o")
+    for job in (usb.Job("trl", False), usb.Job("trl", True, dtype="fp32"), usb.Job("trl", True, zero_init=True),
+                usb.Job("hf", False, from_pretrained=True)):
         with pytest.raises(ValueError):
-            usb.script_command(job, "stock", model_dir="/m", region="/r", nvme_path="/n", out="/o")
+            usb.script_command(job, "stock", **kw)
+    assert usb.script_command(usb.Job("hf", True, dtype="fp32", zero_init=True), "stock", **kw)[-3:] == \
+        ["fp32", "ckpt", "zero"]
+    acc = usb.script_command(usb.Job("accelerate", False, dtype="fp32"), "stock", **kw)
+    assert acc[acc.index("--mixed_precision") + 1] == "no"
     trl = usb.plan_command(usb.Job("trl", True), model_dir="/m")
     assert trl[trl.index("--checkpointing") + 1] == "full" and trl[trl.index("--trainer") + 1] == "trl"
     assert [j.name for j in usb.JOBS if j.script == "trl"] == ["trl-ckpt"]
@@ -71,8 +78,11 @@ def test_plan_command_matches_the_job():
     assert args["--checkpointing"] == "full" and args["--dtype"] == "bf16" and "--json" in cmd
     hf = usb.plan_command(usb.Job("hf", False), model_dir="/m")
     h = usb.MODEL["hidden_size"]
-    assert "--no-zero-init" in hf and hf[hf.index("--reduce-bucket-size") + 1] == str(h * h)
-    assert "--no-zero-init" not in usb.plan_command(usb.Job("ds", False), model_dir="/m")
+    assert hf[hf.index("--model-init") + 1] == "eager" and hf[hf.index("--reduce-bucket-size") + 1] == str(h * h)
+    ds = usb.plan_command(usb.Job("ds", False), model_dir="/m")
+    assert ds[ds.index("--model-init") + 1] == "zero"
+    # a user's script computes its model's own loss over the full logits, never memascend train's chunked loss
+    assert "--full-logits" in ds and "--full-logits" in hf
     # the trainer's imports: the HF Trainer's (also under accelerate) or TRL's; a DeepSpeed script's are the runtime's
     for script, trainer in (("hf", "hf"), ("accelerate", "hf"), ("trl", "trl")):
         cmd = usb.plan_command(usb.Job(script, False), model_dir="/m")
@@ -196,5 +206,22 @@ def test_an_eager_fp32_job_builds_outside_zero_init_and_is_planned_so():
     assert "--no-zero-init" in cmd and cmd[cmd.index("--dtype") + 1] == "fp32"
     plan = usb.plan_command(job, model_dir="/m")
     assert plan[plan.index("--model-init") + 1] == "eager" and plan[plan.index("--dtype") + 1] == "fp32"
-    assert "--model-init" not in usb.plan_command(usb.Job("ds", False), model_dir="/m")
     assert usb.MODELS[job.model]["num_key_value_heads"] == 4
+
+
+def test_the_matrix_has_every_script_dtype_build_and_checkpointing_once():
+    combos = {(j.script, j.dtype, j.zero_init, j.checkpointing) for j in usb.MATRIX}
+    assert len(combos) == len(usb.MATRIX) == 3 * 2 * 2 * 2
+    names = [j.name for j in usb.JOBS]
+    assert len(set(names)) == len(names)
+    # each script's own build keeps the short name: zero.Init in the DeepSpeed script, whole in the Trainer's
+    assert usb.Job("hf", False).name == "hf-nockpt" and usb.Job("hf", False, zero_init=True).name == "hf-nockpt-zero"
+
+
+def test_a_from_pretrained_job_loads_its_weights_and_is_planned_so():
+    job = usb.Job("ds", False, dtype="fp32", from_pretrained=True)
+    assert job.name == "ds-nockpt-fp32-pretrained" and not job.zero_init
+    cmd = usb.script_command(job, "stock", model_dir="/m", region="/r.bin", nvme_path="/n", out="/o.json")
+    assert "--from-pretrained" in cmd and "--no-zero-init" in cmd
+    plan = usb.plan_command(job, model_dir="/m")
+    assert plan[plan.index("--model-init") + 1] == "from-pretrained"
