@@ -21,11 +21,14 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 # settings): Qwen/Qwen2.5-7B-Instruct is Qwen2.5-7B, meta-llama/Meta-Llama-3.1-8B-Instruct is Llama-3.1-8B.
 _VARIANT_SUFFIX = re.compile(r"-(instruct|chat|it)(-\d+)?$")
 
-MODEL_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
-                  "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                  "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
-"""What `train` downloads of a model repo (snapshot_download allow_patterns): the safetensors weights, the tokenizer,
-config and generation config. Never the .bin/.pth/.onnx/.gguf copies many repos also carry."""
+MODEL_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
+                  "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                  "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+                  "chat_template.json")
+"""What `train` downloads of a model repo (snapshot_download allow_patterns): the safetensors weights under the names
+transformers loads (model.safetensors, or the shards of model.safetensors.index.json), the tokenizer, config and
+generation config. Never the .bin/.pth/.onnx/.gguf copies many repos also carry, nor a second safetensors copy in
+another layout (Mistral's consolidated.safetensors, Llama's original/)."""
 
 
 def looks_like_hub_id(text: str) -> bool:

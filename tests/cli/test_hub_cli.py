@@ -184,7 +184,7 @@ print(json.dumps(H.locate("org/tiny", None).to_dict()))
 def test_download_takes_safetensors_tokenizer_and_config_only(tmp_path, tiny_model):
     folder = tmp_path / "repo"
     shutil.copytree(tiny_model, folder)
-    for dup in ("pytorch_model.bin", "model.onnx", "model-q4.gguf", "consolidated.pth"):
+    for dup in ("pytorch_model.bin", "model.onnx", "model-q4.gguf", "consolidated.pth", "consolidated.safetensors"):
         (folder / dup).write_bytes(b"\0" * 100)
     endpoint, server = hub_cache.serving_hub("org/tiny", str(folder))
     try:
@@ -200,7 +200,7 @@ def test_download_takes_safetensors_tokenizer_and_config_only(tmp_path, tiny_mod
     wanted = sorted(n for n in os.listdir(tiny_model))
     assert sorted(before["download_files"]) == wanted and before["snapshot"] is None
     assert before["download_bytes"] == sum(os.path.getsize(folder / n) for n in wanted)
-    assert sorted(os.listdir(snapshot)) == wanted  # no .bin / .onnx / .gguf / .pth duplicate
+    assert sorted(os.listdir(snapshot)) == wanted  # no .bin / .onnx / .gguf / .pth / consolidated duplicate
     assert after["download_files"] == [] and after["snapshot"] == snapshot and after["commit"] == hub_cache.COMMIT
     assert "downloading org/tiny" in p.stderr
 

@@ -90,7 +90,9 @@ def test_what_training_needs_of_a_model_repo(names, missing):
 
     assert missing_parts(names) == missing
     assert wanted("model-00001-of-00002.safetensors") and wanted("tokenizer_config.json")
-    assert not any(wanted(n) for n in ("pytorch_model.bin", "model.pth", "onnx/model.onnx", "model-q4.gguf"))
+    assert wanted("model.safetensors") and wanted("model.safetensors.index.json")
+    assert not any(wanted(n) for n in ("pytorch_model.bin", "model.pth", "onnx/model.onnx", "model-q4.gguf",
+                                       "consolidated.safetensors", "original/model.safetensors"))
 
 
 def test_the_download_must_fit_next_to_the_region():
