@@ -77,11 +77,19 @@ class EngineOptions:
     """memascend_cli.planner.zero.EngineWindows from a host budget (zero.split_budget, what `memascend train` and
     `bench` pass); None: the full-overlap windows for the config's sub-group size, pipeline_depth and
     checkpoint_offload."""
+    dram_tier_gib: float = 0.0
+    """Host memory each rank may keep optimizer-step state in instead of the region (memascend_engine.dram_tier):
+    within it the training-dtype parameter partitions, then whole optimizer chunks (master + moments), then the
+    gradients stay in DRAM (memascend_cli.planner.dram_tier, the rule the plan prices); the rest stays on the region.
+    Needs streaming. 0: everything on the region. A tier the process cannot get (a lower cgroup limit, mlock refused)
+    falls back to the region with a warning."""
     verify_checksums: bool = True
     """CRC-32C of every region extent written, checked on every read (direct_nvme). Off, or
     MEMASCEND_VERIFY_CHECKSUMS=0: no checksums; for benchmarking the cost only."""
 
     def __post_init__(self) -> None:
+        if not self.dram_tier_gib >= 0:
+            raise ValueError(f"EngineOptions.dram_tier_gib {self.dram_tier_gib!r}: use 0 or more GiB")
         if self.optimizer_moments not in MOMENT_DTYPES:
             raise ValueError(f"EngineOptions.optimizer_moments {self.optimizer_moments!r}: use "
                              + " or ".join(MOMENT_DTYPES))

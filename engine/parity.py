@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="backward a NaN loss at this step (0-based): its gradient norm is invalid, the step skipped")
     ap.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
                     help="engine: Adam's moments on the SSD (EngineOptions.optimizer_moments)")
+    ap.add_argument("--dram-tier-gib", type=float, default=0.0,
+                    help="engine: EngineOptions.dram_tier_gib (state kept in DRAM instead of the region)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     return ap
@@ -141,7 +143,8 @@ def _install(args, cfg: dict, spec):
             accumulation_bytes=args.accumulation_bytes)
     opts = memascend_engine.EngineOptions(**{name: False for name in args.off},
                                           checkpoint_offload=args.checkpoint_offload, windows=windows,
-                                          optimizer_moments=args.optimizer_moments)
+                                          optimizer_moments=args.optimizer_moments,
+                                          dram_tier_gib=args.dram_tier_gib)
     return memascend_engine.install(cfg, region=args.region, model_spec=None if args.no_model_spec else spec,
                                     options=opts)
 

@@ -390,7 +390,7 @@ class Installed:
                                      "or EngineOptions(direct_nvme=False)")
                 from memascend_engine.direct_nvme import DirectNvmeBuilder, RegionStore, verify_from_env
 
-                self.store = RegionStore(self.region, self.rank, verify=o.verify_checksums and verify_from_env())
+                self.store = self._open_store(RegionStore, verify_from_env())
                 self.ctx.declare_zero = self.store.declare_zero
                 aio.patch_aio_builders(self.patches, DirectNvmeBuilder(self.store, self.allocator))
                 if o.streaming and self.opt_nvme:
@@ -419,6 +419,22 @@ class Installed:
             if self.store is not None:
                 self.store.close()
             raise
+
+    def _open_store(self, region_store, verify_env: bool):
+        """The rank's region store; with a DRAM tier (EngineOptions.dram_tier_gib) and the bounded engine, one that
+        keeps what the tier holds in DRAM (memascend_engine.dram_tier)."""
+        o = self.options
+        verify = o.verify_checksums and verify_env
+        if o.dram_tier_gib <= 0:
+            return region_store(self.region, self.rank, verify=verify)
+        if not (o.streaming and self.opt_nvme):
+            log.warning("memascend_engine: warning: EngineOptions.dram_tier_gib needs the bounded engine (streaming on, "
+                        "the optimizer offloaded to NVMe): everything stays on the region")
+            return region_store(self.region, self.rank, verify=verify)
+        from memascend_engine.dram_tier import TieredStore
+
+        return TieredStore(self.region, self.rank, verify=verify, tier_bytes=int(o.dram_tier_gib * 2**30),
+                           lock=o.pinned)
 
     def windows(self) -> zero.EngineWindows:
         """The bounded engine's host windows (zero.EngineWindows) from the options and the ZeRO settings."""

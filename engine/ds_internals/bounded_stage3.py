@@ -68,9 +68,15 @@ class _Construction:
         if not getattr(self, "_ma_bounded", False):
             return super()._setup_for_real_optimizer()
         from deepspeed import comm as dist
+        from memascend_engine import dram_tier
 
         self._ma_placeholders()
         self._ma_build_pipeline()
+        # The DRAM tier (EngineOptions.dram_tier_gib) takes its keys before the pipeline writes its first state.
+        dram_tier.assign(self._ma_ctx.store, self._ma_pipeline, self._ma_targets(during_backward=True),
+                         overlap=self._ma_spec is not None,
+                         grads_reach_ssd=(self._ma_spec is None or self._ma_keeps_grads()
+                                          or self.gradient_accumulation_steps > 1))
         dist.barrier()
         self._ma_pipeline.initialize()
         if self._ma_spec is not None and self._ma_pipeline.params_hold_master:

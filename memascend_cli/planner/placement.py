@@ -4,27 +4,29 @@ strongest config there) and for memascend, and the fastest that fits. Pure: stdl
 The placements (PLACEMENTS):
   * ``gpu``   - ZeRO-3 with no offload: parameters, gradients, fp32 master and Adam moments on the GPU (a GPU box);
   * ``dram``  - ZeRO-Offload (offload_optimizer device cpu; offload_param device cpu when the GPU cannot hold the
-                parameters): no SSD traffic. memascend: its DRAM tier holding everything (planned);
+                parameters): no SSD traffic. memascend: its DRAM tier holding everything;
   * ``split`` - stock: offload_param nvme with the largest max_in_cpu the DRAM holds; memascend: its DRAM tier holds the
                 training-dtype parameter partitions first, then whole optimizer sub-groups, then the gradients, the
-                rest on the region (planned);
+                rest on the region (EngineOptions.dram_tier_gib);
   * ``ssd``   - everything on the SSD: tuned stock (stock given memascend's knobs) and memascend.
-memascend's DRAM tier is not in the engine yet (its rows are `runnable: false`, "planned"); the memory of every row is
-built from the items of the all-SSD estimates (planner.memory) with each placement's own items, cited.
+memascend's tier is what planner.dram_tier holds at the budget (the rule the engine applies); the memory of every row
+is built from the items of the all-SSD estimates (planner.memory) with each placement's own items, cited.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from memascend_cli.planner import dram_tier
 from memascend_cli.planner import time as tm
 from memascend_cli.planner.breakdown import Estimate, Item, SsdTraffic
 from memascend_cli.planner.context import Context
-from memascend_cli.planner.job import DTYPE_BYTES, JobSpec
+from memascend_cli.planner.job import DTYPE_BYTES, MOMENT_BYTES, JobSpec
 from memascend_cli.planner.memory import estimate
 from memascend_cli.planner.search import RESOURCE_NAMES, Verdict, check
 from memascend_cli.planner.spec import HardwareSpec
 from memascend_cli.planner.ssd import params_in_dram
+from memascend_cli.planner.windows import optimizer_chunks
 from memascend_cli.units import GiB
 
 PLACEMENTS = ("gpu", "dram", "split", "ssd")
@@ -66,7 +68,7 @@ class Priced:
     config: str
     """What runs it, in words (the DeepSpeed offload settings, or memascend's tier)."""
     runnable: bool
-    """False where the engine cannot run it yet (memascend's DRAM tier: planned)."""
+    """False where the engine cannot run it yet (none today)."""
     est: Estimate | None = None
     verdict: Verdict | None = None
     time: tm.StepTime | None = None
@@ -256,24 +258,31 @@ def stock_row(job: JobSpec, hw: HardwareSpec, placement: str) -> Priced:
     return row
 
 
-def memascend_tier(ms: Estimate, per_rank_bytes: int | None) -> tuple[dict, list[Item], SsdTraffic]:
-    """memascend's DRAM tier of `per_rank_bytes` (None: all of it) over its all-SSD estimate `ms`: the parameter
-    partitions first (each byte saves its reads in forward and backward and its write-back), then whole optimizer
-    sub-groups (master + moments: two SSD bytes per byte held), then the gradients (MLP-Offload, SC'25, caches
-    sub-groups the same way). Returns (the tier, its host items, the SSD traffic that remains)."""
+def memascend_tier(job: JobSpec, hw: HardwareSpec, ms: Estimate, per_rank_bytes: int | None
+                   ) -> tuple[dict, list[Item], SsdTraffic]:
+    """memascend's DRAM tier of `per_rank_bytes` (None: all of it) over its all-SSD estimate `ms`, as the engine holds
+    it (planner.dram_tier, the rule memascend_engine.dram_tier applies): the parameter partitions on the region first,
+    then whole optimizer chunks (the bounded engine's sub-groups, split at its chunk size), then the gradients where they reach the SSD
+    (MLP-Offload, SC'25, caches sub-groups the same way). Returns (the tier, its host items, the SSD traffic that
+    remains)."""
+    c = Context(job, hw, "memascend")
     t = ms.traffic
-    p_all = ms.item("nvme/params").bytes
-    s_all = ms.item("nvme/optimizer_states").bytes
-    g_all = ms.item("nvme/gradients").bytes * ((t.read_bytes.get("gradients", 0) + t.write_bytes.get("gradients", 0))
-                                               > 0)
-    left = p_all + s_all + g_all if per_rank_bytes is None else max(0, per_rank_bytes)
-    p = min(p_all, left)
-    chunks = max(1, len(ms.sub_group_numels))  # the bounded engine's sub-groups are its optimizer chunks
-    per_chunk = s_all / chunks
-    held_chunks = min(chunks, int((left - p) // per_chunk)) if per_chunk else chunks
-    s = round(per_chunk * held_chunks)
-    g = min(g_all, max(0, left - p - s)) if held_chunks == chunks else 0
-    fp, fs, fg = (p / p_all if p_all else 1.0), held_chunks / chunks, (g / g_all if g_all else 1.0)
+    params = [n for n in c.part.partition_numels if n >= c.min_swap_numel]
+    # The engine's unit is its optimizer chunk: sub-groups of at most the window's chunk size, larger ones split.
+    chunks = optimizer_chunks([[c.part.partition_numels[i] for i in g] for g in c.part.sub_groups],
+                              c.windows.optimizer_chunk_numel)
+    groups = [ch.numel for ch in chunks]
+    grads = list(c.part.partition_numels) if t.read_bytes.get("gradients", 0) + t.write_bytes.get("gradients", 0) \
+        else []
+    sizes = dram_tier.unit_bytes(param_numels=params, param_elem_bytes=c.E, group_numels=groups,
+                                 moment_bytes=MOMENT_BYTES[job.optimizer_moments], master_in_params=c.params_hold_master,
+                                 overlap=c.overlap, grad_numels=grads, grad_elem_bytes=c.G)
+    held = dram_tier.split(per_rank_bytes, *sizes)
+
+    def share(numels, idx):
+        return sum(numels[i] for i in idx) / sum(numels) if sum(numels) else 1.0
+
+    fp, fs, fg = share(params, held.params), share(groups, held.groups), share(grads, held.grads)
     rd, wr = dict(t.read_bytes), dict(t.write_bytes)
     scale = {"params": 1 - fp, "optimizer_states": 1 - fs, "gradients": 1 - fg}
     traffic = replace(t, read_bytes={k: int(v * scale.get(k, 1)) for k, v in rd.items()},
@@ -283,37 +292,39 @@ def memascend_tier(ms: Estimate, per_rank_bytes: int | None) -> tuple[dict, list
                       dram_state_elems=int(t.params_per_rank * fs),
                       formula=f"memascend's DRAM tier holds {fp:.0%} of the parameters, {fs:.0%} of the optimizer "
                               f"states, {fg:.0%} of the gradients; the rest as {t.formula}")
-    src = "planned: memascend's DRAM tier (not in the engine yet)"
-    items = [_item(f"host/dram_tier/{k}", f"DRAM tier: {label}", "host", n, src, f"{share:.0%} of {total:,} B",
-                   pinned="exact")
-             for k, label, n, share, total in (("params", "parameter partitions", p, fp, p_all),
-                                               ("optimizer_states", "optimizer sub-groups", s, fs, s_all),
-                                               ("gradients", "gradients", g, fg, g_all)) if n]
-    tier = {"params_bytes": p, "optimizer_states_bytes": s, "gradients_bytes": g, "params_share": round(fp, 4),
-            "optimizer_states_share": round(fs, 4), "gradients_share": round(fg, 4),
-            "full_bytes": p_all + s_all + g_all}
+    src = "memascend_engine.dram_tier (EngineOptions.dram_tier_gib), planner.dram_tier's rule"
+    full = [sum(x) for x in sizes]
+    items = [_item(f"host/dram_tier/{k}", f"DRAM tier: {label}", "host", n, src, f"{share_:.0%} of {total:,} B",
+                   pinned="mlock")
+             for k, label, n, share_, total in (
+                 ("params", "parameter partitions", held.params_bytes, fp, full[0]),
+                 ("optimizer_states", "optimizer sub-groups", held.groups_bytes, fs, full[1]),
+                 ("gradients", "gradients", held.grads_bytes, fg, full[2])) if n]
+    tier = {"params_bytes": held.params_bytes, "optimizer_states_bytes": held.groups_bytes,
+            "gradients_bytes": held.grads_bytes, "params_share": round(fp, 4), "optimizer_states_share": round(fs, 4),
+            "gradients_share": round(fg, 4), "full_bytes": sum(full)}
     return tier, items, traffic
 
 
 def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_hw: HardwareSpec,
                          budget_rank: int) -> list[Priced]:
     """memascend's dram row (the tier holds everything; offloaded checkpoints kept in DRAM too) and split row (the
-    tier at `budget_rank` bytes per rank over the all-SSD estimate), both planned."""
+    tier at `budget_rank` bytes per rank over the all-SSD estimate)."""
     rows = []
     dram_job = replace(job, checkpoint_offload="dram") if job.checkpointing == "offload" else job
     base = estimate(dram_job, hw, "memascend") if dram_job is not job else ms
-    tier, items, traffic = memascend_tier(base, None)
+    tier, items, traffic = memascend_tier(dram_job, hw, base, None)
     est = _derived(base, "memascend", [i for i in base.items if i.tier != "nvme"] + items,
                    replace(traffic, read_bytes={}, write_bytes={}))
-    rows.append(Priced("dram", "memascend", "DRAM tier holds every byte (planned)", False, est=est, tier=tier))
+    rows.append(Priced("dram", "memascend", "DRAM tier holds every byte", True, est=est, tier=tier))
     full = tier["full_bytes"]
-    split = Priced("split", "memascend", "DRAM tier + region (planned)", False)
+    split = Priced("split", "memascend", "DRAM tier + region", True)
     if budget_rank >= full:
         split.note = "the DRAM holds all of it: see dram"
     elif budget_rank <= 0:
         split.note = "no DRAM left beyond the all-SSD placement's peak and the headroom"
     else:
-        tier, items, traffic = memascend_tier(ms, budget_rank)
+        tier, items, traffic = memascend_tier(job, hw, ms, budget_rank)
         split.est = _derived(ms, "memascend", ms.items + items, traffic)
         split.tier = tier
     rows.append(split)

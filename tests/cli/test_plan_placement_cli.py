@@ -37,7 +37,7 @@ def test_a_72b_model_on_an_h100_is_recommended_a_dram_and_ssd_split(cli):
     best = _recommended(doc)
     assert best["placement"] == "split" and 0 < best["dram_tier"]["optimizer_states_share"] < 1
     assert {r["placement"]: r["binding"] for r in doc["rows"] if r["engine"] == "stock"}["gpu"] == "GPU memory"
-    assert doc["today"]["placement"] in ("split", "ssd") and "Planned" in doc["why"]
+    assert doc["today"] == doc["recommended"] and "Planned" not in doc["why"]  # the engine runs its DRAM tier
 
 
 def test_the_default_plan_of_a_profile_prints_a_recommendation_in_80_columns(cli, monkeypatch):
@@ -58,7 +58,7 @@ def test_json_prices_every_placement_for_both_engines(cli):
     for key in ("dram", "stock"), ("ssd", "memascend"):
         r = rows[key]
         assert r["host_peak_bytes"] > 0 and r["time"]["seconds_per_step"] > 0 and r["headroom_bytes"] > 0
-    assert rows["dram", "memascend"]["runnable"] is False and rows["ssd", "memascend"]["runnable"] is True
+    assert all(r["runnable"] for r in rows.values())  # memascend's tier rows too (EngineOptions.dram_tier_gib)
     assert doc["headroom_bytes"] > 0 and doc["selected"] is None
 
 
