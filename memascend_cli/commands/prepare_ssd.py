@@ -194,7 +194,7 @@ def _confirm(facts, yes: bool, verb: str) -> None:
 
 
 def prepare_ssd_command(
-    targets: list[str] | None = typer.Argument(None, help="Block device (/dev/nvme1n1, a partition, /dev/loopN) or a file path (with --size). Several: one region striped across them (the first is the region's path). Omit to list candidates.", show_default=False, metavar="[TARGET]..."),
+    targets: list[str] | None = typer.Argument(None, help="Block device (/dev/nvme1n1, a partition, /dev/loopN) or a file path (with --size). Several: one region striped across them (the first is the region's path). Omit to list candidates.", show_default=False, metavar="TARGET"),
     size: str | None = typer.Option(None, "--size", help="Size of a region file (of each, when several), with a unit: 200GiB, 1TB. Files only.", rich_help_panel="Region", show_default=False),
     ranks: int = typer.Option(1, "--ranks", min=1, max=region.MAX_RANKS, help="Number of per-rank sub-regions (one per local GPU process).", rich_help_panel="Region"),
     label: str = typer.Option("", "--label", help="Free-form label stored in the header (64 characters max).", rich_help_panel="Region"),
