@@ -25,6 +25,7 @@ from tests.integration.test_train_faults import COMMON, _complete_checkpoints, _
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 pytest.importorskip("deepspeed")
+SSD = (*COMMON, "--placement", "ssd")  # every state on the region (a job this small would fit the DRAM tier)
 
 
 def _prepare(*members: str) -> str:
@@ -40,7 +41,7 @@ def reference(tmp_path_factory):
         pytest.skip("needs root (FUSE mounts, loop devices)")
     d = tmp_path_factory.mktemp("striped-ref")
     run = str(d / "run")
-    memascend(TINY, "--output-dir", run, *COMMON, "--region", _prepare(str(d / "a.bin"), str(d / "b.bin")))
+    memascend(TINY, "--output-dir", run, *SSD, "--region", _prepare(str(d / "a.bin"), str(d / "b.bin")))
     return losses(run)
 
 
@@ -62,7 +63,7 @@ def _stopped_naming_member_2(p, run: str, member: str, errno_text: str, referenc
 
 def _resume_on_healthy_striped_region(tmp_path, run: str, reference: dict) -> None:
     healthy = _prepare(str(tmp_path / "healthy-a.bin"), str(tmp_path / "healthy-b.bin"))
-    memascend(TINY, "--output-dir", run, *COMMON, "--region", healthy, "--resume")
+    memascend(TINY, "--output-dir", run, *SSD, "--region", healthy, "--resume")
     assert losses(run) == reference
 
 
@@ -72,7 +73,7 @@ def test_a_member_failing_mid_run_stops_with_its_name_and_resumes_exactly(refere
                                                                            errno_text):
     members = [fuse.path("member0.bin"), fuse.path("member1.bin")]
     run = str(tmp_path / "run")
-    p = run_until((TINY, "--output-dir", run, *COMMON, "--region", _prepare(*members)), run,
+    p = run_until((TINY, "--output-dir", run, *SSD, "--region", _prepare(*members)), run,
                   {"event": "checkpoint", "step": 2},
                   lambda: fuse.set_rules([{"op": "write", "path": "member1.bin", "action": action, "count": -1}]))
     _stopped_naming_member_2(p, run, members[1], errno_text, reference)
@@ -98,7 +99,7 @@ def test_a_member_device_removed_mid_run(reference, fuse, tmp_path):
         first = str(tmp_path / "member0.bin")
         subprocess.run([sys.executable, "-m", "memascend_cli", "prepare-ssd", first, loop, "--size", "256MiB",
                         "--no-probe", "--yes"], check=True, capture_output=True, cwd=REPO)
-        p = run_until((TINY, "--output-dir", run, *COMMON, "--region", first), run, {"event": "checkpoint", "step": 2},
+        p = run_until((TINY, "--output-dir", run, *SSD, "--region", first), run, {"event": "checkpoint", "step": 2},
                       remove)
         _stopped_naming_member_2(p, run, loop, r"errno 5 \(Input/output error\)", reference)
         _resume_on_healthy_striped_region(tmp_path, run, reference)
