@@ -17,7 +17,7 @@ from memascend_cli.units import GiB
 
 
 def job(model: str, **kw) -> JobSpec:
-    spec = load_model(model, weights=False)
+    spec = load_model(model)
     knobs = zero.resolve("stock", model=spec, world_size=1, elem_bytes=2 if kw.get("dtype", "bf16") != "fp32" else 4)
     return JobSpec(model=spec, knobs=knobs, chunked_loss=True, **kw)
 
