@@ -37,6 +37,8 @@ def wheel_venv(tmp_path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.serial  # its peaks are machine-wide (MemTotal - MemAvailable): the other worker's jobs move them
+@pytest.mark.long  # 133 s alone, building the wheel and its native core; the default run benches every engine from the
+# checkout (tests/integration/test_dram_cap.py, test_op_lock_leftovers.py) and checks the document's parts in tests/cli
 def test_tiny_bench_from_an_installed_wheel(tmp_path):
     require_async_io()
     py = wheel_venv(tmp_path)
