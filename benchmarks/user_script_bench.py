@@ -425,6 +425,9 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
         cfg = json.load(f)
     for name in ("offload_param", "offload_optimizer"):  # accelerate reads the file itself: the run's own nvme_path
         cfg["zero_optimization"][name]["nvme_path"] = nvme
+    # The HF docs' configs carry "bf16": {"enabled": "auto"} beside fp16: without it the Trainer fills no bf16 before
+    # the model is built, and zero.Init partitions it in fp32 (partition_parameters.py Init._set_dtype).
+    cfg.setdefault("bf16", {"enabled": "auto"})
     with open(config, "w") as f:
         json.dump(cfg, f)
     cmd = script_command(job, engine, model_dir=model_dir, region=region, nvme_path=nvme, out=out, config=config,
