@@ -57,7 +57,7 @@ from results_micro import section_checksums, section_data_path, section_ds_buffe
 from results_readme import with_headline  # noqa: E402
 from results_scripts import section_cpu_offload_install, section_eager_scripts  # noqa: E402
 from results_reliability import section_stale_lock, section_train_output  # noqa: E402
-from results_records import (section_llamafactory_examples, section_long_tests,  # noqa: E402
+from results_records import (section_ci, section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
 from results_placements import section_placements  # noqa: E402
 from results_time import section_ssd_bound  # noqa: E402
@@ -103,8 +103,8 @@ TOPICS = [
     Topic("ecosystem", "Real models, user scripts and LLaMA-Factory", "a real model fine-tuned end to end, bf16 "
           "Adam moments, the plan on user scripts (DeepSpeed's API, HF Trainer, accelerate, TRL), LLaMA-Factory's "
           "own examples"),
-    Topic("reliability", "Reliability", "the parity tests repeated, the long tests, a long training run, runs killed "
-          "in setup and the run after each, train's output in a log"),
+    Topic("reliability", "Reliability", "the parity tests repeated, the test command from a fresh clone, the long "
+          "tests, a long training run, runs killed in setup and the run after each, train's output in a log"),
     Topic("micro", "Micro-benchmarks", "the native I/O engine, the non-finite scan, zero.Init's heap, one layer's "
           "and the loss's backward memory, the data path, stock DeepSpeed's buffers, checksums"),
     Topic("history", "History", "documents that left the tree, with the commit that has them"),
@@ -132,6 +132,7 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
                 section_llamafactory_examples(os.path.join(RAW, "llamafactory-examples.json"))]
     if name == "reliability":
         return [section_parity_repeat(os.path.join(RAW, "parity-repeat.json")),
+                section_ci(os.path.join(RAW, "ci-fresh-clone.json")),
                 section_long_tests(os.path.join(RAW, "long-tests.json")),
                 section_soak(os.path.join(RAW, "soak-train.json")),
                 section_stale_lock(os.path.join(BENCH, "stale_lock", "*.json")),

@@ -42,6 +42,33 @@ def section_long_tests(path: str) -> str:
         table(["test", "result", "seconds"], rows), ""]) + "\n"
 
 
+def section_ci(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+    rows = []
+    for r in doc["runs"]:
+        tests_at = next((p["at_s"] for p in r["phases"] if p["what"].startswith("running the tests")), None)
+        c = r["counts"]
+        rows.append([r["date"][:16].replace("T", " "), r["commit"][:8], str(r["exit_code"]), f"{r['seconds'] / 60:.1f}",
+                     "" if tests_at is None else f"{tests_at / 60:.1f}",
+                     "" if r["tests_s"] is None else f"{r['tests_s'] / 60:.1f}",
+                     f"{c.get('passed', 0)} / {c.get('failed', 0)} / {c.get('skipped', 0)}",
+                     f"{r['load_before'][0]:.1f} / {r['load_after'][0]:.1f}"])
+    last = doc["runs"][-1]
+    m = last["machine"]
+    slow = [f"- `{t['test']}` ({t['when']}): {t['seconds']:.0f} s" for t in last["slowest"]]
+    return "\n".join([
+        "## The test command from a fresh clone", "",
+        f"`{doc['command']}`: {doc['what']}, on {m['host']} ({m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB). "
+        "Setup is the venv, torch, DeepSpeed and its CPU ops built from nothing (pip's cache warm: "
+        f"{'yes' if last['pip_cache_warm'] else 'no'}); the load average is the one-minute figure before and after "
+        f"the run (other work on the machine). Raw data: `{os.path.relpath(path, REPO)}`.", "",
+        table(["date (UTC)", "commit", "exit", "minutes", "setup", "tests", "passed / failed / skipped", "load"],
+              rows), "",
+        "The slowest tests of the last run:", "", *slow, ""]) + "\n"
+
+
 def section_llamafactory_examples(path: str) -> str:
     doc = load_one(path)
     if doc is None:
