@@ -64,16 +64,19 @@ def section_placements(docs: list[tuple[str, dict]]) -> str:
         rows = [_row(name, p) for name in CURVES for p in curve(doc, name)]
         rows.sort(key=lambda r: float(r[0]))
         loads = [pt.get("loadavg") for pt in doc["points"]]
+        probes = [(pt.get("sitting") or {}).get("fp32_gflops") for pt in doc["points"]]
         out += ["", f"### {meta.get('title') or os.path.basename(path)}", "",
                 f"`{meta.get('command', '')}` on {meta.get('host', '?')}, {meta.get('date', '?')}: {job['model']} "
                 f"({job['num_params'] / 1e6:.0f}M parameters, {job.get('layers')} layers), seq {job['seq_len']}, "
                 f"{job['dtype']}, {job['steps']} steps, SSD "
                 + ("unthrottled" if not bw else f"throttled to {bw / 1e6:g} MB/s")
                 + "; load average (1, 5, 15 min) before and after each point: "
-                + "; ".join(", ".join(f"{x:g}" for x in la) for la in loads if la) + f" (`{path}`).", "",
+                + "; ".join(", ".join(f"{x:g}" for x in la) for la in loads if la)
+                + ("; the matmul probe at each point: " + ", ".join(f"{g:g}" for g in probes) + " GFLOP/s fp32"
+                   if all(probes) else "") + f" (`{path}`).", "",
                 table(HEADER, rows), ""] + _ratios(doc)
         png = os.path.splitext(path)[0] + ".png"
         if os.path.exists(os.path.join(REPO, png)):
-            out += ["", f"![tokens/s and SSD bytes per parameter against the DRAM cap](../../{png})"]
+            out += ["", f"![the placements curve](../../{png})", ""]
         out += [f"- note: {n}" for n in doc.get("notes") or []]
     return "\n".join(out) + "\n"

@@ -108,7 +108,8 @@ def point_entry(cap_bytes: int, plan, chosen: dict, doc: dict, loadavg: tuple) -
     rec = plan.recommended
     return {"dram_cap_bytes": cap_bytes, "dram_budget_bytes": plan.dram_budget_bytes,
             "recommended": None if rec is None else f"{rec.placement}/{rec.engine}", "why": plan.why,
-            "loadavg": [round(x, 2) for x in loadavg], "runs": runs}
+            "loadavg": [round(x, 2) for x in loadavg], "sitting": (doc.get("hardware") or {}).get("sitting"),
+            "runs": runs}
 
 
 def curve(doc: dict, name: str) -> list[dict]:
@@ -145,7 +146,7 @@ def run_placements(template, caps: list[int], *, out_dir: str, meta: dict, show_
         region = region or doc["job"]["region"]
         points.append(point_entry(cap, plan, chosen, doc, load_before + os.getloadavg()))
         all_ok = all_ok and all(r["ok"] or r["oom_killed"] for r in doc["runs"])
-    summary = sweep_document(template, points, meta, doc, tier)
+    summary = sweep_document(template.hw, points, meta, doc, tier)
     write_json(summary, os.path.join(out_dir, "placements.json"))
     problem = write_plot(summary, os.path.join(out_dir, "placements.png"))
     if problem:
@@ -156,15 +157,15 @@ def run_placements(template, caps: list[int], *, out_dir: str, meta: dict, show_
     return summary, all_ok
 
 
-def sweep_document(template, points: list[dict], meta: dict, last: dict, tier: bool) -> dict:
-    """The sweep's compact document: the job and machine (the last point's), every point. Pure."""
+def sweep_document(hw, points: list[dict], meta: dict, last: dict, tier: bool) -> dict:
+    """The sweep's compact document: the job (the last point's), the machine `hw` (uncapped), every point. Pure."""
     job = {k: v for k, v in last["job"].items() if k not in ("region_header", "dram_cap_bytes", "nvme_dir", "region")}
-    hw = last["hardware"]
-    machine = {k: hw.get(k) for k in ("dram_gib", "cpu_cores", "cpu_model", "sitting")}
+    machine = {"dram_gib": hw.dram_gib, "cpu_cores": hw.cpu_cores,
+               "cpu_model": (job.get("timing") or {}).get("cpu_model")}
     notes = ["each point's runs ran one after another, each in its own memory cgroup of the point's cap "
              "(dram_cap_bytes) and io cgroup (--ssd-bandwidth); ssd_bytes_per_param is rank 0's block I/O of a "
              "steady step over the parameters; load: cores the bench's samplers and other jobs kept busy while the "
-             "run ran (contention), loadavg before and after each point",
+             "run ran (contention), loadavg before and after each point, sitting: the point's matmul and disk probe",
              "stock-best runs stock DeepSpeed with tuned's knobs in the fastest stock placement the plan fits at "
              "the cap (offload_optimizer cpu, nvme + max_in_cpu, or nvme); where that is all on the SSD it is tuned's "
              "run (same_as)"]
@@ -186,22 +187,23 @@ def _cell(x: float | None, fmt: str) -> str:
 
 
 def render_table(doc: dict) -> None:
-    """One row per cap and curve: placement, measured s/step and tokens/s (plan's in brackets), SSD bytes per
-    parameter per step (plan's), the cgroup's peak."""
+    """One row per cap and curve: placement, measured s/step, tokens/s and SSD bytes per parameter per step, each
+    beside the plan's, and the cgroup's peak. Fits 80 columns."""
     from rich.table import Table
 
     from memascend_cli.console import out
 
-    t = Table(title="placements: tokens/s against the DRAM cap (plan in brackets)", title_justify="left")
-    for c in ("cap GiB", "run", "placement", "s/step", "tok/s", "SSD B/param", "peak GiB"):
+    t = Table(title="placements: measured and planned against the DRAM cap", title_justify="left", box=None,
+              pad_edge=False, show_edge=False)
+    for c in ("GiB", "run", "placement", "s/step", "plan", "tok/s", "plan", "B/param", "plan", "peak"):
         t.add_column(c, justify="left" if c in ("run", "placement") else "right", no_wrap=True)
     for name in CURVES:
         for pt in curve(doc, name):
             plan = pt.get("planned") or {}
             state = "" if pt.get("ok") else " OOM" if pt.get("oom_killed") else " failed"
-            pair = [f"{_cell(pt.get(k), f)} ({_cell(plan.get(k), f)})" for k, f in (
-                ("seconds_per_step", ".2f"), ("tokens_per_s", ",.0f"), ("ssd_bytes_per_param", ".1f"))]
-            t.add_row(f"{pt['cap_gib']:g}", name, (pt.get("placement") or "") + state, *pair,
+            cells = [_cell(d.get(k), f) for k, f in (("seconds_per_step", ".2f"), ("tokens_per_s", ",.0f"),
+                                                     ("ssd_bytes_per_param", ".1f")) for d in (pt, plan)]
+            t.add_row(f"{pt['cap_gib']:g}", name, (pt.get("placement") or "") + state, *cells,
                       _cell((pt.get("cgroup_peak_bytes") or 0) / GiB or None, ".2f"))
     out.print(t)
 
@@ -221,6 +223,10 @@ def write_plot(doc: dict, path: str) -> str | None:
         for ax, key in ((tok, "tokens_per_s"), (ssd, "ssd_bytes_per_param")):
             (line,) = ax.plot(x, [p.get(key) if p.get("ok") else None for p in pts], marker="o", label=name)
             ax.plot(x, [(p.get("planned") or {}).get(key) for p in pts], linestyle=":", color=line.get_color())
+        killed = [p["cap_gib"] for p in pts if not p.get("ok")]
+        if killed:  # a run that did not train (OOM-killed under the cap): an x on the axis
+            tok.plot(killed, [0] * len(killed), marker="x", linestyle="none", color=line.get_color(), markersize=9,
+                     label=f"{name}: OOM-killed / failed")
     job = doc["job"]
     tok.set_title(f"{job['model']} ({job['num_params'] / 1e6:.0f}M, seq {job['seq_len']}): tokens/s (dotted: plan)")
     ssd.set_title("SSD bytes per parameter per step (dotted: plan)")
