@@ -38,8 +38,9 @@ def section_capacity(cap: dict) -> list[str]:
         rows.append(["memascend", str(q["value"]), q["outcome"], str(q.get("steps_done", "-")),
                      gib(q.get("cgroup_peak_bytes")), gib(q.get("planned_peak_bytes")), _s(q.get("seconds_per_step"))])
     v = cap["verdict"]
-    lines = [f"{head}, memory cgroup v{cg.get('version', '?')}, {cap['steps']} steps a probe, random weights, clipping "
-             f"off{' (synthetic: a dry run, the plan standing in for the GPU)' if cap.get('synthetic') else ''}: "
+    lines = [f"{head}, memory cgroup v{cg.get('version', '?')}, {cap['steps']} steps a probe, weights "
+             f"{cap.get('weights', 'random')}"
+             f"{' (synthetic: a dry run, the plan standing in for the GPU)' if cap.get('synthetic') else ''}: "
              f"tuned's planned maximum {tuned['planned_max'] if tuned['planned_max'] is not None else 'none fits'}, "
              f"measured {tuned['measured_max'] if tuned['measured_max'] is not None else 'none fits'}"
              + ("" if tuned["measured_max_proven"] else " (a lower bound: no value above it was shown not to fit)") +
@@ -78,7 +79,7 @@ def section_placements(pl: dict) -> list[str]:
                      gib(r.get("peak_system_bytes")), plan[2], gib(r.get("peak_gpu_bytes")), plan[3], got, plan[4]])
     cut = [f"{p['model']} {p['placement']} {p['run']} ({p['status']})" for p in pl.get("points") or []
            if p["status"] in ("timeout", "skipped")]
-    return [f"Placement sweep (`bench --placement`), random weights, clipping off, seq {pl.get('seq_len')}, "
+    return [f"Placement sweep (`bench --placement`), weights {pl.get('weights', 'random')}, seq {pl.get('seq_len')}, "
             f"{pl.get('steps')} steps; plan = the call's `memascend plan` of each preset there"
             + (" (synthetic: a dry run, the plan standing in for the GPU)" if pl.get("synthetic") else "") + ".", "",
             table(PLACEMENT_HEADER, rows), ""] + ([f"- Not measured (the call's time): {', '.join(cut)}.", ""]

@@ -16,7 +16,7 @@ import sys
 
 from gpukit.bench import SYNTHETIC_HARDWARE, plan_doc, sampled_run, ssd_rate_args
 from gpukit.kit import Kit
-from gpukit.pure import (CAPACITY_STEPS, DEFAULT_DISK_GBPS, REPO, SEQ_GRID_TOKENS, GiB, capacity_probe,
+from gpukit.pure import (CAPACITY_STEPS, DEFAULT_DISK_GBPS, REPO, SEQ_GRID_TOKENS, WEIGHTS, GiB, capacity_probe,
                          capacity_summary, estimate_run_s, grid_max_under, linear_bytes, memascend_probe_value,
                          parse_planned_max, rehearsal_run, run_timeout_s)
 
@@ -99,7 +99,8 @@ def phase_capacity(kit: Kit) -> bool:
     if kit.dry_run:
         planned, probes, ended = plan.tuned_max, plan.synthetic_search(), True
     else:
-        with open(os.path.join(kit.work, "logs", "capacity-tuned.log"), errors="replace") as f:
+        log = os.path.join(kit.work, "logs", "capacity-tuned.log")  # none when the search was skipped
+        with open(log if os.path.exists(log) else os.devnull, errors="replace") as f:
             planned = parse_planned_max(f.read(), "tuned")[1]
         probes, ended = tuned_probes(out), rec.status in ("ok", "failed")
     best = max((q["value"] for q in probes if q["outcome"] == "fit"), default=None)
@@ -116,7 +117,8 @@ def phase_capacity(kit: Kit) -> bool:
     summary = capacity_summary(model=model, cap=kit.args.dram_cap, cgroup=cg, tuned_planned=planned,
                                tuned_probes=probes, tuned_stopped_by=STOPPED_BY[rec.status], memascend_value=value,
                                memascend_basis=basis, memascend_probe=probe)
-    _write(kit, {**summary, "plan_line": plan.lines, **({"synthetic": True} if kit.dry_run else {})})
+    _write(kit, {**summary, "weights": WEIGHTS, "plan_line": plan.lines,
+                 **({"synthetic": True} if kit.dry_run else {})})
     kit.log("capacity: " + json.dumps(summary["verdict"]))
     return bool(probes) and probe is not None
 
@@ -146,12 +148,13 @@ class CapacityPlan:
         self.kit, self.model, self.cap = kit, model, cap_bytes(kit.args.dram_cap)
         self.args = list(SYNTHETIC_HARDWARE) if kit.dry_run else ssd_rate_args(kit.storage)
         docs = [self._plan(s) for s in self.SEQS]
-        if None in docs and kit.dry_run:
-            raise RuntimeError(f"memascend plan of {model} failed: no synthetic capacity output")
         self.num_params = int(docs[0]["model"]["num_params"]) if docs[0] else int(5e8)
-        self.lines = {} if None in docs else {
-            e: [(s, int(d["engines"][e]["node_host_peak_bytes"])) for s, d in zip(self.SEQS, docs)]
-            for e in ("tuned", "memascend")}
+        peaks = {e: [((d or {}).get("engines", {}).get(e) or {}).get("node_host_peak_bytes") for d in docs]
+                 for e in ("tuned", "memascend")}
+        self.lines = {} if any(None in v for v in peaks.values()) else {
+            e: [(s, int(b)) for s, b in zip(self.SEQS, v)] for e, v in peaks.items()}
+        if not self.lines and kit.dry_run:
+            raise RuntimeError(f"memascend plan of {model} has no host peak per engine: no synthetic capacity output")
         self.tuned_max = grid_max_under(self.lines["tuned"], self.cap) if self.lines else None
 
     def _plan(self, seq: int) -> dict | None:

@@ -16,8 +16,8 @@ import shutil
 
 from gpukit.bench import SYNTHETIC_HARDWARE, bench_accepts, plan_doc, sampled_run, ssd_rate_args
 from gpukit.kit import Kit, StepRecord
-from gpukit.pure import (DEFAULT_DISK_GBPS, PLACEMENT_STEPS, PLACEMENT_SWEEP, estimate_run_s, placement_io_share,
-                         placement_row, run_timeout_s, summarize_bench_doc)
+from gpukit.pure import (DEFAULT_DISK_GBPS, PLACEMENT_STEPS, PLACEMENT_SWEEP, WEIGHTS, estimate_run_s,
+                         placement_io_share, placement_row, run_timeout_s, summarize_bench_doc)
 
 PLACEMENTS_FILE = "gpu_placements.json"
 PLAN_ENGINE = {"tuned": "stock"}
@@ -93,7 +93,7 @@ def phase_placements(kit: Kit) -> bool:
                     p = os.path.join(out, leftover)
                     shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else (os.path.exists(p) and os.unlink(p))
     _write(kit, {"schema_version": 1, "seq_len": kit.args.seq_len, "steps": PLACEMENT_STEPS, "gradient_clipping": 0,
-                 "weights": "random", "num_params": sizes, "points": points, "rows": rows,
+                 "weights": WEIGHTS, "num_params": sizes, "points": points, "rows": rows,
                  "plans": {m: (p or {}).get("placements") for m, p in plans.items()},
                  "documents": docs, "phase_io": io, **({"synthetic": True} if kit.dry_run else {})})
     return bool(rows) and all(r["ok"] for r in rows)

@@ -467,6 +467,10 @@ def capacity_verdict(tuned: dict, memascend: dict) -> dict:
 
 # -- the placement sweep -----------------------------------------------------------------------------------------
 
+WEIGHTS = ("random, gradient clipping off (a converted SmolLM2-135M is ~270 MB in bf16, over the 64 MiB that travels "
+           "with a call; random weights' gradient norms are far over any clipping a trained model's pass)")
+"""What the capacity and placement calls train, recorded in their JSON."""
+
 PLACEMENT_MODELS = ("llama-3.2-1b", "qwen2.5-1.5b")
 PLACEMENT_SWEEP = (("gpu", "tuned"), ("dram", "tuned"), ("split", "tuned"), ("ssd", "memascend"), ("ssd", "tuned"))
 """(placement, bench run) in the order the call measures them: the rows `memascend plan` prices with stock DeepSpeed's
