@@ -2,11 +2,15 @@
 device throttled to the same bandwidth (`memascend bench --ssd-bandwidth`, one io-cgroup limit per member device),
 the same job and knobs, in one sitting. The bars (issue 62): 2 members >= 1.8x one member's tokens/s, 3 >= 2.5x.
 
-Root (loop devices, io cgroups). Each member is a loop device over a preallocated file in --backing-dir (a file on the
-machine's disk); the regions are made with `prepare-ssd --no-probe` (every region's engine then runs the same default
-queue depth and request size), re-made over the first N loops for each N. Rounds go 1, 2, 3 members, then again
+Root (loop devices, io cgroups). Each member is a loop device over a sparse file in --backing-dir, by default on tmpfs:
+a loop device's own I/O to its backing file is charged to the run's io cgroup (memascend_cli/run/iolimit.py), and the
+bench also throttles the disk under its swap folder (--work-dir), so backing files on that disk would put every member
+behind that one disk's limit; on tmpfs each member's limit is its own, as separate drives' would be. The regions are
+made with `prepare-ssd --no-probe` (every region's engine then runs the same default queue depth and request size),
+re-made over the first N loops for each N. Rounds go 1, 2, 3 members, then again
 (--rounds), so machine load drifting during the sitting hits every count alike. The machine's load average is recorded
-before and after every run.
+before and after every run, and the niceness the sitting ran at (on a shared machine, `nice -n -10` keeps the runs'
+compute from queueing behind other jobs, so the SSD limits bind as they would on a machine of its own).
 
     python benchmarks/striped_bench.py --out docs/bench/striped/llama-136m-fp32-400mbs.json
 """
@@ -35,14 +39,16 @@ def loadavg() -> list[float]:
 
 
 def attach_loops(backing_dir: str, count: int, member_gib: int) -> list[tuple[str, str]]:
-    """(loop device, backing file) for `count` fresh members of `member_gib` GiB each."""
+    """(loop device, backing file) for `count` fresh members of `member_gib` GiB each (sparse: what the runs write
+    takes memory on tmpfs, nothing more)."""
     os.makedirs(backing_dir, exist_ok=True)
     loops = []
     for i in range(count):
         path = os.path.join(backing_dir, f"member{i}.img")
         if os.path.exists(path):
             os.unlink(path)
-        subprocess.run(["fallocate", "-l", f"{member_gib}G", path], check=True)
+        with open(path, "wb") as f:
+            f.truncate(member_gib << 30)
         dev = subprocess.run(["losetup", "-f", "--show", path], check=True, capture_output=True, text=True).stdout.strip()
         loops.append((dev, path))
     return loops
@@ -109,7 +115,9 @@ def machine() -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the JSON record to write")
-    ap.add_argument("--backing-dir", default="/var/tmp/memascend-striped")
+    ap.add_argument("--backing-dir", default="/dev/shm/memascend-striped", help="the loop devices' backing files")
+    ap.add_argument("--work-dir", default="/var/tmp/memascend-striped", help="the bench runs' output and swap folders "
+                    "(a disk file system: the bench refuses tmpfs)")
     ap.add_argument("--members", default="1,2,3")
     ap.add_argument("--member-gib", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
@@ -127,24 +135,30 @@ def main() -> int:
     loops = attach_loops(a.backing_dir, max(counts), a.member_gib)
     doc = {"command": "python benchmarks/striped_bench.py " + shlex.join(sys.argv[1:]),
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine(),
-           "loadavg_start": loadavg(), "backing": "loop devices over preallocated files on " + a.backing_dir, "runs": []}
+           "loadavg_start": loadavg(), "backing": "loop devices over sparse files on " + a.backing_dir,
+           "nice": os.nice(0), "runs": []}
     try:
         for rnd in range(a.rounds):
             for n in counts:
-                rec = run_one(a, loops, n, os.path.join(a.backing_dir, f"out-{n}-{rnd}"))
+                rec = run_one(a, loops, n, os.path.join(a.work_dir, f"out-{n}-{rnd}"))
                 rec["round"] = rnd
                 doc["runs"].append(rec)
                 print(json.dumps({k: rec.get(k) for k in ("round", "members", "exit", "tokens_per_s",
                                                           "seconds_per_step", "loadavg_before")}), flush=True)
+                write(doc, a.out)  # after every run: a sitting cut short keeps what it measured
     finally:
         detach_loops(loops)
     doc["loadavg_end"] = loadavg()
-    doc.update(summarize(doc["runs"]))
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+    write(doc, a.out)
     print(json.dumps({k: doc[k] for k in ("median_tokens_per_s", "ratio_to_one_member")}))
     return 0
+
+
+def write(doc: dict, out: str) -> None:
+    doc.update(summarize(doc["runs"]))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
 
 
 if __name__ == "__main__":

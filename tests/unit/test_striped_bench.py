@@ -1,0 +1,29 @@
+"""The pure parts of benchmarks/striped_bench.py: the bench command of each member count and the sitting's summary."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("striped_bench", os.path.join(REPO, "benchmarks", "striped_bench.py"))
+sb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sb)
+
+
+def test_every_member_count_runs_the_same_bench_but_for_the_region():
+    a = argparse.Namespace(model="bench-llama-136m", seq_len=32, steps=4, dtype="fp32", run="memascend",
+                           bandwidth="400MB/s", gradient_clipping=10.0)
+    one, three = sb.bench_args(a, "/dev/loop0", "/o/1"), sb.bench_args(a, "/dev/loop4", "/o/3")
+    assert [x for x in one if x not in ("/dev/loop0", "/o/1")] == [x for x in three if x not in ("/dev/loop4", "/o/3")]
+    assert one[one.index("--ssd-bandwidth") + 1] == "400MB/s" and one[one.index("--region") + 1] == "/dev/loop0"
+
+
+def test_summary_is_the_median_per_count_over_one_members():
+    runs = [{"members": 1, "tokens_per_s": 2.0}, {"members": 1, "tokens_per_s": 3.0}, {"members": 1, "tokens_per_s": 2.5},
+            {"members": 2, "tokens_per_s": 4.0}, {"members": 2, "tokens_per_s": 5.5}, {"members": 3, "tokens_per_s": 6.0},
+            {"members": 3, "tokens_per_s": None}]  # a failed run counts for nothing
+    s = sb.summarize(runs)
+    assert s["median_tokens_per_s"] == {"1": 2.5, "2": 4.75, "3": 6.0}
+    assert s["ratio_to_one_member"] == {"1": 1.0, "2": 1.9, "3": 2.4}
