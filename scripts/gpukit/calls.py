@@ -72,7 +72,7 @@ CALLS = (
     # The most valuable first: the capacity bars have never been measured on a GPU, and both come out of one call;
     # the time model's GPU runs are recorded on two models and two GPUs (docs/bench/gpu/) and lack only the
     # per-resource rates, which the next call measures first thing.
-    Call(1, f"setup + probe + capacity under a {CAPACITY_DRAM_CAP} DRAM cap (a memory cgroup, checked first): "
+    Call(1, f"setup + probe + capacity under a DRAM cap of {CAPACITY_DRAM_CAP} (a memory cgroup, checked first): "
             f"{CAPACITY_MODEL}, tuned's longest context (bench --capacity seq), then memascend at "
             f"{MEMASCEND_PROBE_FACTOR}x it (random weights, clipping off, {CAPACITY_STEPS} steps a probe)",
          ("--phases", "setup,probe,capacity", "--models", CAPACITY_MODEL, "--dram-cap", CAPACITY_DRAM_CAP),
