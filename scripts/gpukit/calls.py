@@ -90,7 +90,7 @@ CALLS = (
             + ", ".join(f"{p} {r}" for p, r in PLACEMENT_SWEEP) + f"; random weights, clipping off, seq 2048, "
             f"{PLACEMENT_STEPS} steps; the second preset when time is left)",
          ("--phases", "setup,probe,placements", "--models", ",".join(PLACEMENT_MODELS), "--seq-len", "2048"),
-         work_s=30 + 4 * 45 + 31 + 2 * 62,  # start-up ~45 s a run, the SSD's share (pure.estimate_run_s at 2 GB/s)
+         work_s=30 + 7 * 45 + 2 * 31 + 2 * 62,  # start-up ~45 s a run, the SSD's share (estimate_run_s, 2 GB/s)
          outputs=("log", "gpu_check.log", "gpu_check.json", "gpu_placements.json")),
     Call(4, "setup + probe + bench llama-3.2-1b (memascend, tuned; 3 steps, clipping off: the overlapped optimizer "
             "commits instead of redoing every step; the SSD sampled per phase)",

@@ -472,11 +472,13 @@ WEIGHTS = ("random, gradient clipping off (a converted SmolLM2-135M is ~270 MB i
 """What the capacity and placement calls train, recorded in their JSON."""
 
 PLACEMENT_MODELS = ("llama-3.2-1b", "qwen2.5-1.5b")
-PLACEMENT_SWEEP = (("gpu", "tuned"), ("dram", "tuned"), ("split", "tuned"), ("ssd", "memascend"), ("ssd", "tuned"))
-"""(placement, bench run) in the order the call measures them: the rows `memascend plan` prices with stock DeepSpeed's
-strongest config (gpu, dram, split: tuned, stock given memascend's knobs; stock as its docs configure it fails at step 2
-beyond 1e9 parameters) first, the all-SSD rows (measured before on an H100 and an H200, docs/bench/gpu/) last;
-memascend's DRAM tier is planned, not runnable (planner/placement.py)."""
+PLACEMENT_SWEEP = (("gpu", "tuned"), ("dram", "tuned"), ("dram", "memascend"), ("split", "tuned"),
+                   ("split", "memascend"), ("ssd", "memascend"), ("ssd", "tuned"))
+"""(placement, bench run) in the order the call measures them: the rows `memascend plan` prices (planner/placement.py)
+that no GPU has measured first, the all-SSD rows (measured on an H100 and an H200, docs/bench/gpu/) last. Stock
+DeepSpeed's rows run as tuned (stock given memascend's knobs; stock as its docs configure it fails at step 2 beyond
+1e9 parameters); memascend's dram and split rows are its DRAM tier (engine/dram_tier.py); at gpu memascend runs
+stock's ZeRO-3 config unchanged, so one run stands for both."""
 PLACEMENT_STEPS = 2
 """s/step is step 2's (bench averages steps 2..N)."""
 

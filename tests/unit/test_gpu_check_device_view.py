@@ -155,4 +155,5 @@ def _renders(out_dir: Path, files: list[str]) -> None:
         rows = doc["placements"]["rows"]
         assert {(r["placement"], r["run"]) for r in rows} >= set(pure.PLACEMENT_SWEEP)
         for r in rows:
-            assert f"| {r['model']} | {r['placement']} | {r['run']} | {r['seconds_per_step']:.2f} |" in page
+            got = "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}"
+            assert f"| {r['model']} | {r['placement']} | {r['run']}{'' if r['ok'] else ': failed'} | {got} |" in page
