@@ -367,14 +367,16 @@ def script_env(base: dict, launcher: bool = False) -> dict:
     return env
 
 
-def measure(cmd: list[str], env: dict, log_path: str) -> dict:
-    """Settle, run `cmd`, sample host memory until it exits (the bench's sampler threads)."""
+def measure(cmd: list[str], env: dict, log_path: str, settle_cap_s: float | None = None) -> dict:
+    """Settle (at most `settle_cap_s`, else the bench's cap), run `cmd`, sample host memory until it exits (the
+    bench's sampler threads)."""
     from memascend_cli.bench.sampling import (MeminfoReader, MemSampler, TreeSampler, drop_caches, nearest,
                                               others_rss_bytes, sampling_stats, settle)
 
     reader = MeminfoReader()
     try:
-        st = settle(reader.used_bytes, dropped_caches=drop_caches())
+        st = settle(reader.used_bytes, dropped_caches=drop_caches(),
+                    **({} if settle_cap_s is None else {"cap_s": settle_cap_s}))
         others_at_idle = others_rss_bytes({os.getpid()})
         sampler = MemSampler(reader)
         switch_s = sys.getswitchinterval()
@@ -414,7 +416,8 @@ def run_plan(job: Job, model_dir: str) -> dict:
     return json.loads(r.stdout)
 
 
-def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, work: str) -> dict:
+def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, work: str,
+            settle_cap_s: float | None = None) -> dict:
     nvme = os.path.join(work, "nvme")
     shutil.rmtree(nvme, ignore_errors=True)
     os.makedirs(nvme)
@@ -432,7 +435,7 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
         json.dump(cfg, f)
     cmd = script_command(job, engine, model_dir=model_dir, region=region, nvme_path=nvme, out=out, config=config,
                          port=_free_port())
-    m = measure(cmd, script_env(os.environ, launcher=job.script == "accelerate"), log)
+    m = measure(cmd, script_env(os.environ, launcher=job.script == "accelerate"), log, settle_cap_s)
     res = {"job": job.name, "script": job.script, "checkpointing": job.checkpointing, "engine": engine,
            "seq_len": job.seq_len, "micro_batch": job.micro_batch, "steps": job.steps, "dtype": job.dtype,
            "zero_init": job.zero_init, "model": job.model, "from_pretrained": job.from_pretrained,
@@ -474,6 +477,9 @@ def main(argv=None) -> int:
     ap.add_argument("--update", action="store_true", help="keep the runs of the other jobs in an existing --out "
                     "(each job's stock / memascend pair is one sitting; the document lists its sittings)")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines to run (default both)")
+    ap.add_argument("--settle-cap-s", type=float, default=None, help="the longest wait for host memory to settle "
+                    "before a run (default the bench's): on a shared machine a short one keeps the sitting short, the "
+                    "script's own ru_maxrss does not depend on it, the system peak does")
     args = ap.parse_args(argv)
     from memascend_cli.bench.runner import create_region
 
@@ -492,7 +498,8 @@ def main(argv=None) -> int:
     for job, repeat, engine in ((j, i, e) for j in jobs for i in range(repeats)
                                   for e in ENGINES if e in args.engines.split(",")):
         print(f"{job.name} {engine} ({repeat + 1}/{repeats}) ...", flush=True)
-        runs.append(run_job(job, engine, plans[job.name], model_dir=model_dirs[job.name], region=region, work=work))
+        runs.append(run_job(job, engine, plans[job.name], model_dir=model_dirs[job.name], region=region, work=work,
+                            settle_cap_s=args.settle_cap_s))
         r = runs[-1]
         print(f"  ok={r['ok']} peak {_gib(r['peak_system_bytes'])} GiB, ru_maxrss {_gib(r['ru_maxrss_bytes'])} "
               f"GiB, others' RSS change {_gib(r['others_rss_change_at_peak_bytes'])} GiB, plan "

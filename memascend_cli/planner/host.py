@@ -379,7 +379,7 @@ BEFORE_PARTITIONING_KEYS = ("host/runtime", "host/trainer_imports", "host/engine
 
 
 def model_build_items(c: Context, steady: list[Item]) -> list[Item]:
-    """The whole model a script holds before deepspeed.initialize partitions it (job.model_init), as "init" items:
+    """The whole model a script holds before deepspeed.initialize partitions it (job.model_init), as an "init" item:
     what it adds above the steady level at its highest moment, the model beside the items of
     BEFORE_PARTITIONING_KEYS; each parameter is freed as it is partitioned. None under zero.Init (each parameter is
     partitioned as it is built). Pure."""
@@ -388,23 +388,24 @@ def model_build_items(c: Context, steady: list[Item]) -> list[Item]:
         return []
     level = sum(i.bytes for i in steady if i.kind == "steady")
     before = sum(i.bytes for i in steady if i.kind == "steady" and i.key in BEFORE_PARTITIONING_KEYS)
-    model = EAGER_BUILD_ELEM_BYTES * n
-    state_dict = c.E * n if job.model_init == "from-pretrained" else 0
     source = ("runtime/zero/parameter_offload.py _convert_to_zero_parameters (lines 258-279: a module not built "
               "under zero.Init is partitioned in deepspeed.initialize by Init(module=...)), partition_parameters.py "
               "_convert_to_zero_parameters (lines 1209-1215: one parameter at a time)")
-    items = [Item("host/model_build", f"model built whole before initialize ({job.model_init}, fp32)", "host",
-                  max(0, before + model - level), "init",
-                  formula=f"the process and parameter pool {before:,} + {EAGER_BUILD_ELEM_BYTES} B x N {n:,} "
-                          f"(transformers builds fp32 without torch_dtype) - the steady level {level:,}",
-                  source=source)]
-    if state_dict:
-        # The checkpoint's tensors (safetensors, memory-mapped) are resident while they are copied into the
-        # parameters: RssFile of the training process until the load returns.
-        items.append(Item("host/model_state_dict", "from_pretrained: the checkpoint's state dict while it loads",
-                          "host", state_dict, "init", formula=f"{c.E} B x N {n:,} (the checkpoint in the job's dtype)",
-                          source="transformers modeling_utils from_pretrained (safetensors safe_open, mmapped)"))
-    return items
+    if job.model_init == "from-pretrained":
+        # transformers 5 loads with dtype "auto" (the checkpoint's) from safetensors memory-mapped: the parameters are
+        # views of the mapped file (core_model_loading.py _materialize_copy: no copy without a dtype or device
+        # change), resident as partitioning reads them, and the mapping goes only with its last tensor. Measured:
+        # from_pretrained itself adds 14 MiB of high-water mark (docs/bench/user-script/matrix.json phases).
+        model, what = c.E * n, f"{c.E} B x N {n:,} (the checkpoint, memory-mapped, saved in the job's dtype)"
+        source += "; transformers modeling_utils from_pretrained (safe_open backend mmap, dtype auto)"
+    else:
+        model, what = EAGER_BUILD_ELEM_BYTES * n, (f"{EAGER_BUILD_ELEM_BYTES} B x N {n:,} (transformers builds fp32 "
+                                                   "without torch_dtype)")
+    label = "model loaded whole by from_pretrained" if job.model_init == "from-pretrained" else \
+        "model built whole before initialize (eager, fp32)"
+    return [Item("host/model_build", label, "host", max(0, before + model - level), "init",
+                 formula=f"the process and parameter pool {before:,} + {what} - the steady level {level:,}",
+                 source=source)]
 
 
 def _cpu_working_set(c: Context, zero_init_heap: int, backward_heap: int, bucket: int, add, out: list[Item]) -> int:

@@ -1,5 +1,6 @@
 """How a user's script builds the model before deepspeed.initialize (JobSpec.model_init, host/model_build): the whole
-model in fp32 and, for from_pretrained, its state dict, counted in the init phase of every engine."""
+model in fp32, or for from_pretrained the memory-mapped checkpoint in its dtype, counted in the init phase of every
+engine."""
 
 from dataclasses import replace
 
@@ -43,10 +44,14 @@ def test_an_eager_build_holds_the_whole_fp32_model_beside_the_process_and_parame
 
 
 @pytest.mark.parametrize("dtype, elem_bytes", [("fp32", 4), ("bf16", 2)])
-def test_from_pretrained_holds_the_state_dict_in_the_job_dtype_beside_the_model(dtype, elem_bytes):
-    eager = _init_items(estimate(_job("eager", dtype=dtype), CPU, "memascend"))
-    items = _init_items(estimate(_job("from-pretrained", dtype=dtype), CPU, "memascend"))
-    assert items == dict(eager, **{"host/model_state_dict": elem_bytes * MODEL.num_params})
+def test_from_pretrained_holds_the_mapped_checkpoint_in_the_job_dtype_and_no_second_copy(dtype, elem_bytes):
+    """dtype auto: the parameters are the memory-mapped checkpoint's tensors, in its dtype (saved in the job's)."""
+    est = estimate(_job("from-pretrained", dtype=dtype), CPU, "memascend")
+    before = sum(i.bytes for i in est.items if i.kind == "steady" and i.key in host.BEFORE_PARTITIONING_KEYS)
+    model = elem_bytes * MODEL.num_params
+    assert _init_items(est) == {"host/model_build": max(0, before + model - est.host_steady_bytes)}
+    eager = _init_items(estimate(_job("eager", dtype=dtype), CPU, "memascend"))["host/model_build"]
+    assert (_init_items(est)["host/model_build"] == eager) is (dtype == "fp32")
 
 
 def test_the_build_phase_is_the_peak_when_it_is_larger_than_the_rest():
