@@ -94,6 +94,7 @@ def run_entry(run: dict, choice, num_params: int) -> dict:
         "load": {"cores_taken": _cores_taken(run), "others_cpu_seconds": run.get("others_cpu_seconds"),
                  "bench_cpu_seconds": run.get("bench_cpu_seconds"), "wall_s": run.get("wall_s")},
         "planned": {"seconds_per_step": t.step_s if t else None, "tokens_per_s": t.tokens_per_s if t else None,
+                    "seconds_per_step_at_least": t.at_least_s if t else None,  # an SSD rate unknown: a bound
                     "binding": row.binds, "ssd_bytes_per_param": round(row.ssd_bytes / num_params, 3),
                     "host_peak_bytes": row.est.node_host_peak_bytes if row.est else None, "fits": row.fits},
     }

@@ -1,6 +1,7 @@
-"""`memascend bench --placements` for real, as root: a tiny model at two DRAM caps (real memory cgroups), stock's best
-config, tuned on the SSD and memascend's placement at each, real DeepSpeed on the CPU; the compact document, its plot
-and each point's bench.json, and the placements really taking effect (stock's DRAM placement moves no swap bytes)."""
+"""`memascend bench --placements` for real, as root: a tiny model at two DRAM caps (real memory cgroups, the SSD
+throttled as a sweep is run), stock's best config, tuned on the SSD and memascend's placement at each, real DeepSpeed
+on the CPU; the compact document, its plot and each point's bench.json, and the placements really taking effect
+(stock's DRAM placement moves no swap bytes)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ CAPS = ("3GiB", "6GiB")
 def test_two_budget_points_measure_every_curve_beside_the_plan(tmp_path):
     require_async_io()
     require_memory_cgroups("memory")
+    require_memory_cgroups("io")
     out = tmp_path / "out"
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     cmd = [sys.executable, "-m", "memascend_cli", "bench", "--model", "tiny-llama", "--seq-len", "64", "--steps", "3",
-           "--placements", ",".join(CAPS), "--settle-cap", "20", "--out", str(out), "--json"]
+           "--placements", ",".join(CAPS), "--ssd-bandwidth", "400MB/s", "--settle-cap", "20", "--out", str(out),
+           "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
