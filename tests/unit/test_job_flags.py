@@ -14,7 +14,7 @@ from memascend_cli.planner import job_flags, zero
 from memascend_cli.planner.spec import HardwareSpec
 
 HW = HardwareSpec(name="t", dram_gib=64.0, num_gpus=0, gpu_mem_gib=0.0, cpu_cores=8)
-SPEC = load_model("tiny-llama", weights=False)
+SPEC = load_model("tiny-llama")
 DEFAULTS = zero.version_defaults((0, 19, 8))
 
 

@@ -22,7 +22,7 @@ NODE = HardwareSpec(name="test", dram_gib=64.0, cpu_cores=2)
 
 
 def job(model: str = "qwen2.5-0.5b", cfg: dict = CPU_OFFLOAD):
-    return oc.job_for_config(cfg, load_model(model, weights=False), ranks_per_node=1, zero_init=True)
+    return oc.job_for_config(cfg, load_model(model), ranks_per_node=1, zero_init=True)
 
 
 def stock_peak(j, available: int) -> tuple[int, int]:
@@ -101,7 +101,7 @@ def test_no_offload_on_a_gpu_node_prices_the_gpu_placement():
 
 
 def test_job_for_config_reads_the_config_and_lists_its_assumptions():
-    spec = load_model("qwen2.5-0.5b", weights=False)
+    spec = load_model("qwen2.5-0.5b")
     cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 4, "bf16": {"enabled": "auto"},
            "zero_optimization": {"stage": 3, "sub_group_size": 5e8, "reduce_bucket_size": "auto",
                                  "offload_optimizer": {"device": "cpu"}}}
@@ -109,7 +109,7 @@ def test_job_for_config_reads_the_config_and_lists_its_assumptions():
     assert (j.micro_batch, j.grad_accum_steps, j.dtype, j.ranks_per_node, j.zero_init) == (1, 4, "fp32", 2, False)
     assert j.knobs.sub_group_size == 500_000_000 and j.seq_len == oc.ASSUMED_SEQ_LEN
     assert any("micro-batch 1" in a for a in assumed) and any("bf16.enabled 'auto'" in a for a in assumed)
-    short = load_model("tiny-llama", weights=False)
+    short = load_model("tiny-llama")
     if short.max_position_embeddings and short.max_position_embeddings < oc.ASSUMED_SEQ_LEN:
         assert oc.job_for_config(cfg, short, ranks_per_node=1, zero_init=True)[0].seq_len == \
             short.max_position_embeddings
