@@ -79,11 +79,13 @@ def section_placements(pl: dict) -> list[str]:
                      gib(r.get("peak_system_bytes")), plan[2], gib(r.get("peak_gpu_bytes")), plan[3], got, plan[4]])
     cut = [f"{p['model']} {p['placement']} {p['run']} ({p['status']})" for p in pl.get("points") or []
            if p["status"] in ("timeout", "skipped")]
+    failed = [f"{r['model']} {r['placement']} {r['run']}: `{r.get('error') or '?'}`" for r in pl.get("rows") or []
+              if not r["ok"]]
     return [f"Placement sweep (`bench --placement`), weights {pl.get('weights', 'random')}, seq {pl.get('seq_len')}, "
             f"{pl.get('steps')} steps; plan = the call's `memascend plan` of each preset there"
             + (" (synthetic: a dry run, the plan standing in for the GPU)" if pl.get("synthetic") else "") + ".", "",
-            table(PLACEMENT_HEADER, rows), ""] + ([f"- Not measured (the call's time): {', '.join(cut)}.", ""]
-                                                  if cut else [])
+            table(PLACEMENT_HEADER, rows), ""] + [f"- Failed: {f}." for f in failed] + (
+        [f"- Not measured (the call's time): {', '.join(cut)}."] if cut else []) + ([""] if failed or cut else [])
 
 
 def _num_params(pl: dict, model: str) -> int | None:

@@ -73,21 +73,22 @@ def phase_placements(kit: Kit) -> bool:
             key = f"{placement}/{run}"
             out = os.path.join(kit.ssd, "placements", model, placement, run)
             est = estimate_run_s(int(n * placement_io_share(placement)), PLACEMENT_STEPS, gbps)
-            rec, io_point = sampled_run(kit, f"placement-{model}-{placement}-{run}", _cmd(kit, model, placement, run,
-                                                                                          out),
-                                        out, PLACEMENT_STEPS, cap_s=run_timeout_s(est, 1e9), min_s=min(est, 45.0))
+            name = f"placement-{model}-{placement}-{run}"
+            rec, io_point = sampled_run(kit, name, _cmd(kit, model, placement, run, out), out, PLACEMENT_STEPS,
+                                        cap_s=run_timeout_s(est, 1e9), min_s=min(est, 45.0))
             points.append({"model": model, "placement": placement, "run": run, "status": rec.status,
                            "seconds": rec.seconds})
-            doc = _read_doc(out, rec.status, model) if not kit.dry_run else (
-                rehearsal_doc(model, run, plan_row(plans[model], placement, run), n)
-                if plan_row(plans[model], placement, run) else None)
+            row = plan_row(plans[model], placement, run)
+            if kit.dry_run:
+                doc = rehearsal_doc(model, run, row, n) if row else None
+            else:
+                doc = _read_doc(out, rec.status, model, os.path.join(kit.work, "logs", f"{name}.log"))
             if doc is None:
                 continue
             docs.setdefault(model, {})[key] = doc
             io.setdefault(model, {})[key] = io_point
             for r in summarize_bench_doc(doc):
-                rows.append({**placement_row(placement, r, doc["runs"][0].get("ssd_bytes_per_param")),
-                             "plan": plan_row(plans[model], placement, run)})
+                rows.append({**placement_row(placement, r, doc["runs"][0].get("ssd_bytes_per_param")), "plan": row})
             if not kit.dry_run:
                 for leftover in ("bench.region", "swap"):  # tens of GB at 1B: gone before the next point
                     p = os.path.join(out, leftover)
@@ -99,15 +100,22 @@ def phase_placements(kit: Kit) -> bool:
     return bool(rows) and all(r["ok"] for r in rows)
 
 
-def _read_doc(out: str, status: str, model: str) -> dict | None:
+def _read_doc(out: str, status: str, model: str, log: str) -> dict | None:
+    """The point's bench.json; a point bench refused or that died before writing it: its error line (bench says why
+    a placement does not fit in one `error:` line), None for one the call's time skipped."""
     try:
         with open(os.path.join(out, "bench.json")) as f:
             return json.load(f)
     except (OSError, json.JSONDecodeError):
         if status == "skipped":
             return None
-        return {"runs": [{"name": os.path.basename(out), "ok": False, "error": f"{status}: no bench.json"}],
-                "job": {"model": model}}
+    try:
+        with open(log, errors="replace") as f:
+            said = next((ln.strip() for ln in f if ln.startswith("error:")), "")
+    except OSError:
+        said = ""
+    return {"runs": [{"name": os.path.basename(out), "ok": False, "error": said or f"{status}: no bench.json"}],
+            "job": {"model": model}}
 
 
 def _write(kit: Kit, doc: dict) -> None:

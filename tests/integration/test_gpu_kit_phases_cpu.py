@@ -77,3 +77,20 @@ def test_the_bench_phase_records_the_ssd_in_each_phase(tmp_path):
         opt = io[run]["phases"]["optimizer"]
         # The optimizer reads and writes its states on the SSD in every step.
         assert opt["seconds"] > 0 and opt["read_gbps"] > 0 and opt["write_gbps"] > 0, io[run]
+
+
+def test_the_placement_phase_runs_each_point_and_records_what_bench_refused(tmp_path):
+    """Every point of the sweep is its own bench command: those that run carry their SSD bytes and the call's plan
+    of their row; one bench refuses (gpu on a machine without one) keeps bench's own error line."""
+    require_async_io()
+    r, out = _kit(tmp_path, "--phases", "placements", "--models", "tiny-llama", "--seq-len", "64", "--budget-s", "900")
+    doc = json.loads((out / "gpu_placements.json").read_text())
+    assert [(p["placement"], p["run"]) for p in doc["points"]] == list(pure.PLACEMENT_SWEEP), r.stdout[-3000:]
+    rows = {(row["placement"], row["run"]): row for row in doc["rows"]}
+    assert not rows[("gpu", "tuned")]["ok"] and rows[("gpu", "tuned")]["error"].startswith("error: placement gpu")
+    for key in (("dram", "tuned"), ("ssd", "memascend"), ("ssd", "tuned")):
+        row = rows[key]
+        assert row["ok"] and row["seconds_per_step"] > 0 and row["plan"]["placement"] == key[0], row
+    assert rows[("dram", "tuned")]["ssd_read_bytes_per_param"] == 0  # DRAM-resident: nothing from the SSD
+    assert rows[("ssd", "tuned")]["ssd_read_bytes_per_param"] > 1
+    assert doc["phase_io"]["tiny-llama"]["ssd/tuned"]["phases"]["optimizer"]["write_gbps"] > 0
