@@ -87,3 +87,16 @@ def test_a_nodes_preflight_names_a_missing_member(folder):
     os.unlink(paths[1])
     message, hint = assess_node(gather_node_facts(paths[0], 1))
     assert message.endswith(f"member 2 of 2, {paths[1]}, is missing") and "prepare-ssd" in hint
+
+
+def test_bench_throttles_every_member_and_plans_with_their_sum(folder):
+    """bench --ssd-bandwidth on a striped region: each member's device gets the limit, the time model their sum."""
+    from memascend_cli.bench.sweep import region_members, timing
+    from memascend_cli.planner.spec import HardwareSpec
+
+    paths = [str(folder / f"m{i}.bin") for i in range(3)]
+    assert run("prepare-ssd", *paths, "--size", "16MiB", "--no-probe", "--yes").exit_code == 0
+    assert region_members(paths[0]) == paths[1:] and region_members(None) == []
+    hw = HardwareSpec(name="local", dram_gib=24.0, num_gpus=0, gpu_mem_gib=0.0, cpu_cores=2)
+    t = timing(hw, "fp32", 150.0, 400_000_000, None, 3)
+    assert (t["read_gbps"], t["write_gbps"]) == (1.2, 1.2)
