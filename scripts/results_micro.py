@@ -49,7 +49,8 @@ def section_checksums(runs: list) -> str:
 
 
 def section_micro(runs: list) -> str:
-    """The outputs of benchmarks/io_bench.py, scan_bench.py, zero_init_heap.py, layer_backward_memory.py."""
+    """The outputs of benchmarks/io_bench.py, scan_bench.py, zero_init_heap.py, layer_backward_memory.py,
+    layer_saved_tensors.py."""
     import statistics
 
     out = []
@@ -97,6 +98,15 @@ def section_micro(runs: list) -> str:
                     "plan's moment" + (" and Korthikanti et al.'s activations of one layer" if layer else "")
                     + ". Raw: `" + path + "`.", "", table(["model", "tokens", "measured MiB", "plan MiB", "plan error"]
                                                           + (["Korthikanti MiB"] if layer else []), rows), ""]
+        elif doc.get("kind") == "layer_saved_tensors":
+            rows = [[r["case"], r["dtype"], f"{r['micro_batch'] * r['seq_len']:,}",
+                     f"{r['measured_bytes'] / 2**20:.2f}", f"{r['planned_bytes'] / 2**20:.2f}",
+                     f"{r['error_percent']:+.2f}%"] for r in doc["cases"]]
+            out += [f"## {doc['title']}", "", f"`{doc['command']}` ({doc['date']}, torch {doc['versions']['torch']}, "
+                    f"transformers {doc['versions']['transformers']}); the distinct storages autograd saves in one "
+                    "LlamaDecoderLayer's forward (SDPA), its parameters left out, against the plan's "
+                    "layer_saved_bytes. Raw: `" + path + "`.", "",
+                    table(["layer", "dtype", "tokens", "measured MiB", "plan MiB", "plan error"], rows), ""]
     return "\n".join(out) + ("\n" if out else "")
 
 

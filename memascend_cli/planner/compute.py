@@ -89,32 +89,51 @@ def chunked_loss_blocks(c: Context) -> tuple[list[int], list[int]]:
     return grads + [8 * chunk], grads + [m.vocab_size * m.hidden_size * E if E != 4 else 0]
 
 
+# Tensors one decoder layer saves for its backward (no recomputation), per token: this many of the activation dtype
+# hidden-wide (the two RMSNorms' normalized products and the projections' inputs, the query, the attention output,
+# the input and the attention's residual sum), key/value-wide (key and value) and intermediate-wide (gate, up, their
+# product, down_proj's input); the attention's logsumexp in fp32 per head; in bf16 / fp16 the two RMSNorm inputs are
+# saved as their fp32 upcasts (transformers' LlamaRMSNorm hidden_states.to(torch.float32)). Counted with
+# torch.autograd.graph.saved_tensors_hooks on transformers' LlamaDecoderLayer (SDPA), fp32 and bf16, MHA (hidden 768,
+# 12 heads) and GQA (hidden 1024, 16 heads, 4 KV heads): the counts give the saved bytes of all four to 0.5%
+# (benchmarks/layer_saved_tensors.py).
+LAYER_SAVED_TENSORS_PER_TOKEN = {"hidden": 8, "kv": 2, "intermediate": 4}
+LAYER_SAVED_UPCAST_HIDDEN = 2
+
+
+def layer_saved_bytes(c: Context) -> int:
+    """One decoder layer's tensors saved for backward (LAYER_SAVED_TENSORS_PER_TOKEN), with the attention scores
+    (5as^2b in 16-bit, Korthikanti et al.) where attention is not fused."""
+    job, m, t = c.job, c.m, LAYER_SAVED_TENSORS_PER_TOKEN
+    tokens = job.micro_batch * job.seq_len
+    per_token = c.E * (t["hidden"] * m.hidden_size + t["kv"] * m.num_key_value_heads * m.head_dim_
+                       + t["intermediate"] * m.intermediate_size) + 4 * m.num_attention_heads
+    if c.E < 4:
+        per_token += LAYER_SAVED_UPCAST_HIDDEN * (4 - c.E) * m.hidden_size
+    scores = 0 if c.flash else 5 * m.num_attention_heads * job.seq_len * job.seq_len * job.micro_batch * c.E // 2
+    return tokens * per_token + scores
+
+
 def activation_parts(c: Context) -> tuple[int, int, str]:
-    """Activation memory of the forward/backward, 16-bit per Korthikanti et al.; scaled for fp32: (kept, recomputed,
-    description). `kept` lives from the end of forward through the loss backward (every layer's activations without
-    recomputation, the L x 2sbh checkpoints with it); `recomputed` is one layer's, only inside its backward."""
+    """Activation memory of the forward/backward: (kept, recomputed, description). `kept` lives from the end of
+    forward through the loss backward (every layer's saved tensors without recomputation, the L x sbh checkpoints in
+    the activation dtype with it); `recomputed` is one layer's, only inside its backward."""
     job, m = c.job, c.m
-    s, b, h, a, L = job.seq_len, job.micro_batch, m.hidden_size, m.num_attention_heads, m.num_hidden_layers
-    scale = c.E / 2
-    # Per layer, no recomputation: attention 11sbh + 5as^2b (scores, softmax, dropout), MLP 19sbh for a
-    # 4h GeLU MLP; a SwiGLU MLP of width I stores input 2sbh + gate/up/act/product 8sbI instead.
-    scores = 0 if c.flash else 5 * a * s * s * b
-    attn = 11 * s * b * h + scores
-    mlp = 2 * s * b * h + 8 * s * b * m.intermediate_size
-    norms = 4 * s * b * h
-    full_layer = attn + mlp + norms
+    s, b, h, L = job.seq_len, job.micro_batch, m.hidden_size, m.num_hidden_layers
+    full_layer = layer_saved_bytes(c)
+    scores = 0 if c.flash else 5 * m.num_attention_heads * s * s * b * c.E // 2
     ck = job.checkpointing
     if ck == "none":
         kept, again = L * full_layer, 0
-        desc = "L x (attention + SwiGLU MLP + norms), no recomputation"
+        desc = "L x a layer's saved tensors, no recomputation"
     elif ck == "selective":
         kept, again = L * (full_layer - scores), scores
         desc = "L x layer without attention scores + one layer's scores (selective recomputation)"
     else:
-        kept = 0 if (ck == "offload" and (c.gpu or c.ssd_checkpoints)) else L * 2 * s * b * h
+        kept = 0 if (ck == "offload" and (c.gpu or c.ssd_checkpoints)) else L * 2 * s * b * h * c.E // 2
         again = full_layer
         desc = ("one layer recomputed" if kept == 0 else "L x 2sbh checkpoints + one layer recomputed")
-    return int(kept * scale), int(again * scale), desc
+    return int(kept), int(again), desc
 
 
 # One recomputed decoder layer's backward on a CPU rank peaks in its MLP backward, just after down_proj's weight
