@@ -1,6 +1,6 @@
 """memascend's DRAM tier (EngineOptions.dram_tier_gib, engine/dram_tier.py) inside real DeepSpeed ZeRO-3 on the CPU.
 
-The parity harness's tiny-llama (test_engine_deepspeed.py) for 20 steps at budgets that hold nothing, part of the
+The parity harness's tiny-llama (test_engine_deepspeed.py) for 20 steps (4 in the default run) at budgets that hold nothing, part of the
 parameter partitions, all of them and some optimizer chunks, and everything: the losses equal the all-SSD engine's
 bit for bit, the region moves fewer bytes the more the tier holds (none once it holds everything), a checkpoint saved
 at one budget resumes exactly at another, and a tier the process has no room for stays on the region with a warning.
@@ -28,6 +28,8 @@ from tests.conftest import require_memory_cgroups
 
 pytestmark = pytest.mark.slow
 STEPS = 20
+"""The bit-identity run's length (`pytest -m long`); the default run trains SHORT steps, the resumes 2 x SHORT."""
+SHORT = 4
 MIB = 2**20
 # tiny-llama in bf16: 8 parameter partitions of 1 MiB on the region (the MLP matrices, the embedding and the LM head;
 # the attention ones are below DeepSpeed's min_aio_bytes), 5 optimizer chunks of ~30 MB with the overlap's two
@@ -46,18 +48,20 @@ def _since_assign(r: dict) -> tuple[int, int]:
     return io["bytes_read"] - t["region_read_at_assign"], io["bytes_written"] - t["region_written_at_assign"]
 
 
-def _engine(tmp_path, name: str, budget_gib: float, *args: str) -> dict:
+def _engine(tmp_path, name: str, budget_gib: float, *args: str, steps: int = SHORT) -> dict:
     (tmp_path / name).mkdir()
-    return run(tmp_path, name, "--mode", "engine", "--steps", str(STEPS), "--region",
+    return run(tmp_path, name, "--mode", "engine", "--steps", str(steps), "--region",
                make_region(tmp_path / name, "512MiB"), "--dram-tier-gib", str(budget_gib), *args)
 
 
-def test_every_budget_trains_the_same_losses_and_the_ssd_bytes_fall_with_it(tmp_path):
+@pytest.mark.parametrize("steps", [SHORT, pytest.param(STEPS, marks=pytest.mark.long)])
+def test_every_budget_trains_the_same_losses_and_the_ssd_bytes_fall_with_it(tmp_path, steps):
     # Clipping on (never triggered at 100): the overlap keeps each gradient for a redo, so gradients reach the SSD.
     kw = ("--dtype", "bf16", "--clip", "100")
-    ref = _engine(tmp_path, "all-ssd", 0.0, *kw)
+    ref = _engine(tmp_path, "all-ssd", 0.0, *kw, steps=steps)
     assert "dram_tier" not in ref["stats"]["region_io"]  # budget 0: the plain region store
-    runs = {k: _engine(tmp_path, k.replace(" ", "-"), b, *kw) for k, b in BUDGETS_GIB.items() if b}
+    runs = {k: _engine(tmp_path, k.replace(" ", "-"), b, *kw, steps=steps) for k, b in BUDGETS_GIB.items() if b}
+    assert len(ref["losses"]) == steps
     for name, r in runs.items():
         assert r["losses"] == ref["losses"], name
         assert r["grad_norms"] == ref["grad_norms"], name
@@ -91,20 +95,23 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     assert r["losses"] == ref["losses"]
     t = _tier(r)
     assert t["params_held"] > 0 and t["fallback"] == ""
-    assert r["stats"]["overlap"]["steps_committed"] == STEPS
+    assert r["stats"]["overlap"]["steps_committed"] == SHORT
     assert sum(_since_assign(r)) < ref["stats"]["region_io"]["bytes_read"] + ref["stats"]["region_io"]["bytes_written"]
 
 
-@pytest.mark.parametrize("saved_gib,resumed_gib", [(4 * MIB / 2**30, 1.0), (1.0, 0.0)])
+# Saved with everything in DRAM, resumed with nothing: `pytest -m long` (the default run resumes the other way).
+@pytest.mark.parametrize("saved_gib,resumed_gib", [(4 * MIB / 2**30, 1.0),
+                                                  pytest.param(1.0, 0.0, marks=pytest.mark.long)])
 def test_a_checkpoint_resumes_exactly_when_the_budget_changed(tmp_path, saved_gib, resumed_gib):
-    ref = _engine(tmp_path, "straight", 0.0, "--dtype", "bf16")
+    steps = 2 * SHORT
+    ref = _engine(tmp_path, "straight", 0.0, "--dtype", "bf16", steps=steps)
     ckpt = tmp_path / "ckpt"
     saved = _engine(tmp_path, "saved", saved_gib, "--dtype", "bf16", "--save-checkpoint", str(ckpt),
-                    "--save-at", str(STEPS // 2))
+                    "--save-at", str(SHORT), steps=steps)
     assert saved["save_checkpoint_error"] is None and saved["losses"] == ref["losses"]
-    resumed = _engine(tmp_path, "resumed", resumed_gib, "--dtype", "bf16", "--load-checkpoint", str(ckpt))
-    assert resumed["load_checkpoint_error"] is None and resumed["start_step"] == STEPS // 2
-    assert resumed["losses"] == ref["losses"][STEPS // 2:]
+    resumed = _engine(tmp_path, "resumed", resumed_gib, "--dtype", "bf16", "--load-checkpoint", str(ckpt), steps=steps)
+    assert resumed["load_checkpoint_error"] is None and resumed["start_step"] == SHORT
+    assert resumed["losses"] == ref["losses"][SHORT:]
 
 
 def test_a_tier_without_room_under_the_cgroup_limit_stays_on_the_region_with_a_warning(tmp_path):
@@ -113,7 +120,7 @@ def test_a_tier_without_room_under_the_cgroup_limit_stays_on_the_region_with_a_w
     require_memory_cgroups()
     from memascend_cli.run import cgroup
 
-    ref = _engine(tmp_path, "ref", 0.0, "--dtype", "bf16", "--steps", "4")
+    ref = _engine(tmp_path, "ref", 0.0, "--dtype", "bf16")
     (tmp_path / "capped").mkdir()
     region, out = make_region(tmp_path / "capped", "512MiB"), tmp_path / "capped.json"
     argv = [sys.executable, "-m", "memascend_engine.parity", "--mode", "engine", "--dtype", "bf16", "--steps", "4",
@@ -136,7 +143,7 @@ def test_a_tier_that_mlock_refuses_stays_on_the_region_with_a_warning(tmp_path):
     nothing held, the all-SSD losses."""
     if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")):
         pytest.skip("needs root, setpriv and prlimit to drop CAP_IPC_LOCK under a low RLIMIT_MEMLOCK")
-    ref = _engine(tmp_path, "ref", 0.0, "--dtype", "bf16", "--steps", "3")
+    ref = _engine(tmp_path, "ref", 0.0, "--dtype", "bf16", steps=3)
     (tmp_path / "locked").mkdir()
     region, out = make_region(tmp_path / "locked", "512MiB"), tmp_path / "locked.json"
     argv = ["setpriv", "--bounding-set=-ipc_lock", "prlimit", "--memlock=524288:524288", sys.executable, "-m",
