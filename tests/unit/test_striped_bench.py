@@ -27,3 +27,18 @@ def test_summary_is_the_median_per_count_over_one_members():
     s = sb.summarize(runs)
     assert s["median_tokens_per_s"] == {"1": 2.5, "2": 4.75, "3": 6.0}
     assert s["ratio_to_one_member"] == {"1": 1.0, "2": 1.9, "3": 2.4}
+
+
+_io_spec = importlib.util.spec_from_file_location("striped_io_bench",
+                                                  os.path.join(REPO, "benchmarks", "striped_io_bench.py"))
+sio = importlib.util.module_from_spec(_io_spec)
+_io_spec.loader.exec_module(sio)
+
+
+def test_io_summary_is_the_median_gbps_per_count_over_one_members():
+    runs = [{"members": 1, "write_gbps": 0.41, "read_gbps": 0.40}, {"members": 1, "write_gbps": 0.40, "read_gbps": 0.40},
+            {"members": 3, "write_gbps": 1.2, "read_gbps": 1.1}, {"members": 3, "write_gbps": 1.3, "read_gbps": 1.3}]
+    s = sio.summarize(runs)
+    assert s["median_write_gbps"] == {"1": 0.405, "3": 1.25} and s["median_read_gbps"] == {"1": 0.4, "3": 1.2}
+    assert s["write_gbps_ratio_to_one_member"] == {"1": 1.0, "3": 3.086}
+    assert s["read_gbps_ratio_to_one_member"] == {"1": 1.0, "3": 3.0}
