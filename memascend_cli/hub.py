@@ -153,13 +153,41 @@ def hub_error(exc: BaseException, repo_id: str, revision: str | None, *, what: s
                     f"check {page}; retry later if the hub is down")
 
 
+CONNECT_TIMEOUT_S = 5.0
+"""How long the one TCP connection that tells whether the hub's endpoint answers at all may take."""
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _connect_refused(endpoint: str) -> ConnectionError | None:
+    """A refused, unroutable or unresolvable endpoint, found by one TCP connection: huggingface_hub retries such a
+    connection with backoff for ~25 s before it gives up. None when it connects, or when a proxy stands between (the
+    library reaches the hub through it, this check could not)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v) for v in PROXY_VARS):
+        return None
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return ConnectionError(f"{endpoint}: {exc.strerror or exc}")
+    return None
+
+
 def hub_call(fn, repo_id: str, revision: str | None, *, what: str, kind: str = "model", fallback: str | None = None):
-    """fn() with huggingface_hub's errors turned into one BadInput line (hub_error)."""
+    """fn() with huggingface_hub's errors turned into one BadInput line (hub_error); an endpoint that refuses a
+    connection fails at once instead of after the library's retries."""
     import httpx2
+    from huggingface_hub import constants
     from huggingface_hub.errors import DryRunError, HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
     from huggingface_hub.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # its retry warnings: the error line says what failed
+    refused = None if constants.HF_HUB_OFFLINE else _connect_refused(constants.ENDPOINT)
+    if refused is not None:
+        raise hub_error(refused, repo_id, revision, what=what, kind=kind, fallback=fallback)
     try:
         return fn()
     except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, DryRunError, httpx2.HTTPError) as exc:

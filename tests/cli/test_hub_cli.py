@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -56,10 +57,12 @@ def test_plan_offline_with_empty_cache_names_the_config_and_the_preset(tmp_path)
     assert "--model qwen2.5-0.5b" in hint
 
 
-@pytest.mark.slow  # huggingface_hub retries a refused connection for ~23 s (backoff 1+2+4+8+8 s)
 def test_plan_without_network_names_the_config_and_the_preset(tmp_path):
+    # huggingface_hub alone retries a refused connection for ~23 s (backoff 1+2+4+8+8 s): the error comes at once.
+    t0 = time.monotonic()
     p = memascend(["plan", "--model", "Qwen/Qwen2.5-0.5B"], tmp_path, offline=False,
                   endpoint=f"http://127.0.0.1:{closed_port()}")
+    assert time.monotonic() - t0 < 15
     error, hint = one_error(p)
     assert "config.json is not in the Hugging Face cache" in error and "no connection to http://127.0.0.1:" in error
     assert "--model qwen2.5-0.5b" in hint
