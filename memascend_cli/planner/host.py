@@ -55,11 +55,12 @@ ENGINE_RUNTIME_BYTES = int(0.12 * GiB)
 # tests/integration/test_planner_assumptions.py). `memascend train` runs DeepSpeed's runner and launch.py (2), the
 # bench torchrun for more than one rank (1).
 LAUNCHER_PROCESS_BYTES = int(0.15 * GiB)
-# What a Hugging Face trainer's imports add to a DeepSpeed script's (deepspeed, torch, transformers' model classes):
-# RssAnon after `from transformers import Trainer, TrainingArguments` 44.8 MiB more, and with TRL's SFTConfig /
-# SFTTrainer and datasets 49.1 MiB (transformers 5.24, TRL 1.16, datasets 5.2, torch 2.13, CPU; re-measured by
-# tests/integration/test_planner_assumptions.py).
-TRAINER_IMPORT_BYTES = {"deepspeed": 0, "hf": 45 * MiB, "trl": 49 * MiB}
+# What a Hugging Face trainer's imports add to a DeepSpeed script's (deepspeed, torch, transformers' model classes), as
+# RSS, the file-backed pages of the libraries they map included (host/runtime counts both too; a script's ru_maxrss
+# does): after `from transformers import Trainer, TrainingArguments` RssAnon 46.1 + RssFile 39.1 MiB more, and with
+# TRL's SFTConfig / SFTTrainer and datasets 50.2 + 39.1 MiB (transformers 5.25, TRL 1.16, torch 2.13, CPU;
+# re-measured by tests/integration/test_planner_assumptions.py).
+TRAINER_IMPORT_BYTES = {"deepspeed": 0, "hf": 85 * MiB, "trl": 89 * MiB}
 
 
 
@@ -121,8 +122,8 @@ def _runtime_items(c: Context, h: _HostItems) -> None:
     trainer_imports = TRAINER_IMPORT_BYTES[c.job.trainer]
     if trainer_imports:
         h.add("host/trainer_imports", f"the {c.job.trainer} trainer's imports", trainer_imports,
-              formula="measured constant per process", source="RssAnon of its imports beyond a DeepSpeed script's "
-              "(tests/integration/test_planner_assumptions.py)")
+              formula="measured constant per process", source="RssAnon + RssFile of its imports beyond a DeepSpeed "
+              "script's (tests/integration/test_planner_assumptions.py)")
     if c.memascend:
         h.add("host/engine_runtime", "memascend engine (native core, io_uring rings, region map)",
               ENGINE_RUNTIME_BYTES, formula="measured constant per process",
