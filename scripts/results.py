@@ -57,7 +57,7 @@ from results_micro import section_checksums, section_data_path, section_ds_buffe
 from results_readme import with_headline  # noqa: E402
 from results_scripts import section_cpu_offload_install, section_eager_scripts  # noqa: E402
 from results_reliability import section_stale_lock, section_train_output  # noqa: E402
-from results_records import (section_ci, section_llamafactory_examples, section_long_tests,  # noqa: E402
+from results_records import (section_ci, section_hub, section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
 from results_placements import section_placements  # noqa: E402
 from results_time import section_ssd_bound  # noqa: E402
@@ -129,7 +129,8 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
                 section_moments(os.path.join(RAW, "smollm2-moments.json")),
                 section_user_scripts(os.path.join(RAW, "user-script-bench.json")),
                 section_eager_scripts(), section_cpu_offload_install(),
-                section_llamafactory_examples(os.path.join(RAW, "llamafactory-examples.json"))]
+                section_llamafactory_examples(os.path.join(RAW, "llamafactory-examples.json")),
+                section_hub(os.path.join(BENCH, "hub", "bars.json"))]
     if name == "reliability":
         return [section_parity_repeat(os.path.join(RAW, "parity-repeat.json")),
                 section_ci(os.path.join(RAW, "ci-fresh-clone.json")),

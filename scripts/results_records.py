@@ -69,6 +69,29 @@ def section_ci(path: str) -> str:
         "The slowest tests of the last run:", "", *slow, ""]) + "\n"
 
 
+def section_hub(path: str) -> str:
+    doc = load_one(path)
+    if doc is None:
+        return ""
+    rows = []
+    for group in ("plan", "train", "refusals"):
+        for r in doc[group]:
+            closed = "no connection to" in (r["error"] or "")
+            env = ", ".join(f"{k}={('(closed port)' if closed else '(local hub)') if k == 'HF_ENDPOINT' else v}"
+                            for k, v in r["env"].items())
+            said = r["error"] or "; ".join(r.get("would_download") or []) or (
+                f"trained steps {', '.join(map(str, r['steps']))}" if r.get("steps") else "planned")
+            rows.append([f"`{r['command']}`", env, str(r["exit"]), f"{r['seconds']:.1f}",
+                         "yes" if r["traceback"] else "no", said.removeprefix("error: ")])
+    return "\n".join([
+        "## Models and datasets from the Hugging Face hub", "",
+        f"`{doc['command']}` on {doc['host']}, {doc['date']}, at commit `{doc['memascend_commit'][:12]}`: no route "
+        "to the hub here, so the runs use caches laid out as huggingface_hub and datasets leave them, a local server "
+        "that answers as the hub does (the endpoint marked local hub), or a closed port (no network). Raw data: "
+        f"`{os.path.relpath(path, REPO)}`.", "",
+        table(["command", "environment", "exit", "seconds", "traceback", "what it said or did"], rows), ""]) + "\n"
+
+
 def section_llamafactory_examples(path: str) -> str:
     doc = load_one(path)
     if doc is None:
