@@ -138,6 +138,13 @@ def test_a_member_not_as_recorded_stops_train_with_exit_2_and_nothing_written(lo
 # --- faults under the store --------------------------------------------------------------------------------------
 
 
+def kill_faultfs_server(fs) -> None:
+    """SIGKILL faultfs's server, then detach its dead mount (faultfs.Mount leaves a mount it cannot stat)."""
+    fs.proc.send_signal(signal.SIGKILL)
+    fs.proc.wait()
+    subprocess.run(["umount", "-l", fs.mountpoint], check=False, capture_output=True)
+
+
 class _Attached(LoopDevice):
     """A loop device over an existing image."""
 
@@ -209,8 +216,7 @@ def test_a_member_whose_device_goes_away_is_named(fuse, tmp_path):
         cli("prepare-ssd", loop0.path, loop1.path, "--no-probe", "--yes")
         store = RegionStore(loop0.path, 0, block_size=256 * KiB)
         _write(store, _tensor(4 * MiB))
-        fuse.proc.send_signal(signal.SIGKILL)
-        fuse.proc.wait()
+        kill_faultfs_server(fuse)
         with pytest.raises(RegionIOError) as info:
             _write(store, _tensor(4 * MiB))
         assert f"failed: member 2 of 2 ({loop1.path}): write of '{loop1.path}'" in info.value.message

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
 
 from tests.integration.test_prepare_ssd_loop import _loop_skip_reason
-from tests.integration.test_striped_region import mount_faultfs
+from tests.integration.test_striped_region import kill_faultfs_server, mount_faultfs
 from tests.integration.test_train_cpu import REPO, TINY, losses, memascend
 from tests.integration.test_train_faults import COMMON, _complete_checkpoints, _errors, _verify_checkpoint, run_until
 
@@ -90,17 +89,13 @@ def test_a_member_device_removed_mid_run(reference, fuse, tmp_path):
     loop = subprocess.run(["losetup", "-f", "--show", fuse.path("member1.img")], check=True, capture_output=True,
                           text=True).stdout.strip()
 
-    def remove():
-        fuse.proc.send_signal(signal.SIGKILL)
-        fuse.proc.wait()
-
     try:
         run = str(tmp_path / "run")
         first = str(tmp_path / "member0.bin")
         subprocess.run([sys.executable, "-m", "memascend_cli", "prepare-ssd", first, loop, "--size", "256MiB",
                         "--no-probe", "--yes"], check=True, capture_output=True, cwd=REPO)
         p = run_until((TINY, "--output-dir", run, *SSD, "--region", first), run, {"event": "checkpoint", "step": 2},
-                      remove)
+                      lambda: kill_faultfs_server(fuse))
         _stopped_naming_member_2(p, run, loop, r"errno 5 \(Input/output error\)", reference)
         _resume_on_healthy_striped_region(tmp_path, run, reference)
     finally:
