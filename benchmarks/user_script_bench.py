@@ -23,6 +23,8 @@ MODEL_DIR --json` with the script's seq / micro-batch / dtype / checkpointing (a
 it fills for "auto" and no zero.Init), taken before the run.
 
     python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json
+    python benchmarks/user_script_bench.py --out docs/bench/user-script/matrix.json --update --engines memascend \
+        --settle-cap-s 20 --jobs $(python -c "import user_script_bench as u; print(','.join(j.name for j in u.MATRIX))")
     python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json --update \
         --jobs accelerate-nockpt,trl-ckpt --repeat 3
 
@@ -206,7 +208,8 @@ def rows(doc: dict, today: dict | None = None) -> list[list[str]]:
     out = []
     for r in doc["runs"]:
         others = r.get("others_rss_change_at_peak_bytes")
-        row = [r["engine"], r["script"], "full" if r["checkpointing"] else "none",
+        job = recorded_job(r)
+        row = [r["engine"], r["script"], "full" if r["checkpointing"] else "none", job.dtype, job.model_init,
                _gib(r.get("peak_system_bytes")), _gib(r.get("ru_maxrss_bytes")),
                "?" if others is None else f"{others / GiB:+.2f}",
                _gib(r["plan"]["host_peak_bytes"]), _pct(r.get("error_percent")),
@@ -219,18 +222,23 @@ def rows(doc: dict, today: dict | None = None) -> list[list[str]]:
     return out
 
 
-HEADER = ["engine", "script", "checkpointing", "peak system GiB", "ru_maxrss GiB", "others' RSS change at peak GiB",
+HEADER = ["engine", "script", "checkpointing", "dtype", "build", "peak system GiB", "ru_maxrss GiB", "others' RSS change at peak GiB",
           "plan GiB", "plan error",
           "plan error vs ru_maxrss", "ok"]
 TODAY_HEADER = ["today's plan GiB", "today's error", "today's error vs ru_maxrss"]
 """The columns rows() adds before "ok" with today's plans."""
 
 
+def recorded_job(run: dict) -> Job:
+    """The Job of a recorded run (what the run does not record takes Job's default, as when it was measured). Pure."""
+    keys = ("seq_len", "micro_batch", "steps", "dtype", "zero_init", "model", "from_pretrained")
+    return Job(run["script"], run["checkpointing"], **{k: run[k] for k in keys if k in run})
+
+
 def todays_plans(doc: dict) -> dict[str, dict]:
     """Today's `memascend plan --json` for each job of a recorded sitting, its model's config.json written to a
     temporary directory (each run keeps the plan of its own day)."""
-    keys = ("seq_len", "micro_batch", "steps", "dtype", "zero_init", "model", "from_pretrained")
-    jobs = {r["job"]: Job(r["script"], r["checkpointing"], **{k: r[k] for k in keys if k in r}) for r in doc["runs"]}
+    jobs = {r["job"]: recorded_job(r) for r in doc["runs"]}
     models = dict(doc.get("models") or {"82m": doc["model"]})
     with tempfile.TemporaryDirectory() as d:
         return {name: run_plan(job, write_model(d, job.model, models[job.model])) for name, job in jobs.items()}

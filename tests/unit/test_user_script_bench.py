@@ -181,7 +181,8 @@ def test_table_has_a_row_per_run_and_the_ratio_line():
     lines = text.splitlines()
     assert lines[0].startswith("| engine | script | checkpointing |")
     assert len([ln for ln in lines if ln.startswith("| ")]) == 5
-    assert "| memascend | ds | none | 1.00 | 1.25 | +0.10 | 1.00 | +0.0% | -20.0% | yes |" in text
+    assert "| memascend | ds | none | bf16 | zero | 1.00 | 1.25 | +0.10 | 1.00 | +0.0% | -20.0% | yes |" in text
+    assert "| stock | hf | none | bf16 | eager |" in text  # each script's own build when the run does not say
     assert "no: x" in text and "ds-nockpt 0.25, hf-nockpt ?" in text
     assert "over ru_maxrss (the script's largest process alone" in text and "ds-nockpt 0.29, hf-nockpt ?" in text
 
