@@ -54,7 +54,9 @@ def plan_command(
                                rich_help_panel=_M),
     chunked_loss: bool = typer.Option(None, "--chunked-loss/--full-logits", help="memascend train's loss in "
                                       "chunks of logits, or transformers' loss over the full b x s x V logits. "
-                                      "[default: the recipe's, else chunked]", rich_help_panel=_M,
+                                      "[default: the recipe's, else chunked for train's own job and full for a "
+                                      "script of your own: --model-init eager|from-pretrained, --trainer hf|trl]",
+                                      rich_help_panel=_M,
                                       show_default=False),
     overlap_optimizer: bool = typer.Option(None, "--overlap/--no-overlap", help="memascend's optimizer during "
                                            "backward, with a second set of optimizer states on the SSD until the "
