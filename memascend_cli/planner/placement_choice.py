@@ -91,7 +91,8 @@ def choose(plan: pl.PlacementPlan, engine: str, asked: str | None = None) -> Cho
     fits (placement.recommend), else its all-SSD row (the run's own plan then decides whether it starts)."""
     if asked is not None:
         row = row_for(plan, asked, engine)
-        return Choice(engine, row, True, f"--placement {asked}: {pl.who(row)}, {pl.step_words(row)}")
+        return Choice(engine, row, True, f"{asked} as asked (--placement or the recipe's placement): {pl.who(row)}, "
+                      f"{pl.step_words(row)}")
     rows = engine_rows(plan, engine)
     best = pl.recommend(rows)
     if best is None:

@@ -326,7 +326,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
     # `plan RECIPE` computes (job_spec).
     job = job_spec(recipe, spec, ranks=ranks, world_size=world_size, engine=engine,
                    deepspeed_version=installed_deepspeed_version(), header=header)
-    choice, placement_doc, est, verdict, nvme_bytes = _placed_plan(job, hw, engine, recipe, placement, force=force)
+    choice, placement_doc, est, verdict, nvme_bytes = _placed_plan(job, hw, engine, recipe, placement or recipe.placement,
+                                                                   force=force)
     # Where the SSD data goes: the given region, a region file created in the run directory, or stock DeepSpeed's
     # swap directory.
     swap_dir = swap_directory(run_dir, recipe.swap_dir)

@@ -171,6 +171,9 @@ class Recipe(_Strict):
     """bf16, fp32 or fp16 (fp32 makes resume checks bit-exact and is the slowest)."""
     seed: int = 0
     """Seeds model init, data order and the validation split."""
+    placement: Literal["gpu", "dram", "split", "ssd"] | None = None
+    """Where the job's states live (`--placement`, which wins): gpu, dram, split or ssd; None = the plan's fastest
+    placement that fits for the engine."""
     region: str | None = None
     """Prepared SSD region (file or device) for the memascend engine; None = create a region file in output_dir."""
     region_size: str | None = None

@@ -29,7 +29,7 @@ def devices(cfg: dict) -> tuple[str, str]:
 
 @pytest.mark.parametrize("engine", ["tuned", "memascend"])
 def test_the_plans_choice_is_printed_with_why_and_is_what_the_config_runs(cli, tmp_path, engine):
-    doc, err = dry_run(cli, tmp_path, "--engine", engine)
+    doc, err = dry_run(cli, tmp_path, "--engine", engine, "--set", "placement=null")  # the preset asks for ssd
     p = doc["placement"]
     assert p["engine"] == engine and not p["asked"] and p["why"]
     assert f"placement: {p['placement']} ({p['config']}); {p['why']}" in err
@@ -45,7 +45,7 @@ def test_tuned_runs_each_placement_that_fits_as_deepspeed_offload(cli, tmp_path)
     for placement, want in (("ssd", ("nvme", "nvme")), ("dram", None), ("split", ("nvme", "nvme"))):
         doc, _ = dry_run(cli, tmp_path / placement, "--engine", "tuned", "--placement", placement)
         p = doc["placement"]
-        assert p["asked"] and p["placement"] == placement and p["why"].startswith(f"--placement {placement}")
+        assert p["asked"] and p["placement"] == placement and p["why"].startswith(f"{placement} as asked")
         got = devices(doc["ds_config"])
         assert got == (want or (p["offload_param"], "cpu"))
         max_in_cpu = doc["ds_config"]["zero_optimization"].get("offload_param", {}).get("max_in_cpu")
@@ -85,3 +85,12 @@ def test_a_placement_that_does_not_fit_is_refused_with_what_binds(cli, tmp_path,
     assert any(line.startswith("hint: choose a placement that fits (") for line in lines)
     res = cli("train", TINY, "--dry-run", "--output-dir", str(tmp_path / "run"), "--placement", "disk")
     assert res.exit_code == 2 and "error: unknown --placement 'disk'" in res.stderr
+
+
+def test_the_recipes_placement_is_asked_for_and_the_flag_wins(cli, tmp_path):
+    doc, err = dry_run(cli, tmp_path / "recipe")
+    p = doc["placement"]
+    assert p["asked"] and p["placement"] == "ssd" and p["why"].startswith("ssd as asked")
+    assert devices(doc["ds_config"]) == ("nvme", "nvme")
+    doc, _ = dry_run(cli, tmp_path / "flag", "--engine", "tuned", "--placement", "dram")
+    assert doc["placement"]["placement"] == "dram" and devices(doc["ds_config"])[1] == "cpu"
