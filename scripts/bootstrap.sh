@@ -78,19 +78,15 @@ case "$mode" in
     # pin_memory op its load() builds first (the NVMe swappers), and on the CPU accelerator deepspeed_shm_comm, which
     # init_distributed builds (deepspeed/comm/torch.py build_shm_op; None where the accelerator has no such op).
     log "prebuilding DeepSpeed ops (cpu_adam, async_io, pin_memory, shm_comm) into $TORCH_EXTENSIONS_DIR (first time ~5 min)"
-    # Two builds at once (cpu_adam's two sources; then shm_comm, pin_memory and async_io): each op's ninja leaves a
-    # core idle on its last source and at its link, so the pair finishes sooner than one after the other.
-    "$VENV/bin/python" -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" >/dev/null &
-    adam=$!
     "$VENV/bin/python" - >/dev/null <<'PY'
 from deepspeed.comm.torch import build_shm_op
-from deepspeed.ops.op_builder import AsyncIOBuilder
+from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
 
+CPUAdamBuilder().load()
 build_shm_op()
 if AsyncIOBuilder().is_compatible():
     AsyncIOBuilder().load()
 PY
-    wait "$adam"
     "$VENV/bin/python" -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; import sys; sys.exit(0 if B().is_compatible() else 1)" 2>/dev/null \
       || log "DeepSpeed async_io is not buildable here (libaio-dev missing?): stock-DeepSpeed tests will skip"
     # Two pytest-xdist workers (MEMASCEND_TEST_WORKERS): the suite is mostly one busy core (process starts, imports,

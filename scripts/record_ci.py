@@ -32,6 +32,7 @@ def parse_log(text: str) -> dict:
     """Setup phases (the bootstrap's own timestamped lines), the pytest summary and its slowest tests. Pure."""
     phases = [{"at_s": int(m.group(1)), "what": m.group(2).strip()} for m in PHASE.finditer(text)]
     counts, tests_s, slowest = {}, None, []
+    failed = [line.split()[1] for line in text.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     for line in text.splitlines():
         m = SUMMARY.match(line)
         if m:
@@ -41,7 +42,7 @@ def parse_log(text: str) -> dict:
         s = SLOWEST.match(line)
         if s:
             slowest.append({"seconds": float(s.group(1)), "when": s.group(2), "test": s.group(3)})
-    return {"phases": phases, "counts": counts, "tests_s": tests_s, "slowest": slowest[:10]}
+    return {"phases": phases, "counts": counts, "tests_s": tests_s, "failed": failed, "slowest": slowest[:10]}
 
 
 def machine() -> dict:

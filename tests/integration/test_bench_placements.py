@@ -15,7 +15,9 @@ import pytest
 from memascend_cli.bench.placements import CURVES, curve
 from tests.conftest import require_async_io, require_memory_cgroups
 
-pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.serial]
+# long: 173 s alone and serial (the other worker waits); tests/unit/test_bench_placements.py covers the sweep's parts
+# and tests/cli/test_train_placement_cli.py the configs each placement writes, in the default run.
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.serial, pytest.mark.long]
 CAPS = ("3GiB", "6GiB")
 
 

@@ -28,6 +28,7 @@ def test_the_log_gives_phases_counts_time_and_the_slowest_tests():
     assert d["phases"][2]["what"] == "running the tests on 2 workers"
     assert d["counts"] == {"failed": 2, "passed": 1839, "skipped": 23, "xfailed": 92, "warning": 7, "error": 1}
     assert d["tests_s"] == 1332.49
+    assert d["failed"] == ["tests/unit/test_a.py::test_b"]
     assert d["slowest"][0] == {"seconds": 73.54, "when": "call",
                                "test": "tests/ds_upstream/test_x.py::TestX::test_y[streaming-nvme-none]"}
     assert d["slowest"][1]["when"] == "setup"
@@ -35,7 +36,7 @@ def test_the_log_gives_phases_counts_time_and_the_slowest_tests():
 
 def test_a_log_without_a_summary_records_no_counts():
     d = record_ci.parse_log("\x1b[36m[bootstrap 0s]\x1b[0m creating .venv\nerror: pip failed\n")
-    assert d["counts"] == {} and d["tests_s"] is None and d["slowest"] == []
+    assert d["counts"] == {} and d["tests_s"] is None and d["slowest"] == [] and d["failed"] == []
 
 
 def test_the_page_shows_every_run_with_its_setup_and_test_minutes(tmp_path):
