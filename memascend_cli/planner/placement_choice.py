@@ -29,14 +29,14 @@ def engine_rows(plan: pl.PlacementPlan, engine: str) -> list[pl.Priced]:
     return [r for r in plan.rows if r.engine == s or (s == "memascend" and r.placement == "gpu")]
 
 
-def row_for(plan: pl.PlacementPlan, placement: str, engine: str) -> pl.Priced:
-    """The row `engine` runs `placement` with. An unknown placement, or one that does not fit (with what binds), is
-    bad input: exit 2."""
+def row_for(plan: pl.PlacementPlan, placement: str, engine: str, *, force: bool = False) -> pl.Priced:
+    """The row `engine` runs `placement` with. An unknown placement, or one that does not fit (with what binds) unless
+    `force` (train --force runs a job the plan says does not fit), is bad input: exit 2."""
     if placement not in pl.PLACEMENTS:
         raise BadInput(f"unknown --placement {placement!r}", "use " + ", ".join(pl.PLACEMENTS))
     rows = engine_rows(plan, engine)
     row = next(r for r in rows if r.placement == placement)
-    if row.est is None or not row.fits:
+    if row.est is None or not (row.fits or force):
         what = row.note if row.est is None else f"{row.binds} binds: " + "; ".join(row.verdict.reasons)
         fitting = ", ".join(r.placement for r in rows if r.fits) or "none"
         raise BadInput(f"placement {placement} does not fit with {row.engine}: {what}",
@@ -86,11 +86,11 @@ class Choice:
                 "planned_seconds_per_step": t.step_s if t else None, "binding": r.binds}
 
 
-def choose(plan: pl.PlacementPlan, engine: str, asked: str | None = None) -> Choice:
+def choose(plan: pl.PlacementPlan, engine: str, asked: str | None = None, *, force: bool = False) -> Choice:
     """The placement `engine` runs: `asked` (row_for: refused when it does not fit), else the fastest of its rows that
     fits (placement.recommend), else its all-SSD row (the run's own plan then decides whether it starts)."""
     if asked is not None:
-        row = row_for(plan, asked, engine)
+        row = row_for(plan, asked, engine, force=force)
         return Choice(engine, row, True, f"{asked} as asked (--placement or the recipe's placement): {pl.who(row)}, "
                       f"{pl.step_words(row)}")
     rows = engine_rows(plan, engine)

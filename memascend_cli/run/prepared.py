@@ -440,7 +440,7 @@ def _placed_plan(job, hw, engine: str, recipe, asked: str | None, *, force: bool
 
     est, verdict = _plan(job, hw, engine, recipe, force=force)
     supported = engine == "memascend" and train_placement.dram_tier_supported()
-    choice, doc, as_row = train_placement.choose(job, hw, engine, asked, tier_supported=supported)
+    choice, doc, as_row = train_placement.choose(job, hw, engine, asked, tier_supported=supported, force=force)
     if not as_row or choice.placement == "ssd":
         return choice, doc, est, verdict, est.nvme_bytes
     if supported and choice.dram_tier_bytes:

@@ -33,12 +33,12 @@ def price(job, hw):
     return price_placements(job, hw, ests, device, read_gbps=hw.nvme_read_gbps, write_gbps=hw.nvme_write_gbps)
 
 
-def choose(job, hw, engine: str, asked: str | None, *, tier_supported: bool):
+def choose(job, hw, engine: str, asked: str | None, *, tier_supported: bool, force: bool = False):
     """(the Choice, its document for `train --dry-run`, whether the run is planned as the chosen row: False where
     memascend's DRAM tier is not in the engine, so the run keeps every byte on the region and is planned all-SSD)."""
     from memascend_cli.planner.placement_choice import choose as choose_row
 
-    choice = choose_row(price(job, hw), engine, asked)
+    choice = choose_row(price(job, hw), engine, asked, force=force)
     doc = choice.to_dict()
     as_row = not (engine == "memascend" and choice.dram_tier_bytes and not tier_supported)
     if not as_row:
