@@ -19,6 +19,7 @@ def _results_module():
 
     spec = importlib.util.spec_from_file_location("results", os.path.join(REPO, "scripts", "results.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses resolve their string annotations through sys.modules
     spec.loader.exec_module(mod)
     return mod
 
