@@ -1,6 +1,6 @@
 """Several SSDs as one region: memascend's SSD-bound tokens/s on a region of 1, 2 and 3 members, each member a loop
 device throttled to the same bandwidth (`memascend bench --ssd-bandwidth`, one io-cgroup limit per member device),
-the same job and knobs, in one sitting. The bars (issue 62): 2 members >= 1.8x one member's tokens/s, 3 >= 2.5x.
+the same job and knobs, in one sitting. What it asks: 2 members near 2x one member's tokens/s, 3 near 3x.
 
 Root (loop devices, io cgroups). Each member is a loop device over a sparse file in --backing-dir, by default on tmpfs:
 a loop device's own I/O to its backing file is charged to the run's io cgroup (memascend_cli/run/iolimit.py), and the
