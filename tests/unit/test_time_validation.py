@@ -29,181 +29,113 @@ CPU_CALIBRATED_GFLOPS = 184.1
 measured / modelled s/step over the six runs of the calibration document (tuned and memascend at 8/16/32 layers; 175.5
 before tuned stock got stock's host passes on the CPU accelerator, 2026-11-27)."""
 
-# Runs the model misses by more than TOLERANCE today (strict: one that comes within it fails until taken off):
-# - documents recorded before 2026-11-24T04:00 (OTHER_VM_BEFORE) ran on the earlier AVX2 VM (see
-#   test_planner_validation.py), 31-61% slower than this model of the AVX-512 VM; the calibrated rate is not theirs
-#   (two tuned runs there come within: OTHER_VM_WITHIN);
-# - tiny-llama bf16 / fp16: 3.3 s per step of DeepSpeed's CPU 16-bit path for a 6M model, not in the model (-97%);
-# - seq 256 with one rank (tiny-llama fp32, SmolLM2-360M 32 layers, Qwen2.5-0.5B 8 layers): 15-40% short (SmolLM2's
-#   tuned run too since parameters count 2 fetches per step, not 3: -18.5%), and
-#   two ranks 30-43% short: a per-layer, per-step cost (hooks, fetch latency, gloo) that long contexts hide and that
-#   the model has no term for;
-# - the SSD-bound sittings (docs/bench/ssd-bound/, 2026-11-25, an Intel VM whose CPU probe the documents record):
-#   runs during which the bench's samplers and other jobs on the shared 2 cores took 0.7-1.2 cores
-#   (runs[].others_cpu_seconds + bench_cpu_seconds; sitting 1 has no gauge) compute up to 2.3x slower than the
-#   probe's rate for both cores; docs/results/time.md's "plan at the cores got" gives the same model at the cores
-#   they got.
-# - gradient accumulation 8 at 400 MB/s (ssd-bound/...-ga8, 2026-11-26): +26%. On the CPU accelerator the model adds
-#   each micro-batch's parameter reads to its compute, and memascend's pool keeps the last forward layers for
-#   backward (72 B/param read where the plan counts 81); over 8 micro-batches both add up (at 1 micro-batch, the
-#   same sitting's -ga1 run is within 4%).
-# - qwen2.5-1.5b bf16 seq 1024 under a 12 GiB cap (capped/, 2026-11-26): 54.4 s/step, where the calibrated fp32 rate
-#   gives 85 s (+57%) and the CPU probe's bf16 GEMM rate (893.6 GFLOP/s, 6x its fp32 one) 26 s (-53%): a DeepSpeed
-#   bf16 step on this CPU gets neither; the model has no bf16 CPU rate of its own yet. The same at 400 MB/s on
-#   bench-llama-136m bf16 (ssd-bound/...-bf16-...-overlap-clip10, 2026-11-26): memascend -13% / -11%. And again in
-#   capped/...-bounded-norm (2026-11-26, another VM): memascend 63.2 s/step, the calibrated rate 85 s (+35%).
-# - llama-3.2-1b fp32 under a 12 GiB cap: capped/llama-3.2-1b-fp32-seq1024-cap12gib (2026-11-26 02:13, the Intel VM,
-#   fp32 probe 144.5 GFLOP/s) 81.9 s/step and capped/llama-...-bounded-norm (2026-11-26 18:37, an AMD EPYC VM, probe
-#   172.2) 96.0 s/step, both 20% or more longer than the plan. The capped runs record no SSD rate, so the test plans
-#   them at the calibrated CPU rate (fitted on the AMD EPYC VM's depth sweep), not the probe's.
-# - unthrottled with the overlap (ssd-bound/...-unthrottled-overlap-clip10, 2026-11-26, the Intel VM, no other jobs):
-#   tuned +17%, memascend +16% with the host terms fitted on the AMD VM (-16% and -32% without them; stock +8%).
-#   The same for memascend in tuned-glibc-threshold-l8-seq2816-fp32 (2026-11-26, unthrottled, seq 2816): -25%.
-# - tuned on bench-llama-136m fp32 at 400 MB/s (ssd-bound/...-fp32-ssd400mbs-overlap-*, -bf16-moments-clip10,
-#   2026-11-26): +17% to +20%. Its optimizer phase is within 2% of the model (6.7-6.8 s against 6.9 s: the two
-#   embedding sub-groups serial, the layers' overlapped, _serial_swaps), but forward + backward took 4.3 s where the
-#   model adds the 2.7 s of parameter reads to the 3.5 s of compute: DeepSpeed's NVMe prefetch hid the reads behind
-#   the fp32 matmuls there (the forward took about its reads, the backward about its compute), while on
-#   llama-3.2-1b the same engine's forward and backward took about compute + reads. The model keeps the sum.
+CONTENDED_CORES = 0.5
+"""Cores of the node other processes kept busy while a run ran (the bench's gauge: runs[].others_cpu_seconds over its
+wall_s) from which the run's step time is the load's, not the machine's: on these 2-core VMs a quarter of the CPU."""
+SLOW_PROBE = 0.85
+"""A sitting whose own matmul probe (hardware.sitting.fp32_gflops, `bench` at the start of the sitting) ran at most
+this fraction of the cached probe the plan used (cached_fp32_gflops): the machine was slower that sitting."""
+TWIN_PLAN = 0.02
+"""Two runs are the same job to the plan when their planned s/step agree to this fraction (same machine, engine,
+model, depth, context and dtype): then a twin within TOLERANCE says the plan holds for the job."""
+
+# Why the model misses a run by more than TOLERANCE: the kinds of cause, each checked against the run's record by
+# test_each_expected_miss_has_its_cause_in_its_record.
+CONTENDED = "contended"  # the record's gauge: other processes took CONTENDED_CORES or more
+SLOW_SITTING = "slow sitting"  # the record's sitting probe: the CPU ran at SLOW_PROBE or less of the cached rate
+EARLIER_VM = "earlier VM"  # recorded before OTHER_VM_BEFORE, on the earlier AVX2 VM, with no CPU probe of its own
+TWIN = "twin within"  # the same job on the same machine in another sitting is within TOLERANCE (named): run-to-run
+MODEL_GAP = "model gap"  # no measured cause: the model lacks a term (said which); these are the model's to close
 OTHER_VM_BEFORE = "2026-11-24T04:00"
-OTHER_VM_WITHIN = {"bench-llama-136m-fp32.json:8:512:tuned", "tuned-heap-l32-seq2048-fp32.json:32:2048:tuned"}
+"""Documents recorded before this ran on the earlier AVX2 VM (test_planner_validation.py), 31-61% slower for stock
+and memascend than this model of the AVX-512 VM (tuned came within); they record no CPU probe."""
 _SSD = "bench-llama-136m-seq512-fp32-"
-CONTENDED = {f"{_SSD}{doc}.json:8:512:{run}" for doc, runs in (
-    ("ssd400mbs-sitting1", "tuned"), ("ssd400mbs-sitting3", "tuned"),
-    ("unthrottled-sitting1", "stock tuned memascend"), ("unthrottled-sitting2", "stock tuned memascend"),
-    ("unthrottled-sitting3", "stock"), ("unthrottled-sitting4", "stock tuned memascend")) for run in runs.split()} | {
-    # a memory validation run (2026-11-27) beside benchmarks/layer_backward_memory.py: 460 CPU-s of other processes
-    "llama-3.2-1b-fp32-seq1024-cap12gib-layer-backward.json:16:1024:memascend"}
-KNOWN_MISSES = {f"{doc}:{run}" for doc in ("tiny-llama-bf16.json:2:256", "tiny-llama-fp16.json:2:128",
-                                           "bench-llama-136m-2ranks-fp32.json:8:256")
-                for run in ("stock", "tuned", "memascend")} | {"tiny-llama-fp32.json:2:256:memascend",
-                                                               "qwen2.5-0.5b-8l-fp32.json:8:256:memascend",
-                                                               "smollm2-360m-fp32.json:32:256:tuned",
-                                                               "smollm2-360m-fp32.json:32:256:memascend",
-                                                               "qwen2.5-1.5b-bf16-seq1024-cap12gib-memascend.json:28:"
-                                                               "1024:memascend",
-                                                               "qwen2.5-1.5b-bf16-seq1024-cap12gib-bounded-norm.json:"
-                                                               "28:1024:memascend",
-                                                               *(f"llama-3.2-1b-fp32-seq1024-cap12gib{d}.json:16:1024:"
-                                                                 "memascend" for d in ("", "-bounded-norm")),
-                                                               "bench-llama-136m-seq512-fp32-ssd400mbs-ga8.json:8:512:"
-                                                               "memascend",
-                                                               *(f"{_SSD}unthrottled-overlap-clip10.json:8:512:{run}"
-                                                                 for run in ("tuned", "memascend")),
-                                                               "tuned-glibc-threshold-l8-seq2816-fp32.json:8:2816:"
-                                                               "memascend",
-                                                               *(f"{_SSD}ssd400mbs-{d}.json:8:512:tuned"
-                                                                 for d in ("overlap-clip1", "overlap-clip10",
-                                                                           "overlap-clip10-budget1gib",
-                                                                           "overlap-noclip", "bf16-moments-clip10")),
-                                                               # The same job, 3 repeats (2026-11-27; the median-peak
-                                                               # one 7.85 s; 7.34-7.85) against 9.3 s with the host term
-                                                               # (MEMASCEND_CPU_HOST_NS_PER_ELEMENT): +19%; a single
-                                                               # sitting of it an hour earlier (8.9 s) is within
-                                                               f"{_SSD}ssd400mbs-params-hold-master-clip10-budget1gib"
-                                                               "-repeat3.json:8:512:memascend",
-                                                               # Unthrottled on the AMD VM (2026-11-27, no other
-                                                               # jobs): stock -18% (the same job an hour later, -5%)
-                                                               f"{_SSD}unthrottled-three-engines-clip10-amd.json:8:512:"
-                                                               "stock",
-                                                               # The host terms on the earlier Intel VM (2026-11-25/26):
-                                                               # its throttled memascend runs hid the host work under
-                                                               # the I/O where the AMD VM's did not (+24% to +31%), and
-                                                               # its stage3 passes took less than stock's fitted ones in
-                                                               # tuned (+32%, unthrottled sitting 3)
-                                                               *(f"{_SSD}ssd400mbs-{d}.json:8:512:memascend" for d in (
-                                                                   "overlap-clip10-budget1gib", "overlap-noclip")),
-                                                               f"{_SSD}ssd400mbs-bf16-moments-clip10.json:8:512:"
-                                                               "memascend-bf16_moments",
-                                                               f"{_SSD}unthrottled-sitting3.json:8:512:tuned",
-                                                               # The calibrated rate (CPU_CALIBRATED_GFLOPS) with
-                                                               # tuned's host passes: tuned's runs at seq 2048 and below
-                                                               # 15-29% long, and memascend's without the overlap 17-20%
-                                                               # short, as the calibration document's own runs (tuned
-                                                               # +8-13%, memascend -7 to -13%): at seq 2048 tuned's
-                                                               # stage3 passes hide partly behind its compute, which the
-                                                               # model does not take
-                                                               "context-sweep-lt-rep3-fp32.json:8:512:tuned",
-                                                               "context-sweep-lt-rep3-fp32.json:8:512:memascend",
-                                                               "depth-sweep-seq2048-rep3-mmap1mib-fp32.json:"
-                                                               "8:2048:tuned",
-                                                               "depth-sweep-seq2048-rep3-mmap1mib-fp32.json:32:2048:"
-                                                               "memascend",
-                                                               # -22%: the same job again (2026-11-27 21:32, its own
-                                                               # bench-created region): 157.9 s/step; forward 45 s,
-                                                               # backward 102-109 s. Its reads, 20.5 B/param, were the
-                                                               # engine's before partitions were kept for the master:
-                                                               # the master of every chunk without a slot at its layer's
-                                                               # release was read from the SSD (3.2 B/param the plan,
-                                                               # master_from_params, never counted), and the tied
-                                                               # embedding fetched three times
-                                                               "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-"
-                                                               "amd-rerun.json:16:1024:memascend",
-                                                               # Engines before partitions were kept for the master,
-                                                               # whose reads the plan no longer counts (it counts the
-                                                               # tied embedding's third fetch and the pool's last
-                                                               # forward layers kept for backward): llama-3.2-1b at 400
-                                                               # MB/s on 2026-11-26, 119.7 s/step against 146.6
-                                                               # (+22%), and the Intel VM's 136M sitting at 400 MB/s
-                                                               # with clipping at 1.0 (2026-11-26), 10.6 against 12.2
-                                                               # (+15.4%)
-                                                               "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend."
-                                                               "json:16:1024:memascend",
-                                                               f"{_SSD}ssd400mbs-overlap-clip1.json:8:512:memascend",
-                                                               # -16%: llama-3.2-1b with partitions kept for the master
-                                                               # (2026-11-28 00:16): its reads are the plan's (15.75
-                                                               # against 15.71 B/param), its time is not: 147.9 s/step
-                                                               # against 123.9, forward 48.7 s; the same job at 01:24,
-                                                               # the VM quiet, ran 142.4 (-13%, within)
-                                                               "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-"
-                                                               "kept-master.json:16:1024:memascend",
-                                                               # Unthrottled on 2026-11-28 00:30-00:45, after 2.5 h of
-                                                               # benches: a 2048^2 matmul ran 160 GFLOP/s where the
-                                                               # recorded probe says 181.6, and tuned stock took 6.45,
-                                                               # then 8.0 s/step (plan 6.7) in two sittings 15 minutes
-                                                               # apart; stock -18%, memascend -23% and -17%
-                                                               *(f"{_SSD}unthrottled-three-engines-clip10-kept-master."
-                                                                 f"json:8:512:{run}" for run in ("stock", "memascend")),
-                                                               f"{_SSD}unthrottled-kept-master-ablation-clip10.json:8:"
-                                                               "512:memascend",
-                                                               # +19%: the allocator calibration at seq 4096
-                                                               "tuned-heap-l16-seq4096-fp32.json:16:4096:tuned",
-                                                               # Stock's CPU passes at seq 3072 (2026-11-29, a quiet
-                                                               # VM): 21-27% longer than the model at 8 and 16 layers
-                                                               # in stock and tuned, as at seq 4096 above, where the
-                                                               # hidden-wide blocks strand in glibc's heap; the seq
-                                                               # 2048 calibration and the context sweep's 8192 are
-                                                               # within 15%. Likely the machine of that day (below:
-                                                               # the calibration's own job ran 1.5x slower 2 h later)
-                                                               *(f"heap-arenas-seq3072-fp32.json:{L}:3072:{run}"
-                                                                 for L in (8, 16) for run in ("stock", "tuned")),
-                                                               "heap-steps5-tuned-l16-seq3072-fp32.json:16:3072:tuned",
-                                                               # the same seq-3072 tuned job 5 times (2026-11-29
-                                                               # 10:21, run-to-run variation): 25.7 s/step, plan 21.9
-                                                               "tuned-l8-seq3072-steps4-repeat5-fp32.json:8:3072:tuned",
-                                                               # -24% to -34%: the calibration document's tuned job
-                                                               # again (2026-11-29 02:30), 22.4 / 36.5 / 72.2 s/step
-                                                               # against its 14.2 / 26.2 / 48.2; memascend at 8 layers
-                                                               # in the next sitting as slow (21.3 against 13.9). The
-                                                               # matmul probe was unchanged (181.2 GFLOP/s), the VM's
-                                                               # disk read 1.6 and wrote 1.3 GB/s (dd, O_DIRECT, 4 MiB),
-                                                               # and step 2's backward took 14-15 s of the 22. The
-                                                               # machine, not the code: the code of 2026-11-24
-                                                               # (30e69ff) ran the same job 21.4 s/step on 2026-11-29
-                                                               # 04:45 (today's 20.9); on a RAM-backed ext4 loop device
-                                                               # 18.7; plain transformers forward + backward, no
-                                                               # DeepSpeed, 13.3 s, the calibration's DeepSpeed step's
-                                                               # compute; matmul 152-191 GFLOP/s, copy 31-33 GB/s
-                                                               *(f"heap-depth-tuned-seq2048-steps3-fp32.json:{L}:2048:"
-                                                                 "tuned" for L in (8, 16, 32)),
-                                                               # 28% to 54% longer: the allocator calibration sitting
-                                                               # of 2026-11-29 07:19-08:30, the same day's slow VM as
-                                                               # above (its matmul probes 133-193 GFLOP/s, cached
-                                                               # 181.2: hardware.sitting)
-                                                               *(f"tuned-heap-l{L}-seq{S}-steps4-fp32.json:{L}:{S}:"
-                                                                 "tuned" for L, S in ((4, 2048), (20, 2048), (28, 2048),
-                                                                              (12, 3584), (16, 8192), (4, 16384),
-                                                                              (8, 16384)))}
+
+
+def _runs(prefix: str, runs: str) -> list[str]:
+    return [f"{prefix}:{r}" for r in runs.split()]
+
+
+EXPECTED_MISSES: dict[str, tuple[str, str]] = {
+    **{rid: (CONTENDED, "") for rid in (
+        *_runs(f"{_SSD}unthrottled-sitting2.json:8:512", "stock tuned memascend"),
+        *_runs(f"{_SSD}unthrottled-sitting3.json:8:512", "stock"),
+        *_runs(f"{_SSD}unthrottled-sitting4.json:8:512", "stock tuned memascend"),
+        f"{_SSD}ssd400mbs-sitting3.json:8:512:tuned",
+        # a memory validation run beside benchmarks/layer_backward_memory.py
+        "llama-3.2-1b-fp32-seq1024-cap12gib-layer-backward.json:16:1024:memascend")},
+    # 2026-11-29 07:19-08:30: the allocator calibration sitting, its matmul probes 133-141 GFLOP/s against 181.2
+    **{f"tuned-heap-l{L}-seq{S}-steps4-fp32.json:{L}:{S}:tuned": (SLOW_SITTING, "")
+       for L, S in ((4, 2048), (16, 8192), (20, 2048))},
+    **{rid: (EARLIER_VM, "") for rid in (
+        *(f"mmap-{m}-l{L}.json:{L}:512:memascend" for m in ("1mib", "1mib-thp", "32mib", "4mib") for L in (8, 32)
+          if (m, L) != ("1mib", 32)),
+        *_runs("bench-llama-136m-fp32.json:8:512", "stock memascend"),
+        *(f"depth-sweep-seq2048-fp32.json:{L}:2048:stock" for L in (8, 16, 32)),
+        "tuned-heap-l8-seq8192-fp32.json:8:8192:tuned", "checksums-verify-on-off-fp32.json:8:512:memascend")},
+    **{rid: (TWIN, twin) for rid, twin in (
+        ("depth-sweep-seq2048-rep3-mmap1mib-fp32.json:8:2048:tuned", "context-sweep-lt-rep3-fp32.json:8:2048:tuned"),
+        ("depth-sweep-seq2048-rep3-mmap1mib-fp32.json:32:2048:memascend",
+         "depth-sweep-seq2048-rep3-fp32.json:32:2048:memascend"),
+        *((f"{_SSD}ssd400mbs-{d}.json:8:512:tuned", f"{_SSD}ssd400mbs-sitting2.json:8:512:tuned")
+          for d in ("bf16-moments-clip10", "overlap-clip1", "overlap-clip10-budget1gib", "overlap-clip10",
+                    "overlap-noclip", "sitting1")),
+        (f"{_SSD}ssd400mbs-overlap-clip1.json:8:512:memascend", f"{_SSD}ssd400mbs-ga1.json:8:512:memascend"),
+        *((f"{_SSD}ssd400mbs-{d}.json:8:512:memascend", f"{_SSD}ssd400mbs-bf16-moments-clip10.json:8:512:memascend")
+          for d in ("overlap-clip10-budget1gib", "overlap-noclip")),
+        (f"{_SSD}ssd400mbs-params-hold-master-clip10-budget1gib-repeat3.json:8:512:memascend",
+         f"{_SSD}ssd400mbs-memascend-clip10-amd.json:8:512:memascend"),
+        *((f"{_SSD}{d}.json:8:512:memascend", f"{_SSD}unthrottled-three-engines-clip10-amd-quiet.json:8:512:memascend")
+          for d in ("unthrottled-kept-master-ablation-clip10", "unthrottled-three-engines-clip10-kept-master")),
+        (f"{_SSD}unthrottled-three-engines-clip10-kept-master.json:8:512:stock",
+         f"{_SSD}unthrottled-three-engines-clip10-cpu-fraction.json:8:512:stock"),
+        *((f"llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-{d}.json:16:1024:memascend",
+           "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-amd-quiet.json:16:1024:memascend")
+          for d in ("amd-rerun", "kept-master")))},
+    **{rid: (MODEL_GAP, gap) for gap, rids in (
+        ("DeepSpeed's CPU 16-bit path: about 3.2 s of backward a step for a 6M model (-94% to -97%), no term",
+         (*_runs("tiny-llama-bf16.json:2:256", "stock tuned memascend"),
+          *_runs("tiny-llama-fp16.json:2:128", "stock tuned memascend"))),
+        ("short contexts (seq 256): a per-layer, per-step cost (hooks, fetch latency, gloo between two ranks) that "
+         "long contexts hide, no term (-24% to -48%; SmolLM2's tuned run +25%: its parameters are fetched twice)",
+         ("tiny-llama-fp32.json:2:256:memascend", "qwen2.5-0.5b-8l-fp32.json:8:256:memascend",
+          *_runs("smollm2-360m-fp32.json:32:256", "tuned memascend"),
+          *_runs("bench-llama-136m-2ranks-fp32.json:8:256", "stock tuned memascend"))),
+        ("no bf16 CPU rate of its own: a DeepSpeed bf16 step on this CPU gets neither the calibrated fp32 rate "
+         "(+25% to +46%) nor the probe's bf16 GEMM rate",
+         ("qwen2.5-1.5b-bf16-seq1024-cap12gib-memascend.json:28:1024:memascend",
+          "qwen2.5-1.5b-bf16-seq1024-cap12gib-bounded-norm.json:28:1024:memascend")),
+        ("capped llama-3.2-1b records no SSD rate: planned at the calibrated CPU rate and the disk's probe, 20-32% "
+         "short", tuple(f"llama-3.2-1b-fp32-seq1024-cap12gib{d}.json:16:1024:memascend" for d in ("", "-bounded-norm"))),
+        ("the Intel VM of 2026-11-26 with the overlap: forward + backward took less than the model's compute + reads "
+         "(DeepSpeed's prefetch hid reads behind the fp32 matmuls), +17% to +34%",
+         (f"{_SSD}ssd400mbs-bf16-moments-clip10.json:8:512:memascend-bf16_moments",
+          f"{_SSD}ssd400mbs-ga8.json:8:512:memascend",
+          *_runs(f"{_SSD}unthrottled-overlap-clip10.json:8:512", "tuned memascend"),
+          "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend.json:16:1024:memascend",
+          f"{_SSD}unthrottled-sitting3.json:8:512:tuned")),
+        ("long contexts (seq 2048-16384) of stock's stage3 passes on the AMD VM of 2026-11-29, 15-35% longer than "
+         "the plan with a sitting probe at the cached rate: the calibration's own job ran 1.5x slower that day, "
+         "not measured by any field the bench records",
+         (*(f"tuned-heap-l{L}-seq{S}-steps4-fp32.json:{L}:{S}:tuned"
+            for L, S in ((12, 3584), (28, 2048), (4, 16384), (8, 16384))),
+          *(f"heap-arenas-seq3072-fp32.json:{L}:3072:{r}" for L in (8, 16) for r in ("stock", "tuned")),
+          "heap-steps5-tuned-l16-seq3072-fp32.json:16:3072:tuned",
+          "tuned-l8-seq3072-steps4-repeat5-fp32.json:8:3072:tuned",
+          *(f"heap-depth-tuned-seq2048-steps3-fp32.json:{L}:2048:tuned" for L in (8, 16, 32)))),
+        ("stock's stage3 passes at seq 4096 on the Intel VM, +19%",
+         ("tuned-heap-l16-seq4096-fp32.json:16:4096:tuned",)),
+        ("seq 512, no overlap, untimed AMD VM (2026-11-24): tuned +17%, memascend -20% (the calibration's own runs: "
+         "tuned +8-13%, memascend -7 to -13%)", _runs("context-sweep-lt-rep3-fp32.json:8:512", "tuned memascend")),
+        ("memascend at seq 2816 on the Intel VM, -30%", ("tuned-glibc-threshold-l8-seq2816-fp32.json:8:2816:memascend",)),
+        ("unthrottled stock on the AMD VM (no other jobs), -18%; the same job an hour later within",
+         (f"{_SSD}unthrottled-three-engines-clip10-amd.json:8:512:stock",)),
+        ("sitting 1 of the Intel VM's SSD-bound sittings recorded no load gauge (its neighbours were contended)",
+         _runs(f"{_SSD}unthrottled-sitting1.json:8:512", "stock tuned memascend")))
+       for rid in rids},
+}
+"""Every validation run the model misses by more than TOLERANCE, with why (strict: one that comes within fails until
+taken off)."""
 
 
 def _date(doc: dict) -> str:
@@ -252,15 +184,12 @@ def predicted_s(doc: dict, run: dict, gflops: float = CPU_CALIBRATED_GFLOPS) -> 
     return t.step_s
 
 
-def miss_reason(rid: str, date: str) -> str | None:
-    """Why the model is expected to miss a run by more than TOLERANCE, or None."""
-    if rid in CONTENDED:
-        return "cores taken by other jobs: CONTENDED"
-    if rid in KNOWN_MISSES:
-        return "KNOWN_MISSES"
-    if date < OTHER_VM_BEFORE and rid not in OTHER_VM_WITHIN:
-        return f"recorded on the earlier AVX2 VM, before {OTHER_VM_BEFORE}: OTHER_VM_BEFORE"
-    return None
+def miss_reason(rid: str) -> str | None:
+    """Why the model is expected to miss a run by more than TOLERANCE (EXPECTED_MISSES), or None."""
+    if rid not in EXPECTED_MISSES:
+        return None
+    kind, detail = EXPECTED_MISSES[rid]
+    return f"{kind}: {detail}" if detail else kind
 
 
 def _params(calibration: bool):
@@ -275,7 +204,7 @@ def _params(calibration: bool):
             rid = f"{name}:{j['layers']}:{j['seq_len']}:{r['name']}"
             if rid in (STOCK_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION):
                 continue  # fitted on, not validated by
-            why = miss_reason(rid, _date(doc))
+            why = miss_reason(rid)
             marks = [pytest.mark.xfail(strict=True, reason=f"time model error above 15% ({why})")] \
                 if why and not calibration else []
             out.append(pytest.param(doc, r, id=rid, marks=marks))
@@ -303,12 +232,59 @@ def test_calibration_constant_is_the_fit():
 
 
 def test_every_listed_miss_is_a_recorded_validation_run():
-    """Each entry of the lists names a run this file validates (a renamed document or run would leave an entry that
-    excuses nothing), is in one list only, and OTHER_VM_WITHIN names runs of the earlier VM only."""
-    dates = {p.id: _date(p.values[0]) for p in VALIDATION}
-    assert not (KNOWN_MISSES | CONTENDED | OTHER_VM_WITHIN) - dates.keys()
-    assert not KNOWN_MISSES & CONTENDED and not (KNOWN_MISSES | CONTENDED) & OTHER_VM_WITHIN
-    assert all(dates[rid] < OTHER_VM_BEFORE for rid in OTHER_VM_WITHIN)
+    """Each entry of EXPECTED_MISSES names a run this file validates (a renamed document or run would leave an entry
+    that excuses nothing), with a known kind of cause."""
+    ids = {p.id for p in VALIDATION}
+    assert not EXPECTED_MISSES.keys() - ids
+    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {CONTENDED, SLOW_SITTING, EARLIER_VM, TWIN, MODEL_GAP}
+
+
+def _machine(doc: dict) -> str:
+    """The machine a document ran on, as it records it: its CPU probe's model, else which VM its date says."""
+    model = (doc["job"].get("timing") or {}).get("cpu_model")
+    return model or ("earlier VM" if _date(doc) < OTHER_VM_BEFORE else "untimed")
+
+
+def _within(doc: dict, run: dict) -> bool:
+    return abs(predicted_s(doc, run) - run["seconds_per_step"]) <= TOLERANCE * run["seconds_per_step"]
+
+
+def test_each_expected_miss_has_its_cause_in_its_record():
+    """The cause each entry states is in the run's own record: the load gauge, the sitting's probe, the date and no
+    CPU probe, or a twin (another recorded run of the same job and machine, not itself excused) within TOLERANCE; a
+    model gap states which term it lacks."""
+    runs = {p.id: p.values for p in VALIDATION + _params(True)}
+    for rid, (kind, detail) in EXPECTED_MISSES.items():
+        doc, run = runs[rid]
+        if kind == CONTENDED:
+            assert run.get("others_cpu_seconds") is not None, rid
+            assert run["others_cpu_seconds"] / run["wall_s"] >= CONTENDED_CORES, rid
+        elif kind == SLOW_SITTING:
+            probe = doc["hardware"]["sitting"]
+            assert probe["fp32_gflops"] <= SLOW_PROBE * probe["cached_fp32_gflops"], rid
+        elif kind == EARLIER_VM:
+            assert _date(doc) < OTHER_VM_BEFORE and not (doc["job"].get("timing") or {}).get("cpu_model"), rid
+        elif kind == TWIN:
+            tdoc, trun = runs[detail]
+            assert detail not in EXPECTED_MISSES and _within(tdoc, trun), (rid, detail)
+            same = [(d["job"]["model"], d["job"]["layers"], d["job"]["seq_len"], d["job"]["dtype"], r["mode"],
+                     _machine(d)) for d, r in ((doc, run), (tdoc, trun))]
+            assert same[0] == same[1], (rid, detail)
+            assert abs(predicted_s(tdoc, trun) / predicted_s(doc, run) - 1) <= TWIN_PLAN, (rid, detail)
+        else:
+            assert detail, rid
+
+
+def test_no_validation_run_was_fitted_on():
+    """The calibration runs (CPU_CALIBRATED_GFLOPS: the CALIBRATION document; the host terms: one run each) are
+    recorded runs, and none of them is a validation run."""
+    fitted = {p.id for p in _params(True)}
+    assert len(fitted) == 6 and all(rid.startswith(CALIBRATION + ":") for rid in fitted)
+    for rid in (STOCK_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION):
+        name, _, _, run = rid.split(":")
+        assert any(r["name"] == run for r in _ssd_bound(name)["runs"]), rid
+        fitted.add(rid)
+    assert not fitted & {p.id for p in VALIDATION}
 
 
 def test_validation_covers_all_three_engines_within_tolerance():
