@@ -472,8 +472,11 @@ class Run:
             tokens_seen += int(tok_sum)
             if step % r.log_every == 0 or step == total:
                 window = time.time() - t_last
+                norm = engine.get_global_grad_norm()  # before clipping: says whether the step clipped
+                grad_norm = None if norm is None else float(norm)
                 self.metrics({"event": "step", "step": step, "total_steps": total, "loss": loss_sum / self.world,
-                              "lr": float(engine.get_lr()[0]), "tokens_per_s": tok_sum / elapsed if elapsed else 0.0,
+                              "lr": float(engine.get_lr()[0]), "grad_norm": grad_norm,
+                              "tokens_per_s": tok_sum / elapsed if elapsed else 0.0,
                               "s_per_step": elapsed, "tokens_seen": tokens_seen,
                               # Sums over ranks: the node's host memory when all ranks share a node.
                               "host_rss_gib": rss_sum / 1024**2, "host_peak_gib": hwm_sum / 1024**2,
