@@ -342,3 +342,66 @@ def test_memascend_host_term_is_the_fit():
     finally:
         tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT = FITTED_MEMASCEND_NS
     assert abs(lo - FITTED_MEMASCEND_NS) < 0.1, lo
+
+
+# The plan's SSD bytes per step against the bench's block-I/O counters: the term every DRAM-resident byte is credited
+# in (stock's max_in_cpu, planner.ssd.params_in_dram; memascend's kept partitions), per direction, on every recorded
+# run (the GPU kit's too: stock there keeps its parameters in DRAM with max_in_cpu, 16.0 B/param read against tuned's
+# 20.5).
+BYTES_TOLERANCE = 0.10
+EARLIER_ENGINE = "earlier engine"  # its counters: the master read back from the SSD (master_bytes_from_memory)
+NOT_SPECULATED = "not speculated"  # its counters: the overlap tried (redone / not speculated), no step committed
+EXPECTED_BYTE_MISSES: dict[str, tuple[str, str]] = {
+    **{f"llama-3.2-1b-seq1024-fp32-{d}.json:16:1024:memascend": (
+        EARLIER_ENGINE, "before partitions were kept for the master: reads +30%") for d in (
+        "ssd400mbs-noclip-memascend-amd-quiet", "ssd400mbs-noclip-memascend-amd-rerun",
+        "unthrottled-noclip-memascend")},
+    "h200-llama-3.2-1b-2026-11-27.json:llama-3.2-1b:memascend:memascend": (
+        NOT_SPECULATED, "writes +14% (2 B/param) with the overlap tried and never committed; the plan prices "
+                        "the path without it"),
+}
+
+
+def _gpu_runs():
+    """(id, document, run) of the GPU kit's recorded bench runs (docs/bench/gpu: one bench document per engine)."""
+    for path in sorted(recorded_summaries(os.path.join(REPO, "docs", "bench", "gpu", "*.json"))):
+        name = os.path.basename(path).removesuffix(RECORDED_GZIP)
+        for model, docs in ((read_summary(path).get("bench") or {}).get("documents") or {}).items():
+            for key, doc in docs.items():
+                for r in doc.get("runs") or [] if isinstance(doc, dict) else []:
+                    if r.get("ok"):
+                        yield f"{name}:{model}:{key}:{r['name']}", doc, r
+
+
+BYTE_RUNS = [pytest.param(doc, run, id=rid, marks=[pytest.mark.xfail(
+                 strict=True, reason=f"SSD bytes off by more than 10% ({': '.join(EXPECTED_BYTE_MISSES[rid])})")]
+                 if rid in EXPECTED_BYTE_MISSES else [])
+             for rid, doc, run in [(p.id, *p.values) for p in VALIDATION + _params(True)] + list(_gpu_runs())
+             if run.get("ssd_read_bytes_per_step")]
+
+
+@pytest.mark.parametrize("doc,run", BYTE_RUNS)
+def test_ssd_bytes_per_step_within_10_percent(doc, run):
+    """Read and written bytes of a steady step (the bench's block-I/O counters of the run's rank 0) within
+    BYTES_TOLERANCE of the plan's traffic (planner.ssd.ssd_traffic), each direction."""
+    st = configs.repredict(doc, run)["ssd_traffic"]
+    for measured, planned in ((run["ssd_read_bytes_per_step"], st["read_bytes_per_step"]),
+                              (run["ssd_write_bytes_per_step"], st["write_bytes_per_step"])):
+        assert abs(measured - planned) <= BYTES_TOLERANCE * planned, (measured, planned)
+
+
+def test_each_expected_byte_miss_has_its_cause_in_its_record():
+    """A byte miss is a recorded run whose engine counters show its stated cause: the master mostly read back from the
+    SSD (master_bytes_from_memory under half of the 4 B per element a committed step takes from memory), or the
+    overlap tried and never committed."""
+    runs = {p.id: p.values for p in BYTE_RUNS}
+    for rid, (kind, _) in EXPECTED_BYTE_MISSES.items():
+        doc, run = runs[rid]
+        overlap = run["engine_stats"][0]["overlap"]
+        if kind == EARLIER_ENGINE:
+            st = configs.repredict(doc, run)["ssd_traffic"]
+            elems = st["read_bytes_per_step"] / st["read_bytes_per_param"]
+            assert overlap["master_bytes_from_memory"] < 0.5 * 4 * elems * overlap["steps_committed"], rid
+        else:
+            assert kind == NOT_SPECULATED, rid
+            assert not overlap["steps_committed"] and overlap["steps_redone"] + overlap["steps_not_speculated"], rid
