@@ -30,8 +30,9 @@ from memascend_cli.planner import dram_tier as rule
 
 log = logging.getLogger("memascend_engine")
 _MEMMOVE = ctypes.memmove
-STATE_NAMES = ("fp32", "exp_avg", "exp_avg_sq")
-"""The optimizer pipeline's state keys of a chunk (OptimizerPipeline.state_key)."""
+STATE_NAMES = ("fp32", "exp_avg", "exp_avg_sq", "lo")
+"""The optimizer pipeline's state keys of a chunk (OptimizerPipeline.state_key; "lo": a bf16 master's residual,
+optimizer_pipeline.RESIDUAL)."""
 
 
 @dataclass

@@ -22,6 +22,10 @@ from memascend_cli.planner import zero
 
 OPT_PREFIX = "memascend/opt/"
 SHADOW_SUFFIX = "~next"
+RESIDUAL = "lo"
+"""State name of a bf16 chunk's master residual (OptimizerPipeline.split): the master's bits less its bf16 parameters'."""
+SPLIT_BLOCK_NUMEL = 1 << 16
+"""Elements split or joined at a time (OptimizerPipeline._split / _join): bounded int32 temporaries."""
 SPEC_RESIDENT_MAX_BYTES = 64 << 20
 """Resident partitions (OptimizerPipeline.spec_resident) a speculation holds next values of: DeepSpeed keeps only
 small ones in memory (below min_aio_bytes, persistent) unless offload_param.max_in_cpu keeps more; beyond this a chunk
@@ -71,6 +75,9 @@ class Slot:
     """(piece, staging byte offset) of the chunk in this slot."""
     widen: int = 0
     """Elements of 16-bit moments read into the upper halves of exp_avg / exp_avg_sq, to widen once they land."""
+    join: tuple[int, int, int] | None = None
+    """(chunk, generation, elements) whose bf16 parameters and residual were read, to join into the master once they
+    land (OptimizerPipeline.split)."""
 
 
 class OptimizerPipeline:
@@ -110,6 +117,9 @@ class OptimizerPipeline:
         self.moment_upper_byte = 2 * n
         """Where 16-bit moments are read into a slot's fp32 moment buffer: its upper half (O_DIRECT-aligned)."""
         staging_bytes = zero.align_up(2 * n * self.elem_bytes, zero.PAGE_BYTES)
+        self.residual_byte = staging_bytes - 2 * n
+        """Where a split chunk's residual is read into or written from in a slot's staging buffer: its top 2 B per
+        element, above the 16-bit pieces (_place)."""
         self.slots = [Slot(master=allocator.empty(n, torch.float32), exp_avg=allocator.empty(n, torch.float32),
                            exp_avg_sq=allocator.empty(n, torch.float32), grad=allocator.empty(n, torch.float32),
                            staging=allocator.empty(staging_bytes, torch.uint8))
@@ -125,13 +135,24 @@ class OptimizerPipeline:
         backward (engine/overlap.py) writes a speculative update into the other one and flips this on commit."""
         self.mirrored: set[int] = set()
         """fp32 training: chunks whose parameter partitions hold exactly their current master (the master is copied to
-        them bit for bit): the overlap takes such a master from partitions DeepSpeed holds in memory during backward
-        instead of reading it from the SSD (overlap.Speculator). Anything that writes one without the other drops it."""
-        self.params_hold_master = params_hold_master and self.param_bytes == 4
-        """EngineOptions.params_hold_master: in fp32 a chunk whose parameter pieces are all on the SSD keeps its master
-        there only (the partitions hold its exact values): no master written, 4 B per parameter a step less."""
+        them bit for bit); bf16 with `split`: their upper halves. The overlap takes such a master (or those halves)
+        from partitions DeepSpeed holds in memory during backward instead of reading it from the SSD
+        (overlap.Speculator). Anything that writes one without the other drops it."""
+        self.params_hold_master = params_hold_master and param_dtype in (torch.float32, torch.bfloat16)
+        """EngineOptions.params_hold_master: a chunk whose parameter pieces are all on the SSD keeps its master there
+        (fp32: the partitions hold its exact values, no master written, 4 B per parameter a step less; bf16: see
+        `split`)."""
+        self.split = self.params_hold_master and param_dtype == torch.bfloat16
+        """bf16: the parameters written from a master are its round to nearest even, so the master is their bits
+        shifted up plus a 16-bit residual (key RESIDUAL): 2 B per parameter written for the master instead of 4, the
+        same values bit for bit. The rare element whose residual does not fit 16 bits (a tie rounded down, a NaN)
+        keeps its master in `exceptions`."""
+        self.exceptions: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor] | None] = {}
+        """(chunk, generation) -> (element indices, fp32 masters) a split chunk's residual cannot express, or None:
+        about one element in 2^17 (a master whose low 16 bits are exactly 0x8000 and whose bf16 rounded down)."""
         self.master_in_params: set[int] = set()
-        """Chunks whose current master is their SSD parameter pieces (their master key is stale or absent)."""
+        """Chunks whose current master is their SSD parameter pieces (with `split`, and their residual; their master
+        key is stale or absent)."""
         self.shadowed: set[str] = set()
         """Parameter keys a speculation wrote to their shadow (shadow_key), exchanged with them at its commit: until
         then the partitions keep the current master a redo or a rollback needs."""
@@ -158,7 +179,8 @@ class OptimizerPipeline:
     # -- layout of a chunk's 16-bit pieces in the staging buffer ----------------------------------------
     def _place(self, chunk: zero.Chunk) -> list[tuple[zero.Piece, int | None]]:
         """Each piece at an O_DIRECT-aligned staging offset while they fit (None: bounced through the store)."""
-        out, off, cap = [], 0, self.slots[0].staging.numel()
+        out, off = [], 0
+        cap = self.residual_byte if self.split else self.slots[0].staging.numel()
         for p in chunk.pieces:
             nbytes = p.numel * self.elem_bytes
             if off + nbytes <= cap:
@@ -183,6 +205,11 @@ class OptimizerPipeline:
         slot.pending = []
         if master:
             self.read_master(ci, slot, wait=False)
+        elif self.split:  # the upper halves come from the parameters in memory (overlap.Speculator._copy_master)
+            slot.pending.append(self.store.submit("r", self._residual(slot, n).data_ptr(), n * 2,
+                                                  self.state_key(ci, RESIDUAL), 0))
+            slot.join = (ci, self.generation[ci], n)
+            self.counters.optimizer_read_bytes += n * 2
         if moments and ci in self.states_written:
             self._submit_moment_reads(ci, slot)
         elif moments:
@@ -211,16 +238,22 @@ class OptimizerPipeline:
         """Chunk ci's current master from the SSD into the slot (`wait`: now, else with the slot's other reads): its
         master key, or its parameter pieces (master_in_params)."""
         chunk = self.chunks[ci]
-        pending = []
+        pending, join = [], None
         if ci in self.master_in_params:
+            pb = self.param_bytes
+            held = self.held(slot, chunk.numel)
             for p in chunk.pieces:
                 target = self.targets[chunk.sub_group][p.param]()
-                dst = slot.master.narrow(0, p.chunk_offset, p.numel)
+                dst = held.narrow(0, p.chunk_offset, p.numel)
                 if target.key is None:  # DeepSpeed holds the partition in memory: the same values
                     dst.copy_(target.tensor.narrow(0, p.param_offset, p.numel))
                     continue
-                pending.append(self.store.submit("r", dst.data_ptr(), p.numel * 4,
-                                                 self.read_from.get(target.key, target.key), p.param_offset * 4))
+                pending.append(self.store.submit("r", dst.data_ptr(), p.numel * pb,
+                                                 self.read_from.get(target.key, target.key), p.param_offset * pb))
+            if self.split:
+                pending.append(self.store.submit("r", self._residual(slot, chunk.numel).data_ptr(), chunk.numel * 2,
+                                                 self.state_key(ci, RESIDUAL), 0))
+                join = (ci, self.generation[ci], chunk.numel)
         else:
             pending.append(self.store.submit("r", slot.master.data_ptr(), chunk.numel * 4,
                                              self.state_key(ci, "fp32"), 0))
@@ -228,12 +261,65 @@ class OptimizerPipeline:
         if wait:
             for request in pending:
                 self.store.complete(request)
+            if join is not None:
+                self._join(slot, *join)
         else:
             slot.pending.extend(pending)
+            slot.join = join
+
+    def held(self, slot: Slot, numel: int) -> torch.Tensor:
+        """Where a chunk's parameters' values go in the slot to make its master (master_in_params): fp32, the master
+        itself; bf16 (split), the upper half of the master buffer in the parameter dtype, joined with the residual."""
+        if not self.split:
+            return slot.master
+        return slot.master.view(self.param_dtype).narrow(0, self.chunk_numel, numel)
+
+    def _residual(self, slot: Slot, numel: int) -> torch.Tensor:
+        """The int16 residual of a split chunk in the slot's staging buffer (`residual_byte`)."""
+        return slot.staging.narrow(0, self.residual_byte, 2 * numel).view(torch.int16)
+
+    def _join(self, slot: Slot, ci: int, generation: int, numel: int) -> None:
+        """The fp32 master of split chunk ci from its bf16 parameters (upper half of the slot's master) and residual
+        (read_master), in place: ascending blocks only overwrite parameters already taken."""
+        upper = slot.master.view(torch.int16).narrow(0, self.chunk_numel, numel)
+        residual = self._residual(slot, numel)
+        bits = slot.master.view(torch.int32)
+        for s in range(0, numel, SPLIT_BLOCK_NUMEL):
+            e = min(numel, s + SPLIT_BLOCK_NUMEL)
+            block = upper[s:e].to(torch.int32).bitwise_left_shift_(16)
+            bits[s:e].copy_(block.add_(residual[s:e]))
+        exceptions = self.exceptions.get((ci, generation))
+        if exceptions is not None:
+            slot.master.index_copy_(0, *exceptions)
+
+    def _split(self, ci: int, slot: Slot, generation: int | None) -> None:
+        """Write split chunk ci's residual (its master in the slot less the bf16 round of it, which its parameters
+        get) into `generation`; masters it cannot express go to `exceptions`."""
+        n = self.chunks[ci].numel
+        residual = self._residual(slot, n)
+        master = slot.master.narrow(0, 0, n)
+        bits = master.view(torch.int32)
+        where, values = [], []
+        for s in range(0, n, SPLIT_BLOCK_NUMEL):
+            e = min(n, s + SPLIT_BLOCK_NUMEL)
+            block = master[s:e]
+            diff = bits[s:e] - block.to(self.param_dtype).view(torch.int16).to(torch.int32).bitwise_left_shift_(16)
+            residual[s:e].copy_(diff)  # wraps outside int16: those are exceptions
+            odd = (diff > 32767) | (diff < -32768) | torch.isnan(block)
+            if bool(odd.any()):
+                idx = odd.nonzero().reshape(-1)
+                where.append(idx + s)
+                values.append(block[idx])
+        gen = self.generation[ci] if generation is None else generation
+        self.exceptions[(ci, gen)] = (torch.cat(where), torch.cat(values)) if where else None
+        slot.pending.append(self.store.submit("w", residual.data_ptr(), n * 2, self.state_key(ci, RESIDUAL, generation),
+                                              0))
+        self.counters.optimizer_write_bytes += n * 2
 
     def _mirror(self, ci: int, same: bool) -> None:
-        """Whether chunk ci's parameters now hold its current master exactly (fp32 only: see `mirrored`)."""
-        if same and self.param_bytes == 4:
+        """Whether chunk ci's parameters now hold its current master exactly (fp32), or its upper halves beside its
+        current residual (split; see `mirrored`)."""
+        if same and (self.param_bytes == 4 or (self.split and ci in self.master_in_params)):
             self.mirrored.add(ci)
         else:
             self.mirrored.discard(ci)
@@ -257,6 +343,7 @@ class OptimizerPipeline:
             except Exception as exc:  # noqa: BLE001 - complete every request, raise the first
                 first = first or exc
         slot.pending = []
+        join, slot.join = slot.join, None
         if first is not None:
             slot.widen = 0
             raise first
@@ -264,6 +351,8 @@ class OptimizerPipeline:
             for t in (slot.exp_avg, slot.exp_avg_sq):
                 native.bf16_widen_tensor(t, slot.widen, self.moment_upper_byte)
             slot.widen = 0
+        if join is not None:
+            self._join(slot, *join)
 
     # -- writes -----------------------------------------------------------------------------------------
     def _submit_writes(self, ci: int, slot: Slot, *, generation: int | None = None,
@@ -280,6 +369,8 @@ class OptimizerPipeline:
             slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4,
                                                   self.state_key(ci, "fp32", generation), 0))
             self.counters.optimizer_write_bytes += n * 4
+        elif self.split:
+            self._split(ci, slot, generation)
         self._submit_moment_writes(ci, slot, generation)
         if current:
             self.states_written.add(ci)
@@ -461,7 +552,8 @@ class OptimizerPipeline:
             slot = self.slots[0]
             n = chunk.numel
             pb = self.param_bytes
-            if self._in_params(self._resolve(chunk, self.targets)):
+            in_params = self._in_params(self._resolve(chunk, self.targets))
+            if in_params and not self.split:
                 self.master_in_params.add(ci)
                 self._mirror(ci, True)
                 continue
@@ -476,8 +568,15 @@ class OptimizerPipeline:
                                                       p.param_offset * pb))
                 self.counters.param_read_bytes += p.numel * pb
                 dst.copy_(view)
-            self.store.complete(self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
-            self.counters.optimizer_write_bytes += n * 4
+            if in_params:  # split: the master is the parameters exactly, its residual zeros
+                self.master_in_params.add(ci)
+                slot.pending = []
+                self._split(ci, slot, None)
+                self._complete(slot)
+            else:
+                self.store.complete(self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"),
+                                                      0))
+                self.counters.optimizer_write_bytes += n * 4
             self._mirror(ci, True)
 
     def read_state(self, ci: int) -> dict[str, torch.Tensor]:
@@ -511,6 +610,8 @@ class OptimizerPipeline:
         if not in_params:
             slot.pending.append(self.store.submit("w", slot.master.data_ptr(), n * 4, self.state_key(ci, "fp32"), 0))
             self.counters.optimizer_write_bytes += n * 4
+        elif self.split:
+            self._split(ci, slot, None)
         (self.master_in_params.add if in_params else self.master_in_params.discard)(ci)
         if "exp_avg" in tensors:
             slot.exp_avg.narrow(0, 0, n).copy_(tensors["exp_avg"])

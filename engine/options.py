@@ -56,14 +56,16 @@ class EngineOptions:
     of SSD space), and step() commits it, or redoes the step (clipping triggered) or rolls the parameters back
     (overflow) exactly; without clipping the gradients then never go to the SSD. Needs streaming."""
     master_from_params: bool = True
-    """fp32 with the overlap: each chunk's master is copied from the parameter partitions backward fetched (DeepSpeed
-    is about to drop them; in fp32 they are the master's exact copy) instead of read from the SSD: 4 B per parameter
-    less read per committed step. Needs overlap_optimizer; bf16 / fp16 parameters are not the master."""
+    """With the overlap: each chunk's master is copied from the parameter partitions backward fetched (DeepSpeed is
+    about to drop them; in fp32 they are the master's exact copy, in bf16 with params_hold_master its upper halves)
+    instead of read from the SSD: 4 B (bf16: 2 B) per parameter less read per committed step. Needs
+    overlap_optimizer; fp16 parameters are not the master."""
     params_hold_master: bool = True
     """fp32: a chunk's parameter partitions on the SSD are its master (the same values bit for bit), so no separate
     master is written (4 B per parameter less written per step) nor kept (4 B less space; the overlap's speculation
-    writes the next parameters to shadow partitions exchanged at the commit: 4 B more space instead of 8). Needs
-    streaming; bf16 / fp16 parameters are not the master."""
+    writes the next parameters to shadow partitions exchanged at the commit: 4 B more space instead of 8). bf16: they
+    are the master's upper halves (its round to nearest), a 2 B residual beside them restores it exactly (2 B less
+    written; optimizer_pipeline.OptimizerPipeline.split). Needs streaming; fp16 parameters are not the master."""
     optimizer_moments: str = "fp32"
     """Adam's exp_avg / exp_avg_sq on the SSD: fp32, or bf16 (opt-in): 8 B per parameter less SSD traffic per step (4 B
     less read and written each) and 4 B less space (8 B with the overlap), rounded stochastically on write

@@ -15,12 +15,13 @@ decides:
 
 In fp32 the parameter partitions are the master's exact copy (OptimizerPipeline.mirrored): a chunk then takes its master
 from the partitions backward fetched, as DeepSpeed drops them (Speculator.released), and reads only its moments
-(EngineOptions.master_from_params: 4 B per parameter less read per step). DeepSpeed drops a layer's partitions before
+(EngineOptions.master_from_params: 4 B per parameter less read per step; in bf16 the partitions hold the master's upper
+halves, OptimizerPipeline.split, and a chunk reads only the 2 B residual beside them). DeepSpeed drops a layer's partitions before
 its gradients are reduced, when most of its chunks cannot have a slot yet: the param swapper keeps such a partition in
 its pool slot until the gradient's offer has copied it (engine/ds_internals/swapper.py _keeps_for_master), or until a
 fetch needs the slot. With EngineOptions.params_hold_master the partitions on the SSD are the only master: the
 speculation writes the next parameters to shadow partitions, exchanged with the current ones at the commit, so a redo or
-a rollback still finds the old master in place (4 B per parameter less written per step).
+a rollback still finds the old master in place (4 B per parameter less written per step; bf16: 2 B).
 
 Both paths make the same DeepSpeedCPUAdam op calls on the same values, so a committed step is bit-identical to the step
 without overlap (speculation, then validation: SuperOffload, arXiv 2509.21271; the optimizer overlapped with backward:
@@ -54,8 +55,9 @@ class OverlapCounters:
     steps_not_speculated: int = 0
     """Steps that did not speculate because the previous step clipped (a redo is then likely)."""
     master_bytes_from_memory: int = 0
-    """fp32: master bytes taken from parameter partitions DeepSpeed held in memory instead of read from the SSD (a
-    chunk missing a piece reads its whole master: its copies do not count)."""
+    """Master bytes taken from parameter partitions DeepSpeed held in memory instead of read from the SSD (fp32: the
+    master; bf16 with OptimizerPipeline.split: its upper halves; a chunk missing a piece reads its whole master: its
+    copies do not count)."""
     chunks_read_ahead: int = 0
     """Chunks whose reads started before their first gradient piece or partition release (Speculator._read_ahead)."""
 
@@ -88,7 +90,8 @@ class Speculator:
                  master_from_params: bool = False):
         self.pipeline = pipeline
         self.master_from_params = master_from_params
-        """EngineOptions.master_from_params: copy the fp32 master of a mirrored chunk from its parameters."""
+        """EngineOptions.master_from_params: copy the fp32 master of a mirrored chunk (bf16: its upper halves) from its
+        parameters."""
         self.spec_targets = spec_targets
         self.counters = counters
         self.pieces: dict[tuple[int, int], list[tuple[int, object]]] = {}
@@ -210,9 +213,11 @@ class Speculator:
         if p.chunk_offset in copied:
             return
         flat = partition.reshape(-1)
-        self.step.slot_of[ci].master.narrow(0, p.chunk_offset, p.numel).copy_(flat.narrow(0, p.param_offset, p.numel))
+        slot = self.step.slot_of[ci]
+        held = self.pipeline.held(slot, self.pipeline.chunks[ci].numel)
+        held.narrow(0, p.chunk_offset, p.numel).copy_(flat.narrow(0, p.param_offset, p.numel))
         copied.add(p.chunk_offset)
-        self.counters.master_bytes_from_memory += p.numel * 4
+        self.counters.master_bytes_from_memory += p.numel * self.pipeline.param_bytes
 
     def _update(self, ci: int) -> None:
         st = self.step
@@ -223,7 +228,8 @@ class Speculator:
         copied = st.copied.pop(ci, None)
         if copied is not None and len(copied) < len(pieces):
             pipe.read_master(ci, slot, wait=True)  # a piece's partition was not in memory: the SSD has every piece
-            self.counters.master_bytes_from_memory -= sum(4 * p.numel for p in pieces if p.chunk_offset in copied)
+            self.counters.master_bytes_from_memory -= sum(pipe.param_bytes * p.numel for p in pieces
+                                                          if p.chunk_offset in copied)
         st.compute(ci, pipe.chunks[ci], slot)
         pipe._submit_writes(ci, slot, generation=1 - pipe.generation[ci], targets=self.spec_targets)
         st.state[ci] = DONE

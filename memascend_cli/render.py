@@ -154,7 +154,9 @@ def render_plan(result: dict, ests, details: bool = False) -> None:
         out.print(s)
     if m.traffic is not None:
         r, w = m.traffic.per_param()
-        out.print(f"SSD traffic with memascend: {r:.1f} B read + {w:.1f} B written per parameter per step; "
+        rr, rw = m.traffic.roofline_per_param
+        out.print(f"SSD traffic with memascend: {r:.1f} B read + {w:.1f} B written per parameter per step (roofline "
+                  f"{rr:.1f} + {rw:.1f}: the parameters' fetches, the optimizer states once, no gradient); "
                   f"{1000 * m.traffic.write_total * m.ranks_per_node / 1e12:,.1f} TB written per 1,000 steps per "
                   "node (check the drive's rated TBW)", highlight=False)
     v = result["verdict"]

@@ -129,7 +129,7 @@ class _Construction:
                               for j, p in enumerate(group)}
         self._ma_spec = None
         if ctx.overlap is not None:
-            from_params = ctx.master_from_params and self.dtype == torch.float32
+            from_params = ctx.master_from_params and (self.dtype == torch.float32 or self._ma_pipeline.split)
             self._ma_spec = overlap.Speculator(self._ma_pipeline, self._ma_targets(during_backward=True),
                                                ctx.overlap, master_from_params=from_params)
             if from_params:

@@ -202,4 +202,5 @@ def bounded_stats(ctx: PluginContext) -> dict | None:
     return {"gradient_window_bytes": opt._ma_stream.host_bytes,
             "accumulation_window_bytes": opt._ma_stream.window_bytes,
             "optimizer_window_bytes": opt._ma_pipeline.host_bytes,
-            "chunks": len(opt._ma_chunks), "windows": ctx.windows.to_dict()}
+            "chunks": len(opt._ma_chunks), "windows": ctx.windows.to_dict(),
+            "master_split": opt._ma_pipeline.split}

@@ -224,6 +224,9 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
         disabled += ("master_from_params",)  # recorded before it: the master read from the SSD
     if run.get("mode") == "memascend" and "params_hold_master" not in (_engine_stats(run).get("options") or {}):
         disabled += ("params_hold_master",)  # recorded before it: the master written beside the parameters
+    elif (run.get("mode") == "memascend" and j["dtype"] == "bf16"
+          and "master_split" not in (_engine_stats(run).get("bounded") or {"master_split": False})):
+        disabled += ("params_hold_master",)  # bf16 recorded before OptimizerPipeline.split: the master beside them
     return dict(seq_len=j["seq_len"], micro_batch=j["micro_batch"], dtype=j["dtype"], ranks=j["ranks"],
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
                 disabled=disabled, host_budget_bytes=j.get("host_budget_bytes"),

@@ -158,6 +158,11 @@ class SsdTraffic:
     once for backward (but those memascend's pool still holds from forward), the gradient written and read once in the
     training dtype, fp32 master + Adam moments read and written once, parameters written back once (what an engine with
     no extra traffic moves)."""
+    roofline_per_param: tuple[float, float] = (0.0, 0.0)
+    """(read, write) bytes per parameter per step that no engine of this placement moves less of with the gradients
+    kept in DRAM: the parameters fetched as planned, Adam's moments read and written once, the fp32 master written once
+    (the parameters hold it, or its upper halves, or it is beside them) and read once unless taken from the parameters
+    backward fetched; no gradient, no checkpoint (issue 62's 12 + 12 B plus the parameters' own reads)."""
     backward_param_read_bytes: int | None = None
     """Of read_bytes["params"], the bytes read in backward (the time model's overlap window); None: half."""
     dram_fetch_bytes: int = 0
@@ -187,5 +192,7 @@ class SsdTraffic:
                 "read_bytes_per_param": round(r, 3), "write_bytes_per_param": round(w, 3),
                 "minimum_read_bytes_per_param": round(self.minimum_per_param[0], 3),
                 "minimum_write_bytes_per_param": round(self.minimum_per_param[1], 3),
+                "roofline_read_bytes_per_param": round(self.roofline_per_param[0], 3),
+                "roofline_write_bytes_per_param": round(self.roofline_per_param[1], 3),
                 "write_bytes_per_1000_steps": 1000 * self.write_total, "formula": self.formula,
                 "dram_fetch_bytes": self.dram_fetch_bytes, "dram_state_elems": self.dram_state_elems}

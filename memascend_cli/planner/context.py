@@ -154,11 +154,13 @@ class Context:
         # to the SSD only for a possible redo (clipping on, or fp16's loss scale changing).
         self.overlap = self.bounded and job.overlap_optimizer
         self.overlap_keeps_grads = job.gradient_clipping > 0 or job.dtype == "fp16"
-        # fp32: the speculation copies the master from the parameters backward fetched (Speculator.released).
-        self.master_from_params = self.overlap and job.master_from_params and self.E == 4
-        # fp32: the parameter partitions on the SSD are the master, none is written beside them (OptimizerPipeline
-        # .params_hold_master); the overlap's speculation writes shadow partitions exchanged at its commit.
-        self.params_hold_master = self.bounded and job.params_hold_master and self.E == 4
+        # The parameter partitions on the SSD hold the master (OptimizerPipeline.params_hold_master): fp32 all of it,
+        # none written beside them; bf16 its upper halves, a 2 B residual beside them (OptimizerPipeline.split). The
+        # overlap's speculation writes shadow partitions exchanged at its commit.
+        self.params_hold_master = self.bounded and job.params_hold_master and job.dtype in ("fp32", "bf16")
+        # The speculation copies the master (bf16: its upper halves) from the parameters backward fetched
+        # (Speculator.released).
+        self.master_from_params = self.overlap and job.master_from_params and (self.E == 4 or self.params_hold_master)
         # Gradients a DRAM window can hold instead of the SSD: running sums between micro-batches, and the last
         # micro-batch's kept for a redo (dropped when the step commits).
         self.holds_gradients = job.grad_accum_steps > 1 or (self.overlap and self.overlap_keeps_grads)

@@ -62,11 +62,12 @@ def unit_bytes(*, param_numels: Sequence[int], param_elem_bytes: int, group_nume
                moment_bytes: int, master_in_params: bool, overlap: bool,
                grad_numels: Sequence[int] = (), grad_elem_bytes: int = 0
                ) -> tuple[list[int], list[int], list[int]]:
-    """(parameter, sub-group, gradient) unit sizes in bytes as the engine keeps them. `master_in_params`: fp32 with
-    EngineOptions.params_hold_master (no master key; with the overlap each partition has a shadow key beside it);
-    `overlap`: EngineOptions.overlap_optimizer (a second generation of every sub-group's states)."""
+    """(parameter, sub-group, gradient) unit sizes in bytes as the engine keeps them. `master_in_params`:
+    EngineOptions.params_hold_master (fp32: no master key; bf16: a 2 B residual instead of the 4 B master; with the
+    overlap each partition has a shadow key beside it); `overlap`: EngineOptions.overlap_optimizer (a second generation
+    of every sub-group's states)."""
     shadow = 2 if overlap and master_in_params else 1
-    state = (0 if master_in_params else 4) + 2 * moment_bytes
+    state = (4 - param_elem_bytes if master_in_params else 4) + 2 * moment_bytes
     generations = 2 if overlap else 1
     return ([n * param_elem_bytes * shadow for n in param_numels],
             [n * state * generations for n in group_numels],

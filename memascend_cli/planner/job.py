@@ -74,10 +74,11 @@ class JobSpec:
     """memascend steps each optimizer chunk during the last micro-batch's backward (EngineOptions.overlap_optimizer),
     the common case planned: the step commits the speculation (no clipping triggered, no overflow)."""
     master_from_params: bool = True
-    """fp32 with the overlap: memascend copies each chunk's master from the parameters backward fetched instead of
-    reading it (EngineOptions.master_from_params)."""
+    """With the overlap: memascend copies each chunk's master (bf16: its upper halves) from the parameters backward
+    fetched instead of reading it (EngineOptions.master_from_params)."""
     params_hold_master: bool = True
-    """fp32: memascend writes no master beside the parameter partitions on the SSD (EngineOptions.params_hold_master)."""
+    """fp32: memascend writes no master beside the parameter partitions on the SSD; bf16: a 2 B residual instead of the
+    4 B master (EngineOptions.params_hold_master)."""
     gradient_clipping: float = DEEPSPEED_GRADIENT_CLIPPING
     """DeepSpeed's gradient_clipping (its default 1.0; 0 = off). With the overlap, a clipping step is redone from
     the gradients on the SSD, so they still go there; without clipping (bf16 / fp32) they never do."""

@@ -29,7 +29,8 @@ def nvme_items(c: Context) -> list[Item]:
     states = state_bytes_per_elem(c)
     moments = "exp_avg + exp_avg_sq" if states == 12 else "bf16 exp_avg + exp_avg_sq"
     if c.params_hold_master:  # optimizer_pipeline.OptimizerPipeline.params_hold_master (engine): no master extent
-        states, label = states - 4, f"{moments} (fp32 master: the parameters)"
+        states = states - E  # bf16: a 2 B residual (OptimizerPipeline.split)
+        label = f"{moments} (fp32 master: the parameters" + (")" if E == 4 else " + a 2 B residual)")
     else:
         label = f"fp32 master + {moments}"
     items = [
@@ -132,14 +133,17 @@ def ssd_traffic(c: Context) -> SsdTraffic:
             grad += "; the last micro-batch's stepped during backward" + (
                 ", kept for a redo (clipping on)" if c.overlap_keeps_grads else ", never on the SSD")
         if c.master_from_params:
-            # fp32: the parameter partitions are the master's exact copy; the speculation copies each chunk's master
-            # from the partitions backward drops (memascend_engine.overlap Speculator.released) instead of reading it.
-            read["optimizer_states"] -= 4 * opt
-            grad += "; the fp32 master taken from the parameters backward fetched"
+            # The parameter partitions are the master's exact copy (bf16: its upper halves); the speculation copies
+            # them from the partitions backward drops (memascend_engine.overlap Speculator.released) instead of
+            # reading them.
+            read["optimizer_states"] -= E * opt
+            grad += ("; the fp32 master taken from the parameters backward fetched" if E == 4 else
+                     "; the master's upper halves taken from the parameters backward fetched")
         if c.params_hold_master:
-            # fp32: the parameters written back are the master (OptimizerPipeline.params_hold_master): none beside them.
-            write["optimizer_states"] -= 4 * opt
-            grad += "; no master written beside the parameters"
+            # The parameters written back hold the master (OptimizerPipeline.params_hold_master): fp32 all of it, none
+            # beside them; bf16 its upper halves, a 2 B residual beside them (OptimizerPipeline.split).
+            write["optimizer_states"] -= E * opt
+            grad += "; no master written beside the parameters" if E == 4 else "; the master's 2 B residual beside them"
     else:
         read["gradients"] = 4 * opt
         write["gradients"] = 4 * opt
@@ -151,15 +155,17 @@ def ssd_traffic(c: Context) -> SsdTraffic:
     ckpt = read.get("activation_checkpoints", 0) / n
     grad_read = 0 if c.overlap else G * opt
     grad_write = (G * (opt - held) if c.overlap_keeps_grads else 0) if c.overlap else G * opt
-    master_read = 0 if c.master_from_params else 4 * opt
-    master_write = 0 if c.params_hold_master else 4 * opt
+    master_read = (4 - E) * opt if c.master_from_params else 4 * opt
+    master_write = (4 - E) * opt if c.params_hold_master else 4 * opt
     minimum = ((E * swapped + bwd + grad_read + states * opt - 4 * opt + master_read) / n + ckpt,
                (E * swapped + grad_write + states * opt - 4 * opt + master_write) / n + ckpt)
+    roofline = ((ga * (fwd + bwd) + (states - (E if c.master_from_params else 0)) * opt) / n, states * opt / n)
     per = max(1, E * swapped)
     fetched = f"params {(fwd + bwd) / per:.2f} fetches x {E} B read ({fwd / per:.2f} forward, {bwd / per:.2f} backward)"
     return SsdTraffic(read, write, params_per_rank=c.ns,
                       formula=f"{fetched}, {E} B written; optimizer {states} B each way; {grad}",
-                      minimum_per_param=minimum, backward_param_read_bytes=ga * bwd, dram_fetch_bytes=dram_fetch)
+                      minimum_per_param=minimum, roofline_per_param=roofline, backward_param_read_bytes=ga * bwd,
+                      dram_fetch_bytes=dram_fetch)
 
 
 def params_in_dram(sub_group_numels: tuple[int, ...], max_in_cpu: int) -> int:

@@ -477,8 +477,8 @@ def test_gradient_accumulation_window_takes_what_the_budget_leaves():
 def test_overlap_steps_the_last_gradients_in_dram_and_doubles_the_state_extents():
     """The optimizer overlapped with backward: the optimizer reads no gradient back; with clipping on (DeepSpeed's
     default) the gradients are still written, for a redo; without it they never touch the SSD. The speculative
-    master + moments take a second 12 B per element of SSD space."""
-    base = job(dtype="bf16")
+    master + moments take a second 12 B per element of SSD space (the master beside the parameters here)."""
+    base = job(dtype="bf16", params_hold_master=False)
     off = estimate(replace(base, overlap_optimizer=False), GPU, "memascend")
     clip = estimate(base, GPU, "memascend")
     free = estimate(replace(base, gradient_clipping=0.0), GPU, "memascend")
@@ -509,25 +509,30 @@ def test_overlap_steps_the_last_gradients_in_dram_and_doubles_the_state_extents(
 
 def test_fp32_overlap_takes_the_master_from_the_parameters_not_the_ssd():
     """fp32 with the overlap: each chunk's master comes from the parameters backward fetched (EngineOptions
-    .master_from_params), 4 B per element less read; writes, bf16 jobs, the engine without the overlap or the switch
-    and tuned stock are unchanged."""
+    .master_from_params), 4 B per element less read (bf16: its upper halves, 2 B); writes, the engine without the
+    overlap or the switch and tuned stock are unchanged."""
     base = job(dtype="fp32", gradient_clipping=0.0)
     on = estimate(base, GPU, "memascend")
     off = estimate(replace(base, master_from_params=False), GPU, "memascend")
     n = off.traffic.read_bytes["optimizer_states"] // 12
     assert on.traffic.read_bytes["optimizer_states"] == 8 * n and on.traffic.write_bytes == off.traffic.write_bytes
     assert on.traffic.minimum_per_param[0] == pytest.approx(off.traffic.minimum_per_param[0] - 4, abs=0.1)
-    for other in (replace(base, overlap_optimizer=False), replace(base, dtype="bf16")):
-        assert (estimate(other, GPU, "memascend").traffic.read_bytes
-                == estimate(replace(other, master_from_params=False), GPU, "memascend").traffic.read_bytes)
+    plain = replace(base, overlap_optimizer=False)
+    assert (estimate(plain, GPU, "memascend").traffic.read_bytes
+            == estimate(replace(plain, master_from_params=False), GPU, "memascend").traffic.read_bytes)
+    bf16 = replace(base, dtype="bf16")
+    on16, off16 = (estimate(j, GPU, "memascend").traffic for j in (bf16, replace(bf16, master_from_params=False)))
+    assert on16.read_bytes["optimizer_states"] == off16.read_bytes["optimizer_states"] * 10 // 12
+    assert on16.roofline_per_param[0] == pytest.approx(off16.roofline_per_param[0] - 2, abs=0.1)
     assert estimate(base, GPU, "tuned").traffic.read_bytes == estimate(replace(base, master_from_params=False), GPU,
                                                                        "tuned").traffic.read_bytes
 
 
 def test_fp32_parameters_hold_the_master_no_master_written_nor_kept():
     """fp32 (EngineOptions.params_hold_master): no master written beside the parameters, 4 B per element less written
-    per step; its extent goes, and with the overlap the second set holds shadow parameters instead of a master.
-    Reads, bf16 jobs and tuned stock are unchanged."""
+    per step; its extent goes, and with the overlap the second set holds shadow parameters instead of a master. bf16:
+    the parameters hold the master's upper halves, a 2 B residual beside them (2 B less written). Reads and tuned
+    stock are unchanged."""
     base = job(dtype="fp32", gradient_clipping=0.0)
     on = estimate(base, GPU, "memascend")
     off = estimate(replace(base, params_hold_master=False), GPU, "memascend")
@@ -540,9 +545,13 @@ def test_fp32_parameters_hold_the_master_no_master_written_nor_kept():
             == off.item("nvme/optimizer_states_speculative").bytes * 2 // 3 + params)
     plain = replace(base, overlap_optimizer=False)
     assert estimate(plain, GPU, "memascend").item("nvme/optimizer_states_speculative") is None
-    bf16 = replace(base, dtype="bf16")
-    assert (estimate(bf16, GPU, "memascend").traffic.write_bytes
-            == estimate(replace(bf16, params_hold_master=False), GPU, "memascend").traffic.write_bytes)
+    bf16 = replace(base, dtype="bf16", master_from_params=False)
+    on16, off16 = (estimate(j, GPU, "memascend") for j in (bf16, replace(bf16, params_hold_master=False)))
+    assert on16.traffic.write_bytes["optimizer_states"] == off16.traffic.write_bytes["optimizer_states"] * 10 // 12
+    assert on16.traffic.read_bytes == off16.traffic.read_bytes
+    assert on16.item("nvme/optimizer_states").bytes == off16.item("nvme/optimizer_states").bytes * 10 // 12
+    # The plan's roofline: the master written once however it is held, no gradient.
+    assert on16.traffic.roofline_per_param[1] == off16.traffic.roofline_per_param[1] == pytest.approx(12, abs=0.1)
     assert (estimate(base, GPU, "tuned").traffic.write_bytes
             == estimate(replace(base, params_hold_master=False), GPU, "tuned").traffic.write_bytes)
 
@@ -551,7 +560,7 @@ def test_bf16_moments_take_8_bytes_per_parameter_off_the_step_and_4_off_each_sta
     """memascend's Adam moments in bf16 on the SSD (EngineOptions.optimizer_moments): master 4 B + moments 2 x 2 B
     each way per element instead of 12 B; the state extents (and the overlap's second set) shrink alike; stock and
     tuned keep fp32 states; an unknown dtype is bad input."""
-    base = job(dtype="bf16", gradient_clipping=0.0)
+    base = job(dtype="bf16", gradient_clipping=0.0, params_hold_master=False)  # the master beside the parameters
     f32 = estimate(base, GPU, "memascend")
     b16 = estimate(replace(base, optimizer_moments="bf16"), GPU, "memascend")
     n = f32.traffic.read_bytes["optimizer_states"] // 12
@@ -639,12 +648,14 @@ def test_tied_embedding_and_memascends_pool_in_the_parameter_reads():
     swapped = total - 33 * 2048  # the norms stay resident (below min_aio_bytes)
     ma = estimate(base, GPU, "memascend").traffic
     stock = estimate(base, GPU, "stock").traffic
-    # fp32 with the overlap: the embedding's partition, released after the LM head's backward, is kept for its
-    # master until its gradient comes, so the embedding's backward finds it; bf16 (no master in the parameters)
-    # fetches it again.
+    # With the overlap the embedding's partition, released after the LM head's backward, is kept for its master
+    # (bf16: its upper halves) until its gradient comes, so the embedding's backward finds it; with the master
+    # beside the parameters it is fetched again.
     assert ma.read_bytes["params"] == 4 * (swapped + swapped - 2 * layer)
     assert ma.backward_param_read_bytes == 4 * (swapped - 2 * layer)
     bf16 = estimate(replace(base, dtype="bf16"), GPU, "memascend").traffic
+    assert bf16.read_bytes["params"] == 2 * (swapped + swapped - 2 * layer)
+    bf16 = estimate(replace(base, dtype="bf16", params_hold_master=False), GPU, "memascend").traffic
     assert bf16.read_bytes["params"] == 2 * (swapped + emb + swapped - 2 * layer)
     assert stock.read_bytes["params"] == 4 * (2 * swapped + emb)
     assert stock.backward_param_read_bytes == 4 * swapped
