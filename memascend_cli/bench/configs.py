@@ -117,17 +117,18 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
             checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, timing: dict | None = None,
-            loss: str = "hf", moments: str = "fp32") -> dict:
+            loss: str = "hf", moments: str = "fp32", placement: dict | None = None) -> dict:
     """memascend plan's estimate for one run (plan_job): node peak plus the host items (for recalibration), and
     with `timing` ({device: planner.time.Device, read_gbps, write_gbps}: the SSD bandwidth the run gets, the
-    throttle's under --ssd-bandwidth) the plan's step time (`time`, planner.time.engine_times)."""
+    throttle's under --ssd-bandwidth) the plan's step time (`time`, planner.time.engine_times); `placement`: where
+    the run kept its bytes (placed_estimate)."""
     from memascend_cli.planner.memory import estimate
 
     job, engine = plan_job(mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
                            checkpointing=checkpointing, deepspeed_version=deepspeed_version, disabled=disabled,
                            checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes, loss=loss,
                            moments=moments)
-    est = estimate(job, hw, engine)
+    est = placed_estimate(job, hw, estimate(job, hw, engine), placement)
     step = None
     if timing is not None and est.traffic is not None:
         from memascend_cli.planner import time as tm
@@ -139,6 +140,30 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
                 "device": timing["device"].name, "gflops": None if timing["device"].flops_per_s is None
                 else round(timing["device"].flops_per_s / 1e9, 1), "device_source": timing["device"].source}
     return plan_document(est, hw, step)
+
+
+def placed_estimate(job, hw, est, placement: dict | None):
+    """The estimate `est` of a run's config as its placement (runs[].placement, bench --placement / --placements)
+    ran it, its DRAM-resident bytes off the SSD. memascend: the dram row (the tier holds every byte, checkpoints too)
+    or the tier of the bytes per rank the run was given (dram_tier_bytes) over the traffic of the path its steps took,
+    held by the engine's rule with the overlap as the engine was set (`tier_overlap`: it keeps two generations of
+    optimizer chunks whether or not a step commits the speculation; planner.placement.memascend_tier). Stock: the dram
+    row, offload_optimizer cpu (planner.placement.stock_row); its split is the config's max_in_cpu, which `est`
+    already keeps in DRAM (planner.ssd.params_in_dram). Pure."""
+    from dataclasses import replace
+
+    from memascend_cli.planner import placement as pl
+
+    where = (placement or {}).get("placement", "ssd")
+    if where == "ssd":
+        return est
+    if placement.get("row_engine") != "memascend":
+        return pl.stock_row(job, hw, where).est if where in ("dram", "gpu") else est
+    if where == "dram":
+        return next(r.est for r in pl.memascend_placements(job, hw, est, hw, 0) if r.placement == "dram")
+    rule = replace(job, overlap_optimizer=placement.get("tier_overlap", job.overlap_optimizer))
+    _, items, traffic = pl.memascend_tier(rule, hw, est, int(placement.get("dram_tier_bytes") or 0))
+    return replace(est, items=est.items + items, traffic=traffic)
 
 
 def plan_document(est, hw, time: dict | None) -> dict:
@@ -254,11 +279,15 @@ def recorded_plan_job(doc: dict, run: dict):
 
 
 def repredict(doc: dict, run: dict) -> dict:
-    """Today's planner on a recorded run: its exact config, job, techniques and machine (CPU-only unless the run
-    used CUDA). Pure: what scripts/results.py and the planner-validation test compare with the measured peak."""
+    """Today's planner on a recorded run: its exact config, job, techniques, placement and machine (CPU-only unless
+    the run used CUDA). Pure: what scripts/results.py and the planner-validation test compare with the measured peak."""
     j = doc["job"]
+    placement = run.get("placement")
+    if placement:  # the tier's rule follows the engine's options, whatever its steps did (placed_estimate)
+        placement = {**placement, "tier_overlap": bool((_engine_stats(run).get("options") or {}).get(
+            "overlap_optimizer", True))}
     return predict(run["mode"], run["config"], recorded_spec(j), hw=recorded_hardware(doc),
-                   timing=recorded_timing(j), **_recorded_job_args(j, run))
+                   timing=recorded_timing(j), placement=placement, **_recorded_job_args(j, run))
 
 
 def recorded_probe_gflops(timing: dict) -> float | None:

@@ -8,12 +8,14 @@ import pytest
 
 from memascend_cli.bench import placements as bp
 from memascend_cli.bench import runner
-from memascend_cli.bench.configs import build_ds_config, row_prediction
+from memascend_cli.bench.configs import build_ds_config, placed_estimate, row_prediction
 from memascend_cli.bench.runs import RunSpec
 from memascend_cli.errors import BadInput
 from memascend_cli.hardware import resolve_hardware
 from memascend_cli.models import load_model
 from memascend_cli.planner import time as tm
+from memascend_cli.planner.memory import estimate
+from memascend_cli.planner.placement_choice import Choice
 from memascend_cli.units import GiB
 
 CPU = resolve_hardware("cpu-24g", None)
@@ -70,6 +72,34 @@ def test_a_runs_config_and_prediction_come_from_its_placement_row():
         assert runner._tier_gib(run, mine, True) == mine.dram_tier_bytes / GiB
         assert runner._prediction(p, run, m_cfg, mine, 1.0)["node_host_peak_bytes"] == \
             mine.row.est.node_host_peak_bytes
+
+
+def test_a_recorded_placement_is_replanned_where_the_run_kept_its_bytes():
+    """configs.placed_estimate (what repredict gives a bench --placement run): from the run's config and its recorded
+    placement, the estimate the bench priced that placement with (its SSD bytes, DRAM-resident bytes and host peak),
+    not the config's all-SSD one; a DRAM tier held with the overlap's two generations of chunks leaves more on the
+    SSD than one without them."""
+    plans = [bp.price(point(CPU.under_dram_cap(g * GiB))) for g in (3, 4, 5, 6, 8)]
+    plan, p = next((pl, point(CPU.under_dram_cap(g * GiB))) for pl, g in zip(plans, (3, 4, 5, 6, 8))
+                   if pl.row("split", "memascend").est is not None)
+    rows = [r for r in plan.rows if r.est is not None and r.placement != "gpu"]
+    assert {(r.placement, r.engine) for r in rows} >= {("dram", "stock"), ("dram", "memascend"),
+                                                       ("split", "memascend"), ("ssd", "stock")}
+    for row in rows:
+        mode = "memascend" if row.engine == "memascend" else "tuned"
+        choice = Choice(mode, row, True, "")
+        cfg = build_ds_config(mode, p.spec, micro_batch=1, dtype="bf16", nvme_dir="/ssd", ranks=1, choice=choice)
+        job, engine = p.plan_job(mode, cfg)
+        placement = {**choice.to_dict(), "tier_overlap": job.overlap_optimizer}
+        placed = placed_estimate(job, p.hw, estimate(job, p.hw, engine), placement)
+        t, want = placed.traffic, row.est.traffic
+        assert (t.read_total, t.write_total, t.dram_state_elems) == \
+            (want.read_total, want.write_total, want.dram_state_elems), row.placement
+        assert placed.node_host_peak_bytes == row.est.node_host_peak_bytes, (row.placement, row.engine)
+        if row.placement == "split" and row.engine == "memascend":
+            one = placed_estimate(job, p.hw, estimate(job, p.hw, engine), {**placement, "tier_overlap": False})
+            two = placed_estimate(job, p.hw, estimate(job, p.hw, engine), {**placement, "tier_overlap": True})
+            assert one.traffic.write_total < two.traffic.write_total
 
 
 def _run(name: str, mode: str, read: float | None) -> dict:
