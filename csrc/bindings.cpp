@@ -252,6 +252,22 @@ torch.frombuffer, numpy); close() refuses while views exist.
           },
           py::arg("address"), py::arg("numel"), py::arg("upper_byte"), release_gil(),
           "In place: the numel bf16 values at address + upper_byte (>= 2 x numel) become fp32 values at address.");
+    m.def("master_split",
+          [](uintptr_t master, uintptr_t residual, size_t numel, uintptr_t exceptions, size_t cap) {
+              return master_split(reinterpret_cast<const void*>(master), reinterpret_cast<void*>(residual), numel,
+                                  reinterpret_cast<int64_t*>(exceptions), cap);
+          },
+          py::arg("master"), py::arg("residual"), py::arg("numel"), py::arg("exceptions"), py::arg("cap"),
+          release_gil(),
+          "The int16 residuals of numel fp32 masters beside their bf16 round to nearest even; the indices of those "
+          "int16 cannot hold go to exceptions (int64, up to cap); returns their count (moments.h).");
+    m.def("master_join",
+          [](uintptr_t address, uintptr_t residual, size_t numel, size_t upper_byte) {
+              master_join(reinterpret_cast<void*>(address), reinterpret_cast<const void*>(residual), numel, upper_byte);
+          },
+          py::arg("address"), py::arg("residual"), py::arg("numel"), py::arg("upper_byte"), release_gil(),
+          "In place: the numel bf16 values at address + upper_byte (>= 2 x numel) and int16 residuals become fp32 "
+          "masters at address (moments.h).");
     m.def("dio_alignment",
           [](const std::string& path) {
               DioAlignment a = query_dio_alignment(path);

@@ -57,4 +57,50 @@ void bf16_widen(void* data, size_t n, size_t upper_byte) {
     }
 }
 
+size_t master_split(const void* master, void* residual, size_t n, int64_t* exceptions, size_t cap) {
+    if (n == 0) return 0;
+    if (master == nullptr || residual == nullptr) throw std::invalid_argument("master_split: null address with numel > 0");
+    const auto* in = static_cast<const unsigned char*>(master);
+    auto* out = static_cast<unsigned char*>(residual);
+    uint32_t bits[kBlock];
+    int16_t res[kBlock];
+    size_t count = 0;
+    for (size_t start = 0; start < n; start += kBlock) {
+        const size_t b = std::min(kBlock, n - start);
+        std::memcpy(bits, in + 4 * start, 4 * b);
+        for (size_t i = 0; i < b; ++i) {
+            const uint32_t u = bits[i];
+            const bool nan = (u & 0x7fffffffu) > kExp;
+            const uint32_t upper = nan ? 0x7fc00000u : (u + ((u >> 16) & 1u) + 0x7fffu) & 0xffff0000u;
+            const int32_t diff = static_cast<int32_t>(u - upper);  // wraps: [-0x8000, 0x8000] unless NaN
+            res[i] = static_cast<int16_t>(diff);
+            if (nan || diff > 0x7fff) {
+                if (count < cap) exceptions[count] = static_cast<int64_t>(start + i);
+                ++count;
+            }
+        }
+        std::memcpy(out + 2 * start, res, 2 * b);
+    }
+    return count;
+}
+
+void master_join(void* data, const void* residual, size_t n, size_t upper_byte) {
+    if (n == 0) return;
+    if (data == nullptr || residual == nullptr) throw std::invalid_argument("master_join: null address with numel > 0");
+    if (upper_byte < 2 * n) throw std::invalid_argument("master_join: the bf16 values must start at byte 2n or later");
+    auto* bytes = static_cast<unsigned char*>(data);
+    const auto* low = static_cast<const unsigned char*>(residual);
+    uint16_t upper[kBlock];
+    int16_t res[kBlock];
+    uint32_t out[kBlock];
+    for (size_t start = 0; start < n; start += kBlock) {
+        const size_t b = std::min(kBlock, n - start);
+        std::memcpy(upper, bytes + upper_byte + 2 * start, 2 * b);
+        std::memcpy(res, low + 2 * start, 2 * b);
+        for (size_t i = 0; i < b; ++i)
+            out[i] = (static_cast<uint32_t>(upper[i]) << 16) + static_cast<uint32_t>(static_cast<int32_t>(res[i]));
+        std::memcpy(bytes + 4 * start, out, 4 * b);  // ends at or below the bf16 bytes of later blocks
+    }
+}
+
 }  // namespace memascend

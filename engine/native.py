@@ -168,6 +168,37 @@ def bf16_widen_tensor(t: Any, n: int, upper_byte: int) -> None:
     _require().bf16_widen(t.data_ptr(), int(n), int(upper_byte))
 
 
+def master_split_tensor(master: Any, residual: Any, n: int) -> Any:
+    """The int16 residuals (into `residual`, contiguous int16) of the first n elements of the contiguous fp32 CPU tensor
+    `master` beside their bf16 round to nearest even; returns the int64 indices of those a residual cannot hold (a tie
+    rounded down, a NaN: csrc/moments.h)."""
+    import torch
+
+    _check_fp32(master, n)
+    if residual.dtype != torch.int16 or not residual.is_contiguous() or residual.numel() < n:
+        raise ValueError(f"master_split_tensor: residual must be {n} contiguous int16 elements")
+    cap = 64
+    while True:
+        found = torch.empty(cap, dtype=torch.int64)
+        count = _require().master_split(master.data_ptr(), residual.data_ptr(), int(n), found.data_ptr(), cap)
+        if count <= cap:
+            return found[:count]
+        cap = count
+
+
+def master_join_tensor(t: Any, residual: Any, n: int, upper_byte: int) -> None:
+    """In place: the n bf16 values at byte `upper_byte` (>= 2n) of the contiguous fp32 CPU tensor `t` and the n int16
+    `residual`s become its first n elements (csrc/moments.h)."""
+    import torch
+
+    _check_fp32(t, n)
+    if upper_byte + 2 * n > t.numel() * 4:
+        raise ValueError(f"master_join_tensor: {n} bf16 values at byte {upper_byte} run past the tensor")
+    if residual.dtype != torch.int16 or not residual.is_contiguous() or residual.numel() < n:
+        raise ValueError(f"master_join_tensor: residual must be {n} contiguous int16 elements")
+    _require().master_join(t.data_ptr(), residual.data_ptr(), int(n), int(upper_byte))
+
+
 def _check_fp32(t: Any, n: int) -> None:
     if t.device.type != "cpu" or not t.is_contiguous() or str(t.dtype) != "torch.float32":
         raise ValueError(f"needs a contiguous fp32 CPU tensor, got {t.dtype} on {t.device}")

@@ -24,8 +24,6 @@ OPT_PREFIX = "memascend/opt/"
 SHADOW_SUFFIX = "~next"
 RESIDUAL = "lo"
 """State name of a bf16 chunk's master residual (OptimizerPipeline.split): the master's bits less its bf16 parameters'."""
-SPLIT_BLOCK_NUMEL = 1 << 16
-"""Elements split or joined at a time (OptimizerPipeline._split / _join): bounded int32 temporaries."""
 SPEC_RESIDENT_MAX_BYTES = 64 << 20
 """Resident partitions (OptimizerPipeline.spec_resident) a speculation holds next values of: DeepSpeed keeps only
 small ones in memory (below min_aio_bytes, persistent) unless offload_param.max_in_cpu keeps more; beyond this a chunk
@@ -280,38 +278,20 @@ class OptimizerPipeline:
 
     def _join(self, slot: Slot, ci: int, generation: int, numel: int) -> None:
         """The fp32 master of split chunk ci from its bf16 parameters (upper half of the slot's master) and residual
-        (read_master), in place: ascending blocks only overwrite parameters already taken."""
-        upper = slot.master.view(torch.int16).narrow(0, self.chunk_numel, numel)
-        residual = self._residual(slot, numel)
-        bits = slot.master.view(torch.int32)
-        for s in range(0, numel, SPLIT_BLOCK_NUMEL):
-            e = min(numel, s + SPLIT_BLOCK_NUMEL)
-            block = upper[s:e].to(torch.int32).bitwise_left_shift_(16)
-            bits[s:e].copy_(block.add_(residual[s:e]))
+        (read_master), in place (csrc/moments.h master_join), then the masters its residual could not hold."""
+        native.master_join_tensor(slot.master, self._residual(slot, numel), numel, 2 * self.chunk_numel)
         exceptions = self.exceptions.get((ci, generation))
         if exceptions is not None:
             slot.master.index_copy_(0, *exceptions)
 
     def _split(self, ci: int, slot: Slot, generation: int | None) -> None:
         """Write split chunk ci's residual (its master in the slot less the bf16 round of it, which its parameters
-        get) into `generation`; masters it cannot express go to `exceptions`."""
+        get) into `generation`; masters it cannot hold go to `exceptions` (csrc/moments.h master_split)."""
         n = self.chunks[ci].numel
         residual = self._residual(slot, n)
-        master = slot.master.narrow(0, 0, n)
-        bits = master.view(torch.int32)
-        where, values = [], []
-        for s in range(0, n, SPLIT_BLOCK_NUMEL):
-            e = min(n, s + SPLIT_BLOCK_NUMEL)
-            block = master[s:e]
-            diff = bits[s:e] - block.to(self.param_dtype).view(torch.int16).to(torch.int32).bitwise_left_shift_(16)
-            residual[s:e].copy_(diff)  # wraps outside int16: those are exceptions
-            odd = (diff > 32767) | (diff < -32768) | torch.isnan(block)
-            if bool(odd.any()):
-                idx = odd.nonzero().reshape(-1)
-                where.append(idx + s)
-                values.append(block[idx])
+        where = native.master_split_tensor(slot.master, residual, n)
         gen = self.generation[ci] if generation is None else generation
-        self.exceptions[(ci, gen)] = (torch.cat(where), torch.cat(values)) if where else None
+        self.exceptions[(ci, gen)] = (where, slot.master[where].clone()) if where.numel() else None
         slot.pending.append(self.store.submit("w", residual.data_ptr(), n * 2, self.state_key(ci, RESIDUAL, generation),
                                               0))
         self.counters.optimizer_write_bytes += n * 2
