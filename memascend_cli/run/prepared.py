@@ -508,7 +508,9 @@ def _launch_spec(recipe, run_dir: str, hw, *, engine: str, resume: bool):
     """The launch command (run/launch.py build_launch) with this environment's build variables."""
     from memascend_cli.run.launch import build_launch, free_port, toolchain_env
 
-    passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
+    # CXX with the extensions folder: the compiler line is part of a built op's identity (ninja rebuilds it when it
+    # changes), so every rank, on every node, loads the ops with the compiler that built them.
+    passthrough = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR", "CXX") if k in os.environ}
     if not recipe.hostfile:  # other nodes have their own PATH (and .deepspeed_env would carry this one there)
         passthrough.update(toolchain_env())
     return build_launch(recipe, run_dir, num_gpus=hw.num_gpus, cpu_cores=hw.cpu_cores, engine=engine,
