@@ -67,7 +67,8 @@ def _resume_on_healthy_striped_region(tmp_path, run: str, reference: dict) -> No
 
 
 @pytest.mark.parametrize("action, errno_text", [("eio", r"errno 5 \(Input/output error\)"),
-                                                ("enospc", r"errno 28 \(No space left on device\)")])
+                                                pytest.param("enospc", r"errno 28 \(No space left on device\)",
+                                                             marks=pytest.mark.long)])
 def test_a_member_failing_mid_run_stops_with_its_name_and_resumes_exactly(reference, fuse, tmp_path, action,
                                                                            errno_text):
     members = [fuse.path("member0.bin"), fuse.path("member1.bin")]

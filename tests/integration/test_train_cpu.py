@@ -119,6 +119,9 @@ def test_checkpoints_are_complete_and_pruned(tuned_run):
         assert os.path.isfile(os.path.join(ck, n, "COMPLETE"))
 
 
+# Long (35 s): the default run resumes tuned stock exactly after two SIGKILLs (the test below) and memascend after the
+# same stop at step 4 (test_memascend_engine_default_path_stop_resume_matches_tuned_stock).
+@pytest.mark.long
 def test_stop_and_resume_give_identical_fp32_losses(tuned_run, tmp_path):
     run = str(tmp_path / "run")
     p = memascend(TINY, *TUNED_SSD, "--output-dir", run, "--steps", STEPS, "--set", "checkpoint_every=3",

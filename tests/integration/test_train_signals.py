@@ -112,6 +112,9 @@ def test_sigkill_leaves_no_process_shared_memory_or_lock(tmp_path, whom):
     _region_free_for_a_new_run(run, tmp_path)
 
 
+# Long (25 s): SIGHUP stops the job by SIGTERM's path (run/launch.py on_signal; only the hung-up terminal's detach
+# differs, and here the CLI has no terminal), which the default run checks end to end below, exact resume included.
+@pytest.mark.long
 def test_sighup_stops_cleanly_and_leaves_nothing(tmp_path):
     run, port = str(tmp_path / "run"), free_port()
     proc = _start(run, port)
