@@ -113,7 +113,7 @@ class Job:
 
 MATRIX = tuple(Job(script, ckpt, dtype=dtype, zero_init=zero_init) for script in ("ds", "hf", "accelerate")
                for dtype in ("bf16", "fp32") for zero_init in (True, False) for ckpt in (False, True))
-"""Issue 66's combinations: each script in fp32 and bf16, built under zero.Init and outside it, with and without
+"""The validation's combinations: each script in fp32 and bf16, built under zero.Init and outside it, with and without
 activation checkpointing, 3 steps of the 82M model (validation)."""
 JOBS = (*MATRIX, Job("trl", True),
         Job("ds", False, steps=6, dtype="fp32", zero_init=False, model="156m"),

@@ -1,4 +1,4 @@
-"""Issue 63's bars, run without a network and recorded as JSON: hub model ids and hub datasets through the real
+"""The hub checks, run without a network and recorded as JSON: hub model ids and hub datasets through the real
 huggingface_hub and datasets, on caches built as they build them (tests/hub_cache.py).
 
     python scripts/hub_bars.py --out docs/bench/hub/bars.json

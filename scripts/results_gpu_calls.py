@@ -24,7 +24,7 @@ def _s(x, fmt: str = ".2f") -> str:
 
 
 def section_capacity(cap: dict) -> list[str]:
-    """The capacity call: the memory cgroup it made (or why not), tuned's search, memascend's probe, the bars."""
+    """The capacity call: the memory cgroup it made (or why not), tuned's search, memascend's probe, the checks on them."""
     cg = cap.get("cgroup") or {}
     head = f"Capacity of {cap.get('model', '?')} under a {cap.get('dram_cap', '?')} DRAM cap (`bench --capacity seq`)"
     if not cg.get("ok"):

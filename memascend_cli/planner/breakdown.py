@@ -162,7 +162,7 @@ class SsdTraffic:
     """(read, write) bytes per parameter per step that no engine of this placement moves less of with the gradients
     kept in DRAM: the parameters fetched as planned, Adam's moments read and written once, the fp32 master written once
     (the parameters hold it, or its upper halves, or it is beside them) and read once unless taken from the parameters
-    backward fetched; no gradient, no checkpoint (issue 62's 12 + 12 B plus the parameters' own reads)."""
+    backward fetched; no gradient, no checkpoint (12 + 12 B for fp32 master and moments, plus the parameters' own reads)."""
     backward_param_read_bytes: int | None = None
     """Of read_bytes["params"], the bytes read in backward (the time model's overlap window); None: half."""
     dram_fetch_bytes: int = 0

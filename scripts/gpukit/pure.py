@@ -358,7 +358,7 @@ CAPACITY_STEPS), so step 3 is in; a 4th costs a probe's worth of time over a sea
 SEQ_GRID_TOKENS = 256
 """The seq axis' grid step (memascend_cli/planner/search.py SEQ_GRANULE): 'within one grid step' is this many tokens."""
 MEMASCEND_PROBE_FACTOR = 2
-"""The bar: memascend's longest context >= 2x tuned's. One memascend probe at that context shows it (a search from
+"""The capacity check: memascend's longest context >= 2x tuned's. One memascend probe at that context shows it (a search from
 memascend's planned maximum, hundreds of thousands of tokens, would not end within a call)."""
 FIT, OOM, STALLED, FAILED = "fit", "oom", "stalled", "failed"
 """A capacity probe's outcome, as memascend_cli/bench/capacity.py outcome() says it."""
@@ -425,7 +425,7 @@ def capacity_summary(*, model: str, cap: str, cgroup: dict, tuned_planned: int |
                      tuned_stopped_by: str, memascend_value: int | None, memascend_basis: str,
                      memascend_probe: dict | None) -> dict:
     """gpu_capacity.json's findings: tuned's search (its plan's maximum, every probe, the measured maximum and whether
-    the next grid value was shown not to fit), memascend's probe and the bars (capacity_verdict). Pure."""
+    the next grid value was shown not to fit), memascend's probe and the checks on them (capacity_verdict). Pure."""
     best, proven = measured_max(tuned_probes)
     tuned = {"planned_max": tuned_planned, "measured_max": best, "measured_max_proven": proven,
              "stopped_by": tuned_stopped_by, "probes": sorted(tuned_probes, key=lambda q: q["value"])}
@@ -446,7 +446,7 @@ def rehearsal_run(*, fits: bool, peak_bytes: int, planned_bytes: int, steps: int
 
 
 def capacity_verdict(tuned: dict, memascend: dict) -> dict:
-    """The bars from the capacity call's summary: memascend fits at >= 2x tuned's measured maximum; tuned's planned
+    """The checks on the capacity call's summary: memascend fits at >= 2x tuned's measured maximum; tuned's planned
     maximum within one grid step of its measured one; tuned not OOM-killed at its planned maximum. None where the
     call did not get that far. Pure."""
     m_max, proven = tuned.get("measured_max"), tuned.get("measured_max_proven")

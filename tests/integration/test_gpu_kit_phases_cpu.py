@@ -2,7 +2,7 @@
 as root: the memory cgroup the phase checks first, `bench --capacity seq` searching tuned's longest context of
 tiny-llama under a 1 GiB cap (real cgroups, real DeepSpeed), the memascend probe at twice it, and a bench phase whose
 runs carry what the SSD did in each phase of steps 2..N (/proc/diskstats beside the ranks' phase marks). The kit's
-setup is stood in by a venv whose python is this one (nothing installed); what a GPU changes is the bars' outcome,
+setup is stood in by a venv whose python is this one (nothing installed); what a GPU changes is the checks' outcome,
 not the path. Minutes each: long."""
 
 from __future__ import annotations
