@@ -111,6 +111,34 @@ def overlap_lines(runs: list) -> list[str]:
     return out
 
 
+def roofline_lines(runs: list) -> list[str]:
+    """Per document whose plan recorded its roofline (planner.ssd.ssd_traffic: the parameters' fetches, the optimizer
+    states once, no gradient): each run's steady-step SSD bytes per parameter against it, and memascend's tokens/s
+    against tuned stock's of the same sitting."""
+    out = []
+    for path, doc in runs:
+        by = {r["name"]: r for r in doc["runs"] if r["ok"]}
+        tuned = by.get("tuned")
+        parts = []
+        for name, r in by.items():
+            t = (r.get("predicted") or {}).get("ssd_traffic") or {}
+            roof = (t.get("roofline_read_bytes_per_param"), t.get("roofline_write_bytes_per_param"))
+            bpp = r.get("ssd_bytes_per_param")
+            if not r.get("mode") == "memascend" or not all(roof) or not bpp:
+                continue
+            vs = f", x{r['tokens_per_s'] / tuned['tokens_per_s']:.2f} tuned stock's tokens/s" if tuned else ""
+            parts.append(f"{name} {bpp['read']:.1f} / {bpp['write']:.1f} against {roof[0]:.1f} / {roof[1]:.1f} "
+                         f"({pct(100.0 * (bpp['read'] - roof[0]) / roof[0])} / "
+                         f"{pct(100.0 * (bpp['write'] - roof[1]) / roof[1])}){vs}")
+        if parts:
+            tb = tuned["ssd_bytes_per_param"] if tuned else None
+            out.append(f"- {_limit(doc)}, {doc['job']['dtype']}, gradient clipping "
+                       f"{doc['job'].get('gradient_clipping', 1.0):g}: " + "; ".join(parts)
+                       + (f" (tuned stock {tb['read']:.1f} / {tb['write']:.1f}, {tuned['tokens_per_s']:.1f} tokens/s)"
+                          if tb else "") + f" (`{os.path.basename(path)}`).")
+    return out
+
+
 TIME_HEADER = ["SSD limit", "run", "s/step", "plan s/step", "plan error", "tokens/s", "SSD B/param read / write",
                "plan compute / SSD read / SSD write s", "plan binds", "step 1 s", "cores taken", "plan at the cores got",
                "raw"]
@@ -186,6 +214,15 @@ def section_ssd_bound(runs: list) -> str:
         out += ["### The optimizer overlapped with backward", "",
                 "`memascend_engine.overlap`; memascend-no-overlap_optimizer is the same engine without it.", "",
                 *ov, ""]
+    roof = roofline_lines(runs)
+    if roof:
+        out += ["### SSD bytes against the plan's roofline", "",
+                "SSD bytes per parameter of a steady step read / written, against the roofline the plan records for "
+                "the run (planner.ssd.ssd_traffic: the parameters fetched as planned, Adam's moments read and written "
+                "once, the fp32 master written once however the parameters hold it and read once unless taken from "
+                "the parameters backward fetched; no gradient, no activation checkpoint). With gradient clipping on, "
+                "the overlap also writes each gradient once for a possible redo (memascend_engine.overlap).", "",
+                *roof, ""]
     out += ["### Commands and dates", ""]
     for path, doc in runs:
         cmd = (doc.get("meta") or {}).get("command", "?")
