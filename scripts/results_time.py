@@ -124,7 +124,7 @@ def roofline_lines(runs: list) -> list[str]:
             t = (r.get("predicted") or {}).get("ssd_traffic") or {}
             roof = (t.get("roofline_read_bytes_per_param"), t.get("roofline_write_bytes_per_param"))
             bpp = r.get("ssd_bytes_per_param")
-            if not r.get("mode") == "memascend" or not all(roof) or not bpp:
+            if r.get("mode") != "memascend" or not all(roof) or not bpp:
                 continue
             vs = f", x{r['tokens_per_s'] / tuned['tokens_per_s']:.2f} tuned stock's tokens/s" if tuned else ""
             parts.append(f"{name} {bpp['read']:.1f} / {bpp['write']:.1f} against {roof[0]:.1f} / {roof[1]:.1f} "
@@ -132,8 +132,11 @@ def roofline_lines(runs: list) -> list[str]:
                          f"{pct(100.0 * (bpp['write'] - roof[1]) / roof[1])}){vs}")
         if parts:
             tb = tuned["ssd_bytes_per_param"] if tuned else None
+            taken = [c for c in map(cores_taken, by.values()) if c is not None]
+            load = (f", cores taken {min(taken):.1f}-{max(taken):.1f} of "
+                    f"{(doc.get('hardware') or {}).get('cpu_cores', '?')} cores") if taken else ""
             out.append(f"- {_limit(doc)}, {doc['job']['dtype']}, gradient clipping "
-                       f"{doc['job'].get('gradient_clipping', 1.0):g}: " + "; ".join(parts)
+                       f"{doc['job'].get('gradient_clipping', 1.0):g}{load}: " + "; ".join(parts)
                        + (f" (tuned stock {tb['read']:.1f} / {tb['write']:.1f}, {tuned['tokens_per_s']:.1f} tokens/s)"
                           if tb else "") + f" (`{os.path.basename(path)}`).")
     return out
@@ -217,11 +220,11 @@ def section_ssd_bound(runs: list) -> str:
     roof = roofline_lines(runs)
     if roof:
         out += ["### SSD bytes against the plan's roofline", "",
-                "SSD bytes per parameter of a steady step read / written, against the roofline the plan records for "
-                "the run (planner.ssd.ssd_traffic: the parameters fetched as planned, Adam's moments read and written "
-                "once, the fp32 master written once however the parameters hold it and read once unless taken from "
-                "the parameters backward fetched; no gradient, no activation checkpoint). With gradient clipping on, "
-                "the overlap also writes each gradient once for a possible redo (memascend_engine.overlap).", "",
+                ("SSD bytes per parameter of a steady step read / written, against the roofline the plan records for "
+                 "the run (planner.ssd.ssd_traffic: the parameters fetched as planned, Adam's moments read and written "
+                 "once, the fp32 master written once however the parameters hold it and read once unless taken from "
+                 "the parameters backward fetched; no gradient, no activation checkpoint). With gradient clipping on, "
+                 "the overlap also writes each gradient once for a possible redo (memascend_engine.overlap)."), "",
                 *roof, ""]
     out += ["### Commands and dates", ""]
     for path, doc in runs:
