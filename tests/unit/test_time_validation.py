@@ -68,6 +68,8 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
         # 2026-12-06, beside another engineer's two 500-step fine-tunes and the user-script matrix (load 14-17)
         *(f"bench-llama-136m-seq512-bf16-ssd400mbs-split-master-clip10-{s}.json:8:512:{r}"
           for s in ("contended", "nice-sitting2", "nice-sitting3") for r in ("tuned", "memascend", "memascend-bf16_moments")),
+        *_runs("bench-llama-136m-seq512-bf16-ssd400mbs-split-master-ablation-clip10-nice-sitting4.json:8:512",
+               "tuned memascend memascend-bf16_moments"),
         # a memory validation run beside benchmarks/layer_backward_memory.py
         "llama-3.2-1b-fp32-seq1024-cap12gib-layer-backward.json:16:1024:memascend")},
     # 2026-11-29 07:19-08:30: the allocator calibration sitting, its matmul probes 133-141 GFLOP/s against 181.2
