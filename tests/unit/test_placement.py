@@ -72,8 +72,12 @@ def test_stock_dram_keeps_the_parameters_on_a_gpu_that_holds_them():
 
 def test_memascend_tier_fills_parameters_then_whole_sub_groups_then_gradients():
     """The planner prices the engine's rule (planner.dram_tier) on the job's own partitions and chunks: what it holds
-    at a budget is what the engine holds (memascend_engine.dram_tier, tests/engine/test_dram_tier_deepspeed.py)."""
+    at a budget is what the engine holds (memascend_engine.dram_tier, tests/engine/test_dram_tier_deepspeed.py).
+    With the parameters holding the master (bf16: its upper halves) and the overlap, each partition's unit is its
+    shadow too: the tier then holds the parameters twice."""
     hw, jb = resolve_hardware("cpu-24g", None), job("qwen2.5-0.5b")
+    shadowed = pl.memascend_tier(jb, hw, estimate(jb, hw, "memascend"), None)[0]["params_bytes"]
+    jb = replace(jb, params_hold_master=False)
     ms = estimate(jb, hw, "memascend")
     c = Context(jb, hw, "memascend")
     swapped = [n for n in c.part.partition_numels if n >= c.min_swap_numel]
@@ -85,6 +89,7 @@ def test_memascend_tier_fills_parameters_then_whole_sub_groups_then_gradients():
     full = pl.memascend_tier(jb, hw, ms, None)[0]
     states = full["optimizer_states_bytes"]
     assert full["params_bytes"] == params and full["optimizer_states_share"] == 1
+    assert shadowed == 2 * params
     tier, _, traffic = pl.memascend_tier(jb, hw, ms, params + states // 3)
     chunk = max(ms.sub_group_numels) * states // sum(ms.sub_group_numels)
     assert tier["params_bytes"] == params and states // 3 - chunk < tier["optimizer_states_bytes"] <= states // 3
