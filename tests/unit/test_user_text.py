@@ -1,5 +1,5 @@
 """Text users read says the fact, not where a developer found it: no references to notes outside the repository, to
-internal issue numbers or to "the bar" of an issue. An upstream project's issue ("DeepSpeed issue 3062") is a citation
+internal issue numbers or to the targets an issue set. An upstream project's issue ("DeepSpeed issue 3062") is a citation
 users can follow and stays. Scans every tracked file (every file under the repository where there is no .git)."""
 
 from __future__ import annotations
