@@ -60,6 +60,7 @@ from results_reliability import section_stale_lock, section_train_output  # noqa
 from results_records import (section_ci, section_hub, section_llamafactory_examples, section_long_tests,  # noqa: E402
                              section_parity_repeat, section_soak)
 from results_placements import section_placements  # noqa: E402
+from results_real_sft import section_real_sft  # noqa: E402
 from results_ssd import section_dram_tier, section_striped  # noqa: E402
 from results_time import section_ssd_bound  # noqa: E402
 from results_variation import section_variation  # noqa: E402
@@ -99,7 +100,8 @@ TOPICS = [
           "under a cap, against the plan's; the run-to-run variation of one job"),
     Topic("time", "Step time and the SSD-bound regime", "s/step with the SSD throttled and not, against the plan's "
           "time model; gradient accumulation; the optimizer overlapped with backward; placements against the DRAM "
-          "budget, the DRAM tier's SSD bytes, several SSDs as one region"),
+          "budget, the DRAM tier's SSD bytes, several SSDs as one region, the overlap and bf16 moments on a real "
+          "fine-tune"),
     Topic("gpu", "GPU", "the GPU kit's runs: host and GPU memory and s/step against the plan, the CUDA constants, "
           "the GPU tests"),
     Topic("ecosystem", "Real models, user scripts and LLaMA-Factory", "a real model fine-tuned end to end, bf16 "
@@ -123,10 +125,12 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
                 section_variation(load(os.path.join(BENCH, "variation", "*.json")))]
     if name == "time":
         tier = os.path.join(BENCH, "dram-tier", "bytes-per-step-bf16.json")
+        real_sft = os.path.join(BENCH, "real-sft", "smollm2-pydoc.json")
         return [section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))),
                 section_placements(load(os.path.join(BENCH, "placements", "*.json"))),
                 section_dram_tier(load_one(tier), tier),
-                section_striped(load(os.path.join(BENCH, "striped", "*.json")))]
+                section_striped(load(os.path.join(BENCH, "striped", "*.json"))),
+                section_real_sft(real_sft, load_one(real_sft))]
     if name == "gpu":
         return [section_gpu(load(os.path.join(BENCH, "gpu", "*.json")))]
     if name == "ecosystem":
