@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     error = None
     try:
         runpy.run_path(script[0], run_name="__main__")
-    except (Exception, SystemExit) as e:  # the trace up to a failure is still the record
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the trace up to a failure is still the record
         error = repr(e)
     with open(args.out, "w") as f:
         json.dump({"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
