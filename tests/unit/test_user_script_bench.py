@@ -1,5 +1,5 @@
 """The pure parts of benchmarks/user_script_bench.py: the commands it runs, the plan's prediction, the errors and
-the table scripts/results.py renders on the results' ecosystem page; and issue 66's bar on the recorded matrix
+the table scripts/results.py renders on the results' ecosystem page; and the plan's accuracy on the recorded matrix
 (docs/bench/user-script/matrix.json for memascend through install(), matrix-stock.json for stock DeepSpeed; validation
 runs, nothing fitted on them): today's plan within 10% of the script's ru_maxrss for both engines, within 5% for
 memascend in at least 80% of the combinations, every combination recorded for both engines."""
@@ -234,7 +234,7 @@ def test_a_from_pretrained_job_loads_its_weights_and_is_planned_so():
     assert plan[plan.index("--model-init") + 1] == "from-pretrained"
 
 
-# --- issue 66's bar on the recorded matrix ---------------------------------------------------------------------
+# --- the plan against the recorded matrix ----------------------------------------------------------------------
 
 DOCS = {"memascend": "matrix.json", "stock": "matrix-stock.json"}
 TOLERANCE_PERCENT = 10.0
@@ -245,7 +245,7 @@ MEMASCEND_CLOSE_PERCENT, MEMASCEND_CLOSE_SHARE = 5.0, 0.8
 # count (after deepspeed.initialize 347 MiB free-but-kept under accelerate where host/zero_init_heap plans 216; after
 # the DeepSpeed script's first backward 584 MiB where zero_init_heap + allocator_retention plan 337); the first step's
 # Adam states (+624 MiB, mmapped) then come on top. Not yet modelled. Strict: a run listed here that comes within
-# the bar fails until it is taken off the list.
+# the tolerance fails until it is taken off the list.
 KNOWN_MISSES = {("stock", j) for j in ("hf-ckpt-zero", "hf-nockpt", "hf-ckpt", "accelerate-nockpt-zero",
                                        "accelerate-ckpt-zero", "accelerate-nockpt")}
 
