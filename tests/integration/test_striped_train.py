@@ -81,6 +81,9 @@ def test_a_member_failing_mid_run_stops_with_its_name_and_resumes_exactly(refere
         _resume_on_healthy_striped_region(tmp_path, run, reference)
 
 
+# Long (39 s): the member's EIO above stops the job with the member's name and resumes exactly; here the same errno
+# comes from a loop device whose backing server is killed.
+@pytest.mark.long
 def test_a_member_device_removed_mid_run(reference, fuse, tmp_path):
     """Member 2 is a loop device over a faultfs file; the server is killed under it (the drive drops off the bus)."""
     reason = _loop_skip_reason()
