@@ -4,7 +4,7 @@ DeepSpeed methods wrapped: at each call's entry and exit it records the process'
 call (VmHWM, reset at entry through /proc/self/clear_refs and carried up to the enclosing call) and glibc's mallinfo2
 (heap in use, heap kept free, mmapped), so a phase's peak is split down to the DeepSpeed call that makes it.
 
-    python benchmarks/step_memory_trace.py --out OUT.json -- benchmarks/ds_llama_script.py --model-dir DIR ...
+    python benchmarks/step_memory_trace.py --out OUT.json.gz -- benchmarks/ds_llama_script.py --model-dir DIR ...
 
 A script run under `accelerate launch` is traced by launching this file with the script after `--`.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import gzip
 import importlib
 import json
 import runpy
@@ -145,7 +146,8 @@ def main(argv=None) -> int:
         runpy.run_path(script[0], run_name="__main__")
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the trace up to a failure is still the record
         error = repr(e)
-    with open(args.out, "w") as f:
+    # A trace is a call per line of thousands: OUT.json.gz writes it gzipped, as the repository keeps such records.
+    with (gzip.open(args.out, "wt") if args.out.endswith(".gz") else open(args.out, "w")) as f:
         json.dump({"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "script": script, "missing": missing, "error": error, "status_kib_end": _status_kib(),
                    "calls": tracer.records}, f, separators=(",", ":"))

@@ -240,7 +240,7 @@ DOCS = {"memascend": "matrix.json", "stock": "matrix-stock.json"}
 TOLERANCE_PERCENT = 10.0
 MEMASCEND_CLOSE_PERCENT, MEMASCEND_CLOSE_SHARE = 5.0, 0.8
 # Stock DeepSpeed in bf16 under the HF Trainer (also through accelerate), planned more than 10% low (2026-12-06:
-# -10.1% .. -13.3% of ru_maxrss). Cause measured (benchmarks/step_memory_trace.py, docs/bench/user-script/trace/,
+# -10.1% .. -13.3% of ru_maxrss). Cause measured (benchmarks/step_memory_trace.py, docs/bench/user-script/trace/*.json.gz,
 # calibration runs): glibc's heap keeps more freed blocks in bf16 than the stock heap items, fitted on fp32 runs only,
 # count (after deepspeed.initialize 347 MiB free-but-kept under accelerate where host/zero_init_heap plans 216; after
 # the DeepSpeed script's first backward 584 MiB where zero_init_heap + allocator_retention plan 337); the first step's
