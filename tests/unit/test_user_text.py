@@ -4,6 +4,7 @@ users can follow and stays. Scans every tracked file (every file under the repos
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -21,7 +22,7 @@ SKIP_DIRS = {".git", ".venv", ".torch_ext", "__pycache__", "node_modules", "buil
 
 
 def tracked_files() -> list[str]:
-    p = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    p = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=False)
     if p.returncode == 0 and p.stdout:
         return [f for f in p.stdout.decode().split("\0") if f]
     found = []  # a copy without .git (a device machine gets the working tree only)
@@ -51,14 +52,14 @@ def test_the_patterns_find_what_they_forbid_and_spare_upstream_citations():
     assert not PATTERNS["an issue's bar"].search(f"the {bar}rier")
 
 
+@functools.cache
+def tracked_text() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(path, lines) of every tracked text file, read once for all the patterns."""
+    return tuple((path, tuple(text.splitlines())) for path in tracked_files() if (text := text_of(path)) is not None)
+
+
 @pytest.mark.parametrize("what", sorted(PATTERNS))
 def test_no_tracked_file_holds(what):
-    hits = []
-    for path in tracked_files():
-        text = text_of(path)
-        if text is None:
-            continue
-        for n, line in enumerate(text.splitlines(), 1):
-            if PATTERNS[what].search(line):
-                hits.append(f"{path}:{n}: {line.strip()[:120]}")
+    hits = [f"{path}:{n}: {line.strip()[:120]}" for path, lines in tracked_text()
+            for n, line in enumerate(lines, 1) if PATTERNS[what].search(line)]
     assert not hits, f"{what}:\n" + "\n".join(hits[:20])
