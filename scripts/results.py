@@ -21,6 +21,7 @@ here):
                                        (probes.json.gz)
   docs/bench/variation/*.json       one job run several times without a cap (bench --repeat): run-to-run spread
   docs/bench/ssd-bound/*.json       `memascend bench` with and without --ssd-bandwidth: s/step against the time model
+  docs/bench/ssd-bound-rounds/*.json  benchmarks/ssd_bound_rounds.py: all-SSD tokens/s against tuned stock in rounds
   docs/bench/placements/*.json      `memascend bench --placements`: tokens/s against the DRAM cap (and its .png)
   docs/bench/gpu/*.json             the GPU kit's outputs (`bash scripts/gpu_check.sh record`), when a GPU was lent
   docs/bench/allocator/*.json       memascend alone under different allocator settings
@@ -61,7 +62,7 @@ from results_records import (section_ci, section_hub, section_llamafactory_examp
                              section_parity_repeat, section_soak)
 from results_placements import section_placements  # noqa: E402
 from results_real_sft import section_real_sft  # noqa: E402
-from results_ssd import section_dram_tier, section_striped  # noqa: E402
+from results_ssd import section_dram_tier, section_ssd_rounds, section_striped  # noqa: E402
 from results_time import section_ssd_bound  # noqa: E402
 from results_variation import section_variation  # noqa: E402
 
@@ -127,6 +128,7 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
         tier = os.path.join(BENCH, "dram-tier", "bytes-per-step-bf16.json")
         real_sft = os.path.join(BENCH, "real-sft", "smollm2-pydoc.json")
         return [section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))),
+                section_ssd_rounds(load(os.path.join(BENCH, "ssd-bound-rounds", "*.json"))),
                 section_placements(load(os.path.join(BENCH, "placements", "*.json"))),
                 section_dram_tier(load_one(tier), tier),
                 section_striped(load(os.path.join(BENCH, "striped", "*.json"))),

@@ -1,6 +1,7 @@
-"""The results' SSD sections (docs/results/time.md): several SSDs as one striped region (docs/bench/striped/: the
-training job and the I/O path alone on 1, 2 and 3 throttled members) and the DRAM tier's SSD bytes per step against
-its budget (docs/bench/dram-tier/). Stdlib only (scripts/results.py imports it)."""
+"""The results' SSD sections (docs/results/time.md): all-SSD tokens/s against tuned stock in interleaved rounds at one
+throttled SSD (docs/bench/ssd-bound-rounds/), several SSDs as one striped region (docs/bench/striped/: the training job
+and the I/O path alone on 1, 2 and 3 throttled members) and the DRAM tier's SSD bytes per step against its budget
+(docs/bench/dram-tier/). Stdlib only (scripts/results.py imports it)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,61 @@ import os
 import statistics
 
 from results_common import REPO, table
+from results_time import cores_taken
 
 
 def _load(r: list[float]) -> str:
     return f"{r[0]:.1f}"
+
+
+ROUNDS_BARS = {"memascend": 1.6, "memascend-bf16_moments": 2.2}
+"""The targets for all-SSD memascend's tokens/s over tuned stock's at one SSD at 400 MB/s: fp32 states, bf16
+moments."""
+
+
+def section_ssd_rounds(docs: list[tuple[str, dict]]) -> str:
+    """One row per run of each rounds document (benchmarks/ssd_bound_rounds.py): median tokens/s, the median of the
+    rounds' own ratios to tuned stock against its target, the median SSD share of the step and the bytes."""
+    if not docs:
+        return ""
+    out = ["## All-SSD tokens/s against tuned stock, interleaved rounds", "",
+           "Each round is one `memascend bench` sitting of tuned stock, memascend (fp32 Adam moments) and memascend "
+           "with bf16 moments, the same command in every round (each round's document is also in the tables above); "
+           "ratio to tuned is the median of the rounds' own ratios (the runs of a round minutes apart), each round's "
+           "in parentheses. SSD share: the busier direction's bytes at the throttle over the measured s/step (1.00: "
+           "the SSD never idles); cores taken: the CPU the rest of the machine (and the bench's samplers) took.", ""]
+    for path, d in docs:
+        rounds = [r for r in d["rounds"] if r.get("runs")]
+        args = rounds[0]["bench_args"] if rounds else []
+        rows = []
+        for name, tps in d["median_tokens_per_s"].items():
+            runs = [r["runs"][name] for r in rounds if r["runs"].get(name, {}).get("tokens_per_s")]
+            bpp = runs[-1]["ssd_bytes_per_param"] or {}
+            taken = [c for c in map(cores_taken, runs) if c is not None]
+            ratio = d["median_ratio_to_tuned"].get(name)
+            each = ", ".join(f"{x:.2f}" for x in d["round_ratios_to_tuned"].get(name, []))
+            bar = ROUNDS_BARS.get(name)
+            rows.append([name, str(len(runs)), f"{tps:.1f}", "-" if ratio is None else f"x{ratio:.2f} ({each})",
+                         "-" if bar is None else f"x{bar:g}: {'met' if ratio >= bar else 'not met'}",
+                         f"{d['median_ssd_share'].get(name, 0):.2f}",
+                         f"{bpp.get('read', 0):.1f} / {bpp.get('write', 0):.1f}",
+                         f"{min(taken):.2f}-{max(taken):.2f}" if taken else "-"])
+        m = d["machine"]
+        clip = args[args.index("--gradient-clipping") + 1] if "--gradient-clipping" in args else "DeepSpeed's 1.0"
+        out += [f"`{os.path.basename(path)}` ({d['date'][:16].replace('T', ' ')} UTC, {m['host']}: {m['cpu']}, "
+                f"{m['cores']} cores, nice {d['nice']}, load {_load(d['loadavg_start'])} at the start, "
+                f"{_load(d['loadavg_end'])} at the end; gradient clipping {clip}"
+                + (f"; {d['stopped']}" if d.get("stopped") else "") + f"): `{d['command']}`, each round `memascend "
+                + " ".join(_without_out_and_title(args)) + " --title TITLE --out DIR`.", "",
+                table(["run", "rounds", "median tokens/s", "ratio to tuned", "target", "SSD share", "SSD B/param read "
+                       "/ write", "cores taken"], rows), ""]
+    return "\n".join(out) + "\n"
+
+
+def _without_out_and_title(args: list[str]) -> list[str]:
+    """A round's bench arguments less --out and --title (the round's own), for the command line shown. Pure."""
+    return [x for i, x in enumerate(args) if x not in ("--out", "--title") and args[i - 1:i] not in (["--out"],
+                                                                                                   ["--title"])]
 
 
 def section_striped(docs: list[tuple[str, dict]]) -> str:
