@@ -7,6 +7,10 @@ call (VmHWM, reset at entry through /proc/self/clear_refs and carried up to the 
     python benchmarks/step_memory_trace.py --out OUT.json.gz -- benchmarks/ds_llama_script.py --model-dir DIR ...
 
 A script run under `accelerate launch` is traced by launching this file with the script after `--`.
+
+The traces under docs/bench/user-script/trace/ are named SCRIPT-CKPT-DTYPE-BUILD (ds-ckpt-bf16-zero: the DeepSpeed
+script, checkpointed, bf16, built under zero.Init); conversion_heap_fit turns the 16-bit ones into the planner's
+GRAD_CONVERSION_HEAP_FRACTION (memascend_cli/planner/heap.py; tests/unit/test_user_script_bench.py re-fits it).
 """
 
 from __future__ import annotations
@@ -129,6 +133,33 @@ def install(tracer: Tracer) -> list[str]:
                 continue
             setattr(cls, attr, tracer.wrap(vars(cls)[attr], qual.split("__")[-1]))
     return missing
+
+
+# The plan's items for the heap glibc keeps free when an optimizer step starts (memascend_cli/planner/heap.py): what a
+# trace's free-kept heap there is compared with.
+KEPT_HEAP_ITEMS = ("host/zero_init_heap", "host/optimizer_init_heap", "host/allocator_retention", "host/step_heap",
+                   "host/activation_heap")
+
+
+def trace_job(path: str) -> dict:
+    """The job a trace ran, from its file name SCRIPT-CKPT-DTYPE-BUILD: script, checkpointing, dtype, zero_init (the
+    fields of benchmarks/user_script_bench.py's Job). Pure."""
+    name = path.rsplit("/", 1)[-1].split(".", 1)[0]
+    script, ckpt, dtype, build = name.split("-")
+    return {"script": script, "checkpointing": ckpt == "ckpt", "dtype": dtype, "zero_init": build == "zero"}
+
+
+def step_entry_kept_heap_bytes(trace: dict) -> int:
+    """glibc's free-kept heap (mallinfo2 fordblks) at the entries of DeepSpeedEngine.step, the most over the traced
+    steps: the planner's retained items lie under the first step and every later backward alike. Pure."""
+    kept = [r["enter"]["heap_free_kept_mib"] for r in trace["calls"] if r["call"] == "DeepSpeedEngine.step"]
+    return int(max(kept) * 2**20)
+
+
+def conversion_heap_fit(rows: list[tuple[int, int, int]]) -> float:
+    """GRAD_CONVERSION_HEAP_FRACTION from (step_entry_kept_heap_bytes, the plan's KEPT_HEAP_ITEMS, fp32 bytes of the
+    parameter partitions below the mmap threshold) of each 16-bit trace: a ratio of sums, two decimals. Pure."""
+    return round(sum(kept - planned for kept, planned, _ in rows) / sum(base for _, _, base in rows), 2)
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,14 @@ OPTIMIZER_INIT_HEAP_FRACTION = 0.43
 # grad_buffer.to(fp32)) in blocks of the sub-groups' sizes. Fitted by scripts/fit_planner.py on mallinfo2 between the
 # step-1 forward and optimizer marks of the calibration runs without a stranded activation block.
 STEP_HEAP_FRACTION = 0.16
+# Heap glibc keeps after a 16-bit backward on a CPU rank beyond the other kept items, per fp32 byte of the parameter
+# partitions below the mmap threshold: each gradient partition is converted to an fp32 copy for swap-out
+# (runtime/zero/stage3.py _offload_grad_partition_at_boundary, line 1453: grad_buffer.to(fp32); in fp32 training the
+# call returns the tensor itself), blocks twice the size of the 16-bit ones around them that are freed after the
+# bucket's swap-out and left between them. Fitted by conversion_heap_fit (benchmarks/step_memory_trace.py) on the
+# calibration traces docs/bench/user-script/trace/*-bf16-*.json.gz: mallinfo2's free-kept heap at the optimizer
+# step's entries, the most over the traced steps, less the plan's kept heap items.
+GRAD_CONVERSION_HEAP_FRACTION = 0.99
 
 
 def arena_bytes(nbytes: int) -> int:
@@ -55,9 +63,20 @@ def backward_heap_bytes(c: Context, bucket: int, part_bucket: int) -> int:
     act_heap = act if widest < GLIBC_MMAP_THRESHOLD_MAX_BYTES else 0
     flush = gathered + act_heap + flush_copies(c) * arena_bytes(E * bucket)
     # the fp32 copies for swap-out are one block per parameter partition (stock's path: no bounded engine here)
-    small = sum(n * k for n, k in c.part.partitions_below(-(-GLIBC_MMAP_THRESHOLD_MAX_BYTES // 4)))
-    copies = 4 * part_bucket * small // max(1, c.part.ns)
+    copies = part_bucket * small_partition_fp32_bytes(c) // max(1, c.part.ns)
     return copies + max(live_heap + loss, flush)
+
+
+def small_partition_fp32_bytes(c: Context) -> int:
+    """fp32 bytes of the parameter partitions whose fp32 copy is a heap block (below glibc's mmap threshold). Pure."""
+    return 4 * sum(n * k for n, k in c.part.partitions_below(-(-GLIBC_MMAP_THRESHOLD_MAX_BYTES // 4)))
+
+
+def grad_conversion_heap_bytes(c: Context) -> int:
+    """Heap a 16-bit job's fp32 gradient copies for swap-out leave free but kept on a CPU rank
+    (GRAD_CONVERSION_HEAP_FRACTION of the partitions' fp32 bytes below the mmap threshold); none in fp32, where the
+    gradients are not converted. Pure."""
+    return int(GRAD_CONVERSION_HEAP_FRACTION * small_partition_fp32_bytes(c)) if c.E < 4 else 0
 
 
 def mapped_backward_bytes(c: Context) -> int:

@@ -23,12 +23,15 @@ from memascend_cli.planner.context import Context
 from memascend_cli.planner.heap import (
     ACTIVATION_HEAP_BLOCKS_PER_LAYER,
     GLIBC_MMAP_THRESHOLD_MAX_BYTES,
+    GRAD_CONVERSION_HEAP_FRACTION,
     OPTIMIZER_INIT_HEAP_FRACTION,
     STEP_HEAP_FRACTION,
     activation_heap_block,
     backward_heap_bytes,
+    grad_conversion_heap_bytes,
     mapped_backward_bytes,
     optimizer_init_heap_bytes,
+    small_partition_fp32_bytes,
     small_sub_group_fp32_bytes,
     step_heap_bytes,
     zero_init_heap_bytes,
@@ -497,6 +500,13 @@ def _cpu_retained(c: Context, zero_init_heap: int, backward_heap: int, working_l
             f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB {small_sub_group_fp32_bytes(c):,}",
             "runtime/zero/stage3.py partition_grads (grad_buffer.to(fp32)); mallinfo2 at the step-1 marks, "
             "fitted by scripts/fit_planner.py", "retained")
+    conversion_heap = grad_conversion_heap_bytes(c)
+    if conversion_heap:
+        add("host/grad_conversion_heap", f"{job.dtype} backward: freed fp32 gradient copies kept in the heap",
+            conversion_heap, f"{GRAD_CONVERSION_HEAP_FRACTION} x fp32 bytes of the parameter partitions below "
+            f"{GLIBC_MMAP_THRESHOLD_MAX_BYTES // MiB} MiB {small_partition_fp32_bytes(c):,}",
+            "runtime/zero/stage3.py _offload_grad_partition_at_boundary (grad_buffer.to(fp32), 16-bit only); "
+            "mallinfo2 at the optimizer step's entries (benchmarks/step_memory_trace.py)", "retained")
     stranded = activation_heap_block(c.m, job.micro_batch * job.seq_len, c.E) \
         if job.checkpointing != "none" else None
     if stranded:

@@ -332,6 +332,28 @@ def test_native_pinning_copies_the_gradient_buffer_at_init_on_cpu():
     assert "host/grad_buffer_init_copy" not in {i.key for i in estimate(j, CPU, "stock").items}
 
 
+def test_a_16_bit_backward_keeps_its_fp32_gradient_copies_in_the_heap():
+    """stage3.py _offload_grad_partition_at_boundary converts each 16-bit gradient partition to fp32 for swap-out
+    (grad_buffer.to(fp32)); fp32 gradients are not converted. Below glibc's threshold the copies' heap stays kept
+    under the optimizer step and every later backward (docs/bench/user-script/trace/*-bf16-*.json.gz)."""
+    from memascend_cli.models import layer_template
+
+    m = load_preset("bench-llama-136m")
+    head, layer, tail = layer_template(m)
+    tensors = (*head, *layer * m.num_hidden_layers, *tail)  # one rank: a partition is its whole tensor
+    small = sum(4 * t.numel for t in tensors if 4 * t.numel < 32 * 2**20)
+    assert 0 < small < 4 * m.num_params  # the embeddings' fp32 copies are mmapped
+    for dtype in ("bf16", "fp16"):
+        for engine in ("stock", "tuned"):
+            est = estimate(job("bench-llama-136m", dtype=dtype, checkpointing="full"), CPU, engine)
+            kept = est.item("host/grad_conversion_heap")
+            assert kept.bytes == int(heap.GRAD_CONVERSION_HEAP_FRACTION * small) and kept.kind == "retained"
+    for j, hw, engine in ((job("bench-llama-136m", dtype="fp32", checkpointing="full"), CPU, "stock"),
+                          (job("bench-llama-136m", checkpointing="full"), CPU, "memascend"),
+                          (job("bench-llama-136m", checkpointing="full"), GPU, "stock")):
+        assert "host/grad_conversion_heap" not in {i.key for i in estimate(j, hw, engine).items}, (j.dtype, engine)
+
+
 def test_optimizer_init_and_first_step_keep_the_small_sub_groups_fp32_blocks():
     """stage3.py _create_fp32_partitions passes each sub-group through an unpinned fp32 buffer (fast_init off) and
     partition_grads converts gradients to fp32 per sub-group: below glibc's 32 MiB threshold those blocks stay in the
