@@ -26,6 +26,10 @@ _spec = importlib.util.spec_from_file_location("user_script_bench",
 usb = importlib.util.module_from_spec(_spec)
 sys.modules["user_script_bench"] = usb  # dataclasses look their module up there
 _spec.loader.exec_module(usb)
+_spec = importlib.util.spec_from_file_location("capped_user_script",
+                                               os.path.join(REPO, "benchmarks", "capped_user_script.py"))
+capped = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(capped)
 _spec = importlib.util.spec_from_file_location("step_memory_trace",
                                                os.path.join(REPO, "benchmarks", "step_memory_trace.py"))
 smt = importlib.util.module_from_spec(_spec)
@@ -239,6 +243,14 @@ def test_a_from_pretrained_job_loads_its_weights_and_is_planned_so():
     assert "--from-pretrained" in cmd and "--no-zero-init" in cmd
     plan = usb.plan_command(job, model_dir="/m")
     assert plan[plan.index("--model-init") + 1] == "from-pretrained"
+
+
+def test_a_capped_run_is_the_eager_fp32_156m_job_and_counts_the_steps_it_finished():
+    assert capped.JOB in usb.JOBS and capped.JOB.name == "ds-nockpt-fp32-eager-156m" and capped.JOB.steps == 6
+    assert capped.steps_trained({"losses": [9.1, 9.0]}, "") == 2
+    log = ('loading\nphase {"phase": "initialize", "hwm_kib": 1}\nphase {"phase": "step 0", "hwm_kib": 2}\n'
+           'phase {"phase": "forward 1", "hwm_kib": 2}\nphase {"phase": "step 1", "hwm_kib": 3}\nKilled\n')
+    assert capped.steps_trained(None, log) == 2  # OOM-killed in step 3: no result file, the phases it printed
 
 
 # --- the plan against the recorded matrix ----------------------------------------------------------------------
