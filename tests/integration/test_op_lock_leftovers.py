@@ -23,7 +23,10 @@ import pytest
 from memascend_cli.run import leftovers
 from tests import oplock
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: it asserts on /dev/shm and /tmp
+# Not serial: each run has its own copy of the extensions folder (its locks are its own), the bench's left_by_run
+# leaves out the /dev/shm segments another job's live process holds (bench/runner.py _shm_after), and the /tmp check
+# is limited to the killed ranks' pids.
+pytestmark = pytest.mark.slow
 pytest.importorskip("deepspeed")
 
 
