@@ -58,6 +58,20 @@ def stock(tmp_path_factory):
     return res
 
 
+@pytest.fixture(scope="module")
+def clip83(tmp_path_factory):
+    """fp32 with clipping at 8.3, inside the tiny model's gradient norms (7.9-8.7): stock, and the engine with and
+    without the overlap (computed once per module: the overlap and bf16-moment tests compare against them)."""
+    d = tmp_path_factory.mktemp("clip83")
+    for sub in "ab":
+        (d / sub).mkdir()
+    common = ("--dtype", "fp32", "--clip", "8.3")
+    return {"stock": run(d, "stock-clip", "--mode", "stock", *common, "--nvme-dir", str(d / "swap")),
+            "on": run(d, "engine-overlap", "--mode", "engine", *common, "--region", make_region(d / "a", "512MiB")),
+            "off": run(d, "engine-no-overlap", "--mode", "engine", *common, "--region",
+                       make_region(d / "b", "512MiB"), "--off", "overlap_optimizer")}
+
+
 def _assert_went_through_region(r: dict) -> None:
     s = r["stats"]
     assert s["swap_files_created"] == 0 and r["swap_files"] == 0
@@ -260,19 +274,16 @@ def test_gradient_accumulation_in_the_dram_window_is_exact_and_writes_once_per_s
     assert io_held["gradient_read_bytes"] < io_ssd["gradient_read_bytes"]
 
 
-def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_path):
+def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_path, clip83):
     """fp32 with clipping at 8.3, inside the tiny model's gradient norms (7.9-8.7): steps under it commit the
     speculative update made during backward, steps over it are redone from the old states, and after a clipped step
     the next one does not speculate. Losses and norms equal stock's and the engine's without the overlap, bit for
     bit; the committed steps read no gradient back. With a DRAM window the gradients kept for a redo stay in memory
     and reach the SSD only when a step is redone or not speculated."""
-    for d in "abcd":
+    for d in "cd":
         (tmp_path / d).mkdir()
     common = ("--dtype", "fp32", "--clip", "8.3")
-    ref = run(tmp_path, "stock-clip", "--mode", "stock", *common, "--nvme-dir", str(tmp_path / "swap"))
-    on = run(tmp_path, "engine-overlap", "--mode", "engine", *common, "--region", make_region(tmp_path / "a", "512MiB"))
-    off = run(tmp_path, "engine-no-overlap", "--mode", "engine", *common, "--region",
-              make_region(tmp_path / "b", "512MiB"), "--off", "overlap_optimizer")
+    ref, on, off = clip83["stock"], clip83["on"], clip83["off"]
     win = run(tmp_path, "engine-overlap-window", "--mode", "engine", *common, "--region",
               make_region(tmp_path / "c", "512MiB"), "--accumulation-bytes", str(1 << 30))
     assert on["losses"] == off["losses"] == win["losses"] == ref["losses"]
@@ -359,15 +370,15 @@ def test_fp32_parameters_hold_the_master_and_an_invalid_norm_rolls_back_exactly(
     assert n > 0 and io_on["optimizer_write_bytes"] == 8 * STEPS * n
 
 
-def test_bf16_moments_halve_the_moment_bytes_and_round_the_same_on_every_path(tmp_path):
+def test_bf16_moments_halve_the_moment_bytes_and_round_the_same_on_every_path(tmp_path, clip83):
     """Adam's moments on the SSD in bf16 (EngineOptions.optimizer_moments): 8 B per element of master + moments
     each way instead of 12; the losses stay within 1e-3 of fp32 moments over 5 fp32 steps; and with the stochastic
     rounding seeded per chunk and step (not per path), the optimizer overlapped with backward, committing or redoing,
     gives bit for bit the losses of the same engine without the overlap."""
-    for d in "abcd":
+    for d in "bc":
         (tmp_path / d).mkdir()
     common = ("--mode", "engine", "--dtype", "fp32", "--clip", "8.3")
-    fp32 = run(tmp_path, "fp32-moments", *common, "--region", make_region(tmp_path / "a", "512MiB"))
+    fp32 = clip83["on"]  # the same engine run with fp32 moments
     bf16 = run(tmp_path, "bf16-moments", *common, "--optimizer-moments", "bf16",
                "--region", make_region(tmp_path / "b", "512MiB"))
     plain = run(tmp_path, "bf16-moments-no-overlap", *common, "--optimizer-moments", "bf16", "--off",
@@ -379,8 +390,7 @@ def test_bf16_moments_halve_the_moment_bytes_and_round_the_same_on_every_path(tm
     assert o["steps_committed"] >= 1 and o["steps_redone"] >= 1  # both paths taken
     io32, io16 = fp32["stats"]["bounded_io"], plain["stats"]["bounded_io"]
     # Same traffic shape without the overlap's speculative writes: master 4 B + moments 2 x 2 B instead of 2 x 4 B.
-    io32_plain = run(tmp_path, "fp32-moments-no-overlap", *common, "--off", "overlap_optimizer",
-                     "--region", make_region(tmp_path / "d", "512MiB"))["stats"]["bounded_io"]
+    io32_plain = clip83["off"]["stats"]["bounded_io"]
     # Per element: the first step reads only the master (its moments start as zeros). fp32 parameters are the
     # master (EngineOptions.params_hold_master): it is read from them and never written beside them.
     n = io32_plain["optimizer_read_bytes"] // (4 * STEPS + 8 * (STEPS - 1))
