@@ -49,7 +49,7 @@ def load_tokenizer(path: str):
     """
     import logging
 
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -74,6 +74,8 @@ def load_tokenizer(path: str):
         return tok
     if not os.path.isdir(path):
         raise DataError(f"tokenizer {path} does not exist")
+    from transformers import AutoTokenizer  # here: it imports transformers' model registry and torch (2 s)
+
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True, use_fast=True)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... for a bad folder

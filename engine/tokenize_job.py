@@ -83,7 +83,8 @@ def write_hf_skeleton(folder: str, recipe, model_spec, tok, template_text: str |
 def prepare(recipe, run_dir: str, *, dry_run: bool = False) -> dict:
     """Tokenize (or reuse the cache) and write the export skeleton; the summary for the CLI.
 
-    dry_run: a hub dataset that is not cached is not downloaded; the summary says so ({"pending": ...})."""
+    dry_run: a hub dataset that is not cached is not downloaded (the summary says so: {"pending": ...}), and the
+    export skeleton is not written."""
     from memascend_engine import data_prepare as P
     from memascend_engine.data import DataError
 
@@ -134,7 +135,8 @@ def prepare(recipe, run_dir: str, *, dry_run: bool = False) -> dict:
     from memascend_cli.run.rundir import HF_DIR
 
     hf_dir = os.path.join(run_dir, HF_DIR)
-    write_hf_skeleton(hf_dir, recipe, spec, tok, text)
+    if not dry_run:  # a dry run exports nothing; the skeleton's transformers config imports torch (3 s a launch)
+        write_hf_skeleton(hf_dir, recipe, spec, tok, text)
     return {"cache_dir": folder, "hf_dir": hf_dir, "template": name, "vocab_size": len(tok),
             "train_sequences": train["rows"], "validation_sequences": meta["splits"]["validation"]["rows"],
             "train_tokens": train["tokens"], "train_loss_tokens": train["loss_tokens"], "samples": meta["samples"],

@@ -31,14 +31,14 @@ def test_dry_run_prints_config_and_command(cli, tmp_path):
     assert z["offload_param"]["nvme_path"] == os.path.join(run, "swap")
     assert z["offload_param"]["buffer_size"] == 524288
     assert doc["ds_config"]["scheduler"]["params"]["total_num_steps"] == 7
-    # Written next to the run, nothing started (no metrics, no logs).
+    # Written next to the run, nothing started (no metrics, no logs) and nothing to export (no hf/ skeleton).
     with open(os.path.join(run, "ds_config.json")) as f:
         assert json.load(f) == doc["ds_config"]
     with open(os.path.join(run, "recipe.json")) as f:
         saved = json.load(f)
     assert saved["steps"] == 7 and saved["dataset"]["packing"] is False
     assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
-    assert not os.path.exists(os.path.join(run, "logs"))
+    assert not os.path.exists(os.path.join(run, "logs")) and not os.path.exists(os.path.join(run, "hf"))
     assert "nothing was started" in res.stderr
 
 
