@@ -126,6 +126,7 @@ def run_round(a, k: int) -> dict:
     rec["document"] = record(out, f"{a.name}-round{k}")
     with open(os.path.join(out, "bench.json")) as f:
         rec["runs"] = round_runs(json.load(f))
+    shutil.rmtree(out, ignore_errors=True)  # its region and swap files: ~6 GiB a round, recorded above
     return rec
 
 

@@ -96,6 +96,9 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
           for d in ("unthrottled-kept-master-ablation-clip10", "unthrottled-three-engines-clip10-kept-master")),
         (f"{_SSD}unthrottled-three-engines-clip10-kept-master.json:8:512:stock",
          f"{_SSD}unthrottled-three-engines-clip10-cpu-fraction.json:8:512:stock"),
+        # the quiet rounds of 2026-12-06 17:15: memascend -8% to -15% of the plan from round to round
+        ("bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round3.json:8:512:memascend",
+         "bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round1.json:8:512:memascend"),
         *((f"llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-{d}.json:16:1024:memascend",
            "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-amd-quiet.json:16:1024:memascend")
           for d in ("amd-rerun", "kept-master")))},
