@@ -57,6 +57,10 @@ def section_ssd_rounds(docs: list[tuple[str, dict]]) -> str:
                 + " ".join(_without_out_and_title(args)) + " --title TITLE --out DIR`.", "",
                 table(["run", "rounds", "median tokens/s", "ratio to tuned", "target", "SSD share", "SSD B/param read "
                        "/ write", "cores taken"], rows), ""]
+        failed = [f"round {r['round']}: {name}" for r in rounds for name, run in r["runs"].items() if not run["ok"]]
+        if failed:
+            out += ["Failed (each in its round's document, with why; its round has no ratio): " + ", ".join(failed)
+                    + ".", ""]
     return "\n".join(out) + "\n"
 
 

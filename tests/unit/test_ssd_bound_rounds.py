@@ -41,7 +41,7 @@ def test_ssd_share_is_the_busier_direction_over_the_step():
 
 def _round(tuned: float, fp32: float | None, bf16: float) -> dict:
     def run(tps):
-        return {"tokens_per_s": tps, "ssd_share": 0.8, "ssd_bytes_per_param": {"read": 13.5, "write": 12.1},
+        return {"ok": True, "tokens_per_s": tps, "ssd_share": 0.8, "ssd_bytes_per_param": {"read": 13.5, "write": 12.1},
                 "others_cpu_seconds": 1.0, "bench_cpu_seconds": 1.0, "wall_s": 40.0}
     return {"bench_args": sr.bench_args(_args(), "/w/r", "t"),
             "runs": {"tuned": run(tuned), "memascend": run(fp32), "memascend-bf16_moments": run(bf16)}}
@@ -64,4 +64,9 @@ def test_the_time_page_says_each_ratio_against_its_target():
     text = results_ssd.section_ssd_rounds([("docs/bench/ssd-bound-rounds/n.json", doc)])
     assert "| memascend | 2 | 75.0 | x1.68 (1.60, 1.75) | x1.6: met |" in text
     assert "| memascend-bf16_moments | 2 | 95.0 | x2.11 (2.10, 2.12) | x2.2: not met |" in text
-    assert "gradient clipping 0" in text and "--out DIR" in text and "/w/r" not in text
+    assert "gradient clipping 0" in text and "--out DIR" in text and "/w/r" not in text and "Failed" not in text
+    rounds[1]["runs"]["tuned"].update(ok=False, tokens_per_s=None)
+    rounds[1]["round"] = 2
+    doc.update(rounds=rounds, **sr.summarize(rounds))
+    text = results_ssd.section_ssd_rounds([("docs/bench/ssd-bound-rounds/n.json", doc)])
+    assert "| memascend | 2 | 75.0 | x1.60 (1.60) | x1.6: met |" in text and "round 2: tuned" in text
