@@ -89,6 +89,9 @@ def parse_args(argv):
     ap.add_argument("--prefetch-layers", type=int, default=None, help="memascend mode: layers in the parameter pool")
     ap.add_argument("--dram-tier-gib", type=float, default=None,
                     help="memascend mode: the DRAM tier's budget (EngineOptions.dram_tier_gib; the run's placement)")
+    ap.add_argument("--checkpoint-offload", default=None, choices=["ssd", "dram"],
+                    help="memascend mode: where offloaded activation checkpoints go (EngineOptions.checkpoint_offload; "
+                         "the run's placement)")
     ap.add_argument("--optimizer-moments", default="fp32", choices=["fp32", "bf16"],
                     help="memascend mode: Adam's moments on the SSD (EngineOptions.optimizer_moments)")
     return ap.parse_args(argv)
@@ -217,6 +220,8 @@ def _install(engine_api, args, cfg: dict, spec, rank: int, ev: Events):
     extra["optimizer_moments"] = args.optimizer_moments
     if args.dram_tier_gib:  # given only where the engine has the tier (memascend_cli.run.train_placement)
         extra["dram_tier_gib"] = args.dram_tier_gib
+    if args.checkpoint_offload:
+        extra["checkpoint_offload"] = args.checkpoint_offload
     opts = options_cls(**{t: t not in args.disable for t in TECHNIQUES}, **extra)
     ev.phase("engine_install")
     # The region has one sub-region per local rank (prepare-ssd --ranks).

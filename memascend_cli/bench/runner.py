@@ -512,8 +512,8 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               nvme_dir=nvme_dir, ranks=ranks, micro_batch=p.micro_batch, seq_len=p.seq_len,
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
                               settle_cap_s=settle_cap_s, accelerator=p.accelerator,
-                              extra_args=(engine_args(predicted) + (["--dram-tier-gib", repr(tiers[i])] if tiers[i]
-                                                                    else [])) if run.mode == "memascend" else None,
+                              extra_args=(engine_args(predicted) + _placement_args(placed.get(run.name), tiers[i]))
+                              if run.mode == "memascend" else None,
                               dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits, loss=p.loss,
                               predicted=predicted)
                 measured[i].append(res)
@@ -542,6 +542,16 @@ def _tier_gib(run: RunSpec, choice, dram_tier: bool) -> float | None:
     if run.mode != "memascend" or choice is None or not choice.dram_tier_bytes or not dram_tier:
         return None
     return choice.dram_tier_bytes / GiB
+
+
+def _placement_args(choice, tier_gib: float | None) -> list[str]:
+    """The memascend child's arguments of its placement: the DRAM tier's budget and, where the row keeps them there,
+    the activation checkpoints in DRAM (planner.placement Priced.checkpoint_offload); none where the run keeps every
+    byte on the region (no tier in the engine: the run is planned all-SSD)."""
+    if tier_gib is None:
+        return []
+    where = choice.row.checkpoint_offload if choice is not None else None
+    return ["--dram-tier-gib", repr(tier_gib)] + (["--checkpoint-offload", where] if where else [])
 
 
 def _prediction(p: Point, run: RunSpec, cfg: dict, choice, tier_gib: float | None) -> dict:

@@ -80,6 +80,9 @@ class Priced:
     """(offload_param, offload_optimizer) device the row runs with: none (no section), cpu or nvme."""
     max_in_cpu: int | None = None
     """offload_param.max_in_cpu of stock's split row; None: the engine's own knob."""
+    checkpoint_offload: str | None = None
+    """Where memascend's engine keeps the offloaded activation checkpoints in this row (EngineOptions.
+    checkpoint_offload): dram in its dram row, so that no byte reaches the SSD; None: the job's own."""
 
     @property
     def fits(self) -> bool:
@@ -316,7 +319,8 @@ def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_
     tier, items, traffic = memascend_tier(dram_job, hw, base, None)
     est = _derived(base, "memascend", [i for i in base.items if i.tier != "nvme"] + items,
                    replace(traffic, read_bytes={}, write_bytes={}))
-    rows.append(Priced("dram", "memascend", "DRAM tier holds every byte", True, est=est, tier=tier))
+    rows.append(Priced("dram", "memascend", "DRAM tier holds every byte", True, est=est, tier=tier,
+                       checkpoint_offload=dram_job.checkpoint_offload if dram_job is not job else None))
     full = tier["full_bytes"]
     split = Priced("split", "memascend", "DRAM tier + region", True)
     if budget_rank >= full:

@@ -367,7 +367,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         if "total_num_steps" in ds_config.get("scheduler", {}).get("params", {}):
             ds_config["scheduler"]["params"]["total_num_steps"] = None
     _write_run_files(recipe, run_dir, ds_config, est, region=recipe.region if stock_deepspeed else region_path,
-                     dram_tier_gib=placement_doc.get("dram_tier_gib_passed"))
+                     dram_tier_gib=placement_doc.get("dram_tier_gib_passed"),
+                     checkpoint_offload=placement_doc.get("checkpoint_offload_passed"))
     _write_nodes(run_dir, nodes, node_regions)
     hub_download.record(run_dir, hub_model, recipe, data)
     launch = _launch_spec(recipe, run_dir, hw, engine=engine, resume=resume)
@@ -445,6 +446,8 @@ def _placed_plan(job, hw, engine: str, recipe, asked: str | None, *, force: bool
         return choice, doc, est, verdict, est.nvme_bytes
     if supported and choice.dram_tier_bytes:
         doc["dram_tier_gib_passed"] = choice.dram_tier_bytes / GiB
+        # The row's checkpoints in DRAM (memascend's dram row): its windows were planned so (planner.placement).
+        doc["checkpoint_offload_passed"] = choice.row.checkpoint_offload
     row = choice.row.est
     return choice, doc, row, choice.row.verdict, est.nvme_bytes if engine == "memascend" else row.nvme_bytes
 
@@ -484,10 +487,10 @@ def _preflight(inv, hw, est, recipe, spec, *, force: bool, quiet: bool, dram_cap
 
 
 def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str | None,
-                     dram_tier_gib: float | None = None) -> None:
+                     dram_tier_gib: float | None = None, checkpoint_offload: str | None = None) -> None:
     """ds_config.json, recipe.json (the recipe as run, with the region it uses) and engine.json (the engine's
-    windows as the planner split the host budget, and the DRAM tier's budget of the placement: the worker builds
-    EngineOptions from them)."""
+    windows as the planner split the host budget, the DRAM tier's budget of the placement and where its checkpoints go:
+    the worker builds EngineOptions from them)."""
     from memascend_cli.run.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
 
     os.makedirs(run_dir, exist_ok=True)
@@ -499,6 +502,8 @@ def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str 
         engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
     if dram_tier_gib:
         engine_options["dram_tier_gib"] = dram_tier_gib
+    if checkpoint_offload:
+        engine_options["checkpoint_offload"] = checkpoint_offload
     for name, doc in ((DS_CONFIG, ds_config), (RECIPE_JSON, resolved), (ENGINE_JSON, engine_options)):
         with open(os.path.join(run_dir, name), "w") as f:
             json.dump(doc, f, indent=2)

@@ -67,8 +67,16 @@ def test_memascend_keeps_the_region_and_hands_the_dram_tier_to_the_engine(cli, t
         assert "dram_tier_gib" not in engine and "no DRAM tier yet" in err
     doc, _ = dry_run(cli, tmp_path / "ssd", "--placement", "ssd")
     with open(os.path.join(doc["run_dir"], "engine.json")) as f:
-        assert "dram_tier_gib" not in json.load(f)
+        engine = json.load(f)
+    assert "dram_tier_gib" not in engine and engine["checkpoint_offload"] == "ssd"  # the recipe's
     assert doc["placement"]["dram_tier_bytes"] == 0
+
+    # With checkpoints offloaded, the dram row keeps them in DRAM too: no byte reaches the SSD.
+    doc, _ = dry_run(cli, tmp_path / "ckpt", "--placement", "dram", "--set", "gradient_checkpointing=true")
+    with open(os.path.join(doc["run_dir"], "engine.json")) as f:
+        engine = json.load(f)
+    if dram_tier_supported():
+        assert engine["checkpoint_offload"] == doc["placement"]["checkpoint_offload"] == "dram"
 
 
 @pytest.mark.parametrize("engine", ["tuned", "memascend"])

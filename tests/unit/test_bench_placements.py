@@ -68,8 +68,11 @@ def test_a_runs_config_and_prediction_come_from_its_placement_row():
     m_cfg = build_ds_config("memascend", p.spec, micro_batch=1, dtype="bf16", nvme_dir="/ssd", ranks=1, choice=mine)
     assert runner._tier_gib(run, mine, False) is None
     assert runner._prediction(p, run, m_cfg, mine, None) == p.predict("memascend", m_cfg)
+    assert runner._placement_args(mine, None) == []  # no tier in the engine: every byte stays on the region
     if mine.dram_tier_bytes:
         assert runner._tier_gib(run, mine, True) == mine.dram_tier_bytes / GiB
+        where = ["--checkpoint-offload", mine.row.checkpoint_offload] if mine.row.checkpoint_offload else []
+        assert runner._placement_args(mine, 1.0) == ["--dram-tier-gib", "1.0"] + where
         assert runner._prediction(p, run, m_cfg, mine, 1.0)["node_host_peak_bytes"] == \
             mine.row.est.node_host_peak_bytes
 

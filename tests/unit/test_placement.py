@@ -174,3 +174,16 @@ def test_cpu_24g_recommends_dram_and_a_tight_cap_a_placement_with_the_ssd():
     tight = priced("qwen2.5-0.5b", "cpu-24g", gflops=150, hw=capped)
     assert not tight.row("dram", "stock").fits and tight.row("dram", "stock").binds == "DRAM"
     assert tight.recommended.placement in ("split", "ssd") and tight.recommended.ssd_bytes > 0
+
+
+def test_memascends_dram_row_keeps_the_offloaded_checkpoints_in_dram():
+    """The dram row prices the checkpoints in DRAM (no SSD byte) and says so to the engine (checkpoint_offload): the
+    bench and train hand it on (a dram run that left them on the region wrote 8.4 MB a step, docs/bench/placements/
+    bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/). Without offloaded checkpoints the row leaves them be."""
+    plan = priced("qwen2.5-0.5b", "cpu-24g", gflops=100.0, checkpointing="offload")
+    row = plan.row("dram", "memascend")
+    assert row.checkpoint_offload == "dram" and row.ssd_bytes == 0
+    ssd = plan.row("ssd", "memascend")
+    assert ssd.checkpoint_offload is None and ssd.est.traffic.write_bytes.get("activation_checkpoints", 0) > 0
+    assert priced("qwen2.5-0.5b", "cpu-24g", gflops=100.0, checkpointing="full").row(
+        "dram", "memascend").checkpoint_offload is None
