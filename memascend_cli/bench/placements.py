@@ -123,6 +123,22 @@ def curve(doc: dict, name: str) -> list[dict]:
     return out
 
 
+def plan_at_sitting(point_doc: dict, run: dict) -> float | None:
+    """A recorded run's plan s/step (configs.repredict) with the CPU rate of the matmul probe its sitting ran seconds
+    before the runs (hardware.sitting, the job's dtype) in place of the cached probe the bench planned with; None where
+    the document has no such probe or was not planned with the cached one. A diagnostic of the plan's input (the
+    cache is whatever the machine gave when it was taken), not the plan's prediction. Pure."""
+    from memascend_cli.bench.configs import recorded_probe_gflops, repredict
+
+    job = point_doc["job"]
+    t = job.get("timing") or {}
+    rate = ((point_doc.get("hardware") or {}).get("sitting") or {}).get(f"{job.get('dtype', 'fp32')}_gflops")
+    if not rate or recorded_probe_gflops(t) is None:
+        return None
+    timing = {**t, "gflops": rate * t.get("cpu_fraction", 1.0)}  # repredict divides the fraction back out
+    return repredict({**point_doc, "job": {**job, "timing": timing}}, run)["time"]["seconds_per_step"]
+
+
 def run_placements(template, caps: list[int], *, out_dir: str, meta: dict, show_tables: bool, region: str | None,
                    **point_kw) -> tuple[dict, bool]:
     """The sweep: one runner.run_point per cap (its runs in a memory cgroup of that size; the first point's region

@@ -65,6 +65,17 @@ element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engin
 (AMD EPYC VM, 400 MB/s: backward +0.83 s, step +1.26 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); the
 other stock sittings, on two VMs, throttled and not, are its validation (tests/unit/test_time_validation.py)."""
 
+STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT = {"backward": 9.7, "optimizer": 1.0}
+"""The same for ZeRO-Offload (offload_optimizer device cpu, the plan's stock dram row), whose states never leave
+DRAM: its step has no swap-in copy, only unscale and clip and the parameters' copy back from the fp32 partition
+(runtime/zero/stage3.py _prepare_sub_group skips the offloaded sub-groups, _reassign_or_swap_out_partitioned_parameters
+copies fp32 into the parameter partition); in backward each partition's norm and its copy into the pinned fp32
+gradient (stage3.py partition_grads, _offload_grad_partition_at_boundary). Fitted on one run as (measured - modelled)
+phase seconds per element with the compute at its sitting's matmul probe (Intel VM, 2026-12-06, quiet):
+docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/
+placements-clip10-quiet-dram-overlap-on-off-cap4gib.json.gz, tuned (backward +3.6, step -8.3 ns over the NVMe
+path's); the sweep's and the 8 GiB sitting's ZeRO-Offload runs validate it (tests/unit/test_time_validation.py)."""
+
 MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 19.2
 """memascend's host work per optimizer element on the CPU accelerator beyond the matmuls, the SSD and Adam, on the
 thread that drives backward while the optimizer is overlapped with it: the gradient's reduce-scatter copy (gloo,
@@ -265,7 +276,9 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     op_io = z(op_r) + z(op_w)
     # Stock's host passes over each element on the CPU accelerator, on the cores of the matmuls; tuned stock runs
     # the same stage3.py code (on a GPU its gradients are handled on the device: not modelled there).
-    host_fb, host_opt = (optimizer_elems * STOCK_CPU_HOST_NS_PER_ELEMENT[k] * 1e-9 for k in ("backward", "optimizer")) \
+    stock_ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT if optimizer_elems and dram_elems >= optimizer_elems \
+        else STOCK_CPU_HOST_NS_PER_ELEMENT  # ZeRO-Offload: every state in DRAM, none swapped
+    host_fb, host_opt = (optimizer_elems * stock_ns[k] * 1e-9 for k in ("backward", "optimizer")) \
         if engine in ("stock", "tuned") and not device.gpu else (0.0, 0.0)
     host_window = optimizer_elems * MEMASCEND_CPU_HOST_NS_PER_ELEMENT * 1e-9 \
         if bounded and overlap_window > 0 and not device.gpu else 0.0
