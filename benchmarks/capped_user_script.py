@@ -112,6 +112,7 @@ def main(argv=None) -> int:
            "script": " ".join(os.path.relpath(c, usb.REPO) if c.startswith(usb.REPO) else c
                               for c in usb.script_command(JOB, "memascend", model_dir="MODEL", region="R",
                                                           nvme_path="N", out="O")[1:]),
+           "date": f"{runs[0]['date']} .. {runs[-1]['date']}" if runs else None,
            "plan_peak_bytes": plan["engines"]["memascend"]["host_peak_bytes"], "host": platform.node(),
            "machine": {"cpus": os.cpu_count(),
                        "dram_gib": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / usb.GiB, 1)},
