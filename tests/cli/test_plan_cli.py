@@ -40,8 +40,10 @@ def test_plan_table_and_exit_codes(cli):
 
 
 def test_engine_choice_sets_exit_code(cli):
-    # 10 GiB: memascend fits a 0.5B CPU-only job that stock DeepSpeed does not.
-    args = ("plan", "--model", "qwen2.5-0.5b", "--gpus", "0", "--dram", "10GiB", "--no-search", "--json")
+    # 10 GiB: memascend fits a 0.5B CPU-only job that stock DeepSpeed does not (the SSD space given: the machine's
+    # own free space would decide whether the region fits).
+    args = ("plan", "--model", "qwen2.5-0.5b", "--gpus", "0", "--dram", "10GiB", "--nvme-free", "1TB", "--no-search",
+            "--json")
     m = cli(*args)
     s = cli(*args, "--engine", "stock")
     doc = json.loads(m.stdout)
