@@ -70,6 +70,27 @@ def _without_out_and_title(args: list[str]) -> list[str]:
                                                                                                    ["--title"])]
 
 
+def striped_ssd_share(run: dict) -> float | None:
+    """A striped run's SSD share of its step: its busier direction's bytes at the members' summed limits (the
+    throttle on each member device; the swap disk's own limit is not the region's) over the measured s/step. Pure."""
+    members = {os.path.basename(dev) for dev in run.get("devices") or []}
+    limits = [t for t in run.get("ssd_throttle") or [] if t["device"] in members]
+    if not run.get("seconds_per_step") or not limits or run.get("ssd_read_bytes_per_step") is None:
+        return None
+    busy = max(run["ssd_read_bytes_per_step"] / sum(t["read_bytes_per_s"] for t in limits),
+               run["ssd_write_bytes_per_step"] / sum(t["write_bytes_per_s"] for t in limits))
+    return busy / run["seconds_per_step"]
+
+
+def _per_count(d: dict, value) -> str:
+    """' / '-joined medians of value(run) per member count of a striped document (- where none). Pure."""
+    out = []
+    for n in sorted({r["members"] for r in d["runs"]}):
+        xs = [x for x in (value(r) for r in d["runs"] if r["members"] == n) if x is not None]
+        out.append(f"{statistics.median(xs):.2f}" if xs else "-")
+    return " / ".join(out)
+
+
 def section_striped(docs: list[tuple[str, dict]]) -> str:
     if not docs:
         return ""
@@ -77,14 +98,18 @@ def section_striped(docs: list[tuple[str, dict]]) -> str:
     io = [(p, d) for p, d in docs if "median_write_gbps" in d]
     rows = []
     for path, d in jobs:
-        clip = next((r["bench_args"][r["bench_args"].index("--gradient-clipping") + 1] for r in d["runs"]
-                     if "--gradient-clipping" in r["bench_args"]), "none")
+        args = next((r["bench_args"] for r in d["runs"] if r.get("bench_args")), [])
+        clip = args[args.index("--gradient-clipping") + 1] if "--gradient-clipping" in args else "none"
+        limit = args[args.index("--ssd-bandwidth") + 1] if "--ssd-bandwidth" in args else "none"
         rounds = len({r["round"] for r in d["runs"]})
         med, ratio = d["median_tokens_per_s"], d["ratio_to_one_member"]
-        rows.append([f"`{os.path.basename(path)}`", d["date"][:16].replace("T", " "), clip, str(rounds),
+        share = _per_count(d, striped_ssd_share)
+        rest = _per_count(d, lambda r: None if striped_ssd_share(r) is None
+                          else r["seconds_per_step"] * (1.0 - striped_ssd_share(r)))
+        rows.append([f"`{os.path.basename(path)}`", d["date"][:16].replace("T", " "), limit, clip, str(rounds),
                      f"{_load(d['loadavg_start'])} / {_load(d['loadavg_end'])}",
                      " / ".join(f"{med[n]:.2f}" for n in sorted(med)),
-                     " / ".join(f"x{ratio[n]:.2f}" for n in sorted(ratio) if n != "1")])
+                     " / ".join(f"x{ratio[n]:.2f}" for n in sorted(ratio) if n != "1"), share, rest])
     io_rows = []
     for path, d in io:
         for n in sorted({str(r["members"]) for r in d["runs"]}):
@@ -96,13 +121,16 @@ def section_striped(docs: list[tuple[str, dict]]) -> str:
     return "\n".join([
         "## Several SSDs as one striped region", "",
         f"On {m['host']} ({m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB): `prepare-ssd` stripes one region over "
-        "1, 2 or 3 members, loop devices over sparse files in /dev/shm, each limited to 400 MB/s by its own blkio "
-        "limit (backing files on the disk would share the disk's one limit), the runs at nice -10. The training job "
-        "is `memascend bench --model bench-llama-136m --seq-len 32 --steps 4 --dtype fp32 --runs memascend "
-        "--ssd-bandwidth 400MB/s` on the striped region, the member counts interleaved round by round; tokens/s is "
-        "each member count's median. Commands: " + ", ".join(f"`{d['command']}`" for _, d in jobs + io) + ".", "",
-        table(["document", "date (UTC)", "clipping", "rounds", "load start / end", "tokens/s 1 / 2 / 3 members",
-               "2 / 3 members vs 1"], rows), "",
+        "1, 2 or 3 members, loop devices over sparse files in /dev/shm, each limited to the table's limit per member "
+        "by its own blkio limit (backing files on the disk would share the disk's one limit), the runs at nice -10. "
+        "The training job is `memascend bench --model bench-llama-136m --seq-len 32 --steps 4 --dtype fp32 --runs "
+        "memascend --ssd-bandwidth LIMIT` on the striped region, the member counts interleaved round by round; "
+        "tokens/s is each member count's median. SSD share: the busier direction's bytes at the members' summed "
+        "limits over the measured s/step; the rest of the step (s/step x (1 - share)) is time the SSD idles, which "
+        "more members do not shorten. Commands: " + ", ".join(f"`{d['command']}`" for _, d in jobs + io) + ".", "",
+        table(["document", "date (UTC)", "limit per member", "clipping", "rounds", "load start / end",
+               "tokens/s 1 / 2 / 3 members", "2 / 3 members vs 1", "SSD share 1 / 2 / 3", "rest of the step s"],
+              rows), "",
         "The I/O path alone (the region store writing then reading 2 GiB in 8 MiB requests, medians in GB/s): every "
         "member's queue stays full and the bandwidth adds up, so what the training job misses of it lies outside the "
         "I/O path: the step's compute on two cores, which more members do not shorten.", "",

@@ -42,3 +42,17 @@ def test_io_summary_is_the_median_gbps_per_count_over_one_members():
     assert s["median_write_gbps"] == {"1": 0.405, "3": 1.25} and s["median_read_gbps"] == {"1": 0.4, "3": 1.2}
     assert s["write_gbps_ratio_to_one_member"] == {"1": 1.0, "3": 3.086}
     assert s["read_gbps_ratio_to_one_member"] == {"1": 1.0, "3": 3.0}
+
+
+def test_the_time_page_takes_a_striped_runs_ssd_share_at_its_members_summed_limits():
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import results_ssd
+
+    limit = {"read_bytes_per_s": 400e6, "write_bytes_per_s": 400e6}
+    run = {"devices": ["/dev/loop0", "/dev/loop1"], "seconds_per_step": 5.0, "ssd_read_bytes_per_step": 3.2e9,
+           "ssd_write_bytes_per_step": 1.6e9,  # the swap disk's limit (vda) is not the region's
+           "ssd_throttle": [{"device": d, **limit} for d in ("vda", "loop0", "loop1")]}
+    assert results_ssd.striped_ssd_share(run) == 0.8  # reads: 3.2 GB at 0.8 GB/s, 4 s of the 5
+    assert results_ssd.striped_ssd_share({**run, "seconds_per_step": None}) is None
