@@ -45,8 +45,8 @@ def render_placements(doc: dict, gpu: bool) -> None:
                   *([f"{r['gpu_peak_bytes'] / GiB:,.1f}"] if gpu else []), _n(ssd), step, tok,
                   r["binding"].replace("GPU memory", "GPU mem"))  # 80 columns
     out.print(t)
-    notes = [f"{r['placement']}/{r['engine']}: {r['note']}" for r in doc["rows"] if not r["applicable"] and r["note"]
-             and r["placement"] != "gpu"]
+    # Why a row is missing, or what a priced one runs with (stock's split without prefetch).
+    notes = [f"{r['placement']}/{r['engine']}: {r['note']}" for r in doc["rows"] if r["note"] and r["placement"] != "gpu"]
     out.print(f"[dim]headroom kept: {doc['headroom_bytes'] / GiB:,.1f} GiB of DRAM beside each placement's peak "
               f"(all-SSD rows: none); memascend's DRAM tier budget {doc['dram_budget_bytes'] / GiB:,.1f} GiB"
               + "".join(f"; {escape(n)}" for n in notes) + "[/dim]", highlight=False)

@@ -5,7 +5,8 @@ The placements (PLACEMENTS):
   * ``gpu``   - ZeRO-3 with no offload: parameters, gradients, fp32 master and Adam moments on the GPU (a GPU box);
   * ``dram``  - ZeRO-Offload (offload_optimizer device cpu; offload_param device cpu when the GPU cannot hold the
                 parameters): no SSD traffic. memascend: its DRAM tier holding everything;
-  * ``split`` - stock: offload_param nvme with the largest max_in_cpu the DRAM holds; memascend: its DRAM tier holds the
+  * ``split`` - stock: offload_param nvme with the largest max_in_cpu the DRAM holds (without prefetch where parameters
+                stay on NVMe: SPLIT_PREFETCH_BUG); memascend: its DRAM tier holds the
                 training-dtype parameter partitions first, then whole optimizer sub-groups, then the gradients, the
                 rest on the region (EngineOptions.dram_tier_gib);
   * ``ssd``   - everything on the SSD: tuned stock (stock given memascend's knobs) and memascend.
@@ -80,6 +81,8 @@ class Priced:
     """(offload_param, offload_optimizer) device the row runs with: none (no section), cpu or nvme."""
     max_in_cpu: int | None = None
     """offload_param.max_in_cpu of stock's split row; None: the engine's own knob."""
+    prefetch_bucket_size: int | None = None
+    """stage3_prefetch_bucket_size of stock's split row (0: no prefetch, SPLIT_PREFETCH_BUG); None: the engine's."""
     checkpoint_offload: str | None = None
     """Where memascend's engine keeps the offloaded activation checkpoints in this row (EngineOptions.
     checkpoint_offload): dram in its dram row, so that no byte reaches the SSD; None: the job's own."""
@@ -335,9 +338,30 @@ def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_
     return rows
 
 
+SPLIT_PREFETCH_BUG = (
+    "DeepSpeed's NVMe prefetch can queue one parameter twice and then fails on its second swap buffer "
+    "(runtime/zero/partitioned_param_coordinator.py:678-690, runtime/swap_tensor/partitioned_param_swapper.py:185-186; "
+    "a partial max_in_cpu's stock run failed so at step 2)")
+"""Why stock's split runs without prefetch. With offload_param nvme and a partial max_in_cpu the parameters kept in
+DRAM are not 'on nvme' (partitioned_param_coordinator.py:444-463), so the prefetch gathers them freely, and the NVMe
+look-ahead (up to twice the elements in flight and the free swap buffers, lines 682-684) reaches the NVMe-resident
+tail of the model with every buffer free. It appends each use whose partition is still NOT_AVAILABLE without
+skipping one it took (line 685-686); the LM head's forward and backward uses are next to each other in the trace, so
+swap_in gets it twice ('param 38 already assigned swap buffer id 4': bench-llama-136m at 4 layers under a 2.75 GiB
+cap, docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/). The look-ahead runs only with
+stage3_prefetch_bucket_size > 0 (lines 452, 487-488); a fetch swaps in the set of one module's parameters (line 364,
+partition_parameters.py:1707-1718), each once. Reproduced on tiny-llama (docs/bench/micro/stock-split-nvme-prefetch-
+tiny-llama.json, benchmarks/stock_split_prefetch.py): the LM head alone on NVMe fails at step 2 with prefetch and trains
+without it, with the same losses; with the last layer on NVMe too (more distinct partitions ahead than swap buffers)
+it trains either way. Read in DeepSpeed 0.19.8; no release is known to skip a parameter already taken."""
+
+
 def stock_split(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headroom_hw: HardwareSpec) -> Priced:
     """Tuned stock with offload_param nvme and the largest max_in_cpu whose peak leaves the headroom (whole leading
-    sub-groups: ssd.params_in_dram), parameters kept in DRAM (host P3) and never fetched from the SSD."""
+    sub-groups: ssd.params_in_dram), parameters kept in DRAM (host P3) and never fetched from the SSD. Where some
+    parameters stay on NVMe the row runs without prefetch (stage3_prefetch_bucket_size 0: SPLIT_PREFETCH_BUG), each
+    fetch waiting for its read: priced so on the CPU accelerator (_price_time); a GPU node's time model overlaps the
+    fetches with compute, so there that row is not offered."""
     c = Context(job, hw, "tuned")
     row = Priced("split", "stock", "nvme + max_in_cpu", True)
     spare = (int(headroom_hw.usable_dram_gib * GiB) - tuned.node_host_peak_bytes) // max(1, tuned.ranks_per_node)
@@ -346,9 +370,19 @@ def stock_split(job: JobSpec, hw: HardwareSpec, tuned: Estimate, headroom_hw: Ha
         if target <= 0:
             row.note = "no DRAM left for max_in_cpu beyond the all-SSD placement's peak and the headroom"
             return row
-        est = estimate(replace(job, knobs=replace(c.k, max_in_cpu=target)), hw, "stock")
+        partial = target < c.ns
+        if partial and hw.num_gpus:
+            row.note = f"not offered: {SPLIT_PREFETCH_BUG}; without prefetch each fetch waits for its read, which " \
+                       "the GPU time model does not price"
+            return row
+        knobs = replace(c.k, max_in_cpu=target, **({"prefetch_bucket_size": 0} if partial else {}))
+        est = estimate(replace(job, knobs=knobs), hw, "stock")
         if check(est, headroom_hw).fits:
-            row.est, row.config, row.max_in_cpu = est, f"nvme + max_in_cpu {target:,}", target
+            row.est, row.max_in_cpu = est, target
+            row.config = f"nvme + max_in_cpu {target:,}" + (", no prefetch" if partial else "")
+            if partial:
+                row.prefetch_bucket_size = 0
+                row.note = f"stage3_prefetch_bucket_size 0: {SPLIT_PREFETCH_BUG}"
             return row
         target = params_in_dram(c.part.sub_group_numels, int(target * 0.9))
     row.note = "no max_in_cpu found whose peak leaves the headroom"
@@ -383,8 +417,9 @@ def _price_time(row: Priced, job: JobSpec, hw: HardwareSpec, device: tm.Device, 
     if row.placement == "gpu":
         row.time = _gpu_step(job, hw, row.est, device)
         return
-    # Stock's rows run stock's code with tuned's knobs; memascend's its bounded engine.
-    key = "memascend" if row.engine == "memascend" else "tuned"
+    # Stock's rows run stock's code with tuned's knobs; memascend's its bounded engine. Without prefetch (stock's
+    # split, SPLIT_PREFETCH_BUG) each fetch blocks its module: stock's serial forward / backward (time.step_time).
+    key = "memascend" if row.engine == "memascend" else "stock" if row.prefetch_bucket_size == 0 else "tuned"
     row.time = tm.engine_times(job, {key: row.est}, device, read_gbps=read_gbps, write_gbps=write_gbps,
                                cpu_cores=hw.cpu_cores, duplex_io=duplex_io)[key]
 

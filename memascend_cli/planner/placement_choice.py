@@ -72,15 +72,21 @@ class Choice:
         return sum(t.get(k, 0) for k in ("params_bytes", "optimizer_states_bytes", "gradients_bytes"))
 
     def settings(self, s: ZeroSettings) -> ZeroSettings:
-        """The engine's ZeRO settings with the placement's max_in_cpu (stock's split row), else unchanged."""
-        return s if self.row.max_in_cpu is None else replace(s, max_in_cpu=int(self.row.max_in_cpu))
+        """The engine's ZeRO settings with the placement's max_in_cpu and prefetch (stock's split row), else
+        unchanged."""
+        if self.row.max_in_cpu is not None:
+            s = replace(s, max_in_cpu=int(self.row.max_in_cpu))
+        if self.row.prefetch_bucket_size is not None:
+            s = replace(s, prefetch_bucket_size=int(self.row.prefetch_bucket_size))
+        return s
 
     def to_dict(self) -> dict:
         r = self.row
         t = r.time
         return {"placement": r.placement, "engine": self.engine, "row_engine": r.engine, "config": r.config,
                 "asked": self.asked, "why": self.why, "offload_param": r.devices[0], "offload_optimizer": r.devices[1],
-                "max_in_cpu": r.max_in_cpu, "dram_tier_bytes": self.dram_tier_bytes,
+                "max_in_cpu": r.max_in_cpu, "prefetch_bucket_size": r.prefetch_bucket_size,
+                "dram_tier_bytes": self.dram_tier_bytes,
                 "checkpoint_offload": r.checkpoint_offload,
                 "dram_tier_gib": round(self.dram_tier_bytes / GiB, 3), "planned_host_peak_bytes":
                 r.est.node_host_peak_bytes if r.est else None, "planned_ssd_bytes_per_step": r.ssd_bytes,

@@ -77,6 +77,20 @@ def test_a_runs_config_and_prediction_come_from_its_placement_row():
             mine.row.est.node_host_peak_bytes
 
 
+def test_a_tuned_config_without_prefetch_is_planned_with_blocking_fetches():
+    """Stock's split runs with stage3_prefetch_bucket_size 0 (planner.placement.SPLIT_PREFETCH_BUG): a recorded run
+    of such a config is re-planned as its row priced it, each fetch blocking its module (stock's serial forward +
+    backward), not with tuned's overlap of reads and compute."""
+    p = point()
+    cfg = build_ds_config("tuned", p.spec, micro_batch=1, dtype="bf16", nvme_dir="/ssd", ranks=1)
+    overlapped = p.predict("tuned", cfg)["time"]
+    cfg["zero_optimization"]["stage3_prefetch_bucket_size"] = 0
+    blocking = p.predict("tuned", cfg)["time"]
+    fb = tm.PHASE_FORWARD_BACKWARD
+    assert blocking["phase_seconds"][fb] > overlapped["phase_seconds"][fb]
+    assert blocking["overlap"].startswith("forward/backward: compute + SSD")
+
+
 def test_a_recorded_placement_is_replanned_where_the_run_kept_its_bytes():
     """configs.placed_estimate (what repredict gives a bench --placement run): from the run's config and its recorded
     placement, the estimate the bench priced that placement with (its SSD bytes, DRAM-resident bytes and host peak),

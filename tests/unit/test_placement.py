@@ -9,6 +9,7 @@ import pytest
 from memascend_cli.hardware import resolve_hardware
 from memascend_cli.models import load_model
 from memascend_cli.planner import placement as pl
+from memascend_cli.planner import placement_choice as pc
 from memascend_cli.planner import time as tm
 from memascend_cli.planner import zero
 from memascend_cli.planner.context import Context
@@ -187,3 +188,44 @@ def test_memascends_dram_row_keeps_the_offloaded_checkpoints_in_dram():
     assert ssd.checkpoint_offload is None and ssd.est.traffic.write_bytes.get("activation_checkpoints", 0) > 0
     assert priced("qwen2.5-0.5b", "cpu-24g", gflops=100.0, checkpointing="full").row(
         "dram", "memascend").checkpoint_offload is None
+
+
+def half_the_parameters_in_dram(model: str, profile: str = "cpu-24g"):
+    """`profile` under a DRAM cap where stock's split keeps about half of `model`'s parameter partitions in DRAM:
+    tuned's all-SSD peak and half the partitions' bytes, with the placement headroom on top."""
+    base, j = resolve_hardware(profile, None), job(model)
+    c = Context(j, base, "tuned")
+    need = estimate(j, base, "tuned").node_host_peak_bytes + c.ns * c.E // 2
+    return base.under_dram_cap(max(int(need / (1 - pl.HEADROOM_FRACTION)), need + pl.HEADROOM_MIN_BYTES))
+
+
+def test_stock_split_runs_without_prefetch_where_parameters_stay_on_nvme():
+    """DeepSpeed's NVMe look-ahead queues a parameter twice with a partial max_in_cpu (SPLIT_PREFETCH_BUG): stock's
+    split runs with stage3_prefetch_bucket_size 0, in its estimate and in the config a run writes, its fetches priced
+    as blocking their modules (forward + backward = compute + SSD + host copies, not tuned's overlap), and the plan
+    says why."""
+    hw, j, dev = half_the_parameters_in_dram("qwen2.5-0.5b"), job("qwen2.5-0.5b"), tm.cpu_device(100.0, "test")
+    row = pl.price_placements(j, hw, estimate_all(j, hw), dev, read_gbps=0.4, write_gbps=0.4).row("split", "stock")
+    assert row.fits and 0 < row.max_in_cpu < Context(j, hw, "tuned").ns
+    assert row.prefetch_bucket_size == 0 and row.config.endswith("no prefetch")
+    assert "partitioned_param_swapper.py:185-186" in row.note and "stage3_prefetch_bucket_size 0" in row.note
+    times = tm.engine_times(j, {"stock": row.est, "tuned": row.est}, dev, read_gbps=0.4, write_gbps=0.4,
+                            cpu_cores=hw.cpu_cores)
+    fb = tm.PHASE_FORWARD_BACKWARD
+    assert row.time.phase_s[fb] == times["stock"].phase_s[fb] > times["tuned"].phase_s[fb]
+    choice = pc.Choice("tuned", row, True, "test")
+    s = choice.settings(zero.resolve("tuned", model=load_model("qwen2.5-0.5b"), world_size=1, elem_bytes=2))
+    z = zero.zero_section(s, "/ssd", param_device="nvme", optimizer_device="nvme")
+    assert z["stage3_prefetch_bucket_size"] == 0 and z["offload_param"]["max_in_cpu"] == row.max_in_cpu
+    assert choice.to_dict()["prefetch_bucket_size"] == 0
+
+
+def test_stock_split_keeps_prefetch_when_dram_holds_every_parameter_and_is_not_offered_on_a_gpu():
+    """Nothing on NVMe: no look-ahead over NVMe partitions, prefetch stays. On a GPU node a partial split would run
+    without prefetch, which the GPU time model (fetches overlapped with compute) cannot price: not offered, and why."""
+    row = priced("qwen2.5-0.5b", "cpu-24g", gflops=100.0).row("split", "stock")
+    assert row.fits and row.max_in_cpu == Context(job("qwen2.5-0.5b"), resolve_hardware("cpu-24g", None), "tuned").ns
+    assert row.prefetch_bucket_size is None and "prefetch" not in row.config and not row.note
+    capped = half_the_parameters_in_dram("qwen2.5-72b", "h100-80g-512g")
+    gpu = priced("qwen2.5-72b", "h100-80g-512g", hw=capped).row("split", "stock")
+    assert gpu.est is None and gpu.note.startswith("not offered") and "partitioned_param_swapper.py:185" in gpu.note
