@@ -48,13 +48,10 @@ def bench_args(a, out: str, title: str) -> list[str]:
 
 
 def ssd_share(run: dict, throttle: dict) -> float | None:
-    """The fraction of a run's step its SSD's busier direction needs at the throttle: max(read bytes / read limit,
-    written bytes / write limit) over the measured s/step. Pure."""
-    if not run.get("ok") or not run.get("seconds_per_step") or run.get("ssd_read_bytes_per_step") is None:
-        return None
-    busy = max(run["ssd_read_bytes_per_step"] / throttle["read_bytes_per_s"],
-               run["ssd_write_bytes_per_step"] / throttle["write_bytes_per_s"])
-    return busy / run["seconds_per_step"]
+    """The SSD share of a finished run's step at the throttle (bench.document.ssd_share). Pure."""
+    from memascend_cli.bench.document import ssd_share as share
+
+    return share(run, throttle["read_bytes_per_s"], throttle["write_bytes_per_s"]) if run.get("ok") else None
 
 
 def round_runs(doc: dict) -> dict[str, dict]:

@@ -76,9 +76,9 @@ def _others(records: list[tuple[str, dict]], command: str) -> list[str]:
 
 def _at_sitting(name: str, p: dict, records: dict[float, dict]) -> str:
     """The plan at the point's sitting probe (placements.plan_at_sitting) and its error, from the point's record."""
-    runs = {r["name"]: r for r in (records.get(p["cap_gib"]) or {}).get("runs", [])}
-    run = runs.get(name) or runs.get("tuned" if name == "stock-best" else name)  # stock's best: tuned's (same_as)
     point = records.get(p["cap_gib"])
+    runs = {r["name"]: r for r in (point or {}).get("runs", [])}
+    run = runs.get(name) or runs.get("tuned" if name == "stock-best" else name)  # stock's best: tuned's (same_as)
     planned = plan_at_sitting(point, run) if run is not None and p.get("ok") else None
     return "-" if planned is None else f"{planned:.2f} ({_err(p['seconds_per_step'], planned)})"
 

@@ -1,7 +1,7 @@
 """The results' SSD sections (docs/results/time.md): all-SSD tokens/s against tuned stock in interleaved rounds at one
 throttled SSD (docs/bench/ssd-bound-rounds/), several SSDs as one striped region (docs/bench/striped/: the training job
 and the I/O path alone on 1, 2 and 3 throttled members) and the DRAM tier's SSD bytes per step against its budget
-(docs/bench/dram-tier/). Stdlib only (scripts/results.py imports it)."""
+(docs/bench/dram-tier/). Torch-free (scripts/results.py imports it)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import statistics
 
 from results_common import REPO, table
 from results_time import cores_taken
+
+from memascend_cli.bench.document import ssd_share
 
 
 def _load(r: list[float]) -> str:
@@ -75,11 +77,9 @@ def striped_ssd_share(run: dict) -> float | None:
     throttle on each member device; the swap disk's own limit is not the region's) over the measured s/step. Pure."""
     members = {os.path.basename(dev) for dev in run.get("devices") or []}
     limits = [t for t in run.get("ssd_throttle") or [] if t["device"] in members]
-    if not run.get("seconds_per_step") or not limits or run.get("ssd_read_bytes_per_step") is None:
+    if not limits:
         return None
-    busy = max(run["ssd_read_bytes_per_step"] / sum(t["read_bytes_per_s"] for t in limits),
-               run["ssd_write_bytes_per_step"] / sum(t["write_bytes_per_s"] for t in limits))
-    return busy / run["seconds_per_step"]
+    return ssd_share(run, sum(t["read_bytes_per_s"] for t in limits), sum(t["write_bytes_per_s"] for t in limits))
 
 
 def _per_count(d: dict, value) -> str:

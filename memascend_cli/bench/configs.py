@@ -133,12 +133,10 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
     if timing is not None and est.traffic is not None:
         from memascend_cli.planner import time as tm
 
-        # Stock code without prefetch (stock's split, planner.placement.SPLIT_PREFETCH_BUG): each fetch blocks its
-        # module, stock's serial forward / backward.
-        key = "stock" if mode == "tuned" and job.knobs.prefetch_bucket_size == 0 else mode
+        key = tm.timed_as(mode, job.knobs.prefetch_bucket_size)
         t = tm.engine_times(job, {key: est}, timing["device"], read_gbps=timing["read_gbps"],
                             write_gbps=timing["write_gbps"], cpu_cores=hw.cpu_cores,
-                            duplex_io=timing.get("duplex_io", False))[tm.ENGINE_NAMES.get(key, key)]
+                            duplex_io=timing.get("duplex_io", False))[key]
         step = {**t.to_dict(), "read_gbps": timing["read_gbps"], "write_gbps": timing["write_gbps"],
                 "device": timing["device"].name, "gflops": None if timing["device"].flops_per_s is None
                 else round(timing["device"].flops_per_s / 1e9, 1), "device_source": timing["device"].source}

@@ -229,6 +229,15 @@ def ssd_minimum(run: dict) -> tuple[float, float] | None:
     return t["minimum_read_bytes_per_param"], t["minimum_write_bytes_per_param"]
 
 
+def ssd_share(run: dict, read_bytes_per_s: float, write_bytes_per_s: float) -> float | None:
+    """The fraction of a recorded run's step its SSD's busier direction needs at these limits: max(read bytes / read
+    limit, written bytes / write limit) over the measured s/step; None without a step time or block I/O. Pure."""
+    if not run.get("seconds_per_step") or run.get("ssd_read_bytes_per_step") is None:
+        return None
+    busy = max(run["ssd_read_bytes_per_step"] / read_bytes_per_s, run["ssd_write_bytes_per_step"] / write_bytes_per_s)
+    return busy / run["seconds_per_step"]
+
+
 def ssd_line(run: dict) -> str | None:
     """The run's measured SSD bytes per parameter next to its placement's minimum, with the excess in %; None for a
     failed run or one recorded without either. Pure."""

@@ -417,9 +417,9 @@ def _price_time(row: Priced, job: JobSpec, hw: HardwareSpec, device: tm.Device, 
     if row.placement == "gpu":
         row.time = _gpu_step(job, hw, row.est, device)
         return
-    # Stock's rows run stock's code with tuned's knobs; memascend's its bounded engine. Without prefetch (stock's
-    # split, SPLIT_PREFETCH_BUG) each fetch blocks its module: stock's serial forward / backward (time.step_time).
-    key = "memascend" if row.engine == "memascend" else "stock" if row.prefetch_bucket_size == 0 else "tuned"
+    # Stock's rows run stock's code with tuned's knobs (without prefetch, stock's serial timing); memascend's its
+    # bounded engine.
+    key = "memascend" if row.engine == "memascend" else tm.timed_as("tuned", row.prefetch_bucket_size)
     row.time = tm.engine_times(job, {key: row.est}, device, read_gbps=read_gbps, write_gbps=write_gbps,
                                cpu_cores=hw.cpu_cores, duplex_io=duplex_io)[key]
 

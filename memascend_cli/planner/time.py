@@ -385,6 +385,13 @@ def parse_tokens(text: str) -> int:
 ENGINE_NAMES = {"baseline": "stock", "stock": "stock", "tuned": "tuned", "memascend": "memascend"}
 
 
+def timed_as(engine: str, prefetch_bucket_size: int | None) -> str:
+    """The engine whose step time a run of `engine` takes: stock's code without prefetch (stage3_prefetch_bucket_size
+    0, stock's split: planner.placement.SPLIT_PREFETCH_BUG) waits for each module's fetch, stock's serial forward and
+    backward (step_time), even with tuned's other knobs. Pure."""
+    return "stock" if engine == "tuned" and prefetch_bucket_size == 0 else engine
+
+
 def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, write_gbps: float | None,
                  cpu_cores: int, duplex_io: bool = False) -> dict[str, StepTime]:
     """Each engine's StepTime for `job`, from the memory model's estimates (`estimate_all`); `duplex_io`: the
