@@ -410,6 +410,7 @@ class Installed:
             if o.pinned:
                 pinning.patch_accelerator(self.patches, self.allocator)
             stage3.patch_stage3(self.patches, self.ctx, adaptive_pool=self.ctx.pool_plan_factory is not None)
+            stage3.cache_cpu_device_count(self.patches)
             patch_checkpoint_api(self.patches)
             import deepspeed
 
