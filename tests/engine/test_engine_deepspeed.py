@@ -119,6 +119,10 @@ def test_fp32_losses_equal_stock_exactly(tmp_path, stock):
 def test_bf16_losses_equal_stock(tmp_path, stock):
     r = run(tmp_path, "engine-bf16", "--mode", "engine", "--dtype", "bf16", "--region", make_region(tmp_path, "512MiB"))
     assert r["losses"] == stock["bf16"]["losses"]
+    # The per-parameter norms of bf16 gradients are taken on a worker thread (bounded_stage3._NormWorker): same bits.
+    assert r["grad_norms"] == stock["bf16"]["grad_norms"]
+    on_worker = r["stats"]["counters"]["norms_on_worker"]
+    assert on_worker > 0 and on_worker % STEPS == 0  # the same parameters every step
     _assert_went_through_region(r)
     # bf16 gradients go to the SSD in bf16: 2 B/param written and read per step.
     assert r["stats"]["bounded_io"]["gradient_write_bytes"] == STEPS * 6_294_016 * 2
