@@ -39,6 +39,26 @@ def region_members(region: str | None) -> list[str]:
     return [m.path for m in header.members[1:]] if header is not None else []
 
 
+def remove_regions(out_dir: str, *, keep: str | None) -> int:
+    """Delete the regions the bench made under OUT (each point's or capacity probe's bench.region: the size of the
+    job's states, GiBs each), keeping `keep` (a --region the user gave); says so. Returns the bytes freed. The records
+    (bench.json, timelines, plots) stay; a stock run's swap files are its own run's to remove (runner.run_one)."""
+    from memascend_cli.console import err
+    from memascend_cli.units import GiB
+
+    keep_path = os.path.realpath(keep) if keep else None
+    freed = 0
+    for folder, _, files in os.walk(out_dir):
+        path = os.path.join(folder, "bench.region")
+        if "bench.region" in files and os.path.realpath(path) != keep_path:
+            freed += os.stat(path).st_blocks * 512  # what the disk gets back: a region file may be sparse
+            os.unlink(path)
+    if freed:
+        err.print(f"removed the bench's region files under {out_dir} ({freed / GiB:.1f} GiB): pass --region to "
+                  "keep one between benches")
+    return freed
+
+
 def bench_hardware(*, dram_cap_bytes: int | None, region: str | None, accelerator: str):
     """(the node every run is planned on, the accelerator `auto` resolves to, the region's bandwidth probe samples or
     None): this machine, under the cap its cgroups make, with a given region's probed bandwidth."""

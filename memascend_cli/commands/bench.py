@@ -151,7 +151,7 @@ def bench_command(
     from memascend_cli.bench import runner, sweep
     from memascend_cli.bench.placements import SWEEP_RUNS
     from memascend_cli.bench.runs import parse_runs
-    from memascend_cli.console import err, print_json
+    from memascend_cli.console import print_json
     from memascend_cli.models import load_model
     from memascend_cli.versions import installed_deepspeed_version
 
@@ -188,26 +188,37 @@ def bench_command(
                             timing=sweep.timing(hw, dtype, cpu_gflops, ssd_bytes_per_s, probe_samples,
                                                 1 + len(sweep.region_members(region))), loss=loss,
                             grad_accum=grad_accum, gradient_clipping=gradient_clipping)
-    if capacity is not None:
-        from memascend_cli.bench import capacity_run
-
-        base = dataclasses.replace(template, layers=depths[0] if layers else None)
-        doc, all_ok = capacity_run.run_capacity(capacity, base, run_specs, cap_bytes=dram_cap_bytes, out_dir=out_dir,
-                                                nvme_dir=nvme_dir, nvme_info=nvme_info, engine_ok=engine_ok,
-                                                settle_cap_s=settle_cap, meta=meta,
-                                                probe_timeout_s=probe_timeout, resume=resume, repeat=repeat)
-        if not as_json:
-            capacity_run.render_table(doc)
-            err.print(f"wrote {out_dir}")
-    else:
-        doc, all_ok = _measure(template, caps, run_specs, [(L, s) for L in depths for s in seq_lens], bool(layers),
-                               placement, out_dir=out_dir, meta=meta, show_tables=not as_json, nvme_dir=nvme_dir,
-                               nvme_info=nvme_info, region=region, engine_ok=engine_ok, settle_cap_s=settle_cap,
-                               io_limits=io_limits, repeat=repeat, dram_cap_bytes=dram_cap_bytes)
+    try:
+        if capacity is not None:
+            doc, all_ok = _capacity(capacity, dataclasses.replace(template, layers=depths[0] if layers else None),
+                                    run_specs, as_json=as_json, cap_bytes=dram_cap_bytes, out_dir=out_dir,
+                                    nvme_dir=nvme_dir, nvme_info=nvme_info, engine_ok=engine_ok,
+                                    settle_cap_s=settle_cap, meta=meta, probe_timeout_s=probe_timeout, resume=resume,
+                                    repeat=repeat)
+        else:
+            doc, all_ok = _measure(template, caps, run_specs, [(L, s) for L in depths for s in seq_lens],
+                                   bool(layers), placement, out_dir=out_dir, meta=meta, show_tables=not as_json,
+                                   nvme_dir=nvme_dir, nvme_info=nvme_info, region=region, engine_ok=engine_ok,
+                                   settle_cap_s=settle_cap, io_limits=io_limits, repeat=repeat,
+                                   dram_cap_bytes=dram_cap_bytes)
+    finally:
+        sweep.remove_regions(out_dir, keep=region)  # GiBs each: the records stay, a given --region too
     if as_json:
         print_json(doc)
     if not all_ok:
         raise typer.Exit(EXIT_FAIL)
+
+
+def _capacity(axis: str, base, run_specs, *, as_json: bool, out_dir: str, **kw) -> tuple[dict, bool]:
+    """The --capacity search (bench.capacity_run) and, unless --json, its table."""
+    from memascend_cli.bench import capacity_run
+    from memascend_cli.console import err
+
+    doc, all_ok = capacity_run.run_capacity(axis, base, run_specs, out_dir=out_dir, **kw)
+    if not as_json:
+        capacity_run.render_table(doc)
+        err.print(f"wrote {out_dir}")
+    return doc, all_ok
 
 
 def _check_modes(capacity: str | None, *, ranks: int, dram_cap, layers, seq_len, micro_batch, region, ssd_bandwidth,

@@ -536,3 +536,21 @@ def test_a_region_the_bench_creates_is_probed_for_the_time_model(tmp_path):
     throttled = {**unknown, "read_gbps": 0.4, "write_gbps": 0.4, "source": "--ssd-bandwidth", "duplex_io": True}
     assert runner.with_region_rates(throttled, probed) is throttled
     assert runner.with_region_rates(unknown, plain) is unknown
+
+
+def test_the_bench_removes_the_regions_it_made_and_keeps_records_and_a_given_region(tmp_path, capsys):
+    from memascend_cli.bench import sweep
+
+    out = tmp_path / "out"
+    made = [out / "bench.region", out / "cap-2GiB" / "bench.region", out / "probe-1" / "bench.region"]
+    given = out / "cap-4GiB" / "bench.region"  # a --region that happens to sit under OUT
+    for path in (*made, given):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\0" * 8192)
+        (path.parent / "bench.json").write_text("{}")
+    freed = sweep.remove_regions(str(out), keep=str(given))
+    assert [p.exists() for p in made] == [False] * 3 and given.exists()
+    assert freed >= 3 * 8192 and all((p.parent / "bench.json").exists() for p in (*made, given))
+    assert "removed the bench's region files" in capsys.readouterr().err
+    assert sweep.remove_regions(str(out), keep=None) >= 8192 and not given.exists()
+    assert sweep.remove_regions(str(out), keep=None) == 0 and capsys.readouterr().err.count("removed") == 1

@@ -88,6 +88,7 @@ def test_tiny_bench_from_an_installed_wheel(tmp_path):
     assert {t["run"] for t in document.read_timelines(str(out / "bench.json")) if t["points"]} == {
         "stock", "tuned", "memascend"}
     assert not (out / "swap").exists() or not any((out / "swap").iterdir())
+    assert not list(out.glob("**/bench.region"))  # the bench removed the region it made
 
 
 @pytest.mark.slow
