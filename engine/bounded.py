@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass
 
 import torch
+from memascend_engine import dram_tier
 
 from memascend_cli.planner import zero
 
@@ -134,6 +135,13 @@ class GradientStream:
         """Queue the bytes of `grad` (any device) to `key`; returns once they are staged (the writes run on)."""
         src = _bytes_view(grad.detach().contiguous())
         nbytes = src.numel()
+        held = dram_tier.in_dram(self.store, key, 0, nbytes, torch.uint8, write=True)
+        if held is not None:  # kept in DRAM: one copy into its key (no staging slot), the write counted in place
+            held.copy_(src)
+            self.store.complete(self.store.submit("w", held.data_ptr(), nbytes, key, 0))
+            self.written[key] = nbytes
+            self.counters.gradient_write_bytes += nbytes
+            return
         step = self.ring.nbytes
         if nbytes > step:
             # A gradient larger than one slot goes out in several writes: size the key's extent for all of them

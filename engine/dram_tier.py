@@ -12,6 +12,11 @@ the rule is memascend_cli.planner.dram_tier (parameter partitions, then whole op
 same the planner prices. Keys of held units written before (zero.Init's parameter partitions) move into DRAM then.
 The tier is static (a fixed set, no eviction), so the order the optimizer walks its chunks moves no SSD byte.
 
+Held bytes are also computed on where they are (:func:`in_dram`): the optimizer pipeline steps a held chunk's moments
+(and a single-piece chunk's master, its fp32 parameter partition) in place and the gradient stream copies a gradient
+straight into its key, each then submitting the read or write it would have made at the tier's own address, which
+the store counts and does not copy. Other copies run on every core (torch's copy; ctypes.memmove is one thread).
+
 A tier that cannot get its memory falls back to the region with one warning: when the process has less room than
 the tier plus the placement headroom (its cgroup's limit lowered, MemAvailable short), nothing is held; when mlock
 refuses a buffer (RLIMIT_MEMLOCK), that buffer is dropped and nothing more is admitted.
@@ -30,6 +35,8 @@ from memascend_cli.planner import dram_tier as rule
 
 log = logging.getLogger("memascend_engine")
 _MEMMOVE = ctypes.memmove
+_THREADED_COPY_BYTES = 1 << 20
+"""From this size a copy runs as torch's (on every core: ~2x ctypes.memmove's one thread on this 2-core VM)."""
 STATE_NAMES = ("fp32", "exp_avg", "exp_avg_sq", "lo")
 """The optimizer pipeline's state keys of a chunk (OptimizerPipeline.state_key; "lo": a bf16 master's residual,
 optimizer_pipeline.RESIDUAL)."""
@@ -48,6 +55,9 @@ class TierStats:
     keys: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    in_place_bytes: int = 0
+    """Of bytes_read + bytes_written, those submitted at the tier's own address (computed where they live, in_dram):
+    counted, not copied."""
     promoted_bytes: int = 0
     """Bytes moved from the region into the tier when it was assigned (written there before)."""
     params_held: int = 0
@@ -65,11 +75,33 @@ class TierStats:
 class _Resident:
     """One held key: its buffer and how many bytes of it are content."""
 
-    __slots__ = ("buf", "length")
+    __slots__ = ("buf", "length", "_bytes")
 
     def __init__(self, nbytes: int, lock: bool):
         self.buf = native.AlignedBuffer(max(1, nbytes), lock=lock, zero=True, huge_pages=False)
         self.length = 0
+        self._bytes = None
+
+    def tensor(self, offset: int, numel: int, dtype):
+        """`numel` elements of `dtype` of the buffer from byte `offset` (no copy)."""
+        if self._bytes is None:
+            import torch
+
+            self._bytes = native.as_tensor(self.buf, torch.uint8)
+        return self._bytes.narrow(0, offset, numel * dtype.itemsize).view(dtype)
+
+
+def _copy(dst: int, src: int, nbytes: int) -> None:
+    """Copy `nbytes` between distinct host addresses."""
+    if nbytes < _THREADED_COPY_BYTES:
+        _MEMMOVE(dst, src, nbytes)
+        return
+    import torch
+
+    def at(address):
+        return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8)
+
+    at(dst).copy_(at(src))
 
 
 class TieredStore(RegionStore):
@@ -129,7 +161,7 @@ class TieredStore(RegionStore):
         if end <= res.buf.nbytes:
             return res
         bigger = _Resident(end, self._lock)
-        _MEMMOVE(bigger.buf.address, res.buf.address, res.length)
+        _copy(bigger.buf.address, res.buf.address, res.length)
         bigger.length = res.length
         self._dram[key] = bigger
         self.tier.resident_bytes += bigger.buf.nbytes - res.buf.nbytes
@@ -147,21 +179,37 @@ class TieredStore(RegionStore):
     def is_resident(self, key: str) -> bool:
         return self.key(key) in self._dram
 
+    def tensor(self, key: str, file_offset: int, numel: int, dtype, *, write: bool = False):
+        """`numel` elements of `dtype` of held `key` from byte `file_offset`, in the tier's buffer (no copy): where a
+        read of those bytes comes from, or (`write`) where a write of them goes (the key admitted or grown as that
+        write would). None where the key is on the region, or a read's bytes were never written."""
+        key = self.key(key)
+        end = file_offset + numel * dtype.itemsize
+        res = self._resident(key, end) if write else self._dram.get(key)
+        if res is None or (not write and end > res.length):
+            return None
+        return res.tensor(file_offset, numel, dtype)
+
     # -- RegionStore, for held keys ------------------------------------------------------------
     def submit(self, op: str, address: int, nbytes: int, key: str, file_offset: int) -> _Pending:
         end = file_offset + nbytes
         res = self._resident(key, end) if op == "w" else self._dram.get(key)
         if res is None:
             return super().submit(op, address, nbytes, key, file_offset)
+        held = res.buf.address + file_offset
+        if op == "r" and end > res.length:
+            raise RegionDataError(f"read of {nbytes} B at key offset {file_offset} from DRAM-tier key {key}, "
+                                  f"which holds {res.length} B", key=key)
+        if address == held:  # the caller computed on the held bytes (in_dram): nothing to copy
+            self.tier.in_place_bytes += nbytes
+        elif op == "w":
+            _copy(held, address, nbytes)
+        else:
+            _copy(address, held, nbytes)
         if op == "w":
-            _MEMMOVE(res.buf.address + file_offset, address, nbytes)
             res.length = max(res.length, end)
             self.tier.bytes_written += nbytes
         else:
-            if end > res.length:
-                raise RegionDataError(f"read of {nbytes} B at key offset {file_offset} from DRAM-tier key {key}, "
-                                      f"which holds {res.length} B", key=key)
-            _MEMMOVE(address, res.buf.address + file_offset, nbytes)
             self.tier.bytes_read += nbytes
         return _Pending(request_ids=[], op=op, key=key)
 
@@ -211,6 +259,11 @@ class TieredStore(RegionStore):
         d = super().snapshot()
         d["dram_tier"] = dict(vars(self.tier))
         return d
+
+
+def in_dram(store, key: str, file_offset: int, numel: int, dtype, *, write: bool = False):
+    """TieredStore.tensor of `store`'s held `key`; None for a store without a tier or a key it does not hold."""
+    return store.tensor(key, file_offset, numel, dtype, write=write) if isinstance(store, TieredStore) else None
 
 
 def _units(pipeline, targets, *, overlap: bool):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from memascend_engine import native
 from memascend_engine.bounded import IOCounters
+from memascend_engine.dram_tier import in_dram
 
 from memascend_cli.planner import zero
 
@@ -76,6 +77,13 @@ class Slot:
     join: tuple[int, int, int] | None = None
     """(chunk, generation, elements) whose bf16 parameters and residual were read, to join into the master once they
     land (OptimizerPipeline.split)."""
+    direct: set = field(default_factory=set)
+    """Chunk offsets of gradient pieces read from the DRAM tier straight into `grad` (none to widen from staging)."""
+    home: tuple = field(init=False, default=())
+    """The slot's own (master, exp_avg, exp_avg_sq): OptimizerPipeline._bind points those at a held chunk's bytes."""
+
+    def __post_init__(self):
+        self.home = (self.master, self.exp_avg, self.exp_avg_sq)
 
 
 class OptimizerPipeline:
@@ -215,6 +223,7 @@ class OptimizerPipeline:
             slot.exp_avg.narrow(0, 0, n).zero_()
             slot.exp_avg_sq.narrow(0, 0, n).zero_()
         slot.placements = self._place(chunk)
+        slot.direct = set()
         if with_grads:
             gb = self.grad_bytes
             for p, off in slot.placements:
@@ -222,7 +231,12 @@ class OptimizerPipeline:
                 if key not in self.grad_written:
                     slot.grad.narrow(0, p.chunk_offset, p.numel).zero_()
                     continue
-                if off is None:
+                if self.grad_bytes == 4 and in_dram(self.store, key, p.param_offset * gb, p.numel, torch.float32) \
+                        is not None:  # held in DRAM: one copy, into the fp32 gradient (no staging to widen from)
+                    dst = slot.grad.narrow(0, p.chunk_offset, p.numel)
+                    slot.pending.append(self.store.submit("r", dst.data_ptr(), p.numel * gb, key, p.param_offset * gb))
+                    slot.direct.add(p.chunk_offset)
+                elif off is None:
                     # Rare (many tiny pieces in one chunk): read through the store's bounce into the grad buffer.
                     tmp = torch.empty(p.numel, dtype=self.grad_dtype)
                     self.store.complete(self.store.submit("r", tmp.data_ptr(), p.numel * gb, key, p.param_offset * gb))
@@ -408,7 +422,12 @@ class OptimizerPipeline:
                 self.shadowed.add(key)
                 key = shadow_key(key)
             nbytes = p.numel * pb
-            if off is None:
+            dst = in_dram(self.store, key, p.param_offset * pb, p.numel, self.param_dtype, write=True)
+            if dst is not None:  # held in DRAM: one copy (none where the master is this partition, _bind)
+                if dst.data_ptr() != src.data_ptr():
+                    dst.copy_(src)
+                slot.pending.append(self.store.submit("w", dst.data_ptr(), nbytes, key, p.param_offset * pb))
+            elif off is None:
                 tmp = src.to(self.param_dtype)
                 self.store.complete(self.store.submit("w", tmp.data_ptr(), nbytes, key, p.param_offset * pb))
             else:
@@ -486,6 +505,7 @@ class OptimizerPipeline:
             ci = order[pos]
             slot = self.slots[pos % depth]
             self._complete(slot)  # the write-back of the chunk that used this slot before
+            self._bind(slot, ci if writes == "all" else None)
             self._submit_reads(ci, slot, with_grads=with_grads, moments=writes == "all")
             inflight_reads[ci] = slot
 
@@ -514,13 +534,37 @@ class OptimizerPipeline:
                     self._complete(s)
                 except Exception as exc:  # noqa: BLE001 - drain every slot, raise the first failure
                     first = first or exc
+                self._bind(s, None)  # every other user of a slot (overlap, checkpoints) fills its own buffers
             if first is not None:
                 raise first
+
+    def _bind(self, slot: Slot, ci: int | None) -> None:
+        """The slot's master and moments: its own buffers, or (`ci`: chunk ci stepped into its current generation,
+        run()) chunk ci's bytes held in the DRAM tier (dram_tier.in_dram), so that Adam steps them where they live and
+        the store copies nothing for their read and write-back (each submitted at the tier's own address): fp32
+        moments, and the master of a one-piece chunk whose fp32 parameter partition holds it (params_hold_master). A
+        speculation (engine/overlap.py) keeps the old states for a redo, so it steps on its slots' own buffers."""
+        slot.master, slot.exp_avg, slot.exp_avg_sq = slot.home
+        if ci is None:
+            return
+        chunk = self.chunks[ci]
+        if self.moment_bytes == 4:
+            moments = [in_dram(self.store, self.state_key(ci, name), 0, chunk.numel, torch.float32, write=True)
+                       for name in ("exp_avg", "exp_avg_sq")]
+            if all(m is not None for m in moments):
+                slot.exp_avg, slot.exp_avg_sq = moments
+        if ci in self.master_in_params and not self.split and len(chunk.pieces) == 1 and not self.read_from:
+            p = chunk.pieces[0]
+            key = self.targets[chunk.sub_group][p.param]().key
+            master = None if key is None else in_dram(self.store, key, p.param_offset * 4, p.numel, torch.float32)
+            if master is not None:
+                slot.master = master
 
     def _widen_grads(self, ci: int, slot: Slot) -> None:
         """16-bit gradient pieces -> the fp32 gradient of the chunk (exact: every 16-bit value is an fp32 value)."""
         for p, off in slot.placements:
-            if off is not None and self.grad_keys[self.chunks[ci].sub_group][p.param] in self.grad_written:
+            if off is not None and p.chunk_offset not in slot.direct and \
+                    self.grad_keys[self.chunks[ci].sub_group][p.param] in self.grad_written:
                 slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(self._piece_view(slot, off, p.numel,
                                                                                      self.grad_dtype))
 

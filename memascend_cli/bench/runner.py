@@ -546,12 +546,15 @@ def _tier_gib(run: RunSpec, choice, dram_tier: bool) -> float | None:
 
 def _placement_args(choice, tier_gib: float | None) -> list[str]:
     """The memascend child's arguments of its placement: the DRAM tier's budget and, where the row keeps them there,
-    the activation checkpoints in DRAM (planner.placement Priced.checkpoint_offload); none where the run keeps every
-    byte on the region (no tier in the engine: the run is planned all-SSD)."""
+    the activation checkpoints in DRAM (planner.placement Priced.checkpoint_offload) and the optimizer overlap off
+    (Priced.overlap_optimizer); none where the run keeps every byte on the region (no tier in the engine: the run is
+    planned all-SSD)."""
     if tier_gib is None:
         return []
-    where = choice.row.checkpoint_offload if choice is not None else None
-    return ["--dram-tier-gib", repr(tier_gib)] + (["--checkpoint-offload", where] if where else [])
+    row = choice.row if choice is not None else None
+    where = row.checkpoint_offload if row is not None else None
+    return (["--dram-tier-gib", repr(tier_gib)] + (["--checkpoint-offload", where] if where else [])
+            + (["--disable", "overlap_optimizer"] if row is not None and row.overlap_optimizer is False else []))
 
 
 def _prediction(p: Point, run: RunSpec, cfg: dict, choice, tier_gib: float | None) -> dict:

@@ -86,6 +86,9 @@ class Priced:
     checkpoint_offload: str | None = None
     """Where memascend's engine keeps the offloaded activation checkpoints in this row (EngineOptions.
     checkpoint_offload): dram in its dram row, so that no byte reaches the SSD; None: the job's own."""
+    overlap_optimizer: bool | None = None
+    """memascend's optimizer overlapped with backward in this row (EngineOptions.overlap_optimizer): off in its dram
+    row (memascend_placements says why); None: the job's own."""
 
     @property
     def fits(self) -> bool:
@@ -317,13 +320,21 @@ def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_
     """memascend's dram row (the tier holds everything; offloaded checkpoints kept in DRAM too) and split row (the
     tier at `budget_rank` bytes per rank over the all-SSD estimate)."""
     rows = []
-    dram_job = replace(job, checkpoint_offload="dram") if job.checkpointing == "offload" else job
-    base = estimate(dram_job, hw, "memascend") if dram_job is not job else ms
+    # No optimizer overlap in the dram row: with no SSD read to hide it only moves the CPU's Adam into backward on
+    # the same cores, while a redo needs the states' second generation and the parameters' shadows kept beside them
+    # (planner.dram_tier.unit_bytes: a tier of 2.21 GiB instead of 1.27 for bench-llama-136m at 4 layers, fp32), which
+    # took its cgroup peak above stock ZeRO-Offload's (3.82 against 3.54 GiB; without the overlap 2.88,
+    # docs/bench/placements/, 4 GiB cap). Without it the engine steps each held chunk in place in the tier
+    # (memascend_engine.dram_tier.in_dram).
+    dram_job = replace(job, overlap_optimizer=False,
+                       checkpoint_offload="dram" if job.checkpointing == "offload" else job.checkpoint_offload)
+    base = estimate(dram_job, hw, "memascend")
     tier, items, traffic = memascend_tier(dram_job, hw, base, None)
     est = _derived(base, "memascend", [i for i in base.items if i.tier != "nvme"] + items,
                    replace(traffic, read_bytes={}, write_bytes={}))
     rows.append(Priced("dram", "memascend", "DRAM tier holds every byte", True, est=est, tier=tier,
-                       checkpoint_offload=dram_job.checkpoint_offload if dram_job is not job else None))
+                       checkpoint_offload=dram_job.checkpoint_offload if job.checkpointing == "offload" else None,
+                       overlap_optimizer=False))
     full = tier["full_bytes"]
     split = Priced("split", "memascend", "DRAM tier + region", True)
     if budget_rank >= full:

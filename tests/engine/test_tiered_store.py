@@ -1,5 +1,6 @@
 """The DRAM tier's store (engine/dram_tier.py TieredStore) on a real region: held keys live in DRAM and move no
-region byte, keys written before the tier moved in, the overlap's exchange across DRAM and region, refusal."""
+region byte, keys written before the tier moved in, held bytes computed in place, the overlap's exchange across DRAM and
+region, refusal."""
 
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ def test_held_keys_live_in_dram_and_move_no_region_byte(store):
 
     with pytest.raises(RegionDataError, match="DRAM-tier key a"):
         _read(store, "a", MiB + 1)
+
+
+def test_held_bytes_are_computed_in_place_and_counted_not_copied(store):
+    from memascend_engine.dram_tier import in_dram
+
+    store.hold(["m"])
+    assert in_dram(store, "m", 0, MiB, torch.float32) is None  # nothing written yet to read
+    m = in_dram(store, "m", 0, MiB, torch.float32, write=True)  # where a write of it goes: admitted
+    m.copy_(torch.arange(MiB, dtype=torch.float32)).mul_(2)  # computed where it lives
+    _write(store, "m", m)  # the write-back at its own address moves nothing
+    assert torch.equal(_read(store, "m", MiB), 2 * torch.arange(MiB, dtype=torch.float32))
+    piece = in_dram(store, "m", 4096, 1024, torch.float32)
+    assert piece.data_ptr() == m.data_ptr() + 4096 and float(piece[0]) == 2048.0
+    store.complete(store.submit("r", piece.data_ptr(), 4096, "m", 4096))
+    t = store.snapshot()["dram_tier"]
+    assert t["in_place_bytes"] == 4 * MiB + 4096 and t["bytes_written"] == 4 * MiB and t["bytes_read"] == 4 * MiB + 4096
+    _write(store, "r", _vals(1024, 0))  # not held: on the region, no tensor of it
+    assert in_dram(store, "r", 0, 1024, torch.float32) is None and in_dram(store, "r", 0, 16, torch.float32,
+                                                                           write=True) is None
 
 
 def test_keys_written_before_the_tier_move_in_once(store):

@@ -177,6 +177,19 @@ def test_cpu_24g_recommends_dram_and_a_tight_cap_a_placement_with_the_ssd():
     assert tight.recommended.placement in ("split", "ssd") and tight.recommended.ssd_bytes > 0
 
 
+def test_memascends_dram_row_runs_without_the_optimizer_overlap():
+    """The dram row turns the overlap off (Priced.overlap_optimizer, handed to the engine by bench and train) and is
+    priced so: its tier holds one generation of the optimizer states and no parameter shadows, the all-SSD row's
+    tier both (the job's overlap)."""
+    plan = priced("qwen2.5-0.5b", "cpu-24g", gflops=100.0)
+    dram, ssd = plan.row("dram", "memascend"), plan.row("ssd", "memascend")
+    assert dram.overlap_optimizer is False and ssd.overlap_optimizer is None
+    hw, jb = resolve_hardware("cpu-24g", None), job("qwen2.5-0.5b")
+    both = pl.memascend_tier(jb, hw, estimate(jb, hw, "memascend"), None)[0]
+    assert dram.tier["optimizer_states_bytes"] * 2 == both["optimizer_states_bytes"]
+    assert dram.tier["full_bytes"] < both["full_bytes"]
+
+
 def test_memascends_dram_row_keeps_the_offloaded_checkpoints_in_dram():
     """The dram row prices the checkpoints in DRAM (no SSD byte) and says so to the engine (checkpoint_offload): the
     bench and train hand it on (a dram run that left them on the region wrote 8.4 MB a step, docs/bench/placements/
