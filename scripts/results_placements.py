@@ -100,8 +100,9 @@ def _row(name: str, p: dict, records: dict[float, dict]) -> list[str]:
 
 
 def _ratios(doc: dict) -> list[str]:
-    """memascend's tokens/s over stock's best and over tuned at each cap, where both ran; where stock's best config
-    did not train, over the fastest stock config that did (tuned's all-SSD run), and what stopped it."""
+    """memascend's tokens/s over stock's best (with DRAM) and over tuned at each cap, where both ran, and which of the
+    two was stock's fastest config; where stock's best config did not train, over the fastest stock config that did
+    (tuned's all-SSD run), and what stopped it."""
     out = []
     curves = {n: curve(doc, n) for n in CURVES}
     for m, best, tuned in zip(curves["memascend"], curves["stock-best"], curves["tuned"]):
@@ -113,6 +114,10 @@ def _ratios(doc: dict) -> list[str]:
             stop = "OOM-killed" if best.get("oom_killed") else best.get("error") or "failed"
             cells[-1] += f" (stock's fastest config that trained: its best the plan fits, {best['placement']}, " \
                          f"stopped: {stop})"
+        elif best is not tuned and best.get("ok") and tuned.get("ok"):
+            # Both of stock's configs trained: the faster as measured is stock's fastest that fits.
+            label, fast = min((("stock's best", best), ("tuned", tuned)), key=lambda o: o[1]["seconds_per_step"])
+            cells.append(f"stock's fastest config that fits: {label} ({fast['placement']})")
         if cells:
             out.append(f"- {m['cap_gib']:g} GiB: memascend ({m['placement']}) " + ", ".join(cells))
     return out
@@ -124,14 +129,14 @@ def section_placements(docs: list[tuple[str, dict]]) -> str:
         return ""
     out = ["## Placements: tokens/s against the DRAM budget", "",
            "`memascend bench --placements`: at each DRAM cap (a memory cgroup of that size) stock DeepSpeed's best "
-           "config that the plan fits (tuned's knobs; `same_as` tuned where that is all on the SSD), tuned with "
-           "every byte on the SSD and memascend's recommended placement, one sitting, each run beside the plan's "
-           "s/step and SSD bytes per parameter per step (read + write). Cores taken: cores the bench's samplers and "
-           "other jobs kept busy while the run ran (the machine is shared). Plan s/step: what the bench planned, with "
-           "the cached CPU probe (`memascend inspect --cpu-probe`). Plan at the sitting's probe: today's time model on "
-           "the run's own record (configs.repredict) with the CPU rate of the matmul probe the bench ran seconds "
-           "before the point's runs in place of the cached one, where the point's document is recorded beside the "
-           "curve's: a diagnostic of the plan's input, not its prediction."]
+           "config with DRAM that the plan fits (tuned's knobs; run even where the plan ranks it behind tuned; "
+           "`same_as` tuned where none fits), tuned with every byte on the SSD and memascend's recommended placement, "
+           "one sitting, each run beside the plan's s/step and SSD bytes per parameter per step (read + write). Cores "
+           "taken: cores the bench's samplers and other jobs kept busy while the run ran (the machine is shared). "
+           "Plan s/step: what the bench planned, with the cached CPU probe (`memascend inspect --cpu-probe`). Plan at "
+           "the sitting's probe: today's time model on the run's own record (configs.repredict) with the CPU rate of "
+           "the matmul probe the bench ran seconds before the point's runs in place of the cached one, where the "
+           "point's document is recorded beside the curve's: a diagnostic of the plan's input, not its prediction."]
     for path, doc in docs:
         meta, job = doc.get("meta") or {}, doc["job"]
         bw = job.get("ssd_bandwidth_bytes_per_s")

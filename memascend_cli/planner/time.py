@@ -76,7 +76,7 @@ docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/
 placements-clip10-quiet-dram-overlap-on-off-cap4gib.json.gz, tuned (backward +3.6, step -8.3 ns over the NVMe
 path's); the sweep's and the 8 GiB sitting's ZeRO-Offload runs validate it (tests/unit/test_time_validation.py)."""
 
-MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 19.2
+MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 18.4
 """memascend's host work per optimizer element on the CPU accelerator beyond the matmuls, the SSD and Adam, on the
 thread that drives backward while the optimizer is overlapped with it: the gradient's reduce-scatter copy (gloo,
 runtime/zero/stage3.py __avg_scatter_grads), the partition's norm and copy into the gradient stream
@@ -86,8 +86,22 @@ requests the pipeline could not hide (the model's own kernels beyond the probe's
 py-spy profile of an unthrottled step (2026-11-27, 100 Hz) had that thread 1.6 s a step in gradient partitioning and
 the overlapped optimizer, 0.7 s blocked on region requests, 0.3 s in backward's epilogue. Fitted on one run:
 docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip10-amd-counters.json.gz, memascend
-(AMD EPYC VM, unthrottled: +2.6 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); every other bench run
-validates it (tests/unit/test_time_validation.py test_memascend_host_term_is_the_fit)."""
+(AMD EPYC VM, unthrottled: +2.5 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION, its gradient writes
+blocking: MEMASCEND_GRADIENT_WRITE_BLOCKING; 19.2 before they were); every other bench run validates it
+(tests/unit/test_time_validation.py test_memascend_host_term_is_the_fit)."""
+
+MEMASCEND_GRADIENT_WRITE_BLOCKING = 1.0
+"""The share of the last backward's gradient writes that memascend's backward waits for on the CPU accelerator with
+the optimizer overlapped, where gradients stream to the region (clipping on: kept there for a redo, engine/overlap.py;
+accumulated running sums). Each gradient goes out through the gradient ring (engine/bounded.py GradientStream.write:
+4 slots of 8 MiB, planner.windows EngineWindows.gradient_slots), whose take() waits for the oldest slot's write when
+the ring is full: a layer's gradients come at once, faster than the region takes them, and share the write budget
+with the optimizer's write-behind (the engine's region_io write_wait_s). Fitted on one run as the share that makes its
+plan at its sitting's matmul probe its measured s/step, 1.01: the writes block backward whole. docs/bench/placements/
+bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/placements-clip10-quiet-cap-2.75GiB.json.gz, memascend (Intel
+VM, 2026-12-06, quiet: the split at 2.75 GiB, clipping 10, 0.85 s of gradient writes a step at 400 MB/s; its plan was
+-21% without the term, while the all-DRAM runs beside it, which write no gradient, were -4% to -13%); the sitting's
+repeat and 2 GiB point, and later sweeps, validate it (tests/unit/test_time_validation.py)."""
 
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "host copies", "PCIe")
 PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER = "forward+backward", "optimizer"
@@ -320,7 +334,9 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
             # On the CPU accelerator the fetches block the layer that needs them, and Adam runs on the thread that
             # drives backward (memascend_engine.overlap): they add to the window's compute.
             before = z(compute) * (1 - w) + pre_io
-            window_work = z(compute) * w + win_r + o_adam + host_window
+            # Backward waits for its gradients' writes where the ring is full (MEMASCEND_GRADIENT_WRITE_BLOCKING);
+            # they still take the write budget beside it (io).
+            window_work = z(compute) * w + win_r + o_adam + host_window + MEMASCEND_GRADIENT_WRITE_BLOCKING * win_w
         io = max(win_r + o_r, win_w + o_w) if duplex_io else win_r + win_w + o_r + o_w
         a_t = (adam - adam_dram) * t
         # DRAM-resident states have no SSD I/O to hide behind: stepped in place once backward is done (no second copy

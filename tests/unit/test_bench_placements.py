@@ -50,6 +50,20 @@ def test_each_budget_runs_stocks_best_tuned_on_the_ssd_and_memascends_choice():
     assert "stock-best" not in bp.sweep_choices(tight)
 
 
+def test_stocks_dram_row_runs_even_where_the_plan_ranks_it_behind_tuned():
+    """The fastest stock config that fits is measured, not taken from the plan: at a cap where stock's split (nvme +
+    max_in_cpu) fits but is planned slower than tuned all on the SSD, both run."""
+    import dataclasses
+
+    p = point(CPU.under_dram_cap(int(2.75 * GiB)), model="bench-llama-136m")
+    plan = bp.price(dataclasses.replace(p, spec=load_model("bench-llama-136m").scaled(4), dtype="fp32"))
+    split, ssd = plan.row("split", "stock"), plan.row("ssd", "stock")
+    assert split.fits and ssd.fits and split.time.step_s > ssd.time.step_s
+    chosen = bp.sweep_choices(plan)
+    assert chosen["stock-best"].row is split and chosen["tuned"].row is ssd
+    assert "its all-SSD config is tuned's run" in chosen["stock-best"].why
+
+
 def test_a_runs_config_and_prediction_come_from_its_placement_row():
     p = point(CPU.under_dram_cap(20 * GiB))
     chosen = bp.sweep_choices(bp.price(p))

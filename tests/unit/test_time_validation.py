@@ -2,8 +2,8 @@
 per step within 10% of the bench's block-I/O counters.
 
 The CPU's achieved GFLOP/s (CPU_CALIBRATED_GFLOPS) is fitted on docs/bench/depth-sweep-seq2048-rep3-fp32.json.gz and
-the host terms on one run each (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION);
-every other committed bench run
+the host terms on one run each (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION),
+memascend's gradient writes on one (GRADIENT_BLOCKING_CALIBRATION); every other committed bench run
 is validation (test_no_validation_run_was_fitted_on). The older documents record no SSD bandwidth (their regions were
 made with --no-probe): READ_GBPS / WRITE_GBPS are the disk's, measured afterwards by `memascend prepare-ssd`'s probe,
 not fitted. Documents that record the time model's inputs (`job.timing`, bench since --ssd-bandwidth: their machine's
@@ -29,6 +29,7 @@ _PLACED = "placements-clip10-quiet-"
 PLACEMENTS = "docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet"
 """The quiet placement sitting's own records (each point's bench document, and the runs beside the curve)."""
 STOCK_OFFLOAD_HOST_CALIBRATION = f"{_PLACED}dram-overlap-on-off-cap4gib.json:4:512:tuned"
+GRADIENT_BLOCKING_CALIBRATION = f"{_PLACED}cap-2.75GiB.json:4:512:memascend"
 TOLERANCE = 0.15
 READ_GBPS, WRITE_GBPS = 3.751, 6.584
 """The VM disk under /var/tmp (where the documents' regions and swap directories were), as `memascend prepare-ssd`'s
@@ -57,6 +58,9 @@ TWIN = "twin within"  # the same job on the same machine in another sitting is w
 STALE_PROBE = "stale probe"  # the record's sitting probe ran 1 / SLOW_PROBE or more of the cached probe the plan
 # used (the cache was taken while the machine was busier), and the plan at the sitting's probe is within TOLERANCE
 MODEL_GAP = "model gap"  # no measured cause: the model lacks a term (said which); these are the model's to close
+AMD_VM = "AMD VM"  # the record's CPU probe names the AMD EPYC VM of 2026-11-26..28 (job.timing.cpu_model), not this
+# Intel one: its throttled memascend runs with clipping hid their gradient writes behind backward, which this machine's
+# do not (planner.time MEMASCEND_GRADIENT_WRITE_BLOCKING, fitted here: +16% to +27% there)
 OTHER_VM_BEFORE = "2026-11-24T04:00"
 """Documents recorded before this ran on the earlier AVX2 VM (test_planner_validation.py), 31-61% slower for stock
 and memascend than this model of the AVX-512 VM (tuned came within); they record no CPU probe."""
@@ -86,13 +90,16 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
     # The quiet placement sitting of 2026-12-06 (16:50-17:11, load 0.1-1.0): the bench planned with the cached probe,
     # 135.5 GFLOP/s (taken while other jobs ran), where each point's own probe ran 315-330
     **{f"{_PLACED}{d}.json:4:512:{r}": (STALE_PROBE, "") for d, r in (
-        ("cap-2.75GiB", "tuned"), ("cap-4GiB", "tuned"), ("cap-4GiB", "stock-best"), ("cap-4GiB", "memascend"),
+        ("cap-2GiB", "memascend"), ("cap-2.75GiB", "tuned"), ("cap-4GiB", "tuned"), ("cap-4GiB", "stock-best"),
+        ("cap-4GiB", "memascend"),
         ("dram-overlap-on-off-cap4gib", "memascend"), ("dram-overlap-on-off-cap8gib", "tuned"),
-        ("dram-overlap-on-off-cap8gib", "memascend"), ("repeat-cap2.75gib-tuned", "tuned"),
-        ("repeat-cap2.75gib-memascend", "memascend"))},
+        ("repeat-cap2.75gib-tuned", "tuned"), ("repeat-cap2.75gib-memascend", "memascend"))},
     # 2026-11-29 07:19-08:30: the allocator calibration sitting, its matmul probes 133-141 GFLOP/s against 181.2
     **{f"tuned-heap-l{L}-seq{S}-steps4-fp32.json:{L}:{S}:tuned": (SLOW_SITTING, "")
        for L, S in ((4, 2048), (16, 8192), (20, 2048))},
+    **{f"{_SSD}ssd400mbs-{d}.json:8:512:memascend": (AMD_VM, "") for d in (
+        "memascend-clip10-amd", "three-engines-clip10", "three-engines-clip10-amd-quiet",
+        "three-engines-clip10-cpu-fraction", "three-engines-clip10-kept-master")},
     **{rid: (EARLIER_VM, "") for rid in (
         *(f"mmap-{m}-l{L}.json:{L}:512:memascend" for m in ("1mib", "1mib-thp", "32mib", "4mib") for L in (8, 32)
           if (m, L) != ("1mib", 32)),
@@ -104,18 +111,15 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
         *((f"{_SSD}ssd400mbs-{d}.json:8:512:tuned", f"{_SSD}ssd400mbs-sitting2.json:8:512:tuned")
           for d in ("bf16-moments-clip10", "overlap-clip1", "overlap-clip10-budget1gib", "overlap-clip10",
                     "overlap-noclip", "sitting1")),
-        (f"{_SSD}ssd400mbs-overlap-clip1.json:8:512:memascend", f"{_SSD}ssd400mbs-ga1.json:8:512:memascend"),
-        *((f"{_SSD}ssd400mbs-{d}.json:8:512:memascend", f"{_SSD}ssd400mbs-bf16-moments-clip10.json:8:512:memascend")
-          for d in ("overlap-clip10-budget1gib", "overlap-noclip")),
-        (f"{_SSD}ssd400mbs-params-hold-master-clip10-budget1gib-repeat3.json:8:512:memascend",
-         f"{_SSD}ssd400mbs-memascend-clip10-amd.json:8:512:memascend"),
-        *((f"{_SSD}{d}.json:8:512:memascend", f"{_SSD}unthrottled-three-engines-clip10-amd-quiet.json:8:512:memascend")
+        *((f"{_SSD}{d}.json:8:512:memascend",
+           f"{_SSD}unthrottled-three-engines-clip10-cpu-fraction.json:8:512:memascend")
           for d in ("unthrottled-kept-master-ablation-clip10", "unthrottled-three-engines-clip10-kept-master")),
         (f"{_SSD}unthrottled-three-engines-clip10-kept-master.json:8:512:stock",
          f"{_SSD}unthrottled-three-engines-clip10-cpu-fraction.json:8:512:stock"),
-        # the quiet rounds of 2026-12-06 17:15: memascend -8% to -15% of the plan from round to round
-        ("bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round3.json:8:512:memascend",
-         "bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round1.json:8:512:memascend"),
+        # the quiet rounds of 2026-12-06 17:15: memascend -9% to -17% of the plan from round to round
+        *((f"bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round{r}.json:8:512:memascend",
+           "bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round1.json:8:512:memascend")
+          for r in (2, 3, 4)),
         *((f"llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-{d}.json:16:1024:memascend",
            "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend-amd-quiet.json:16:1024:memascend")
           for d in ("amd-rerun", "kept-master")))},
@@ -136,8 +140,11 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
           "20-32% short"),
          tuple(f"llama-3.2-1b-fp32-seq1024-cap12gib{d}.json:16:1024:memascend" for d in ("", "-bounded-norm"))),
         (("the Intel VM of 2026-11-26 with the overlap: forward + backward took less than the model's compute + reads "
-          "(DeepSpeed's prefetch hid reads behind the fp32 matmuls), +17% to +34%"),
+          "(DeepSpeed's prefetch hid reads behind the fp32 matmuls) and its gradient writes hid behind backward "
+          "(MEMASCEND_GRADIENT_WRITE_BLOCKING, fitted on this machine), +15% to +47%"),
          (f"{_SSD}ssd400mbs-bf16-moments-clip10.json:8:512:memascend-bf16_moments",
+          *(f"{_SSD}ssd400mbs-{d}.json:8:512:memascend" for d in (
+              "bf16-moments-clip10", "overlap-clip1", "overlap-clip10", "overlap-clip10-budget1gib", "overlap-noclip")),
           f"{_SSD}ssd400mbs-ga8.json:8:512:memascend",
           *_runs(f"{_SSD}unthrottled-overlap-clip10.json:8:512", "tuned memascend"),
           "llama-3.2-1b-seq1024-fp32-ssd400mbs-noclip-memascend.json:16:1024:memascend",
@@ -164,10 +171,10 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
          (f"{_SSD}unthrottled-three-engines-clip10-amd.json:8:512:stock",)),
         ("sitting 1 of the Intel VM's SSD-bound sittings recorded no load gauge (its neighbours were contended)",
          _runs(f"{_SSD}unthrottled-sitting1.json:8:512", "stock tuned memascend")),
-        (("memascend's split (DRAM tier + region) at 2.75 GiB, overlapped, on the Intel VM: -21% at the sitting's probe "
-          "(+18% at the cached one); its backward grew from step to step (2.4 to 3.8 s) while the same job's repeat "
-          "minutes later came within (-14%); the region waits beside the overlapped optimizer are not in the model"),
-         (f"{_PLACED}cap-2.75GiB.json:4:512:memascend",)))
+        (("memascend's dram placement overlapped with backward (before its row ran without the overlap), 8 GiB cap: "
+          "-15% at the sitting's probe (the 4 GiB runs beside it -1% to -7%); the tier's copies at submit on the "
+          "thread that drives backward (engine/dram_tier.py TieredStore.submit, 2.7 GB a step) have no term"),
+         (f"{_PLACED}dram-overlap-on-off-cap8gib.json:4:512:memascend",)))
        for rid in rids},
 }
 """Every validation run the model misses by more than TOLERANCE, with why (strict: one that comes within fails until
@@ -240,7 +247,8 @@ def _params(calibration: bool):
             if not r["ok"] or r.get("disabled"):
                 continue
             rid = f"{name}:{j['layers']}:{j['seq_len']}:{r['name']}"
-            if rid in (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION):
+            if rid in (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION,
+                       GRADIENT_BLOCKING_CALIBRATION):
                 continue  # fitted on, not validated by
             why = miss_reason(rid)
             marks = [pytest.mark.xfail(strict=True, reason=f"time model error above 15% ({why})")] \
@@ -250,7 +258,6 @@ def _params(calibration: bool):
 
 
 VALIDATION = _params(False)
-FITTED_MEMASCEND_NS = tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT
 
 
 def test_calibration_constant_is_the_fit():
@@ -275,7 +282,7 @@ def test_every_listed_miss_is_a_recorded_validation_run():
     ids = {p.id for p in VALIDATION}
     assert not EXPECTED_MISSES.keys() - ids
     assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {CONTENDED, SLOW_SITTING, EARLIER_VM, TWIN, MODEL_GAP,
-                                                               STALE_PROBE}
+                                                               STALE_PROBE, AMD_VM}
 
 
 def _machine(doc: dict) -> str:
@@ -303,6 +310,8 @@ def test_each_expected_miss_has_its_cause_in_its_record():
             assert probe["fp32_gflops"] <= SLOW_PROBE * probe["cached_fp32_gflops"], rid
         elif kind == EARLIER_VM:
             assert _date(doc) < OTHER_VM_BEFORE and not (doc["job"].get("timing") or {}).get("cpu_model"), rid
+        elif kind == AMD_VM:
+            assert _machine(doc).startswith("AMD"), rid
         elif kind == STALE_PROBE:
             probe = doc["hardware"]["sitting"]
             assert probe["fp32_gflops"] * SLOW_PROBE >= probe["cached_fp32_gflops"], rid
@@ -323,7 +332,8 @@ def test_no_validation_run_was_fitted_on():
     recorded runs, and none of them is a validation run."""
     fitted = {p.id for p in _params(True)}
     assert len(fitted) == 6 and all(rid.startswith(CALIBRATION + ":") for rid in fitted)
-    for rid in (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION):
+    for rid in (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION,
+                GRADIENT_BLOCKING_CALIBRATION):
         name, _, _, run = rid.split(":")
         assert any(r["name"] == run for r in _ssd_bound(name)["runs"]), rid
         fitted.add(rid)
@@ -391,20 +401,36 @@ def test_stock_offload_host_terms_are_the_fit():
         assert abs(fitted[k] - ns) < 0.1, (k, fitted)
 
 
-def test_memascend_host_term_is_the_fit():
-    """MEMASCEND_CPU_HOST_NS_PER_ELEMENT makes MEMASCEND_HOST_CALIBRATION's memascend run's planned s/step its
-    measured one, to 0.1 ns (bisection: the step time grows with the term)."""
-    name, _, _, run = MEMASCEND_HOST_CALIBRATION.split(":")
+def _fit_constant(constant: str, calibration: str, predict, hi: float, tol: float) -> float:
+    """The value of planner.time's `constant` that makes `calibration`'s run's `predict`(doc, run) its measured s/step
+    (bisection over [0, hi] to `tol`: the step time grows with the constant); the constant is restored."""
+    name, _, _, run = calibration.split(":")
     doc = _ssd_bound(name)
     r = next(r for r in doc["runs"] if r["name"] == run)
-    lo, hi = 0.0, 100.0
+    kept, lo = getattr(tm, constant), 0.0
     try:
-        while hi - lo > 0.01:
-            tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT = ns = (lo + hi) / 2
-            lo, hi = (ns, hi) if predicted_s(doc, r) < r["seconds_per_step"] else (lo, ns)
+        while hi - lo > tol:
+            mid = (lo + hi) / 2
+            setattr(tm, constant, mid)
+            lo, hi = (mid, hi) if predict(doc, r) < r["seconds_per_step"] else (lo, mid)
     finally:
-        tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT = FITTED_MEMASCEND_NS
-    assert abs(lo - FITTED_MEMASCEND_NS) < 0.1, lo
+        setattr(tm, constant, kept)
+    return lo
+
+
+def test_memascend_host_term_is_the_fit():
+    """MEMASCEND_CPU_HOST_NS_PER_ELEMENT makes MEMASCEND_HOST_CALIBRATION's memascend run's planned s/step its
+    measured one, to 0.1 ns."""
+    fitted = _fit_constant("MEMASCEND_CPU_HOST_NS_PER_ELEMENT", MEMASCEND_HOST_CALIBRATION, predicted_s, 100.0, 0.01)
+    assert abs(fitted - tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT) < 0.1, fitted
+
+
+def test_gradient_write_blocking_is_the_fit():
+    """MEMASCEND_GRADIENT_WRITE_BLOCKING makes GRADIENT_BLOCKING_CALIBRATION's memascend run's plan at its sitting's
+    matmul probe (plan_at_sitting: the bench plans with a fresh probe) its measured s/step, to 0.02."""
+    fitted = _fit_constant("MEMASCEND_GRADIENT_WRITE_BLOCKING", GRADIENT_BLOCKING_CALIBRATION, plan_at_sitting, 3.0,
+                           0.001)
+    assert abs(fitted - tm.MEMASCEND_GRADIENT_WRITE_BLOCKING) < 0.02, fitted
 
 
 # The plan's SSD bytes per step against the bench's block-I/O counters: the term every DRAM-resident byte is credited
