@@ -20,7 +20,8 @@ tail (< one alignment unit) goes through a small page-aligned bounce block; a mi
 is bounced whole. Bounced bytes are counted (``bounce_bytes``) so a benchmark can see them.
 
 Integrity: every write records a CRC-32C per CHECKSUM_CHUNK_BYTES chunk of what it put on the
-device (the native core's SSE4.2 crc32, computed while the write is in flight); every read checks
+device (the native core's SSE4.2 crc32, computed on the store's checksum thread while the write is in
+flight; complete() returns once it is recorded); every read checks
 the chunks it covers, widening itself to whole chunks with small extra reads when it starts or ends
 inside one, so a partial read is verified too. A mismatch, a read of a key never written, or a
 read past what a key holds raises :class:`RegionDataError` naming the key (DeepSpeed's swap path:
@@ -42,6 +43,7 @@ import functools
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from memascend_engine import native
@@ -122,7 +124,7 @@ class RegionStats:
     write_wait_s: float = 0.0
     """The same for writes."""
     checksum_s: float = 0.0
-    """Seconds computing writes' CRC-32C at submission, on the submitting thread."""
+    """Seconds computing writes' CRC-32C, on the store's checksum thread while the writes are in flight."""
     verify_s: float = 0.0
     """Seconds checking reads' CRC-32C in complete(), on the waiting thread."""
 
@@ -168,6 +170,8 @@ class _Pending:
     nbytes: int = 0
     extent: object = None
     verify: _Verify | None = None
+    checksum: Future | None = None
+    """A write's CRC-32C on the checksum thread (RegionStore._checksum), done before complete() returns."""
 
 
 class RegionStore:
@@ -198,6 +202,7 @@ class RegionStore:
         self._keys: dict[str, _KeyState] = {}
         self._mutex = threading.Lock()
         self._bounce_free: list = []  # spare io_alignment-sized AlignedBuffers
+        self._checksums: ThreadPoolExecutor | None = None
 
     def _open_engine(self, region_mod, queue_depth, num_workers, block_size, backend) -> None:
         self.allocator = region_mod.ExtentAllocator(self.subregion, self.header.alignment_bytes)
@@ -379,11 +384,9 @@ class RegionStore:
                 self.stats.bounce_bytes += tail
         image_end = file_offset + sum(n for _, n in image)
         if op == "w":
-            # Checksummed while the transfer is in flight (both only read the buffer).
-            t0 = time.perf_counter()
-            crcs = native.crc32c_chunks(image, self.chunk_bytes) if self.verify else b""
-            crc_s = time.perf_counter() - t0
-            self._note_written(key, file_offset, end, image_end, crcs)
+            st = self._note_written(key, file_offset, end, image_end)
+            if self.verify:
+                pending.checksum = self._checksum_thread().submit(self._checksum, st, file_offset, image)
         elif self.verify:
             pending.verify = self._plan_verify(pending, key, ext, file_offset, image_end, image)
         with self._mutex:
@@ -391,14 +394,14 @@ class RegionStore:
             if op == "w":
                 self.stats.write_requests += 1
                 self.stats.bytes_written += nbytes
-                self.stats.checksum_s += crc_s
                 self.stats.checksummed_bytes += image_end - file_offset if self.verify else 0
             else:
                 self.stats.read_requests += 1
                 self.stats.bytes_read += nbytes
         return pending
 
-    def _note_written(self, key: str, file_offset: int, end: int, image_end: int, crcs: bytes) -> None:
+    def _note_written(self, key: str, file_offset: int, end: int, image_end: int) -> _KeyState:
+        """The key's new length; its chunks' checksums are zeros until the checksum thread has them (_checksum)."""
         ch = self.chunk_bytes
         with self._mutex:
             st = self._keys.setdefault(key, _KeyState())
@@ -412,8 +415,29 @@ class RegionStore:
                 st.image_bytes = max(st.image_bytes, image_end)
                 st.written_bytes = max(st.written_bytes, end)
             if self.verify:
-                st.crcs[first * 4:] = crcs + st.crcs[first * 4 + len(crcs):]
+                count = -(-(image_end - file_offset) // ch)
+                st.crcs[first * 4:] = bytes(4 * count) + st.crcs[(first + count) * 4:]
                 del st.crcs[-(-st.image_bytes // ch) * 4:]
+        return st
+
+    def _checksum_thread(self) -> ThreadPoolExecutor:
+        # Writes' CRC-32C off the thread that submits them (it drives backward and the optimizer: the time
+        # model overlaps the SSD with that thread's compute). One thread: checksums land in submission order.
+        if self._checksums is None:
+            self._checksums = ThreadPoolExecutor(1, thread_name_prefix="memascend-crc")
+        return self._checksums
+
+    def _checksum(self, st: _KeyState, file_offset: int, image) -> None:
+        """On the checksum thread, while the write is in flight (both only read the buffer): its chunks' CRC-32C
+        into the key's table, unless a later write has replaced the key or cut it short."""
+        t0 = time.perf_counter()
+        crcs = native.crc32c_chunks(image, self.chunk_bytes)
+        lo = file_offset // self.chunk_bytes * 4
+        with self._mutex:
+            hi = min(lo + len(crcs), len(st.crcs))
+            if hi > lo:
+                st.crcs[lo:hi] = crcs[:hi - lo]
+            self.stats.checksum_s += time.perf_counter() - t0
 
     def _plan_verify(self, pending: _Pending, key: str, ext, file_offset: int, image_end: int, image) -> _Verify:
         """Whole chunks covering the read: extra reads for the parts of its first and last chunks it misses."""
@@ -490,6 +514,11 @@ class RegionStore:
                 first_error = first_error or self._io_error(pending, exc)
             except Exception as exc:  # noqa: BLE001
                 first_error = first_error or exc
+        if pending.checksum is not None:
+            try:
+                pending.checksum.result()  # before the caller may reuse the buffer
+            except Exception as exc:  # noqa: BLE001
+                first_error = first_error or exc
         t1 = time.perf_counter()
         try:
             if first_error is not None:
@@ -535,6 +564,8 @@ class RegionStore:
         """Wait for in-flight I/O, close the device and release the sub-region's lock."""
         if not self.engine.closed:
             self.engine.close()
+        if self._checksums is not None:
+            self._checksums.shutdown(wait=True)
         self.lease.release()
 
 
