@@ -411,6 +411,7 @@ class Installed:
                 pinning.patch_accelerator(self.patches, self.allocator)
             stage3.patch_stage3(self.patches, self.ctx, adaptive_pool=self.ctx.pool_plan_factory is not None)
             stage3.cache_cpu_device_count(self.patches)
+            stage3.single_rank_reduce_scatter(self.patches)
             patch_checkpoint_api(self.patches)
             import deepspeed
 
