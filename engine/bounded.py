@@ -131,8 +131,10 @@ class GradientStream:
     def key(param_id) -> str:
         return f"{GRAD_PREFIX}{param_id}"
 
-    def write(self, key: str, grad: torch.Tensor) -> None:
-        """Queue the bytes of `grad` (any device) to `key`; returns once they are staged (the writes run on)."""
+    def write(self, key: str, grad: torch.Tensor) -> torch.Tensor | None:
+        """Queue the bytes of `grad` (any device) to `key`; returns once they are staged (the writes run on). A key the
+        DRAM tier holds is copied into it at once: returns that copy (a tensor like `grad`, its bytes unchanged until
+        the key is written again), else None."""
         src = _bytes_view(grad.detach().contiguous())
         nbytes = src.numel()
         held = dram_tier.in_dram(self.store, key, 0, nbytes, torch.uint8, write=True)
@@ -141,7 +143,7 @@ class GradientStream:
             self.store.complete(self.store.submit("w", held.data_ptr(), nbytes, key, 0))
             self.written[key] = nbytes
             self.counters.gradient_write_bytes += nbytes
-            return
+            return held.view(grad.dtype).view(grad.shape)
         step = self.ring.nbytes
         if nbytes > step:
             # A gradient larger than one slot goes out in several writes: size the key's extent for all of them
@@ -154,6 +156,7 @@ class GradientStream:
             self.ring.busy(slot, self.store.submit("w", buf.data_ptr(), m, key, off))
         self.written[key] = nbytes
         self.counters.gradient_write_bytes += nbytes
+        return None
 
     def read(self, key: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
         """The whole gradient of `key` (for accumulation across micro-batches), on `device`; a held one leaves the

@@ -337,12 +337,19 @@ class _GradientStreaming:
         else:
             grad = self._ma_stream.read(key, grad_partition.numel(), dtype, grad_partition.device)
             grad.add_(grad_partition.to(dtype).view(grad.shape))
+        written = False
         if boundary:
             if grad.device.type == "cpu":
                 # Its norm on the worker thread while backward goes on. Nothing writes to a tensor of our own (a
                 # conversion, the sum read back) again; a view of DeepSpeed's reduce bucket, which the next bucket
-                # overwrites, is copied first (the same values: the same fp64 norm).
-                owned = grad.clone() if grad is grad_partition else grad
+                # overwrites, is copied first (the same values: the same fp64 norm): into its key where the DRAM tier
+                # holds it and no speculation takes it (GradientStream.write; the key is not written again before
+                # step() drains the norms), else a clone.
+                owned, kept = grad, None
+                if grad is grad_partition:
+                    if spec is None:
+                        kept, written = self._ma_stream.write(key, grad), True
+                    owned = grad.clone() if kept is None else kept
                 self._ma_norms.submit(self.get_param_id(param), owned, self.norm_for_param_grads)
             else:
                 self.norm_for_param_grads[self.get_param_id(param)] = self._ma_norm(grad)
@@ -358,9 +365,9 @@ class _GradientStreaming:
             else:
                 self._ma_stream.written.pop(key, None)  # its chunks are stepped: no gradient on the SSD
                 spec.consumed.add(key)
-        elif boundary:
+        elif boundary and not written:
             self._ma_stream.write(key, grad)
-        else:
+        elif not boundary:
             self._ma_stream.hold(key, grad)  # the DRAM accumulation window, else the SSD
 
     def _ma_norm(self, grad):
