@@ -107,6 +107,24 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     assert t["in_place_bytes"] > dram["stats"]["bounded_io"]["gradient_write_bytes"] > 0
 
 
+# `pytest -m long`: the default run resumes across budgets in test_a_checkpoint_resumes_exactly_when_the_budget_changed.
+@pytest.mark.long
+def test_the_dram_rows_checkpoint_resumes_exactly_all_on_the_ssd(tmp_path):
+    """The dram placement's engine (everything held, no overlap, fp32) saves the states it stepped in place (read
+    through the pipeline's own slots): resumed with no tier, the losses are the all-SSD run's."""
+    steps = 2 * SHORT
+    ref = _engine(tmp_path, "straight", 0.0, "--dtype", "fp32", "--off", "overlap_optimizer", steps=steps)
+    ckpt = tmp_path / "ckpt"
+    saved = _engine(tmp_path, "saved", 1.0, "--dtype", "fp32", "--off", "overlap_optimizer", "--save-checkpoint",
+                    str(ckpt), "--save-at", str(SHORT), steps=steps)
+    assert saved["save_checkpoint_error"] is None and saved["losses"] == ref["losses"]
+    assert _tier(saved)["in_place_bytes"] > 0
+    resumed = _engine(tmp_path, "resumed", 0.0, "--dtype", "fp32", "--off", "overlap_optimizer", "--load-checkpoint",
+                      str(ckpt), steps=steps)
+    assert resumed["load_checkpoint_error"] is None and resumed["start_step"] == SHORT
+    assert resumed["losses"] == ref["losses"][SHORT:]
+
+
 # Saved with everything in DRAM, resumed with nothing: `pytest -m long` (the default run resumes the other way).
 @pytest.mark.parametrize("saved_gib,resumed_gib", [(4 * MIB / 2**30, 1.0),
                                                   pytest.param(1.0, 0.0, marks=pytest.mark.long)])
