@@ -431,6 +431,8 @@ def _price_time(row: Priced, job: JobSpec, hw: HardwareSpec, device: tm.Device, 
     # Stock's rows run stock's code with tuned's knobs (without prefetch, stock's serial timing); memascend's its
     # bounded engine.
     key = "memascend" if row.engine == "memascend" else tm.timed_as("tuned", row.prefetch_bucket_size)
+    if row.overlap_optimizer is not None:  # the row's own overlap (off in memascend's dram row)
+        job = replace(job, overlap_optimizer=row.overlap_optimizer)
     row.time = tm.engine_times(job, {key: row.est}, device, read_gbps=read_gbps, write_gbps=write_gbps,
                                cpu_cores=hw.cpu_cores, duplex_io=duplex_io)[key]
 

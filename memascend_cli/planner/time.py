@@ -90,6 +90,17 @@ docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip
 blocking: MEMASCEND_GRADIENT_WRITE_BLOCKING; 19.2 before they were); every other bench run validates it
 (tests/unit/test_time_validation.py test_memascend_host_term_is_the_fit)."""
 
+MEMASCEND_DRAM_HOST_NS_PER_ELEMENT = {"backward": 20.5, "optimizer": 6.0}
+"""memascend's host work per optimizer element on the CPU accelerator in its dram row (planner.placement: the tier
+holds every state, the optimizer not overlapped), beyond the matmuls and Adam. In backward: the gradient's
+reduce-scatter copy, its norm and its copy into the held gradient key (engine/bounded.py GradientStream.write); in the
+step: the chunks' master pieces and gradients into the pipeline's slots and the parameters back
+(engine/optimizer_pipeline.py). Fitted on one run as (measured - modelled) phase seconds per element with the compute
+at its sitting's matmul probe: docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/
+placements-clip10-quiet-dram-overlap-on-off-cap4gib.json.gz, memascend-no-overlap_optimizer (Intel VM, 2026-12-06,
+quiet: the engine before its held chunks were stepped in place, 36 B per element copied in the step; the 8 GiB
+sitting's twin run validates it)."""
+
 MEMASCEND_GRADIENT_WRITE_BLOCKING = 1.0
 """The share of the last backward's gradient writes that memascend's backward waits for on the CPU accelerator with
 the optimizer overlapped, where gradients stream to the region (clipping on: kept there for a redo, engine/overlap.py;
@@ -288,14 +299,9 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     # bandwidth, under a per-direction throttle each has its own.
     fb_io = max(z(fb_r), z(fb_w)) if duplex_io else z(fb_r) + z(fb_w)
     op_io = z(op_r) + z(op_w)
-    # Stock's host passes over each element on the CPU accelerator, on the cores of the matmuls; tuned stock runs
-    # the same stage3.py code (on a GPU its gradients are handled on the device: not modelled there).
-    stock_ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT if optimizer_elems and dram_elems >= optimizer_elems \
-        else STOCK_CPU_HOST_NS_PER_ELEMENT  # ZeRO-Offload: every state in DRAM, none swapped
-    host_fb, host_opt = (optimizer_elems * stock_ns[k] * 1e-9 for k in ("backward", "optimizer")) \
-        if engine in ("stock", "tuned") and not device.gpu else (0.0, 0.0)
-    host_window = optimizer_elems * MEMASCEND_CPU_HOST_NS_PER_ELEMENT * 1e-9 \
-        if bounded and overlap_window > 0 and not device.gpu else 0.0
+    host_fb, host_opt, host_window = (0.0, 0.0, 0.0) if device.gpu else _host_seconds(
+        engine, optimizer_elems, all_in_dram=bool(optimizer_elems) and dram_elems >= optimizer_elems,
+        overlapped=bounded and overlap_window > 0)
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
         overlap = "forward/backward: max(compute, SSD, PCIe)"
@@ -374,6 +380,22 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     binding = max(known, key=lambda k: known[k])
     return StepTime(engine, seconds, fb + opt, tokens_per_step, binding, overlap, unknown,
                     phase_s={PHASE_FORWARD_BACKWARD: fb, PHASE_OPTIMIZER: opt})
+
+
+def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: bool) -> tuple[float, float, float]:
+    """(backward, optimizer, overlap window) seconds of an engine's host work beyond the matmuls, the SSD and Adam on
+    the CPU accelerator, on the cores of the matmuls. Stock's passes over each element (tuned stock runs the same
+    stage3.py code): ZeRO-Offload's own where every state is in DRAM, none swapped; memascend's in the overlap window,
+    and its dram row's own (no overlap, every chunk stepped in place in the tier)."""
+    if engine in ("stock", "tuned"):
+        ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT if all_in_dram else STOCK_CPU_HOST_NS_PER_ELEMENT
+    elif overlapped:
+        return 0.0, 0.0, elems * MEMASCEND_CPU_HOST_NS_PER_ELEMENT * 1e-9
+    elif all_in_dram:
+        ns = MEMASCEND_DRAM_HOST_NS_PER_ELEMENT
+    else:
+        return 0.0, 0.0, 0.0
+    return elems * ns["backward"] * 1e-9, elems * ns["optimizer"] * 1e-9, 0.0
 
 
 def _serial_swaps(read_s: float, write_s: float, sub_group_numels: tuple[int, ...]) -> float:

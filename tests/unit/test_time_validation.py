@@ -26,10 +26,12 @@ STOCK_HOST_CALIBRATION = "bench-llama-136m-seq512-fp32-ssd400mbs-three-engines-c
 MEMASCEND_HOST_CALIBRATION = ("bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip10-amd-counters.json:8:512:"
                               "memascend")
 _PLACED = "placements-clip10-quiet-"
-PLACEMENTS = "docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet"
-"""The quiet placement sitting's own records (each point's bench document, and the runs beside the curve)."""
 STOCK_OFFLOAD_HOST_CALIBRATION = f"{_PLACED}dram-overlap-on-off-cap4gib.json:4:512:tuned"
 GRADIENT_BLOCKING_CALIBRATION = f"{_PLACED}cap-2.75GiB.json:4:512:memascend"
+MEMASCEND_DRAM_HOST_CALIBRATION = f"{_PLACED}dram-overlap-on-off-cap4gib.json:4:512:memascend-no-overlap_optimizer"
+CALIBRATION_RUNS = (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION,
+                    GRADIENT_BLOCKING_CALIBRATION, MEMASCEND_DRAM_HOST_CALIBRATION)
+"""The runs a host or time term is fitted on, one each (not validation runs)."""
 TOLERANCE = 0.15
 READ_GBPS, WRITE_GBPS = 3.751, 6.584
 """The VM disk under /var/tmp (where the documents' regions and swap directories were), as `memascend prepare-ssd`'s
@@ -197,11 +199,16 @@ def _docs():
                 yield os.path.basename(path).removesuffix(RECORDED_GZIP), doc
 
 
-def _ssd_bound(name: str) -> dict:
-    folder = os.path.join(REPO, PLACEMENTS) if name.startswith(_PLACED) else os.path.join(REPO, "docs", "bench",
-                                                                                          "ssd-bound")
-    path = os.path.join(folder, name)
-    return read_summary(path if os.path.exists(path) else path + RECORDED_GZIP)
+def _recorded(name: str) -> dict:
+    """A calibration run's document by its file name (RECORDED_GZIP or not), under docs/bench/ssd-bound or in a
+    placement sitting's folder of records (docs/bench/placements/*/)."""
+    import glob
+
+    folders = [os.path.join(REPO, "docs", "bench", "ssd-bound"),
+               *sorted(glob.glob(os.path.join(REPO, "docs", "bench", "placements", "*", "")))]
+    path = next(p for f in folders for p in (os.path.join(f, name), os.path.join(f, name) + RECORDED_GZIP)
+                if os.path.exists(p))
+    return read_summary(path)
 
 
 def predicted_s(doc: dict, run: dict, gflops: float = CPU_CALIBRATED_GFLOPS) -> float:
@@ -247,8 +254,7 @@ def _params(calibration: bool):
             if not r["ok"] or r.get("disabled"):
                 continue
             rid = f"{name}:{j['layers']}:{j['seq_len']}:{r['name']}"
-            if rid in (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION,
-                       GRADIENT_BLOCKING_CALIBRATION):
+            if rid in CALIBRATION_RUNS:
                 continue  # fitted on, not validated by
             why = miss_reason(rid)
             marks = [pytest.mark.xfail(strict=True, reason=f"time model error above 15% ({why})")] \
@@ -332,10 +338,9 @@ def test_no_validation_run_was_fitted_on():
     recorded runs, and none of them is a validation run."""
     fitted = {p.id for p in _params(True)}
     assert len(fitted) == 6 and all(rid.startswith(CALIBRATION + ":") for rid in fitted)
-    for rid in (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION,
-                GRADIENT_BLOCKING_CALIBRATION):
+    for rid in CALIBRATION_RUNS:
         name, _, _, run = rid.split(":")
-        assert any(r["name"] == run for r in _ssd_bound(name)["runs"]), rid
+        assert any(r["name"] == run for r in _recorded(name)["runs"]), rid
         fitted.add(rid)
     assert not fitted & {p.id for p in VALIDATION}
 
@@ -380,24 +385,39 @@ def test_stock_host_copies_are_the_fit():
     """STOCK_CPU_HOST_NS_PER_ELEMENT is (measured - modelled) phase seconds per element of STOCK_HOST_CALIBRATION's
     stock run, to 0.1 ns."""
     name, _, _, run = STOCK_HOST_CALIBRATION.split(":")
-    fitted = _host_term_fit(_ssd_bound(name), run, tm.STOCK_CPU_HOST_NS_PER_ELEMENT)
+    fitted = _host_term_fit(_recorded(name), run, tm.STOCK_CPU_HOST_NS_PER_ELEMENT)
     for k, ns in tm.STOCK_CPU_HOST_NS_PER_ELEMENT.items():
         assert abs(fitted[k] - ns) < 0.1, (k, fitted)
+
+
+def _dram_terms_fit(calibration: str, terms: dict[str, float]) -> dict[str, float]:
+    """_host_term_fit of a run whose every state is in DRAM (its SSD terms none), with the compute at its sitting's
+    matmul probe (as plan_at_sitting)."""
+    import copy
+
+    name, _, _, run = calibration.split(":")
+    doc = copy.deepcopy(_recorded(name))
+    timing = doc["job"]["timing"]
+    timing["gflops"] = doc["hardware"]["sitting"]["fp32_gflops"] * timing["cpu_fraction"]  # as plan_at_sitting
+    r = next(r for r in doc["runs"] if r["name"] == run)
+    assert configs.repredict(doc, r)["ssd_traffic"]["read_bytes_per_step"] == 0  # all in DRAM: the terms apply
+    return _host_term_fit(doc, run, terms, elems=doc["job"]["num_params"])
 
 
 def test_stock_offload_host_terms_are_the_fit():
     """STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT is (measured - modelled) phase seconds per element of
     STOCK_OFFLOAD_HOST_CALIBRATION's ZeRO-Offload run with the compute at its sitting's matmul probe, to 0.1 ns."""
-    import copy
-
-    name, _, _, run = STOCK_OFFLOAD_HOST_CALIBRATION.split(":")
-    doc = copy.deepcopy(_ssd_bound(name))
-    timing = doc["job"]["timing"]
-    timing["gflops"] = doc["hardware"]["sitting"]["fp32_gflops"] * timing["cpu_fraction"]  # as plan_at_sitting
-    r = next(r for r in doc["runs"] if r["name"] == run)
-    assert configs.repredict(doc, r)["ssd_traffic"]["read_bytes_per_step"] == 0  # ZeRO-Offload: the term applies
-    fitted = _host_term_fit(doc, run, tm.STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT, elems=doc["job"]["num_params"])
+    fitted = _dram_terms_fit(STOCK_OFFLOAD_HOST_CALIBRATION, tm.STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT)
     for k, ns in tm.STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT.items():
+        assert abs(fitted[k] - ns) < 0.1, (k, fitted)
+
+
+def test_memascend_dram_host_terms_are_the_fit():
+    """MEMASCEND_DRAM_HOST_NS_PER_ELEMENT is (measured - modelled) phase seconds per element of
+    MEMASCEND_DRAM_HOST_CALIBRATION's run (memascend's dram row: no overlap, chunks stepped in place) with the compute
+    at its sitting's matmul probe, to 0.1 ns."""
+    fitted = _dram_terms_fit(MEMASCEND_DRAM_HOST_CALIBRATION, tm.MEMASCEND_DRAM_HOST_NS_PER_ELEMENT)
+    for k, ns in tm.MEMASCEND_DRAM_HOST_NS_PER_ELEMENT.items():
         assert abs(fitted[k] - ns) < 0.1, (k, fitted)
 
 
@@ -405,7 +425,7 @@ def _fit_constant(constant: str, calibration: str, predict, hi: float, tol: floa
     """The value of planner.time's `constant` that makes `calibration`'s run's `predict`(doc, run) its measured s/step
     (bisection over [0, hi] to `tol`: the step time grows with the constant); the constant is restored."""
     name, _, _, run = calibration.split(":")
-    doc = _ssd_bound(name)
+    doc = _recorded(name)
     r = next(r for r in doc["runs"] if r["name"] == run)
     kept, lo = getattr(tm, constant), 0.0
     try:
