@@ -119,14 +119,15 @@ class RegionStats:
     widened_read_bytes: int = 0
     """Extra bytes read to verify chunks that a read only partly covered."""
     read_wait_s: float = 0.0
-    """Seconds callers spent blocked in complete() until their reads had landed (any thread): the share of the
-    region's time the caller could not hide (the time model overlaps it)."""
+    """Seconds callers spent blocked in complete() until their reads had landed (any thread; a checked read: and
+    passed its checksums on the verify thread): the share of the region's time the caller could not hide (the time
+    model overlaps it)."""
     write_wait_s: float = 0.0
     """The same for writes."""
     checksum_s: float = 0.0
     """Seconds computing writes' CRC-32C, on the store's checksum thread while the writes are in flight."""
     verify_s: float = 0.0
-    """Seconds checking reads' CRC-32C in complete(), on the waiting thread."""
+    """Seconds checking reads' CRC-32C, on the store's verify thread as each read lands."""
 
 
 @dataclass
@@ -172,6 +173,8 @@ class _Pending:
     verify: _Verify | None = None
     checksum: Future | None = None
     """A write's CRC-32C on the checksum thread (RegionStore._checksum), done before complete() returns."""
+    landed: Future | None = None
+    """A checked read's wait and checksum check on the verify thread (RegionStore._land)."""
 
 
 class RegionStore:
@@ -203,6 +206,7 @@ class RegionStore:
         self._mutex = threading.Lock()
         self._bounce_free: list = []  # spare io_alignment-sized AlignedBuffers
         self._checksums: ThreadPoolExecutor | None = None
+        self._verifier: ThreadPoolExecutor | None = None
 
     def _open_engine(self, region_mod, queue_depth, num_workers, block_size, backend) -> None:
         self.allocator = region_mod.ExtentAllocator(self.subregion, self.header.alignment_bytes)
@@ -398,6 +402,10 @@ class RegionStore:
             else:
                 self.stats.read_requests += 1
                 self.stats.bytes_read += nbytes
+        if pending.verify is not None:
+            if self._verifier is None:
+                self._verifier = ThreadPoolExecutor(1, thread_name_prefix="memascend-verify")
+            pending.landed = self._verifier.submit(self._land, pending)
         return pending
 
     def _note_written(self, key: str, file_offset: int, end: int, image_end: int) -> _KeyState:
@@ -422,7 +430,8 @@ class RegionStore:
 
     def _checksum_thread(self) -> ThreadPoolExecutor:
         # Writes' CRC-32C off the thread that submits them (it drives backward and the optimizer: the time
-        # model overlaps the SSD with that thread's compute). One thread: checksums land in submission order.
+        # model overlaps the SSD with that thread's compute), as reads' checks are (_land). One thread each: a
+        # write's checksum never waits behind a read that has not landed.
         if self._checksums is None:
             self._checksums = ThreadPoolExecutor(1, thread_name_prefix="memascend-crc")
         return self._checksums
@@ -503,17 +512,37 @@ class RegionStore:
             f"failed: {exc.strerror if isinstance(exc.strerror, str) else exc}",
             key=pending.key, op=what, errno_=exc.errno)
 
-    def complete(self, pending: _Pending) -> None:
-        """Wait for ``pending``'s native requests, verify a read's checksums, then finish bounced reads."""
+    def _land(self, pending: _Pending) -> None:
+        """Wait for ``pending``'s native requests (each once: all of them, then raise the first failure) and check a
+        read's checksums (on the verify thread for a checked read, as soon as it lands)."""
         first_error = None
-        t0 = time.perf_counter()
         for rid in pending.request_ids:
             try:
                 self.engine.wait(rid)
-            except OSError as exc:  # each id must be waited once: wait them all, raise the first
+            except OSError as exc:
                 first_error = first_error or self._io_error(pending, exc)
             except Exception as exc:  # noqa: BLE001
                 first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        if pending.verify is not None:
+            t0 = time.perf_counter()
+            self._check(pending.verify)
+            with self._mutex:
+                self.stats.verify_s += time.perf_counter() - t0
+
+    def complete(self, pending: _Pending) -> None:
+        """Wait until ``pending`` has landed (a read checked against its checksums, a write's checksums recorded),
+        then finish bounced reads."""
+        first_error = None
+        t0 = time.perf_counter()
+        try:
+            if pending.landed is not None:
+                pending.landed.result()
+            else:
+                self._land(pending)
+        except Exception as exc:  # noqa: BLE001 - the write's checksum below is still waited
+            first_error = exc
         if pending.checksum is not None:
             try:
                 pending.checksum.result()  # before the caller may reuse the buffer
@@ -523,15 +552,11 @@ class RegionStore:
         try:
             if first_error is not None:
                 raise first_error
-            if pending.verify is not None:
-                self._check(pending.verify)
-            t2 = time.perf_counter()
             with self._mutex:
                 if pending.op == "w":
                     self.stats.write_wait_s += t1 - t0
                 else:
                     self.stats.read_wait_s += t1 - t0
-                    self.stats.verify_s += t2 - t1  # ~0 without a checksum to check
             for dst, src, n in pending.copies:
                 _MEMMOVE(dst, src, n)
         finally:
@@ -564,8 +589,9 @@ class RegionStore:
         """Wait for in-flight I/O, close the device and release the sub-region's lock."""
         if not self.engine.closed:
             self.engine.close()
-        if self._checksums is not None:
-            self._checksums.shutdown(wait=True)
+        for pool in (self._checksums, self._verifier):
+            if pool is not None:
+                pool.shutdown(wait=True)
         self.lease.release()
 
 
