@@ -127,6 +127,15 @@ def run_round(a, k: int) -> dict:
     return rec
 
 
+def commit() -> dict:
+    """The engine the rounds ran: HEAD's commit and the tracked files that differ from it (other work in the tree)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO, check=False).stdout
+
+    return {"head": git("rev-parse", "--short", "HEAD").strip(),
+            "changed": sorted(line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines())}
+
+
 def deadline(until: str | None) -> datetime | None:
     """Today's UTC HH:MM as a datetime, or None."""
     if not until:
@@ -159,6 +168,7 @@ def main() -> int:
     out = os.path.join(ROUNDS_DIR, f"{a.name}.json")
     doc = {"command": "python benchmarks/ssd_bound_rounds.py " + shlex.join(sys.argv[1:]),
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": sb.machine(),
+           "commit": commit(),
            "nice": os.nice(0), "loadavg_start": sb.loadavg(), "rounds": []}
     longest_s = FIRST_ROUND_GUESS_S
     for k in range(1, a.rounds + 1):

@@ -53,7 +53,8 @@ def section_ssd_rounds(docs: list[tuple[str, dict]]) -> str:
         m = d["machine"]
         clip = args[args.index("--gradient-clipping") + 1] if "--gradient-clipping" in args else "DeepSpeed's 1.0"
         out += [f"`{os.path.basename(path)}` ({d['date'][:16].replace('T', ' ')} UTC, {m['host']}: {m['cpu']}, "
-                f"{m['cores']} cores, nice {d['nice']}, load {_load(d['loadavg_start'])} at the start, "
+                f"{m['cores']} cores" + _commit(d.get("commit"))
+                + f", nice {d['nice']}, load {_load(d['loadavg_start'])} at the start, "
                 f"{_load(d['loadavg_end'])} at the end; gradient clipping {clip}"
                 + (f"; {d['stopped']}" if d.get("stopped") else "") + f"): `{d['command']}`, each round `memascend "
                 + " ".join(_without_out_and_title(args)) + " --title TITLE --out DIR`.", "",
@@ -64,6 +65,14 @@ def section_ssd_rounds(docs: list[tuple[str, dict]]) -> str:
             out += ["Failed (each in its round's document, with why; its round has no ratio): " + ", ".join(failed)
                     + ".", ""]
     return "\n".join(out) + "\n"
+
+
+def _commit(c: dict | None) -> str:
+    """', commit abc1234' (and how many tracked files differed from it, if any) for a rounds document that says. Pure."""
+    if not c:
+        return ""
+    changed = len(c.get("changed", []))
+    return f", commit {c['head']}" + (f" with {changed} tracked files changed" if changed else "")
 
 
 def _without_out_and_title(args: list[str]) -> list[str]:

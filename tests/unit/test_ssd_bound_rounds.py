@@ -65,6 +65,9 @@ def test_the_time_page_says_each_ratio_against_its_target():
     assert "| memascend | 2 | 75.0 | x1.68 (1.60, 1.75) | x1.6: met |" in text
     assert "| memascend-bf16_moments | 2 | 95.0 | x2.11 (2.10, 2.12) | x2.2: not met |" in text
     assert "gradient clipping 0" in text and "--out DIR" in text and "/w/r" not in text and "Failed" not in text
+    assert "commit" not in text  # a document from before the rounds recorded it
+    doc["commit"] = {"head": "abc1234", "changed": ["engine/overlap.py"]}
+    assert ", commit abc1234 with 1 tracked files changed," in results_ssd.section_ssd_rounds([("n.json", doc)])
     rounds[1]["runs"]["tuned"].update(ok=False, tokens_per_s=None)
     rounds[1]["round"] = 2
     doc.update(rounds=rounds, **sr.summarize(rounds))
