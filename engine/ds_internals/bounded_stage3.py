@@ -516,7 +516,7 @@ class _NormWorker:
         self.window_bytes = int(window_bytes)
         self._counters = counters
         self._pool = None
-        self._pending: collections.deque = collections.deque()  # (param id, bytes, future), oldest first
+        self._pending: collections.deque = collections.deque()  # (param id, gradient, future), oldest first
         self._bytes = 0
 
     def submit(self, param_id, grad, into: dict) -> None:
@@ -530,7 +530,7 @@ class _NormWorker:
             self._take(into)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="memascend-norm")
-        self._pending.append((param_id, nbytes, self._pool.submit(self._on_worker, grad, torch.get_num_threads())))
+        self._pending.append((param_id, grad, self._pool.submit(self._on_worker, grad, torch.get_num_threads())))
         self._bytes += nbytes
         self._counters["norms_on_worker"] += 1
 
@@ -543,12 +543,20 @@ class _NormWorker:
         return self._norm(grad)
 
     def drain(self, into: dict) -> None:
+        """Every norm into `into`: the caller takes the newest ones the worker has not started itself, while the
+        worker goes on from the oldest (the caller would only wait otherwise)."""
         while self._pending:
-            self._take(into)
+            param_id, grad, future = self._pending[-1]
+            if not future.cancel():
+                self._take(into)  # the worker has reached it: wait from the oldest
+                continue
+            self._pending.pop()
+            self._bytes -= grad.numel() * grad.element_size()
+            into[param_id] = self._norm(grad)
 
     def _take(self, into: dict) -> None:
-        param_id, nbytes, future = self._pending.popleft()
-        self._bytes -= nbytes
+        param_id, grad, future = self._pending.popleft()
+        self._bytes -= grad.numel() * grad.element_size()
         into[param_id] = future.result()
 
 
