@@ -388,7 +388,8 @@ class Installed:
                 if not self.region:
                     raise ValueError("direct_nvme needs a region made by `memascend prepare-ssd` (region=...), "
                                      "or EngineOptions(direct_nvme=False)")
-                from memascend_engine.direct_nvme import DirectNvmeBuilder, RegionStore, verify_from_env
+                from memascend_engine.direct_nvme import RegionStore, verify_from_env
+                from memascend_engine.direct_nvme_aio import DirectNvmeBuilder
 
                 self.store = self._open_store(RegionStore, verify_from_env())
                 self.ctx.declare_zero = self.store.declare_zero

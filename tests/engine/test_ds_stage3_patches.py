@@ -63,5 +63,6 @@ def test_a_single_rank_reduce_scatter_hands_back_the_gradients_bit_for_bit():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PORT": str(port)}
-    proc = subprocess.run([sys.executable, "-c", SINGLE_RANK], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", SINGLE_RANK], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

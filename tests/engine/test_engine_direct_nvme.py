@@ -49,7 +49,8 @@ def make_region(directory: Path, size: str = "64MiB", ranks: int = 1) -> str:
 
 @pytest.fixture
 def store_and_handle(tmp_path):
-    from memascend_engine.direct_nvme import DirectNvmeBuilder, RegionStore
+    from memascend_engine.direct_nvme import RegionStore
+    from memascend_engine.direct_nvme_aio import DirectNvmeBuilder
     from memascend_engine.pinned import PinnedAllocator
 
     store = RegionStore(make_region(tmp_path), 0)
@@ -172,7 +173,7 @@ def test_exchange_hands_a_key_its_shadow_content_and_checksums(store_and_handle)
 
 def test_wait_counts_per_handle(store_and_handle):
     store, h, alloc = store_and_handle
-    from memascend_engine.direct_nvme import DirectNvmeHandle
+    from memascend_engine.direct_nvme_aio import DirectNvmeHandle
 
     other = DirectNvmeHandle(store, alloc)
     bufs = [torch.full((1024,), float(i)) for i in range(3)]
@@ -185,7 +186,8 @@ def test_wait_counts_per_handle(store_and_handle):
 
 
 def test_ranks_stay_in_their_own_subregion(tmp_path):
-    from memascend_engine.direct_nvme import DirectNvmeHandle, RegionStore
+    from memascend_engine.direct_nvme import RegionStore
+    from memascend_engine.direct_nvme_aio import DirectNvmeHandle
     from memascend_engine.pinned import PinnedAllocator
 
     path = make_region(tmp_path, "64MiB", ranks=2)
