@@ -37,6 +37,15 @@ log = logging.getLogger("memascend_engine")
 _MEMMOVE = ctypes.memmove
 _THREADED_COPY_BYTES = 1 << 20
 """From this size a copy runs as torch's (on every core: ~2x ctypes.memmove's one thread on this 2-core VM)."""
+SHADOW_SUFFIX = "~next"
+
+
+def shadow_key(key: str) -> str:
+    """Where a speculation writes the next values of the parameter partition `key` (OptimizerPipeline.shadowed): a
+    key of its own, so the rule (_units) holds both or neither."""
+    return key + SHADOW_SUFFIX
+
+
 STATE_NAMES = ("fp32", "exp_avg", "exp_avg_sq", "lo")
 """The optimizer pipeline's state keys of a chunk (OptimizerPipeline.state_key; "lo": a bf16 master's residual,
 optimizer_pipeline.RESIDUAL)."""
@@ -270,8 +279,6 @@ def _units(pipeline, targets, *, overlap: bool):
     """The units as the rule sees them, in the order it takes them: ([(keys, numel)] per parameter partition whose
     home is the region (`targets`: the pipeline's targets as backward sees them, every such partition by its key),
     per chunk, per gradient)."""
-    from memascend_engine.optimizer_pipeline import shadow_key
-
     shadowed = overlap and pipeline.params_hold_master
     params, seen = [], set()
     for group in targets:

@@ -17,23 +17,17 @@ from dataclasses import dataclass, field
 import torch
 from memascend_engine import native
 from memascend_engine.bounded import IOCounters
-from memascend_engine.dram_tier import in_dram
+from memascend_engine.dram_tier import in_dram, shadow_key
 
 from memascend_cli.planner import zero
 
 OPT_PREFIX = "memascend/opt/"
-SHADOW_SUFFIX = "~next"
 RESIDUAL = "lo"
 """State name of a bf16 chunk's master residual (OptimizerPipeline.split): the master's bits less its bf16 parameters'."""
 SPEC_RESIDENT_MAX_BYTES = 64 << 20
 """Resident partitions (OptimizerPipeline.spec_resident) a speculation holds next values of: DeepSpeed keeps only
 small ones in memory (below min_aio_bytes, persistent) unless offload_param.max_in_cpu keeps more; beyond this a chunk
 with such pieces writes its master instead."""
-
-
-def shadow_key(key: str) -> str:
-    """Where a speculation writes the next values of the parameter partition `key` (OptimizerPipeline.shadowed)."""
-    return key + SHADOW_SUFFIX
 
 
 @dataclass
