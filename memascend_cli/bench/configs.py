@@ -104,6 +104,7 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   bounded_norm="bounded_norm" not in disabled,
                   accumulate_in_dram="accumulate_in_dram" not in disabled,
                   overlap_optimizer="overlap_optimizer" not in disabled,
+                  norm_worker="norm_worker" not in disabled,
                   master_from_params="master_from_params" not in disabled,
                   params_hold_master="params_hold_master" not in disabled,
                   optimizer_moments=moments if mode == "memascend" else "fp32",
@@ -246,6 +247,8 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
         disabled += ("overlap_optimizer",)  # its steps clipped: not speculated
     if run.get("mode") == "memascend" and "bounded_norm" not in (_engine_stats(run).get("options") or {}):
         disabled += ("bounded_norm",)  # recorded before the bounded norm: DeepSpeed's 250M-element fp64 pieces
+    if run.get("mode") == "memascend" and "norms_on_worker" not in (_engine_stats(run).get("counters") or {}):
+        disabled += ("norm_worker",)  # recorded before it: the norms and copies on the thread that drives backward
     if run.get("mode") == "memascend" and "master_from_params" not in (_engine_stats(run).get("options") or {}):
         disabled += ("master_from_params",)  # recorded before it: the master read from the SSD
     if run.get("mode") == "memascend" and "params_hold_master" not in (_engine_stats(run).get("options") or {}):

@@ -90,16 +90,31 @@ docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip
 blocking: MEMASCEND_GRADIENT_WRITE_BLOCKING; 19.2 before they were); every other bench run validates it
 (tests/unit/test_time_validation.py test_memascend_host_term_is_the_fit)."""
 
-MEMASCEND_DRAM_HOST_NS_PER_ELEMENT = {"backward": 20.5, "optimizer": 6.0}
+MEMASCEND_DRAM_HOST_NS_PER_ELEMENT = {"backward": 19.7, "optimizer": 2.9}
 """memascend's host work per optimizer element on the CPU accelerator in its dram row (planner.placement: the tier
-holds every state, the optimizer not overlapped), beyond the matmuls and Adam. In backward: the gradient's
-reduce-scatter copy, its norm and its copy into the held gradient key (engine/bounded.py GradientStream.write); in the
-step: the chunks' master pieces and gradients into the pipeline's slots and the parameters back
-(engine/optimizer_pipeline.py). Fitted on one run as (measured - modelled) phase seconds per element with the compute
-at its sitting's matmul probe: docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/
-placements-clip10-quiet-dram-overlap-on-off-cap4gib.json.gz, memascend-no-overlap_optimizer (Intel VM, 2026-12-06,
-quiet: the engine before its held chunks were stepped in place, 36 B per element copied in the step; the 8 GiB
-sitting's twin run validates it)."""
+holds every state, the optimizer not overlapped, each held chunk stepped in place: memascend_engine.dram_tier in_dram),
+beyond the matmuls and Adam. In backward: the gradient's reduce-scatter copy, its norm and its copy into the held
+gradient key (engine/bounded.py GradientStream.write); in the step: multi-piece chunks' masters and gradients into the
+pipeline's slots and the parameters back (engine/optimizer_pipeline.py). Fitted on one run as (measured - modelled)
+phase seconds per element (median steps) with the compute at its sitting's matmul probe: docs/bench/placements/
+bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/placements-clip10-quiet-dram-in-place-cap8gib-diagnostic.json.gz,
+memascend (Intel VM, 2026-12-06 21:03, quiet; 20.5 / 6.0 on the engine before its chunks were stepped in place, the
+16:58 sitting's no-overlap run); the 4 GiB sittings beside it and later sweeps validate it."""
+
+MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT = 17.6
+"""Today's engine's host work per element on the thread that drives backward with the optimizer overlapped, beyond
+MEMASCEND_CPU_HOST_NS_PER_ELEMENT (fitted on the engine before its gradient norms went to a worker thread,
+engine/ds_internals/bounded_stage3.py _NormWorker, whose counters.norms_on_worker marks the records since: with it
+the writes' CRC-32C and the reads' verification run on the region store's threads, engine/direct_nvme.py, and a
+single rank's reduce-scatter skips its copies). Those moved work off that thread, yet the fit is positive: on this
+2-core VM the worker threads share the cores with the matmuls, and the VM itself ran slower than at the first sitting
+(matmul probes 237-289 GFLOP/s against the cache's 315.4, stock's runs 15-20% over their plan); the two are not
+separated. Records of engines before (no norms_on_worker counter) are planned without it (JobSpec.norm_worker).
+Fitted on one run as the term that makes its plan at its sitting's matmul probe its measured s/step: docs/bench/
+placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet2/placements-clip10-quiet2-calibration-split-
+cap2.5gib.json.gz, memascend (Intel VM, 2026-12-06 21:35, quiet, the split at 2.5 GiB: 5.43 s/step, planned
+3.93 without the term), recorded before the sweep it planned; the sweep's memascend runs validate it
+(tests/unit/test_time_validation.py)."""
 
 MEMASCEND_GRADIENT_WRITE_BLOCKING = 1.0
 """The share of the last backward's gradient writes that memascend's backward waits for on the CPU accelerator with
@@ -237,7 +252,8 @@ def _div(work: float, rate: float | None) -> float | None:
 def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_per_s: float | None,
               write_bytes_per_s: float | None, optimizer_elems: int, cpu_cores: int, tokens_per_step: int,
               pipelined_optimizer: bool = False, grad_accum: int = 1, elem_bytes: int = 2, duplex_io: bool = False,
-              sub_group_numels: tuple[int, ...] = (), overlap_window: float = 0.0, tail_elems: int = 0) -> StepTime:
+              sub_group_numels: tuple[int, ...] = (), overlap_window: float = 0.0, tail_elems: int = 0,
+              norm_worker: bool = True) -> StepTime:
     """The step time of `engine` (stock, tuned or memascend) for one rank.
 
     `duplex_io`: reads and writes have budgets of their own (`bench --ssd-bandwidth`: the kernel throttles each
@@ -301,7 +317,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     op_io = z(op_r) + z(op_w)
     host_fb, host_opt, host_window = (0.0, 0.0, 0.0) if device.gpu else _host_seconds(
         engine, optimizer_elems, all_in_dram=bool(optimizer_elems) and dram_elems >= optimizer_elems,
-        overlapped=bounded and overlap_window > 0)
+        overlapped=bounded and overlap_window > 0, norm_worker=norm_worker)
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
         overlap = "forward/backward: max(compute, SSD, PCIe)"
@@ -382,15 +398,18 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
                     phase_s={PHASE_FORWARD_BACKWARD: fb, PHASE_OPTIMIZER: opt})
 
 
-def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: bool) -> tuple[float, float, float]:
+def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: bool,
+                  norm_worker: bool = True) -> tuple[float, float, float]:
     """(backward, optimizer, overlap window) seconds of an engine's host work beyond the matmuls, the SSD and Adam on
     the CPU accelerator, on the cores of the matmuls. Stock's passes over each element (tuned stock runs the same
     stage3.py code): ZeRO-Offload's own where every state is in DRAM, none swapped; memascend's in the overlap window,
-    and its dram row's own (no overlap, every chunk stepped in place in the tier)."""
+    with today's engine's delta (`norm_worker`: not for engines recorded before it), and its dram row's own (no
+    overlap, every chunk stepped in place in the tier)."""
     if engine in ("stock", "tuned"):
         ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT if all_in_dram else STOCK_CPU_HOST_NS_PER_ELEMENT
     elif overlapped:
-        return 0.0, 0.0, elems * MEMASCEND_CPU_HOST_NS_PER_ELEMENT * 1e-9
+        window = MEMASCEND_CPU_HOST_NS_PER_ELEMENT + (MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT if norm_worker else 0.0)
+        return 0.0, 0.0, elems * window * 1e-9
     elif all_in_dram:
         ns = MEMASCEND_DRAM_HOST_NS_PER_ELEMENT
     else:
@@ -463,7 +482,8 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
             sub_group_numels=est.sub_group_numels,
             overlap_window=(bwd_flops / flops / ga
                             if name == "memascend" and job.streaming and job.overlap_optimizer else 0.0),
-            tail_elems=job.model.vocab_size * job.model.hidden_size // max(1, est.world_size))
+            tail_elems=job.model.vocab_size * job.model.hidden_size // max(1, est.world_size),
+            norm_worker=job.norm_worker)
     return out
 
 
