@@ -77,7 +77,7 @@ class JobSpec:
     """memascend's engine since its gradient norms went to a worker thread (engine/ds_internals/bounded_stage3.py
     _NormWorker), with the writes' CRC-32C on the region store's checksum thread, a single rank's reduce-scatter handing
     back the gradients themselves and the CPU accelerator's device count asked once; False: an engine recorded before
-    them, all on the thread that drives backward (planner.time MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT)."""
+    them, all on the thread that drives backward (planner.time MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT)."""
     master_from_params: bool = True
     """With the overlap: memascend copies each chunk's master (bf16: its upper halves) from the parameters backward
     fetched instead of reading it (EngineOptions.master_from_params)."""

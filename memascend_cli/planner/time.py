@@ -101,7 +101,7 @@ bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/placements-clip10-quiet-d
 memascend (Intel VM, 2026-12-06 21:03, quiet; 20.5 / 6.0 on the engine before its chunks were stepped in place, the
 16:58 sitting's no-overlap run); the 4 GiB sittings beside it and later sweeps validate it."""
 
-MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT = 17.6
+MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT = 17.6
 """Today's engine's host work per element on the thread that drives backward with the optimizer overlapped, beyond
 MEMASCEND_CPU_HOST_NS_PER_ELEMENT (fitted on the engine before its gradient norms went to a worker thread,
 engine/ds_internals/bounded_stage3.py _NormWorker, whose counters.norms_on_worker marks the records since: with it
@@ -408,7 +408,8 @@ def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: boo
     if engine in ("stock", "tuned"):
         ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT if all_in_dram else STOCK_CPU_HOST_NS_PER_ELEMENT
     elif overlapped:
-        window = MEMASCEND_CPU_HOST_NS_PER_ELEMENT + (MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT if norm_worker else 0.0)
+        threads = MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT if norm_worker else 0.0
+        window = MEMASCEND_CPU_HOST_NS_PER_ELEMENT + threads
         return 0.0, 0.0, elems * window * 1e-9
     elif all_in_dram:
         ns = MEMASCEND_DRAM_HOST_NS_PER_ELEMENT

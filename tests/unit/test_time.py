@@ -185,11 +185,11 @@ def test_host_copies_count_on_the_cpu_accelerator_only():
 
 
 def test_memascend_host_work_runs_on_the_backward_thread_on_the_cpu_only():
-    """MEMASCEND_CPU_HOST_NS_PER_ELEMENT, with today's engine's delta (MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT),
+    """MEMASCEND_CPU_HOST_NS_PER_ELEMENT, with today's engine's delta (MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT),
     joins the overlap window's compute on the CPU accelerator: it lengthens a
     compute-bound window and hides under an I/O-bound one; a GPU step has none."""
     elems = 10**8
-    host = elems * (tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT + tm.MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT) * 1e-9
+    host = elems * (tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT + tm.MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT) * 1e-9
 
     def fb(gpu, read_gbps):
         dev = tm.gpu_device("H100", measured_tflops=1.0) if gpu else tm.cpu_device(1.0, "t")

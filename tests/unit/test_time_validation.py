@@ -477,11 +477,11 @@ def test_gradient_write_blocking_is_the_fit():
 
 
 def test_todays_engine_delta_is_the_fit():
-    """MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT makes NORM_WORKER_CALIBRATION's memascend run (today's engine: its
+    """MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT makes NORM_WORKER_CALIBRATION's memascend run (today's engine: its
     counters count norms_on_worker) plan at its sitting's matmul probe its measured s/step, to 0.1 ns."""
-    fitted = _fit_constant("MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT", NORM_WORKER_CALIBRATION, plan_at_sitting,
+    fitted = _fit_constant("MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT", NORM_WORKER_CALIBRATION, plan_at_sitting,
                            60.0, 0.01)
-    assert abs(fitted - tm.MEMASCEND_TODAY_HOST_DELTA_NS_PER_ELEMENT) < 0.1, fitted
+    assert abs(fitted - tm.MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT) < 0.1, fitted
 
 
 # The plan's SSD bytes per step against the bench's block-I/O counters: the term every DRAM-resident byte is credited
