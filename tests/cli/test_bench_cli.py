@@ -482,12 +482,15 @@ def test_the_predicted_step_time_gets_the_throttle_or_the_probed_bandwidth():
                                   nvme_dir="/x", ranks=1)
     doc = {"job": job, "hardware": {"cpu_cores": 2}}
     committed = {"mode": "memascend", "config": cfg,
-                 "engine_stats": [{"overlap": {"steps_committed": 2}, "options": {
+                 "engine_stats": [{"overlap": {"steps_committed": 2}, "counters": {"norms_on_worker": 3}, "options": {
                      "bounded_norm": True, "master_from_params": True, "params_hold_master": True}}]}
     again = configs.repredict(doc, committed)["time"]
     live = configs.predict("memascend", cfg, configs.recorded_spec(job), seq_len=64, micro_batch=1, dtype="fp32",
                            ranks=1, checkpointing="full", hw=hw, deepspeed_version="0.19.8", timing=t)["time"]
     assert again["seconds_per_step"] == live["seconds_per_step"] > 0
+    # Recorded before the norm worker (no norms_on_worker counter): planned without its threads' host term.
+    del committed["engine_stats"][0]["counters"]
+    assert 0 < configs.repredict(doc, committed)["time"]["seconds_per_step"] < live["seconds_per_step"]
     # A run whose steps did not speculate (recorded before the overlap, or clipped) is planned without it; one
     # recorded without its engine's options, as before params_hold_master too.
     plain = configs.predict("memascend", cfg, configs.recorded_spec(job), seq_len=64, micro_batch=1, dtype="fp32",
