@@ -126,7 +126,7 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
         # the second quiet placement sweep (21:36-21:50): tuned all on the SSD at each cap, 8.2-8.9 s/step
         *((f"{_PLACED2}cap-{c}.json:4:512:tuned", f"{_PLACED2}cap-4GiB.json:4:512:tuned")
           for c in ("2.3GiB", "2.7GiB", "3.25GiB")),
-        # issue 62's quiet rounds of 21:15-21:32: memascend 5.5-5.9 s/step, bf16 moments 5.1-5.8 from round to round
+        # the SSD-bound quiet rounds of 2026-12-06 21:15-21:32: memascend 5.5-5.9 s/step, bf16 moments 5.1-5.8 from round to round
         *((f"bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet2-round{r}.json:8:512:{m}",
            f"bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet2-round4.json:8:512:{m}")
           for m, rounds in (("memascend", (1, 2, 3)), ("memascend-bf16_moments", (1, 2, 3, 5))) for r in rounds),
