@@ -63,7 +63,7 @@ from results_records import (section_ci, section_hub, section_llamafactory_examp
 from results_placements import section_placements  # noqa: E402
 from results_real_sft import section_real_sft  # noqa: E402
 from results_ssd import section_dram_tier, section_ssd_rounds, section_striped  # noqa: E402
-from results_time import section_ssd_bound  # noqa: E402
+from results_time import section_ssd_bound, section_validation  # noqa: E402
 from results_variation import section_variation  # noqa: E402
 
 OUT = os.path.join(DOCS, "results.md")
@@ -127,7 +127,7 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
     if name == "time":
         tier = os.path.join(BENCH, "dram-tier", "bytes-per-step-bf16.json")
         real_sft = os.path.join(BENCH, "real-sft", "smollm2-pydoc.json")
-        return [section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))),
+        return [section_validation(BENCH), section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))),
                 section_ssd_rounds(load(os.path.join(BENCH, "ssd-bound-rounds", "*.json"))),
                 section_placements(load(os.path.join(BENCH, "placements", "*.json"))),
                 section_dram_tier(load_one(tier), tier),

@@ -205,7 +205,7 @@ def section_ssd_bound(runs: list) -> str:
            "Plan at the cores got scales the plan's compute time by cores / (cores - cores taken): a diagnostic of "
            "the model's structure on a shared machine, not the plan's prediction. Each document is one sitting.", "",
            f"{total - misses} of {total} runs within {TIME_TOLERANCE_PERCENT:.0f}% "
-           "(`tests/unit/test_time_validation.py` checks every CPU bench document).", ""]
+           "(as the bench planned them: most of these runs are history, see the validation above).", ""]
     for limit, rows in groups.items():
         out += [f"### {'No SSD limit' if limit == 'none' else f'SSD limited to {limit}'}", "",
                 table(TIME_HEADER, rows), ""]
@@ -231,3 +231,52 @@ def section_ssd_bound(runs: list) -> str:
         cmd = (doc.get("meta") or {}).get("command", "?")
         out.append(f"- `{os.path.basename(path)}` ({(doc.get('meta') or {}).get('date', '?')}): `{cmd}`")
     return "\n".join(out) + "\n"
+
+
+VALIDATION_HEADER = ["recorded", "run", "placement", "sitting probe GFLOP/s (cache)", "s/step",
+                     "plan at the sitting's probe", "plan error", "raw"]
+
+
+def section_validation(bench: str) -> str:
+    """The time model's validation runs by the rule of memascend_cli/bench/validation_scope.py (what each record
+    holds, never whether its plan misses): one row each, planned at its sitting's probe; the history counted by the
+    part of the rule that keeps it out."""
+    from memascend_cli.bench import validation_scope as scope
+    from memascend_cli.bench.placements import plan_at_sitting
+
+    rows, within, total, history = [], 0, 0, {}
+    for name, doc in scope.recorded_documents(bench):
+        if doc["job"].get("accelerator", "cpu") != "cpu" or name == scope.CALIBRATION_DOCUMENT:
+            continue
+        for r in doc["runs"]:
+            if not r["ok"] or r.get("disabled"):
+                continue
+            reason = scope.history_reason(doc, r)
+            if reason is not None:
+                history[reason] = history.get(reason, 0) + 1
+                continue
+            fitted = scope.run_id(name, doc, r) in scope.CALIBRATION_RUNS
+            plan_s, sps = plan_at_sitting(doc, r), r["seconds_per_step"]
+            err = 100.0 * (plan_s - sps) / sps
+            total += not fitted
+            within += not fitted and abs(err) <= TIME_TOLERANCE_PERCENT
+            probe = doc["hardware"]["sitting"]
+            rows.append([((doc.get("meta") or {}).get("date") or "?")[:16], r["name"],
+                         (r.get("placement") or {}).get("placement") or "ssd",
+                         f"{probe['fp32_gflops']:g} ({probe['cached_fp32_gflops']:g})", f"{sps:.2f}",
+                         f"{plan_s:.2f}", pct(err) + (" (fitted)" if fitted else ""), f"`{name}`"])
+    if not rows:
+        return ""
+    rows.sort()
+    counts = ", ".join(f"{n} {why}" for why, n in sorted(history.items()))
+    return "\n".join([
+        "## Which runs validate the time model", "",
+        "A rule over what each record holds, stated before any run is compared "
+        "(memascend_cli/bench/validation_scope.py): a CPU bench record that carries its sitting's own matmul probe "
+        "and the SSD rate it ran at is planned with those (what `memascend plan` says of that machine that hour), "
+        f"unless its load gauge shows other jobs on {scope.CONTENDED_CORES:g} cores or more, or its sitting's fp32 "
+        f"probe ran under {scope.MACHINE_SPEED:g} of the machine's cached probe (a slower machine than the one the "
+        "plan describes). Runs a time term was fitted on are marked and not counted. Every other run is history "
+        f"({counts}), held to a looser check by `tests/unit/test_time_validation.py`.", "",
+        f"{within} of {total} validation runs within {TIME_TOLERANCE_PERCENT:.0f}%.", "",
+        table(VALIDATION_HEADER, rows), ""])
