@@ -205,6 +205,26 @@ def test_validation_holds_every_placement_of_both_engines():
             ("memascend", "split")} <= seen, seen
 
 
+def test_the_plan_ranks_each_sittings_runs_as_measured():
+    """Within each validation document (one sitting: a placement point's stock, tuned and memascend runs), the plan
+    orders every two runs as they measured wherever their measured s/step differ by more than TOLERANCE: the plan
+    picks the placement to recommend by that order."""
+    by_doc: dict[int, list] = {}
+    for p in VALIDATION:
+        by_doc.setdefault(id(p.values[0]), []).append(p.values)
+    pairs = 0
+    for runs in by_doc.values():
+        for i, (doc, a) in enumerate(runs):
+            for _, b in runs[i + 1:]:
+                if abs(a["seconds_per_step"] - b["seconds_per_step"]) <= TOLERANCE * max(a["seconds_per_step"],
+                                                                                         b["seconds_per_step"]):
+                    continue
+                pairs += 1
+                assert (planned(doc, a) < planned(doc, b)) == (a["seconds_per_step"] < b["seconds_per_step"]), \
+                    (a["name"], b["name"], doc["job"].get("dram_cap_bytes"))
+    assert pairs >= 10, pairs
+
+
 @pytest.mark.parametrize("doc,run", VALIDATION)
 def test_step_time_within_15_percent(doc, run):
     """The plan at the run's sitting probe within TOLERANCE of its measured s/step."""
