@@ -269,14 +269,14 @@ def section_validation(bench: str) -> str:
         return ""
     rows.sort()
     counts = ", ".join(f"{n} {why}" for why, n in sorted(history.items()))
-    return "\n".join([
-        "## Which runs validate the time model", "",
+    rule = (
         "A rule over what each record holds, stated before any run is compared "
         "(memascend_cli/bench/validation_scope.py): a CPU bench record that carries its sitting's own matmul probe "
         "and the SSD rate it ran at is planned with those (what `memascend plan` says of that machine that hour), "
         f"unless its load gauge shows other jobs on {scope.CONTENDED_CORES:g} cores or more, or its sitting's fp32 "
         f"probe ran under {scope.MACHINE_SPEED:g} of the machine's cached probe (a slower machine than the one the "
         "plan describes). Runs a time term was fitted on are marked and not counted. Every other run is history "
-        f"({counts}), held to a looser check by `tests/unit/test_time_validation.py`.", "",
-        f"{within} of {total} validation runs within {TIME_TOLERANCE_PERCENT:.0f}%.", "",
-        table(VALIDATION_HEADER, rows), ""])
+        f"({counts}), held to a looser check by `tests/unit/test_time_validation.py`.")
+    return "\n".join(["## Which runs validate the time model", "", rule, "",
+                      f"{within} of {total} validation runs within {TIME_TOLERANCE_PERCENT:.0f}%.", "",
+                      table(VALIDATION_HEADER, rows), ""])
