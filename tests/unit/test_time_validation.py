@@ -6,8 +6,8 @@ before any run is compared: a CPU bench record that carries its sitting's own ma
 is planned with those (placements.plan_at_sitting: what the plan says of that machine that hour) and must come within
 TOLERANCE, unless its load gauge shows other jobs on the cores or its sitting's probe ran under the machine's cached
 rate. Every other record is history (older records, VMs that no longer exist, contended runs, slow sittings): planned
-as the bench planned it, or at the calibrated CPU rate and this VM disk's probed bandwidth where it recorded no rates,
-and held to HISTORY_TOLERANCE. A validation run the model misses is listed in EXPECTED_MISSES with a cause that
+at its sitting's probe where it carries one, else as the bench planned it, or at the calibrated CPU rate and this VM
+disk's probed bandwidth where it recorded no rates, and held to HISTORY_TOLERANCE. A validation run the model misses is listed in EXPECTED_MISSES with a cause that
 test_each_expected_miss_has_its_cause_in_its_record finds in its record; the list holds at most a tenth of the
 validation runs.
 
@@ -37,8 +37,9 @@ NORM_WORKER_CALIBRATION = scope.NORM_WORKER_CALIBRATION
 OVERLAP_SERIAL_CALIBRATION = scope.OVERLAP_SERIAL_CALIBRATION
 CALIBRATION_RUNS = scope.CALIBRATION_RUNS
 TOLERANCE = 0.15
-HISTORY_TOLERANCE = 0.30
-"""History's looser check: each engine's median error (absolute) over its history runs."""
+HISTORY_TOLERANCE = 2 * TOLERANCE
+"""History's looser check, on each engine's median error (absolute) over its history runs: machines the plan's rates
+no longer describe, runs beside other jobs and degraded sittings, where no run is held to TOLERANCE."""
 MISSES_SHARE = 0.10
 """EXPECTED_MISSES holds at most this share of the validation runs."""
 READ_GBPS, WRITE_GBPS = 3.751, 6.584
