@@ -9,7 +9,9 @@ held state as it reads the rest.
 
 :func:`assign` decides what is held, after the optimizer pipeline is built and before it writes its first state:
 the rule is memascend_cli.planner.dram_tier (parameter partitions, then whole optimizer chunks, then gradients), the
-same the planner prices. Keys of held units written before (zero.Init's parameter partitions) move into DRAM then.
+same the planner prices. Keys of held units written before (zero.Init's parameter partitions) move into DRAM then,
+and those the training steps write first (Adam moments, gradients) get their locked buffers then too: the tier's
+memory is taken and faulted in while the engine sets up, not by the first step.
 The tier is static (a fixed set, no eviction), so the order the optimizer walks its chunks moves no SSD byte.
 
 Held bytes are also computed on where they are (:func:`in_dram`): the optimizer pipeline steps a held chunk's moments
@@ -125,8 +127,12 @@ class TieredStore(RegionStore):
         self._closed_to_new = False
 
     # -- what is held ------------------------------------------------------------------------
-    def hold(self, keys) -> None:
-        """Keep `keys` in DRAM from now on; those already on the region move here (read once)."""
+    def hold(self, keys, sizes: dict[str, int] | None = None) -> None:
+        """Keep `keys` in DRAM from now on; those already on the region move here (read once). A key new to the store
+        that `sizes` names (the bytes its first write covers) gets its buffer now, locked and so faulted in: the tier
+        takes its memory while the engine sets up, as stock's CPU offload takes its states' at initialize, instead of
+        page-faulting it in during the first step's writes."""
+        sizes = {self.key(k): int(n) for k, n in (sizes or {}).items()}
         self._held.update(self.key(k) for k in keys)
         for key in sorted(self._held):
             if key in self._dram:
@@ -134,6 +140,8 @@ class TieredStore(RegionStore):
             with self._mutex:
                 st = self._keys.get(key)
             if st is None:
+                if key in sizes and self._admit(key, sizes[key]) is None:
+                    return
                 continue
             n = max(st.written_bytes, st.zero_bytes)
             res = self._admit(key, n)
@@ -298,6 +306,17 @@ def _units(pipeline, targets, *, overlap: bool):
     return params, chunks, grads
 
 
+def _first_written(pipeline, held, chunks, grads, *, overlap: bool) -> dict[str, int]:
+    """Bytes of the held keys that no setup step writes, as the training steps first write them: the Adam moments
+    of held chunks (each generation's, written by the first step that steps it) and the held gradients (the first
+    backward). The parameter partitions, their shadows and the masters are written while the engine sets up."""
+    gens = (0, 1) if overlap else (0,)
+    sizes = {pipeline.state_key(ci, name, g): chunks[ci][1] * pipeline.moment_bytes
+             for ci in held.groups for name in ("exp_avg", "exp_avg_sq") for g in gens}
+    sizes.update((grads[i][0][0], grads[i][1] * pipeline.grad_bytes) for i in held.grads if grads[i][1])
+    return sizes
+
+
 def process_room() -> tuple[int, int]:
     """(bytes this process may still take: its cgroup's limit or MemAvailable less what it holds, the headroom to
     leave of them: the placement headroom of the plan, planner.placement)."""
@@ -335,7 +354,7 @@ def assign(store, pipeline, targets, *, overlap: bool, grads_reach_ssd: bool,
                      "on the region")
     else:
         store.hold([k for units, idx in ((params, held.params), (chunks, held.groups), (grads, held.grads))
-                    for i in idx for k in units[i][0]])
+                    for i in idx for k in units[i][0]], _first_written(pipeline, held, chunks, grads, overlap=overlap))
         log.info("memascend_engine: DRAM tier holds %d of %d parameter partitions, %d of %d optimizer chunks, %d of "
                  "%d gradients (%.2f GiB of %.2f GiB asked)", len(held.params), len(params), len(held.groups),
                  len(chunks), len(held.grads), len(grads), held.total_bytes / 2**30, tier.asked_bytes / 2**30)

@@ -79,6 +79,21 @@ def test_held_bytes_are_computed_in_place_and_counted_not_copied(store):
                                                                            write=True) is None
 
 
+def test_sized_keys_get_their_buffer_when_held_and_the_first_write_lands_in_it(store):
+    from memascend_engine.dram_tier import in_dram
+
+    store.hold(["g", "n"], sizes={"g": 4 * MiB, "x": MiB})  # "n": no size (admitted by its first write); "x": not held
+    t = store.snapshot()["dram_tier"]
+    assert t["keys"] == 1 and t["resident_bytes"] == 4 * MiB  # taken (locked, so faulted in) before any write
+    assert store.is_resident("g") and not store.is_resident("n") and not store.is_resident("x")
+    assert store.written_bytes("g") == 0 and in_dram(store, "g", 0, MiB, torch.float32) is None  # nothing to read yet
+    address = in_dram(store, "g", 0, MiB, torch.float32, write=True).data_ptr()
+    _write(store, "g", _vals(MiB, 1))
+    assert torch.equal(_read(store, "g", MiB), torch.arange(MiB, dtype=torch.float32) + 1)
+    assert in_dram(store, "g", 0, MiB, torch.float32).data_ptr() == address  # the same buffer: not grown
+    assert store.snapshot()["dram_tier"]["resident_bytes"] == 4 * MiB and store.snapshot()["bytes_written"] == 0
+
+
 def test_keys_written_before_the_tier_move_in_once(store):
     _write(store, "p", _vals(MiB, 3))
     store.declare_zero("z", 4096)
