@@ -26,7 +26,9 @@ if os.environ.get("MEMASCEND_SKIP_NATIVE") != "1":
             cxx_std=17,
             # -O3 for the scan's vectorised reductions; baseline ISA only, the scan dispatches to
             # an AVX2 clone at load time so the wheel stays portable.
-            extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+            # -fno-math-errno: sqrt in vector loops (moments.cpp's Adam); nothing here reads errno after math calls.
+            extra_compile_args=["-O3", "-fno-math-errno", "-fvisibility=hidden", "-Wall", "-Wextra",
+                                "-Wno-missing-field-initializers"],
             extra_link_args=["-pthread"],
             libraries=["dl"],
         )

@@ -240,12 +240,13 @@ torch.frombuffer, numpy); close() refuses while views exist.
           "True if any of ``numel`` elements at ``address`` is inf or nan. dtype: float16, bfloat16 or float32. "
           "One multi-threaded pass, no allocation proportional to numel. num_threads=0: all cores.");
     m.def("bf16_narrow_sr",
-          [](uintptr_t address, size_t numel, uint32_t seed) {
-              bf16_narrow_sr(reinterpret_cast<void*>(address), numel, seed);
+          [](uintptr_t address, size_t numel, uint32_t seed, size_t first) {
+              bf16_narrow_sr(reinterpret_cast<void*>(address), numel, seed, first);
           },
-          py::arg("address"), py::arg("numel"), py::arg("seed"), release_gil(),
+          py::arg("address"), py::arg("numel"), py::arg("seed"), py::arg("first") = 0, release_gil(),
           "In place: the numel fp32 values at address become bf16 values in its first 2 x numel bytes, rounded "
-          "stochastically with noise hashed from each index and seed (moments.h).");
+          "stochastically with noise hashed from each index and seed (moments.h); first > 0: elements "
+          "[first, first + numel) only.");
     m.def("bf16_widen",
           [](uintptr_t address, size_t numel, size_t upper_byte) {
               bf16_widen(reinterpret_cast<void*>(address), numel, upper_byte);
@@ -268,6 +269,28 @@ torch.frombuffer, numpy); close() refuses while views exist.
           py::arg("address"), py::arg("residual"), py::arg("numel"), py::arg("upper_byte"), release_gil(),
           "In place: the numel bf16 values at address + upper_byte (>= 2 x numel) and int16 residuals become fp32 "
           "masters at address (moments.h).");
+    m.def("adam_step_fused",
+          [](uintptr_t master, uintptr_t residual, uintptr_t exp_avg, uintptr_t exp_avg_sq, uintptr_t grad,
+             size_t numel, size_t upper_byte, unsigned flags, uintptr_t fixes, uintptr_t fix_values, size_t fix_count,
+             const std::vector<float>& k, bool adamw, uint32_t seed_avg, uint32_t seed_avg_sq, uintptr_t exceptions,
+             size_t cap) {
+              if (k.size() != 9) throw std::invalid_argument("adam_step_fused: 9 constants");
+              const AdamConstants c{k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], adamw};
+              return adam_step_fused(reinterpret_cast<float*>(master), reinterpret_cast<int16_t*>(residual),
+                                     reinterpret_cast<float*>(exp_avg), reinterpret_cast<float*>(exp_avg_sq),
+                                     reinterpret_cast<const float*>(grad), numel, upper_byte, flags,
+                                     reinterpret_cast<const int64_t*>(fixes),
+                                     reinterpret_cast<const float*>(fix_values), fix_count, c, seed_avg,
+                                     seed_avg_sq, reinterpret_cast<int64_t*>(exceptions), cap);
+          },
+          py::arg("master"), py::arg("residual"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("grad"),
+          py::arg("numel"), py::arg("upper_byte"), py::arg("flags"), py::arg("fixes"), py::arg("fix_values"),
+          py::arg("fix_count"), py::arg("constants"), py::arg("adamw"), py::arg("seed_avg"), py::arg("seed_avg_sq"),
+          py::arg("exceptions"), py::arg("cap"), release_gil(),
+          "One optimizer chunk's widen / join, DeepSpeed's CPU Adam, split / narrow in one pass (moments.h); "
+          "constants: beta1, beta2, 1 - beta1, 1 - beta2, eps, bias correction 2, step size, weight decay, decoupled "
+          "decay. "
+          "Returns the count of masters the residual cannot hold (their indices to exceptions, up to cap).");
     m.def("dio_alignment",
           [](const std::string& path) {
               DioAlignment a = query_dio_alignment(path);

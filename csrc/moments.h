@@ -14,7 +14,9 @@
 
 namespace memascend {
 
-void bf16_narrow_sr(void* data, size_t n, uint32_t seed);
+// `first` > 0: elements [first, first + n) only (the fp32 value of element i at data + 4i, its bf16 to data + 2i, its
+// noise from index i), so that a buffer can be narrowed in ascending parts (each once) between other work.
+void bf16_narrow_sr(void* data, size_t n, uint32_t seed, size_t first = 0);
 void bf16_widen(void* data, size_t n, size_t upper_byte);
 
 // A bf16 parameter holding its fp32 master's upper half (OptimizerPipeline.split in engine/optimizer_pipeline.py).
@@ -25,5 +27,29 @@ void bf16_widen(void* data, size_t n, size_t upper_byte);
 // residuals become the n fp32 masters at data (ascending through a local block, as bf16_widen).
 size_t master_split(const void* master, void* residual, size_t n, int64_t* exceptions, size_t cap);
 void master_join(void* data, const void* residual, size_t n, size_t upper_byte);
+
+}  // namespace memascend
+
+namespace memascend {
+
+// DeepSpeed's CPU Adam step constants as its op computes them for the call (cpu_adam.h: update_state, Step_AVX).
+struct AdamConstants {
+    float beta1, beta2, beta1_minus1, beta2_minus1, eps, bias_correction2, step_size, weight_decay, w_decay;
+    bool adamw;
+};
+
+constexpr unsigned kWidenMoments = 1, kJoinMaster = 2, kSplitMaster = 4, kNarrowMoments = 8;
+
+// One optimizer chunk's step in one pass over it (engine/one_pass_step.py): per block of elements, exp_avg / exp_avg_sq
+// widened from bf16 at byte upper_byte (kWidenMoments; else fp32 in place), the master joined from its bf16 upper
+// halves at byte upper_byte and its residual (kJoinMaster, then the `fixes` masters, ascending indices; else fp32 in
+// place), DeepSpeed's Adam with `k` on the fp32 gradient, the master (fp32, in place) split again into its residual
+// (kSplitMaster: as master_split, exceptions' indices out, returns their count) and the moments narrowed with
+// stochastic rounding (kNarrowMoments, as bf16_narrow_sr with the seeds; else fp32 in place). The bits of those
+// functions and of DeepSpeed's vector loop, one after the other over the whole chunk.
+size_t adam_step_fused(float* master, int16_t* residual, float* exp_avg, float* exp_avg_sq, const float* grad,
+                       size_t n, size_t upper_byte, unsigned flags, const int64_t* fixes, const float* fix_values,
+                       size_t fix_count, const AdamConstants& k, uint32_t seed_avg, uint32_t seed_avg_sq,
+                       int64_t* exceptions, size_t cap);
 
 }  // namespace memascend

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -152,51 +153,92 @@ def as_tensor(buf: Any, dtype: Any, shape: int | tuple[int, ...] | list[int] | N
     return t.view(dims)
 
 
-def bf16_narrow_sr_tensor(t: Any, n: int, seed: int) -> None:
+def bf16_narrow_sr_tensor(t: Any, n: int, seed: int, start: int = 0) -> None:
     """In place: the first n elements of the contiguous fp32 CPU tensor `t` become bf16 values in its first 2n bytes,
-    rounded stochastically under `seed` (csrc/moments.h)."""
-    _check_fp32(t, n)
-    _require().bf16_narrow_sr(t.data_ptr(), int(n), int(seed) & 0xFFFFFFFF)
+    rounded stochastically under `seed` (csrc/moments.h); `start`: elements [start, start + n) only, element i's bf16
+    at byte 2i (ascending blocks of one buffer, each once)."""
+    _check_fp32(t, start + n)
+    _require().bf16_narrow_sr(t.data_ptr(), int(n), int(seed) & 0xFFFFFFFF, int(start))
 
 
-def bf16_widen_tensor(t: Any, n: int, upper_byte: int) -> None:
+def bf16_widen_tensor(t: Any, n: int, upper_byte: int, start: int = 0) -> None:
     """In place: the n bf16 values at byte `upper_byte` (>= 2n) of the contiguous fp32 CPU tensor `t` become its first
-    n elements (csrc/moments.h)."""
-    _check_fp32(t, n)
-    if upper_byte + 2 * n > t.numel() * 4:
+    n elements (csrc/moments.h); `start`: elements [start, start + n) only (bf16 i at upper_byte + 2i)."""
+    _check_fp32(t, start + n)
+    if upper_byte + 2 * (start + n) > t.numel() * 4:
         raise ValueError(f"bf16_widen_tensor: {n} bf16 values at byte {upper_byte} run past the tensor")
-    _require().bf16_widen(t.data_ptr(), int(n), int(upper_byte))
+    if upper_byte < 2 * (start + n):
+        raise ValueError("bf16_widen_tensor: the bf16 values must start at byte 2 x (start + n) or later")
+    _require().bf16_widen(t.data_ptr() + 4 * start, int(n), int(upper_byte) - 2 * start)
 
 
-def master_split_tensor(master: Any, residual: Any, n: int) -> Any:
+def master_split_tensor(master: Any, residual: Any, n: int, start: int = 0) -> Any:
     """The int16 residuals (into `residual`, contiguous int16) of the first n elements of the contiguous fp32 CPU tensor
     `master` beside their bf16 round to nearest even; returns the int64 indices of those a residual cannot hold (a tie
-    rounded down, a NaN: csrc/moments.h)."""
+    rounded down, a NaN: csrc/moments.h). `start`: elements [start, start + n) only (indices still from 0)."""
     import torch
 
-    _check_fp32(master, n)
-    if residual.dtype != torch.int16 or not residual.is_contiguous() or residual.numel() < n:
-        raise ValueError(f"master_split_tensor: residual must be {n} contiguous int16 elements")
+    _check_fp32(master, start + n)
+    if residual.dtype != torch.int16 or not residual.is_contiguous() or residual.numel() < start + n:
+        raise ValueError(f"master_split_tensor: residual must be {start + n} contiguous int16 elements")
     cap = 64
     while True:
         found = torch.empty(cap, dtype=torch.int64)
-        count = _require().master_split(master.data_ptr(), residual.data_ptr(), int(n), found.data_ptr(), cap)
+        count = _require().master_split(master.data_ptr() + 4 * start, residual.data_ptr() + 2 * start, int(n),
+                                         found.data_ptr(), cap)
         if count <= cap:
-            return found[:count]
+            return found[:count] + start if count and start else found[:count]
         cap = count
 
 
-def master_join_tensor(t: Any, residual: Any, n: int, upper_byte: int) -> None:
+def master_join_tensor(t: Any, residual: Any, n: int, upper_byte: int, start: int = 0) -> None:
     """In place: the n bf16 values at byte `upper_byte` (>= 2n) of the contiguous fp32 CPU tensor `t` and the n int16
-    `residual`s become its first n elements (csrc/moments.h)."""
+    `residual`s become its first n elements (csrc/moments.h); `start`: elements [start, start + n) only."""
     import torch
 
-    _check_fp32(t, n)
-    if upper_byte + 2 * n > t.numel() * 4:
+    _check_fp32(t, start + n)
+    if upper_byte + 2 * (start + n) > t.numel() * 4:
         raise ValueError(f"master_join_tensor: {n} bf16 values at byte {upper_byte} run past the tensor")
-    if residual.dtype != torch.int16 or not residual.is_contiguous() or residual.numel() < n:
-        raise ValueError(f"master_join_tensor: residual must be {n} contiguous int16 elements")
-    _require().master_join(t.data_ptr(), residual.data_ptr(), int(n), int(upper_byte))
+    if upper_byte < 2 * (start + n):
+        raise ValueError("master_join_tensor: the bf16 values must start at byte 2 x (start + n) or later")
+    if residual.dtype != torch.int16 or not residual.is_contiguous() or residual.numel() < start + n:
+        raise ValueError(f"master_join_tensor: residual must be {start + n} contiguous int16 elements")
+    _require().master_join(t.data_ptr() + 4 * start, residual.data_ptr() + 2 * start, int(n),
+                           int(upper_byte) - 2 * start)
+
+
+WIDEN_MOMENTS, JOIN_MASTER, SPLIT_MASTER, NARROW_MOMENTS = 1, 2, 4, 8
+"""adam_step_fused_tensors' flags (csrc/moments.h kWidenMoments ...)."""
+
+
+def adam_step_fused_tensors(master: Any, residual: Any, exp_avg: Any, exp_avg_sq: Any, grad: Any, n: int,
+                            upper_byte: int, flags: int, fixes: tuple | None, adam: tuple, seeds: Sequence[int]) -> Any:
+    """One chunk's first n elements stepped in one pass (csrc/moments.h adam_step_fused) on contiguous fp32 CPU
+    tensors, in place: `fixes` (ascending int64 indices, fp32 masters) patch the joined master; `adam`: (the nine fp32
+    constants of DeepSpeed's CPU Adam for the call, decoupled weight decay); `seeds`: exp_avg's and exp_avg_sq's
+    rounding. Returns the int64 indices of the masters the residual cannot hold."""
+    import torch
+
+    for t in (master, exp_avg, exp_avg_sq, grad):
+        _check_fp32(t, n)
+    if flags & (JOIN_MASTER | SPLIT_MASTER) and (residual is None or residual.dtype != torch.int16
+                                                 or not residual.is_contiguous() or residual.numel() < n):
+        raise ValueError(f"adam_step_fused_tensors: residual must be {n} contiguous int16 elements")
+    if flags & (WIDEN_MOMENTS | JOIN_MASTER) and (upper_byte < 2 * n or upper_byte + 2 * n > 4 * min(
+            master.numel(), exp_avg.numel(), exp_avg_sq.numel())):
+        raise ValueError(f"adam_step_fused_tensors: {n} bf16 values at byte {upper_byte} do not fit")
+    idx, values = fixes if fixes is not None else (None, None)
+    constants, adamw = adam
+    cap = 64
+    found = torch.empty(cap, dtype=torch.int64)
+    count = _require().adam_step_fused(
+        master.data_ptr(), 0 if residual is None else residual.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+        grad.data_ptr(), int(n), int(upper_byte), int(flags), 0 if idx is None else idx.data_ptr(),
+        0 if values is None else values.data_ptr(), 0 if idx is None else idx.numel(), list(constants), bool(adamw),
+        int(seeds[0]) & 0xFFFFFFFF, int(seeds[1]) & 0xFFFFFFFF, found.data_ptr(), cap)
+    if count > cap:  # more than room for: the split again from the stepped masters (the same residuals) lists all
+        return master_split_tensor(master, residual, n)
+    return found[:count]
 
 
 def _check_fp32(t: Any, n: int) -> None:

@@ -18,6 +18,7 @@ import torch
 from memascend_engine import native
 from memascend_engine.bounded import IOCounters
 from memascend_engine.dram_tier import in_dram, shadow_key
+from memascend_engine.one_pass_step import OnePassStep, rounding_seed
 
 from memascend_cli.planner import zero
 
@@ -43,16 +44,6 @@ class ParamTarget:
     the master as an SSD partition does (OptimizerPipeline.params_hold_master)."""
 
 
-def rounding_seed(*parts: int) -> int:
-    """A 32-bit seed from integers (chunk, moment, optimizer step): the noise stream of 16-bit moments' stochastic
-    rounding (csrc/moments.h), fresh every step and the same on every path of one step (the overlap's speculation and
-    its redo)."""
-    h = 0x811C9DC5
-    for p in parts:
-        h = ((h ^ (int(p) & 0xFFFFFFFF)) * 0x01000193) & 0xFFFFFFFF  # FNV-1a over 32-bit words
-    return h
-
-
 @dataclass
 class Slot:
     """One chunk's buffers in the optimizer pipeline."""
@@ -71,6 +62,13 @@ class Slot:
     join: tuple[int, int, int] | None = None
     """(chunk, generation, elements) whose bf16 parameters and residual were read, to join into the master once they
     land (OptimizerPipeline.split)."""
+    stepped: tuple | None = None
+    """(chunk, split exceptions or None, parameters staged) of a chunk step_in_one_pass stepped: its 16-bit moments are
+    narrowed, its residual made (split) and (parameters staged) its pieces' parameters written at their staging
+    offsets already; its writes take them as they are."""
+    grads: dict | None = None
+    """For step_in_one_pass: chunk offset -> whether the piece's 16-bit gradient waits in staging to be widened (True)
+    or is in `grad` (False); a piece absent has none (zeros). None: `grad` holds the whole gradient."""
     direct: set = field(default_factory=set)
     """Chunk offsets of gradient pieces read from the DRAM tier straight into `grad` (none to widen from staging)."""
     home: tuple = field(init=False, default=())
@@ -80,7 +78,7 @@ class Slot:
         self.home = (self.master, self.exp_avg, self.exp_avg_sq)
 
 
-class OptimizerPipeline:
+class OptimizerPipeline(OnePassStep):
     """The optimizer step over memascend's chunks with `depth` slots in flight.
 
     ``targets[g][j]()``: the ParamTarget of parameter j of sub-group g now (its model-dtype partition);
@@ -203,6 +201,7 @@ class OptimizerPipeline:
         chunk = self.chunks[ci]
         n = chunk.numel
         slot.pending = []
+        slot.stepped, slot.grads = None, None
         if master:
             self.read_master(ci, slot, wait=False)
         elif self.split:  # the upper halves come from the parameters in memory (overlap.Speculator._copy_master)
@@ -267,6 +266,7 @@ class OptimizerPipeline:
         if wait:
             for request in pending:
                 self.store.complete(request)
+            slot.join = None  # a join left for step_in_one_pass would read what this one overwrites
             if join is not None:
                 self._join(slot, *join)
         else:
@@ -292,14 +292,18 @@ class OptimizerPipeline:
         if exceptions is not None:
             slot.master.index_copy_(0, *exceptions)
 
-    def _split(self, ci: int, slot: Slot, generation: int | None) -> None:
+    def _split(self, ci: int, slot: Slot, generation: int | None, stepped: tuple | None = None) -> None:
         """Write split chunk ci's residual (its master in the slot less the bf16 round of it, which its parameters
-        get) into `generation`; masters it cannot hold go to `exceptions` (csrc/moments.h master_split)."""
+        get) into `generation`; masters it cannot hold go to `exceptions` (csrc/moments.h master_split). `stepped`:
+        step_in_one_pass made the residual (Slot.stepped)."""
         n = self.chunks[ci].numel
         residual = self._residual(slot, n)
-        where = native.master_split_tensor(slot.master, residual, n)
         gen = self.generation[ci] if generation is None else generation
-        self.exceptions[(ci, gen)] = (where, slot.master[where].clone()) if where.numel() else None
+        if stepped is not None:
+            self.exceptions[(ci, gen)] = stepped[1]
+        else:
+            where = native.master_split_tensor(slot.master, residual, n)
+            self.exceptions[(ci, gen)] = (where, slot.master[where].clone()) if where.numel() else None
         slot.pending.append(self.store.submit("w", residual.data_ptr(), n * 2, self.state_key(ci, RESIDUAL, generation),
                                               0))
         self.counters.optimizer_write_bytes += n * 2
@@ -323,7 +327,9 @@ class OptimizerPipeline:
         self.counters.optimizer_read_bytes += 2 * n * mb
         slot.widen = n if mb == 2 else 0
 
-    def _complete(self, slot: Slot) -> None:
+    def _complete(self, slot: Slot, *, defer: bool = False) -> None:
+        """Wait for the slot's I/O, then widen its 16-bit moments and join its master (`defer`: leave both to
+        step_in_one_pass, which the chunk's compute calls)."""
         first = None
         for pending in slot.pending:
             try:
@@ -331,10 +337,12 @@ class OptimizerPipeline:
             except Exception as exc:  # noqa: BLE001 - complete every request, raise the first
                 first = first or exc
         slot.pending = []
-        join, slot.join = slot.join, None
         if first is not None:
-            slot.widen = 0
+            slot.widen, slot.join = 0, None
             raise first
+        if defer:
+            return
+        join, slot.join = slot.join, None
         if slot.widen:
             for t in (slot.exp_avg, slot.exp_avg_sq):
                 native.bf16_widen_tensor(t, slot.widen, self.moment_upper_byte)
@@ -350,6 +358,8 @@ class OptimizerPipeline:
         parameters hold the master."""
         chunk = self.chunks[ci]
         n = chunk.numel
+        stepped = slot.stepped if slot.stepped is not None and slot.stepped[0] == ci else None
+        slot.stepped = None
         resolved = self._resolve(chunk, targets or self.targets)
         current = generation is None or generation == self.generation[ci]
         in_params = self._in_params(resolved, speculative=not current)
@@ -358,16 +368,17 @@ class OptimizerPipeline:
                                                   self.state_key(ci, "fp32", generation), 0))
             self.counters.optimizer_write_bytes += n * 4
         elif self.split:
-            self._split(ci, slot, generation)
-        self._submit_moment_writes(ci, slot, generation)
+            self._split(ci, slot, generation, stepped)
+        self._submit_moment_writes(ci, slot, generation, narrowed=stepped is not None)
         if current:
             self.states_written.add(ci)
             (self.master_in_params.add if in_params else self.master_in_params.discard)(ci)
-            self._write_params(chunk, slot, resolved)
+            self._write_params(chunk, slot, resolved, staged=stepped is not None and stepped[2])
             self._mirror(ci, True)
             return
         (self.spec_in_params.add if in_params else self.spec_in_params.discard)(ci)
-        self._write_params(chunk, slot, resolved, shadow=self.params_hold_master)
+        self._write_params(chunk, slot, resolved, shadow=self.params_hold_master,
+                           staged=stepped is not None and stepped[2])
         if not in_params:
             self.mirrored.discard(ci)  # pieces written in place are ahead of the current master
 
@@ -385,21 +396,22 @@ class OptimizerPipeline:
         """Where each piece of `chunk` is now, in chunk.pieces order."""
         return [targets[chunk.sub_group][p.param]() for p in chunk.pieces]
 
-    def _submit_moment_writes(self, ci: int, slot: Slot, generation: int | None = None) -> None:
+    def _submit_moment_writes(self, ci: int, slot: Slot, generation: int | None = None, *,
+                              narrowed: bool = False) -> None:
         """exp_avg / exp_avg_sq of chunk ci from the slot; 16-bit moments are narrowed in place into the lower half
-        of each fp32 buffer first (the slot's fp32 moments are spent then)."""
+        of each fp32 buffer first unless `narrowed` (step_in_one_pass did; the slot's fp32 moments are spent then)."""
         n = self.chunks[ci].numel
         mb = self.moment_bytes
         for which, (name, t) in enumerate((("exp_avg", slot.exp_avg), ("exp_avg_sq", slot.exp_avg_sq))):
-            if mb == 2:
+            if mb == 2 and not narrowed:
                 native.bf16_narrow_sr_tensor(t, n, rounding_seed(ci, which, self.rounding_step))
             slot.pending.append(self.store.submit("w", t.data_ptr(), n * mb, self.state_key(ci, name, generation), 0))
         self.counters.optimizer_write_bytes += 2 * n * mb
 
     def _write_params(self, chunk: zero.Chunk, slot: Slot, resolved: Sequence[ParamTarget] | None = None, *,
-                      shadow: bool = False) -> None:
+                      shadow: bool = False, staged: bool = False) -> None:
         """The chunk's updated master to the 16-bit parameter partitions (copy in memory, or write to the SSD; with
-        `shadow`, to the SSD partitions' shadows)."""
+        `shadow`, to the SSD partitions' shadows). `staged`: step_in_one_pass wrote the pieces at staging offsets."""
         pb = self.param_bytes
         resolved = resolved or self._resolve(chunk, self.targets)
         for (p, off), target in zip(slot.placements, resolved):
@@ -426,7 +438,8 @@ class OptimizerPipeline:
                 self.store.complete(self.store.submit("w", tmp.data_ptr(), nbytes, key, p.param_offset * pb))
             else:
                 view = self._piece_view(slot, off, p.numel, self.param_dtype)
-                view.copy_(src)
+                if not staged:
+                    view.copy_(src)
                 slot.pending.append(self.store.submit("w", view.data_ptr(), nbytes, key, p.param_offset * pb))
             self.counters.param_write_bytes += nbytes
 
@@ -492,6 +505,7 @@ class OptimizerPipeline:
         if not order:
             return
         lookahead = max(1, depth - 1)  # with depth 3: chunk i+1 reading, chunk i-1 writing
+        one_pass = getattr(compute, "one_pass", False)
         inflight_reads: dict[int, Slot] = {}
         next_read = 0
 
@@ -509,9 +523,9 @@ class OptimizerPipeline:
                     start_read(next_read)
                     next_read += 1
                 slot = inflight_reads.pop(ci)
-                self._complete(slot)
+                self._complete(slot, defer=one_pass)
                 if with_grads:
-                    self._widen_grads(ci, slot)
+                    self._widen_grads(ci, slot, defer=one_pass)
                 compute(ci, self.chunks[ci], slot)
                 if writes == "all":
                     self._submit_writes(ci, slot)
@@ -554,11 +568,17 @@ class OptimizerPipeline:
             if master is not None:
                 slot.master = master
 
-    def _widen_grads(self, ci: int, slot: Slot) -> None:
-        """16-bit gradient pieces -> the fp32 gradient of the chunk (exact: every 16-bit value is an fp32 value)."""
+    def _widen_grads(self, ci: int, slot: Slot, *, defer: bool = False) -> None:
+        """16-bit gradient pieces -> the fp32 gradient of the chunk (exact: every 16-bit value is an fp32 value);
+        `defer`: left to step_in_one_pass (Slot.grads)."""
+        if defer:
+            slot.grads = {}
         for p, off in slot.placements:
-            if off is not None and p.chunk_offset not in slot.direct and \
-                    self.grad_keys[self.chunks[ci].sub_group][p.param] in self.grad_written:
+            staged = off is not None and p.chunk_offset not in slot.direct and \
+                self.grad_keys[self.chunks[ci].sub_group][p.param] in self.grad_written
+            if defer:
+                slot.grads[p.chunk_offset] = staged
+            elif staged:
                 slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(self._piece_view(slot, off, p.numel,
                                                                                      self.grad_dtype))
 
@@ -588,7 +608,7 @@ class OptimizerPipeline:
                 dst.copy_(view)
             if in_params:  # split: the master is the parameters exactly, its residual zeros
                 self.master_in_params.add(ci)
-                slot.pending = []
+                slot.pending, slot.stepped = [], None
                 self._split(ci, slot, None)
                 self._complete(slot)
             else:
@@ -622,7 +642,7 @@ class OptimizerPipeline:
         chunk = self.chunks[ci]
         n = chunk.numel
         slot.master.narrow(0, 0, n).copy_(tensors["fp32"])
-        slot.pending = []
+        slot.pending, slot.stepped = [], None
         resolved = self._resolve(chunk, self.targets)
         in_params = params and self._in_params(resolved)
         if not in_params:

@@ -165,7 +165,7 @@ class Speculator:
                 if target.key is None:  # a partition DeepSpeed keeps in memory
                     self._copy_master(ci, p, target.tensor)
             if flat is not None:
-                slot.grad.narrow(0, p.chunk_offset, p.numel).copy_(flat.narrow(0, p.param_offset, p.numel))
+                self.pipeline.take_grad(slot, p, flat.narrow(0, p.param_offset, p.numel))
             st.remaining[ci] -= 1
             if st.remaining[ci] == 0:
                 self._update(ci)
@@ -186,7 +186,10 @@ class Speculator:
         if mirrored:
             st.copied[ci] = set()
         pipe._submit_reads(ci, slot, with_grads=False, master=not mirrored)
-        slot.grad.narrow(0, 0, pipe.chunks[ci].numel).zero_()
+        if getattr(st.compute, "one_pass", False):
+            slot.grads = {}  # pieces offered wait in staging, those never offered are zeros (step_in_one_pass)
+        else:
+            slot.grad.narrow(0, 0, pipe.chunks[ci].numel).zero_()
 
     def released(self, g: int, j: int, partition: torch.Tensor) -> bool:
         """DeepSpeed is about to drop parameter j's swapped-in partition (backward is done with it): fp32, its values
@@ -223,7 +226,8 @@ class Speculator:
         st = self.step
         slot = st.slot_of.pop(ci)
         pipe = self.pipeline
-        pipe._complete(slot)  # the master (or the moments only: see _copy_master) and moments
+        # The master (or the moments only: see _copy_master) and moments; a one-pass compute converts them itself.
+        pipe._complete(slot, defer=getattr(st.compute, "one_pass", False))
         pieces = pipe.chunks[ci].pieces
         copied = st.copied.pop(ci, None)
         if copied is not None and len(copied) < len(pieces):

@@ -12,6 +12,7 @@ this module stays cheap.
 from __future__ import annotations
 
 import collections
+import contextlib
 
 from memascend_engine.ds_internals.pinning import plain_allocator
 
@@ -186,7 +187,10 @@ class _Overlap:
         spec = self._ma_spec
         if not spec.active and self._backward_active_depth > 0:
             spec = self._ma_speculation(self.is_gradient_accumulation_boundary())
-        return spec is not None and spec.active and spec.released(*pos, param.ds_tensor.data)
+        if spec is None or not spec.active:
+            return False
+        with _one_host_thread():
+            return spec.released(*pos, param.ds_tensor.data)
 
     def _ma_offered(self, param) -> None:
         """Every chunk of `param` has its gradient piece (and its master piece, if its partition was kept for
@@ -265,11 +269,17 @@ class _ChunkAdam:
         speculative call takes the step the commit will count; the op keeps beta^t per step
         (ops/csrc/includes/cpu_adam.h IncrementStep: the same step again leaves it as it is), so a later call of
         the same step, a redo, sees the same bias correction."""
+        import torch
+        from memascend_engine.ds_internals.cpu_adam import OpConstants
+
         inner = self.optimizer
+        op = getattr(self, "_ma_adam_op", None)
+        if op is None:  # follows the op's step state from its first call on (DeepSpeedCPUAdam.__init__ created it)
+            op = self._ma_adam_op = OpConstants(inner.ds_opt_adam, inner.opt_id, inner.defaults["betas"],
+                                                inner.adam_w_mode)
 
         def compute(ci, chunk, slot):
             g = chunk.sub_group
-            n = chunk.numel
             state = inner.state.setdefault(self.fp32_partitioned_groups_flat[g], {})
             group = inner.param_groups[self.sub_group_to_group_id[g]]
             beta1, beta2 = group["betas"]
@@ -282,12 +292,26 @@ class _ChunkAdam:
                     _count_step(state)
                 step = state["step"]
             self._ma_pipeline.rounding_step = step  # 16-bit moments: this step's rounding noise
-            grad = slot.grad.narrow(0, 0, n)
-            grad.mul_(inv_scale)
-            inner.ds_opt_adam.adam_update(inner.opt_id, step, group["lr"], beta1, beta2, group["eps"],
-                                          group["weight_decay"], group["bias_correction"],
-                                          slot.master.narrow(0, 0, n), grad, slot.exp_avg.narrow(0, 0, n),
-                                          slot.exp_avg_sq.narrow(0, 0, n))
+            args = (inner.opt_id, step, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                    group["bias_correction"])
+
+            def update(start, count):
+                # The op is elementwise: its call on the chunk's last elements steps them as one call over the chunk.
+                grad = slot.grad.narrow(0, start, count)
+                if scaled:
+                    grad.mul_(inv_scale)
+                op.call(args, slot.master.narrow(0, start, count), grad, slot.exp_avg.narrow(0, start, count),
+                        slot.exp_avg_sq.narrow(0, start, count))
+            # The fused pass does not scale the gradient: a scaled step (loss scale, clipping) stays on the op.
+            adam = None if scaled else op.constants(args)
+            self._ma_pipeline.step_in_one_pass(ci, slot, update, adam)
+            counters = self._ma_ctx.counters  # chunks_fused_step also marks the engine's records (the time model)
+            counters["chunks_fused_step"] += adam is not None
+            counters["fused_step_mismatches"] = op.mismatches
+
+        # x * 1.0 is x: no pass over the gradient where nothing scales it (bf16, or no clipping and loss scale 1).
+        scaled = torch.is_tensor(inv_scale) or inv_scale != 1.0
+        compute.one_pass = True  # the pipeline leaves the widening and join of its reads to step_in_one_pass (one pass)
         return compute
 
     def _ma_commit_steps(self, done) -> None:
@@ -304,6 +328,10 @@ class _GradientStreaming:
     def partition_grads(self, params_to_release, grad_partitions):
         if not getattr(self, "_ma_bounded", False):
             return super().partition_grads(params_to_release, grad_partitions)
+        with _one_host_thread():
+            return self._ma_partition_grads(params_to_release, grad_partitions)
+
+    def _ma_partition_grads(self, params_to_release, grad_partitions):
         from deepspeed.accelerator import get_accelerator
 
         boundary = self.is_gradient_accumulation_boundary()
@@ -577,6 +605,27 @@ class BoundedStage3(_Construction, _GradientStreaming, _Overlap, _ChunkAdam, _St
     * step (2873): DeepSpeed's overflow / norm / loss-scale logic, then the pipeline over chunks with the same
       unscale-and-clip (2979) and the same DeepSpeedCPUAdam op calls (ops/adam/cpu_adam.py step) per chunk.
     """
+
+
+@contextlib.contextmanager
+def _one_host_thread():
+    """torch's CPU ops (and DeepSpeed's CPU Adam, on the same OpenMP runtime) on the calling thread alone while backward
+    hands a gradient or a partition over: the copies and the optimizer's chunks overlapped with backward are
+    elementwise passes of a few milliseconds. With two threads each needs both cores at its barrier, while the norm
+    worker, the region store's threads and other processes hold one of them; one thread leaves that core to them (on
+    the 2-core machine under load, a 2M-element chunk's step took ~14 ms with one thread against 19-24 ms with two).
+    Elementwise: the same bits either way."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _count_step(state: dict) -> None:

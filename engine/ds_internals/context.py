@@ -31,7 +31,8 @@ class PluginContext:
         "adam_states_in_place": 0,
         "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
         "prefetch_skipped": 0, "prefetch_duplicates": 0, "master_partitions_evicted": 0,
-        "grad_buffer_in_place": 0, "norms_on_worker": 0})
+        "grad_buffer_in_place": 0, "norms_on_worker": 0, "chunks_fused_step": 0,
+        "fused_step_mismatches": 0})
     param_swappers: list = field(default_factory=list)
     optimizers: list = field(default_factory=list)
     store: Any = None
