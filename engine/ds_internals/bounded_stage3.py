@@ -12,7 +12,6 @@ this module stays cheap.
 from __future__ import annotations
 
 import collections
-import contextlib
 
 from memascend_engine.ds_internals.pinning import plain_allocator
 
@@ -187,10 +186,7 @@ class _Overlap:
         spec = self._ma_spec
         if not spec.active and self._backward_active_depth > 0:
             spec = self._ma_speculation(self.is_gradient_accumulation_boundary())
-        if spec is None or not spec.active:
-            return False
-        with _one_host_thread():
-            return spec.released(*pos, param.ds_tensor.data)
+        return spec is not None and spec.active and spec.released(*pos, param.ds_tensor.data)
 
     def _ma_offered(self, param) -> None:
         """Every chunk of `param` has its gradient piece (and its master piece, if its partition was kept for
@@ -328,10 +324,6 @@ class _GradientStreaming:
     def partition_grads(self, params_to_release, grad_partitions):
         if not getattr(self, "_ma_bounded", False):
             return super().partition_grads(params_to_release, grad_partitions)
-        with _one_host_thread():
-            return self._ma_partition_grads(params_to_release, grad_partitions)
-
-    def _ma_partition_grads(self, params_to_release, grad_partitions):
         from deepspeed.accelerator import get_accelerator
 
         boundary = self.is_gradient_accumulation_boundary()
@@ -605,27 +597,6 @@ class BoundedStage3(_Construction, _GradientStreaming, _Overlap, _ChunkAdam, _St
     * step (2873): DeepSpeed's overflow / norm / loss-scale logic, then the pipeline over chunks with the same
       unscale-and-clip (2979) and the same DeepSpeedCPUAdam op calls (ops/adam/cpu_adam.py step) per chunk.
     """
-
-
-@contextlib.contextmanager
-def _one_host_thread():
-    """torch's CPU ops (and DeepSpeed's CPU Adam, on the same OpenMP runtime) on the calling thread alone while backward
-    hands a gradient or a partition over: the copies and the optimizer's chunks overlapped with backward are
-    elementwise passes of a few milliseconds. With two threads each needs both cores at its barrier, while the norm
-    worker, the region store's threads and other processes hold one of them; one thread leaves that core to them (on
-    the 2-core machine under load, a 2M-element chunk's step took ~14 ms with one thread against 19-24 ms with two).
-    Elementwise: the same bits either way."""
-    import torch
-
-    threads = torch.get_num_threads()
-    if threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _count_step(state: dict) -> None:
