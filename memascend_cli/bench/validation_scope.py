@@ -24,7 +24,7 @@ MEMASCEND_HOST_CALIBRATION = ("bench-llama-136m-seq512-fp32-unthrottled-three-en
 STOCK_OFFLOAD_HOST_CALIBRATION = "placements-clip10-quiet-dram-overlap-on-off-cap4gib.json:4:512:tuned"
 GRADIENT_BLOCKING_CALIBRATION = "placements-clip10-quiet-cap-2.75GiB.json:4:512:memascend"
 MEMASCEND_DRAM_HOST_CALIBRATION = "placements-clip10-dram-cap4gib-2245-sitting1.json:4:512:memascend"
-NORM_WORKER_CALIBRATION = "placements-clip10-quiet2-calibration-split-cap2.5gib.json:4:512:memascend"
+NORM_WORKER_CALIBRATION = "placements-clip10-quiet3-calibration-split-cap2.5gib.json:4:512:memascend"
 OVERLAP_SERIAL_CALIBRATION = "bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round1.json:8:512:memascend"
 CALIBRATION_RUNS = (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION,
                     GRADIENT_BLOCKING_CALIBRATION, NORM_WORKER_CALIBRATION, MEMASCEND_DRAM_HOST_CALIBRATION,

@@ -103,21 +103,21 @@ memascend (Intel VM, 2026-12-06 22:45, quiet, a sitting at the machine's speed: 
 cache's 315.4; 19.7 / 2.9 when fitted on the slow sitting of 21:03, whose probe ran 6% under the cache while stock
 ZeRO-Offload ran 1.7x its normal step); the two sittings after it and later sweeps validate it."""
 
-MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT = 16.7
+MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT = -3.3
 """Today's engine's host work per element on the thread that drives backward with the optimizer overlapped, beyond
 MEMASCEND_CPU_HOST_NS_PER_ELEMENT (fitted on the engine before its gradient norms went to a worker thread,
 engine/ds_internals/bounded_stage3.py _NormWorker, whose counters.norms_on_worker marks the records since: with it
 the writes' CRC-32C and the reads' verification run on the region store's threads, engine/direct_nvme.py, and a
-single rank's reduce-scatter skips its copies). Those moved work off that thread, yet the fit is positive: on this
-2-core VM the worker threads share the cores with the matmuls, and the VM itself ran slower than at the first sitting
-(matmul probes 237-289 GFLOP/s against the cache's 315.4, stock's runs 15-20% over their plan); the two are not
-separated. Records of engines before (no norms_on_worker counter) are planned without it (JobSpec.norm_worker).
-Fitted on one run as the term that makes its plan at its sitting's matmul probe its measured s/step: docs/bench/
-placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet2/placements-clip10-quiet2-calibration-split-
-cap2.5gib.json.gz, memascend (Intel VM, 2026-12-06 21:35, quiet, the split at 2.5 GiB: 5.43 s/step, planned
-3.93 without the term; 17.6 before MEMASCEND_OVERLAP_SERIAL_SHARE). That sitting ran below the speed of the machine's
-cached probe, so its runs are outside the validation (tests/unit/test_time_validation.py: slow sittings); a run of
-today's engine in a sitting at the machine's speed is the one to refit it on."""
+single rank's reduce-scatter skips its copies; since, the optimizer's chunk step is one native pass, csrc/moments.h
+adam_step_fused). Those moved work off that thread: in a sitting at the machine's speed the delta is negative. Records
+of engines before (no norms_on_worker counter) are planned without it (JobSpec.norm_worker). Fitted on one run as
+the term that makes its plan at its sitting's matmul probe its measured s/step: docs/bench/placements/
+bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet3/placements-clip10-quiet3-calibration-split-cap2.5gib.json.gz,
+memascend (Intel VM, 2026-12-07 00:50, quiet, the split at 2.5 GiB, a sitting at the machine's
+speed: matmul probe 315.3 GFLOP/s against the cache's 315.4; 3.60 s/step), recorded before the sweep it
+planned; +16.7 when fitted on the engine before the one-pass step in the slow sitting of 21:35 (probe 281 GFLOP/s,
+5.43 s/step), +17.6 before MEMASCEND_OVERLAP_SERIAL_SHARE. The sweep's memascend runs validate it
+(tests/unit/test_time_validation.py)."""
 
 MEMASCEND_GRADIENT_WRITE_BLOCKING = 0.65
 """The share of the last backward's gradient writes that memascend's backward waits for on the CPU accelerator with

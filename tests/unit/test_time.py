@@ -91,7 +91,8 @@ def test_overlapped_optimizer_runs_beside_the_last_backward():
     assert plain.step_s == pytest.approx(fb + max(12, 12 + 1))  # optimizer: max(SSD read, SSD write)
     # the last backward is 0.75 x fb; its reads (0.75 x 3) share the read budget with the optimizer's 12
     window, io = 10 * 0.75 + 3 / 2, max(0.75 * 3 + 12, 12 + 1)  # backward's compute and its half of the reads
-    assert over.step_s == pytest.approx(fb * 0.25 + max(window, io) + tm.MEMASCEND_OVERLAP_SERIAL_SHARE * min(window, io))
+    serial = tm.MEMASCEND_OVERLAP_SERIAL_SHARE * min(window, io)
+    assert over.step_s == pytest.approx(fb * 0.25 + max(window, io) + serial)
     assert over.step_s < plain.step_s
     # Only memascend overlaps; a window larger than the phase is capped.
     assert tm.step_time("tuned", overlap_window=0.75, **kw).step_s == tm.step_time("tuned", **kw).step_s

@@ -7,9 +7,9 @@ is planned with those (placements.plan_at_sitting: what the plan says of that ma
 TOLERANCE, unless its load gauge shows other jobs on the cores or its sitting's probe ran under the machine's cached
 rate. Every other record is history (older records, VMs that no longer exist, contended runs, slow sittings): planned
 at its sitting's probe where it carries one, else as the bench planned it, or at the calibrated CPU rate and this VM
-disk's probed bandwidth where it recorded no rates, and held to HISTORY_TOLERANCE. A validation run the model misses is listed in EXPECTED_MISSES with a cause that
-test_each_expected_miss_has_its_cause_in_its_record finds in its record; the list holds at most a tenth of the
-validation runs.
+disk's probed bandwidth where it recorded no rates, and held to HISTORY_TOLERANCE. A validation run the model misses
+is listed in EXPECTED_MISSES with a cause that test_each_expected_miss_has_its_cause_in_its_record finds in its
+record; the list holds at most a tenth of the validation runs.
 
 The CPU's achieved GFLOP/s of the older records (CPU_CALIBRATED_GFLOPS) is fitted on docs/bench/depth-sweep-seq2048-
 rep3-fp32.json.gz and each host or time term on one run (CALIBRATION_RUNS); test_no_validation_run_was_fitted_on keeps
@@ -56,9 +56,14 @@ DRAM_OVERLAPPED = "dram tier overlapped"  # memascend's dram placement run with 
 # (its engine options): the tier's copies at submit on the thread that drives backward (engine/dram_tier.py
 # TieredStore.submit, 2.7 GB a step) have no term; the dram row has run without the overlap since, and is priced so
 
+AT_CAP = "at its cap"  # the run's cgroup peak took AT_CAP_SHARE or more of its DRAM cap: reclaim sets the pace
+AT_CAP_SHARE = 0.85  # set after this sitting (its run at 87%); the 4 GiB runs beside it peaked at 65-70%
+
 EXPECTED_MISSES: dict[str, tuple[str, str]] = {
-    f"placements-clip10-quiet-{d}.json:4:512:memascend": (DRAM_OVERLAPPED, why) for d, why in (
-        ("cap-4GiB", "-17% at the sitting's probe"), ("dram-overlap-on-off-cap8gib", "-19% at the sitting's probe"))}
+    **{f"placements-clip10-quiet-{d}.json:4:512:memascend": (DRAM_OVERLAPPED, why) for d, why in (
+        ("cap-4GiB", "-17% at the sitting's probe"), ("dram-overlap-on-off-cap8gib", "-19% at the sitting's probe"))},
+    "placements-clip10-quiet3-cap-3.25GiB.json:4:512:memascend": (
+        AT_CAP, "the dram placement at 3.25 GiB peaked at 2.84 GiB (87%): -16% where the 4 GiB runs are -3% to -7%")}
 """Every validation run the model misses by more than TOLERANCE, with why (strict: one that comes within fails until
 taken off)."""
 
@@ -171,7 +176,7 @@ def test_expected_misses_are_validation_runs_and_at_most_a_tenth():
     """Each entry of EXPECTED_MISSES names a run this file validates (a renamed document or run would leave an entry
     that excuses nothing), with a known kind of cause; they are at most MISSES_SHARE of the validation runs."""
     assert not EXPECTED_MISSES.keys() - {p.id for p in VALIDATION}
-    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {DRAM_OVERLAPPED}
+    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {DRAM_OVERLAPPED, AT_CAP}
     assert len(EXPECTED_MISSES) <= MISSES_SHARE * len(VALIDATION), (len(EXPECTED_MISSES), len(VALIDATION))
 
 
@@ -180,7 +185,10 @@ def test_each_expected_miss_has_its_cause_in_its_record():
     with its engine's optimizer overlapped with backward."""
     runs = {p.id: p.values for p in VALIDATION}
     for rid, (kind, _) in EXPECTED_MISSES.items():
-        _, run = runs[rid]
+        doc, run = runs[rid]
+        if kind == AT_CAP:
+            assert run["cgroup"]["peak_bytes"] >= AT_CAP_SHARE * doc["job"]["dram_cap_bytes"], rid
+            continue
         assert kind == DRAM_OVERLAPPED, rid
         options = run["engine_stats"][0]["options"]
         assert run["placement"]["placement"] == "dram" and options.get("overlap_optimizer", True), rid
@@ -201,7 +209,8 @@ def test_no_validation_run_was_fitted_on():
 def test_validation_holds_every_placement_of_both_engines():
     """The validation runs hold tuned stock and memascend, stock's DRAM rows (ZeRO-Offload and the split) and
     memascend's dram and split placements and all-SSD runs: the rule leaves none of the plan's rows untested."""
-    seen = {(r["mode"], (r.get("placement") or {}).get("placement") or "ssd") for r in (p.values[1] for p in VALIDATION)}
+    runs = [p.values[1] for p in VALIDATION]
+    seen = {(r["mode"], (r.get("placement") or {}).get("placement") or "ssd") for r in runs}
     assert {("tuned", "ssd"), ("tuned", "dram"), ("memascend", "ssd"), ("memascend", "dram"),
             ("memascend", "split")} <= seen, seen
 
@@ -302,13 +311,13 @@ def test_memascend_dram_host_terms_are_the_fit():
         assert abs(fitted[k] - ns) < 0.1, (k, fitted)
 
 
-def _fit_constant(constant: str, calibration: str, predict, hi: float, tol: float) -> float:
+def _fit_constant(constant: str, calibration: str, predict, hi: float, tol: float, lo: float = 0.0) -> float:
     """The value of planner.time's `constant` that makes `calibration`'s run's `predict`(doc, run) its measured s/step
-    (bisection over [0, hi] to `tol`: the step time grows with the constant); the constant is restored."""
+    (bisection over [lo, hi] to `tol`: the step time grows with the constant); the constant is restored."""
     name, _, _, run = calibration.split(":")
     doc = _recorded(name)
     r = next(r for r in doc["runs"] if r["name"] == run)
-    kept, lo = getattr(tm, constant), 0.0
+    kept = getattr(tm, constant)
     try:
         while hi - lo > tol:
             mid = (lo + hi) / 2
@@ -345,7 +354,7 @@ def test_todays_engine_delta_is_the_fit():
     """MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT makes NORM_WORKER_CALIBRATION's memascend run (today's engine: its
     counters count norms_on_worker) plan at its sitting's matmul probe its measured s/step, to 0.1 ns."""
     fitted = _fit_constant("MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT", NORM_WORKER_CALIBRATION, plan_at_sitting,
-                           60.0, 0.01)
+                           60.0, 0.01, lo=-tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT)  # a delta: work moved off the thread
     assert abs(fitted - tm.MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT) < 0.1, fitted
 
 
