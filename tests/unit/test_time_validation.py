@@ -56,8 +56,10 @@ DRAM_OVERLAPPED = "dram tier overlapped"  # memascend's dram placement run with 
 # (its engine options): the tier's copies at submit on the thread that drives backward (engine/dram_tier.py
 # TieredStore.submit, 2.7 GB a step) have no term; the dram row has run without the overlap since, and is priced so
 
-AT_CAP = "at its cap"  # the run's cgroup peak took AT_CAP_SHARE or more of its DRAM cap: reclaim sets the pace
-AT_CAP_SHARE = 0.85  # set after this sitting (its run at 87%); the 4 GiB runs beside it peaked at 65-70%
+AT_CAP = "at its cap"  # the run's cgroup peak took AT_CAP_SHARE or more of its DRAM cap (the page cache charged to
+# it reclaimed as it runs): a suspected cause, not a measured one; its record shows no memory stall (pressure full 0)
+AT_CAP_SHARE = 0.85  # set after this sitting (its run at 87%); the 4 GiB runs beside it peaked at 65-70%: a dram run
+# at a cap near its peak, repeated, decides whether this is the cap or the model
 
 EXPECTED_MISSES: dict[str, tuple[str, str]] = {
     **{f"placements-clip10-quiet-{d}.json:4:512:memascend": (DRAM_OVERLAPPED, why) for d, why in (
