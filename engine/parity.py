@@ -46,7 +46,8 @@ def build_config(args, spec) -> dict:
     settings = zero.resolve("tuned", model=spec, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                             elem_bytes=DTYPE_BYTES[args.dtype], base=base)
     return ds_config(settings, nvme_path=args.nvme_dir, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
-                     precision=args.dtype, optimizer=adamw(args.lr), gradient_clipping=args.clip)
+                     precision=args.dtype, optimizer=adamw(args.lr), gradient_clipping=args.clip,
+                     devices=(args.param_device, args.optimizer_device))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="default: DeepSpeed's (zero.DEEPSPEED_DEFAULTS); capped by memascend's knobs (zero.py)")
     ap.add_argument("--nvme-dir", default=None, help="swap folder (stock) / key folder (engine; default: temp)")
     ap.add_argument("--region", default=None, help="memascend region (engine mode with direct_nvme)")
+    ap.add_argument("--param-device", default="nvme", choices=["nvme", "cpu", "none"],
+                    help="offload_param device (none: the partitions stay on the accelerator, as the dram placements)")
+    ap.add_argument("--optimizer-device", default="nvme", choices=["nvme", "cpu"],
+                    help="offload_optimizer device (cpu: stock's ZeRO-Offload)")
     ap.add_argument("--off", action="append", default=[], help="EngineOptions field to switch off (repeatable)")
     ap.add_argument("--checkpointing", action="store_true", help="engine: enable offloaded checkpointing")
     ap.add_argument("--checkpoint-offload", default="ssd", choices=["ssd", "dram"],
@@ -235,8 +240,8 @@ def main(argv=None) -> dict:
     device = _init_device()
     rank = int(os.environ["RANK"])
     spec = load_model(args.model)
-    if args.mode == "stock" and not args.nvme_dir:
-        raise SystemExit("--nvme-dir is required for --mode stock")
+    if args.mode == "stock" and not args.nvme_dir and "nvme" in (args.param_device, args.optimizer_device):
+        raise SystemExit("--nvme-dir is required for --mode stock with NVMe offload")
     cfg = _config(args, spec)
     handle = _install(args, cfg, spec) if args.mode == "engine" else None
     engine = _engine(args, cfg, spec, handle)

@@ -146,8 +146,9 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
 
 def placed_estimate(job, hw, est, placement: dict | None):
     """The estimate `est` of a run's config as its placement (runs[].placement, bench --placement / --placements)
-    ran it, its DRAM-resident bytes off the SSD. memascend: the dram row (the tier holds every byte, checkpoints too)
-    or the tier of the bytes per rank the run was given (dram_tier_bytes) over the traffic of the path its steps took,
+    ran it, its DRAM-resident bytes off the SSD. memascend: the dram row (the tier holds every state, checkpoints too,
+    the parameters where the run's config put them) or the tier of the bytes per rank the run was given
+    (dram_tier_bytes) over the traffic of the path its steps took,
     held by the engine's rule with the overlap as the engine was set (`tier_overlap`: it keeps two generations of
     optimizer chunks whether or not a step commits the speculation; planner.placement.memascend_tier). Stock: the dram
     row, offload_optimizer cpu (planner.placement.stock_row); its split is the config's max_in_cpu, which `est`
@@ -161,8 +162,8 @@ def placed_estimate(job, hw, est, placement: dict | None):
         return est
     if placement.get("row_engine") != "memascend":
         return pl.stock_row(job, hw, where).est if where in ("dram", "gpu") else est
-    if where == "dram":
-        return next(r.est for r in pl.memascend_placements(job, hw, est, hw, 0) if r.placement == "dram")
+    if where == "dram":  # the parameters where the run's config put them (nvme: held in the tier, as runs before)
+        return pl.memascend_dram_row(job, hw, placement.get("offload_param") or pl.PARAMS_FROM_TIER).est
     rule = replace(job, overlap_optimizer=placement.get("tier_overlap", job.overlap_optimizer))
     _, items, traffic = pl.memascend_tier(rule, hw, est, int(placement.get("dram_tier_bytes") or 0))
     return replace(est, items=est.items + items, traffic=traffic)

@@ -4,7 +4,8 @@ strongest config there) and for memascend, and the fastest that fits. Pure: stdl
 The placements (PLACEMENTS):
   * ``gpu``   - ZeRO-3 with no offload: parameters, gradients, fp32 master and Adam moments on the GPU (a GPU box);
   * ``dram``  - ZeRO-Offload (offload_optimizer device cpu; offload_param device cpu when the GPU cannot hold the
-                parameters): no SSD traffic. memascend: its DRAM tier holding everything;
+                parameters): no SSD traffic. memascend: the parameters where ZeRO-Offload keeps them, its DRAM
+                tier holding every optimizer chunk and gradient;
   * ``split`` - stock: offload_param nvme with the largest max_in_cpu the DRAM holds (without prefetch where parameters
                 stay on NVMe: SPLIT_PREFETCH_BUG); memascend: its DRAM tier holds the
                 training-dtype parameter partitions first, then whole optimizer sub-groups, then the gradients, the
@@ -315,11 +316,16 @@ def memascend_tier(job: JobSpec, hw: HardwareSpec, ms: Estimate, per_rank_bytes:
     return tier, items, traffic
 
 
-def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_hw: HardwareSpec,
-                         budget_rank: int) -> list[Priced]:
-    """memascend's dram row (the tier holds everything; offloaded checkpoints kept in DRAM too) and split row (the
-    tier at `budget_rank` bytes per rank over the all-SSD estimate)."""
-    rows = []
+PARAMS_FROM_TIER = "nvme"
+"""memascend_dram_row's `param_device` of records made before the dram row kept the parameters resident: offload_param
+nvme, their partitions held in the tier and fetched through the engine's parameter swapper."""
+
+
+def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None = None) -> Priced:
+    """memascend's dram row: the optimizer on the region (offload_optimizer nvme), every chunk and gradient held in its
+    DRAM tier and stepped in place there, offloaded checkpoints kept in DRAM; the parameter partitions where stock's
+    ZeRO-Offload keeps them (`param_device` None: none on the CPU accelerator or on a GPU that holds them, else cpu),
+    so a step copies no parameter and fetches none; PARAMS_FROM_TIER prices how runs recorded before ran it."""
     # No optimizer overlap in the dram row: with no SSD read to hide it only moves the CPU's Adam into backward on
     # the same cores, while a redo needs the states' second generation and the parameters' shadows kept beside them
     # (planner.dram_tier.unit_bytes: a tier of 2.21 GiB instead of 1.27 for bench-llama-136m at 4 layers, fp32), which
@@ -330,12 +336,54 @@ def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_
                        checkpoint_offload="dram" if job.checkpointing == "offload" else job.checkpoint_offload)
     base = estimate(dram_job, hw, "memascend")
     tier, items, traffic = memascend_tier(dram_job, hw, base, None)
-    est = _derived(base, "memascend", [i for i in base.items if i.tier != "nvme"] + items,
-                   replace(traffic, read_bytes={}, write_bytes={}))
-    rows.append(Priced("dram", "memascend", "DRAM tier holds every byte", True, est=est, tier=tier,
-                       checkpoint_offload=dram_job.checkpoint_offload if job.checkpointing == "offload" else None,
-                       overlap_optimizer=False))
-    full = tier["full_bytes"]
+    keep = [i for i in base.items if i.tier != "nvme"]
+    ckpt = dram_job.checkpoint_offload if job.checkpointing == "offload" else None
+    if param_device == PARAMS_FROM_TIER:
+        return Priced("dram", "memascend", "DRAM tier holds every byte", True, tier=tier, checkpoint_offload=ckpt,
+                      overlap_optimizer=False, est=_derived(base, "memascend", keep + items,
+                                                            replace(traffic, read_bytes={}, write_bytes={})))
+    c = Context(job, hw, "memascend")
+    params_bytes = tier["params_bytes"]
+    tier = {**tier, "params_bytes": 0, "params_share": 0.0}
+    items = [i for i in items if i.key != "host/dram_tier/params"]
+    # No parameter swapper without offload_param nvme: its pool goes. With one rank ZeRO-3 gathers nothing
+    # (runtime/zero/partition_parameters.py all_gather_coalesced: a partition world of 1 returns
+    # _no_gather_coalesced, the module computes on the partition itself); with more, the gathered modules take about
+    # what the pool held.
+    keep = [i for i in keep if i.key != "host/param_swap_pool" or base.world_size > 1]
+    no_ssd = replace(traffic, read_bytes={}, write_bytes={}, dram_fetch_bytes=0,
+                     formula="no SSD traffic: the parameters resident, every optimizer chunk and gradient in the tier")
+    on_gpu = _item("gpu/params_partition", "parameter partitions", "gpu", c.E * c.ns,
+                   "runtime/zero/stage3.py _create_fp16_partitions_with_defragmentation: lp_param_buffer",
+                   f"Ns {c.ns:,} x {c.E} B")
+    if hw.num_gpus and param_device in (None, "none"):
+        est = _derived(base, "memascend", keep + items + [on_gpu], no_ssd)
+        if param_device == "none" or est.gpu_peak_bytes <= hw.gpu_mem_gib * GiB:
+            return Priced("dram", "memascend", "DRAM tier holds the optimizer, parameters on the GPU", True, est=est,
+                          tier=tier, devices=("none", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False)
+    pinned = "mlock" if hw.num_gpus else None
+    params = _item("host/params_in_dram", "parameter partitions (offload_param cpu)" if hw.num_gpus else
+                   "parameter partitions (no offload_param: host memory on the CPU accelerator)", "host",
+                   params_bytes, "runtime/zero/stage3.py _create_param_groups_fp16_flat_cpu_memory (line 906)"
+                   if hw.num_gpus else "runtime/zero/partition_parameters.py _partition_param (ds_tensor)",
+                   f"the partitions the region would hold: {params_bytes:,} B", pinned=pinned)
+    if hw.num_gpus:  # the parameters come from DRAM for every fetch, forward and backward
+        fetch = 2 * max(1, job.grad_accum_steps) * c.E * c.ns
+        return Priced("dram", "memascend", "DRAM tier holds the optimizer, offload_param cpu", True, tier=tier,
+                      est=_derived(base, "memascend", keep + items + [params], replace(no_ssd, dram_fetch_bytes=fetch)),
+                      devices=("cpu", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False)
+    return Priced("dram", "memascend", "DRAM tier holds the optimizer, parameters resident", True, tier=tier,
+                  est=_derived(base, "memascend", keep + items + [params], no_ssd), devices=("none", "nvme"),
+                  checkpoint_offload=ckpt, overlap_optimizer=False)
+
+
+def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_hw: HardwareSpec,
+                         budget_rank: int) -> list[Priced]:
+    """memascend's dram row (memascend_dram_row) and split row (the tier at `budget_rank` bytes per rank over the
+    all-SSD estimate)."""
+    dram = memascend_dram_row(job, hw)
+    rows = [dram]
+    full = dram.tier["full_bytes"]  # the parameters, chunks and gradients the tier would hold at the region's place
     split = Priced("split", "memascend", "DRAM tier + region", True)
     if budget_rank >= full:
         split.note = "the DRAM holds all of it: see dram"

@@ -4,8 +4,9 @@ are given for it. Pure: stdlib only, no I/O.
 
 The engines run the rows of planner/placement.py: stock and tuned run stock's rows (the plan prices stock's strongest
 config with tuned's knobs), memascend its own rows and the gpu row (ZeRO-3 without offload, which it runs unchanged).
-memascend's dram and split rows hold their bytes in the engine's DRAM tier (EngineOptions.dram_tier_gib): its
-DeepSpeed config stays the region's, the tier's budget goes to the engine beside it.
+memascend's dram and split rows hold their bytes in the engine's DRAM tier (EngineOptions.dram_tier_gib): the
+optimizer's DeepSpeed config stays the region's (the parameters' too in the split row; the dram row keeps them where
+stock's ZeRO-Offload does), the tier's budget goes to the engine beside it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Choice:
     @property
     def devices(self) -> tuple[str, str]:
         """(offload_param, offload_optimizer) device of the DeepSpeed config: the row's (memascend's tier rows keep
-        the region's nvme: the tier is the engine's)."""
+        the optimizer on the region's nvme: the tier is the engine's)."""
         return self.row.devices
 
     @property

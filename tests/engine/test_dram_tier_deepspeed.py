@@ -90,9 +90,10 @@ def test_every_budget_trains_the_same_losses_and_the_ssd_bytes_fall_with_it(tmp_
 def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     """fp32: the overlap speculates into shadow parameter partitions exchanged at each commit; held partitions and
     their shadows are exchanged in DRAM, the rest on the region, with losses equal to the all-SSD engine's. The dram
-    placement's engine (everything held, no overlap: planner.placement's dram row) steps the held chunks in place
-    (their moments, the masters that are one parameter partition) and copies the gradients straight into their keys:
-    the same losses, no region byte moved, and more bytes computed in place than the gradients alone."""
+    placement's engine (planner.placement's dram row: the parameters resident as under stock's ZeRO-Offload, every
+    chunk and gradient held, no overlap) steps the held chunks' moments in place and copies the gradients straight
+    into their keys: the losses of the all-SSD engine and of ZeRO-Offload, no region byte moved, and more bytes
+    computed in place than the gradients alone."""
     ref = _engine(tmp_path, "fp32-ssd", 0.0, "--dtype", "fp32", "--clip", "0")
     r = _engine(tmp_path, "fp32-tier", 48 * MIB / 2**30, "--dtype", "fp32", "--clip", "0")
     assert r["losses"] == ref["losses"]
@@ -100,10 +101,15 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     assert t["params_held"] > 0 and t["fallback"] == ""
     assert r["stats"]["overlap"]["steps_committed"] == SHORT
     assert sum(_since_assign(r)) < ref["stats"]["region_io"]["bytes_read"] + ref["stats"]["region_io"]["bytes_written"]
-    dram = _engine(tmp_path, "fp32-dram-row", 1.0, "--dtype", "fp32", "--clip", "0", "--off", "overlap_optimizer")
+    dram = _engine(tmp_path, "fp32-dram-row", 1.0, "--dtype", "fp32", "--clip", "0", "--off", "overlap_optimizer",
+                   "--param-device", "none")
+    assert dram["config"]["zero_optimization"].get("offload_param") is None
     assert dram["losses"] == ref["losses"] and dram["grad_norms"] == ref["grad_norms"]
+    offload = run(tmp_path, "zero-offload", "--mode", "stock", "--steps", str(SHORT), "--dtype", "fp32", "--clip", "0",
+                  "--param-device", "none", "--optimizer-device", "cpu")
+    assert offload["swap_files"] == 0 and dram["losses"] == offload["losses"]
     t = _tier(dram)
-    assert t["fallback"] == "" and t["chunks_held"] > 0 and _since_assign(dram) == (0, 0)
+    assert t["fallback"] == "" and t["params_held"] == 0 and t["chunks_held"] > 0 and _since_assign(dram) == (0, 0)
     assert t["in_place_bytes"] > dram["stats"]["bounded_io"]["gradient_write_bytes"] > 0
 
 

@@ -71,6 +71,35 @@ def test_stock_dram_keeps_the_parameters_on_a_gpu_that_holds_them():
     assert row.config == "offload_optimizer cpu, parameters on the GPU"
 
 
+def test_memascends_dram_row_keeps_the_parameters_where_zero_offload_does():
+    """Its parameters resident (no offload_param on the CPU accelerator, as stock's dram row): no swapper pool, no
+    fetch; the tier holds the optimizer chunks and gradients. Records of runs that held the parameters in the tier
+    (offload_param nvme) are priced as they ran: the pool and the fetches back."""
+    hw, jb = resolve_hardware("cpu-24g", None), job("qwen2.5-0.5b")
+    p = priced("qwen2.5-0.5b", "cpu-24g")
+    row, before, stock = p.row("dram", "memascend"), pl.memascend_dram_row(jb, hw, pl.PARAMS_FROM_TIER), \
+        p.row("dram", "stock")
+    got, old = items(row), items(before)
+    assert row.devices == ("none", "nvme") and before.devices == ("nvme", "nvme")
+    assert got["host/params_in_dram"] == old["host/dram_tier/params"] == before.tier["params_bytes"] > 0
+    assert "host/param_swap_pool" not in got and old["host/param_swap_pool"] > 0
+    assert row.tier["params_bytes"] == 0 and row.tier["full_bytes"] == before.tier["full_bytes"]
+    assert row.est.node_host_peak_bytes < before.est.node_host_peak_bytes < stock.est.node_host_peak_bytes
+    assert row.est.traffic.dram_fetch_bytes == 0 < before.est.traffic.dram_fetch_bytes
+    assert row.ssd_bytes == before.ssd_bytes == 0
+
+
+def test_memascends_dram_row_on_a_gpu_keeps_the_parameters_there_when_it_holds_them():
+    small = priced("llama-3.2-1b", "h100-80g-512g").row("dram", "memascend")
+    assert small.devices == ("none", "nvme") and "gpu/params_partition" in items(small)
+    assert "host/params_in_dram" not in items(small) and small.est.traffic.dram_fetch_bytes == 0
+    hw = resolve_hardware("h100-80g-512g", None)
+    big = pl.memascend_dram_row(job("qwen2.5-72b"), hw)
+    c = Context(job("qwen2.5-72b"), hw, "memascend")
+    assert big.devices == ("cpu", "nvme") and "host/params_in_dram" in items(big)
+    assert big.est.traffic.dram_fetch_bytes == 2 * c.E * c.ns  # forward and backward, as stock's offload_param cpu
+
+
 def test_memascend_tier_fills_parameters_then_whole_sub_groups_then_gradients():
     """The planner prices the engine's rule (planner.dram_tier) on the job's own partitions and chunks: what it holds
     at a budget is what the engine holds (memascend_engine.dram_tier, tests/engine/test_dram_tier_deepspeed.py).
