@@ -47,6 +47,9 @@ class IOCounters:
     checkpoint_read_bytes: int = 0
     gradient_held_bytes: int = 0
     """Running sums kept in the DRAM accumulation window instead of written (GradientStream.hold)."""
+    master_in_place_bytes: int = 0
+    """fp32 masters stepped where their resident parameter partition lives (OptimizerPipeline._bind: no offload_param),
+    neither copied into a slot nor back."""
 
 
 class SlotRing:

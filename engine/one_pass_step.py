@@ -89,7 +89,9 @@ class OnePassStep:
         if self.moment_bytes == 2:
             for t, seed in zip((slot.exp_avg, slot.exp_avg_sq), seeds):
                 native.bf16_narrow_sr_tensor(t, count, seed, start)
-        params = self.param_bytes <= self.grad_bytes  # a piece's parameter bytes end below its spent gradient's
+        # A piece's parameter bytes end below its spent gradient's; a master bound where the parameters live (the
+        # tier's key or the resident partition: OptimizerPipeline._bind) is already them, nothing to stage.
+        params = self.param_bytes <= self.grad_bytes and slot.master is slot.home[0]
         if params:
             for p, off in slot.placements:
                 if off is not None:

@@ -251,7 +251,9 @@ class OptimizerPipeline(OnePassStep):
                 target = self.targets[chunk.sub_group][p.param]()
                 dst = held.narrow(0, p.chunk_offset, p.numel)
                 if target.key is None:  # DeepSpeed holds the partition in memory: the same values
-                    dst.copy_(target.tensor.narrow(0, p.param_offset, p.numel))
+                    src = target.tensor.narrow(0, p.param_offset, p.numel)
+                    if dst.data_ptr() != src.data_ptr():  # not the partition itself (_bind)
+                        dst.copy_(src)
                     continue
                 pending.append(self.store.submit("r", dst.data_ptr(), p.numel * pb,
                                                  self.read_from.get(target.key, target.key), p.param_offset * pb))
@@ -420,7 +422,7 @@ class OptimizerPipeline(OnePassStep):
                 dst = target.tensor.narrow(0, p.param_offset, p.numel)
                 if shadow and self._buffers(target):
                     self.spec_resident.append((dst, src.clone()))
-                else:
+                elif dst.data_ptr() != src.data_ptr():  # stepped in place where the master is the partition (_bind)
                     dst.copy_(src)
                 continue
             key = target.key
@@ -550,8 +552,10 @@ class OptimizerPipeline(OnePassStep):
         """The slot's master and moments: its own buffers, or (`ci`: chunk ci stepped into its current generation,
         run()) chunk ci's bytes held in the DRAM tier (dram_tier.in_dram), so that Adam steps them where they live and
         the store copies nothing for their read and write-back (each submitted at the tier's own address): fp32
-        moments, and the master of a one-piece chunk whose fp32 parameter partition holds it (params_hold_master). A
-        speculation (engine/overlap.py) keeps the old states for a redo, so it steps on its slots' own buffers."""
+        moments, and the master of a one-piece chunk whose fp32 parameter partition holds it (params_hold_master),
+        held in the tier or resident in memory (no offload_param: the partition itself, as ZeRO-Offload steps its
+        fp32 partitions in place). A speculation (engine/overlap.py) keeps the old states for a redo, so it steps on
+        its slots' own buffers."""
         slot.master, slot.exp_avg, slot.exp_avg_sq = slot.home
         if ci is None:
             return
@@ -563,8 +567,15 @@ class OptimizerPipeline(OnePassStep):
                 slot.exp_avg, slot.exp_avg_sq = moments
         if ci in self.master_in_params and not self.split and len(chunk.pieces) == 1 and not self.read_from:
             p = chunk.pieces[0]
-            key = self.targets[chunk.sub_group][p.param]().key
-            master = None if key is None else in_dram(self.store, key, p.param_offset * 4, p.numel, torch.float32)
+            target = self.targets[chunk.sub_group][p.param]()
+            if target.key is not None:
+                master = in_dram(self.store, target.key, p.param_offset * 4, p.numel, torch.float32)
+            elif target.resident and target.tensor.dtype == torch.float32 and target.tensor.is_contiguous():
+                # A resident fp32 partition (the dram placement's parameters) is the master: Adam steps it there.
+                master = target.tensor.narrow(0, p.param_offset, p.numel)
+                self.counters.master_in_place_bytes += 4 * p.numel
+            else:
+                master = None
             if master is not None:
                 slot.master = master
 

@@ -265,7 +265,6 @@ class _ChunkAdam:
         speculative call takes the step the commit will count; the op keeps beta^t per step
         (ops/csrc/includes/cpu_adam.h IncrementStep: the same step again leaves it as it is), so a later call of
         the same step, a redo, sees the same bias correction."""
-        import torch
         from memascend_engine.ds_internals.cpu_adam import OpConstants
 
         inner = self.optimizer
@@ -305,8 +304,9 @@ class _ChunkAdam:
             counters["chunks_fused_step"] += adam is not None
             counters["fused_step_mismatches"] = op.mismatches
 
-        # x * 1.0 is x: no pass over the gradient where nothing scales it (bf16, or no clipping and loss scale 1).
-        scaled = torch.is_tensor(inv_scale) or inv_scale != 1.0
+        # x * 1.0 is x bit for bit: no pass over the gradient where nothing scales it (bf16, or no clipping and loss
+        # scale 1, or clipping that did not trigger: its factor is the tensor 1.0), and the fused pass steps the chunk.
+        scaled = float(inv_scale) != 1.0
         compute.one_pass = True  # the pipeline leaves the widening and join of its reads to step_in_one_pass (one pass)
         return compute
 

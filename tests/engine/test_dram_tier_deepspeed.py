@@ -91,9 +91,9 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     """fp32: the overlap speculates into shadow parameter partitions exchanged at each commit; held partitions and
     their shadows are exchanged in DRAM, the rest on the region, with losses equal to the all-SSD engine's. The dram
     placement's engine (planner.placement's dram row: the parameters resident as under stock's ZeRO-Offload, every
-    chunk and gradient held, no overlap) steps the held chunks' moments in place and copies the gradients straight
-    into their keys: the losses of the all-SSD engine and of ZeRO-Offload, no region byte moved, and more bytes
-    computed in place than the gradients alone."""
+    chunk and gradient held, no overlap) steps the held chunks' moments in place, and their masters in the resident
+    fp32 partitions, and copies the gradients straight into their keys: the losses of the all-SSD engine and of
+    ZeRO-Offload, no region byte moved, and more bytes computed in place than the gradients alone."""
     ref = _engine(tmp_path, "fp32-ssd", 0.0, "--dtype", "fp32", "--clip", "0")
     r = _engine(tmp_path, "fp32-tier", 48 * MIB / 2**30, "--dtype", "fp32", "--clip", "0")
     assert r["losses"] == ref["losses"]
@@ -111,6 +111,7 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     t = _tier(dram)
     assert t["fallback"] == "" and t["params_held"] == 0 and t["chunks_held"] > 0 and _since_assign(dram) == (0, 0)
     assert t["in_place_bytes"] > dram["stats"]["bounded_io"]["gradient_write_bytes"] > 0
+    assert dram["stats"]["bounded_io"]["master_in_place_bytes"] > 0  # stepped in the resident partitions
 
 
 # `pytest -m long`: the default run resumes across budgets in test_a_checkpoint_resumes_exactly_when_the_budget_changed.
