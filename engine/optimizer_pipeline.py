@@ -72,10 +72,11 @@ class Slot:
     direct: set = field(default_factory=set)
     """Chunk offsets of gradient pieces read from the DRAM tier straight into `grad` (none to widen from staging)."""
     home: tuple = field(init=False, default=())
-    """The slot's own (master, exp_avg, exp_avg_sq): OptimizerPipeline._bind points those at a held chunk's bytes."""
+    """The slot's own (master, exp_avg, exp_avg_sq, grad): OptimizerPipeline._bind points those at a held chunk's
+    bytes."""
 
     def __post_init__(self):
-        self.home = (self.master, self.exp_avg, self.exp_avg_sq)
+        self.home = (self.master, self.exp_avg, self.exp_avg_sq, self.grad)
 
 
 class OptimizerPipeline(OnePassStep):
@@ -225,7 +226,7 @@ class OptimizerPipeline(OnePassStep):
                     slot.grad.narrow(0, p.chunk_offset, p.numel).zero_()
                     continue
                 if self.grad_bytes == 4 and in_dram(self.store, key, p.param_offset * gb, p.numel, torch.float32) \
-                        is not None:  # held in DRAM: one copy, into the fp32 gradient (no staging to widen from)
+                        is not None:  # held in DRAM: one copy into the fp32 gradient (none where _bind bound it there)
                     dst = slot.grad.narrow(0, p.chunk_offset, p.numel)
                     slot.pending.append(self.store.submit("r", dst.data_ptr(), p.numel * gb, key, p.param_offset * gb))
                     slot.direct.add(p.chunk_offset)
@@ -556,7 +557,7 @@ class OptimizerPipeline(OnePassStep):
         held in the tier or resident in memory (no offload_param: the partition itself, as ZeRO-Offload steps its
         fp32 partitions in place). A speculation (engine/overlap.py) keeps the old states for a redo, so it steps on
         its slots' own buffers."""
-        slot.master, slot.exp_avg, slot.exp_avg_sq = slot.home
+        slot.master, slot.exp_avg, slot.exp_avg_sq, slot.grad = slot.home
         if ci is None:
             return
         chunk = self.chunks[ci]
@@ -565,6 +566,14 @@ class OptimizerPipeline(OnePassStep):
                        for name in ("exp_avg", "exp_avg_sq")]
             if all(m is not None for m in moments):
                 slot.exp_avg, slot.exp_avg_sq = moments
+        if len(chunk.pieces) == 1 and self.grad_bytes == 4:
+            # A one-piece chunk's fp32 gradient held in the tier is read where it is (its read lands at the tier's
+            # own address): written again by the next backward, nothing reads it after this step.
+            p = chunk.pieces[0]
+            grad = in_dram(self.store, self.grad_keys[chunk.sub_group][p.param], p.param_offset * 4, p.numel,
+                           torch.float32)
+            if grad is not None:
+                slot.grad = grad
         if ci in self.master_in_params and not self.split and len(chunk.pieces) == 1 and not self.read_from:
             p = chunk.pieces[0]
             target = self.targets[chunk.sub_group][p.param]()
