@@ -89,9 +89,10 @@ def bench_launcher_processes(ranks: int) -> int:
 def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
              checkpointing: str, deepspeed_version: str, disabled: tuple[str, ...] = (),
              checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, loss: str = "hf",
-             moments: str = "fp32"):
+             moments: str = "fp32", optimizer_depth: int | None = None):
     """(the planner's JobSpec of one run, the estimate's engine: stock code with the run's own knobs for stock and
-    tuned). `disabled`: the memascend techniques switched off (ablation runs). Pure."""
+    tuned). `disabled`: the memascend techniques switched off (ablation runs); `optimizer_depth`: memascend's chunks
+    in flight (None: the planner's default). Pure."""
     from memascend_cli.planner.memory import JobSpec
 
     offloaded = checkpointing_impl(mode) == "memascend" and (mode != "memascend"
@@ -108,6 +109,7 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
                   master_from_params="master_from_params" not in disabled,
                   params_hold_master="params_hold_master" not in disabled,
                   optimizer_moments=moments if mode == "memascend" else "fp32",
+                  optimizer_depth=optimizer_depth if mode == "memascend" else None,
                   gradient_clipping=float(cfg.get("gradient_clipping", DEEPSPEED_GRADIENT_CLIPPING)),
                   checkpoint_offload=checkpoint_offload if mode == "memascend" else "dram",
                   host_budget_bytes=host_budget_bytes if mode == "memascend" else None,
@@ -118,7 +120,8 @@ def plan_job(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtyp
 def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype: str, ranks: int,
             checkpointing: str, hw, deepspeed_version: str, disabled: tuple[str, ...] = (),
             checkpoint_offload: str = "ssd", host_budget_bytes: int | None = None, timing: dict | None = None,
-            loss: str = "hf", moments: str = "fp32", placement: dict | None = None) -> dict:
+            loss: str = "hf", moments: str = "fp32", placement: dict | None = None,
+            optimizer_depth: int | None = None) -> dict:
     """memascend plan's estimate for one run (plan_job): node peak plus the host items (for recalibration), and
     with `timing` ({device: planner.time.Device, read_gbps, write_gbps}: the SSD bandwidth the run gets, the
     throttle's under --ssd-bandwidth) the plan's step time (`time`, planner.time.engine_times); `placement`: where
@@ -128,7 +131,7 @@ def predict(mode: str, cfg: dict, spec, *, seq_len: int, micro_batch: int, dtype
     job, engine = plan_job(mode, cfg, spec, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype, ranks=ranks,
                            checkpointing=checkpointing, deepspeed_version=deepspeed_version, disabled=disabled,
                            checkpoint_offload=checkpoint_offload, host_budget_bytes=host_budget_bytes, loss=loss,
-                           moments=moments)
+                           moments=moments, optimizer_depth=optimizer_depth)
     est = placed_estimate(job, hw, estimate(job, hw, engine), placement)
     step = None
     if timing is not None and est.traffic is not None:
@@ -261,7 +264,15 @@ def _recorded_job_args(j: dict, run: dict) -> dict:
                 checkpointing=j["checkpointing"], deepspeed_version=j["deepspeed_version"],
                 disabled=disabled, host_budget_bytes=j.get("host_budget_bytes"),
                 loss=j.get("loss", "hf"),  # jobs recorded before the chunked loss ran transformers' own
-                moments=run.get("optimizer_moments", "fp32"))
+                moments=run.get("optimizer_moments", "fp32"),
+                optimizer_depth=recorded_optimizer_depth(run))
+
+
+def recorded_optimizer_depth(run: dict) -> int | None:
+    """The optimizer chunks in flight of a recorded memascend run (bf16 moments ran 3 before
+    windows.BF16_MOMENTS_PIPELINE_DEPTH), None where its record does not say. Pure."""
+    depth = ((_engine_stats(run).get("bounded") or {}).get("windows") or {}).get("optimizer_depth")
+    return None if depth is None else int(depth)
 
 
 def _engine_stats(run: dict) -> dict:

@@ -166,6 +166,7 @@ class Context:
         self.holds_gradients = job.grad_accum_steps > 1 or (self.overlap and self.overlap_keeps_grads)
         self.windows = job.windows or zero.EngineWindows(
             optimizer_chunk_numel=zero.chunk_numel_for(self.k.sub_group_size),
+            optimizer_depth=job.optimizer_depth or zero.default_pipeline_depth(job.optimizer_moments),
             checkpoint_offload=job.checkpoint_offload)
         self.ssd_checkpoints = (self.memascend and job.checkpointing == "offload"
                                 and self.windows.checkpoint_offload == "ssd")

@@ -92,6 +92,9 @@ class JobSpec:
     SSD traffic per step). Stock and tuned keep fp32 states."""
     checkpoint_offload: str = "ssd"
     """Where memascend's offloaded activation checkpoints go: ssd (a bounded window) or dram (one buffer per layer)."""
+    optimizer_depth: int | None = None
+    """memascend's optimizer chunks in flight with full overlap; None = zero.default_pipeline_depth for the moments (a
+    recorded run is planned with the depth it ran)."""
     windows: zero.EngineWindows | None = None
     """memascend's host windows; None = zero.EngineWindows for the job's sub-group size (full overlap)."""
     host_budget_bytes: int | None = None

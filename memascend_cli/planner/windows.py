@@ -99,6 +99,18 @@ OPTIMIZER_SLOT_FP32_TENSORS = 4
 """fp32 master, exp_avg, exp_avg_sq and the fp32 gradient of a chunk in flight (DeepSpeedCPUAdam's four tensors)."""
 DEFAULT_PIPELINE_DEPTH = 3
 """Chunks in flight: one being read, one being updated, one being written back."""
+BF16_MOMENTS_PIPELINE_DEPTH = 5
+"""Chunks in flight with bf16 Adam moments: during backward three chunks read ahead of their gradients
+(engine/overlap.py Speculator.lookahead, the depth less the two written back). With one read ahead the thread that
+drives backward waited on a chunk's reads ~0.3 s a step (bench-llama-136m, seq 512, bf16, 400 MB/s: the region's
+read_wait_s 4.4-4.6 s a run at depth 3, 3.2-3.4 at depth 5 or 7, the same losses): with 2 B moments the step is
+short enough that one chunk's reads no longer hide behind the gradients before it. Two slots more (2 x 40 MiB at
+2M-element chunks) are the price; fp32 moments keep DEFAULT_PIPELINE_DEPTH."""
+
+
+def default_pipeline_depth(optimizer_moments: str) -> int:
+    """Optimizer chunks in flight for full overlap with Adam moments of this dtype on the SSD (fp32 or bf16)."""
+    return BF16_MOMENTS_PIPELINE_DEPTH if optimizer_moments == "bf16" else DEFAULT_PIPELINE_DEPTH
 DEFAULT_GRADIENT_SLOTS = 4
 DEFAULT_GRADIENT_SLOT_BYTES = 8 * MiB
 """Gradient staging window: pieces of reduced gradients on their way to the SSD (4 x 8 MiB)."""
@@ -205,8 +217,8 @@ def split_budget(budget_bytes: int | None, *, param_pool_bytes: Callable[[int], 
                  accumulated_gradient_bytes: int = 0) -> BudgetPlan:
     """Split one host budget between the parameter pool, the optimizer pipeline, the gradient window and the
     activation-checkpoint window. None = full overlap (the default windows). A smaller budget gives up overlap in
-    this order: optimizer write-behind (depth 3 -> 2), gradient slots (4 -> 2), a checkpoint slot, the prefetched
-    layer (2 -> 1), then halves the optimizer chunk down to 1 MiB, then single slots; below that BudgetTooSmall.
+    this order: optimizer read-ahead (depth 5 -> 3, bf16 moments), write-behind (3 -> 2), gradient slots (4 -> 2), a
+    checkpoint slot, the prefetched layer (2 -> 1), then halves the optimizer chunk down to 1 MiB, then single slots; below that BudgetTooSmall.
     What a budget leaves over holds accumulated gradients in DRAM (EngineWindows.accumulation_bytes), up to
     ``accumulated_gradient_bytes`` (the rank's gradient partitions in their accumulation dtype; 0 without gradient
     accumulation); without a budget the base's window stays.
@@ -225,6 +237,7 @@ def split_budget(budget_bytes: int | None, *, param_pool_bytes: Callable[[int], 
         prefetch = changes.pop("prefetch_layers", p)
         steps.append((replace(w, **changes), prefetch))
 
+    add(optimizer_depth=min(base.optimizer_depth, DEFAULT_PIPELINE_DEPTH))  # the read-ahead of bf16 moments first
     add(optimizer_depth=min(base.optimizer_depth, 2))
     add(gradient_slots=min(base.gradient_slots, 2))
     add(checkpoint_slots=1)

@@ -23,6 +23,7 @@ from functools import lru_cache
 # The bounded engine's chunks, windows and budget (planner/windows.py): read through this module like every
 # other ZeRO number, by the planner and the engine.
 from memascend_cli.planner.windows import (  # noqa: F401
+    BF16_MOMENTS_PIPELINE_DEPTH,
     CHUNK_ALIGN_NUMEL,
     DEFAULT_PIPELINE_DEPTH,
     DEFAULT_PREFETCH_LAYERS,
@@ -36,6 +37,7 @@ from memascend_cli.planner.windows import (  # noqa: F401
     Piece,
     align_up,
     chunk_numel_for,
+    default_pipeline_depth,
     optimizer_chunks,
     split_budget,
 )

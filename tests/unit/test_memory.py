@@ -100,6 +100,21 @@ def test_bounded_engine_holds_windows_not_model_sized_buffers():
     assert off.item("host/grad_flat_buffer") is not None and off.item("host/optimizer_pipeline") is None
 
 
+def test_bf16_moments_read_ahead_two_chunks_more_and_a_budget_gives_them_up_first():
+    slot = (4 * 4 + 2) * 2_097_152
+    deep = estimate(job(optimizer_moments="bf16"), GPU, "memascend")
+    assert deep.item("host/optimizer_pipeline").bytes == zero.BF16_MOMENTS_PIPELINE_DEPTH * slot
+    assert deep.budget.windows.optimizer_depth == zero.BF16_MOMENTS_PIPELINE_DEPTH > zero.DEFAULT_PIPELINE_DEPTH
+    as_ran = estimate(job(optimizer_moments="bf16", optimizer_depth=3), GPU, "memascend")  # a run recorded so
+    assert as_ran.item("host/optimizer_pipeline").bytes == 3 * slot
+    # A budget just short of the deep windows keeps every other window and depth 3 (not 2).
+    short = deep.budget.total_bytes - 1
+    cut = estimate(job(optimizer_moments="bf16", host_budget_bytes=short), GPU, "memascend").budget
+    assert cut.windows.optimizer_depth == zero.DEFAULT_PIPELINE_DEPTH
+    assert cut.optimizer_bytes == 3 * slot and cut.param_pool_bytes == deep.budget.param_pool_bytes
+    assert (cut.gradient_bytes, cut.checkpoint_bytes) == (deep.budget.gradient_bytes, deep.budget.checkpoint_bytes)
+
+
 def test_memlock_binds_stock_deepspeed_not_memascend():
     hw = replace(GPU, memlock_limit_gib=8 / 1024, can_lock_unlimited=False)
     ests = estimate_all(job(), hw)
