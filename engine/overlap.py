@@ -2,8 +2,8 @@
 
 At the micro-batch that ends a step, each optimizer chunk (zero.optimizer_chunks) is updated as soon as the last of its
 gradient pieces is reduced, while backward goes on: its master and moments are read into one of the pipeline's slots
-when its first piece arrives, Adam runs when its last piece does, and the update goes to the chunk's other extent set
-(OptimizerPipeline.generation) and to its parameters. The old master and moments stay where they are until step()
+when its first piece arrives, Adam runs when its last piece does (on a step thread, beside backward), and the update
+goes to the chunk's other extent set (OptimizerPipeline.generation) and to its parameters. The old master and moments stay where they are until step()
 decides:
 
 * commit: the step's own unscale-and-clip factor is the one the speculation used (no clipping, the same loss scale, no
@@ -31,6 +31,7 @@ LoHan, arXiv 2403.06504).
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +61,8 @@ class OverlapCounters:
     copies do not count)."""
     chunks_read_ahead: int = 0
     """Chunks whose reads started before their first gradient piece or partition release (Speculator._read_ahead)."""
+    chunks_stepped_on_thread: int = 0
+    """Chunks stepped on the step thread while backward went on (Speculator._step_thread)."""
 
 
 @dataclass
@@ -110,7 +113,13 @@ class Speculator:
         self.consumed: set[str] = set()
         """Gradient keys stepped during backward and kept nowhere (clipping off): unreadable until step()."""
         self._busy: list[Slot] = []
-        """Slots whose speculative writes are in flight, oldest first."""
+        """Slots whose speculative writes are in flight (or whose step still runs), oldest first."""
+        self._stepping: dict[int, tuple[int, Future]] = {}
+        """id(slot) -> (chunk, its step on the step thread) for updated chunks whose writes are not submitted yet."""
+        self._step_thread: ThreadPoolExecutor | None = None
+        """One thread steps the updated chunks, in update order (DeepSpeed's op counts its calls), while the thread
+        that drives backward goes on computing the gradients; their writes are submitted from that thread once a
+        step is done (_submit_stepped), so the store is used from one thread as before."""
         self.order: list[int] = []
         """The order in which the last speculated step's chunks took a slot: backward reduces the same gradients in
         the same order every step, so the next step reads them in that order ahead of their gradients."""
@@ -138,11 +147,12 @@ class Speculator:
         free = [s for s in self.pipeline.slots if id(s) not in held]
         if not free:
             return None
-        idle = [s for s in free if not s.pending]
+        idle = [s for s in free if not s.pending and id(s) not in self._stepping]
         if idle:
             return idle[0]
-        oldest = next(s for s in self._busy if id(s) not in held)  # wait for its writes
+        oldest = next(s for s in self._busy if id(s) not in held)  # wait for its step and its writes
         self._busy.remove(oldest)
+        self._submit_stepped(oldest)
         self.pipeline._complete(oldest)
         return oldest
 
@@ -234,12 +244,28 @@ class Speculator:
             pipe.read_master(ci, slot, wait=True)  # a piece's partition was not in memory: the SSD has every piece
             self.counters.master_bytes_from_memory -= sum(pipe.param_bytes * p.numel for p in pieces
                                                           if p.chunk_offset in copied)
-        st.compute(ci, pipe.chunks[ci], slot)
-        pipe._submit_writes(ci, slot, generation=1 - pipe.generation[ci], targets=self.spec_targets)
+        if self._step_thread is None:
+            self._step_thread = ThreadPoolExecutor(1, thread_name_prefix="memascend-step")
+        self._stepping[id(slot)] = (ci, self._step_thread.submit(st.compute, ci, pipe.chunks[ci], slot))
+        self.counters.chunks_stepped_on_thread += 1
         st.state[ci] = DONE
         st.updated.append(ci)
         self._busy.append(slot)
+        for s in list(self._busy):  # the writes of the chunks stepped by now, in update order
+            if id(s) in self._stepping and not self._stepping[id(s)][1].done():
+                break
+            self._submit_stepped(s)
         self._read_ahead()
+
+    def _submit_stepped(self, slot: Slot) -> None:
+        """Wait for the step of the chunk in `slot` (if not submitted yet) and submit its speculative writes."""
+        got = self._stepping.pop(id(slot), None)
+        if got is None:
+            return
+        ci, stepping = got
+        stepping.result()
+        pipe = self.pipeline
+        pipe._submit_writes(ci, slot, generation=1 - pipe.generation[ci], targets=self.spec_targets)
 
     def _read_ahead(self) -> None:
         """Start the next chunks of the last step's order: their moments (and a master not taken from the
@@ -275,6 +301,10 @@ class Speculator:
             self._update(ci)
         first = None
         for slot in self._busy:
+            try:
+                self._submit_stepped(slot)
+            except Exception as exc:  # noqa: BLE001 - a failed step: its writes are never submitted
+                first = first or exc
             try:
                 self.pipeline._complete(slot)
             except Exception as exc:  # noqa: BLE001 - drain every slot, raise the first

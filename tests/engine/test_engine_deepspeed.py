@@ -321,7 +321,7 @@ def test_optimizer_overlapped_with_backward_commits_redoes_and_stays_exact(tmp_p
 
 def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
     """bf16 with clipping off: every step commits and no gradient byte touches the SSD; the losses equal stock's
-    without clipping, with chunks read ahead in the last step's order."""
+    without clipping, with chunks read ahead in the last step's order and stepped beside backward."""
     ref = run(tmp_path, "stock-noclip", "--mode", "stock", "--dtype", "bf16", "--clip", "0",
               "--nvme-dir", str(tmp_path / "swap"))
     r = run(tmp_path, "engine-noclip", "--mode", "engine", "--dtype", "bf16", "--clip", "0",
@@ -330,6 +330,9 @@ def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
     assert r["stats"]["overlap"]["steps_committed"] == STEPS
     # From the second step on, chunks are read in the order the step before took them, ahead of their gradients.
     assert r["stats"]["overlap"]["chunks_read_ahead"] > 0
+    # Every committed chunk was stepped on the step thread while backward went on, with stock's losses.
+    o = r["stats"]["overlap"]
+    assert o["chunks_stepped_on_thread"] == o["chunks_committed"] > 0
     io = r["stats"]["bounded_io"]
     assert io["gradient_write_bytes"] == 0 and io["gradient_read_bytes"] == 0
     # bf16 parameters hold the master's upper halves (engine/optimizer_pipeline.py split): 2 of its 4 bytes come from
