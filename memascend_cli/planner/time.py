@@ -331,7 +331,8 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     op_io = z(op_r) + z(op_w)
     host_fb, host_opt, host_window = (0.0, 0.0, 0.0) if device.gpu else _host_seconds(
         engine, optimizer_elems, all_in_dram=bool(optimizer_elems) and dram_elems >= optimizer_elems,
-        overlapped=bounded and overlap_window > 0, norm_worker=norm_worker)
+        overlapped=bounded and overlap_window > 0, norm_worker=norm_worker,
+        params_from_tier=getattr(traffic, "dram_fetch_bytes", 0) > 0)
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
         overlap = "forward/backward: max(compute, SSD, PCIe)"
@@ -414,13 +415,18 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
                     phase_s={PHASE_FORWARD_BACKWARD: fb, PHASE_OPTIMIZER: opt})
 
 
-def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: bool,
-                  norm_worker: bool = True) -> tuple[float, float, float]:
+def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: bool, norm_worker: bool = True,
+                  params_from_tier: bool = True) -> tuple[float, float, float]:
     """(backward, optimizer, overlap window) seconds of an engine's host work beyond the matmuls, the SSD and Adam on
     the CPU accelerator, on the cores of the matmuls. Stock's passes over each element (tuned stock runs the same
     stage3.py code): ZeRO-Offload's own where every state is in DRAM, none swapped; memascend's in the overlap window,
     with today's engine's delta (`norm_worker`: not for engines recorded before it), and its dram row's own (no
-    overlap, every chunk stepped in place in the tier)."""
+    overlap, every chunk stepped in place in the tier): with the parameters fetched from the tier
+    (`params_from_tier`: runs recorded before the row kept them resident) MEMASCEND_DRAM_HOST_NS_PER_ELEMENT, with
+    them resident ZeRO-Offload's passes, which bound its own: in backward each gradient's norm and one copy (into its
+    held key, engine/bounded.py GradientStream.write, where stock copies into its fp32 partition), in the step no
+    master, gradient or parameter copied (engine/optimizer_pipeline.py _bind: stepped where they live, where stock
+    copies its fp32 partitions into the parameters)."""
     if engine in ("stock", "tuned"):
         ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT if all_in_dram else STOCK_CPU_HOST_NS_PER_ELEMENT
     elif overlapped:
@@ -428,7 +434,7 @@ def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: boo
         window = MEMASCEND_CPU_HOST_NS_PER_ELEMENT + threads
         return 0.0, 0.0, elems * window * 1e-9
     elif all_in_dram:
-        ns = MEMASCEND_DRAM_HOST_NS_PER_ELEMENT
+        ns = MEMASCEND_DRAM_HOST_NS_PER_ELEMENT if params_from_tier else STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT
     else:
         return 0.0, 0.0, 0.0
     return elems * ns["backward"] * 1e-9, elems * ns["optimizer"] * 1e-9, 0.0
