@@ -579,8 +579,10 @@ class OptimizerPipeline(OnePassStep):
             target = self.targets[chunk.sub_group][p.param]()
             if target.key is not None:
                 master = in_dram(self.store, target.key, p.param_offset * 4, p.numel, torch.float32)
-            elif target.resident and target.tensor.dtype == torch.float32 and target.tensor.is_contiguous():
-                # A resident fp32 partition (the dram placement's parameters) is the master: Adam steps it there.
+            elif target.resident and target.tensor.dtype == torch.float32 and target.tensor.is_contiguous() \
+                    and target.tensor.device.type == "cpu":
+                # A resident fp32 partition in host memory (the dram placement's parameters on the CPU accelerator,
+                # or offload_param cpu) is the master: Adam steps it there; one on a GPU is copied as before.
                 master = target.tensor.narrow(0, p.param_offset, p.numel)
                 self.counters.master_in_place_bytes += 4 * p.numel
             else:
