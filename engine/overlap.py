@@ -161,6 +161,7 @@ class Speculator:
         this rank, zeros): copy its pieces into their chunks' slots and update every chunk it completes. Returns
         whether some chunk of it fell back (its gradient must then go to the SSD for the step)."""
         st = self.step
+        self._submit_ready()
         flat = None if grad is None else grad.detach().reshape(-1)
         fell_back = False
         for ci, p in self.pieces.get((g, j), ()):
@@ -209,6 +210,7 @@ class Speculator:
         swapper then keeps the partition until the gradient's offer copies it (or it needs the slot). A chunk with a
         piece never seen in memory reads its whole master."""
         st = self.step
+        self._submit_ready()
         waiting = False
         for ci, p in self.pieces.get((g, j), ()):
             if st.state[ci] == NEW and ci in self.pipeline.mirrored and self._spare_slots() >= 2:
@@ -251,11 +253,16 @@ class Speculator:
         st.state[ci] = DONE
         st.updated.append(ci)
         self._busy.append(slot)
-        for s in list(self._busy):  # the writes of the chunks stepped by now, in update order
-            if id(s) in self._stepping and not self._stepping[id(s)][1].done():
-                break
-            self._submit_stepped(s)
+        self._submit_ready()
         self._read_ahead()
+
+    def _submit_ready(self) -> None:
+        """Submit the writes of the chunks the step thread has finished, in update order: called at every offer and
+        release too, so that a finished step's writes do not wait for the next chunk's update."""
+        for s in list(self._busy):
+            if id(s) in self._stepping and not self._stepping[id(s)][1].done():
+                return
+            self._submit_stepped(s)
 
     def _submit_stepped(self, slot: Slot) -> None:
         """Wait for the step of the chunk in `slot` (if not submitted yet) and submit its speculative writes."""
