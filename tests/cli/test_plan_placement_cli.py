@@ -45,7 +45,8 @@ def test_the_default_plan_of_a_profile_prints_a_recommendation_in_80_columns(cli
     r = cli("plan", "--hardware", "cpu-24g", "--cpu-gflops", "150", "--no-search")
     assert r.exit_code == 0, r.stderr
     assert "placements" in r.stdout and "s/step" in r.stdout
-    assert "→ recommended: dram with stock DeepSpeed" in " ".join(r.stdout.split())
+    # memascend's dram row makes ZeRO-Offload's passes at a lower peak: at the same s/step the lower peak wins.
+    assert "→ recommended: dram with memascend" in " ".join(r.stdout.split())
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
 
 
