@@ -224,8 +224,10 @@ def adam_step_fused_tensors(master: Any, residual: Any, exp_avg: Any, exp_avg_sq
     if flags & (JOIN_MASTER | SPLIT_MASTER) and (residual is None or residual.dtype != torch.int16
                                                  or not residual.is_contiguous() or residual.numel() < n):
         raise ValueError(f"adam_step_fused_tensors: residual must be {n} contiguous int16 elements")
-    if flags & (WIDEN_MOMENTS | JOIN_MASTER) and (upper_byte < 2 * n or upper_byte + 2 * n > 4 * min(
-            master.numel(), exp_avg.numel(), exp_avg_sq.numel())):
+    # The bf16 values sit at upper_byte of the buffers they widen into: the moments (WIDEN_MOMENTS), the master
+    # (JOIN_MASTER); a buffer neither reads them from may be just the chunk (a held chunk's moments, dram_tier.in_dram).
+    holders = ([exp_avg, exp_avg_sq] if flags & WIDEN_MOMENTS else []) + ([master] if flags & JOIN_MASTER else [])
+    if holders and (upper_byte < 2 * n or upper_byte + 2 * n > 4 * min(t.numel() for t in holders)):
         raise ValueError(f"adam_step_fused_tensors: {n} bf16 values at byte {upper_byte} do not fit")
     idx, values = fixes if fixes is not None else (None, None)
     constants, adamw = adam

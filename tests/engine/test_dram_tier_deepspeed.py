@@ -62,10 +62,14 @@ def test_every_budget_trains_the_same_losses_and_the_ssd_bytes_fall_with_it(tmp_
     assert "dram_tier" not in ref["stats"]["region_io"]  # budget 0: the plain region store
     runs = {k: _engine(tmp_path, k.replace(" ", "-"), b, *kw, steps=steps) for k, b in BUDGETS_GIB.items() if b}
     assert len(ref["losses"]) == steps
+    # The dram placement's layout (the parameters resident, no overlap): bf16 chunks held whole, stepped in one pass.
+    runs["dram row"] = _engine(tmp_path, "dram-row", 1.0, *kw, "--off", "overlap_optimizer", "--param-device", "none",
+                               steps=steps)
     for name, r in runs.items():
         assert r["losses"] == ref["losses"], name
         assert r["grad_norms"] == ref["grad_norms"], name
         assert _tier(r)["fallback"] == "", name
+    assert _since_assign(runs.pop("dram row")) == (0, 0)
     half, mid, full = (_tier(runs[k]) for k in ("half the parameters", "parameters + a chunk", "everything"))
     total_params = full["params_held"]
     assert 0 < half["params_held"] < total_params and half["chunks_held"] == 0
