@@ -299,7 +299,8 @@ class _ChunkAdam:
                         slot.exp_avg_sq.narrow(0, start, count))
             # The fused pass does not scale the gradient: a scaled step (loss scale, clipping) stays on the op.
             adam = None if scaled else op.constants(args)
-            self._ma_pipeline.step_in_one_pass(ci, slot, update, adam)
+            # After backward (not speculative) both cores are free for the pass; a speculation shares them with it.
+            self._ma_pipeline.step_in_one_pass(ci, slot, update, adam, threads=1 if speculative else 2)
             counters = self._ma_ctx.counters  # chunks_fused_step also marks the engine's records (the time model)
             counters["chunks_fused_step"] += adam is not None
             counters["fused_step_mismatches"] = op.mismatches
