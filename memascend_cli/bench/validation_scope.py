@@ -36,6 +36,11 @@ NO_SITTING_PROBE = "no sitting probe"
 NO_GAUGE = "no load gauge"
 CONTENDED = "contended"
 SLOW_SITTING = "slow sitting"
+UNPRICED_CONFIG = "a configuration the plan never makes"
+"""memascend's dram placement run with its optimizer overlapped with backward (its engine options): the plan's dram
+row runs without the overlap (planner.placement.memascend_dram_row) and the time model has no term for the tier's
+copies at submit the overlap makes on the thread that drives backward (engine/dram_tier.py TieredStore.submit, 2.7 GB
+a step); the validation tests the configurations the plan recommends."""
 
 
 def history_reason(doc: dict, run: dict) -> str | None:
@@ -51,6 +56,9 @@ def history_reason(doc: dict, run: dict) -> str | None:
         return NO_SITTING_PROBE
     if run.get("others_cpu_seconds") is None or not run.get("wall_s"):
         return NO_GAUGE
+    if (run.get("placement") or {}).get("placement") == "dram" and run.get("mode") == "memascend" and \
+            ((run.get("engine_stats") or [{}])[0].get("options") or {}).get("overlap_optimizer", False):
+        return UNPRICED_CONFIG
     if run["others_cpu_seconds"] / run["wall_s"] >= CONTENDED_CORES:
         return CONTENDED
     if sitting["fp32_gflops"] < MACHINE_SPEED * sitting["cached_fp32_gflops"]:

@@ -52,9 +52,12 @@ before tuned stock got stock's host passes on the CPU accelerator, 2026-11-27)."
 
 # Why the model misses a validation run by more than TOLERANCE: the kinds of cause, each checked against the run's
 # record by test_each_expected_miss_has_its_cause_in_its_record.
-DRAM_OVERLAPPED = "dram tier overlapped"  # memascend's dram placement run with the optimizer overlapped with backward
-# (its engine options): the tier's copies at submit on the thread that drives backward (engine/dram_tier.py
-# TieredStore.submit, 2.7 GB a step) have no term; the dram row has run without the overlap since, and is priced so
+SLOW_VM = "slow VM"  # the sitting's stock ZeRO-Offload run (the same document's tuned run: stock DeepSpeed, which
+# no commit of this project changes) took SLOW_VM_FACTOR or more of the same command's median in the validation
+# sittings that are no miss: the VM ran slower than its matmul probe said (on 2026-12-07 03:50-03:55 the probe was 2-5%
+# under the cache while stock's step took 1.6-1.8x its 2.01-2.04 s of 2026-12-06 22:45); the memascend run beside it
+# met the same machine
+SLOW_VM_FACTOR = 1.3
 
 AT_CAP = "at its cap"  # the run's cgroup peak took AT_CAP_SHARE or more of its DRAM cap (the page cache charged to
 # it reclaimed as it runs): a suspected cause, not a measured one; its record shows no memory stall (pressure full 0)
@@ -62,8 +65,11 @@ AT_CAP_SHARE = 0.85  # set after this sitting (its run at 87%); the 4 GiB runs b
 # at a cap near its peak, repeated, decides whether this is the cap or the model
 
 EXPECTED_MISSES: dict[str, tuple[str, str]] = {
-    **{f"placements-clip10-quiet-{d}.json:4:512:memascend": (DRAM_OVERLAPPED, why) for d, why in (
-        ("cap-4GiB", "-17% at the sitting's probe"), ("dram-overlap-on-off-cap8gib", "-19% at the sitting's probe"))},
+    **{f"placements-clip10-dram-cap4gib-0350-sitting{n}.json:4:512:{r}": (SLOW_VM, why) for n, r, why in (
+        (1, "tuned", "stock -36%: 3.28 s/step against 2.01-2.04 in the 22:45 sittings"),
+        (1, "memascend", "-29% beside stock's 3.28"),
+        (3, "tuned", "stock -45%: 3.72 s/step against 2.01-2.04 in the 22:45 sittings"),
+        (3, "memascend", "-31% beside stock's 3.72"))},
     "placements-clip10-quiet3-cap-3.25GiB.json:4:512:memascend": (
         AT_CAP, "the dram placement at 3.25 GiB peaked at 2.84 GiB (87%): -16% where the 4 GiB runs are -3% to -7%")}
 """Every validation run the model misses by more than TOLERANCE, with why (strict: one that comes within fails until
@@ -178,22 +184,38 @@ def test_expected_misses_are_validation_runs_and_at_most_a_tenth():
     """Each entry of EXPECTED_MISSES names a run this file validates (a renamed document or run would leave an entry
     that excuses nothing), with a known kind of cause; they are at most MISSES_SHARE of the validation runs."""
     assert not EXPECTED_MISSES.keys() - {p.id for p in VALIDATION}
-    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {DRAM_OVERLAPPED, AT_CAP}
+    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {SLOW_VM, AT_CAP}
     assert len(EXPECTED_MISSES) <= MISSES_SHARE * len(VALIDATION), (len(EXPECTED_MISSES), len(VALIDATION))
 
 
 def test_each_expected_miss_has_its_cause_in_its_record():
-    """The cause each entry states is in the run's own record: memascend's dram placement (every state in the tier)
-    with its engine's optimizer overlapped with backward."""
+    """The cause each entry states is in the records: a cgroup peak near the run's cap, or a slow VM, measured by the
+    sitting's stock run against the same command's stock runs in the other validation sittings."""
     runs = {p.id: p.values for p in VALIDATION}
     for rid, (kind, _) in EXPECTED_MISSES.items():
         doc, run = runs[rid]
         if kind == AT_CAP:
             assert run["cgroup"]["peak_bytes"] >= AT_CAP_SHARE * doc["job"]["dram_cap_bytes"], rid
             continue
-        assert kind == DRAM_OVERLAPPED, rid
-        options = run["engine_stats"][0]["options"]
-        assert run["placement"]["placement"] == "dram" and options.get("overlap_optimizer", True), rid
+        assert kind == SLOW_VM, rid
+        stock = next(r for r in doc["runs"] if r["name"] == "tuned")
+        assert stock["seconds_per_step"] >= SLOW_VM_FACTOR * statistics.median(_same_command_stock(doc)), rid
+
+
+def _same_command_stock(doc: dict) -> list[float]:
+    """s/step of the stock (tuned) runs of validation documents with `doc`'s job and placement, no listed miss."""
+    key = _command_key(doc)
+    out = [r["seconds_per_step"] for p in VALIDATION for d, r in [p.values]
+           if r["name"] == "tuned" and p.id not in EXPECTED_MISSES and _command_key(d) == key]
+    assert out, key
+    return out
+
+
+def _command_key(doc: dict) -> tuple:
+    job = doc["job"]
+    tuned = next((r for r in doc["runs"] if r["name"] == "tuned"), {})
+    return (job.get("model"), job["layers"], job["seq_len"], job.get("dtype"), job.get("dram_cap_bytes"),
+            (tuned.get("placement") or {}).get("placement"))
 
 
 def test_no_validation_run_was_fitted_on():
@@ -223,11 +245,13 @@ def test_the_plan_ranks_each_sittings_runs_as_measured():
     picks the placement to recommend by that order."""
     by_doc: dict[int, list] = {}
     for p in VALIDATION:
-        by_doc.setdefault(id(p.values[0]), []).append(p.values)
+        by_doc.setdefault(id(p.values[0]), []).append((p.id, *p.values))
     pairs = 0
     for runs in by_doc.values():
-        for i, (doc, a) in enumerate(runs):
-            for _, b in runs[i + 1:]:
+        for i, (aid, doc, a) in enumerate(runs):
+            for bid, _, b in runs[i + 1:]:
+                if {aid, bid} & EXPECTED_MISSES.keys():
+                    continue  # a listed miss's measured time is its cause's (a slow VM, its cap), not the model's
                 if abs(a["seconds_per_step"] - b["seconds_per_step"]) <= TOLERANCE * max(a["seconds_per_step"],
                                                                                          b["seconds_per_step"]):
                     continue

@@ -36,3 +36,15 @@ def test_each_part_of_the_rule():
     slow = {**AT_SPEED, "fp32_gflops": 0.94 * 315.4}
     assert scope.history_reason(_record(slow), _run()) == scope.SLOW_SITTING
     assert scope.history_reason(_record({**AT_SPEED, "fp32_gflops": 0.95 * 315.4}), _run()) is None
+
+
+def test_a_dram_run_with_the_optimizer_overlapped_is_a_configuration_the_plan_never_makes():
+    def dram(mode: str, overlap: bool | None) -> dict:
+        options = {} if overlap is None else {"overlap_optimizer": overlap}
+        return {**_run(), "mode": mode, "placement": {"placement": "dram"}, "engine_stats": [{"options": options}]}
+
+    assert scope.history_reason(_record(AT_SPEED), dram("memascend", True)) == scope.UNPRICED_CONFIG
+    assert scope.history_reason(_record(AT_SPEED), dram("memascend", False)) is None
+    assert scope.history_reason(_record(AT_SPEED), dram("tuned", None)) is None  # stock's ZeRO-Offload
+    split = {**dram("memascend", True), "placement": {"placement": "split"}}  # overlapped where the SSD binds: priced
+    assert scope.history_reason(_record(AT_SPEED), split) is None
