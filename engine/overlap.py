@@ -3,8 +3,8 @@
 At the micro-batch that ends a step, each optimizer chunk (zero.optimizer_chunks) is updated as soon as the last of its
 gradient pieces is reduced, while backward goes on: its master and moments are read into one of the pipeline's slots
 when its first piece arrives, Adam runs when its last piece does (on a step thread, beside backward), and the update
-goes to the chunk's other extent set (OptimizerPipeline.generation) and to its parameters. The old master and moments stay where they are until step()
-decides:
+goes to the chunk's other extent set (OptimizerPipeline.generation) and to its parameters. The old master and moments
+stay where they are until step() decides:
 
 * commit: the step's own unscale-and-clip factor is the one the speculation used (no clipping, the same loss scale, no
   overflow): the chunk's generation flips, nothing else moves;

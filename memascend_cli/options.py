@@ -137,8 +137,8 @@ def as_json(panel: str):
 def placement(panel: str):
     return typer.Option(
         None, "--placement", help="Where the job's states live: gpu (ZeRO-3, no "
-        "offload), dram (ZeRO-Offload, device cpu; memascend: parameters where ZeRO-Offload keeps them, optimizer states "
-        "in its DRAM tier), split (nvme with max_in_cpu; "
+        "offload), dram (ZeRO-Offload, device cpu; memascend: parameters where ZeRO-Offload keeps them, optimizer "
+        "states in its DRAM tier), split (nvme with max_in_cpu; "
         "memascend: its DRAM tier + the region) or ssd (all on the SSD). train runs it, a placement that does not fit "
         "refused with what binds [default: the plan's fastest placement that fits for --engine]; bench runs every "
         "engine with it [default: ssd, the engines compared on the SSD; --placements sweeps them]; plan shows its "

@@ -111,6 +111,8 @@ short enough that one chunk's reads no longer hide behind the gradients before i
 def default_pipeline_depth(optimizer_moments: str) -> int:
     """Optimizer chunks in flight for full overlap with Adam moments of this dtype on the SSD (fp32 or bf16)."""
     return BF16_MOMENTS_PIPELINE_DEPTH if optimizer_moments == "bf16" else DEFAULT_PIPELINE_DEPTH
+
+
 DEFAULT_GRADIENT_SLOTS = 4
 DEFAULT_GRADIENT_SLOT_BYTES = 8 * MiB
 """Gradient staging window: pieces of reduced gradients on their way to the SSD (4 x 8 MiB)."""
@@ -218,7 +220,8 @@ def split_budget(budget_bytes: int | None, *, param_pool_bytes: Callable[[int], 
     """Split one host budget between the parameter pool, the optimizer pipeline, the gradient window and the
     activation-checkpoint window. None = full overlap (the default windows). A smaller budget gives up overlap in
     this order: optimizer read-ahead (depth 5 -> 3, bf16 moments), write-behind (3 -> 2), gradient slots (4 -> 2), a
-    checkpoint slot, the prefetched layer (2 -> 1), then halves the optimizer chunk down to 1 MiB, then single slots; below that BudgetTooSmall.
+    checkpoint slot, the prefetched layer (2 -> 1), then halves the optimizer chunk down to 1 MiB, then single slots;
+    below that BudgetTooSmall.
     What a budget leaves over holds accumulated gradients in DRAM (EngineWindows.accumulation_bytes), up to
     ``accumulated_gradient_bytes`` (the rank's gradient partitions in their accumulation dtype; 0 without gradient
     accumulation); without a budget the base's window stays.
