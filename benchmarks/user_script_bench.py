@@ -22,10 +22,10 @@ script's ru_maxrss (os.wait4) and its own /proc/self/status. The plan's predicti
 MODEL_DIR --json` with the script's seq / micro-batch / dtype / checkpointing (and, for the HF Trainer, the knobs
 it fills for "auto" and no zero.Init), taken before the run.
 
-    python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json
-    python benchmarks/user_script_bench.py --out docs/bench/user-script/matrix.json --update --engines memascend \
+    python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json.gz
+    python benchmarks/user_script_bench.py --out docs/bench/user-script/matrix.json.gz --update --engines memascend \
         --settle-cap-s 20 --jobs $(python -c "import user_script_bench as u; print(','.join(j.name for j in u.MATRIX))")
-    python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json --update \
+    python benchmarks/user_script_bench.py --out docs/raw/user-script-bench.json.gz --update \
         --jobs accelerate-nockpt,trl-ckpt --repeat 3
 
 `--repeat N` runs stock and memascend in turn N times per job and keeps, per engine, the run with the median system
@@ -37,6 +37,7 @@ another job's peak.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -474,6 +475,16 @@ def run_job(job: Job, engine: str, plan: dict, *, model_dir: str, region: str, w
     return res
 
 
+def _open_doc(path: str, mode: str):
+    """The harness document at `path`, gzipped when its name ends in .gz (docs/ keeps its records compressed)."""
+    return gzip.open(path, mode) if path.endswith(".gz") else open(path, mode)
+
+
+def _read_doc(path: str) -> dict:
+    with _open_doc(path, "rt") as f:
+        return json.load(f)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -515,7 +526,7 @@ def main(argv=None) -> int:
     sitting = {"command": "python benchmarks/user_script_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jobs": [j.name for j in jobs],
                "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]}
-    old = json.load(open(args.out)) if args.update and os.path.exists(args.out) else {"runs": [], "sittings": []}
+    old = _read_doc(args.out) if args.update and os.path.exists(args.out) else {"runs": [], "sittings": []}
     runs = merge_runs(old["runs"], median_runs(runs))
     sittings = kept_sittings(old["sittings"] + [sitting])
     doc = {"title": "Plan accuracy on user scripts", "use": "validation (never an input of scripts/fit_planner.py)",
@@ -523,7 +534,7 @@ def main(argv=None) -> int:
            "machine": {"cpus": os.cpu_count(), "dram_gib": round(os.sysconf("SC_PHYS_PAGES") *
                                                                 os.sysconf("SC_PAGE_SIZE") / GiB, 1)},
            "model": MODEL, "models": MODELS, "runs": runs, "ratios": dict(ratios({"runs": runs}))}
-    with open(args.out, "w") as f:
+    with _open_doc(args.out, "wt") as f:
         json.dump(doc, f, separators=(",", ":"))
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -138,7 +138,7 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
     if name == "ecosystem":
         return [section_smollm2(os.path.join(RAW, "smollm2-sft.json")),
                 section_moments(os.path.join(RAW, "smollm2-moments.json")),
-                section_user_scripts(os.path.join(RAW, "user-script-bench.json")),
+                section_user_scripts(os.path.join(RAW, "user-script-bench.json.gz")),
                 section_eager_scripts(), section_cpu_offload_install(),
                 section_llamafactory_examples(os.path.join(RAW, "llamafactory-examples.json")),
                 section_hub(os.path.join(BENCH, "hub", "bars.json"))]

@@ -11,7 +11,7 @@ MEASURED_SPREAD_BYTES = 52 * MiB
 ops built: the run-to-run spread and the plan's own miss together. Calibrated on one job,
 docs/bench/user-script/fp32-eager-156m.json (memascend, the 155.7M fp32 script built outside zero.Init, repeats 2 and
 3: 1,983,426,560 B at most against today's plan of 1,929,312,992 B, the script's loss over the full logits = 51.6 MiB;
-the two repeats 1.0 MiB apart); validated on docs/bench/user-script/matrix.json."""
+the two repeats 1.0 MiB apart); validated on docs/bench/user-script/matrix.json.gz."""
 
 OP_BUILD_COMPILER_BYTES = int(2.03 * GiB)
 """The largest compiler process of DeepSpeed building its CPU Adam op just in time (torch cpp_extension, ninja, g++ 12

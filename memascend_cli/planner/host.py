@@ -399,7 +399,7 @@ def model_build_items(c: Context, steady: list[Item]) -> list[Item]:
         # transformers 5 loads with dtype "auto" (the checkpoint's) from safetensors memory-mapped: the parameters are
         # views of the mapped file (core_model_loading.py _materialize_copy: no copy without a dtype or device
         # change), resident as partitioning reads them, and the mapping goes only with its last tensor. Measured:
-        # from_pretrained itself adds 14 MiB of high-water mark (docs/bench/user-script/matrix.json phases).
+        # from_pretrained itself adds 14 MiB of high-water mark (docs/bench/user-script/matrix.json.gz phases).
         model, what = c.E * n, f"{c.E} B x N {n:,} (the checkpoint, memory-mapped, saved in the job's dtype)"
         source += "; transformers modeling_utils from_pretrained (safe_open backend mmap, dtype auto)"
     else:

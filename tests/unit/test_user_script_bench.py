@@ -1,6 +1,6 @@
 """The pure parts of benchmarks/user_script_bench.py: the commands it runs, the plan's prediction, the errors and
 the table scripts/results.py renders on the results' ecosystem page; and the plan's accuracy on the recorded matrix
-(docs/bench/user-script/matrix.json for memascend through install(), matrix-stock.json for stock DeepSpeed; validation
+(docs/bench/user-script/matrix.json.gz for memascend through install(), matrix-stock.json.gz for stock DeepSpeed; validation
 runs, nothing fitted on them): today's plan within 10% of the script's ru_maxrss for both engines, within 5% for
 memascend in at least 80% of the combinations, every combination recorded for both engines; and the stock heap
 constant fitted on the calibration traces (docs/bench/user-script/trace/, benchmarks/step_memory_trace.py)."""
@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memascend_cli.app import app
+from memascend_cli.bench.document import read_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _spec = importlib.util.spec_from_file_location("user_script_bench",
@@ -255,7 +256,7 @@ def test_a_capped_run_is_the_eager_fp32_156m_job_and_counts_the_steps_it_finishe
 
 # --- the plan against the recorded matrix ----------------------------------------------------------------------
 
-DOCS = {"memascend": "matrix.json", "stock": "matrix-stock.json"}
+DOCS = {"memascend": "matrix.json.gz", "stock": "matrix-stock.json.gz"}
 TOLERANCE_PERCENT = 10.0
 MEMASCEND_CLOSE_PERCENT, MEMASCEND_CLOSE_SHARE = 5.0, 0.8
 # Runs planned more than TOLERANCE_PERCENT off: none. Stock in bf16 under the HF Trainer and accelerate was planned
@@ -266,8 +267,7 @@ KNOWN_MISSES: set[tuple[str, str]] = set()
 
 
 def _load(name: str) -> dict:
-    with open(os.path.join(REPO, "docs", "bench", "user-script", name)) as f:
-        return json.load(f)
+    return read_summary(os.path.join(REPO, "docs", "bench", "user-script", name))
 
 
 def _todays_plan(job, work: str, models: dict) -> dict:
