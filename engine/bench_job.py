@@ -138,6 +138,7 @@ def run(args, rank: int, ev: Events) -> int:
     import deepspeed
     import torch
     from deepspeed.accelerator import get_accelerator
+    from memascend_engine import determinism
     from memascend_engine.ds_internals import jit_ops
     from memascend_engine.hf_models import causal_lm_factory, init_weights_under_zero3
 
@@ -192,6 +193,9 @@ def run(args, rank: int, ev: Events) -> int:
     ev.phase("initialize")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     model.train()
+    # The weights step 1 starts from, before any timed step: its reads count to initialize's I/O (io_init).
+    ev.phase("param_digest")
+    digest = determinism.param_digest(model)
     io_init_done = io_bytes()
     vmlck_after_init_kib = status_kib("VmLck")
 
@@ -200,6 +204,7 @@ def run(args, rank: int, ev: Events) -> int:
     ev.phase("finish")
     final = _final(args, cfg, spec, handle, rank=rank, world=world, on_cuda=on_cuda,
                    io=(io_start, io_init_done, io_bytes()), vmlck_after_init_kib=vmlck_after_init_kib)
+    final["determinism"] = {**determinism.kernels(), **digest}
     if handle is not None:
         final["engine_stats"] = dict(handle.stats())
         handle.uninstall()

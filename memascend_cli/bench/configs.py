@@ -10,6 +10,7 @@ from memascend_cli.run.dsconfig import adamw, ds_config
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import BadInput
 from memascend_cli.planner import zero
+from memascend_cli.run.cpu_env import cpu_rank_env
 
 
 def resolve_settings(mode: str, spec, *, dtype: str, ranks: int, aio_block_size: int | None = None,
@@ -44,14 +45,16 @@ def build_ds_config(mode: str, spec, *, micro_batch: int, dtype: str, nvme_dir: 
                      devices=choice.devices if choice is not None else ("nvme", "nvme"))
 
 
-def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> dict:
-    """Environment of a run's child: the accelerator, the settings' environment (DS_PIN_MEMORY_BACKEND: native
-    for tuned and memascend, DeepSpeed's default torch allocator for stock) and, for memascend, the engine's allocator
+def child_env(mode: str, cfg: dict, base: dict, *, cpu_cores: int, ranks: int, accelerator: str = "cpu") -> dict:
+    """Environment of a run's child: the accelerator, on the CPU the ranks' threads and MKL branch as `train` sets
+    them (run.cpu_env, the same for every mode), the settings' environment (DS_PIN_MEMORY_BACKEND: native for tuned
+    and memascend, DeepSpeed's default torch allocator for stock) and, for memascend, the engine's allocator
     environment (defaults.ENGINE_ENV)."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     if accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
+        env.update(cpu_rank_env(cpu_cores, ranks))
     elif accelerator == "cuda":
         env["DS_ACCELERATOR"] = "cuda"
     env.pop("DS_PIN_MEMORY_BACKEND", None)
@@ -65,7 +68,7 @@ def child_env(mode: str, cfg: dict, base: dict, *, accelerator: str = "cpu") -> 
 def run_settings(mode: str, cfg: dict) -> zero.ZeroSettings:
     """The settings a run's child really gets (read back from its config and environment, so plan and run cannot
     drift). Pure."""
-    return zero.from_ds_config(cfg, child_env(mode, cfg, {}))
+    return zero.from_ds_config(cfg, child_env(mode, cfg, {}, cpu_cores=1, ranks=1))  # threads decide no setting
 
 
 def checkpointing_impl(mode: str, disabled: tuple[str, ...] = ()) -> str:

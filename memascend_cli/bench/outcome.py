@@ -65,8 +65,20 @@ def summarize_events(events_by_rank: dict[int, list[dict]], *, micro_batch: int,
         stats = [f["engine_stats"] for f in finals if f.get("engine_stats") is not None]
         if stats:
             out["engine_stats"] = stats
+        if all(f.get("determinism") for f in finals):
+            out["determinism"] = run_determinism(finals)
     out["phases"] = [e for e in ev0 if e.get("event") == "phase"]
     return out
+
+
+def run_determinism(finals: list[dict]) -> dict:
+    """What decided a run's losses (memascend_engine.determinism, each rank's final record): rank 0's kernels, every
+    rank's parameter digest in rank order, the slowest rank's digest seconds. Pure."""
+    by_rank = sorted(finals, key=lambda f: f.get("rank", 0))
+    dets = [f["determinism"] for f in by_rank]
+    return {**{k: v for k, v in dets[0].items() if not k.startswith("param_")},
+            "param_crc32": [d["param_crc32"] for d in dets], "param_bytes": dets[0]["param_bytes"],
+            "param_digest_s": max(d["param_digest_s"] for d in dets)}
 
 
 def waiting_on(events: dict[int, list[dict]]) -> dict | None:
@@ -145,7 +157,7 @@ def record_events(res: RunResult, summary: dict, *, t_launch: float) -> None:
     for k in ("losses", "grad_norms", "seconds_per_step", "first_step_seconds", "tokens_per_s", "ssd_read_bytes_per_step",
               "ssd_write_bytes_per_step", "ssd_read_bytes", "ssd_written_bytes",
               "ssd_read_bytes_steps", "ssd_written_bytes_steps", "swap_bytes_on_disk", "engine_stats", "peak_gpu_bytes",
-              "peak_gpu_reserved_bytes", "pinned_bytes"):
+              "peak_gpu_reserved_bytes", "pinned_bytes", "determinism"):
         if k in summary:
             setattr(res, k, summary[k])
     res.phases = [{"name": p["name"], "at_s": round(p["t_mono"] - t_launch, 3),

@@ -71,6 +71,9 @@ class RunResult:
     ssd_read_bytes_steps: int | None = None
     ssd_written_bytes_steps: int | None = None
     engine_stats: list[dict] | None = None
+    determinism: dict | None = None
+    """What decided the losses (bench.outcome.run_determinism): kernels, threads, their environment, the parameters'
+    digest after initialize."""
     swap_bytes_on_disk: int | None = None
     peak_gpu_bytes: int | None = None
     """torch.cuda.max_memory_allocated of rank 0 (CUDA runs)."""
@@ -133,7 +136,7 @@ def child_command(args: list[str], ranks: int) -> list[str]:
 def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_dir: str, ranks: int,
             micro_batch: int, seq_len: int, steps: int, region: str | None, progress=None,
             settle_cap_s: float = SETTLE_CAP_S, accelerator: str = "cpu", extra_args: list[str] | None = None,
-            loss: str, dram_cap_bytes: int | None = None, timeout_s: float | None = None,
+            loss: str, cpu_cores: int, dram_cap_bytes: int | None = None, timeout_s: float | None = None,
             io_limits: tuple = (), predicted: dict | None = None) -> RunResult:
     """Settle, launch the child (in a memory cgroup of dram_cap_bytes and an io cgroup throttled to io_limits
     (run/iolimit.py) if given), sample until it exits or runs past
@@ -162,7 +165,8 @@ def run_one(run: RunSpec, *, job_args: list[str], cfg: dict, out_dir: str, nvme_
     args = child_args(run, job_args, cfg_path=cfg_path, events_prefix=events_prefix, loss=loss, extra_args=extra_args,
                       region=region)
     run_env = dict(run.env)
-    env = {**child_env(run.mode, cfg, os.environ, accelerator=accelerator), **run_env, lifeline.ENV: lifeline.token()}
+    env = {**child_env(run.mode, cfg, os.environ, cpu_cores=cpu_cores, ranks=ranks, accelerator=accelerator),
+           **run_env, lifeline.ENV: lifeline.token()}
     res.env = {k: env[k] for k in ("DS_ACCELERATOR", "DS_PIN_MEMORY_BACKEND", "TORCH_EXTENSIONS_DIR",
                                    "MEMASCEND_VERIFY_CHECKSUMS", *ENGINE_ENV, *run_env) if k in env}
     task = progress.add_task(f"{run.name}: settling", total=steps) if progress is not None else None
@@ -511,7 +515,7 @@ def run_point(p: Point, run_specs: list[RunSpec], *, out_dir: str, nvme_dir: str
                               out_dir=out_dir if repeat == 1 else os.path.join(out_dir, f"repeat{k + 1}"),
                               nvme_dir=nvme_dir, ranks=ranks, micro_batch=p.micro_batch, seq_len=p.seq_len,
                               steps=p.steps, region=region if run.mode == "memascend" else None, progress=progress,
-                              settle_cap_s=settle_cap_s, accelerator=p.accelerator,
+                              settle_cap_s=settle_cap_s, accelerator=p.accelerator, cpu_cores=p.hw.cpu_cores,
                               extra_args=(engine_args(predicted) + _placement_args(placed.get(run.name), tiers[i]))
                               if run.mode == "memascend" else None,
                               dram_cap_bytes=dram_cap_bytes, timeout_s=timeout_s, io_limits=io_limits, loss=p.loss,

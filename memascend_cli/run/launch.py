@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from memascend_cli.defaults import ENGINE_ENV
 from memascend_cli.errors import EXIT_STOPPED, MemascendError
+from memascend_cli.run.cpu_env import cpu_rank_env
 from memascend_cli.run.recipe import Recipe
 from memascend_cli.run.rundir import (
     DEEPSPEED_ENV,
@@ -132,14 +133,7 @@ def build_launch(r: Recipe, run_dir: str, *, num_gpus: int, cpu_cores: int, engi
         env.update(ENGINE_ENV)
     if cpu_only:
         env["DS_ACCELERATOR"] = "cpu"
-        # Each CPU rank gets its share of the cores; oversubscribed ranks run several times slower.
-        env["OMP_NUM_THREADS"] = str(max(1, cpu_cores // ranks))
-        # MKL's sgemm sums in a thread-count-dependent order, and with MKL_DYNAMIC (its default) it may
-        # run fewer threads than asked: fp32 losses then differ by an ulp between identical runs, and
-        # resume is no longer bit-exact. Intel oneMKL developer guide, "Obtaining Numerically
-        # Reproducible Results": fix the thread count and the code branch.
-        env["MKL_DYNAMIC"] = "FALSE"
-        env["MKL_CBWR"] = "AUTO"
+        env.update(cpu_rank_env(cpu_cores, ranks))
     notes = []
     deepspeed_env = {}
     if r.hostfile:

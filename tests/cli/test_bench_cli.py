@@ -64,8 +64,9 @@ def test_tuned_and_memascend_runs_differ_in_no_stock_knob(spec, dtype, ranks):
     tuned, mem = configs.build_ds_config("tuned", spec, **kw), configs.build_ds_config("memascend", spec, **kw)
     assert tuned == mem
     assert configs.run_settings("tuned", tuned).stock_differences(configs.run_settings("memascend", mem)) == {}
-    engine_env = configs.child_env("memascend", mem, {})
-    assert configs.child_env("tuned", tuned, {}) == {k: v for k, v in engine_env.items() if k not in ENGINE_ENV}
+    engine_env = configs.child_env("memascend", mem, {}, cpu_cores=2, ranks=ranks)
+    assert configs.child_env("tuned", tuned, {}, cpu_cores=2, ranks=ranks) == {
+        k: v for k, v in engine_env.items() if k not in ENGINE_ENV}
     assert ENGINE_ENV.items() <= engine_env.items()
     s = configs.run_settings("memascend", mem)
     after = copy.deepcopy(mem)
@@ -94,11 +95,12 @@ def test_bad_mode_and_dtype(spec):
 def test_child_env_sets_the_pin_backend_and_accelerator(spec):
     cfg = configs.build_ds_config("stock", spec, micro_batch=1, dtype="bf16", nvme_dir="/x", ranks=1)
     base = {"PATH": "/bin", "DS_PIN_MEMORY_BACKEND": "native"}
-    assert "DS_PIN_MEMORY_BACKEND" not in configs.child_env("stock", cfg, base)
-    assert configs.child_env("tuned", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
-    assert configs.child_env("memascend", cfg, base)["DS_PIN_MEMORY_BACKEND"] == "native"
-    assert configs.child_env("stock", cfg, {})["DS_ACCELERATOR"] == "cpu"
-    assert configs.child_env("stock", cfg, {}, accelerator="cuda")["DS_ACCELERATOR"] == "cuda"
+    kw = {"cpu_cores": 2, "ranks": 1}
+    assert "DS_PIN_MEMORY_BACKEND" not in configs.child_env("stock", cfg, base, **kw)
+    assert configs.child_env("tuned", cfg, base, **kw)["DS_PIN_MEMORY_BACKEND"] == "native"
+    assert configs.child_env("memascend", cfg, base, **kw)["DS_PIN_MEMORY_BACKEND"] == "native"
+    assert configs.child_env("stock", cfg, {}, **kw)["DS_ACCELERATOR"] == "cpu"
+    assert configs.child_env("stock", cfg, {}, accelerator="cuda", **kw)["DS_ACCELERATOR"] == "cuda"
 
 
 def test_run_settings_read_back_from_the_config(spec):

@@ -80,6 +80,9 @@ def test_tiny_bench_from_an_installed_wheel(tmp_path):
     (stats,) = mem["engine_stats"]
     assert stats["config_changes"] == {} and stats["swap_files_created"] == 0 and stats["bytes_written"] > 0
     assert mem["losses"] == tuned["losses"]
+    # Every engine starts from the same weights with the same kernels (equal knobs: run/cpu_env.py for all three).
+    assert stock["determinism"] == tuned["determinism"] | {"param_digest_s": stock["determinism"]["param_digest_s"]}
+    assert mem["determinism"] == tuned["determinism"] | {"param_digest_s": mem["determinism"]["param_digest_s"]}
     # Same seed, same data: the first loss agrees (max_in_cpu 0 and small sub-groups change summation order only).
     assert tuned["losses"][0] == pytest.approx(stock["losses"][0], rel=1e-3)
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"

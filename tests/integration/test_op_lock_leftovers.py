@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from memascend_cli.planner.job import DTYPE_BYTES
 from memascend_cli.run import leftovers
 from tests import oplock
 
@@ -61,6 +62,11 @@ def test_a_stale_lock_placed_by_hand_is_removed_with_a_note_and_the_run_complete
     assert rc == 0, _text(lines)[-3000:]
     assert f"removed the stale op build lock(s) {lock}" in " ".join(_text(lines).split())
     assert doc["runs"][0]["ok"] and not os.path.exists(lock)
+    # The run's record says what decided its losses: its threads (its share of the cores) and the weights it began with.
+    det = doc["runs"][0]["determinism"]
+    assert det["torch_threads"] == int(det["env"]["OMP_NUM_THREADS"]) == doc["hardware"]["cpu_cores"]
+    assert len(det["param_crc32"]) == 1
+    assert det["param_bytes"] == DTYPE_BYTES[doc["job"]["dtype"]] * doc["job"]["num_params"]
 
 
 def test_a_run_blocked_on_a_live_lock_says_so_within_10_s_and_completes_once_it_is_released(tmp_path):
