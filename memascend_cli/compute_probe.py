@@ -26,6 +26,14 @@ PROBE_BUDGET_S = {"fp32": 3.0, "bf16": 2.0, "fp16": 2.0}
 """Seconds of matmuls each dtype may spend: the whole probe (torch's import included) ends well under 15 s on any
 CPU, however slow its bf16 fallback (~1 GFLOP/s on an AVX2-only CPU: one 2048^3 bf16 multiply alone takes 17 s)."""
 
+MEM_PROBE_ELEMS = 32 * 2**20
+"""fp32 elements of each of the memory probe's three arrays (384 MiB in all: far past any last-level cache)."""
+
+MEM_PROBE_RUNS = 5
+"""Timed triads after two warm-ups (the first touches fault pages in): the best is the rate, ~0.1 s in all at 10 GB/s.
+A cached probe from before the memory probe keeps its matmul rates (PROBE_VERSION unchanged) and has no memory rate
+until `memascend inspect --cpu-probe` measures again."""
+
 PROBE_TIMEOUT_S = 30.0
 """The probe child's hard limit; the dtypes it measured before it are kept."""
 
@@ -41,7 +49,9 @@ PRECISION_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq",
 """/proc/cpuinfo flags that decide torch's CPU matmul kernels per dtype (x86 `flags`, Arm `Features`)."""
 
 # Run in a child so that the CLI process never imports torch. One JSON line per dtype as soon as it is measured, so a
-# timeout keeps what was done. Sizes grow from 256 while the next size (8x the work) fits the dtype's budget twice
+# timeout keeps what was done. First the memory bandwidth: STREAM's triad (a = b + s * c) on torch's threads, the
+# bytes that STREAM counts (read b and c, write a: 12 per element), the best of MEM_PROBE_RUNS; a step of ZeRO-Offload
+# (the CPU Adam over every parameter) is bound by it, not by the matmuls. Sizes grow from 256 while the next size (8x the work) fits the dtype's budget twice
 # (a warm-up and one timed multiply); the rate is the best of up to 5 at the largest size reached.
 _PROBE_SRC = r"""
 import json, sys, time
@@ -54,6 +64,13 @@ def supported(name):
         return None
 print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
                   "onednn_bf16": supported("bf16"), "onednn_fp16": supported("fp16")}), flush=True)
+n = MEM_ELEMS
+a, b, c = torch.empty(n), torch.full((n,), 1.0), torch.full((n,), 2.0)
+runs = []
+for i in range(2 + MEM_RUNS):
+    t0 = time.perf_counter(); torch.add(b, c, alpha=3.0, out=a); runs.append(time.perf_counter() - t0)
+print(json.dumps({"mem_triad_gbps": round(12 * n / min(runs[2:]) / 1e9, 2), "mem_triad_bytes": 12 * n}), flush=True)
+del a, b, c
 for name, budget in budgets.items():
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
     start, n, best = time.perf_counter(), 256, None
@@ -71,12 +88,13 @@ for name, budget in budgets.items():
         n *= 2
     print(json.dumps({"dtype": name, "gflops": round(2 * best[0] ** 3 / best[1] / 1e9, 1), "n": best[0],
                       "seconds": round(time.perf_counter() - start, 2)}), flush=True)
-""".replace("N_MAX", str(PROBE_N))
+""".replace("N_MAX", str(PROBE_N)).replace("MEM_ELEMS", str(MEM_PROBE_ELEMS)).replace("MEM_RUNS", str(MEM_PROBE_RUNS))
 
 
 def parse_probe_output(text: str) -> dict | None:
     """The probe's result from its JSON lines (possibly cut short by a timeout): {"threads", "torch",
-    "onednn_bf16", "onednn_fp16", "<dtype>_gflops", "<dtype>_n", "<dtype>_s"}; None when not even the header came. Pure."""
+    "onednn_bf16", "onednn_fp16", "mem_triad_gbps", "mem_triad_bytes", "<dtype>_gflops", "<dtype>_n", "<dtype>_s"};
+    None when not even the header came. Pure."""
     out: dict = {}
     for line in text.splitlines():
         try:

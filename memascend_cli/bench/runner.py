@@ -570,16 +570,17 @@ def _prediction(p: Point, run: RunSpec, cfg: dict, choice, tier_gib: float | Non
 
 
 def _sitting(nvme_dir: str, cpu_cores: int, err) -> dict:
-    """This sitting's matmul and disk rates (bench.sitting), printed with the cached probe's for comparison."""
+    """This sitting's matmul, memory and disk rates (bench.sitting), printed with the cached probe's for comparison."""
     from memascend_cli.bench.sitting import sitting_probe, sitting_text
     from memascend_cli.compute_probe import cached_cpu
     from memascend_cli.hardware import local_cpu_model
 
     os.makedirs(nvme_dir, exist_ok=True)  # a capacity search removes it between probes
     probe = sitting_probe(nvme_dir)
-    cached = (cached_cpu(local_cpu_model(), cpu_cores) or {}).get("fp32_gflops")
-    if cached:
-        probe["cached_fp32_gflops"] = cached
+    cached = cached_cpu(local_cpu_model(), cpu_cores) or {}
+    for key in ("fp32_gflops", "mem_triad_gbps"):  # a cache from before the memory probe has no mem_triad_gbps
+        if cached.get(key):
+            probe[f"cached_{key}"] = cached[key]
     text = sitting_text(probe)
     if text:
         err.print(f"this sitting: {text}", highlight=False)

@@ -53,14 +53,14 @@ def disk_probe(directory: str, *, size_bytes: int = DISK_PROBE_BYTES,
 
 
 def sitting_probe(directory: str) -> dict:
-    """This sitting's matmul GFLOP/s (compute_probe's child process; absent when torch fails) and disk_probe's
-    rates in `directory`, with what was measured."""
+    """This sitting's matmul GFLOP/s and memory triad GB/s (compute_probe's child process; absent when torch fails)
+    and disk_probe's rates in `directory`, with what was measured."""
     from memascend_cli.compute_probe import run_probe
 
     out: dict = {"disk_request_bytes": DISK_REQUEST_BYTES, "disk_probe_bytes": DISK_PROBE_BYTES}
     found = run_probe()
     if found:
-        out.update({k: v for k, v in found.items() if k.startswith(("fp32_", "bf16_", "fp16_", "onednn_"))
+        out.update({k: v for k, v in found.items() if k.startswith(("fp32_", "bf16_", "fp16_", "onednn_", "mem_"))
                     or k in ("threads", "incomplete")})
         out["matmul_n"] = found.get("fp32_n")
     out.update({"disk_" + k: v for k, v in disk_probe(directory).items()})
@@ -68,18 +68,19 @@ def sitting_probe(directory: str) -> dict:
 
 
 def sitting_text(probe: dict | None) -> str | None:
-    """One line for the console and results.md: "matmul 152 GFLOP/s fp32 (cached probe 181.2: -16%), disk 1.20 / 1.00
-    GB/s write / read (O_DIRECT, 4 MiB, one at a time)"; None without a probe. Pure."""
+    """One line for the console and results.md: "matmul 152 GFLOP/s fp32 (cached probe 181.2: -16%), memory 9.8 GB/s
+    triad (cached probe 10.5: -7%), disk 1.20 / 1.00 GB/s write / read (O_DIRECT, 4 MiB, one at a time)"; None without
+    a probe. Pure."""
     if not probe:
         return None
     parts = []
-    if probe.get("fp32_gflops"):
-        part = f"matmul {probe['fp32_gflops']:g} GFLOP/s fp32"
-        cached_fp32_gflops = probe.get("cached_fp32_gflops")
-        if cached_fp32_gflops:
-            part += (f" (cached probe {cached_fp32_gflops:g}: "
-                     f"{(probe['fp32_gflops'] - cached_fp32_gflops) / cached_fp32_gflops * 100:+.0f}%)")
-        parts.append(part)
+    for key, what in (("fp32_gflops", "matmul {:g} GFLOP/s fp32"), ("mem_triad_gbps", "memory {:g} GB/s triad")):
+        if probe.get(key):
+            part = what.format(probe[key])
+            cached = probe.get(f"cached_{key}")
+            if cached:
+                part += f" (cached probe {cached:g}: {(probe[key] - cached) / cached * 100:+.0f}%)"
+            parts.append(part)
     if probe.get("disk_write_gbps"):
         parts.append(f"disk {probe['disk_write_gbps']:.2f} / {probe['disk_read_gbps']:.2f} GB/s write / read "
                      f"(O_DIRECT, {probe['disk_request_bytes'] // MiB} MiB, one at a time)")

@@ -234,9 +234,10 @@ def inspect_command(
         None, "--nvme-path", help="Swap location to check: a directory, region file or block device.",
         rich_help_panel="Hardware",
     ),
-    cpu_probe: bool = typer.Option(False, "--cpu-probe", help="Measure this CPU's matmul GFLOP/s (fp32, bf16; "
-                                   "a few seconds, needs torch) and cache it for `memascend plan`'s time model "
-                                   "(off by default: inspect stays under a second).", rich_help_panel="Hardware"),
+    cpu_probe: bool = typer.Option(False, "--cpu-probe", help="Measure this CPU's matmul GFLOP/s (fp32, bf16) "
+                                   "and memory bandwidth (a few seconds, needs torch) and cache them for "
+                                   "`memascend plan`'s time model (off by default: inspect stays under a second).",
+                                   rich_help_panel="Hardware"),
     json_out: bool = typer.Option(False, "--json", help="Print the inventory as JSON.", rich_help_panel="Output"),
 ) -> None:
     """Show what this machine offers for SSD-offloaded training.
@@ -278,7 +279,8 @@ def inspect_command(
 
 
 def matmul_lines(matmul: dict | None, *, measured_now: bool) -> list[str]:
-    """The CPU probe's lines: the rate per dtype, and a note for each reduced precision that is slow here. Pure."""
+    """The CPU probe's lines: the rate per dtype, the memory bandwidth, and a note for each reduced precision that is
+    slow here. Pure."""
     from memascend_cli.compute_probe import slow_precision_note, unknown_rate_hint
 
     if not matmul or not matmul.get("fp32_gflops"):
@@ -289,6 +291,9 @@ def matmul_lines(matmul: dict | None, *, measured_now: bool) -> list[str]:
                       if matmul.get(f"{d}_gflops") or d in (matmul.get("incomplete") or []))
     lines = [f"CPU matmul ({'measured now' if measured_now else 'cached'}; `memascend plan` uses it): {rates} on "
              f"{matmul['threads']} threads"]
+    if matmul.get("mem_triad_gbps"):  # absent from a cache older than the memory probe
+        lines.append(f"CPU memory bandwidth: {matmul['mem_triad_gbps']:g} GB/s (STREAM triad, {matmul['threads']} "
+                     "threads)")
     lines += [f"note: {n}" for n in (slow_precision_note(d, matmul) for d in ("bf16", "fp16")) if n]
     return lines
 

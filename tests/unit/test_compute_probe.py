@@ -74,10 +74,12 @@ def test_a_cache_of_an_older_probe_or_other_kernels_is_not_used(cache, monkeypat
 
 def test_probe_output_cut_short_keeps_what_was_measured():
     header = '{"threads": 2, "torch": "2.13.0", "onednn_bf16": false, "onednn_fp16": false}'
+    mem = '{"mem_triad_gbps": 9.87, "mem_triad_bytes": 402653184}'
     fp32 = '{"dtype": "fp32", "gflops": 61.5, "n": 2048, "seconds": 2.9}'
-    found = cp.parse_probe_output("\n".join([header, fp32, '{"dtype": "bf16", "gfl']))
+    found = cp.parse_probe_output("\n".join([header, mem, fp32, '{"dtype": "bf16", "gfl']))
     assert found == {"threads": 2, "torch": "2.13.0", "onednn_bf16": False, "onednn_fp16": False,
-                     "fp32_gflops": 61.5, "fp32_n": 2048, "fp32_s": 2.9}
+                     "mem_triad_gbps": 9.87, "mem_triad_bytes": 402653184, "fp32_gflops": 61.5, "fp32_n": 2048,
+                     "fp32_s": 2.9}
     assert cp.parse_probe_output("Traceback (most recent call last):\nImportError: torch") is None
 
 
@@ -132,6 +134,7 @@ def test_probe_measures_and_caches(cache):
     # Every dtype in its own budget: the whole probe ends well inside its hard timeout, however slow the machine.
     assert time.monotonic() - t0 < cp.PROBE_TIMEOUT_S
     assert found["fp32_gflops"] > 0 and found["fp32_n"] > 0
+    assert found["mem_triad_gbps"] > 0 and found["mem_triad_bytes"] == 12 * cp.MEM_PROBE_ELEMS
     for d in ("bf16", "fp16"):
         assert found.get(f"{d}_gflops", 0) > 0 or d in found["incomplete"]
     assert cp.cached_cpu("X", 2) == found
@@ -152,3 +155,12 @@ def test_probe_with_onednn_held_to_avx2_reports_fp32_and_a_slow_bf16(cache, monk
     if found["onednn_bf16"] is False:
         assert "slower than fp32" in cp.slow_precision_note("bf16", found) or "did not finish" in \
             cp.slow_precision_note("bf16", found)
+
+
+def test_inspect_shows_the_memory_bandwidth_where_the_probe_has_it():
+    from memascend_cli.commands.inspect import matmul_lines
+
+    found = {"fp32_gflops": 100.0, "threads": 2}
+    assert not any("memory" in line for line in matmul_lines(found, measured_now=False))
+    lines = matmul_lines({**found, "mem_triad_gbps": 9.5}, measured_now=True)
+    assert "CPU memory bandwidth: 9.5 GB/s (STREAM triad, 2 threads)" in lines
