@@ -35,6 +35,15 @@ class EngineOptions:
     (glibc's dynamic mmap threshold otherwise keeps them in the heap), and malloc_trim after backward (the planner
     assumes no allocator retention). Once the engine's checkpointing wraps the layers, the threshold is 32 MiB and the
     heap is trimmed after every layer instead: the layer reuses its own freed blocks, and nothing outlives it."""
+    layer_trims: bool = True
+    """With malloc_trim and the engine's checkpointing: the heap trimmed after every layer (malloc_trim above). Off
+    (memascend's dram row, whose DRAM holds the job): the layers reuse the heap's freed blocks as they are (glibc's
+    largest mmap threshold and the trim threshold its own policy pairs with it) and the process takes no transparent
+    huge pages (ds_internals.context.PluginContext.keep_heap): each trimmed layer faulted its pages in again, 2 MiB
+    zeroed at a time with PyTorch's huge pages (defaults.ENGINE_ENV). Profiled on bench-llama-136m at 4 layers, seq 512,
+    fp32, the dram row (perf, 499 Hz, 8 s of steps 2-6): the kernel's page clearing 23% of the rank's CPU samples with
+    the trims, 0.1-0.7% without (tuned stock: 0.8%); its ru_maxrss 2.11-2.15 GiB with them, 2.38-2.46 without
+    (tuned stock: 3.05-3.18)."""
     fused_kernels: bool = True
     """Liger-Kernel / FlashAttention when installed on a GPU machine (`Installed.apply_fused_kernels`)."""
     adam_in_place: bool = True

@@ -514,7 +514,9 @@ class Installed:
             self.ctx.io = self.ctx.io or IOCounters()
             stash = CheckpointStash(self.store, self.allocator, self.windows().checkpoint_slots, self.ctx.io)
         after_layer = None
-        if self.options.malloc_trim and self.ctx.fix_mmap_threshold(LAYER_TRIM_MMAP_THRESHOLD_BYTES):
+        if self.options.malloc_trim and not self.options.layer_trims:
+            self.ctx.keep_heap()  # a DRAM that holds the job: the next layer reuses this one's blocks as they are
+        elif self.options.malloc_trim and self.ctx.fix_mmap_threshold(LAYER_TRIM_MMAP_THRESHOLD_BYTES):
             # zero.Init is over (the model exists): from here on each layer's temporaries are reused within the
             # layer and trimmed after it, instead of mmapped one by one (allocator.LAYER_TRIM_MMAP_THRESHOLD_BYTES).
             after_layer = functools.partial(self.ctx.trim_heap, "layer_trims")

@@ -6,7 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memascend_engine.ds_internals.allocator import MMAP_THRESHOLD_BYTES, GlibcHeap
+from memascend_engine.ds_internals.allocator import (
+    KEPT_HEAP_TRIM_THRESHOLD_BYTES,
+    LAYER_TRIM_MMAP_THRESHOLD_BYTES,
+    MMAP_THRESHOLD_BYTES,
+    GlibcHeap,
+    disable_huge_pages,
+)
 
 
 @dataclass
@@ -28,6 +34,7 @@ class PluginContext:
     """The Direct NVMe store's declare_zero(swap path, nbytes): the Adam states seeded in place read as zeros."""
     counters: dict = field(default_factory=lambda: {
         "overflow_scans": 0, "overflow_scan_bytes": 0, "malloc_trims": 0, "layer_trims": 0, "mmap_threshold_bytes": 0,
+        "trim_threshold_bytes": 0, "huge_pages_off": 0,
         "adam_states_in_place": 0,
         "pool_overflow_allocations": 0, "pool_overflow_reuses": 0, "pool_overflow_bytes": 0,
         "prefetch_skipped": 0, "prefetch_duplicates": 0, "master_partitions_evicted": 0,
@@ -73,4 +80,15 @@ class PluginContext:
         backward. Setting the threshold turns the dynamic raise off; freed tensors go back to the OS at once."""
         ok = self.heap.fix_mmap_threshold(nbytes)
         self.counters["mmap_threshold_bytes"] = int(nbytes) if ok else 0
+        return ok
+
+    def keep_heap(self) -> bool:
+        """The layers reuse the heap's freed blocks, nothing trimmed between them (EngineOptions.layer_trims off, a
+        DRAM that holds the job): glibc's largest mmap threshold with the trim threshold its own policy pairs with
+        it, and no transparent huge pages, which would be faulted in and zeroed 2 MiB at a time wherever the heap
+        gives pages back (the trim after backward). False where the thresholds could not be set."""
+        ok = self.fix_mmap_threshold(LAYER_TRIM_MMAP_THRESHOLD_BYTES) and \
+            self.heap.fix_trim_threshold(KEPT_HEAP_TRIM_THRESHOLD_BYTES)
+        self.counters["trim_threshold_bytes"] = KEPT_HEAP_TRIM_THRESHOLD_BYTES if ok else 0
+        self.counters["huge_pages_off"] = int(ok and disable_huge_pages())
         return ok

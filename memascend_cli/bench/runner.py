@@ -550,15 +550,16 @@ def _tier_gib(run: RunSpec, choice, dram_tier: bool) -> float | None:
 
 def _placement_args(choice, tier_gib: float | None) -> list[str]:
     """The memascend child's arguments of its placement: the DRAM tier's budget and, where the row keeps them there,
-    the activation checkpoints in DRAM (planner.placement Priced.checkpoint_offload) and the optimizer overlap off
-    (Priced.overlap_optimizer); none where the run keeps every byte on the region (no tier in the engine: the run is
-    planned all-SSD)."""
+    the activation checkpoints in DRAM (planner.placement Priced.checkpoint_offload), the optimizer overlap and the
+    per-layer heap trims off (Priced.overlap_optimizer, Priced.layer_trims); none where the run keeps every byte on the
+    region (no tier in the engine: the run is planned all-SSD)."""
     if tier_gib is None:
         return []
     row = choice.row if choice is not None else None
     where = row.checkpoint_offload if row is not None else None
+    off = [t for t in ("overlap_optimizer", "layer_trims") if row is not None and getattr(row, t) is False]
     return (["--dram-tier-gib", repr(tier_gib)] + (["--checkpoint-offload", where] if where else [])
-            + (["--disable", "overlap_optimizer"] if row is not None and row.overlap_optimizer is False else []))
+            + [a for t in off for a in ("--disable", t)])
 
 
 def _prediction(p: Point, run: RunSpec, cfg: dict, choice, tier_gib: float | None) -> dict:

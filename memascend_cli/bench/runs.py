@@ -12,8 +12,8 @@ from memascend_cli.errors import BadInput
 
 MODES = ("stock", "tuned", "memascend")  # zero.ENGINES (tests/unit/test_zero.py); the child imports no planner
 TECHNIQUES = ("streaming", "pinned", "adaptive_pool", "fused_overflow", "bounded_norm", "direct_nvme",
-              "offload_checkpointing", "malloc_trim", "accumulate_in_dram", "overlap_optimizer", "master_from_params",
-              "params_hold_master", "verify_checksums")
+              "offload_checkpointing", "malloc_trim", "layer_trims", "accumulate_in_dram", "overlap_optimizer",
+              "master_from_params", "params_hold_master", "verify_checksums")
 """The engine's techniques (and its checksum verification, to measure what it costs), each switchable off for the
 ablation (memascend_engine.EngineOptions fields)."""
 LOSSES = ("chunked", "hf")

@@ -90,6 +90,10 @@ class Priced:
     overlap_optimizer: bool | None = None
     """memascend's optimizer overlapped with backward in this row (EngineOptions.overlap_optimizer): off in its dram
     row (memascend_placements says why); None: the job's own."""
+    layer_trims: bool | None = None
+    """memascend's heap trimmed after every checkpointed layer in this row (EngineOptions.layer_trims): off in its dram
+    row, whose DRAM holds the job (the layers reuse the heap's blocks instead of faulting fresh pages in); None: the
+    engine's own."""
 
     @property
     def fits(self) -> bool:
@@ -360,7 +364,8 @@ def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None 
         est = _derived(base, "memascend", keep + items + [on_gpu], no_ssd)
         if param_device == "none" or est.gpu_peak_bytes <= hw.gpu_mem_gib * GiB:
             return Priced("dram", "memascend", "DRAM tier holds the optimizer, parameters on the GPU", True, est=est,
-                          tier=tier, devices=("none", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False)
+                          tier=tier, devices=("none", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False,
+                          layer_trims=False)
     pinned = "mlock" if hw.num_gpus else None
     params = _item("host/params_in_dram", "parameter partitions (offload_param cpu)" if hw.num_gpus else
                    "parameter partitions (no offload_param: host memory on the CPU accelerator)", "host",
@@ -371,10 +376,10 @@ def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None 
         fetch = 2 * max(1, job.grad_accum_steps) * c.E * c.ns
         return Priced("dram", "memascend", "DRAM tier holds the optimizer, offload_param cpu", True, tier=tier,
                       est=_derived(base, "memascend", keep + items + [params], replace(no_ssd, dram_fetch_bytes=fetch)),
-                      devices=("cpu", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False)
+                      devices=("cpu", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False, layer_trims=False)
     return Priced("dram", "memascend", "DRAM tier holds the optimizer, parameters resident", True, tier=tier,
                   est=_derived(base, "memascend", keep + items + [params], no_ssd), devices=("none", "nvme"),
-                  checkpoint_offload=ckpt, overlap_optimizer=False)
+                  checkpoint_offload=ckpt, overlap_optimizer=False, layer_trims=False)
 
 
 def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_hw: HardwareSpec,

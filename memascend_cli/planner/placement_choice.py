@@ -89,6 +89,7 @@ class Choice:
                 "max_in_cpu": r.max_in_cpu, "prefetch_bucket_size": r.prefetch_bucket_size,
                 "dram_tier_bytes": self.dram_tier_bytes,
                 "checkpoint_offload": r.checkpoint_offload, "overlap_optimizer": r.overlap_optimizer,
+                "layer_trims": r.layer_trims,
                 "dram_tier_gib": round(self.dram_tier_bytes / GiB, 3), "planned_host_peak_bytes":
                 r.est.node_host_peak_bytes if r.est else None, "planned_ssd_bytes_per_step": r.ssd_bytes,
                 "planned_seconds_per_step": t.step_s if t else None, "binding": r.binds}

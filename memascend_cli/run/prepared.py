@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 REGION_HEADROOM = 1.25
 """A created region file is the plan's SSD bytes x this, for extents lost to alignment and holes."""
+PASSED = "_passed"
+"""Suffix of the placement document's keys that name an EngineOptions field the placement hands the engine."""
 
 
 def checkpointing_mode(r: Recipe, engine: str) -> str:
@@ -367,9 +369,8 @@ def prepare_run(recipe, *, engine: str, resume: bool, force: bool, dry_run: bool
         if "total_num_steps" in ds_config.get("scheduler", {}).get("params", {}):
             ds_config["scheduler"]["params"]["total_num_steps"] = None
     _write_run_files(recipe, run_dir, ds_config, est, region=recipe.region if stock_deepspeed else region_path,
-                     dram_tier_gib=placement_doc.get("dram_tier_gib_passed"),
-                     checkpoint_offload=placement_doc.get("checkpoint_offload_passed"),
-                     overlap_optimizer=placement_doc.get("overlap_optimizer_passed"))
+                     passed={k.removesuffix(PASSED): v for k, v in placement_doc.items()
+                             if k.endswith(PASSED) and v is not None})
     _write_nodes(run_dir, nodes, node_regions)
     hub_download.record(run_dir, hub_model, recipe, data)
     launch = _launch_spec(recipe, run_dir, hw, engine=engine, resume=resume)
@@ -450,6 +451,7 @@ def _placed_plan(job, hw, engine: str, recipe, asked: str | None, *, force: bool
         # The row's checkpoints in DRAM (memascend's dram row): its windows were planned so (planner.placement).
         doc["checkpoint_offload_passed"] = choice.row.checkpoint_offload
         doc["overlap_optimizer_passed"] = choice.row.overlap_optimizer  # off in memascend's dram row
+        doc["layer_trims_passed"] = choice.row.layer_trims  # off in memascend's dram row (DRAM holds the job)
     row = choice.row.est
     return choice, doc, row, choice.row.verdict, est.nvme_bytes if engine == "memascend" else row.nvme_bytes
 
@@ -489,11 +491,11 @@ def _preflight(inv, hw, est, recipe, spec, *, force: bool, quiet: bool, dram_cap
 
 
 def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str | None,
-                     dram_tier_gib: float | None = None, checkpoint_offload: str | None = None,
-                     overlap_optimizer: bool | None = None) -> None:
+                     passed: dict | None = None) -> None:
     """ds_config.json, recipe.json (the recipe as run, with the region it uses) and engine.json (the engine's
-    windows as the planner split the host budget, the DRAM tier's budget of the placement, where its checkpoints go and
-    whether it overlaps the optimizer with backward: the worker builds EngineOptions from them)."""
+    windows as the planner split the host budget and `passed`, the EngineOptions fields the placement sets: the DRAM
+    tier's budget, where its checkpoints go, whether it overlaps the optimizer with backward and trims the heap after
+    every layer; the worker builds EngineOptions from them)."""
     from memascend_cli.run.rundir import DS_CONFIG, ENGINE_JSON, RECIPE_JSON
 
     os.makedirs(run_dir, exist_ok=True)
@@ -503,12 +505,7 @@ def _write_run_files(recipe, run_dir: str, ds_config: dict, est, *, region: str 
                       "optimizer_moments": recipe.optimizer_moments}
     if est.budget is not None:
         engine_options.update(windows=est.budget.windows.to_dict(), prefetch_layers=est.budget.prefetch_layers)
-    if dram_tier_gib:
-        engine_options["dram_tier_gib"] = dram_tier_gib
-    if checkpoint_offload:
-        engine_options["checkpoint_offload"] = checkpoint_offload
-    if overlap_optimizer is not None:
-        engine_options["overlap_optimizer"] = overlap_optimizer
+    engine_options.update(passed or {})
     for name, doc in ((DS_CONFIG, ds_config), (RECIPE_JSON, resolved), (ENGINE_JSON, engine_options)):
         with open(os.path.join(run_dir, name), "w") as f:
             json.dump(doc, f, indent=2)

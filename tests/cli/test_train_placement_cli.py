@@ -64,6 +64,7 @@ def test_memascend_keeps_the_region_and_hands_the_dram_tier_to_the_engine(cli, t
     if dram_tier_supported():
         assert engine["dram_tier_gib"] * 2**30 == pytest.approx(p["dram_tier_bytes"])
         assert engine["overlap_optimizer"] is False is p["overlap_optimizer"]  # the dram row's engine setting
+        assert engine["layer_trims"] is False is p["layer_trims"]
         assert doc["plan"]["host_peak_bytes"] == p["planned_host_peak_bytes"]
     else:
         assert "dram_tier_gib" not in engine and "no DRAM tier yet" in err

@@ -83,11 +83,13 @@ def test_every_budget_trains_the_same_losses_and_the_ssd_bytes_fall_with_it(tmp_
     assert reads[0] > reads[1] > reads[2] > reads[3] == 0, reads
     assert writes[0] > writes[1] > writes[2] > writes[3] == 0, writes
     # The tier changes where the bytes go, never how many: at every budget the tier's and the region's (less the
-    # partitions read once to move them into the tier) add up to the all-SSD run's, both ways.
+    # partitions read once to move them into the tier) add up to the all-SSD run's, both ways. Reads of bytes whose
+    # writes were still in flight took them from the writes' sources (forwarded_bytes, engine/write_behind.py).
     io_ref = ref["stats"]["region_io"]
     for name, r in runs.items():
         io, t = r["stats"]["region_io"], _tier(r)
-        assert io["bytes_read"] - t["promoted_bytes"] + t["bytes_read"] == io_ref["bytes_read"], name
+        assert io["bytes_read"] + io["forwarded_bytes"] - t["promoted_bytes"] + t["bytes_read"] == \
+            io_ref["bytes_read"] + io_ref["forwarded_bytes"], name
         assert io["bytes_written"] + t["bytes_written"] == io_ref["bytes_written"], name
 
 
@@ -95,9 +97,10 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     """fp32: the overlap speculates into shadow parameter partitions exchanged at each commit; held partitions and
     their shadows are exchanged in DRAM, the rest on the region, with losses equal to the all-SSD engine's. The dram
     placement's engine (planner.placement's dram row: the parameters resident as under stock's ZeRO-Offload, every
-    chunk and gradient held, no overlap) steps the held chunks' moments in place, and their masters in the resident
-    fp32 partitions, and copies the gradients straight into their keys: the losses of the all-SSD engine and of
-    ZeRO-Offload, no region byte moved, and more bytes computed in place than the gradients alone."""
+    chunk and gradient held, no overlap, the checkpoints in DRAM and the heap kept between layers) steps the held
+    chunks' moments in place, and their masters in the resident fp32 partitions, and copies the gradients straight
+    into their keys: the losses of the all-SSD engine and of ZeRO-Offload, no region byte moved, and more bytes
+    computed in place than the gradients alone."""
     ref = _engine(tmp_path, "fp32-ssd", 0.0, "--dtype", "fp32", "--clip", "0")
     r = _engine(tmp_path, "fp32-tier", 48 * MIB / 2**30, "--dtype", "fp32", "--clip", "0")
     assert r["losses"] == ref["losses"]
@@ -106,7 +109,7 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     assert r["stats"]["overlap"]["steps_committed"] == SHORT
     assert sum(_since_assign(r)) < ref["stats"]["region_io"]["bytes_read"] + ref["stats"]["region_io"]["bytes_written"]
     dram = _engine(tmp_path, "fp32-dram-row", 1.0, "--dtype", "fp32", "--clip", "0", "--off", "overlap_optimizer",
-                   "--param-device", "none")
+                   "--param-device", "none", "--checkpointing", "--checkpoint-offload", "dram", "--off", "layer_trims")
     assert dram["config"]["zero_optimization"].get("offload_param") is None
     assert dram["losses"] == ref["losses"] and dram["grad_norms"] == ref["grad_norms"]
     offload = run(tmp_path, "zero-offload", "--mode", "stock", "--steps", str(SHORT), "--dtype", "fp32", "--clip", "0",
@@ -116,6 +119,12 @@ def test_fp32_shadowed_parameters_and_chunks_in_dram_stay_exact(tmp_path):
     assert t["fallback"] == "" and t["params_held"] == 0 and t["chunks_held"] > 0 and _since_assign(dram) == (0, 0)
     assert t["in_place_bytes"] > dram["stats"]["bounded_io"]["gradient_write_bytes"] > 0
     assert dram["stats"]["bounded_io"]["master_in_place_bytes"] > 0  # stepped in the resident partitions
+    # The heap kept between layers (EngineOptions.layer_trims off): no trim after a layer, glibc's largest mmap
+    # threshold with the trim threshold it pairs with it, no huge pages; the trim after backward stays.
+    c = dram["stats"]["counters"]
+    assert dram["stats"]["checkpointing"]["layer_calls"] >= 2 * SHORT and c["layer_trims"] == 0
+    assert (c["mmap_threshold_bytes"], c["trim_threshold_bytes"], c["huge_pages_off"]) == (32 * MIB, 64 * MIB, 1)
+    assert c["malloc_trims"] == SHORT
 
 
 # `pytest -m long`: the default run resumes across budgets in test_a_checkpoint_resumes_exactly_when_the_budget_changed.

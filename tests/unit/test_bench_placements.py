@@ -86,7 +86,8 @@ def test_a_runs_config_and_prediction_come_from_its_placement_row():
     if mine.dram_tier_bytes:
         assert runner._tier_gib(run, mine, True) == mine.dram_tier_bytes / GiB
         where = ["--checkpoint-offload", mine.row.checkpoint_offload] if mine.row.checkpoint_offload else []
-        off = ["--disable", "overlap_optimizer"] if mine.row.overlap_optimizer is False else []
+        off = [a for t in ("overlap_optimizer", "layer_trims") if getattr(mine.row, t) is False
+               for a in ("--disable", t)]
         assert runner._placement_args(mine, 1.0) == ["--dram-tier-gib", "1.0"] + where + off
         assert runner._prediction(p, run, m_cfg, mine, 1.0)["node_host_peak_bytes"] == \
             mine.row.est.node_host_peak_bytes

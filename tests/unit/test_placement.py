@@ -219,6 +219,14 @@ def test_memascends_dram_row_runs_without_the_optimizer_overlap():
     assert dram.tier["full_bytes"] < both["full_bytes"]
 
 
+def test_memascends_dram_row_keeps_the_heap_between_layers():
+    """The dram row's DRAM holds the job: its engine does not trim the heap after every layer (Priced.layer_trims,
+    handed to the engine by bench and train); the other rows keep the engine's own setting."""
+    plan = priced("qwen2.5-0.5b", "cpu-24g", gflops=100.0)
+    assert plan.row("dram", "memascend").layer_trims is False
+    assert {r.layer_trims for r in plan.rows if r.placement != "dram" or r.engine != "memascend"} == {None}
+
+
 def test_memascends_dram_row_keeps_the_offloaded_checkpoints_in_dram():
     """The dram row prices the checkpoints in DRAM (no SSD byte) and says so to the engine (checkpoint_offload): the
     bench and train hand it on (a dram run that left them on the region wrote 8.4 MB a step, docs/bench/placements/
