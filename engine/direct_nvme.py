@@ -47,7 +47,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from memascend_engine import native
-from memascend_engine.write_behind import WritesInFlight
 
 from memascend_cli.errors import MemascendError
 
@@ -125,12 +124,6 @@ class RegionStats:
     model overlaps it)."""
     write_wait_s: float = 0.0
     """The same for writes."""
-    reads_after_writes: int = 0
-    """Reads (and overlapping writes) that first waited for a write of their key still in flight (_await_writes)."""
-    read_after_write_wait_s: float = 0.0
-    """Seconds they waited (also counted in write_wait_s)."""
-    forwarded_bytes: int = 0
-    """Bytes reads took from the source of writes of theirs still in flight, without I/O (_forward)."""
     checksum_s: float = 0.0
     """Seconds computing writes' CRC-32C, on the store's checksum thread while the writes are in flight."""
     verify_s: float = 0.0
@@ -182,17 +175,9 @@ class _Pending:
     """A write's CRC-32C on the checksum thread (RegionStore._checksum), done before complete() returns."""
     landed: Future | None = None
     """A checked read's wait and checksum check on the verify thread (RegionStore._land)."""
-    address: int = 0
-    """A write's source: a read of its bytes while it is in flight copies them from here (_forward)."""
-    parts: list = field(default_factory=list)
-    """A read split around writes in flight (_forward): its reads of the rest, each completed with it."""
-    done: bool = False
-    """complete() has run: a write is completed by whichever comes first, its submitter or a read of its key."""
-    error: BaseException | None = None
-    """What its first complete() raised, raised again by any later one."""
 
 
-class RegionStore(WritesInFlight):
+class RegionStore:
     """One rank's sub-region of a memascend region: key -> extent map plus the I/O engine."""
 
     def __init__(self, region_path: str, rank: int, *, queue_depth: int | None = None, num_workers: int | None = None,
@@ -222,9 +207,6 @@ class RegionStore(WritesInFlight):
         self._bounce_free: list = []  # spare io_alignment-sized AlignedBuffers
         self._checksums: ThreadPoolExecutor | None = None
         self._verifier: ThreadPoolExecutor | None = None
-        self._writing: dict[str, list[_Pending]] = {}
-        """key -> its writes submitted and not yet completed: a caller may leave writes in flight across a step
-        (overlap.Speculator), so a read of their bytes takes them from the writes' sources (write_behind)."""
 
     def _open_engine(self, region_mod, queue_depth, num_workers, block_size, backend) -> None:
         self.allocator = region_mod.ExtentAllocator(self.subregion, self.header.alignment_bytes)
@@ -312,20 +294,18 @@ class RegionStore(WritesInFlight):
 
     def exchange(self, a: str, b: str) -> None:
         """Swap two keys' extents and what is known of their content: ``b``, written as the next
-        version of ``a``, becomes ``a`` and the old ``a`` stays readable as ``b``. No I/O; writes in
-        flight go on at their device offsets and follow their extent's new key (a read waits for them)."""
+        version of ``a``, becomes ``a`` and the old ``a`` stays readable as ``b``. No I/O; nothing
+        of either may be in flight."""
         with self._mutex:
             self.allocator.exchange(a, b)
-            for table in (self._keys, self._writing):
-                va, vb = table.pop(a, None), table.pop(b, None)
-                if vb is not None:
-                    table[a] = vb
-                if va is not None:
-                    table[b] = va
+            sa, sb = self._keys.pop(a, None), self._keys.pop(b, None)
+            if sb is not None:
+                self._keys[a] = sb
+            if sa is not None:
+                self._keys[b] = sa
 
     def forget(self, key: str) -> None:
         """Free ``key``'s extent (e.g. when a swapper drops a tensor for good)."""
-        self._await_writes(key)
         with self._mutex:
             if key in self.allocator:
                 self.allocator.free(key)
@@ -349,12 +329,6 @@ class RegionStore(WritesInFlight):
     def submit(self, op: str, address: int, nbytes: int, key: str, file_offset: int) -> _Pending:
         """Queue one read ('r') or write ('w') of ``nbytes`` at ``address`` for key ``key``."""
         end = file_offset + nbytes
-        if op == "r":
-            parts = self._forward(address, nbytes, key, file_offset)
-            if parts is not None:
-                return _Pending(request_ids=[], op=op, key=key, file_offset=file_offset, nbytes=nbytes, parts=parts)
-        else:  # a write over bytes of the key still in flight waits for them (the device would not order them)
-            self._await_writes(key, file_offset, end)
         if op == "w":
             ext = self.extent_for_write(key, file_offset, end)
         else:
@@ -383,8 +357,7 @@ class RegionStore(WritesInFlight):
         if device_offset % self.offset_alignment:
             raise ValueError(f"swap key {key}: file offset {file_offset} is not a multiple of the device alignment "
                              f"{self.offset_alignment}")
-        pending = _Pending(request_ids=[], op=op, key=key, file_offset=file_offset, nbytes=nbytes, extent=ext,
-                           address=address)
+        pending = _Pending(request_ids=[], op=op, key=key, file_offset=file_offset, nbytes=nbytes, extent=ext)
         a = self.io_alignment
         if address % self.mem_alignment == 0:
             body = nbytes - nbytes % a
@@ -423,7 +396,6 @@ class RegionStore(WritesInFlight):
         with self._mutex:
             self.stats.requests += 1
             if op == "w":
-                self._writing.setdefault(key, []).append(pending)
                 self.stats.write_requests += 1
                 self.stats.bytes_written += nbytes
                 self.stats.checksummed_bytes += image_end - file_offset if self.verify else 0
@@ -561,17 +533,8 @@ class RegionStore(WritesInFlight):
 
     def complete(self, pending: _Pending) -> None:
         """Wait until ``pending`` has landed (a read checked against its checksums, a write's checksums recorded),
-        then finish bounced reads. Again: raises what the first call raised, waits for nothing."""
-        if pending.done:
-            if pending.error is not None:
-                raise pending.error
-            return
+        then finish bounced reads."""
         first_error = None
-        for part in pending.parts:
-            try:
-                self.complete(part)
-            except Exception as exc:  # noqa: BLE001 - complete every part, raise the first failure
-                first_error = first_error or exc
         t0 = time.perf_counter()
         try:
             if pending.landed is not None:
@@ -586,9 +549,6 @@ class RegionStore(WritesInFlight):
             except Exception as exc:  # noqa: BLE001
                 first_error = first_error or exc
         t1 = time.perf_counter()
-        pending.done, pending.error = True, first_error
-        if pending.op == "w":
-            self._written(pending)
         try:
             if first_error is not None:
                 raise first_error
@@ -626,16 +586,11 @@ class RegionStore(WritesInFlight):
         return d
 
     def close(self) -> None:
-        """Wait for in-flight I/O, close the device and release the sub-region's lock; raises a write's failure that
-        nobody has completed yet (after closing)."""
-        try:
-            if not self.engine.closed:
-                self.flush()
-        finally:
-            if not self.engine.closed:
-                self.engine.close()
-            for pool in (self._checksums, self._verifier):
-                if pool is not None:
-                    pool.shutdown(wait=True)
-            self.lease.release()
+        """Wait for in-flight I/O, close the device and release the sub-region's lock."""
+        if not self.engine.closed:
+            self.engine.close()
+        for pool in (self._checksums, self._verifier):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self.lease.release()
 

@@ -540,7 +540,7 @@ class OptimizerPipeline(OnePassStep):
                     next_read += 1
         finally:
             first = None
-            for s in self.slots[:len(order)]:  # the slots this walk used (a speculation's writes may be in others)
+            for s in self.slots:
                 try:
                     self._complete(s)
                 except Exception as exc:  # noqa: BLE001 - drain every slot, raise the first failure

@@ -30,7 +30,6 @@ LoHan, arXiv 2403.06504).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,9 +63,6 @@ class OverlapCounters:
     """Chunks whose reads started before their first gradient piece or partition release (Speculator._read_ahead)."""
     chunks_stepped_on_thread: int = 0
     """Chunks stepped on the step thread while backward went on (Speculator._step_thread)."""
-    chunks_written_behind: int = 0
-    """Chunks whose writes were still in flight when step() took the speculation (Speculator.finish): they land
-    during the next forward."""
 
 
 @dataclass
@@ -139,7 +135,6 @@ class Speculator:
         """Start speculating this step with `compute(ci, chunk, slot)` (Adam on the slot, in place)."""
         chunks = self.pipeline.chunks
         self.step = _Step(compute, [NEW] * len(chunks), [len(c.pieces) for c in chunks])
-        self._busy = [s for s in self._busy if s.pending]  # the last step's writes still in flight (_finish)
         self._read_ahead()
 
     def _spare_slots(self) -> int:
@@ -154,8 +149,6 @@ class Speculator:
             return None
         idle = [s for s in free if not s.pending and id(s) not in self._stepping]
         if idle:
-            # A slot left with writes in flight by the last step may have been completed by the pipeline since (run).
-            self._busy = [s for s in self._busy if s is not idle[0]]
             return idle[0]
         oldest = next(s for s in self._busy if id(s) not in held)  # wait for its step and its writes
         self._busy.remove(oldest)
@@ -297,36 +290,16 @@ class Speculator:
             self.counters.chunks_read_ahead += 1
 
     def settle(self) -> None:
-        """Finish the speculation now and wait for its writes: a checkpoint or DeepSpeed's tensor-fragment API reads
-        the optimizer states through the pipeline's slots between backward and step() (they see the states before the
-        step), or after it (the writes left in flight across the step boundary land first)."""
-        self.finish()
-        self.flush()
-
-    def finish(self) -> tuple[list[int], list[int]] | None:
-        """End of backward: update the chunks still assembling (their missing pieces had no gradient: zeros, as in
-        DeepSpeed's zeroed buffer) and submit every write. Returns (speculated, not speculated) chunk indices (None
-        without a speculation). The last chunks' writes stay in flight into the next forward, on slots nothing uses
-        before the next backward: the step commits without waiting for them, and a read of their bytes meanwhile
-        takes them from the slots (engine/write_behind.py). A failed one stops the job when its slot is next used
-        (the next backward), at a checkpoint (settle) or at the store's close."""
+        """Finish the speculation now: a checkpoint or DeepSpeed's tensor-fragment API reads the optimizer states
+        through the pipeline's slots between backward and step() (they see the states before the step)."""
         if self.step is not None and self.finished is None:
             self.finished = self._finish()
-        return self.finished
 
-    def flush(self) -> None:
-        """Wait for the writes left in flight (finish), so that the slots' buffers can be used; raises the first
-        failure."""
-        busy, self._busy = self._busy, []
-        first = None
-        for slot in busy:
-            try:
-                self._submit_stepped(slot)
-                self.pipeline._complete(slot)
-            except Exception as exc:  # noqa: BLE001 - drain every slot, raise the first
-                first = first or exc
-        if first is not None:
-            raise first
+    def finish(self) -> tuple[list[int], list[int]]:
+        """End of backward: update the chunks still assembling (their missing pieces had no gradient: zeros, as in
+        DeepSpeed's zeroed buffer) and wait for every write. Returns (speculated, not speculated) chunk indices."""
+        self.settle()
+        return self.finished
 
     def _finish(self) -> tuple[list[int], list[int]]:
         st = self.step
@@ -339,14 +312,15 @@ class Speculator:
                 self._submit_stepped(slot)
             except Exception as exc:  # noqa: BLE001 - a failed step: its writes are never submitted
                 first = first or exc
-        if first is not None:  # the step fails: the other slots' writes land first, the old states stay
-            with contextlib.suppress(Exception):  # the step's failure is the one raised
-                self.flush()
+            try:
+                self.pipeline._complete(slot)
+            except Exception as exc:  # noqa: BLE001 - drain every slot, raise the first
+                first = first or exc
+        self._busy = []
+        if first is not None:
             self.step = None
             self.pipeline.drop_speculation()
             raise first
-        # The writes stay in flight (finish): those of at most every slot, in the next forward.
-        self.counters.chunks_written_behind += sum(bool(s.pending) for s in self._busy)
         self.order = st.updated
         done = [ci for ci, s in enumerate(st.state) if s == DONE]
         rest = [ci for ci, s in enumerate(st.state) if s != DONE]

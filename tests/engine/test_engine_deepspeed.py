@@ -333,9 +333,6 @@ def test_overlap_without_clipping_keeps_gradients_off_the_ssd(tmp_path):
     # Every committed chunk was stepped on the step thread while backward went on, with stock's losses.
     o = r["stats"]["overlap"]
     assert o["chunks_stepped_on_thread"] == o["chunks_committed"] > 0
-    # Each committed step left its last chunks' writes in flight into the next forward (write-behind), whose reads of
-    # those keys waited for them: the same losses.
-    assert o["chunks_written_behind"] >= o["steps_committed"]
     io = r["stats"]["bounded_io"]
     assert io["gradient_write_bytes"] == 0 and io["gradient_read_bytes"] == 0
     # bf16 parameters hold the master's upper halves (engine/optimizer_pipeline.py split): 2 of its 4 bytes come from

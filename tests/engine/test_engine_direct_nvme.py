@@ -171,42 +171,6 @@ def test_exchange_hands_a_key_its_shadow_content_and_checksums(store_and_handle)
         store.exchange(key, "never-written")
 
 
-def test_a_read_of_bytes_still_being_written_takes_them_from_the_write_and_reads_the_rest(store_and_handle):
-    """Writes may stay in flight across a step (overlap.Speculator.finish). A read of their bytes copies them from
-    the writes' sources (what they put on the device, no I/O) and reads the rest, checked, even after an exchange has
-    given their extent another key; a read of part of a write in flight waits for it. A write over bytes in flight
-    waits for them, one beside them does not; flush() completes the rest."""
-    from memascend_engine.pinned import PinnedAllocator
-
-    store, _, _ = store_and_handle
-    alloc = PinnedAllocator()
-    n = 64 * 1024  # 256 KiB of fp32: four checksum chunks
-    new, out, other = (alloc.empty(n, torch.float32) for _ in range(3))
-    store.complete(store.submit("w", out.fill_(1.0).data_ptr(), 4 * n, "p", 0))
-    store.reserve("p~next", 4 * n)
-    pending = store.submit("w", new.fill_(2.0).data_ptr(), 4 * n, "p~next", 0)
-    store.exchange("p", "p~next")  # the commit: the write in flight now holds p's next content
-    store.complete(store.submit("r", out.zero_().data_ptr(), 4 * n, "p", 0))
-    assert out.eq(2.0).all() and not pending.done
-    assert store.snapshot()["forwarded_bytes"] == 4 * n and store.snapshot()["reads_after_writes"] == 0
-    store.complete(pending)
-    store.reserve("q", 4 * n)
-    half = store.submit("w", other.fill_(3.0).data_ptr(), 2 * n, "q", 0)
-    store.complete(store.submit("w", other.data_ptr() + 2 * n, 2 * n, "q", 2 * n))  # beside it: no wait
-    store.complete(store.submit("r", out.zero_().data_ptr(), 4 * n, "q", 0))  # half forwarded, half read
-    assert out.eq(3.0).all() and not half.done and store.snapshot()["forwarded_bytes"] == 6 * n
-    store.submit("w", new.data_ptr(), 2 * n, "q", 0)  # over it: waits for it
-    assert half.done and store.snapshot()["reads_after_writes"] == 1
-    store.complete(store.submit("w", other.data_ptr(), 4 * n, "r", 0))
-    first = store.submit("w", new.data_ptr(), 2 * n, "r", 0)
-    store.complete(store.submit("r", out.zero_().data_ptr(), 2 * n, "r", n))  # half of it: waits for it
-    assert first.done and store.snapshot()["reads_after_writes"] == 2
-    assert out[:n // 4].eq(2.0).all() and out[n // 4:n // 2].eq(3.0).all()
-    late = store.submit("w", other.data_ptr(), 4 * n, "p", 0)
-    store.flush()
-    assert late.done and not store._writing
-
-
 def test_wait_counts_per_handle(store_and_handle):
     store, h, alloc = store_and_handle
     from memascend_engine.direct_nvme_aio import DirectNvmeHandle

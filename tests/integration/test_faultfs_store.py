@@ -91,34 +91,6 @@ def test_write_errors_are_named(mount, store, action, errno_text):
         _io(store, "w", _tensor())
 
 
-def test_a_failed_write_left_in_flight_is_raised_by_its_wait_a_flush_or_the_close(mount, store):
-    """A write nobody waited for yet (the optimizer's last chunks' writes stay in flight into the next forward) that
-    fails: a read of its bytes meanwhile gets what it was writing (never the stale bytes), its submitter's wait (the
-    next step's use of its slot) raises its error, named, as do a read of a part of it, flush() (a checkpoint) and
-    close() (the run's end) for one nothing waited for."""
-    from memascend_engine.direct_nvme import RegionIOError
-
-    _io(store, "w", _tensor(value=1))
-    lo, hi = _extent_range(store)
-    mount.set_rules([{"op": "write", "path": "region.bin", "offset": [lo, hi], "action": "eio", "count": -1}])
-    named = rf"^write of {256 * KiB} B at key offset 0 of swap key {KEY} .*Input/output error"
-    src = _tensor(value=2)  # alive while its writes are in flight
-    pending = store.submit("w", src.data_ptr(), 256 * KiB, store.key(KEY), 0)
-    out = _tensor(value=0)
-    _io(store, "r", out)
-    assert out.eq(2).all()
-    with pytest.raises(RegionIOError, match=named):
-        store.complete(pending)
-    store.submit("w", src.data_ptr(), 256 * KiB, store.key(KEY), 0)
-    with pytest.raises(RegionIOError, match=named):
-        store.complete(store.submit("r", out.data_ptr(), 128 * KiB, store.key(KEY), 128 * KiB))
-    for wait in (store.flush, store.close):
-        store.submit("w", src.data_ptr(), 256 * KiB, store.key(KEY), 0)
-        with pytest.raises(RegionIOError, match=named):
-            wait()
-    assert store.engine.closed
-
-
 @pytest.mark.parametrize("backend", ["io_uring", "threads"])
 @pytest.mark.parametrize("keep_bytes", [None, 64 * KiB])
 def test_short_write_is_an_error_or_is_completed_never_silent(mount, backend, keep_bytes):
