@@ -51,8 +51,9 @@ PRECISION_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq",
 # Run in a child so that the CLI process never imports torch. One JSON line per dtype as soon as it is measured, so a
 # timeout keeps what was done. First the memory bandwidth: STREAM's triad (a = b + s * c) on torch's threads, the
 # bytes that STREAM counts (read b and c, write a: 12 per element), the best of MEM_PROBE_RUNS; a step of ZeRO-Offload
-# (the CPU Adam over every parameter) is bound by it, not by the matmuls. Sizes grow from 256 while the next size (8x the work) fits the dtype's budget twice
-# (a warm-up and one timed multiply); the rate is the best of up to 5 at the largest size reached.
+# (the CPU Adam over every parameter) is bound by it, not by the matmuls. Then the matmuls: sizes grow from 256 while
+# the next size (8x the work) fits the dtype's budget twice (a warm-up and one timed multiply); the rate is the best
+# of up to 5 at the largest size reached.
 _PROBE_SRC = r"""
 import json, sys, time
 import torch

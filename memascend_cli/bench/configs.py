@@ -283,6 +283,12 @@ def _engine_stats(run: dict) -> dict:
     return (run.get("engine_stats") or [{}])[0] or {}
 
 
+def engine_option(run: dict, name: str, default):
+    """A recorded memascend run's engine option `name` (its first rank's stats), `default` where the run recorded
+    none (stock, tuned, or an engine from before the option). Pure."""
+    return (_engine_stats(run).get("options") or {}).get(name, default)
+
+
 def speculation_committed(run: dict) -> bool:
     """Most of a recorded memascend run's steps committed the optimizer's overlap with backward (its engine
     counters; memascend_engine.overlap). The plan assumes they do; a run whose gradient norm stayed above the clip
@@ -303,8 +309,7 @@ def repredict(doc: dict, run: dict) -> dict:
     j = doc["job"]
     placement = run.get("placement")
     if placement:  # the tier's rule follows the engine's options, whatever its steps did (placed_estimate)
-        placement = {**placement, "tier_overlap": bool((_engine_stats(run).get("options") or {}).get(
-            "overlap_optimizer", True))}
+        placement = {**placement, "tier_overlap": bool(engine_option(run, "overlap_optimizer", True))}
     return predict(run["mode"], run["config"], recorded_spec(j), hw=recorded_hardware(doc),
                    timing=recorded_timing(j), placement=placement, **_recorded_job_args(j, run))
 

@@ -46,7 +46,7 @@ a step); the validation tests the configurations the plan recommends."""
 def history_reason(doc: dict, run: dict) -> str | None:
     """None where the recorded `run` of bench document `doc` tests the time model (planned at its sitting's probe);
     else which part of the rule keeps it as history. Reads the record only. Pure."""
-    from memascend_cli.bench.configs import _engine_stats, recorded_probe_gflops, recorded_timing
+    from memascend_cli.bench.configs import engine_option, recorded_probe_gflops, recorded_timing
 
     job = doc["job"]
     sitting = (doc.get("hardware") or {}).get("sitting") or {}
@@ -57,7 +57,7 @@ def history_reason(doc: dict, run: dict) -> str | None:
     if run.get("others_cpu_seconds") is None or not run.get("wall_s"):
         return NO_GAUGE
     if (run.get("placement") or {}).get("placement") == "dram" and run.get("mode") == "memascend" and \
-            (_engine_stats(run).get("options") or {}).get("overlap_optimizer", False):
+            engine_option(run, "overlap_optimizer", False):
         return UNPRICED_CONFIG
     if run["others_cpu_seconds"] / run["wall_s"] >= CONTENDED_CORES:
         return CONTENDED
