@@ -26,7 +26,7 @@ def _plan(kit: Kit, model: str, *extra: str) -> dict | None:
 SYNTHETIC_HARDWARE = ("--hardware", "h100-80g-512g", "--dram", "128GiB", "--nvme-read-gbps", "3",
                       "--nvme-write-gbps", "3.5")
 """A dry run's plans: the lent GPU machine (one H100, 128 GiB DRAM; its SSD about what prepare-ssd's probe measured on
-the H200 box, docs/bench/gpu/h200-llama-3.2-1b-2026-11-27.json), not the machine the dry run runs on."""
+the H200 box, docs/bench/gpu/h200-llama-3.2-1b-2026-11-27.json.gz), not the machine the dry run runs on."""
 
 
 def ssd_rate_args(storage: dict) -> list[str]:
