@@ -8,7 +8,7 @@ live and never what they are: the losses are those of the all-SSD engine bit for
 held state as it reads the rest.
 
 :func:`assign` decides what is held, after the optimizer pipeline is built and before it writes its first state:
-the rule is memascend_cli.planner.dram_tier (parameter partitions, then whole optimizer chunks, then gradients), the
+the rule is memascend_cli.planner.dram_tier (parameter partitions, then gradients, then whole optimizer chunks), the
 same the planner prices. Keys of held units written before (zero.Init's parameter partitions) move into DRAM then,
 and those the training steps write first (Adam moments, gradients) get their locked buffers then too: the tier's
 memory is taken and faulted in while the engine sets up, not by the first step.
@@ -81,6 +81,8 @@ class TierStats:
     region_written_at_assign: int = 0
     """The region's bytes_read / bytes_written once the tier was assigned (held keys moved in): what training moved
     since is the rest."""
+    order: str = rule.ORDER
+    """The order the rule takes its classes in (a record's replan follows it: planner.dram_tier.split)."""
 
 
 class _Resident:

@@ -90,8 +90,8 @@ class EngineOptions:
     checkpoint_offload."""
     dram_tier_gib: float = 0.0
     """Host memory each rank may keep optimizer-step state in instead of the region (memascend_engine.dram_tier):
-    within it the training-dtype parameter partitions, then whole optimizer chunks (master + moments), then the
-    gradients stay in DRAM (memascend_cli.planner.dram_tier, the rule the plan prices); the rest stays on the region.
+    within it the training-dtype parameter partitions, then the gradients, then whole optimizer chunks (master +
+    moments) stay in DRAM (memascend_cli.planner.dram_tier, the rule the plan prices); the rest stays on the region.
     Needs streaming. 0: everything on the region. A tier the process cannot get (a lower cgroup limit, mlock refused)
     falls back to the region with a warning."""
     verify_checksums: bool = True

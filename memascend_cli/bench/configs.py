@@ -156,7 +156,8 @@ def placed_estimate(job, hw, est, placement: dict | None):
     the parameters where the run's config put them) or the tier of the bytes per rank the run was given
     (dram_tier_bytes) over the traffic of the path its steps took,
     held by the engine's rule with the overlap as the engine was set (`tier_overlap`: it keeps two generations of
-    optimizer chunks whether or not a step commits the speculation; planner.placement.memascend_tier). Stock: the dram
+    optimizer chunks whether or not a step commits the speculation; planner.placement.memascend_tier) and in the
+    order its engine took (`tier_gradients_first`: False for engines before planner.dram_tier.ORDER). Stock: the dram
     row, offload_optimizer cpu (planner.placement.stock_row); its split is the config's max_in_cpu, which `est`
     already keeps in DRAM (planner.ssd.params_in_dram). Pure."""
     from dataclasses import replace
@@ -171,7 +172,8 @@ def placed_estimate(job, hw, est, placement: dict | None):
     if where == "dram":  # the parameters where the run's config put them (nvme: held in the tier, as runs before)
         return pl.memascend_dram_row(job, hw, placement.get("offload_param") or pl.PARAMS_FROM_TIER).est
     rule = replace(job, overlap_optimizer=placement.get("tier_overlap", job.overlap_optimizer))
-    _, items, traffic = pl.memascend_tier(rule, hw, est, int(placement.get("dram_tier_bytes") or 0))
+    _, items, traffic = pl.memascend_tier(rule, hw, est, int(placement.get("dram_tier_bytes") or 0),
+                                          gradients_first=placement.get("tier_gradients_first", True))
     return replace(est, items=est.items + items, traffic=traffic)
 
 
@@ -289,6 +291,16 @@ def engine_option(run: dict, name: str, default):
     return (_engine_stats(run).get("options") or {}).get(name, default)
 
 
+def tier_gradients_first(run: dict) -> bool:
+    """Whether a recorded memascend run's DRAM tier took the gradients before the optimizer chunks: its tier's stats
+    record the rule's order (planner.dram_tier.ORDER) since it does; a tier recorded without one took the chunks
+    first. True for a run without a tier (nothing held: the order decides nothing). Pure."""
+    from memascend_cli.planner import dram_tier
+
+    tier = (_engine_stats(run).get("region_io") or {}).get("dram_tier")
+    return tier is None or tier.get("order", "params,groups,gradients") == dram_tier.ORDER
+
+
 def speculation_committed(run: dict) -> bool:
     """Most of a recorded memascend run's steps committed the optimizer's overlap with backward (its engine
     counters; memascend_engine.overlap). The plan assumes they do; a run whose gradient norm stayed above the clip
@@ -309,7 +321,8 @@ def repredict(doc: dict, run: dict) -> dict:
     j = doc["job"]
     placement = run.get("placement")
     if placement:  # the tier's rule follows the engine's options, whatever its steps did (placed_estimate)
-        placement = {**placement, "tier_overlap": bool(engine_option(run, "overlap_optimizer", True))}
+        placement = {**placement, "tier_overlap": bool(engine_option(run, "overlap_optimizer", True)),
+                     "tier_gradients_first": tier_gradients_first(run)}
     return predict(run["mode"], run["config"], recorded_spec(j), hw=recorded_hardware(doc),
                    timing=recorded_timing(j), placement=placement, **_recorded_job_args(j, run))
 

@@ -4,9 +4,19 @@
 The tier keeps in DRAM what saves the most SSD bytes per DRAM byte, in three classes taken in order:
   1. the training-dtype parameter partitions: each byte held saves its reads in forward and backward and its
      write-back after the step (about 3 SSD bytes per byte held);
-  2. whole optimizer sub-groups (the bounded engine's chunks): fp32 master + Adam moments, read and written once a
-     step (2 SSD bytes per byte held; with the overlap both generations of the states are held, 1 per byte);
-  3. the gradients, where they reach the SSD (written and read back at most once a step).
+  2. the gradients, where they reach the SSD: written each micro-batch and read back by the next one or the optimizer
+     (2 x micro-batches SSD bytes per byte held; one fewer with the overlap, which steps the last micro-batch's as
+     they are reduced: with one micro-batch they are written only to be kept for a redo, clipping on, and never read
+     back: 1 per byte, every byte a write);
+  3. whole optimizer sub-groups (the bounded engine's chunks): master + Adam moments, read and written once a step
+     (2 SSD bytes per byte held; with the overlap both generations of the states are held: 1 per byte, half of them
+     reads).
+The gradients come before the sub-groups because a gradient byte never saves less than a sub-group byte and saves
+more writes: with the overlap and clipping on, the step writes its moments and its gradients and reads only its
+moments, so the writes bind (bench-llama-136m, 4 layers, fp32, 400 MB/s, the split at 2.3 GiB with the sub-groups
+first: 6.77 B/param read, 10.77 written, 4 of them the gradients kept for a redo; docs/bench/placements/
+bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet5-split-0749). Engines recorded before this order held the
+sub-groups first (split's `gradients_first`).
 Within a class every unit saves the same per byte: the classes are walked in that order and each unit that still fits
 is taken (what a larger unit leaves over goes to smaller ones, of its class or the next).
 
@@ -47,14 +57,24 @@ def _fill(left: int, sizes: Sequence[int]) -> tuple[tuple[int, ...], int]:
     return tuple(held), used
 
 
+ORDER = "params,gradients,groups"
+"""The classes in the order split() takes them (TierStats.order records it: a record without it held the sub-groups
+before the gradients)."""
+
+
 def split(budget_bytes: int | None, param_bytes: Sequence[int], group_bytes: Sequence[int],
-          grad_bytes: Sequence[int] = ()) -> TierSplit:
+          grad_bytes: Sequence[int] = (), *, gradients_first: bool = True) -> TierSplit:
     """The tier at `budget_bytes` (None: everything) over units of these sizes: parameter partitions first, then
-    whole sub-groups, then gradients, each unit that still fits."""
+    the gradients, then whole sub-groups, each unit that still fits. `gradients_first` False: the sub-groups before the
+    gradients, the rule of engines recorded before ORDER."""
     left = sum(param_bytes) + sum(group_bytes) + sum(grad_bytes) if budget_bytes is None else max(0, budget_bytes)
     params, p = _fill(left, param_bytes)
-    groups, s = _fill(left - p, group_bytes)
-    grads, g = _fill(left - p - s, grad_bytes)
+    if gradients_first:
+        grads, g = _fill(left - p, grad_bytes)
+        groups, s = _fill(left - p - g, group_bytes)
+    else:
+        groups, s = _fill(left - p, group_bytes)
+        grads, g = _fill(left - p - s, grad_bytes)
     return TierSplit(params, groups, grads, p, s, g)
 
 

@@ -8,7 +8,7 @@ The placements (PLACEMENTS):
                 tier holding every optimizer chunk and gradient;
   * ``split`` - stock: offload_param nvme with the largest max_in_cpu the DRAM holds (without prefetch where parameters
                 stay on NVMe: SPLIT_PREFETCH_BUG); memascend: its DRAM tier holds the
-                training-dtype parameter partitions first, then whole optimizer sub-groups, then the gradients, the
+                training-dtype parameter partitions first, then the gradients, then whole optimizer sub-groups, the
                 rest on the region (EngineOptions.dram_tier_gib);
   * ``ssd``   - everything on the SSD: tuned stock (stock given memascend's knobs) and memascend.
 memascend's tier is what planner.dram_tier holds at the budget (the rule the engine applies); the memory of every row
@@ -272,13 +272,14 @@ def stock_row(job: JobSpec, hw: HardwareSpec, placement: str) -> Priced:
     return row
 
 
-def memascend_tier(job: JobSpec, hw: HardwareSpec, ms: Estimate, per_rank_bytes: int | None
-                   ) -> tuple[dict, list[Item], SsdTraffic]:
+def memascend_tier(job: JobSpec, hw: HardwareSpec, ms: Estimate, per_rank_bytes: int | None, *,
+                   gradients_first: bool = True) -> tuple[dict, list[Item], SsdTraffic]:
     """memascend's DRAM tier of `per_rank_bytes` (None: all of it) over its all-SSD estimate `ms`, as the engine holds
     it (planner.dram_tier, the rule memascend_engine.dram_tier applies): the parameter partitions on the region first,
-    then whole optimizer chunks (the bounded engine's sub-groups, split at its chunk size), then the gradients where they reach the SSD
-    (MLP-Offload, SC'25, caches sub-groups the same way). Returns (the tier, its host items, the SSD traffic that
-    remains)."""
+    then the gradients where they reach the SSD, then whole optimizer chunks (the bounded engine's sub-groups, split at
+    its chunk size; MLP-Offload, SC'25, caches sub-groups the same way). `gradients_first` False: the chunks before
+    the gradients (a record of an engine before planner.dram_tier.ORDER). Returns (the tier, its host items, the SSD
+    traffic that remains)."""
     c = Context(job, hw, "memascend")
     t = ms.traffic
     params = [n for n in c.part.partition_numels if n >= c.min_swap_numel]
@@ -291,7 +292,7 @@ def memascend_tier(job: JobSpec, hw: HardwareSpec, ms: Estimate, per_rank_bytes:
     sizes = dram_tier.unit_bytes(param_numels=params, param_elem_bytes=c.E, group_numels=groups,
                                  moment_bytes=MOMENT_BYTES[job.optimizer_moments], master_in_params=c.params_hold_master,
                                  overlap=c.overlap, grad_numels=grads, grad_elem_bytes=c.G)
-    held = dram_tier.split(per_rank_bytes, *sizes)
+    held = dram_tier.split(per_rank_bytes, *sizes, gradients_first=gradients_first)
 
     def share(numels, idx):
         return sum(numels[i] for i in idx) / sum(numels) if sum(numels) else 1.0
@@ -564,7 +565,8 @@ def why(best: Priced | None, today: Priced | None, rows: list[Priced], hw: Hardw
         reason = "the optimizer states fit in DRAM: no byte goes to the SSD"
     elif best.placement == "split":
         tier = best.tier or {}
-        held = (f"{tier['params_share']:.0%} of the parameters and {tier['optimizer_states_share']:.0%} of the "
+        grads = f", {tier['gradients_share']:.0%} of the gradients" if tier.get("gradients_bytes") else ""
+        held = (f"{tier['params_share']:.0%} of the parameters{grads} and {tier['optimizer_states_share']:.0%} of the "
                 "optimizer states") if tier else "the parameters (max_in_cpu)"
         reason = f"DRAM holds {held}; the SSD moves the rest ({best.ssd_bytes / 1e9:,.1f} GB per step)"
     else:

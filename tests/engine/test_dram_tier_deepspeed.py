@@ -1,9 +1,10 @@
 """memascend's DRAM tier (EngineOptions.dram_tier_gib, engine/dram_tier.py) inside real DeepSpeed ZeRO-3 on the CPU.
 
-The parity harness's tiny-llama (test_engine_deepspeed.py) for 20 steps (4 in the default run) at budgets that hold nothing, part of the
-parameter partitions, all of them and some optimizer chunks, and everything: the losses equal the all-SSD engine's
-bit for bit, the region moves fewer bytes the more the tier holds (none once it holds everything), a checkpoint saved
-at one budget resumes exactly at another, and a tier the process has no room for stays on the region with a warning.
+The parity harness's tiny-llama (test_engine_deepspeed.py) for 20 steps (4 in the default run) at budgets that hold
+nothing, part of the parameter partitions, all of them, the gradients and some optimizer chunks, and everything: the
+losses equal the all-SSD engine's bit for bit, the region moves fewer bytes the more the tier holds (none once it
+holds everything), a checkpoint saved at one budget resumes exactly at another, and a tier the process has no room
+for stays on the region with a warning.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ SHORT = 4
 MIB = 2**20
 # tiny-llama in bf16: 8 parameter partitions of 1 MiB on the region (the MLP matrices, the embedding and the LM head;
 # the attention ones are below DeepSpeed's min_aio_bytes), 5 optimizer chunks of ~30 MB with the overlap's two
-# generations, 12 MB of gradients (kept on the SSD for a redo when clipping is on): 172 MB in all.
-BUDGETS_GIB = {"none": 0.0, "half the parameters": 4 * MIB / 2**30, "parameters + a chunk": 48 * MIB / 2**30,
+# generations, 12 MB of gradients (kept on the SSD for a redo when clipping is on): 172 MB in all. The rule takes the
+# gradients before the chunks (planner.dram_tier.ORDER): 64 MiB hold the partitions, the gradients and one chunk.
+BUDGETS_GIB = {"none": 0.0, "half the parameters": 4 * MIB / 2**30, "parameters, gradients + a chunk": 64 * MIB / 2**30,
                "everything": 1.0}
 
 
@@ -70,15 +72,16 @@ def test_every_budget_trains_the_same_losses_and_the_ssd_bytes_fall_with_it(tmp_
         assert r["grad_norms"] == ref["grad_norms"], name
         assert _tier(r)["fallback"] == "", name
     assert _since_assign(runs.pop("dram row")) == (0, 0)
-    half, mid, full = (_tier(runs[k]) for k in ("half the parameters", "parameters + a chunk", "everything"))
+    half, mid, full = (_tier(runs[k]) for k in ("half the parameters", "parameters, gradients + a chunk", "everything"))
     total_params = full["params_held"]
     assert 0 < half["params_held"] < total_params and half["chunks_held"] == 0
     assert mid["params_held"] == total_params and 0 < mid["chunks_held"] < full["chunks_held"]
+    assert mid["grads_held"] == full["grads_held"] and mid["order"] == "params,gradients,groups"
     assert full["grads_held"] > 0  # clipping on: the gradients reach the SSD, so the tier takes them too
     assert full["resident_bytes"] == full["planned_bytes"] <= 2**30
     # Training's SSD traffic falls with the budget, to nothing once the tier holds everything.
     moved = [(ref["stats"]["region_io"]["bytes_read"], ref["stats"]["region_io"]["bytes_written"])]
-    moved += [_since_assign(runs[k]) for k in ("half the parameters", "parameters + a chunk", "everything")]
+    moved += [_since_assign(runs[k]) for k in ("half the parameters", "parameters, gradients + a chunk", "everything")]
     reads, writes = zip(*moved)
     assert reads[0] > reads[1] > reads[2] > reads[3] == 0, reads
     assert writes[0] > writes[1] > writes[2] > writes[3] == 0, writes

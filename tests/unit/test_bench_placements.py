@@ -135,6 +135,38 @@ def test_a_recorded_placement_is_replanned_where_the_run_kept_its_bytes():
             assert one.traffic.write_total < two.traffic.write_total
 
 
+SPLIT_0749 = ("docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet5-split-0749/"
+              "placements-clip10-quiet5-split-0749-cap-2.3GiB.json.gz")
+
+
+def test_a_recorded_tier_is_replanned_in_the_order_its_engine_took():
+    """A split recorded before planner.dram_tier.ORDER (its tier's stats name no order) held the optimizer chunks
+    before the gradients: replanned so, its SSD bytes are what it moved (the parameters resident, 17% of the chunks,
+    the gradients kept for a redo written); the same tier in today's order holds the gradients instead, and the step
+    writes less and reads more."""
+    import copy
+    import gzip
+    import json
+
+    from memascend_cli.bench.configs import repredict, tier_gradients_first
+    from memascend_cli.planner import dram_tier
+
+    with gzip.open(SPLIT_0749) as f:
+        doc = json.load(f)
+    run = next(r for r in doc["runs"] if r["mode"] == "memascend")
+    assert not tier_gradients_first(run)
+    old = repredict(doc, run)["ssd_traffic"]
+    assert sum(old["write_bytes"].values()) == pytest.approx(run["ssd_write_bytes_per_step"], rel=0.001)
+    assert sum(old["read_bytes"].values()) == pytest.approx(run["ssd_read_bytes_per_step"], rel=0.001)
+    today = copy.deepcopy(run)
+    today["engine_stats"][0]["region_io"]["dram_tier"]["order"] = dram_tier.ORDER
+    assert tier_gradients_first(today) and tier_gradients_first(doc["runs"][0])  # tuned: no tier
+    new = repredict(doc, today)["ssd_traffic"]
+    assert new["write_bytes"]["gradients"] < old["write_bytes"]["gradients"] / 2
+    assert new["read_bytes"]["optimizer_states"] > old["read_bytes"]["optimizer_states"]
+    assert sum(new["write_bytes"].values()) < 0.9 * sum(old["write_bytes"].values())
+
+
 def _run(name: str, mode: str, read: float | None) -> dict:
     return {"name": name, "mode": mode, "ok": True, "error": None, "oom_killed": False, "seconds_per_step": 2.0,
             "tokens_per_s": 256.0, "ssd_read_bytes_per_step": read, "ssd_write_bytes_per_step": read and read / 2,

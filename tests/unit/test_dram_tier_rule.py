@@ -22,21 +22,33 @@ def test_a_unit_that_does_not_fit_leaves_room_for_a_later_smaller_one():
     assert t.groups == (1,) and t.groups_bytes == 40
 
 
-def test_gradients_come_last_and_what_a_larger_unit_leaves_goes_to_smaller_ones():
+def test_gradients_come_before_sub_groups_and_what_a_larger_unit_leaves_goes_to_smaller_ones():
     params, groups, grads = [10], [40, 40], [5, 5]
-    t = rule.split(10 + 40 + 10, params, groups, grads)
-    assert (t.groups, t.grads) == ((0,), (0, 1))  # the second sub-group does not fit: the gradients take the rest
-    t = rule.split(10 + 80 + 5, params, groups, grads)
-    assert t.grads == (0,) and t.total_bytes == 95
+    t = rule.split(10 + 10 + 40, params, groups, grads)
+    assert (t.grads, t.groups) == ((0, 1), (0,))
+    t = rule.split(10 + 5 + 40, params, groups, grads)  # 45 left after the partitions: both gradients, then no group
+    assert (t.grads, t.groups, t.total_bytes) == ((0, 1), (), 20)
+    t = rule.split(10 + 8, params, [3, 4], grads)  # what the gradients leave goes to a small sub-group
+    assert (t.grads, t.groups) == ((0,), (0,))
     assert rule.split(None, params, groups, grads).total_bytes == 10 + 80 + 10
-    assert rule.split(9, params, [4], grads).groups == (0,)  # no partition fits 9 B: a sub-group does
+    assert rule.split(9, params, [4], grads).groups == (0,)  # no partition fits 9 B: a gradient and a sub-group do
+
+
+def test_a_record_of_the_engine_before_takes_the_sub_groups_first():
+    params, groups, grads = [10], [40, 40], [5, 5]
+    old = rule.split(10 + 40 + 10, params, groups, grads, gradients_first=False)
+    assert (old.groups, old.grads) == ((0,), (0, 1))  # the second sub-group does not fit: the gradients take the rest
+    assert rule.split(10 + 40 + 10, params, groups, grads).groups == (0,)
+    assert rule.split(10 + 45, params, groups, grads, gradients_first=False).grads == (0,)
+    assert rule.split(10 + 45, params, groups, grads).grads == (0, 1)
 
 
 def test_held_bytes_never_pass_the_budget_and_grow_with_it():
     params, groups, grads = [3, 7, 11, 5], [23, 19, 29], [2, 4, 6, 8]
-    totals = [rule.split(b, params, groups, grads).total_bytes for b in range(130)]
-    assert all(t <= b for b, t in enumerate(totals))
-    assert all(a <= b for a, b in pairwise(totals)) and totals[-1] == sum(params + groups + grads)
+    for first in (True, False):
+        totals = [rule.split(b, params, groups, grads, gradients_first=first).total_bytes for b in range(130)]
+        assert all(t <= b for b, t in enumerate(totals))
+        assert all(a <= b for a, b in pairwise(totals)) and totals[-1] == sum(params + groups + grads)
 
 
 def test_unit_bytes_count_what_the_engine_keeps():

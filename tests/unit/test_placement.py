@@ -100,11 +100,12 @@ def test_memascends_dram_row_on_a_gpu_keeps_the_parameters_there_when_it_holds_t
     assert big.est.traffic.dram_fetch_bytes == 2 * c.E * c.ns  # forward and backward, as stock's offload_param cpu
 
 
-def test_memascend_tier_fills_parameters_then_whole_sub_groups_then_gradients():
+def test_memascend_tier_fills_parameters_then_gradients_then_whole_sub_groups():
     """The planner prices the engine's rule (planner.dram_tier) on the job's own partitions and chunks: what it holds
     at a budget is what the engine holds (memascend_engine.dram_tier, tests/engine/test_dram_tier_deepspeed.py).
     With the parameters holding the master (bf16: its upper halves) and the overlap, each partition's unit is its
-    shadow too: the tier then holds the parameters twice."""
+    shadow too: the tier then holds the parameters twice. The job clips (DeepSpeed's default 1.0): the overlap keeps
+    the gradients for a redo, so they reach the SSD, written and never read back, and come before the sub-groups."""
     hw, jb = resolve_hardware("cpu-24g", None), job("qwen2.5-0.5b")
     shadowed = pl.memascend_tier(jb, hw, estimate(jb, hw, "memascend"), None)[0]["params_bytes"]
     jb = replace(jb, params_hold_master=False)
@@ -114,17 +115,26 @@ def test_memascend_tier_fills_parameters_then_whole_sub_groups_then_gradients():
     params = c.E * sum(swapped)
     tier, _, _ = pl.memascend_tier(jb, hw, ms, params // 2)
     assert params // 2 - c.E * max(swapped) < tier["params_bytes"] <= params // 2
-    assert 0 < tier["params_share"] < 1  # what the partitions leave may go to a small sub-group
-    assert tier["params_bytes"] + tier["optimizer_states_bytes"] <= params // 2
+    assert 0 < tier["params_share"] < 1  # what the partitions leave may go to small gradients and sub-groups
+    assert tier["params_bytes"] + tier["optimizer_states_bytes"] + tier["gradients_bytes"] <= params // 2
     full = pl.memascend_tier(jb, hw, ms, None)[0]
-    states = full["optimizer_states_bytes"]
-    assert full["params_bytes"] == params and full["optimizer_states_share"] == 1
-    assert shadowed == 2 * params
-    tier, _, traffic = pl.memascend_tier(jb, hw, ms, params + states // 3)
+    states, grads = full["optimizer_states_bytes"], full["gradients_bytes"]
+    assert full["params_bytes"] == params and full["optimizer_states_share"] == full["gradients_share"] == 1
+    assert shadowed == 2 * params and grads == c.G * sum(c.part.partition_numels)
+    tier, _, traffic = pl.memascend_tier(jb, hw, ms, params + grads // 2)
+    assert tier["params_bytes"] == params and 0.4 < tier["gradients_share"] <= 0.5
+    assert tier["optimizer_states_bytes"] < grads // 10  # only what the gradients leave, to small sub-groups
+    assert traffic.write_bytes["gradients"] < ms.traffic.write_bytes["gradients"] * 0.6
+    assert traffic.read_bytes["optimizer_states"] > ms.traffic.read_bytes["optimizer_states"] * 0.9
+    tier, _, traffic = pl.memascend_tier(jb, hw, ms, params + grads + states // 3)
     chunk = max(ms.sub_group_numels) * states // sum(ms.sub_group_numels)
-    assert tier["params_bytes"] == params and states // 3 - chunk < tier["optimizer_states_bytes"] <= states // 3
-    assert tier["params_bytes"] + tier["optimizer_states_bytes"] + tier["gradients_bytes"] <= params + states // 3
-    assert traffic.read_bytes["params"] == 0
+    assert tier["params_bytes"] == params and tier["gradients_bytes"] == grads
+    assert states // 3 - chunk < tier["optimizer_states_bytes"] <= states // 3
+    assert traffic.read_bytes["params"] == 0 and traffic.write_bytes["gradients"] == 0
+    # A record of the engine before planner.dram_tier.ORDER: the sub-groups before the gradients.
+    old, _, _ = pl.memascend_tier(jb, hw, ms, params + states // 3, gradients_first=False)
+    assert old["params_bytes"] == params and states // 3 - chunk < old["optimizer_states_bytes"] <= states // 3
+    assert old["gradients_share"] < 0.1
 
 
 def test_the_tier_holds_both_generations_of_the_states_with_the_overlap():
