@@ -31,6 +31,7 @@ from memascend_cli.bench.configs import (
     resolve_settings,
     run_settings,
 )
+from memascend_cli.bench.document import read_summary, recorded_summaries
 from memascend_cli.planner import heap, memory
 from memascend_cli.planner.context import Context
 from memascend_cli.units import GiB
@@ -150,6 +151,29 @@ def activation_heap_fit(paths: list[str]) -> dict:
     return {w: {part: round(sum(v) / len(v), 1) for part, v in parts.items()} for w, parts in ks.items()}
 
 
+KEPT_HEAP_FIT_RUNS = os.path.join(REPO, "docs", "bench", "placements",
+                                  "bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet4", "*.json")
+"""heap.KEPT_HEAP_LAYER_BLOCKS's fit set: the quiet4 sweep's memascend dram rows (its other sittings validate it)."""
+
+
+def kept_heap_fit(paths: list[str]) -> float | None:
+    """KEPT_HEAP_LAYER_BLOCKS: glibc's free-kept heap at the step-1 optimizer mark of the memascend runs that kept the
+    heap between layers (their placement's layer_trims False), in units of heap.layer_backward_heap_bytes; the
+    median over the runs."""
+    import statistics
+
+    ks = []
+    for path in paths:
+        doc = read_summary(path)
+        for r in doc["runs"]:
+            kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
+            if r["ok"] and (r.get("placement") or {}).get("layer_trims") is False and "step1_optimizer" in kept:
+                job, engine = recorded_plan_job(doc, r)
+                ks.append(kept["step1_optimizer"] / heap.layer_backward_heap_bytes(
+                    Context(job, recorded_hardware(doc), engine)))
+    return round(statistics.median(ks), 2) if ks else None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
@@ -159,6 +183,7 @@ def main(argv=None) -> int:
     result["activation_heap_blocks_per_layer"] = activation_heap_fit(paths)
     result["optimizer_init_heap_fraction"] = optimizer_init_heap_fit(paths)
     result["step_heap_fraction"] = step_heap_fit(paths)
+    result["kept_heap_layer_blocks"] = kept_heap_fit(recorded_summaries(KEPT_HEAP_FIT_RUNS))
     result["memory_py"] = {"runtime_cpu_gib": round(memory.RUNTIME_CPU_BYTES / GiB, 2),
                            "engine_runtime_gib": round(memory.ENGINE_RUNTIME_BYTES / GiB, 2),
                            "activation_heap_blocks_per_layer": memory.ACTIVATION_HEAP_BLOCKS_PER_LAYER,
@@ -176,6 +201,8 @@ def main(argv=None) -> int:
     print(f"fitted: optimizer init heap fraction {result['optimizer_init_heap_fraction']};"
           f" heap.py: {heap.OPTIMIZER_INIT_HEAP_FRACTION}")
     print(f"fitted: step heap fraction {result['step_heap_fraction']}; heap.py: {heap.STEP_HEAP_FRACTION}")
+    print(f"fitted (quiet4 dram rows): kept heap layer blocks {result['kept_heap_layer_blocks']};"
+          f" heap.py: {heap.KEPT_HEAP_LAYER_BLOCKS}")
     return 0
 
 

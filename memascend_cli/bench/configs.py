@@ -170,7 +170,9 @@ def placed_estimate(job, hw, est, placement: dict | None):
     if placement.get("row_engine") != "memascend":
         return pl.stock_row(job, hw, where).est if where in ("dram", "gpu") else est
     if where == "dram":  # the parameters where the run's config put them (nvme: held in the tier, as runs before)
-        return pl.memascend_dram_row(job, hw, placement.get("offload_param") or pl.PARAMS_FROM_TIER).est
+        # its heap kept between layers where its engine kept it (layer_trims False; None: an engine that trimmed)
+        return pl.memascend_dram_row(job, hw, placement.get("offload_param") or pl.PARAMS_FROM_TIER,
+                                     layer_trims=placement.get("layer_trims") is not False).est
     rule = replace(job, overlap_optimizer=placement.get("tier_overlap", job.overlap_optimizer))
     _, items, traffic = pl.memascend_tier(rule, hw, est, int(placement.get("dram_tier_bytes") or 0),
                                           gradients_first=placement.get("tier_gradients_first", True))

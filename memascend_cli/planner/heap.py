@@ -155,3 +155,35 @@ def activation_heap_block(m: ModelSpec, tokens: int, elem_bytes: int) -> tuple[s
         if block < GLIBC_MMAP_THRESHOLD_MAX_BYTES:
             return (width, block) if block > hole else None
     return None
+
+
+# memascend's heap kept between layers on a CPU rank (EngineOptions.layer_trims off: its dram row), in units of one
+# layer's backward blocks (layer_backward_heap_bytes). Nothing is trimmed from the first layer's forward to the end of
+# backward (engine/runtime.py:517-518, ds_internals/context.py keep_heap; the one trim is ds_internals/stage3.py:93-94,
+# after backward), so every page a freed block below the 32 MiB mmap threshold touched stays resident until then:
+# glibc's free() only merges a chunk with free neighbours (malloc/malloc.c _int_free), gives the main arena's top back
+# only past M_TRIM_THRESHOLD (64 MiB here: ds_internals/allocator.py KEPT_HEAP_TRIM_THRESHOLD_BYTES; malloc.c systrim)
+# and a thread's 64 MiB heaps likewise (malloc/arena.c heap_trim, HEAP_MAX_SIZE); the gradients' fp64 norm copies
+# come from the norm worker's own arena (ds_internals/bounded_stage3.py _NormWorker). The layers repeat their shapes,
+# so a layer's blocks reuse the last one's and the kept heap is not priced per layer: a first backward grows the
+# arenas by 0.12-0.41 GiB at 4, 16 and 28 layers alike (mallinfo2 at the phase marks, docs/bench/placements/ and
+# docs/bench/capped/, trims or not). Fitted by scripts/fit_planner.py (kept_heap_fit) on the quiet4 sweep's dram rows
+# only (docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet4/, caps 2.7 / 3.25 / 4 GiB):
+# mallinfo2's free-kept heap at the step-1 optimizer mark, the median; validated on the 06:55 sittings and those of
+# 09:25 on another VM (tests/unit/test_kept_heap.py). One shape ran with the trims off: bench-llama-136m, 4 layers,
+# seq 512, fp32.
+KEPT_HEAP_LAYER_BLOCKS = 3.45
+
+
+def layer_backward_heap_bytes(c: Context) -> int:
+    """One layer's backward blocks below glibc's mmap threshold on a CPU rank: each weight's gradient in the gradient
+    dtype and the fp64 copy its norm takes (at most c.norm_chunk elements a copy: DeepSpeed runtime/zero/stage3.py
+    _constant_buffered_norm2, zero/utils.py get_norm_dtype). Pure."""
+    return sum(arena_bytes(c.G * t.numel) + arena_bytes(8 * min(t.numel, c.norm_chunk))
+               for t in layer_template(c.m)[1])
+
+
+def kept_layer_heap_bytes(c: Context) -> int:
+    """Heap memascend's CPU rank keeps resident to the end of backward when it trims nothing between layers
+    (KEPT_HEAP_LAYER_BLOCKS x layer_backward_heap_bytes). Pure."""
+    return int(KEPT_HEAP_LAYER_BLOCKS * layer_backward_heap_bytes(c))

@@ -23,6 +23,7 @@ from memascend_cli.planner import dram_tier
 from memascend_cli.planner import time as tm
 from memascend_cli.planner.breakdown import Estimate, Item, SsdTraffic
 from memascend_cli.planner.context import Context
+from memascend_cli.planner.heap import KEPT_HEAP_LAYER_BLOCKS, kept_layer_heap_bytes, layer_backward_heap_bytes
 from memascend_cli.planner.job import DTYPE_BYTES, MOMENT_BYTES, JobSpec
 from memascend_cli.planner.memory import estimate
 from memascend_cli.planner.search import RESOURCE_NAMES, Verdict, check
@@ -326,11 +327,27 @@ PARAMS_FROM_TIER = "nvme"
 nvme, their partitions held in the tier and fetched through the engine's parameter swapper."""
 
 
-def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None = None) -> Priced:
+def kept_heap_items(job: JobSpec, hw: HardwareSpec, layer_trims: bool) -> list[Item]:
+    """The heap memascend's CPU rank keeps between layers when it trims nothing there (heap.KEPT_HEAP_LAYER_BLOCKS), on
+    top of the backward until the trim after it; none with the per-layer trims, nor on a GPU, whose layers' blocks are
+    device memory (no record: not priced)."""
+    if layer_trims or hw.num_gpus:
+        return []
+    c = Context(job, hw, "memascend")
+    return [_item("host/kept_layer_heap", "heap kept between layers (no trim until backward ends)", "host",
+                  kept_layer_heap_bytes(c), "glibc malloc/malloc.c _int_free + systrim (M_TRIM_THRESHOLD), "
+                  "malloc/arena.c heap_trim; engine/runtime.py:517 (keep_heap); fitted by scripts/fit_planner.py "
+                  "kept_heap_fit", f"{KEPT_HEAP_LAYER_BLOCKS} x one layer's backward blocks below the mmap threshold "
+                  f"{layer_backward_heap_bytes(c):,}", kind="backward")]
+
+
+def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None = None, *,
+                       layer_trims: bool = False) -> Priced:
     """memascend's dram row: the optimizer on the region (offload_optimizer nvme), every chunk and gradient held in its
     DRAM tier and stepped in place there, offloaded checkpoints kept in DRAM; the parameter partitions where stock's
     ZeRO-Offload keeps them (`param_device` None: none on the CPU accelerator or on a GPU that holds them, else cpu),
-    so a step copies no parameter and fetches none; PARAMS_FROM_TIER prices how runs recorded before ran it."""
+    so a step copies no parameter and fetches none; PARAMS_FROM_TIER prices how runs recorded before ran it.
+    `layer_trims` False (the row's own): the heap kept between layers (kept_heap_items); True: trimmed after each."""
     # No optimizer overlap in the dram row: with no SSD read to hide it only moves the CPU's Adam into backward on
     # the same cores, while a redo needs the states' second generation and the parameters' shadows kept beside them
     # (planner.dram_tier.unit_bytes: a tier of 2.21 GiB instead of 1.27 for bench-llama-136m at 4 layers, fp32), which
@@ -341,6 +358,7 @@ def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None 
                        checkpoint_offload="dram" if job.checkpointing == "offload" else job.checkpoint_offload)
     base = estimate(dram_job, hw, "memascend")
     tier, items, traffic = memascend_tier(dram_job, hw, base, None)
+    items += kept_heap_items(dram_job, hw, layer_trims)
     keep = [i for i in base.items if i.tier != "nvme"]
     ckpt = dram_job.checkpoint_offload if job.checkpointing == "offload" else None
     if param_device == PARAMS_FROM_TIER:
@@ -366,7 +384,7 @@ def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None 
         if param_device == "none" or est.gpu_peak_bytes <= hw.gpu_mem_gib * GiB:
             return Priced("dram", "memascend", "DRAM tier holds the optimizer, parameters on the GPU", True, est=est,
                           tier=tier, devices=("none", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False,
-                          layer_trims=False)
+                          layer_trims=layer_trims)
     pinned = "mlock" if hw.num_gpus else None
     params = _item("host/params_in_dram", "parameter partitions (offload_param cpu)" if hw.num_gpus else
                    "parameter partitions (no offload_param: host memory on the CPU accelerator)", "host",
@@ -377,17 +395,26 @@ def memascend_dram_row(job: JobSpec, hw: HardwareSpec, param_device: str | None 
         fetch = 2 * max(1, job.grad_accum_steps) * c.E * c.ns
         return Priced("dram", "memascend", "DRAM tier holds the optimizer, offload_param cpu", True, tier=tier,
                       est=_derived(base, "memascend", keep + items + [params], replace(no_ssd, dram_fetch_bytes=fetch)),
-                      devices=("cpu", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False, layer_trims=False)
+                      devices=("cpu", "nvme"), checkpoint_offload=ckpt, overlap_optimizer=False,
+                      layer_trims=layer_trims)
     return Priced("dram", "memascend", "DRAM tier holds the optimizer, parameters resident", True, tier=tier,
                   est=_derived(base, "memascend", keep + items + [params], no_ssd), devices=("none", "nvme"),
-                  checkpoint_offload=ckpt, overlap_optimizer=False, layer_trims=False)
+                  checkpoint_offload=ckpt, overlap_optimizer=False, layer_trims=layer_trims)
 
 
 def memascend_placements(job: JobSpec, hw: HardwareSpec, ms: Estimate, headroom_hw: HardwareSpec,
                          budget_rank: int) -> list[Priced]:
     """memascend's dram row (memascend_dram_row) and split row (the tier at `budget_rank` bytes per rank over the
-    all-SSD estimate)."""
+    all-SSD estimate). The dram row trims the heap after every layer where the heap kept between them would not fit
+    beside the headroom and the trimmed one does (kept_heap_items)."""
     dram = memascend_dram_row(job, hw)
+    if not check(dram.est, headroom_hw).fits:
+        trimmed = memascend_dram_row(job, hw, layer_trims=True)
+        if check(trimmed.est, headroom_hw).fits:
+            kept = dram.est.node_host_peak_bytes - trimmed.est.node_host_peak_bytes
+            trimmed.note = f"heap trimmed after every layer: kept between them its {kept / GiB:.2f} GiB would not " \
+                           "fit beside the headroom"
+            dram = trimmed
     rows = [dram]
     full = dram.tier["full_bytes"]  # the parameters, chunks and gradients the tier would hold at the region's place
     split = Priced("split", "memascend", "DRAM tier + region", True)
