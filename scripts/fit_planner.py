@@ -10,7 +10,9 @@ larger models are calibration for the rest of the model, not for these constants
 model's other errors. glibc's heap constants (planner/heap.py: ACTIVATION_HEAP_BLOCKS_PER_LAYER,
 OPTIMIZER_INIT_HEAP_FRACTION, STEP_HEAP_FRACTION) come from the stock and tuned runs recorded with glibc's heap state
 (mallinfo2) at each phase start whose ZeRO settings are today's for their mode: the heap follows the bucket and
-sub-group sizes. Validation runs (docs/bench/validation) are never read here.
+sub-group sizes. The one constant of memascend's heap (heap.KEPT_HEAP_LAYER_BLOCKS: the heap its dram row keeps between
+layers) comes from the quiet4 placement sweep's dram rows (KEPT_HEAP_FIT_RUNS) only; the dram sittings of 06:55 and
+09:25 validate it (tests/unit/test_kept_heap.py). Validation runs (docs/bench/validation) are never read here.
 """
 
 from __future__ import annotations
