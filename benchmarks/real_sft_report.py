@@ -8,7 +8,7 @@ on real text (benchmarks/real_sft.yaml), collected into one raw JSON document, a
     memascend train benchmarks/real_sft.yaml --placement ssd --set overlap_optimizer=false \
         --output-dir /var/tmp/i62/ssd-overlap-off
     python benchmarks/real_sft_report.py --quality fp32 bf16 --speed ssd-overlap-on ssd-overlap-off \
-        --loadavg /var/tmp/i62/loadavg.log --out docs/bench/real-sft/smollm2-pydoc.json /var/tmp/i62/{fp32,bf16,...}
+        --loadavg /var/tmp/i62/loadavg.log --out docs/bench/real-sft/smollm2-pydoc.json.gz /var/tmp/i62/{fp32,bf16,...}
 
 A run of another recipe (e.g. presets/train/smollm2-sft.yaml, whose templated answers the model learns in a few dozen
 steps, so that its gradient norms fall below the clipping limit) is named `DIR:RECIPE AND FLAGS`, and a second
@@ -30,6 +30,8 @@ import platform
 import statistics
 import sys
 import time
+
+from memascend_cli.bench.document import write_summary
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moments_quality import compare  # noqa: E402
@@ -188,8 +190,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     doc = collect(args.runs, args.quality, args.speed, args.loadavg, args.recipe)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+    write_summary(args.out, doc)  # gzipped where --out ends in .gz, as the repository keeps it
     print(json.dumps({k: doc[k] for k in ("overlap", "speed")}, indent=1))
     return 0
 

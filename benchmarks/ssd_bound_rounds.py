@@ -4,7 +4,7 @@ for its --out and title, so that machine drift hits every engine alike; the rati
 the rounds' own ratios (each round's engines ran minutes apart).
 
 Each round's bench document is recorded as a regular SSD-bound document (docs/bench/ssd-bound/NAME-roundK.json.gz and
-its timeline), and the rounds' summary in docs/bench/ssd-bound-rounds/NAME.json: the load average before and after
+its timeline), and the rounds' summary in docs/bench/ssd-bound-rounds/NAME.json.gz: the load average before and after
 every round, the niceness the rounds ran at, and per run the SSD share of its step (the busier direction's bytes at
 the throttle over the measured s/step: 1.0 when the SSD never idles) and the CPU the rest of the machine took.
 
@@ -17,7 +17,6 @@ No round starts unless the longest round so far still ends before --until (a qui
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shlex
@@ -27,6 +26,8 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
+
+from memascend_cli.bench.document import write_summary
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import striped_bench as sb  # noqa: E402  (loadavg, machine)
@@ -102,9 +103,7 @@ def record(out_dir: str, name: str) -> str:
         doc = json.load(f)
     doc["timeline_file"] = f"{name}.timeline.json.gz"
     shutil.copyfile(os.path.join(out_dir, "bench.timeline.json.gz"), os.path.join(BENCH_DIR, doc["timeline_file"]))
-    with open(os.path.join(BENCH_DIR, f"{name}.json.gz"), "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as g:
-        g.write(json.dumps(doc, separators=(",", ":")).encode())
+    write_summary(os.path.join(BENCH_DIR, f"{name}.json.gz"), doc)
     return f"{name}.json.gz"
 
 
@@ -147,7 +146,7 @@ def deadline(until: str | None) -> datetime | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True, help="the documents' name (docs/bench/ssd-bound/NAME-roundK.json.gz, "
-                    "docs/bench/ssd-bound-rounds/NAME.json)")
+                    "docs/bench/ssd-bound-rounds/NAME.json.gz)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--until", help="UTC HH:MM by which every round must have ended (none starts that would not)")
     ap.add_argument("--work-dir", default="/var/tmp/memascend-ssd-rounds", help="the rounds' bench output folders "
@@ -165,7 +164,7 @@ def main() -> int:
     a = ap.parse_args()
     end = deadline(a.until)
     os.makedirs(ROUNDS_DIR, exist_ok=True)
-    out = os.path.join(ROUNDS_DIR, f"{a.name}.json")
+    out = os.path.join(ROUNDS_DIR, f"{a.name}.json.gz")
     doc = {"command": "python benchmarks/ssd_bound_rounds.py " + shlex.join(sys.argv[1:]),
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": sb.machine(),
            "commit": commit(),
@@ -190,8 +189,7 @@ def main() -> int:
 
 def write(doc: dict, out: str) -> None:
     doc.update(summarize(doc["rounds"]))
-    with open(out, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+    write_summary(out, doc)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fit the planner's measured constants on the calibration runs only (docs/bench/calibration/*.json).
+"""Fit the planner's measured constants on the calibration runs only (docs/bench/calibration/*.json, or .json.gz).
 
     python scripts/fit_planner.py          # prints the fitted values and what memory.py holds
     python scripts/fit_planner.py --json
@@ -18,7 +18,6 @@ layers) comes from the quiet4 placement sweep's dram rows (KEPT_HEAP_FIT_RUNS) o
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -50,8 +49,7 @@ def residuals(paths: list[str]) -> list[dict]:
     """Per calibration run of a tiny model: measured peak per rank minus the plan without its runtime items."""
     out = []
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = read_summary(path)
         if doc["job"]["num_params"] >= TINY_PARAMS:
             continue
         ranks = int(doc["job"]["ranks"])
@@ -89,8 +87,7 @@ def _heap_runs(paths: list[str]):
     """(doc, run, free-kept bytes per phase start) of the stock and tuned runs recorded with mallinfo2, today's
     config."""
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = read_summary(path)
         for r in doc["runs"]:
             kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
             if r["ok"] and r["mode"] != "memascend" and kept and _current_config(doc, r):
@@ -180,7 +177,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    paths = sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))
+    paths = recorded_summaries(os.path.join(REPO, "docs", "bench", "calibration", "*.json"))
     result = fit(residuals(paths))
     result["activation_heap_blocks_per_layer"] = activation_heap_fit(paths)
     result["optimizer_init_heap_fraction"] = optimizer_init_heap_fit(paths)

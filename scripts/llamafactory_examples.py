@@ -1,19 +1,18 @@
 """Every full-parameter SFT / pre-training example of a LLaMA-Factory checkout through `memascend plan` and
 `memascend train --dry-run`, with only `model_name_or_path` changed (to a local tiny Llama), recorded as JSON.
 
-    python scripts/llamafactory_examples.py --repo /path/to/LLaMA-Factory --out docs/raw/llamafactory-examples.json
+    python scripts/llamafactory_examples.py --repo /path/to/LLaMA-Factory --out docs/raw/llamafactory-examples.json.gz
 
 --repo is a checkout or a bare git directory (its HEAD is read with `git archive`). The examples run from a folder
 holding the checkout's own `data/` (dataset_info.json and the demo datasets), as LLaMA-Factory's README runs them.
 Examples of LLaMA-Factory's v1 trainer (examples/v1/, another config format) are not recipes of the CLI and are
-skipped. scripts/results.py renders the JSON.
+skipped. scripts/results.py renders the JSON (gzipped where --out ends in .gz, as it is committed).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -23,6 +22,8 @@ import tarfile
 import tempfile
 
 import yaml
+
+from memascend_cli.bench.document import write_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER_JSON = os.path.join(REPO, "presets", "train", "data", "tokenizer.json")
@@ -127,9 +128,7 @@ def main(argv=None) -> int:
            "llamafactory_commit": commit,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "host": f"{platform.node()} ({os.cpu_count()} cores)", "examples": results}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))  # one line: the repository counts tracked lines
-        f.write("\n")
+    write_summary(args.out, doc)  # one line: the repository counts tracked lines
     return 0 if not any(r[s]["traceback"] for r in results for s in ("plan", "dry_run")) else 1
 
 

@@ -10,8 +10,8 @@ per claim (memory vs stock and tuned, flatness in depth and context, planner acc
 roofline, speed), and the machines and dates. Every other document is on its topic's page (TOPICS); the history
 page lists the documents that left the tree, with the commit that still has them.
 
-Sources (all committed; each `memascend bench` summary names its memory timelines' side file, which is never read
-here):
+Sources (all committed, each NAME.json or, where large, gzipped NAME.json.gz (document.read_summary reads either);
+each `memascend bench` summary names its memory timelines' side file, which is never read here):
   docs/bench/*.json                 `memascend bench` summaries and sweeps (meta: command, date, host)
   docs/bench/history.json           superseded documents removed from the tree, and the commit that has them
   docs/bench/calibration/*.json     bench runs the planner's constants were fitted on
@@ -126,7 +126,7 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
                 section_variation(load(os.path.join(BENCH, "variation", "*.json")))]
     if name == "time":
         tier = os.path.join(BENCH, "dram-tier", "bytes-per-step-bf16.json")
-        real_sft = os.path.join(BENCH, "real-sft", "smollm2-pydoc.json")
+        real_sft = os.path.join(BENCH, "real-sft", "smollm2-pydoc.json.gz")
         return [section_validation(BENCH), section_ssd_bound(load(os.path.join(BENCH, "ssd-bound", "*.json"))),
                 section_ssd_rounds(load(os.path.join(BENCH, "ssd-bound-rounds", "*.json"))),
                 section_placements(load(os.path.join(BENCH, "placements", "*.json"))),
@@ -140,7 +140,7 @@ def topic_sections(name: str, cal: list, val: list) -> list[str]:
                 section_moments(os.path.join(RAW, "smollm2-moments.json")),
                 section_user_scripts(os.path.join(RAW, "user-script-bench.json.gz")),
                 section_eager_scripts(), section_cpu_offload_install(),
-                section_llamafactory_examples(os.path.join(RAW, "llamafactory-examples.json")),
+                section_llamafactory_examples(os.path.join(RAW, "llamafactory-examples.json.gz")),
                 section_hub(os.path.join(BENCH, "hub", "bars.json"))]
     if name == "reliability":
         return [section_parity_repeat(os.path.join(RAW, "parity-repeat.json")),

@@ -15,7 +15,7 @@ from results_markdown import slug
 # the stock runs of the depth sweep's points.
 DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-rep3-fp32.json.gz")
 CONTEXT = os.path.join(BENCH, "context-sweep-lt-rep3-fp32.json.gz")
-STOCK_DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-fp32.json")
+STOCK_DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-fp32.json.gz")
 
 
 def _source(path: str, doc: dict) -> str:

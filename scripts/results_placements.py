@@ -11,7 +11,7 @@ import os
 from results_common import REPO, pct, table
 from results_time import cores_taken
 
-from memascend_cli.bench.document import read_summary, recorded_summaries
+from memascend_cli.bench.document import read_summary, recorded_stem, recorded_summaries
 from memascend_cli.bench.placements import CURVES, curve, plan_at_sitting
 from memascend_cli.units import GiB
 
@@ -32,7 +32,7 @@ def records_beside(path: str) -> list[tuple[str, dict]]:
     (repository-relative) of its name: each point's own document (OUT/cap-*/bench.json, gzipped: phases, probes,
     engine counters) and other runs of that sitting."""
     return [(os.path.relpath(p, REPO), read_summary(p))
-            for p in recorded_summaries(os.path.join(REPO, os.path.splitext(path)[0], "*.json"))]
+            for p in recorded_summaries(os.path.join(REPO, recorded_stem(path), "*.json"))]
 
 
 def point_records(records: list[tuple[str, dict]], command: str) -> dict[float, dict]:
@@ -159,7 +159,7 @@ def section_placements(docs: list[tuple[str, dict]]) -> str:
                 + (" (the cached probe the plan used: " + ", ".join(f"{g:g}" for g in sorted(cached)) + ")"
                    if cached else "") + f" (`{path}`).", "",
                 table(HEADER, rows), ""] + _ratios(doc)
-        png = os.path.splitext(path)[0] + ".png"
+        png = recorded_stem(path) + ".png"
         if os.path.exists(os.path.join(REPO, png)):
             out += ["", f"![the placements curve](../../{png})", ""]
         out += [f"- note: {n}" for n in doc.get("notes") or []]

@@ -12,8 +12,8 @@ START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 ENGINES = ("stock", "tuned", "memascend")
 
 DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-rep3-fp32.json.gz")
-STOCK_DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-fp32.json")
-CAPPED = [os.path.join(BENCH, "capped", f"{job}-seq1024-cap12gib-{part}.json")
+STOCK_DEPTH = os.path.join(BENCH, "depth-sweep-seq2048-fp32.json.gz")
+CAPPED = [os.path.join(BENCH, "capped", f"{job}-seq1024-cap12gib-{part}.json.gz")
           for job in ("qwen2.5-1.5b-bf16", "llama-3.2-3b-bf16") for part in ("stock-tuned", "memascend")]
 GPU = os.path.join(BENCH, "gpu", "h200-qwen2.5-0.5b-2026-11-26.json.gz")
 

@@ -11,7 +11,7 @@ from results_common import BENCH, benchmark_script, gib, load, load_one, table
 
 USER_SCRIPT = os.path.join(BENCH, "user-script")
 ROLES = {"fp32-eager-156m.json": "calibration of the DRAM cap's measured spread",
-         "validation-eager.json": "validation (not fitted on)",
+         "validation-eager.json.gz": "validation (not fitted on)",
          "matrix.json.gz": "validation (not fitted on): every script, dtype, build and checkpointing",
          "matrix-stock.json.gz": "validation (not fitted on): stock DeepSpeed on the same combinations"}
 

@@ -168,6 +168,20 @@ def read_summary(path: str) -> dict:
         return json.load(f)
 
 
+def write_summary(path: str, doc: dict) -> None:
+    """`doc` as one line of compact JSON at `path`, gzipped where its name ends in RECORDED_GZIP (fixed gzip mtime:
+    the same document gives the same bytes); read back by read_summary."""
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(text, mtime=0) if path.endswith(RECORDED_GZIP) else text)
+
+
+def recorded_stem(path: str) -> str:
+    """A recorded summary's path without `.json` or `.json.gz`: the name of what sits beside it (its folder of
+    records, its plot). Pure."""
+    return path.removesuffix(RECORDED_GZIP).removesuffix(".json")
+
+
 def recorded_summaries(pattern: str) -> list[str]:
     """Paths of the summaries `pattern` (a glob ending in .json; ** recurses) names, each also gzipped
     (RECORDED_GZIP), sorted; timeline side files and capacity probe bundles are not summaries."""

@@ -15,7 +15,7 @@ GLIBC_MMAP_THRESHOLD_MAX_BYTES = 32 * MiB
 # layer's stranded activation block (activation_heap_block): "retained" from the forward's start to the optimizer
 # step beyond the step's own blocks (host/step_heap), "forward" the part grown during the forward (the checkpointed
 # inputs stay live above the freed blocks). Fitted by scripts/fit_planner.py on mallinfo2 at phase starts of the
-# calibration runs of today's tuned config (docs/bench/calibration/tuned-heap-*-steps4-fp32.json): intermediate-wide
+# calibration runs of today's tuned config (docs/bench/calibration/tuned-heap-*-steps4-fp32.json.gz): intermediate-wide
 # blocks at seq 2048, hidden-wide ones, once the intermediate blocks are mmapped, at seq 3584.
 ACTIVATION_HEAP_BLOCKS_PER_LAYER = {"intermediate": {"retained": 4.2, "forward": 1.6},
                                     "hidden": {"retained": 9.2, "forward": 6.5}}
@@ -147,7 +147,7 @@ def activation_heap_block(m: ModelSpec, tokens: int, elem_bytes: int) -> tuple[s
     blocks larger than the holes zero.Init left (the layer's largest fp32 weight) cannot reuse them and the heap
     grows; blocks of 32 MiB or more are mmapped and go back at free. The widest block below the threshold strands:
     tokens x intermediate, or tokens x hidden once the intermediate blocks are mmapped (mallinfo2 in
-    docs/bench/calibration/tuned-heap-*.json). At seq 256-512 the blocks fit the holes and nothing grows."""
+    docs/bench/calibration/tuned-heap-*.json.gz). At seq 256-512 the blocks fit the holes and nothing grows."""
     hole = arena_bytes(4 * largest_layer_numel(m))
     widths = sorted((("intermediate", m.intermediate_size), ("hidden", m.hidden_size)), key=lambda w: -w[1])
     for width, size in widths:

@@ -203,7 +203,7 @@ def test_cpu_bucket_flush_holds_two_copies_of_the_bucket():
 def test_the_largest_gradient_partition_meets_its_fp64_norm_copy_at_the_end_of_backward():
     """DeepSpeed takes each reduced gradient partition's norm on an fp64 copy of up to 250M elements
     (stage3.py _constant_buffered_norm2): for an embedding that is the end of a CPU rank's backward
-    (docs/bench/capped/qwen2.5-1.5b-...-memascend.json peaks there). The bounded engine converts 2^24 at a time."""
+    (docs/bench/capped/qwen2.5-1.5b-...-memascend.json.gz peaks there). The bounded engine converts 2^24 at a time."""
     from memascend_cli.defaults import DS_NORM_BUFFER_NUMEL, NORM_CHUNK_NUMEL
 
     m = load_preset("qwen2.5-0.5b")
@@ -372,7 +372,7 @@ def test_a_16_bit_backward_keeps_its_fp32_gradient_copies_in_the_heap():
 def test_optimizer_init_and_first_step_keep_the_small_sub_groups_fp32_blocks():
     """stage3.py _create_fp32_partitions passes each sub-group through an unpinned fp32 buffer (fast_init off) and
     partition_grads converts gradients to fp32 per sub-group: below glibc's 32 MiB threshold those blocks stay in the
-    heap (docs/bench/calibration/tuned-heap-*-steps4-fp32.json). Tuned's 2M-element sub-groups are all heap blocks;
+    heap (docs/bench/calibration/tuned-heap-*-steps4-fp32.json.gz). Tuned's 2M-element sub-groups are all heap blocks;
     stock's default 1e9-element sub-group is one mmapped block."""
     j = job("bench-llama-136m", seq_len=8192, dtype="fp32", checkpointing="full")
     tuned = estimate(j, CPU, "tuned")
@@ -395,7 +395,7 @@ def test_optimizer_init_and_first_step_keep_the_small_sub_groups_fp32_blocks():
 
 def test_later_backward_comes_on_top_of_the_kept_heap_once_blocks_are_mapped():
     """At seq 8192 the hidden-wide blocks (32 MiB) are mapped and steps 2-4's backward measured its whole working set
-    above the kept heap (tuned-heap-l16-seq8192-steps4-fp32.json); a tiny model maps nothing and the kept heap
+    above the kept heap (tuned-heap-l16-seq8192-steps4-fp32.json.gz); a tiny model maps nothing and the kept heap
     takes the later backward."""
     long = estimate(job("bench-llama-136m", seq_len=8192, dtype="fp32", checkpointing="full"), CPU, "tuned")
     assert long.item("host/mapped_backward").bytes == long.item("host/compute/forward_backward").bytes

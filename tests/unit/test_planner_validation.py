@@ -1,12 +1,11 @@
 """`memascend plan` on bench runs it was not fitted on: within 10% of the measured peak system memory.
 
-docs/bench/validation/*.json are `memascend bench` documents of models, dtypes and rank counts other than the
-calibration runs (docs/bench/calibration/*.json) the planner's constants come from. Each run is re-planned with
-today's planner from its recorded config, job and techniques (memascend_cli.bench.configs.repredict).
+docs/bench/validation/*.json.gz are `memascend bench` documents of models, dtypes and rank counts other than the
+calibration runs (docs/bench/calibration/*.json.gz) the planner's constants come from (each read gzipped or not:
+document.read_summary). Each run is re-planned with today's planner from its recorded config, job and techniques
+(memascend_cli.bench.configs.repredict).
 """
 
-import glob
-import json
 import os
 
 import pytest
@@ -44,12 +43,11 @@ KNOWN_MISSES: set[str] = {"bench-llama-136m-2ranks-fp32.json:memascend",
 
 def _runs(kind: str):
     out = []
-    for path in sorted(glob.glob(os.path.join(REPO, "docs", "bench", kind, "*.json"))):
-        with open(path) as f:
-            doc = json.load(f)
+    for path in recorded_summaries(os.path.join(REPO, "docs", "bench", kind, "*.json")):
+        doc = read_summary(path)
         for r in doc["runs"]:
             if r["ok"]:
-                run_id = f"{os.path.basename(path)}:{r['name']}"
+                run_id = f"{os.path.basename(path).removesuffix(RECORDED_GZIP)}:{r['name']}"
                 marks = [pytest.mark.xfail(strict=True, reason="planner error above 10% (KNOWN_MISSES)")] \
                     if kind == "validation" and run_id in KNOWN_MISSES else []
                 out.append(pytest.param(doc, r, id=run_id, marks=marks))
@@ -98,7 +96,7 @@ def test_measured_constants_are_the_calibration_fit():
     spec = importlib.util.spec_from_file_location("fit_planner", os.path.join(REPO, "scripts", "fit_planner.py"))
     fit_planner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fit_planner)
-    paths = sorted(glob.glob(os.path.join(REPO, "docs", "bench", "calibration", "*.json")))
+    paths = recorded_summaries(os.path.join(REPO, "docs", "bench", "calibration", "*.json"))
     fitted = fit_planner.fit(fit_planner.residuals(paths))
     assert round(memory.RUNTIME_CPU_BYTES / 2**30, 2) == fitted["runtime_cpu_gib"]
     assert round(memory.ENGINE_RUNTIME_BYTES / 2**30, 2) == fitted["engine_runtime_gib"]

@@ -56,15 +56,14 @@ def test_a_capped_run_reads_as_its_steps_or_its_oom_kill_with_the_plan_error_on_
 
 def test_a_capped_row_errs_with_todays_plan_and_shows_the_recorded_one_beside_it():
     """The memory page's billion-scale rows: today's planner on the recorded run, the bench's own plan in brackets."""
-    import json
-
     from memascend_cli.bench.configs import repredict
+    from memascend_cli.bench.document import read_summary
 
     _results_module()
     import results_memory as results
 
-    with open(os.path.join(REPO, "docs/bench/capped/qwen2.5-1.5b-bf16-seq1024-cap12gib-bounded-norm.json")) as f:
-        doc = json.load(f)
+    doc = read_summary(os.path.join(REPO, "docs", "bench", "capped",
+                                    "qwen2.5-1.5b-bf16-seq1024-cap12gib-bounded-norm.json.gz"))
     row = results.capped_rows(doc)[0]
     run = doc["runs"][0]
     today = repredict(doc, run)["node_host_peak_bytes"]
@@ -120,20 +119,39 @@ def test_recorded_summaries_are_read_gzipped_or_not(tmp_path):
     assert [read_summary(p)["n"] for p in paths] == [1, 2]
 
 
+def test_a_summary_written_gzipped_reads_back_the_same_and_its_bytes_repeat(tmp_path):
+    """write_summary gzips where the name ends in .gz: one compact line, gzip's header time fixed at 0 (rewriting the
+    same document gives the same bytes, so a record rewritten unchanged leaves git clean); recorded_stem names what
+    sits beside a record (its folder of records, its plot) either way."""
+    import gzip
+
+    from memascend_cli.bench.document import read_summary, recorded_stem, write_summary
+
+    doc = {"job": {"seq_len": 512}, "runs": [{"name": "tuned", "seconds_per_step": 7.51}]}
+    plain, packed = tmp_path / "a.json", tmp_path / "a.json.gz"
+    write_summary(str(plain), doc)
+    write_summary(str(packed), doc)
+    raw = packed.read_bytes()
+    assert raw[4:8] == b"\0\0\0\0"  # gzip's MTIME field (RFC 1952 2.3)
+    assert gzip.decompress(raw) == plain.read_bytes() == b'{"job":{"seq_len":512},"runs":[{"name":"tuned",' \
+        b'"seconds_per_step":7.51}]}'
+    assert read_summary(str(plain)) == read_summary(str(packed)) == doc
+    stem = "docs/bench/placements/x-quiet4"
+    assert recorded_stem(stem + ".json.gz") == recorded_stem(stem + ".json") == stem
+
+
 def test_a_variation_row_is_each_runs_peak_against_one_grid_step_of_todays_plan():
     """docs/bench/variation: the spread of the repeats' ru_maxrss, and in brackets that spread in grid steps."""
-    import json
-
     _results_module()  # puts scripts/ on sys.path
     from results_variation import variation_rows
 
     from memascend_cli.bench import capacity
     from memascend_cli.bench.configs import recorded_hardware, recorded_plan_job
+    from memascend_cli.bench.document import read_summary
     from memascend_cli.units import GiB
 
-    path = "docs/bench/variation/tuned-l24-seq2048-steps4-repeat5-fp32.json"
-    with open(os.path.join(REPO, path)) as f:
-        doc = json.load(f)
+    path = "docs/bench/variation/tuned-l24-seq2048-steps4-repeat5-fp32.json.gz"
+    doc = read_summary(os.path.join(REPO, path))
     (row,) = variation_rows(path, doc)
     rss = [x["ru_maxrss_bytes"] for x in doc["runs"][0]["repeats"]]
     assert row[1:3] == ["tuned", "5"] and row[5] == f"{(max(rss) - min(rss)) / GiB:.2f}"

@@ -91,9 +91,7 @@ def _recorded(name: str) -> dict:
 
     folders = [os.path.join(REPO, "docs", "bench", "ssd-bound"),
                *sorted(glob.glob(os.path.join(REPO, "docs", "bench", "placements", "*", "")))]
-    path = next(p for f in folders for p in (os.path.join(f, name), os.path.join(f, name) + RECORDED_GZIP)
-                if os.path.exists(p))
-    return read_summary(path)
+    return read_summary(next(p for f in folders for p in recorded_summaries(os.path.join(f, name))))
 
 
 def predicted_s(doc: dict, run: dict, gflops: float = CPU_CALIBRATED_GFLOPS) -> float:
