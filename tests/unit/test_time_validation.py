@@ -64,7 +64,36 @@ AT_CAP = "at its cap"  # the run's cgroup peak took AT_CAP_SHARE or more of its 
 AT_CAP_SHARE = 0.85  # set after this sitting (its run at 87%); the 4 GiB runs beside it peaked at 65-70%: a dram run
 # at a cap near its peak, repeated, decides whether this is the cap or the model
 
+OTHER_CPU = "terms fitted on another CPU"  # the host or time term that prices the run's engine at its placement
+# (TERM_FITTED_ON) was fitted on a run of another CPU model (job.timing.cpu_model): on 2026-12-07 08:29-09:55 the 2-core
+# AMD EPYC VM (no AMX, STREAM triad 30-52 GB/s) ran memascend 15-37% faster than the terms fitted on the Intel Xeon VM
+# (AMX, triad 24-26 GB/s) price it, while tuned stock's all-SSD runs, priced by terms fitted on an AMD EPYC VM, came
+# within 4-14% in the same sittings
+
+TERM_FITTED_ON = {("memascend", "dram"): scope.MEMASCEND_DRAM_HOST_CALIBRATION,
+                  ("memascend", "split"): scope.NORM_WORKER_CALIBRATION,
+                  ("memascend", "ssd"): scope.OVERLAP_SERIAL_CALIBRATION,
+                  ("tuned", "dram"): scope.STOCK_OFFLOAD_HOST_CALIBRATION,
+                  ("tuned", "ssd"): scope.STOCK_HOST_CALIBRATION}
+"""The calibration run of the term specific to an engine at a placement (planner.time: memascend's dram host term,
+the norm worker's and the overlap's serial shares, stock's offload and all-SSD host terms)."""
+
+_NEW_VM_MISSES = (
+    ("placements-clip10-dram-cap4gib-0829-sitting1.json:4:512:tuned", "+19%: plan 3.57 against 3.00"),
+    ("placements-clip10-dram-cap4gib-0829-sitting1.json:4:512:memascend", "+15%"),
+    *((f"placements-clip10-dram-cap4gib-0925-sitting{n}.json:4:512:memascend", "+20% to +28%") for n in (1, 2, 3)),
+    ("placements-clip10-gradsfirst-split-0940-cap-2.5GiB.json:4:512:memascend", "+18% to +23%"),
+    *((f"placements-clip10-gradsfirst-split-0949-cap-{c}.json:4:512:memascend", "+18% to +23%")
+      for c in ("2.3GiB", "2.5GiB")),
+    *((f"bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet6-round{n}.json:8:512:{r}", "+15% to +37%")
+      for n, r in ((1, "memascend-bf16_moments"), (2, "memascend"), (2, "memascend-bf16_moments"), (3, "memascend"),
+                   (3, "memascend-bf16_moments"), (4, "memascend-bf16_moments"), (5, "memascend"),
+                   (5, "memascend-bf16_moments"), (6, "memascend"), (6, "memascend-bf16_moments"),
+                   (7, "memascend-bf16_moments"))))
+
 EXPECTED_MISSES: dict[str, tuple[str, str]] = {
+    **{rid: (OTHER_CPU, f"plan {why} of measured; its terms were fitted on the Intel Xeon VM")
+       for rid, why in _NEW_VM_MISSES},
     **{f"placements-clip10-dram-cap4gib-0350-sitting{n}.json:4:512:{r}": (SLOW_VM, why) for n, r, why in (
         (1, "tuned", "stock -36%: 3.28 s/step against 2.01-2.04 in the 22:45 sittings"),
         (1, "memascend", "-29% beside stock's 3.28"),
@@ -190,25 +219,31 @@ def test_expected_misses_are_validation_runs():
     """Each entry of EXPECTED_MISSES names a run this file validates (a renamed document or run would leave an entry
     that excuses nothing), with a known kind of cause."""
     assert not EXPECTED_MISSES.keys() - {p.id for p in VALIDATION}
-    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {SLOW_VM, AT_CAP}
+    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {SLOW_VM, AT_CAP, OTHER_CPU}
 
 
-@pytest.mark.xfail(strict=True, reason="9 listed misses of 78 validation runs (11.5%) since the 06:55 sittings: stock "
-                   "ZeRO-Offload ran 1.35-1.8x its 22:45 speed at a normal matmul probe (SLOW_VM); strict: it fails "
-                   "once the share is back within MISSES_SHARE")
+@pytest.mark.xfail(strict=True, reason="9 listed misses of 78 validation runs (11.5%) by the 07:49 sittings, stock "
+                   "ZeRO-Offload 1.35-1.8x its 22:45 speed at a normal matmul probe (SLOW_VM); since 2026-12-07 08:29 "
+                   "another 20 on the AMD EPYC VM, whose memascend terms were fitted on the Intel Xeon VM (OTHER_CPU); "
+                   "strict: it fails once the share is back within MISSES_SHARE")
 def test_expected_misses_are_at_most_a_tenth():
     """The listed misses are at most MISSES_SHARE of the validation runs."""
     assert len(EXPECTED_MISSES) <= MISSES_SHARE * len(VALIDATION), (len(EXPECTED_MISSES), len(VALIDATION))
 
 
 def test_each_expected_miss_has_its_cause_in_its_record():
-    """The cause each entry states is in the records: a cgroup peak near the run's cap, or a slow VM, measured by the
-    sitting's stock run against the same command's stock runs in the other validation sittings."""
+    """The cause each entry states is in the records: a cgroup peak near the run's cap, a slow VM, measured by the
+    sitting's stock run against the same command's stock runs on the same CPU model in the other validation sittings,
+    or a term fitted on another CPU model."""
     runs = {p.id: p.values for p in VALIDATION}
     for rid, (kind, _) in EXPECTED_MISSES.items():
         doc, run = runs[rid]
         if kind == AT_CAP:
             assert run["cgroup"]["peak_bytes"] >= AT_CAP_SHARE * doc["job"]["dram_cap_bytes"], rid
+            continue
+        if kind == OTHER_CPU:
+            fitted = TERM_FITTED_ON[run["mode"], (run.get("placement") or {}).get("placement", "ssd")]
+            assert _cpu_model(_recorded(fitted.split(":")[0])) != _cpu_model(doc), rid
             continue
         assert kind == SLOW_VM, rid
         stock = next(r for r in doc["runs"] if _stock_offload(r))
@@ -231,8 +266,13 @@ def _same_job_stock(doc: dict) -> list[float]:
 
 
 def _job_key(doc: dict) -> tuple:
+    """The job and the CPU it ran on: a VM's speed is gauged against the same CPU model's runs."""
     job = doc["job"]
-    return job.get("model"), job["layers"], job["seq_len"], job.get("dtype"), job.get("dram_cap_bytes")
+    return job.get("model"), job["layers"], job["seq_len"], job.get("dtype"), job.get("dram_cap_bytes"), _cpu_model(doc)
+
+
+def _cpu_model(doc: dict) -> str | None:
+    return (doc["job"].get("timing") or {}).get("cpu_model")
 
 
 def test_no_validation_run_was_fitted_on():
