@@ -12,7 +12,7 @@ re-made over the first N loops for each N. Rounds go 1, 2, 3 members, then again
 before and after every run, and the niceness the sitting ran at (on a shared machine, `nice -n -10` keeps the runs'
 compute from queueing behind other jobs, so the SSD limits bind as they would on a machine of its own).
 
-    python benchmarks/striped_bench.py --out docs/bench/striped/llama-136m-fp32-400mbs.json
+    python benchmarks/striped_bench.py --out docs/bench/striped/llama-136m-fp32-400mbs.json.gz
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+
+from memascend_cli.bench.document import write_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = [sys.executable, "-m", "memascend_cli"]
@@ -157,8 +159,7 @@ def main() -> int:
 def write(doc: dict, out: str) -> None:
     doc.update(summarize(doc["runs"]))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+    write_summary(out, doc)  # gzipped where --out ends in .gz, as the repository keeps it
 
 
 if __name__ == "__main__":

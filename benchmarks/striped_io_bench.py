@@ -7,7 +7,7 @@ Root. The loop devices are benchmarks/striped_bench.py's (sparse files on tmpfs:
 process moves itself into a fresh blkio cgroup with one read and one write limit per member device, writes
 --total-mib in --request-mib requests (every request submitted, then every one waited for), then reads them back.
 
-    python benchmarks/striped_io_bench.py --out docs/bench/striped/io-400mbs.json
+    python benchmarks/striped_io_bench.py --out docs/bench/striped/io-400mbs.json.gz
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+
+from memascend_cli.bench.document import write_summary
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import striped_bench as sb
@@ -127,8 +129,7 @@ def main() -> int:
         sb.detach_loops(loops)
     doc["loadavg_end"] = sb.loadavg()
     doc.update(summarize(doc["runs"]))
-    with open(a.out, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+    write_summary(a.out, doc)  # gzipped where --out ends in .gz, as the repository keeps it
     print(json.dumps({k: v for k, v in doc.items() if k.startswith("median") or k.endswith("member")}))
     return 0
 

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from memascend_cli.bench.document import write_summary
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = ["bench", "--model", "tiny-llama", "--seq-len", "64", "--steps", "2", "--runs", "tuned", "--settle-cap", "2"]
 DEFAULT_CAPS_MIB = (150, 175, 200, 225, 250, 275, 300, 325, 350, 400)
@@ -209,10 +211,8 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"soak-{doc['date'][:16].replace(':', '-')}.json")
-    with open(path, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
+    path = os.path.join(a.out, f"soak-{doc['date'][:16].replace(':', '-')}.json.gz")  # as the repository keeps it
+    write_summary(path, doc)
     print(f"wrote {path}")
     return 0
 
