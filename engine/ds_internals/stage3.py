@@ -166,6 +166,27 @@ def patch_stage3(patches: Patches, ctx: PluginContext, *, adaptive_pool: bool) -
     patches.set(stage3, "DeepSpeedZeroOptimizer_Stage3", stage3_optimizer_class(ctx))
     if adaptive_pool:
         patches.set(partition_parameters, "AsyncPartitionedParameterSwapper", adaptive_param_swapper_class(ctx))
+    keep_explicit_init_dtype(patches)
+
+
+def keep_explicit_init_dtype(patches: Patches) -> None:
+    """zero.Init keeps the dtype it is given. DeepSpeed's Init._set_dtype (partition_parameters.py:409-410) reads
+    `dtype or torch.float16 if fp16 supported else torch.bfloat16 if ...`, which binds as a conditional around
+    `dtype or torch.float16`: on a CPU without oneDNN fp16 (an AMD EPYC VM: avx512_bf16, no avx512_fp16) a given
+    dtype is dropped for bf16. Stage 3 passes its optimizer's dtype when it converts a model built outside zero.Init
+    (parameter_offload.py:270 _convert_to_zero_parameters), so an fp32 model got bf16 partitions and its first
+    forward failed ("expected m1 and m2 to have the same dtype")."""
+    check_version()
+    from deepspeed.runtime.zero import partition_parameters
+
+    stock = partition_parameters.Init._set_dtype
+
+    def _set_dtype(self, ds_config, dtype):
+        stock(self, ds_config, dtype)
+        if dtype is not None:
+            self.dtype = dtype
+
+    patches.set(partition_parameters.Init, "_set_dtype", _set_dtype)
 
 
 def cache_cpu_device_count(patches: Patches) -> None:
