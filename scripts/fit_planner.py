@@ -83,13 +83,18 @@ def _current_config(doc: dict, run: dict) -> bool:
     return run_settings(run["mode"], run["config"]) == today
 
 
+def _free_kept(run: dict) -> dict[str, int]:
+    """glibc's free-but-kept heap bytes (mallinfo2) at each phase start a run recorded them, by phase name."""
+    return {p["name"]: p["malloc"]["free_kept_bytes"] for p in run.get("phases") or [] if p.get("malloc")}
+
+
 def _heap_runs(paths: list[str]):
     """(doc, run, free-kept bytes per phase start) of the stock and tuned runs recorded with mallinfo2, today's
     config."""
     for path in paths:
         doc = read_summary(path)
         for r in doc["runs"]:
-            kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
+            kept = _free_kept(r)
             if r["ok"] and r["mode"] != "memascend" and kept and _current_config(doc, r):
                 yield doc, r, kept
 
@@ -165,7 +170,7 @@ def kept_heap_fit(paths: list[str]) -> float | None:
     for path in paths:
         doc = read_summary(path)
         for r in doc["runs"]:
-            kept = {p["name"]: p["malloc"]["free_kept_bytes"] for p in r.get("phases") or [] if p.get("malloc")}
+            kept = _free_kept(r)
             if r["ok"] and (r.get("placement") or {}).get("layer_trims") is False and "step1_optimizer" in kept:
                 job, engine = recorded_plan_job(doc, r)
                 ks.append(kept["step1_optimizer"] / heap.layer_backward_heap_bytes(

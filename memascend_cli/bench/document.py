@@ -140,8 +140,7 @@ def write_document(doc: dict, path: str, *, compact: bool = False) -> dict:
     payload = {"schema_version": JSON_SCHEMA_VERSION, "bucket_s": SIDE_FILE_BUCKET_S,
                "quantity": "MemTotal - MemAvailable - the run's idle level, bytes, max per bucket; t = seconds since "
                            "the launch at the bucket's start", "timelines": timelines}
-    with open(side, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-        f.write(json.dumps(payload, separators=(",", ":")).encode())
+    write_summary(side, payload)
     with open(path, "w") as f:
         json.dump(summary, f, **({"separators": (",", ":")} if compact else {"indent": 1}))
     return summary
