@@ -228,13 +228,20 @@ def unknown_rate_hint() -> str:
 def plan_device(hw, dtype: str, *, cpu_gflops: float | None = None, gpu_tflops: float | None = None,
                 cpu_model: str | None = None, rates: dict | None = None) -> tm.Device:
     """The device of a plan: the GPU (table or --gpu-tflops), else the CPU (--cpu-gflops, else `rates`, this
-    machine's probe, when the plan is of this machine, else unknown)."""
+    machine's probe, when the plan is of this machine, else unknown), its host work priced for this machine's CPU
+    model (`cpu_model`, else /proc/cpuinfo's) when the plan is of this machine (planner.time host_terms_of)."""
     if hw.num_gpus:
         from memascend_cli.planner import measured
 
         return tm.gpu_device(hw.gpu_name, measured_tflops=gpu_tflops, rates=measured.time_rates(hw.gpu_name))
+    if hw.name != "local":
+        cpu_model = None  # a preset's CPU: the default host terms, and the plan says they were not fitted on it
+    elif cpu_model is None:
+        from memascend_cli.hardware import local_cpu_model
+
+        cpu_model = local_cpu_model()
     if cpu_gflops:
-        return tm.cpu_device(cpu_gflops, "--cpu-gflops")
+        return tm.cpu_device(cpu_gflops, "--cpu-gflops", cpu_model)
     if hw.name != "local":
         return tm.cpu_device(None, "unknown: this CPU's probe says nothing of a profile; give --cpu-gflops")
     if rates is None:
@@ -242,11 +249,11 @@ def plan_device(hw, dtype: str, *, cpu_gflops: float | None = None, gpu_tflops: 
     rate = (rates or {}).get(f"{dtype}_gflops")
     if rate:
         return tm.cpu_device(rate * tm.CPU_ACHIEVED_FRACTION,
-                             f"{PROBE_SOURCE} {rate:g} GFLOP/s x {tm.CPU_ACHIEVED_FRACTION}")
+                             f"{PROBE_SOURCE} {rate:g} GFLOP/s x {tm.CPU_ACHIEVED_FRACTION}", cpu_model)
     if rates and rates.get("fp32_gflops"):
         return tm.cpu_device(None, f"unknown: the probe's {dtype} matmuls did not finish in its time budget (a slow "
-                                   "fallback); train in fp32 (--dtype fp32) or give --cpu-gflops")
-    return tm.cpu_device(None, unknown_rate_hint())
+                                   "fallback); train in fp32 (--dtype fp32) or give --cpu-gflops", cpu_model)
+    return tm.cpu_device(None, unknown_rate_hint(), cpu_model)
 
 
 def precision_reason(dtype: str, flags: list[str], onednn: bool | None, env: dict | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from memascend_cli.console import out
@@ -40,6 +41,9 @@ def render_time(doc: dict, tokens: int | None) -> None:
     out.print(t)
     if doc.get("precision_note"):
         out.print(f"[yellow]note: {doc['precision_note']}[/yellow]", highlight=False)
+    if dev.get("host_terms_fitted") is False and dev["gflops"] is not None:  # absent before the per-CPU terms
+        out.print(f"[dim]note: the CPU's copies, norms and checksums are priced with the terms fitted on "
+                  f"{escape(dev['host_terms'])} (none were fitted on this CPU)[/dim]", highlight=False)
     if dev["gflops"] is None:
         out.print(f"[dim]note: compute rate {dev['source']}[/dim]", highlight=False)
     elif len(bw) < 2:

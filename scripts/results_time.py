@@ -233,7 +233,7 @@ def section_ssd_bound(runs: list) -> str:
     return "\n".join(out) + "\n"
 
 
-VALIDATION_HEADER = ["recorded", "run", "placement", "sitting probe GFLOP/s (cache)", "s/step",
+VALIDATION_HEADER = ["recorded", "CPU", "run", "placement", "sitting probe GFLOP/s (cache)", "s/step",
                      "plan at the sitting's probe", "plan error", "raw"]
 
 
@@ -243,6 +243,7 @@ def section_validation(bench: str) -> str:
     part of the rule that keeps it out."""
     from memascend_cli.bench import validation_scope as scope
     from memascend_cli.bench.placements import plan_at_sitting
+    from memascend_cli.planner import time as tm
 
     rows, within, total, history = [], 0, 0, {}
     for name, doc in scope.recorded_documents(bench):
@@ -261,7 +262,8 @@ def section_validation(bench: str) -> str:
             total += not fitted
             within += not fitted and abs(err) <= TIME_TOLERANCE_PERCENT
             probe = doc["hardware"]["sitting"]
-            rows.append([((doc.get("meta") or {}).get("date") or "?")[:16], r["name"],
+            rows.append([((doc.get("meta") or {}).get("date") or "?")[:16],
+                         tm.host_terms_of((doc["job"].get("timing") or {}).get("cpu_model"))[0], r["name"],
                          (r.get("placement") or {}).get("placement") or "ssd",
                          f"{probe['fp32_gflops']:g} ({probe['cached_fp32_gflops']:g})", f"{sps:.2f}",
                          f"{plan_s:.2f}", pct(err) + (" (fitted)" if fitted else ""), f"`{name}`"])
@@ -275,7 +277,9 @@ def section_validation(bench: str) -> str:
         "and the SSD rate it ran at is planned with those (what `memascend plan` says of that machine that hour), "
         f"unless its load gauge shows other jobs on {scope.CONTENDED_CORES:g} cores or more, or its sitting's fp32 "
         f"probe ran under {scope.MACHINE_SPEED:g} of the machine's cached probe (a slower machine than the one the "
-        "plan describes). Runs a time term was fitted on are marked and not counted. Every other run is history "
+        "plan describes). Each run is planned with the host terms of its own CPU (planner.time HOST_CPUS: the terms "
+        "the two VMs' CPUs disagree on are fitted once per CPU). Runs a time term was fitted on are marked and not "
+        "counted. Every other run is history "
         f"({counts}), held to a looser check by `tests/unit/test_time_validation.py`.")
     return "\n".join(["## Which runs validate the time model", "", rule, "",
                       f"{within} of {total} validation runs within {TIME_TOLERANCE_PERCENT:.0f}%.", "",

@@ -355,6 +355,6 @@ def recorded_timing(job: dict) -> dict | None:
     # A GPU run is replanned with the rates measured on its box, when the constants file given is of that GPU.
     device = tm.gpu_device(t.get("device"), measured_tflops=gflops / 1e3,
                            rates=measured.time_rates(t.get("device"))) if cuda else \
-        tm.cpu_device(gflops, t.get("device_source") or "recorded")
+        tm.cpu_device(gflops, t.get("device_source") or "recorded", t.get("cpu_model"))
     return {"device": device, "read_gbps": t["read_gbps"], "write_gbps": t["write_gbps"],
             "duplex_io": bool(job.get("ssd_bandwidth_bytes_per_s"))}

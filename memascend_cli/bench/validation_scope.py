@@ -21,16 +21,21 @@ CALIBRATION_DOCUMENT = "depth-sweep-seq2048-rep3-fp32.json"
 STOCK_HOST_CALIBRATION = "bench-llama-136m-seq512-fp32-ssd400mbs-three-engines-clip10-budget1gib.json:8:512:stock"
 MEMASCEND_HOST_CALIBRATION = ("bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip10-amd-counters.json:8:512:"
                               "memascend")
-STOCK_OFFLOAD_HOST_CALIBRATION = "placements-clip10-quiet-dram-overlap-on-off-cap4gib.json:4:512:tuned"
+STOCK_OFFLOAD_HOST_CALIBRATION = {
+    "Intel(R) Xeon(R)": "placements-clip10-quiet-dram-overlap-on-off-cap4gib.json:4:512:tuned",
+    "AMD EPYC": "placements-clip10-dram-cap4gib-0925-sitting1.json:4:512:tuned"}
 GRADIENT_BLOCKING_CALIBRATION = "placements-clip10-quiet-cap-2.75GiB.json:4:512:memascend"
 MEMASCEND_DRAM_HOST_CALIBRATION = "placements-clip10-dram-cap4gib-2245-sitting1.json:4:512:memascend"
-NORM_WORKER_CALIBRATION = "placements-clip10-quiet3-calibration-split-cap2.5gib.json:4:512:memascend"
+NORM_WORKER_CALIBRATION = {
+    "Intel(R) Xeon(R)": "placements-clip10-quiet3-calibration-split-cap2.5gib.json:4:512:memascend",
+    "AMD EPYC": "bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet6-round1.json:8:512:memascend"}
+"""The per-CPU terms' runs, by the CPU (planner.time HOST_CPUS); on the AMD EPYC VM the first quiet run of its kind."""
 OVERLAP_SERIAL_CALIBRATION = "bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round1.json:8:512:memascend"
-CALIBRATION_RUNS = (STOCK_HOST_CALIBRATION, STOCK_OFFLOAD_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION,
-                    GRADIENT_BLOCKING_CALIBRATION, NORM_WORKER_CALIBRATION, MEMASCEND_DRAM_HOST_CALIBRATION,
-                    OVERLAP_SERIAL_CALIBRATION)
-"""The runs (document file name:layers:seq_len:run) a planner.time host or time term is fitted on, one each, named
-in its docstring: not validation runs."""
+CALIBRATION_RUNS = (STOCK_HOST_CALIBRATION, MEMASCEND_HOST_CALIBRATION, GRADIENT_BLOCKING_CALIBRATION,
+                    OVERLAP_SERIAL_CALIBRATION, *STOCK_OFFLOAD_HOST_CALIBRATION.values(),
+                    MEMASCEND_DRAM_HOST_CALIBRATION, *NORM_WORKER_CALIBRATION.values())
+"""The runs (document file name:layers:seq_len:run) a planner.time host or time term is fitted on, one each (one per
+CPU for the per-CPU terms), named in its docstring: not validation runs."""
 
 NO_SITTING_PROBE = "no sitting probe"
 NO_GAUGE = "no load gauge"

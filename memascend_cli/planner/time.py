@@ -7,7 +7,7 @@ model's SsdTraffic (planner.memory.ssd_traffic), never recomputed here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GPU_BF16_DENSE_TFLOPS = {
     # Dense (no sparsity) bf16 tensor-core peaks, from each vendor datasheet; matched as substrings of the GPU name.
@@ -54,6 +54,24 @@ slices costs nothing and a longer one starts a new slice with none. Measured by 
 (docs/bench/micro/throttle-bursts.json, 400 MB/s each way): serial read-then-write bursts of 0.19 s or less take as
 long as one direction, of 0.2 s or more as long as both."""
 
+HOST_CPUS = ("AMD EPYC", "Intel(R) Xeon(R)")
+"""The CPUs the per-CPU host terms below were fitted on, as /proc/cpuinfo names them (the prefix a machine's model name
+starts with): the 2-core AMD EPYC and Intel Xeon VMs of the bench records. Host work is copies, norms and checksums
+on the matmuls' cores, and its rate is the CPU's own: on the AMD EPYC VM memascend's host work took about half the
+time it took on the Intel Xeon VM (the terms below), while neither the matmul probe nor the memory-bandwidth probe
+orders the two machines that way (Intel: probe 315 GFLOP/s fp32, STREAM triad 24-26 GB/s; AMD: 126-200, 29-62). A
+term fitted on one CPU whose runs on the other came within the validation's 15% is one value for both."""
+DEFAULT_HOST_CPU = "AMD EPYC"
+"""Whose terms price a CPU none was fitted on (the plan says so): the CPU the compute fraction and the CPU Adam rate
+were measured on."""
+
+
+def host_terms_of(cpu_model: str | None) -> tuple[str, bool]:
+    """(the HOST_CPUS entry whose host terms price a CPU of `cpu_model`, whether they were fitted on that CPU). Pure."""
+    found = next((c for c in HOST_CPUS if cpu_model and cpu_model.startswith(c)), None)
+    return (found, True) if found else (DEFAULT_HOST_CPU, False)
+
+
 STOCK_CPU_HOST_NS_PER_ELEMENT = {"backward": 6.1, "optimizer": 9.3}
 """Stock DeepSpeed's host work per optimizer element on its CPU accelerator beyond the matmuls, the SSD and Adam. In
 backward: the gradient's copy into the reduce bucket, reduce_scatter_coalesced's torch.cat and gloo's copy of its
@@ -65,18 +83,21 @@ element: docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-ssd400mbs-three-engin
 (AMD EPYC VM, 400 MB/s: backward +0.83 s, step +1.26 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION); the
 other stock sittings, on two VMs, throttled and not, are its validation (tests/unit/test_time_validation.py)."""
 
-STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT = {"backward": 9.7, "optimizer": 1.0}
+STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT = {"AMD EPYC": {"backward": 7.3, "optimizer": 0.5},
+                                         "Intel(R) Xeon(R)": {"backward": 9.7, "optimizer": 1.0}}
 """The same for ZeRO-Offload (offload_optimizer device cpu, the plan's stock dram row), whose states never leave
-DRAM: its step has no swap-in copy, only unscale and clip and the parameters' copy back from the fp32 partition
-(runtime/zero/stage3.py _prepare_sub_group skips the offloaded sub-groups, _reassign_or_swap_out_partitioned_parameters
-copies fp32 into the parameter partition); in backward each partition's norm and its copy into the pinned fp32
-gradient (stage3.py partition_grads, _offload_grad_partition_at_boundary). Fitted on one run as (measured - modelled)
-phase seconds per element with the compute at its sitting's matmul probe (Intel VM, 2026-12-06, quiet):
-docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/
-placements-clip10-quiet-dram-overlap-on-off-cap4gib.json.gz, tuned (backward +3.6, step -8.3 ns over the NVMe
-path's); the sweep's and the 8 GiB sitting's ZeRO-Offload runs validate it (tests/unit/test_time_validation.py)."""
+DRAM, per HOST_CPUS: its step has no swap-in copy, only unscale and clip and the parameters' copy back from the fp32
+partition (runtime/zero/stage3.py _prepare_sub_group skips the offloaded sub-groups,
+_reassign_or_swap_out_partitioned_parameters copies fp32 into the parameter partition); in backward each partition's
+norm and its copy into the pinned fp32 gradient (stage3.py partition_grads, _offload_grad_partition_at_boundary).
+Fitted on one run per CPU as (measured - modelled) phase seconds per element with the compute at its sitting's matmul
+probe: Intel, docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/
+placements-clip10-quiet-dram-overlap-on-off-cap4gib.json.gz, tuned (2026-12-06, quiet); AMD, the first quiet dram
+sitting on that VM, docs/bench/placements/bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-dram-cap4gib-0925/
+placements-clip10-dram-cap4gib-0925-sitting1.json.gz, tuned (2026-12-07 09:25). The other ZeRO-Offload runs of each
+CPU validate it (tests/unit/test_time_validation.py)."""
 
-MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 17.0
+MEMASCEND_CPU_HOST_NS_PER_ELEMENT = 17.8
 """memascend's host work per optimizer element on the CPU accelerator beyond the matmuls, the SSD and Adam, on the
 thread that drives backward while the optimizer is overlapped with it: the gradient's reduce-scatter copy (gloo,
 runtime/zero/stage3.py __avg_scatter_grads), the partition's norm and copy into the gradient stream
@@ -87,57 +108,62 @@ py-spy profile of an unthrottled step (2026-11-27, 100 Hz) had that thread 1.6 s
 the overlapped optimizer, 0.7 s blocked on region requests, 0.3 s in backward's epilogue. Fitted on one run:
 docs/bench/ssd-bound/bench-llama-136m-seq512-fp32-unthrottled-three-engines-clip10-amd-counters.json.gz, memascend
 (AMD EPYC VM, unthrottled: +2.5 s over 136.3M elements, the compute at CPU_ACHIEVED_FRACTION, its gradient writes
-blocking: MEMASCEND_GRADIENT_WRITE_BLOCKING, and the window's serial share: MEMASCEND_OVERLAP_SERIAL_SHARE; 18.4
-before that share, 19.2 before the writes blocked); every other bench run validates it
+blocking: MEMASCEND_GRADIENT_WRITE_BLOCKING, and the window's serial share: MEMASCEND_OVERLAP_SERIAL_SHARE, which
+also prices the prefetched reads before the window; 17.0 before that, 18.4 before the share, 19.2 before the writes
+blocked); every other bench run validates it
 (tests/unit/test_time_validation.py test_memascend_host_term_is_the_fit)."""
 
 MEMASCEND_DRAM_HOST_NS_PER_ELEMENT = {"backward": 11.1, "optimizer": 1.6}
-"""memascend's host work per optimizer element on the CPU accelerator in its dram row (planner.placement: the tier
-holds every state, the optimizer not overlapped, each held chunk stepped in place: memascend_engine.dram_tier in_dram),
-beyond the matmuls and Adam. In backward: the gradient's reduce-scatter copy, its norm and its copy into the held
-gradient key (engine/bounded.py GradientStream.write); in the step: multi-piece chunks' masters and gradients into the
-pipeline's slots and the parameters back (engine/optimizer_pipeline.py). Fitted on one run as (measured - modelled)
-phase seconds per element (median steps) with the compute at its sitting's matmul probe: docs/bench/placements/
+"""memascend's host work per optimizer element on the CPU accelerator in its dram row as recorded before the row kept
+the parameters resident (they were fetched from the tier: planner.placement; the row today is priced with
+ZeRO-Offload's passes, _host_seconds), beyond the matmuls and Adam: the tier holds every state, the optimizer not
+overlapped, each held chunk stepped in place (memascend_engine.dram_tier in_dram). In backward: the gradient's
+reduce-scatter copy, its norm and its copy into the held gradient key (engine/bounded.py GradientStream.write); in the
+step: multi-piece chunks' masters and gradients into the pipeline's slots and the parameters back
+(engine/optimizer_pipeline.py). Fitted on one run as (measured - modelled) phase seconds per element (median steps)
+with the compute at its sitting's matmul probe: docs/bench/placements/
 bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-dram-cap4gib-2245/placements-clip10-dram-cap4gib-2245-sitting1.json.gz,
 memascend (Intel VM, 2026-12-06 22:45, quiet, a sitting at the machine's speed: matmul probe 322.7 GFLOP/s against the
 cache's 315.4; 19.7 / 2.9 when fitted on the slow sitting of 21:03, whose probe ran 6% under the cache while stock
-ZeRO-Offload ran 1.7x its normal step); the two sittings after it and later sweeps validate it."""
+ZeRO-Offload ran 1.7x its normal step); the two sittings after it validate it. Only Intel VM records run that engine:
+one value."""
 
-MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT = -3.3
+MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT = {"AMD EPYC": -9.0, "Intel(R) Xeon(R)": -3.3}
 """Today's engine's host work per element on the thread that drives backward with the optimizer overlapped, beyond
 MEMASCEND_CPU_HOST_NS_PER_ELEMENT (fitted on the engine before its gradient norms went to a worker thread,
 engine/ds_internals/bounded_stage3.py _NormWorker, whose counters.norms_on_worker marks the records since: with it
 the writes' CRC-32C and the reads' verification run on the region store's threads, engine/direct_nvme.py, and a
 single rank's reduce-scatter skips its copies; since, the optimizer's chunk step is one native pass, csrc/moments.h
-adam_step_fused). Those moved work off that thread: in a sitting at the machine's speed the delta is negative. Records
-of engines before (no norms_on_worker counter) are planned without it (JobSpec.norm_worker). Fitted on one run as
-the term that makes its plan at its sitting's matmul probe its measured s/step: docs/bench/placements/
+adam_step_fused), per HOST_CPUS. Those moved work off that thread: the delta is negative. Records of engines before
+(no norms_on_worker counter) are planned without it (JobSpec.norm_worker). Fitted on one run per CPU as the term that
+makes its plan at its sitting's matmul probe its measured s/step: Intel, docs/bench/placements/
 bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet3/placements-clip10-quiet3-calibration-split-cap2.5gib.json.gz,
-memascend (Intel VM, 2026-12-07 00:50, quiet, the split at 2.5 GiB, a sitting at the machine's
-speed: matmul probe 315.3 GFLOP/s against the cache's 315.4; 3.60 s/step), recorded before the sweep it
-planned; +16.7 when fitted on the engine before the one-pass step in the slow sitting of 21:35 (probe 281 GFLOP/s,
-5.43 s/step), +17.6 before MEMASCEND_OVERLAP_SERIAL_SHARE. The sweep's memascend runs validate it
+memascend (2026-12-07 00:50, quiet, the split at 2.5 GiB, probe 315.3 GFLOP/s against the cache's 315.4; 3.60
+s/step), recorded before the sweep it planned; AMD, the first overlapped memascend run on that VM:
+docs/bench/ssd-bound/bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet6-round1.json.gz, memascend (2026-12-07
+08:55, all on the SSD at 400 MB/s, bf16, fp32 moments). Each CPU's other memascend runs validate it
 (tests/unit/test_time_validation.py)."""
 
-MEMASCEND_GRADIENT_WRITE_BLOCKING = 0.65
+MEMASCEND_GRADIENT_WRITE_BLOCKING = 0.56
 """The share of the last backward's gradient writes that memascend's backward waits for on the CPU accelerator with
 the optimizer overlapped, where gradients stream to the region (clipping on: kept there for a redo, engine/overlap.py;
 accumulated running sums). Each gradient goes out through the gradient ring (engine/bounded.py GradientStream.write:
 4 slots of 8 MiB, planner.windows EngineWindows.gradient_slots), whose take() waits for the oldest slot's write when
 the ring is full: a layer's gradients come at once, faster than the region takes them, and share the write budget
 with the optimizer's write-behind (the engine's region_io write_wait_s). Fitted on one run as the share that makes its
-plan at its sitting's matmul probe its measured s/step, 0.65 with MEMASCEND_OVERLAP_SERIAL_SHARE (1.01 before it
-was priced). docs/bench/placements/
+plan at its sitting's matmul probe its measured s/step, 0.56 with the reads before the window overlapping its compute
+in part (0.65 when they added to it, 1.01 before MEMASCEND_OVERLAP_SERIAL_SHARE). docs/bench/placements/
 bench-llama-136m-l4-seq512-fp32-ssd400mbs-clip10-quiet/placements-clip10-quiet-cap-2.75GiB.json.gz, memascend (Intel
 VM, 2026-12-06, quiet: the split at 2.75 GiB, clipping 10, 0.85 s of gradient writes a step at 400 MB/s; its plan was
 -21% without the term, while the all-DRAM runs beside it, which write no gradient, were -4% to -13%); the sitting's
 repeat and 2 GiB point, and later sweeps, validate it (tests/unit/test_time_validation.py)."""
 
-MEMASCEND_OVERLAP_SERIAL_SHARE = 0.281
+MEMASCEND_OVERLAP_SERIAL_SHARE = 0.294
 """The share of the shorter side of memascend's overlap window (the last backward with Adam, the host work and the
 gradient writes' wait on the thread that drives it, against the SSD reads and writes beside it) that adds to the
 longer on the CPU accelerator: the region's completions, its checksum and verify threads run on the cores of the
-matmuls (2 on this VM), so the two sides overlap only in part. Fitted on one run as the share that makes its plan at
+matmuls (2 on this VM), so the two sides overlap only in part; the same share prices the parameter reads prefetched
+beside the matmuls before the window (0.281 when those added to them). Fitted on one run as the share that makes its plan at
 its sitting's matmul probe its measured s/step: docs/bench/ssd-bound/bench-llama-136m-seq512-bf16-ssd400mbs-noclip-
 rounds-quiet-round1.json.gz, memascend (Intel VM, 2026-12-06 17:15, quiet; bf16, every state on the SSD at 400 MB/s,
 no clipping: 5.76 s/step, planned 4.87 without the share); the sitting's other rounds and the placement sweeps
@@ -161,6 +187,10 @@ class Device:
     """Measured on this box (planner.measured.time_rates); None: CPU_ADAM_ELEMS_PER_S_PER_CORE."""
     rates_source: str = ""
     """Where the PCIe and CPU Adam rates come from: the table and the constant, or a measurement on this GPU box."""
+    host_cpu: str = DEFAULT_HOST_CPU
+    """The HOST_CPUS entry whose host terms price the CPU accelerator's host work (host_terms_of)."""
+    host_cpu_fitted: bool = True
+    """Whether those terms were fitted on this CPU (False: another CPU's, the plan says so)."""
 
 
 def gpu_device(gpu_name: str | None, *, measured_tflops: float | None = None, rates: dict | None = None) -> Device:
@@ -183,9 +213,11 @@ def gpu_device(gpu_name: str | None, *, measured_tflops: float | None = None, ra
                   **extra)
 
 
-def cpu_device(gflops: float | None, source: str) -> Device:
-    """The CPU as the compute device (DeepSpeed's CPU accelerator): its measured GFLOP/s, or unknown."""
-    return Device("CPU", gflops * 1e9 if gflops else None, source, False)
+def cpu_device(gflops: float | None, source: str, cpu_model: str | None = None) -> Device:
+    """The CPU as the compute device (DeepSpeed's CPU accelerator): its measured GFLOP/s, or unknown; its host work
+    priced with the terms of `cpu_model`'s HOST_CPUS entry (host_terms_of)."""
+    fitted_on, fitted = host_terms_of(cpu_model)
+    return Device("CPU", gflops * 1e9 if gflops else None, source, False, host_cpu=fitted_on, host_cpu_fitted=fitted)
 
 
 def phase_flops(model, *, tokens: int, seq_len: int, checkpointing: str,
@@ -332,7 +364,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
     host_fb, host_opt, host_window = (0.0, 0.0, 0.0) if device.gpu else _host_seconds(
         engine, optimizer_elems, all_in_dram=bool(optimizer_elems) and dram_elems >= optimizer_elems,
         overlapped=bounded and overlap_window > 0, norm_worker=norm_worker,
-        params_from_tier=getattr(traffic, "dram_fetch_bytes", 0) > 0)
+        params_from_tier=getattr(traffic, "dram_fetch_bytes", 0) > 0, cpu=device.host_cpu)
     if device.gpu:
         fb = max(z(compute), fb_io, z(pcie))
         overlap = "forward/backward: max(compute, SSD, PCIe)"
@@ -352,15 +384,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         w = min(1.0, overlap_window)
         t = min(1.0, tail_elems / optimizer_elems) if optimizer_elems else 0.0
         o_r, o_w, o_adam = z(op_r) * (1 - t), z(op_w) * (1 - t), (adam - adam_dram) * (1 - t)
-        # The last backward's own traffic, by where each transfer happens rather than by its share of the FLOPs:
-        # each micro-batch fetches the parameters twice (forward, then recompute / backward: zero.py's traffic
-        # formula), writes its checkpoints in forward and reads them back in backward, and sends its gradients to
-        # the SSD in backward (the accumulated ones read back in micro-batches 2..ga).
-        bwd_params = traffic.backward_param_read_bytes
-        win_read = (rd.get("params", 0) / 2 if bwd_params is None else bwd_params) / ga \
-            + rd.get("activation_checkpoints", 0) / ga \
-            + (grad_rd_bwd / (ga - 1) if ga > 1 else 0)
-        win_write = wr.get("gradients", 0) / ga
+        win_read, win_write = _window_bytes(traffic, ga, grad_rd_bwd)
         win_r, win_w = z(_div(win_read, read_bytes_per_s)), z(_div(win_write, write_bytes_per_s))
         pre_r, pre_w = z(fb_r) - win_r, z(fb_w) - win_w
         pre_io = max(pre_r, pre_w) if duplex_io else pre_r + pre_w
@@ -368,9 +392,13 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
             before = max(z(compute) * (1 - w), pre_io, z(pcie) * (1 - w))
             window_work = max(z(compute) * w + o_adam, z(pcie) * w)
         else:
-            # On the CPU accelerator the fetches block the layer that needs them, and Adam runs on the thread that
-            # drives backward (memascend_engine.overlap): they add to the window's compute.
-            before = z(compute) * (1 - w) + pre_io
+            # Before the window, memascend's parameter prefetch (DeepSpeed's, stage3_prefetch_bucket_size, into the
+            # pool's slots for prefetch_layers layers: planner.zero param_pool_plan) keeps the next layers' reads in
+            # flight while a layer computes, as tuned's does; their completions share the matmuls' cores, so the two
+            # overlap in part, as in the window (on the AMD EPYC VM 1.4 s of bf16 matmuls hid behind 3.3 s of reads:
+            # 3.9-4.8 s/step). In the window the fetches block the layer that needs them, and Adam runs on the
+            # thread that drives backward (memascend_engine.overlap): they add to the window's compute.
+            before = _in_part(z(compute) * (1 - w), pre_io)
             # Backward waits for its gradients' writes where the ring is full (MEMASCEND_GRADIENT_WRITE_BLOCKING);
             # they still take the write budget beside it (io).
             window_work = z(compute) * w + win_r + o_adam + host_window + MEMASCEND_GRADIENT_WRITE_BLOCKING * win_w
@@ -382,8 +410,7 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
         # The step is what precedes the last backward, the longer of (that backward + Adam) and the I/O beside it,
         # then the chunks whose gradients come last.
         # The two sides of the window overlap only in part on the CPU accelerator (MEMASCEND_OVERLAP_SERIAL_SHARE).
-        serial = MEMASCEND_OVERLAP_SERIAL_SHARE * min(window_work, io) if not device.gpu else 0.0
-        fb, opt = before + max(window_work, io) + serial, tail
+        fb, opt = before + (max(window_work, io) if device.gpu else _in_part(window_work, io)), tail
         overlap += "; optimizer: during the last backward, max(backward + Adam, SSD), then the embedding's chunks"
     elif bounded or pipelined_optimizer:
         # Tuned's host passes of the step run on the CPU while the pipelined swapper's reads and writes are in flight.
@@ -415,8 +442,26 @@ def step_time(engine: str, *, flops: float, traffic, device: Device, read_bytes_
                     phase_s={PHASE_FORWARD_BACKWARD: fb, PHASE_OPTIMIZER: opt})
 
 
+def _window_bytes(traffic, ga: int, grad_rd_bwd: float) -> tuple[float, float]:
+    """(read, written) bytes of memascend's last backward, by where each transfer happens rather than by its share of
+    the FLOPs: each micro-batch fetches the parameters twice (forward, then recompute / backward: zero.py's traffic
+    formula), writes its checkpoints in forward and reads them back in backward, and sends its gradients to the SSD in
+    backward (the accumulated ones, `grad_rd_bwd`, read back in micro-batches 2..ga)."""
+    rd, wr = traffic.read_bytes, traffic.write_bytes
+    bwd_params = traffic.backward_param_read_bytes
+    read = (rd.get("params", 0) / 2 if bwd_params is None else bwd_params) / ga \
+        + rd.get("activation_checkpoints", 0) / ga + (grad_rd_bwd / (ga - 1) if ga > 1 else 0)
+    return read, wr.get("gradients", 0) / ga
+
+
+def _in_part(a: float, b: float) -> float:
+    """Two sides that run beside each other on the CPU accelerator's cores: the longer, plus
+    MEMASCEND_OVERLAP_SERIAL_SHARE of the shorter."""
+    return max(a, b) + MEMASCEND_OVERLAP_SERIAL_SHARE * min(a, b)
+
+
 def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: bool, norm_worker: bool = True,
-                  params_from_tier: bool = True) -> tuple[float, float, float]:
+                  params_from_tier: bool = True, cpu: str = DEFAULT_HOST_CPU) -> tuple[float, float, float]:
     """(backward, optimizer, overlap window) seconds of an engine's host work beyond the matmuls, the SSD and Adam on
     the CPU accelerator, on the cores of the matmuls. Stock's passes over each element (tuned stock runs the same
     stage3.py code): ZeRO-Offload's own where every state is in DRAM, none swapped; memascend's in the overlap window,
@@ -428,13 +473,13 @@ def _host_seconds(engine: str, elems: int, *, all_in_dram: bool, overlapped: boo
     master, gradient or parameter copied (engine/optimizer_pipeline.py _bind: stepped where they live, where stock
     copies its fp32 partitions into the parameters)."""
     if engine in ("stock", "tuned"):
-        ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT if all_in_dram else STOCK_CPU_HOST_NS_PER_ELEMENT
+        ns = STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT[cpu] if all_in_dram else STOCK_CPU_HOST_NS_PER_ELEMENT
     elif overlapped:
-        threads = MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT if norm_worker else 0.0
+        threads = MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT[cpu] if norm_worker else 0.0
         window = MEMASCEND_CPU_HOST_NS_PER_ELEMENT + threads
         return 0.0, 0.0, elems * window * 1e-9
     elif all_in_dram:
-        ns = MEMASCEND_DRAM_HOST_NS_PER_ELEMENT if params_from_tier else STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT
+        ns = MEMASCEND_DRAM_HOST_NS_PER_ELEMENT if params_from_tier else STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT[cpu]
     else:
         return 0.0, 0.0, 0.0
     return elems * ns["backward"] * 1e-9, elems * ns["optimizer"] * 1e-9, 0.0
@@ -487,7 +532,7 @@ def engine_times(job, ests: dict, device: Device, *, read_gbps: float | None, wr
         # The ranks of a node share its drives, and on a CPU-only node its cores.
         ranks = max(1, est.ranks_per_node)
         dev = device if device.gpu or device.flops_per_s is None else \
-            Device(device.name, device.flops_per_s / ranks, device.source, False)
+            replace(device, flops_per_s=device.flops_per_s / ranks)
         rank_tokens = job.micro_batch * job.seq_len * ga
         fwd_flops, bwd_flops = phase_flops(job.model, tokens=rank_tokens, seq_len=job.seq_len,
                                            checkpointing=job.checkpointing, chunked_loss=job.chunked_loss)
@@ -515,7 +560,9 @@ def time_document(times: dict[str, StepTime], device: Device, *, read_gbps: floa
     """The plan's `time` JSON key (docs/plan-json.md). Pure."""
     return {
         "device": {"name": device.name, "gflops": None if device.flops_per_s is None else
-                   round(device.flops_per_s / 1e9, 1), "source": device.source, "gpu": device.gpu},
+                   round(device.flops_per_s / 1e9, 1), "source": device.source, "gpu": device.gpu,
+                   "host_terms": None if device.gpu else device.host_cpu,
+                   "host_terms_fitted": None if device.gpu else device.host_cpu_fitted},
         "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps,
         "engines": {e: t.to_dict(tokens) for e, t in times.items()},
     }
@@ -531,8 +578,6 @@ def fastest(job, hw, device: Device, *, read_gbps: float | None, write_gbps: flo
     """Per engine, the micro-batch x gradient accumulation (x context, with `vary_context`: powers of two up to the
     model's max_position_embeddings) with the most tokens/s among those that fit in memory (search.check). Empty
     where the compute rate or an SSD rate is unknown (the step time is), None for an engine where nothing fits. Pure."""
-    from dataclasses import replace
-
     from memascend_cli.planner.memory import estimate_all
     from memascend_cli.planner.search import check
 

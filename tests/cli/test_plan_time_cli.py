@@ -38,13 +38,22 @@ def test_cpu_plan_uses_cpu_gflops_and_says_which_ssd_rate_is_unknown(cli):
             "--no-search", "--json")
     assert r.exit_code == 0, r.stderr
     t = json.loads(r.stdout)["time"]
-    assert t["device"] == {"name": "CPU", "gflops": 100.0, "source": "--cpu-gflops", "gpu": False}
+    # A preset's CPU is not known: its host work is priced with the default CPU's terms, and the plan says so.
+    assert t["device"] == {"name": "CPU", "gflops": 100.0, "source": "--cpu-gflops", "gpu": False,
+                           "host_terms": "AMD EPYC", "host_terms_fitted": False}
     m = t["engines"]["memascend"]
     # The unknown read rate may bind: no step time, only its lower bound without the SSD reads.
     assert m["seconds_per_step"] is None and m["binding"] == "unknown" and m["seconds_per_step_at_least"] > 0
     assert m["unknown"] == ["SSD read"]
     assert m["resource_seconds"]["SSD write"] > 0
     assert m["seconds_per_step_at_least"] > m["resource_seconds"]["compute"]
+
+
+def test_a_cpu_no_host_terms_were_fitted_on_is_named_in_the_plan(cli):
+    r = cli("plan", "--model", "bench-llama-136m", "--hardware", "cpu-24g", "--cpu-gflops", "100", "--dtype", "fp32",
+            "--nvme-read-gbps", "1", "--no-search")
+    assert r.exit_code == 0, r.stderr
+    assert "priced with the terms fitted on AMD EPYC (none were fitted on this CPU)" in " ".join(r.stdout.split())
 
 
 def test_cpu_plan_without_a_rate_reports_unknown(cli):

@@ -64,36 +64,21 @@ AT_CAP = "at its cap"  # the run's cgroup peak took AT_CAP_SHARE or more of its 
 AT_CAP_SHARE = 0.85  # set after this sitting (its run at 87%); the 4 GiB runs beside it peaked at 65-70%: a dram run
 # at a cap near its peak, repeated, decides whether this is the cap or the model
 
-OTHER_CPU = "terms fitted on another CPU"  # the host or time term that prices the run's engine at its placement
-# (TERM_FITTED_ON) was fitted on a run of another CPU model (job.timing.cpu_model): on 2026-12-07 08:29-09:55 the 2-core
-# AMD EPYC VM (no AMX, STREAM triad 30-52 GB/s) ran memascend 15-37% faster than the terms fitted on the Intel Xeon VM
-# (AMX, triad 24-26 GB/s) price it, while tuned stock's all-SSD runs, priced by terms fitted on an AMD EPYC VM, came
-# within 4-14% in the same sittings
+LOADED = "others on the cores"  # the bench's load gauge recorded other processes' CPU over the run of at least
+LOADED_CORES = 0.25  # cores (half the rule's CONTENDED_CORES, on these 2-core VMs an eighth of the CPU): the run shared
+# the cores with them, though less than the rule sets apart as contended
 
-TERM_FITTED_ON = {("memascend", "dram"): scope.MEMASCEND_DRAM_HOST_CALIBRATION,
-                  ("memascend", "split"): scope.NORM_WORKER_CALIBRATION,
-                  ("memascend", "ssd"): scope.OVERLAP_SERIAL_CALIBRATION,
-                  ("tuned", "dram"): scope.STOCK_OFFLOAD_HOST_CALIBRATION,
-                  ("tuned", "ssd"): scope.STOCK_HOST_CALIBRATION}
-"""The calibration run of the term specific to an engine at a placement (planner.time: memascend's dram host term,
-the norm worker's and the overlap's serial shares, stock's offload and all-SSD host terms)."""
+BEATS_ITS_BOUND = "beat its bound"  # memascend's dram row is priced with ZeRO-Offload's host passes, which bound its
+# own from above (planner.time _host_seconds: one copy of each gradient where stock makes two, no master or parameter
+# copied in the step); the run beat the sitting's ZeRO-Offload run by BOUND_MARGIN or more. Across the AMD EPYC VM's
+# sittings the row's lead over ZeRO-Offload measured -4% to +14% (4 GiB), too unsteady for a term of its own
+BOUND_MARGIN = 0.10
 
-_NEW_VM_MISSES = (
-    ("placements-clip10-dram-cap4gib-0829-sitting1.json:4:512:tuned", "+19%: plan 3.57 against 3.00"),
-    ("placements-clip10-dram-cap4gib-0829-sitting1.json:4:512:memascend", "+15%"),
-    *((f"placements-clip10-dram-cap4gib-0925-sitting{n}.json:4:512:memascend", "+20% to +28%") for n in (1, 2, 3)),
-    ("placements-clip10-gradsfirst-split-0940-cap-2.5GiB.json:4:512:memascend", "+18% to +23%"),
-    *((f"placements-clip10-gradsfirst-split-0949-cap-{c}.json:4:512:memascend", "+18% to +23%")
-      for c in ("2.3GiB", "2.5GiB")),
-    *((f"bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet6-round{n}.json:8:512:{r}", "+15% to +37%")
-      for n, r in ((1, "memascend-bf16_moments"), (2, "memascend"), (2, "memascend-bf16_moments"), (3, "memascend"),
-                   (3, "memascend-bf16_moments"), (4, "memascend-bf16_moments"), (5, "memascend"),
-                   (5, "memascend-bf16_moments"), (6, "memascend"), (6, "memascend-bf16_moments"),
-                   (7, "memascend-bf16_moments"))))
+REPEAT_SPREAD = "repeats spread"  # the same command's repeats in one sitting (ssd_bound_rounds' rounds) spread by more
+# than TOLERANCE (slowest over fastest), so no one plan comes within TOLERANCE of each; the plan is within TOLERANCE of
+# their median
 
 EXPECTED_MISSES: dict[str, tuple[str, str]] = {
-    **{rid: (OTHER_CPU, f"plan {why} of measured; its terms were fitted on the Intel Xeon VM")
-       for rid, why in _NEW_VM_MISSES},
     **{f"placements-clip10-dram-cap4gib-0350-sitting{n}.json:4:512:{r}": (SLOW_VM, why) for n, r, why in (
         (1, "tuned", "stock -36%: 3.28 s/step against 2.01-2.04 in the 22:45 sittings"),
         (1, "memascend", "-29% beside stock's 3.28"),
@@ -108,7 +93,16 @@ EXPECTED_MISSES: dict[str, tuple[str, str]] = {
     "placements-clip10-quiet4-cap-4GiB.json:4:512:stock-best": (
         SLOW_VM, "stock -45%: 3.64 s/step against 2.01-2.04 in the 22:45 sittings"),
     "placements-clip10-quiet3-cap-3.25GiB.json:4:512:memascend": (
-        AT_CAP, "the dram placement at 3.25 GiB peaked at 2.84 GiB (87%): -16% where the 4 GiB runs are -3% to -7%")}
+        AT_CAP, "the dram placement at 3.25 GiB peaked at 2.84 GiB (87%): -16% where the 4 GiB runs are -3% to -7%"),
+    "placements-clip10-gradsfirst-split-0935-cap-2.3GiB.json:4:512:memascend": (
+        LOADED, "-18%: 14.8 s of others' CPU over the run (0.44 cores; the AMD EPYC VM's other validation runs 0-0.09)"),
+    **{f"placements-clip10-dram-cap4gib-0925-sitting{n}.json:4:512:memascend": (BEATS_ITS_BOUND, why) for n, why in (
+        (1, "+15%: 2.17 s/step against ZeRO-Offload's 2.51 beside it"),
+        (2, "+17%: 2.16 s/step against ZeRO-Offload's 2.42 beside it"))},
+    **{f"bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet6-round{n}.json:8:512:memascend-bf16_moments": (
+        REPEAT_SPREAD, f"{why}: the sitting's 7 rounds 3.92-4.81 s/step, the plan +13% of their median 4.14")
+       for n, why in ((3, "+18%"), (4, "+20%"))},
+}
 """Every validation run the model misses by more than TOLERANCE, with why (strict: one that comes within fails until
 taken off)."""
 
@@ -219,13 +213,9 @@ def test_expected_misses_are_validation_runs():
     """Each entry of EXPECTED_MISSES names a run this file validates (a renamed document or run would leave an entry
     that excuses nothing), with a known kind of cause."""
     assert not EXPECTED_MISSES.keys() - {p.id for p in VALIDATION}
-    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {SLOW_VM, AT_CAP, OTHER_CPU}
+    assert {kind for kind, _ in EXPECTED_MISSES.values()} <= {SLOW_VM, AT_CAP, LOADED, BEATS_ITS_BOUND, REPEAT_SPREAD}
 
 
-@pytest.mark.xfail(strict=True, reason="9 listed misses of 78 validation runs (11.5%) by the 07:49 sittings, stock "
-                   "ZeRO-Offload 1.35-1.8x its 22:45 speed at a normal matmul probe (SLOW_VM); since 2026-12-07 08:29 "
-                   "another 20 on the AMD EPYC VM, whose memascend terms were fitted on the Intel Xeon VM (OTHER_CPU); "
-                   "strict: it fails once the share is back within MISSES_SHARE")
 def test_expected_misses_are_at_most_a_tenth():
     """The listed misses are at most MISSES_SHARE of the validation runs."""
     assert len(EXPECTED_MISSES) <= MISSES_SHARE * len(VALIDATION), (len(EXPECTED_MISSES), len(VALIDATION))
@@ -234,20 +224,43 @@ def test_expected_misses_are_at_most_a_tenth():
 def test_each_expected_miss_has_its_cause_in_its_record():
     """The cause each entry states is in the records: a cgroup peak near the run's cap, a slow VM, measured by the
     sitting's stock run against the same command's stock runs on the same CPU model in the other validation sittings,
-    or a term fitted on another CPU model."""
+    other processes on the cores (the bench's load gauge), memascend's dram row beating the ZeRO-Offload run its plan
+    takes as its bound, or repeats of one command spreading wider than the tolerance."""
     runs = {p.id: p.values for p in VALIDATION}
     for rid, (kind, _) in EXPECTED_MISSES.items():
         doc, run = runs[rid]
         if kind == AT_CAP:
             assert run["cgroup"]["peak_bytes"] >= AT_CAP_SHARE * doc["job"]["dram_cap_bytes"], rid
             continue
-        if kind == OTHER_CPU:
-            fitted = TERM_FITTED_ON[run["mode"], (run.get("placement") or {}).get("placement", "ssd")]
-            assert _cpu_model(_recorded(fitted.split(":")[0])) != _cpu_model(doc), rid
+        if kind == LOADED:
+            assert run["others_cpu_seconds"] >= LOADED_CORES * run["wall_s"], rid
+            continue
+        if kind == BEATS_ITS_BOUND:
+            assert run["mode"] == "memascend" and run["placement"]["placement"] == "dram", rid
+            stock = next(r for r in doc["runs"] if _stock_offload(r))
+            assert run["seconds_per_step"] <= (1 - BOUND_MARGIN) * stock["seconds_per_step"], rid
+            continue
+        if kind == REPEAT_SPREAD:
+            repeats = _repeats(rid)
+            assert max(repeats) >= (1 + TOLERANCE) * min(repeats), (rid, repeats)
+            assert abs(planned(doc, run) / statistics.median(repeats) - 1) <= TOLERANCE, rid
             continue
         assert kind == SLOW_VM, rid
         stock = next(r for r in doc["runs"] if _stock_offload(r))
         assert stock["seconds_per_step"] >= SLOW_VM_FACTOR * statistics.median(_same_job_stock(doc)), rid
+
+
+def _repeats(rid: str) -> list[float]:
+    """s/step of the validation runs of the same name in the rounds of `rid`'s sitting (ssd_bound_rounds: documents
+    NAME-roundK), `rid`'s own included."""
+    import re
+
+    def key(run_id):
+        name, _, _, run = run_id.split(":")
+        return re.sub(r"-round\d+\.json$", "", name), run
+
+    assert re.search(r"-round\d+\.json:", rid), rid
+    return [p.values[1]["seconds_per_step"] for p in VALIDATION if key(p.id) == key(rid)]
 
 
 def _stock_offload(run: dict) -> bool:
@@ -363,13 +376,14 @@ def test_stock_host_copies_are_the_fit():
         assert abs(fitted[k] - ns) < 0.1, (k, fitted)
 
 
-def _dram_terms_fit(calibration: str, terms: dict[str, float]) -> dict[str, float]:
-    """_host_term_fit of a run whose every state is in DRAM (its SSD terms none), with the compute at its sitting's
-    matmul probe (as plan_at_sitting)."""
+def _dram_terms_fit(calibration: str, terms: dict[str, float], cpu: str) -> dict[str, float]:
+    """_host_term_fit of a run of `cpu` whose every state is in DRAM (its SSD terms none), with the compute at its
+    sitting's matmul probe (as plan_at_sitting)."""
     import copy
 
     name, _, _, run = calibration.split(":")
     doc = copy.deepcopy(_recorded(name))
+    assert _cpu_model(doc).startswith(cpu), (calibration, _cpu_model(doc))
     timing = doc["job"]["timing"]
     timing["gflops"] = doc["hardware"]["sitting"]["fp32_gflops"] * timing["cpu_fraction"]  # as plan_at_sitting
     r = next(r for r in doc["runs"] if r["name"] == run)
@@ -377,37 +391,50 @@ def _dram_terms_fit(calibration: str, terms: dict[str, float]) -> dict[str, floa
     return _host_term_fit(doc, run, terms, elems=doc["job"]["num_params"])
 
 
-def test_stock_offload_host_terms_are_the_fit():
-    """STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT is (measured - modelled) phase seconds per element of
-    STOCK_OFFLOAD_HOST_CALIBRATION's ZeRO-Offload run with the compute at its sitting's matmul probe, to 0.1 ns."""
-    fitted = _dram_terms_fit(STOCK_OFFLOAD_HOST_CALIBRATION, tm.STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT)
-    for k, ns in tm.STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT.items():
+@pytest.mark.parametrize("cpu", tm.HOST_CPUS)
+def test_stock_offload_host_terms_are_the_fit(cpu):
+    """STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT of each CPU is (measured - modelled) phase seconds per element of that
+    CPU's STOCK_OFFLOAD_HOST_CALIBRATION ZeRO-Offload run with the compute at its sitting's matmul probe, to 0.1 ns."""
+    terms = tm.STOCK_CPU_OFFLOAD_HOST_NS_PER_ELEMENT[cpu]
+    fitted = _dram_terms_fit(STOCK_OFFLOAD_HOST_CALIBRATION[cpu], terms, cpu)
+    for k, ns in terms.items():
         assert abs(fitted[k] - ns) < 0.1, (k, fitted)
 
 
 def test_memascend_dram_host_terms_are_the_fit():
     """MEMASCEND_DRAM_HOST_NS_PER_ELEMENT is (measured - modelled) phase seconds per element of
-    MEMASCEND_DRAM_HOST_CALIBRATION's run (memascend's dram row: no overlap, chunks stepped in place) with the compute
-    at its sitting's matmul probe, to 0.1 ns."""
-    fitted = _dram_terms_fit(MEMASCEND_DRAM_HOST_CALIBRATION, tm.MEMASCEND_DRAM_HOST_NS_PER_ELEMENT)
+    MEMASCEND_DRAM_HOST_CALIBRATION's run (memascend's dram row fetching its parameters from the tier: no overlap,
+    chunks stepped in place) with the compute at its sitting's matmul probe, to 0.1 ns."""
+    fitted = _dram_terms_fit(MEMASCEND_DRAM_HOST_CALIBRATION, tm.MEMASCEND_DRAM_HOST_NS_PER_ELEMENT,
+                             "Intel(R) Xeon(R)")
     for k, ns in tm.MEMASCEND_DRAM_HOST_NS_PER_ELEMENT.items():
         assert abs(fitted[k] - ns) < 0.1, (k, fitted)
 
 
-def _fit_constant(constant: str, calibration: str, predict, hi: float, tol: float, lo: float = 0.0) -> float:
-    """The value of planner.time's `constant` that makes `calibration`'s run's `predict`(doc, run) its measured s/step
-    (bisection over [lo, hi] to `tol`: the step time grows with the constant); the constant is restored."""
+def _fit_constant(constant: str, calibration: str, predict, hi: float, tol: float, lo: float = 0.0,
+                  cpu: str | None = None) -> float:
+    """The value of planner.time's `constant` (its `cpu` entry, for a per-CPU term) that makes `calibration`'s run's
+    `predict`(doc, run) its measured s/step (bisection over [lo, hi] to `tol`: the step time grows with the constant);
+    the constant is restored."""
     name, _, _, run = calibration.split(":")
     doc = _recorded(name)
     r = next(r for r in doc["runs"] if r["name"] == run)
-    kept = getattr(tm, constant)
+    table = getattr(tm, constant) if cpu else None
+    kept = table[cpu] if cpu else getattr(tm, constant)
+
+    def put(value):
+        if cpu:
+            table[cpu] = value
+        else:
+            setattr(tm, constant, value)
+
     try:
         while hi - lo > tol:
             mid = (lo + hi) / 2
-            setattr(tm, constant, mid)
+            put(mid)
             lo, hi = (mid, hi) if predict(doc, r) < r["seconds_per_step"] else (lo, mid)
     finally:
-        setattr(tm, constant, kept)
+        put(kept)
     return lo
 
 
@@ -433,12 +460,15 @@ def test_overlap_serial_share_is_the_fit():
     assert abs(fitted - tm.MEMASCEND_OVERLAP_SERIAL_SHARE) < 0.005, fitted
 
 
-def test_todays_engine_delta_is_the_fit():
-    """MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT makes NORM_WORKER_CALIBRATION's memascend run (today's engine: its
-    counters count norms_on_worker) plan at its sitting's matmul probe its measured s/step, to 0.1 ns."""
-    fitted = _fit_constant("MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT", NORM_WORKER_CALIBRATION, plan_at_sitting,
-                           60.0, 0.01, lo=-tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT)  # a delta: work moved off the thread
-    assert abs(fitted - tm.MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT) < 0.1, fitted
+@pytest.mark.parametrize("cpu", tm.HOST_CPUS)
+def test_todays_engine_delta_is_the_fit(cpu):
+    """MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT of each CPU makes that CPU's NORM_WORKER_CALIBRATION memascend run
+    (today's engine: its counters count norms_on_worker) plan at its sitting's matmul probe its measured s/step, to
+    0.1 ns."""
+    assert _cpu_model(_recorded(NORM_WORKER_CALIBRATION[cpu].split(":")[0])).startswith(cpu)
+    fitted = _fit_constant("MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT", NORM_WORKER_CALIBRATION[cpu],
+                           plan_at_sitting, 60.0, 0.01, lo=-tm.MEMASCEND_CPU_HOST_NS_PER_ELEMENT, cpu=cpu)  # a delta
+    assert abs(fitted - tm.MEMASCEND_WORKER_THREADS_HOST_NS_PER_ELEMENT[cpu]) < 0.1, fitted
 
 
 # The plan's SSD bytes per step against the bench's block-I/O counters: the term every DRAM-resident byte is credited
