@@ -229,21 +229,22 @@ def plan_device(hw, dtype: str, *, cpu_gflops: float | None = None, gpu_tflops: 
                 cpu_model: str | None = None, rates: dict | None = None) -> tm.Device:
     """The device of a plan: the GPU (table or --gpu-tflops), else the CPU (--cpu-gflops, else `rates`, this
     machine's probe, when the plan is of this machine, else unknown), its host work priced for this machine's CPU
-    model (`cpu_model`, else /proc/cpuinfo's) when the plan is of this machine (planner.time host_terms_of)."""
+    model (`cpu_model`, else the probe's, else /proc/cpuinfo's) when the plan is of this machine (planner.time
+    host_terms_of); a profile's CPU is not known: the default host terms, which the plan says were not fitted on
+    it."""
     if hw.num_gpus:
         from memascend_cli.planner import measured
 
         return tm.gpu_device(hw.gpu_name, measured_tflops=gpu_tflops, rates=measured.time_rates(hw.gpu_name))
     if hw.name != "local":
-        cpu_model = None  # a preset's CPU: the default host terms, and the plan says they were not fitted on it
-    elif cpu_model is None:
+        return tm.cpu_device(cpu_gflops, "--cpu-gflops") if cpu_gflops else \
+            tm.cpu_device(None, "unknown: this CPU's probe says nothing of a profile; give --cpu-gflops")
+    if cpu_model is None:
         from memascend_cli.hardware import local_cpu_model
 
-        cpu_model = local_cpu_model()
+        cpu_model = (rates or {}).get("cpu_model") or local_cpu_model()
     if cpu_gflops:
         return tm.cpu_device(cpu_gflops, "--cpu-gflops", cpu_model)
-    if hw.name != "local":
-        return tm.cpu_device(None, "unknown: this CPU's probe says nothing of a profile; give --cpu-gflops")
     if rates is None:
         rates = cached_cpu(cpu_model, hw.cpu_cores)
     rate = (rates or {}).get(f"{dtype}_gflops")

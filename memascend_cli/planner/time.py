@@ -163,11 +163,12 @@ MEMASCEND_OVERLAP_SERIAL_SHARE = 0.294
 gradient writes' wait on the thread that drives it, against the SSD reads and writes beside it) that adds to the
 longer on the CPU accelerator: the region's completions, its checksum and verify threads run on the cores of the
 matmuls (2 on this VM), so the two sides overlap only in part; the same share prices the parameter reads prefetched
-beside the matmuls before the window (0.281 when those added to them). Fitted on one run as the share that makes its plan at
-its sitting's matmul probe its measured s/step: docs/bench/ssd-bound/bench-llama-136m-seq512-bf16-ssd400mbs-noclip-
-rounds-quiet-round1.json.gz, memascend (Intel VM, 2026-12-06 17:15, quiet; bf16, every state on the SSD at 400 MB/s,
-no clipping: 5.76 s/step, planned 4.87 without the share); the sitting's other rounds and the placement sweeps
-validate it (tests/unit/test_time_validation.py)."""
+beside the matmuls before the window (0.281 when those added to them). Fitted on one run as the share that makes its
+plan at its sitting's matmul probe its measured s/step:
+docs/bench/ssd-bound/bench-llama-136m-seq512-bf16-ssd400mbs-noclip-rounds-quiet-round1.json.gz, memascend (Intel
+VM, 2026-12-06 17:15, quiet; bf16, every state on the SSD at 400 MB/s, no clipping: 5.76 s/step, planned 4.87
+without the share); the sitting's other rounds and the placement sweeps validate it
+(tests/unit/test_time_validation.py)."""
 
 RESOURCES = ("compute", "SSD read", "SSD write", "CPU Adam", "host copies", "PCIe")
 PHASE_FORWARD_BACKWARD, PHASE_OPTIMIZER = "forward+backward", "optimizer"
