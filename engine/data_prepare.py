@@ -232,7 +232,7 @@ class PrepSpec:
 
 
 def default_cache_root() -> str:
-    from memascend_cli.run.recipe import cache_home
+    from memascend_cli.defaults import cache_home
 
     return cache_home("data")
 

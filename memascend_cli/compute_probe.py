@@ -159,7 +159,7 @@ def kernel_env(env=None) -> dict:
 
 
 def cache_path() -> str:
-    from memascend_cli.run.recipe import cache_home
+    from memascend_cli.defaults import cache_home
 
     return os.path.join(cache_home("probe"), "cpu-matmul.json")
 

@@ -1,7 +1,10 @@
-"""The job defaults `memascend plan`, `train` and `bench` share (one home, so `plan && train` agree).
+"""The job defaults `memascend plan`, `train` and `bench` share (one home, so `plan && train` agree), and where
+memascend keeps its caches.
 
-Plain constants: `plan` imports them without loading the recipe machinery.
+Stdlib only: `plan` imports them without loading the recipe machinery (pydantic's models cost ~80 ms of its start).
 """
+
+import os
 
 DEFAULT_SEQ_LEN = 2048
 """Tokens per sequence (LLaMA-Factory's cutoff_len default)."""
@@ -49,3 +52,13 @@ NORM_CHUNK_NUMEL = 1 << 24
 """The same in the memascend bounded engine (memascend_engine.EngineOptions.bounded_norm): 128 MiB of fp64 at a time,
 where stock's 2 GB temporary is the end of a CPU rank's backward at billion scale (a 128K-250K vocabulary's embedding
 gradient)."""
+
+
+def cache_home(kind: str) -> str:
+    """Folder for memascend's caches of `kind` (data: tokenized datasets, models: imported GGUF files, probe: the CPU
+    and SSD probes): $MEMASCEND_CACHE/kind, else $XDG_CACHE_HOME/memascend/kind, else ~/.cache/memascend/kind."""
+    env = os.environ.get("MEMASCEND_CACHE")
+    if env:
+        return os.path.join(env, kind)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "memascend", kind)

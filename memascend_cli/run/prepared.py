@@ -167,7 +167,7 @@ def import_gguf_model(recipe):
     import sys
 
     from memascend_cli.console import err
-    from memascend_cli.run.recipe import cache_home
+    from memascend_cli.defaults import cache_home
 
     with err.status(f"importing {os.path.basename(recipe.model)} (once; cached in {cache_home('models')})"):
         p = subprocess.run([sys.executable, "-m", "memascend_engine.gguf_import", recipe.model, "--cache-root",

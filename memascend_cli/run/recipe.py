@@ -457,16 +457,6 @@ def _absolutize(data: dict, base_dir: str) -> dict:
     return out
 
 
-def cache_home(kind: str) -> str:
-    """Folder for memascend's caches of `kind` (data: tokenized datasets, models: imported GGUF files):
-    $MEMASCEND_CACHE/kind, else $XDG_CACHE_HOME/memascend/kind, else ~/.cache/memascend/kind."""
-    env = os.environ.get("MEMASCEND_CACHE")
-    if env:
-        return os.path.join(env, kind)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "memascend", kind)
-
-
 def read_yaml(path: str) -> dict:
     from memascend_cli.userfiles import load_yaml
 

@@ -20,7 +20,7 @@ PROBE_VERSION = 1
 
 
 def _cache_file(st_dev: int) -> str:
-    from memascend_cli.run.recipe import cache_home
+    from memascend_cli.defaults import cache_home
 
     return os.path.join(cache_home("probe"), f"ssd-{os.major(st_dev)}-{os.minor(st_dev)}.json")
 
